@@ -1,0 +1,73 @@
+//! The one error type of uzram-core, and its mapping to the errno a block request completes with.
+
+use crate::codec::CodecError;
+
+/// Errors from the page store and its codecs.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CoreError {
+    /// A request addressed pages past the end of the device.
+    #[error("pages {first}..{end} are outside the device's {pages} pages")]
+    OutOfRange {
+        /// First page of the request.
+        first: u64,
+        /// One past the last page of the request.
+        end: u64,
+        /// Pages in the store.
+        pages: u64,
+    },
+    /// A buffer's length is not a whole number of pages.
+    #[error("buffer of {len} bytes is not a multiple of the 4096-byte page")]
+    Unaligned {
+        /// The length given.
+        len: usize,
+    },
+    /// Storing the page would take the store past its memory limit; nothing was changed.
+    #[error("memory limit of {limit} bytes reached ({used} bytes in use); raise mem_limit or free pages")]
+    MemLimit {
+        /// The configured limit in bytes.
+        limit: u64,
+        /// Bytes in use when the write was refused.
+        used: u64,
+    },
+    /// A stored page failed to decode: the data in memory is corrupt.
+    #[error("page {index} failed to decode")]
+    Corrupt {
+        /// The page that failed.
+        index: u64,
+        /// Why the codec refused it.
+        #[source]
+        source: CodecError,
+    },
+    /// A page could not be compressed.
+    #[error("compressing page failed")]
+    Compress(#[source] CodecError),
+    /// A store was asked for with an invalid configuration.
+    #[error("invalid store configuration: {0}")]
+    Config(String),
+    /// A batch backend failed; the caller may retry the batch on another backend.
+    #[error("batch backend {backend} failed: {reason}")]
+    Backend {
+        /// The backend's name.
+        backend: &'static str,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+impl CoreError {
+    /// The negative errno a block request that failed with this error completes with.
+    /// This is the only place store errors become errnos.
+    pub fn errno(&self) -> i32 {
+        const EIO: i32 = 5;
+        const ENOMEM: i32 = 12;
+        const EINVAL: i32 = 22;
+        match self {
+            CoreError::OutOfRange { .. } | CoreError::Unaligned { .. } | CoreError::Config(_) => {
+                -EINVAL
+            }
+            CoreError::MemLimit { .. } => -ENOMEM,
+            CoreError::Corrupt { .. } | CoreError::Compress(_) | CoreError::Backend { .. } => -EIO,
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! uzram-core: everything uzram needs to keep 4 KiB pages compressed in memory,
+//! with no knowledge of ublk or CUDA.
+//!
+//! - [`page`]: page constants and same-filled page detection (zram's `same_pages`).
+//! - [`codec`]: the [`codec::PageCodec`] trait with LZ4 and zstd implementations.
+//! - [`store`]: [`store::PageStore`], a sharded page table over a size-class arena.
+//! - [`batch`]: the seam through which batches of pages are compressed by a
+//!   [`batch::BatchBackend`] (all CPU cores here; a GPU in `uzram-gpu`).
+
+pub mod batch;
+pub mod codec;
+pub mod error;
+pub mod page;
+pub mod store;
+
+pub use error::CoreError;
+pub use page::{PAGE_SHIFT, PAGE_SIZE, SECTOR_SHIFT};
