@@ -1,5 +1,9 @@
 //! Page geometry and same-filled page detection.
 
+mod same_fill;
+
+pub use self::same_fill::SameFillImpl;
+
 /// Bytes in one page: the unit the store keeps, compresses and accounts.
 pub const PAGE_SIZE: usize = 4096;
 /// log2(PAGE_SIZE).
@@ -10,14 +14,14 @@ pub const SECTOR_SHIFT: u32 = 9;
 /// If the whole page is one `u64` word repeated (zram's "same-filled" rule), returns that word.
 ///
 /// Zero pages are the common case. The word is read little-endian, as zram does on x86.
+/// Uses the widest SIMD variant the CPU has (AVX-512, AVX2, else scalar), chosen once.
+#[inline]
 pub fn same_filled_word(page: &[u8; PAGE_SIZE]) -> Option<u64> {
-    let first = u64::from_le_bytes(page[..8].try_into().ok()?);
-    page.chunks_exact(8)
-        .all(|w| u64::from_le_bytes(w.try_into().unwrap_or([0; 8])) == first)
-        .then_some(first)
+    SameFillImpl::best().same_filled_word(page)
 }
 
 /// Fills `page` with `word` repeated: the inverse of [`same_filled_word`].
+#[inline]
 pub fn fill_page(page: &mut [u8; PAGE_SIZE], word: u64) {
     let bytes = word.to_le_bytes();
     for w in page.chunks_exact_mut(8) {
