@@ -1,0 +1,139 @@
+//! The 8-byte per-page table entry: what a page currently is and where its bytes live.
+//!
+//! Layout of the `u64` (bit 0 is the least significant):
+//! - bits 0..3: tag;
+//! - `TAG_SAME`: bits 3..64 hold the fill word, sign-extended from 61 bits (covers zero,
+//!   small values and all-ones, the fills that occur in practice);
+//! - `TAG_SAME_EXT`: a fill word that does not fit; the shard keeps it in a side map;
+//! - `TAG_STORED`: bits 3..16 hold the stored length (1..=4096; 4096 means the page is
+//!   stored raw), bits 16..64 the arena offset in 8-byte units.
+//!
+//! The all-zero entry is [`Slot::Empty`], so a fresh table is a zeroed allocation.
+
+use crate::page::PAGE_SIZE;
+
+const TAG_BITS: u32 = 3;
+const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
+const TAG_EMPTY: u64 = 0;
+const TAG_SAME: u64 = 1;
+const TAG_SAME_EXT: u64 = 2;
+const TAG_STORED: u64 = 3;
+const LEN_SHIFT: u32 = 3;
+const LEN_MASK: u64 = (1 << 13) - 1;
+const HANDLE_SHIFT: u32 = 16;
+
+/// Arena offsets are multiples of this many bytes (the arena's size-class granularity).
+pub(crate) const HANDLE_ALIGN: u64 = 8;
+/// Largest arena byte offset an entry can hold.
+pub(crate) const MAX_HANDLE: u64 = ((1u64 << (64 - HANDLE_SHIFT)) - 1) * HANDLE_ALIGN;
+
+/// A page's state, decoded from its [`Entry`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// Never written, discarded or zeroed by write_zeroes: reads as zeros, holds nothing.
+    Empty,
+    /// Same-filled with this word (no payload).
+    Same(u64),
+    /// Same-filled with a word kept in the shard's side map.
+    SameExt,
+    /// `len` bytes at arena offset `handle`; `len == PAGE_SIZE` means raw (a huge page).
+    Stored {
+        /// Byte offset in the arena.
+        handle: u64,
+        /// Stored bytes.
+        len: u16,
+    },
+}
+
+/// One page's packed metadata.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(transparent)]
+pub(crate) struct Entry(u64);
+
+impl Entry {
+    /// The entry of an empty page.
+    pub(crate) const EMPTY: Entry = Entry(TAG_EMPTY);
+
+    /// Packs `slot`. `Slot::Same(w)` with a word that does not fit packs as `SameExt`;
+    /// the caller checks [`Entry::same_fits`] first and keeps such words itself.
+    pub(crate) fn pack(slot: Slot) -> Entry {
+        match slot {
+            Slot::Empty => Entry::EMPTY,
+            Slot::Same(word) if Self::same_fits(word) => Entry((word << TAG_BITS) | TAG_SAME),
+            Slot::Same(_) | Slot::SameExt => Entry(TAG_SAME_EXT),
+            Slot::Stored { handle, len } => {
+                debug_assert!(handle % HANDLE_ALIGN == 0 && handle <= MAX_HANDLE);
+                debug_assert!(len >= 1 && usize::from(len) <= PAGE_SIZE);
+                Entry(
+                    ((handle / HANDLE_ALIGN) << HANDLE_SHIFT)
+                        | ((u64::from(len) & LEN_MASK) << LEN_SHIFT)
+                        | TAG_STORED,
+                )
+            }
+        }
+    }
+
+    /// True when `word` can live inside the entry (its top four bits are all equal).
+    pub(crate) fn same_fits(word: u64) -> bool {
+        (((word << TAG_BITS) as i64) >> TAG_BITS) as u64 == word
+    }
+
+    /// Decodes the entry.
+    pub(crate) fn slot(self) -> Slot {
+        match self.0 & TAG_MASK {
+            TAG_SAME => Slot::Same(((self.0 as i64) >> TAG_BITS) as u64),
+            TAG_SAME_EXT => Slot::SameExt,
+            TAG_STORED => Slot::Stored {
+                handle: (self.0 >> HANDLE_SHIFT) * HANDLE_ALIGN,
+                len: ((self.0 >> LEN_SHIFT) & LEN_MASK) as u16,
+            },
+            _ => Slot::Empty,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_is_eight_bytes() {
+        assert_eq!(std::mem::size_of::<Entry>(), 8);
+    }
+
+    #[test]
+    fn slots_round_trip() {
+        let slots = [
+            Slot::Empty,
+            Slot::Same(0),
+            Slot::Same(u64::MAX),
+            Slot::Same(0x0123_4567_89ab_cdef),
+            Slot::Same(0xf000_0000_0000_0001),
+            Slot::Stored { handle: 0, len: 1 },
+            Slot::Stored {
+                handle: 8 * 12345,
+                len: 4095,
+            },
+            Slot::Stored {
+                handle: MAX_HANDLE,
+                len: PAGE_SIZE as u16,
+            },
+        ];
+        for slot in slots {
+            assert_eq!(Entry::pack(slot).slot(), slot, "{slot:?}");
+        }
+    }
+
+    #[test]
+    fn words_that_do_not_fit_become_ext() {
+        for word in [
+            0x8000_0000_0000_0000u64,
+            0x1234_5678_9abc_def0,
+            0x7fff_ffff_ffff_ffff,
+        ] {
+            assert!(!Entry::same_fits(word));
+            assert_eq!(Entry::pack(Slot::Same(word)).slot(), Slot::SameExt);
+        }
+        assert_eq!(Entry::default(), Entry::EMPTY);
+    }
+}

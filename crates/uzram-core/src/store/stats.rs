@@ -1,0 +1,167 @@
+//! Store statistics with zram's names and meaning (`mm_stat`, `io_stat`), plus a few extras.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// A snapshot of a store's counters. Sizes are in bytes, counts in pages.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// mm_stat: uncompressed size of every stored page (same-filled ones included).
+    pub orig_data_size: u64,
+    /// mm_stat: stored payload: compressed lengths, 4096 per huge page, 0 per same-filled page.
+    pub compr_data_size: u64,
+    /// mm_stat: memory the store holds: arena segments, page table and all bookkeeping.
+    pub mem_used_total: u64,
+    /// mm_stat: the configured limit (0 = none).
+    pub mem_limit: u64,
+    /// mm_stat: the highest `mem_used_total` seen.
+    pub mem_used_max: u64,
+    /// mm_stat: pages stored as a repeated word, with no payload.
+    pub same_pages: u64,
+    /// mm_stat: segment bytes given back to the system by freeing, in pages (cumulative).
+    pub pages_compacted: u64,
+    /// mm_stat: pages stored raw because they did not compress below the threshold.
+    pub huge_pages: u64,
+    /// io_stat: failed read requests (recorded by the caller).
+    pub failed_reads: u64,
+    /// io_stat: failed write requests (recorded by the caller).
+    pub failed_writes: u64,
+    /// io_stat: requests refused as out of range or misaligned (recorded by the caller).
+    pub invalid_io: u64,
+    /// io_stat: pages freed by discard.
+    pub notify_free: u64,
+    /// Pages that hold data (not empty), same-filled ones included.
+    pub pages_stored: u64,
+    /// Pages read.
+    pub reads: u64,
+    /// Pages written (write, write_batch, write_deferred; write_zeroes not included).
+    pub writes: u64,
+}
+
+impl Stats {
+    /// `(name, value)` pairs in zram's order (mm_stat, then io_stat), then the extras.
+    pub fn fields(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("orig_data_size", self.orig_data_size),
+            ("compr_data_size", self.compr_data_size),
+            ("mem_used_total", self.mem_used_total),
+            ("mem_limit", self.mem_limit),
+            ("mem_used_max", self.mem_used_max),
+            ("same_pages", self.same_pages),
+            ("pages_compacted", self.pages_compacted),
+            ("huge_pages", self.huge_pages),
+            ("failed_reads", self.failed_reads),
+            ("failed_writes", self.failed_writes),
+            ("invalid_io", self.invalid_io),
+            ("notify_free", self.notify_free),
+            ("pages_stored", self.pages_stored),
+            ("reads", self.reads),
+            ("writes", self.writes),
+        ]
+    }
+}
+
+/// The live counters behind [`Stats`]; page-state counters change only under the
+/// page's shard lock, so they are exact whenever no write is in flight.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub pages_stored: AtomicU64,
+    pub compr_data_size: AtomicU64,
+    pub same_pages: AtomicU64,
+    pub huge_pages: AtomicU64,
+    pub failed_reads: AtomicU64,
+    pub failed_writes: AtomicU64,
+    pub invalid_io: AtomicU64,
+    pub notify_free: AtomicU64,
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+}
+
+/// What a page contributes to the counters.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct PageCost {
+    pub stored: bool,
+    pub same: bool,
+    pub huge: bool,
+    pub payload: u64,
+}
+
+impl Counters {
+    /// Moves one page's contribution from `old` to `new`.
+    pub(crate) fn replace(&self, old: PageCost, new: PageCost) {
+        adjust(&self.pages_stored, old.stored.into(), new.stored.into());
+        adjust(&self.same_pages, old.same.into(), new.same.into());
+        adjust(&self.huge_pages, old.huge.into(), new.huge.into());
+        adjust(&self.compr_data_size, old.payload, new.payload);
+    }
+
+    pub(crate) fn bump(counter: &AtomicU64, by: u64) {
+        counter.fetch_add(by, Relaxed);
+    }
+
+    pub(crate) fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Relaxed)
+    }
+}
+
+fn adjust(counter: &AtomicU64, old: u64, new: u64) {
+    if new > old {
+        counter.fetch_add(new - old, Relaxed);
+    } else if old > new {
+        counter.fetch_sub(old - new, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_are_in_zram_order_and_complete() {
+        let stats = Stats {
+            orig_data_size: 1,
+            compr_data_size: 2,
+            mem_used_total: 3,
+            mem_limit: 4,
+            mem_used_max: 5,
+            same_pages: 6,
+            pages_compacted: 7,
+            huge_pages: 8,
+            failed_reads: 9,
+            failed_writes: 10,
+            invalid_io: 11,
+            notify_free: 12,
+            pages_stored: 13,
+            reads: 14,
+            writes: 15,
+        };
+        let fields = stats.fields();
+        let values: Vec<u64> = fields.iter().map(|f| f.1).collect();
+        assert_eq!(values, (1..=15).collect::<Vec<u64>>());
+        assert_eq!(fields[0].0, "orig_data_size");
+        assert_eq!(fields[11].0, "notify_free");
+    }
+
+    #[test]
+    fn replace_moves_contributions() {
+        let c = Counters::default();
+        let huge = PageCost {
+            stored: true,
+            huge: true,
+            payload: 4096,
+            ..PageCost::default()
+        };
+        let same = PageCost {
+            stored: true,
+            same: true,
+            ..PageCost::default()
+        };
+        c.replace(PageCost::default(), huge);
+        c.replace(huge, same);
+        assert_eq!(Counters::get(&c.pages_stored), 1);
+        assert_eq!(Counters::get(&c.huge_pages), 0);
+        assert_eq!(Counters::get(&c.same_pages), 1);
+        assert_eq!(Counters::get(&c.compr_data_size), 0);
+        c.replace(same, PageCost::default());
+        assert_eq!(Counters::get(&c.pages_stored), 0);
+    }
+}
