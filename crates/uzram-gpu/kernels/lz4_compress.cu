@@ -1,0 +1,236 @@
+// uzram: LZ4 block compression of 4 KiB pages, one warp per page.
+//
+// Each block is one warp and compresses whole pages (grid-stride over the batch). The page
+// (plus 16 bytes of zero padding) and a 4096-entry u16 hash table live in shared memory.
+// The parse is LZ4's greedy parse with LZ4's insertion rule (every position tested outside
+// a match is inserted; inside a match only end-2), but every position is tested (no skip
+// acceleration), 32 at a time: lane i tests position ip+i against the most recent earlier
+// position with the same hash (an earlier lane of the same group, else the table), and the
+// first lane that finds a 4-byte match wins. Match extension and emission are warp-wide.
+//
+// Output: page i's LZ4 block at out + i*4096, its length in sizes[i]:
+//   sizes[i] == 0           the block would not be shorter than `limit` bytes: store raw
+//   sizes[i] == 0xffffffff  the page is one u64 word repeated; the word is in out[i*4096..+8]
+//   otherwise               the block's length in bytes (< limit)
+// End-of-block rules of the LZ4 format: the last 5 bytes are literals, the last match starts
+// at least 12 bytes before the end, matches are >= 4 bytes, offsets <= 65535.
+//
+// Regenerate the embedded PTX with scripts/gpu-ptx after any change to this file.
+
+#define PAGE_BYTES 4096u
+#define HASH_LOG 12u
+#define HASH_ENTRIES (1u << HASH_LOG)
+#define MIN_MATCH 4u
+#define MF_LIMIT 12u
+#define LAST_LITERALS 5u
+#define FULL_MASK 0xffffffffu
+#define SIZE_SAME_FILLED 0xffffffffu
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+
+// Four bytes at byte offset `pos` of the page, little-endian.
+__device__ __forceinline__ u32 read32(const u32* words, u32 pos) {
+    const u32 i = pos >> 2;
+    return __funnelshift_r(words[i], words[i + 1], (pos & 3u) * 8u);
+}
+
+__device__ __forceinline__ u32 hash4(u32 v) {
+    return (v * 2654435761u) >> (32u - HASH_LOG);
+}
+
+// Bytes an LZ4 length field of value `n` needs after the 4-bit token nibble.
+__device__ __forceinline__ u32 ext_bytes(u32 n) {
+    return n >= 15u ? (n - 15u) / 255u + 1u : 0u;
+}
+
+// Writes the extension bytes of length value `n` (>= 15) at `o`, warp-wide.
+__device__ __forceinline__ void write_ext(u8* o, u32 n, u32 lane) {
+    const u32 count = ext_bytes(n);
+    const u32 last = (n - 15u) % 255u;
+    for (u32 i = lane; i < count; i += 32u) {
+        o[i] = (i + 1u == count) ? (u8)last : (u8)255u;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32)
+uzram_lz4_compress(const uint4* __restrict__ in, u8* __restrict__ out, u32* __restrict__ sizes,
+                   u32 npages, u32 limit)
+{
+    __shared__ __align__(16) u32 s_page[PAGE_BYTES / 4u + 4u];
+    __shared__ __align__(16) u16 s_table[HASH_ENTRIES];
+
+    const u32 lane = threadIdx.x;
+    const u8* sp = (const u8*)s_page;
+    // Largest block we may emit: strictly shorter than `limit`, never more than a page.
+    const u32 cap = limit == 0u ? 0u : (limit > PAGE_BYTES ? PAGE_BYTES : limit) - 1u;
+    const u32 last_start = PAGE_BYTES - MF_LIMIT;          // last position a match may start at
+    const u32 match_end = PAGE_BYTES - LAST_LITERALS;      // a match must end at or before this
+    const u32 lower_lanes = (1u << lane) - 1u;
+    const u32 higher_lanes = lane == 31u ? 0u : (FULL_MASK << (lane + 1u));
+
+    for (u32 page = blockIdx.x; page < npages; page += gridDim.x) {
+        const uint4* src = in + (size_t)page * (PAGE_BYTES / 16u);
+        u8* o = out + (size_t)page * PAGE_BYTES;
+
+        // Load the page into shared memory and test for a same-filled page on the way.
+        const uint4 first = src[0];
+        bool same = true;
+        uint4* dst = (uint4*)s_page;
+#pragma unroll
+        for (u32 k = 0; k < 8u; ++k) {
+            const uint4 v = src[lane + 32u * k];
+            dst[lane + 32u * k] = v;
+            same = same && v.x == first.x && v.y == first.y && v.z == first.x && v.w == first.y;
+        }
+        if (lane < 4u) {
+            s_page[PAGE_BYTES / 4u + lane] = 0u;
+        }
+        if (__all_sync(FULL_MASK, same)) {
+            if (lane == 0u) {
+                ((u32*)o)[0] = first.x;
+                ((u32*)o)[1] = first.y;
+                sizes[page] = SIZE_SAME_FILLED;
+            }
+            __syncwarp();
+            continue;
+        }
+        uint4* table4 = (uint4*)s_table;
+        for (u32 k = lane; k < HASH_ENTRIES * 2u / 16u; k += 32u) {
+            table4[k] = make_uint4(0u, 0u, 0u, 0u);
+        }
+        __syncwarp();
+
+        u32 anchor = 0u, ip = 0u, op = 0u;
+        bool fits = true;
+        while (ip <= last_start) {
+            const u32 p = ip + lane;
+            const bool active = p <= last_start;
+            const u32 v = read32(s_page, active ? p : last_start);
+            const u32 h = active ? hash4(v) : HASH_ENTRIES + lane;
+            const u32 peers = __match_any_sync(FULL_MASK, h);
+            const u32 earlier = peers & lower_lanes;
+            u32 cand = 0u;
+            if (earlier != 0u) {
+                cand = ip + (31u - __clz(earlier));
+            } else if (active) {
+                cand = s_table[h];
+            }
+            const bool hit = active && cand < p && read32(s_page, cand) == v;
+            const u32 hits = __ballot_sync(FULL_MASK, hit);
+            const u32 k = hits != 0u ? (u32)(__ffs(hits) - 1) : 32u;
+            // Insert the tested positions up to and including the matching one; for each
+            // hash only the latest position survives, as in a sequential insert.
+            const u32 inserting = k >= 31u ? FULL_MASK : ((2u << k) - 1u);
+            if (active && lane <= k && (peers & inserting & higher_lanes) == 0u) {
+                s_table[h] = (u16)p;
+            }
+            __syncwarp();
+            if (k == 32u) {
+                ip += 32u;
+                continue;
+            }
+
+            // A match at position ip+k; extend it backwards over pending literals.
+            const u32 p0 = ip + k;
+            const u32 r0 = __shfl_sync(FULL_MASK, cand, k);
+            u32 mp = p0, ref = r0;
+            while (mp > anchor && ref > 0u && sp[mp - 1u] == sp[ref - 1u]) {
+                --mp;
+                --ref;
+            }
+            // Extend forwards, 128 bytes per step (4 per lane).
+            u32 s = p0 + MIN_MATCH;
+            u32 r = r0 + MIN_MATCH;
+            for (;;) {
+                const u32 pos = s + lane * 4u;
+                u32 diff;
+                if (pos >= match_end) {
+                    diff = 0xffu;
+                } else {
+                    diff = read32(s_page, pos) ^ read32(s_page, r + lane * 4u);
+                    const u32 room = match_end - pos;
+                    if (room < 4u) {
+                        diff |= FULL_MASK << (room * 8u);
+                    }
+                }
+                const u32 miss = __ballot_sync(FULL_MASK, diff != 0u);
+                if (miss != 0u) {
+                    const u32 l = (u32)(__ffs(miss) - 1);
+                    const u32 d = __shfl_sync(FULL_MASK, diff, l);
+                    s += l * 4u + ((u32)(__ffs(d) - 1) >> 3);
+                    break;
+                }
+                s += 128u;
+                r += 128u;
+            }
+            const u32 end = s;
+
+            // Emit the sequence: token, literal length, literals, offset, match length.
+            const u32 lit = mp - anchor;
+            const u32 ml = end - mp - MIN_MATCH;
+            const u32 need = 1u + ext_bytes(lit) + lit + 2u + ext_bytes(ml);
+            if (op + need > cap) {
+                fits = false;
+                break;
+            }
+            if (lane == 0u) {
+                o[op] = (u8)(((lit < 15u ? lit : 15u) << 4) | (ml < 15u ? ml : 15u));
+            }
+            u32 q = op + 1u;
+            if (lit >= 15u) {
+                write_ext(o + q, lit, lane);
+                q += ext_bytes(lit);
+            }
+            for (u32 i = lane; i < lit; i += 32u) {
+                o[q + i] = sp[anchor + i];
+            }
+            q += lit;
+            if (lane == 0u) {
+                const u32 off = mp - ref;
+                o[q] = (u8)(off & 0xffu);
+                o[q + 1u] = (u8)(off >> 8);
+            }
+            q += 2u;
+            if (ml >= 15u) {
+                write_ext(o + q, ml, lane);
+            }
+            op += need;
+            anchor = end;
+            ip = end;
+            // LZ4's rule: the position two bytes before the match end goes into the table.
+            if (lane == 0u) {
+                const u32 pp = end - 2u;
+                s_table[hash4(read32(s_page, pp))] = (u16)pp;
+            }
+            __syncwarp();
+        }
+
+        if (fits) {
+            // The last sequence: literals only.
+            const u32 lit = PAGE_BYTES - anchor;
+            const u32 need = 1u + ext_bytes(lit) + lit;
+            if (op + need > cap) {
+                fits = false;
+            } else {
+                if (lane == 0u) {
+                    o[op] = (u8)((lit < 15u ? lit : 15u) << 4);
+                }
+                u32 q = op + 1u;
+                if (lit >= 15u) {
+                    write_ext(o + q, lit, lane);
+                    q += ext_bytes(lit);
+                }
+                for (u32 i = lane; i < lit; i += 32u) {
+                    o[q + i] = sp[anchor + i];
+                }
+                op += need;
+            }
+        }
+        if (lane == 0u) {
+            sizes[page] = fits ? op : 0u;
+        }
+        __syncwarp();
+    }
+}
