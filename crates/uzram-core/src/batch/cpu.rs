@@ -65,10 +65,12 @@ impl BatchBackend for CpuBackend {
                     s.spawn(move || compress_chunk(algorithm, threshold, input, data, outcomes))
                 })
                 .collect();
-            workers
+            // Join every worker before reporting the first error.
+            let results: Vec<Result<(), CoreError>> = workers
                 .into_iter()
                 .map(|w| w.join().unwrap_or_else(|_| Err(worker_panicked())))
-                .collect::<Result<(), CoreError>>()
+                .collect();
+            results.into_iter().collect()
         })
     }
 }

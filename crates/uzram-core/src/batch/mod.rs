@@ -3,8 +3,10 @@
 //! batch over all cores; `uzram-gpu` plugs a CUDA backend in here without the store
 //! knowing.
 
+mod batcher;
 mod cpu;
 
+pub use batcher::{BatcherConfig, BatcherStats, DeferPolicy, WriteBatcher};
 pub use cpu::CpuBackend;
 
 use crate::codec::Algorithm;
