@@ -2,6 +2,14 @@
 
 mod bench;
 mod cli;
+mod cmd;
+mod config;
+mod control;
+mod daemon;
+mod devname;
+mod inuse;
+mod size;
+mod sys;
 
 use std::process::ExitCode;
 
@@ -25,7 +33,16 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
+    use cli::Command;
     match cli.command {
-        cli::Command::Bench(args) => bench::run(args),
+        Command::Create(args) => cmd::create::run(args),
+        Command::Destroy(args) => cmd::destroy::run(args),
+        Command::List(args) => cmd::list::run(args),
+        Command::Status(args) => cmd::status::run(args),
+        Command::Run(args) => cmd::run::run(args),
+        Command::SwapOn(args) => cmd::swap::on(args),
+        Command::SwapOff(args) => cmd::swap::off(args),
+        Command::Daemon(args) => cmd::create::daemon(args),
+        Command::Bench(args) => bench::run(args),
     }
 }

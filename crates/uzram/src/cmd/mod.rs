@@ -1,0 +1,59 @@
+//! One module per subcommand; shared preflight checks here.
+
+pub mod create;
+pub mod destroy;
+pub mod list;
+pub mod run;
+pub mod status;
+pub mod swap;
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::control::client;
+use crate::control::proto::{DeviceStatus, Request, Response};
+use crate::control::state::{DaemonState, StateDir};
+use crate::sys;
+
+/// The ublk control device; it exists once `ublk_drv` is loaded.
+pub const UBLK_CONTROL: &str = "/dev/ublk-control";
+
+/// Refuses to go on without root.
+pub fn require_root() -> anyhow::Result<()> {
+    if !sys::is_root() {
+        anyhow::bail!("uzram must run as root");
+    }
+    Ok(())
+}
+
+/// Refuses to go on without the ublk driver.
+pub fn require_module() -> anyhow::Result<()> {
+    if !Path::new(UBLK_CONTROL).exists() {
+        anyhow::bail!("the ublk_drv kernel module is not loaded: run modprobe ublk_drv");
+    }
+    Ok(())
+}
+
+/// A published daemon and whether it answers.
+pub enum Probe {
+    /// It answered with its status.
+    Live(Box<DeviceStatus>),
+    /// Its state file is there but the daemon is gone or does not answer.
+    Stale(String),
+}
+
+/// Asks the daemon of `state` for its status.
+pub fn probe(states: &StateDir, state: &DaemonState) -> Probe {
+    if !sys::pid_alive(state.pid) {
+        return Probe::Stale(format!("daemon pid {} is gone", state.pid));
+    }
+    match client::request(
+        &states.socket_path(state.id),
+        &Request::Status,
+        Duration::from_secs(5),
+    ) {
+        Ok(Response::Status(s)) => Probe::Live(Box::new(s)),
+        Ok(other) => Probe::Stale(format!("daemon answered {other:?}")),
+        Err(err) => Probe::Stale(format!("daemon pid {} does not answer: {err:#}", state.pid)),
+    }
+}

@@ -1,0 +1,22 @@
+//! `uzram run --config FILE`: serve in the foreground for systemd (`Type=notify`).
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use crate::cli::RunArgs;
+use crate::config::load_config;
+use crate::daemon::{self, Launch, Readiness, Reporter};
+
+pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let cfg = load_config(&args.config)?;
+    super::require_root()?;
+    super::require_module()?;
+    let config_path = std::fs::canonicalize(&args.config).unwrap_or(args.config);
+    let launch = Launch {
+        config: cfg.device,
+        config_path: Some(config_path),
+        log: None,
+    };
+    daemon::serve(launch, Arc::new(Reporter::new(Readiness::Systemd)))?;
+    Ok(ExitCode::SUCCESS)
+}

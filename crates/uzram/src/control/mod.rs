@@ -1,0 +1,38 @@
+//! The control plane: how any process finds and talks to running daemons.
+//!
+//! Each daemon publishes, under the root-only directory [`state::RUN_DIR`]:
+//! - `<id>.json`: a small state file (pid, device, size, algorithm, backend);
+//! - `<id>.sock`: a unix socket speaking line-delimited JSON ([`proto`]) for status and stop;
+//! - `<id>.log`: its log, when started detached by `uzram create`.
+
+pub mod client;
+pub mod proto;
+pub mod server;
+pub mod state;
+
+/// Errors talking to a daemon or reading its published state.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ControlError {
+    /// Connecting to the daemon's socket failed (daemon gone or not ready).
+    #[error("cannot connect to {path}")]
+    Connect {
+        /// The socket.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Reading or writing the socket or a state file failed.
+    #[error("{what}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The peer sent something that is not the protocol.
+    #[error("malformed control message: {0}")]
+    Protocol(String),
+}

@@ -1,0 +1,130 @@
+//! Control messages: one JSON object per line, one request and one response per connection.
+
+use serde::{Deserialize, Serialize};
+
+/// The longest line either side accepts.
+pub const MAX_LINE: usize = 64 << 10;
+
+/// What a client asks a daemon.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "lowercase")]
+pub enum Request {
+    /// Report the device's settings and counters.
+    Status,
+    /// Stop serving and delete the device.
+    Stop,
+}
+
+/// What a daemon answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "lowercase")]
+pub enum Response {
+    /// Settings and counters.
+    Status(DeviceStatus),
+    /// The daemon is stopping; the device disappears shortly.
+    Stopping,
+    /// The request was not understood.
+    Error {
+        /// Why.
+        message: String,
+    },
+}
+
+/// One counter, named as zram names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stat {
+    /// zram's name (`orig_data_size`, `failed_reads`, ...) or a uzram counter.
+    pub name: String,
+    /// Its value (bytes for sizes, else a count).
+    pub value: u64,
+}
+
+/// A device's settings and counters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceStatus {
+    /// Device id N.
+    pub id: u32,
+    /// `/dev/ublkbN`.
+    pub dev: String,
+    /// The daemon's pid.
+    pub pid: u32,
+    /// Device size in bytes.
+    pub size: u64,
+    /// Compression algorithm (`lz4`, `zstd:1`, ...).
+    pub algorithm: String,
+    /// Backend serving writes (`cpu`, ...).
+    pub backend: String,
+    /// Hardware queues.
+    pub queues: u16,
+    /// Queue depth.
+    pub depth: u16,
+    /// The store's mm_stat and io_stat fields, in zram's order.
+    pub stats: Vec<Stat>,
+    /// The daemon's request counters (per operation).
+    pub requests: Vec<Stat>,
+}
+
+impl DeviceStatus {
+    /// A store counter by zram name; 0 when the store does not report it.
+    pub fn stat(&self, name: &str) -> u64 {
+        self.stats
+            .iter()
+            .find(|s| s.name == name)
+            .map_or(0, |s| s.value)
+    }
+}
+
+/// Encodes a message as one line (with its newline).
+pub fn encode<T: Serialize>(msg: &T) -> String {
+    // Serializing these plain structs cannot fail; fall back to an error object regardless.
+    let mut line = serde_json::to_string(msg)
+        .unwrap_or_else(|e| format!("{{\"reply\":\"error\",\"message\":\"encode: {e}\"}}"));
+    line.push('\n');
+    line
+}
+
+/// Decodes one line.
+pub fn decode<T: for<'de> Deserialize<'de>>(line: &str) -> Result<T, super::ControlError> {
+    serde_json::from_str(line.trim_end()).map_err(|e| super::ControlError::Protocol(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip() {
+        for req in [Request::Status, Request::Stop] {
+            assert_eq!(decode::<Request>(&encode(&req)).unwrap(), req);
+        }
+        assert_eq!(encode(&Request::Stop), "{\"cmd\":\"stop\"}\n");
+        let status = Response::Status(DeviceStatus {
+            id: 3,
+            dev: "/dev/ublkb3".into(),
+            pid: 42,
+            size: 1 << 30,
+            algorithm: "lz4".into(),
+            backend: "cpu".into(),
+            queues: 2,
+            depth: 128,
+            stats: vec![Stat {
+                name: "orig_data_size".into(),
+                value: 8192,
+            }],
+            requests: vec![],
+        });
+        let back: Response = decode(&encode(&status)).unwrap();
+        assert_eq!(back, status);
+        let Response::Status(s) = back else {
+            unreachable!()
+        };
+        assert_eq!(s.stat("orig_data_size"), 8192);
+        assert_eq!(s.stat("nonexistent"), 0);
+    }
+
+    #[test]
+    fn garbage_is_a_protocol_error() {
+        assert!(decode::<Request>("{\"cmd\":\"reboot\"}").is_err());
+        assert!(decode::<Request>("not json").is_err());
+    }
+}

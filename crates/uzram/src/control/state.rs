@@ -1,0 +1,183 @@
+//! Published daemon state under `/run/uzram/`: `<id>.json`, `<id>.sock`, `<id>.log`.
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::ControlError;
+
+/// Where daemons publish their state.
+pub const RUN_DIR: &str = "/run/uzram";
+
+/// What a daemon publishes about itself in `<id>.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DaemonState {
+    /// The daemon's pid.
+    pub pid: u32,
+    /// Device id N.
+    pub id: u32,
+    /// `/dev/ublkbN`.
+    pub dev: String,
+    /// Device size in bytes.
+    pub size: u64,
+    /// Compression algorithm.
+    pub algorithm: String,
+    /// Backend as configured (`cpu`, `auto`, ...).
+    pub backend: String,
+    /// Memory limit in bytes, if any.
+    pub mem_limit: Option<u64>,
+    /// The config file the daemon was started from (`uzram run`), if any.
+    pub config: Option<PathBuf>,
+}
+
+/// A directory of daemon state files.
+#[derive(Debug, Clone)]
+pub struct StateDir {
+    dir: PathBuf,
+}
+
+fn io_err(what: String) -> impl FnOnce(std::io::Error) -> ControlError {
+    move |source| ControlError::Io { what, source }
+}
+
+impl Default for StateDir {
+    fn default() -> Self {
+        StateDir::new(RUN_DIR)
+    }
+}
+
+impl StateDir {
+    /// State under `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        StateDir { dir: dir.into() }
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Creates the directory (mode 0700) if needed and makes sure it is root-only.
+    pub fn create(&self) -> Result<(), ControlError> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)
+            .map_err(io_err(format!("creating {}", self.dir.display())))?;
+        std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(io_err(format!("restricting {}", self.dir.display())))
+    }
+
+    /// `<id>.json`.
+    pub fn state_path(&self, id: u32) -> PathBuf {
+        self.dir.join(format!("{id}.json"))
+    }
+
+    /// `<id>.sock`.
+    pub fn socket_path(&self, id: u32) -> PathBuf {
+        self.dir.join(format!("{id}.sock"))
+    }
+
+    /// `<id>.log`.
+    pub fn log_path(&self, id: u32) -> PathBuf {
+        self.dir.join(format!("{id}.log"))
+    }
+
+    /// Writes `<id>.json` atomically (temporary file + rename).
+    pub fn write(&self, state: &DaemonState) -> Result<(), ControlError> {
+        let path = self.state_path(state.id);
+        let tmp = self.dir.join(format!(".{}.json.tmp", state.id));
+        let text = serde_json::to_string_pretty(state)
+            .map_err(|e| ControlError::Protocol(e.to_string()))?;
+        std::fs::write(&tmp, text + "\n").map_err(io_err(format!("writing {}", tmp.display())))?;
+        std::fs::rename(&tmp, &path).map_err(io_err(format!("renaming to {}", path.display())))
+    }
+
+    /// Reads `<id>.json`; `Ok(None)` when there is none.
+    pub fn read(&self, id: u32) -> Result<Option<DaemonState>, ControlError> {
+        let path = self.state_path(id);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => serde_json::from_str(&text)
+                .map(Some)
+                .map_err(|e| ControlError::Protocol(format!("{}: {e}", path.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_err(format!("reading {}", path.display()))(e)),
+        }
+    }
+
+    /// Every published state, sorted by id. A missing directory means none; unreadable files are
+    /// skipped with a warning.
+    pub fn list(&self) -> Result<Vec<DaemonState>, ControlError> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_err(format!("reading {}", self.dir.display()))(e)),
+        };
+        let mut states = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(id) = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(".json"))
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            match self.read(id) {
+                Ok(Some(state)) => states.push(state),
+                Ok(None) => {}
+                Err(err) => tracing::warn!(error = %err, "skipping unreadable state file"),
+            }
+        }
+        states.sort_by_key(|s| s.id);
+        Ok(states)
+    }
+
+    /// Removes `<id>.json` and `<id>.sock` (missing files are fine).
+    pub fn remove(&self, id: u32) {
+        for path in [self.state_path(id), self.socket_path(id)] {
+            if let Err(e) = std::fs::remove_file(&path) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot remove state file");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_list_read_remove() {
+        let dir = std::env::temp_dir().join(format!("uzram-state-{}", std::process::id()));
+        let sd = StateDir::new(dir.join("run"));
+        assert!(sd.list().unwrap().is_empty(), "missing dir lists nothing");
+        sd.create().unwrap();
+        let mode = std::fs::metadata(sd.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        let mk = |id| DaemonState {
+            pid: 100 + id,
+            id,
+            dev: format!("/dev/ublkb{id}"),
+            size: 1 << 20,
+            algorithm: "lz4".into(),
+            backend: "cpu".into(),
+            mem_limit: None,
+            config: None,
+        };
+        sd.write(&mk(10)).unwrap();
+        sd.write(&mk(2)).unwrap();
+        std::fs::write(sd.path().join("junk.json"), "x").unwrap();
+        std::fs::write(sd.state_path(7), "{not json").unwrap();
+        let ids: Vec<u32> = sd.list().unwrap().iter().map(|s| s.id).collect();
+        assert_eq!(ids, vec![2, 10]);
+        assert_eq!(sd.read(10).unwrap(), Some(mk(10)));
+        assert!(sd.read(7).is_err());
+        sd.remove(10);
+        assert_eq!(sd.read(10).unwrap(), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

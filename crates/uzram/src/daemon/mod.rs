@@ -1,0 +1,271 @@
+//! The daemon's lifecycle: lock memory, add the ublk device, serve its queues, publish state,
+//! and on SIGTERM/SIGINT or a control `stop` delete the device and clean up.
+
+pub mod io;
+pub mod notify;
+pub mod target;
+
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
+use libublk::io::UblkDev;
+use libublk::{UblkError, UblkFlags};
+use uzram_core::store::{PageStore, StoreConfig};
+use uzram_core::PAGE_SIZE;
+
+use crate::config::DeviceConfig;
+use crate::control::proto::{DeviceStatus, Request, Response, Stat};
+use crate::control::state::{DaemonState, StateDir};
+use crate::control::{server, ControlError};
+use crate::sys;
+use target::Counters;
+
+/// How the daemon tells its starter that the device is ready (or that it failed).
+pub enum Readiness {
+    /// `uzram create`: a pipe to the waiting `create`: `READY <id>` or `ERROR <message>`.
+    Pipe(OwnedFd),
+    /// `uzram run`: sd_notify `READY=1` (when `NOTIFY_SOCKET` is set).
+    Systemd,
+    /// `uzram create --foreground`: print the device path on stdout.
+    Stdout,
+}
+
+/// Reports readiness exactly once.
+pub struct Reporter {
+    how: Mutex<Option<Readiness>>,
+}
+
+impl Reporter {
+    /// A reporter that reports through `how`.
+    pub fn new(how: Readiness) -> Self {
+        Reporter {
+            how: Mutex::new(Some(how)),
+        }
+    }
+
+    fn take(&self) -> Option<Readiness> {
+        self.how.lock().map_or(None, |mut g| g.take())
+    }
+
+    /// The device is serving at `dev`.
+    pub fn ready(&self, id: u32, dev: &str) {
+        let result = match self.take() {
+            Some(Readiness::Pipe(fd)) => {
+                std::fs::File::from(fd).write_all(format!("READY {id} {dev}\n").as_bytes())
+            }
+            Some(Readiness::Systemd) => {
+                notify::notify(&format!("READY=1\nSTATUS=serving {dev}")).map(|_| ())
+            }
+            Some(Readiness::Stdout) => writeln!(std::io::stdout(), "{dev}"),
+            None => Ok(()),
+        };
+        if let Err(err) = result {
+            tracing::warn!(error = %err, "reporting readiness failed");
+        }
+    }
+
+    /// The daemon could not start.
+    pub fn failed(&self, err: &anyhow::Error) {
+        if let Some(Readiness::Pipe(fd)) = self.take() {
+            let line = format!("ERROR {err:#}").replace('\n', " ");
+            let _ = std::fs::File::from(fd).write_all(format!("{line}\n").as_bytes());
+        }
+    }
+}
+
+/// What the daemon serves and where it reports.
+pub struct Launch {
+    /// The device.
+    pub config: DeviceConfig,
+    /// The config file, for `uzram run` (published so `swap-on` can find the device).
+    pub config_path: Option<PathBuf>,
+    /// The log file `create` opened for us, renamed to `<id>.log` once the id is known.
+    pub log: Option<PathBuf>,
+}
+
+/// Serves one device until it is stopped. Returns after the device is deleted.
+pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
+    let cfg = launch.config;
+    sys::block_stop_signals().context("blocking SIGTERM/SIGINT")?;
+    sys::private_mount_namespace().context("entering a private mount namespace")?;
+    sys::mlock_all().context("mlockall(MCL_CURRENT|MCL_FUTURE)")?;
+    if let Err(err) = sys::set_io_flusher() {
+        tracing::warn!(error = %err, "PR_SET_IO_FLUSHER failed (kernel older than 5.6?)");
+    }
+    let pages = cfg.size / PAGE_SIZE as u64;
+    let mut store_cfg = StoreConfig::new(pages, cfg.algorithm);
+    store_cfg.mem_limit = cfg.mem_limit;
+    let store = Arc::new(PageStore::new(store_cfg).context("creating the page store")?);
+    let counters = Arc::new(Counters::new(cfg.queues));
+
+    let states = StateDir::default();
+    states.create()?;
+    let ctrl = UblkCtrlBuilder::default()
+        .name("uzram")
+        .id(cfg.id.map_or(-1, |id| id as i32))
+        .nr_queues(cfg.queues)
+        .depth(cfg.depth)
+        .io_buf_bytes(target::IO_BUF_BYTES)
+        .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV | UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER)
+        .build()
+        .map_err(|err| add_error(err, cfg.id))?;
+    let id = ctrl.dev_info().dev_id;
+    let dev = format!("/dev/ublkb{id}");
+    tracing::info!(id, %dev, size = cfg.size, queues = cfg.queues, depth = cfg.depth, "device added");
+    if let Some(log) = &launch.log {
+        if let Err(err) = std::fs::rename(log, states.log_path(id)) {
+            tracing::warn!(error = %err, "renaming the log file failed");
+        }
+    }
+    // The kernel just gave us this id, so any files published under it are stale.
+    states.remove(id);
+
+    let state = DaemonState {
+        pid: std::process::id(),
+        id,
+        dev: dev.clone(),
+        size: cfg.size,
+        algorithm: cfg.algorithm.to_string(),
+        backend: cfg.backend.name().to_string(),
+        mem_limit: cfg.mem_limit,
+        config: launch.config_path.clone(),
+    };
+    let (stop_tx, stop_rx) = mpsc::channel::<&'static str>();
+    let listener = server::bind(&states.socket_path(id))?;
+    {
+        let template = DeviceStatus {
+            id,
+            dev: dev.clone(),
+            pid: state.pid,
+            size: cfg.size,
+            algorithm: state.algorithm.clone(),
+            backend: cfg
+                .backend
+                .resolve()
+                .map_or("cpu", |b| b.name())
+                .to_string(),
+            queues: cfg.queues,
+            depth: cfg.depth,
+            stats: Vec::new(),
+            requests: Vec::new(),
+        };
+        let (store, counters, stop_tx) = (store.clone(), counters.clone(), stop_tx.clone());
+        let stop_tx = Mutex::new(stop_tx);
+        spawn("uzram-control", move || {
+            server::serve(listener, move |req| match req {
+                Request::Status => Response::Status(DeviceStatus {
+                    stats: store
+                        .stats()
+                        .fields()
+                        .into_iter()
+                        .map(|(name, value)| Stat {
+                            name: name.to_string(),
+                            value,
+                        })
+                        .collect(),
+                    requests: counters.snapshot(),
+                    ..template.clone()
+                }),
+                Request::Stop => {
+                    if let Ok(tx) = stop_tx.lock() {
+                        let _ = tx.send("control request");
+                    }
+                    Response::Stopping
+                }
+            })
+        })?;
+    }
+    spawn("uzram-signals", move || loop {
+        match sys::wait_stop_signal() {
+            Ok(sig) => {
+                tracing::info!(sig, "stop signal");
+                let _ = stop_tx.send("signal");
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "sigwait failed");
+                return;
+            }
+        }
+    })?;
+    spawn("uzram-stopper", move || {
+        let Ok(why) = stop_rx.recv() else { return };
+        tracing::info!(why, "stopping the device");
+        if let Err(err) = notify::notify("STOPPING=1") {
+            tracing::warn!(error = %err, "sd_notify STOPPING=1 failed");
+        }
+        // The control ring is per thread: use a control handle of our own to stop the device,
+        // which ends the queue threads and so `run_target` in the main thread.
+        match UblkCtrl::new_simple(id as i32).and_then(|c| c.kill_dev()) {
+            Ok(_) => {}
+            Err(err) => tracing::error!(error = %err, "stopping the device failed"),
+        }
+    })?;
+
+    let size = cfg.size;
+    let tgt_init = move |dev: &mut UblkDev| {
+        dev.tgt.dev_size = size;
+        dev.tgt.params = target::params(size);
+        Ok(())
+    };
+    let ready_states = states.clone();
+    let ready_reporter = reporter.clone();
+    let on_started = move |_ctrl: &UblkCtrl| {
+        if !wait_for_path(Path::new(&state.dev), Duration::from_secs(10)) {
+            tracing::warn!(dev = %state.dev, "block device node did not appear");
+        }
+        if let Err(err) = ready_states.write(&state) {
+            tracing::error!(error = %err, "publishing state failed");
+        }
+        tracing::info!(dev = %state.dev, "serving");
+        ready_reporter.ready(state.id, &state.dev);
+    };
+    let served = ctrl.run_target(
+        tgt_init,
+        target::queue_fn(store.clone(), counters),
+        on_started,
+    );
+    states.remove(id);
+    if let Err(err) = ctrl.del_dev() {
+        tracing::debug!(error = %err, "del_dev after stop");
+    }
+    served.map_err(|err| anyhow::anyhow!("serving the device failed: {err}"))?;
+    tracing::info!(id, "device deleted; daemon exits");
+    Ok(())
+}
+
+fn add_error(err: UblkError, id: Option<u32>) -> anyhow::Error {
+    match (&err, id) {
+        (UblkError::OtherError(e), Some(id)) if *e == -libc::EEXIST => {
+            anyhow::anyhow!("device id {id} is already in use (/dev/ublkb{id} exists)")
+        }
+        _ => anyhow::anyhow!("adding the ublk device failed: {err} ({err:?})"),
+    }
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), ControlError> {
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(f)
+        .map(|_| ())
+        .map_err(|source| ControlError::Io {
+            what: format!("starting thread {name}"),
+            source,
+        })
+}
+
+/// Polls until `path` exists; false on timeout.
+pub fn wait_for_path(path: &Path, timeout: Duration) -> bool {
+    let start = Instant::now();
+    while !path.exists() {
+        if start.elapsed() > timeout {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}

@@ -1,0 +1,221 @@
+//! ublk glue only: device parameters, per-queue setup and the request loop around
+//! [`super::io::handle`].
+
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use libublk::io::{BufDescList, UblkDev, UblkIOCtx, UblkQueue};
+use libublk::sys;
+use libublk::{BufDesc, UblkIORes};
+use uzram_core::store::PageStore;
+use uzram_core::{PAGE_SHIFT, SECTOR_SHIFT};
+
+use super::io::{handle, Op};
+use crate::control::proto::Stat;
+
+/// Largest request, in bytes (the size of each tag's I/O buffer).
+pub const IO_BUF_BYTES: u32 = 512 << 10;
+
+/// The device parameters: 4 KiB logical and physical blocks, discard and write-zeroes.
+pub fn params(size: u64) -> sys::ublk_params {
+    let max_sectors = IO_BUF_BYTES >> SECTOR_SHIFT;
+    // Largest discard, in sectors, that is a whole number of pages.
+    let max_discard = !((1u32 << (PAGE_SHIFT - SECTOR_SHIFT)) - 1);
+    sys::ublk_params {
+        types: sys::UBLK_PARAM_TYPE_BASIC | sys::UBLK_PARAM_TYPE_DISCARD,
+        basic: sys::ublk_param_basic {
+            // No UBLK_ATTR_VOLATILE_CACHE: a write is as durable as RAM gets once it completes,
+            // so the kernel need not send FLUSH (which is still answered if it does).
+            attrs: 0,
+            logical_bs_shift: PAGE_SHIFT as u8,
+            physical_bs_shift: PAGE_SHIFT as u8,
+            io_opt_shift: PAGE_SHIFT as u8,
+            io_min_shift: PAGE_SHIFT as u8,
+            max_sectors,
+            dev_sectors: size >> SECTOR_SHIFT,
+            ..Default::default()
+        },
+        discard: sys::ublk_param_discard {
+            discard_alignment: 0,
+            discard_granularity: 1 << PAGE_SHIFT,
+            max_discard_sectors: max_discard,
+            max_write_zeroes_sectors: max_discard,
+            max_discard_segments: 1,
+            reserved0: 0,
+        },
+        ..Default::default()
+    }
+}
+
+/// One queue's request counters, on its own cache line.
+#[derive(Default)]
+#[repr(align(64))]
+struct QueueCounters {
+    reads: AtomicU64,
+    writes: AtomicU64,
+    read_bytes: AtomicU64,
+    write_bytes: AtomicU64,
+    flushes: AtomicU64,
+    discards: AtomicU64,
+    write_zeroes: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// Per-operation request counters of every queue.
+pub struct Counters {
+    queues: Box<[QueueCounters]>,
+}
+
+impl Counters {
+    /// Counters for `queues` queues.
+    pub fn new(queues: u16) -> Self {
+        Counters {
+            queues: (0..queues.max(1))
+                .map(|_| QueueCounters::default())
+                .collect(),
+        }
+    }
+
+    fn record(&self, qid: u16, op: Op, res: i32) {
+        let Some(q) = self.queues.get(usize::from(qid)) else {
+            return;
+        };
+        let bump = |c: &AtomicU64, n: u64| {
+            c.fetch_add(n, Ordering::Relaxed);
+        };
+        if res < 0 {
+            bump(&q.errors, 1);
+            return;
+        }
+        let bytes = u64::try_from(res).unwrap_or(0);
+        match op {
+            Op::Read => {
+                bump(&q.reads, 1);
+                bump(&q.read_bytes, bytes);
+            }
+            Op::Write => {
+                bump(&q.writes, 1);
+                bump(&q.write_bytes, bytes);
+            }
+            Op::Flush => bump(&q.flushes, 1),
+            Op::Discard => bump(&q.discards, 1),
+            Op::WriteZeroes => bump(&q.write_zeroes, 1),
+            Op::Other(_) => {}
+        }
+    }
+
+    /// Sums over queues, as named counters.
+    pub fn snapshot(&self) -> Vec<Stat> {
+        let sum = |f: fn(&QueueCounters) -> &AtomicU64| -> u64 {
+            self.queues
+                .iter()
+                .map(|q| f(q).load(Ordering::Relaxed))
+                .sum()
+        };
+        type Field = fn(&QueueCounters) -> &AtomicU64;
+        let fields: [(&str, Field); 8] = [
+            ("reads", |q| &q.reads),
+            ("read_bytes", |q| &q.read_bytes),
+            ("writes", |q| &q.writes),
+            ("write_bytes", |q| &q.write_bytes),
+            ("flushes", |q| &q.flushes),
+            ("discards", |q| &q.discards),
+            ("write_zeroes", |q| &q.write_zeroes),
+            ("request_errors", |q| &q.errors),
+        ];
+        fields
+            .iter()
+            .map(|(name, f)| Stat {
+                name: (*name).to_string(),
+                value: sum(*f),
+            })
+            .collect()
+    }
+}
+
+/// Serves queue `qid` until the device stops. Buffers for every tag are allocated (and, with
+/// `UBLK_DEV_F_MLOCK_IO_BUFFER`, locked) before the first request; serving allocates nothing.
+pub fn serve_queue(qid: u16, dev: &UblkDev, store: &PageStore, counters: &Counters) {
+    let bufs = Rc::new(dev.alloc_queue_io_bufs());
+    let queue = match UblkQueue::new(qid, dev)
+        .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))))
+    {
+        Ok(queue) => queue,
+        Err(err) => {
+            tracing::error!(qid, error = %err, "queue setup failed");
+            return;
+        }
+    };
+    let handler = |q: &UblkQueue, tag: u16, _ctx: &UblkIOCtx| {
+        let iod = q.get_iod(tag);
+        let op = Op::from_ublk(iod.op_flags);
+        let Some(buf) = bufs.get(usize::from(tag)) else {
+            tracing::error!(qid, tag, "request for a tag without a buffer");
+            return;
+        };
+        // SAFETY: `buf` is this tag's I/O buffer, allocated above with `buf.len()` bytes and
+        // alive as long as `bufs`. Between delivering request `tag` and our commit below, the
+        // kernel does not touch it and no other code on this single queue thread uses it, so
+        // this is the only reference to its bytes while `handle` runs.
+        let data = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr(), buf.len()) };
+        let res = handle(op, iod.start_sector, iod.nr_sectors, data, store);
+        counters.record(qid, op, res);
+        if let Err(err) = q.complete_io_cmd_unified(
+            tag,
+            BufDesc::Slice(buf.as_slice()),
+            Ok(UblkIORes::Result(res)),
+        ) {
+            tracing::error!(qid, tag, error = %err, "committing a request failed");
+        }
+    };
+    queue.wait_and_handle_io(handler);
+    tracing::info!(qid, "queue stopped");
+}
+
+/// A shareable queue function for `UblkCtrl::run_target`.
+pub fn queue_fn(
+    store: Arc<PageStore>,
+    counters: Arc<Counters>,
+) -> impl FnOnce(u16, &UblkDev) + Send + Sync + Clone + 'static {
+    move |qid, dev| serve_queue(qid, dev, &store, &counters)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_advertise_4k_blocks_and_discard() {
+        let p = params(8 << 30);
+        assert_eq!(p.basic.logical_bs_shift, 12);
+        assert_eq!(p.basic.physical_bs_shift, 12);
+        assert_eq!(p.basic.dev_sectors, (8u64 << 30) >> 9);
+        assert_eq!(p.basic.max_sectors, 1024);
+        assert_ne!(p.types & sys::UBLK_PARAM_TYPE_DISCARD, 0);
+        assert_eq!(p.discard.discard_granularity, 4096);
+        assert_eq!(p.discard.max_discard_sectors % 8, 0);
+        assert!(p.discard.max_write_zeroes_sectors > 0);
+    }
+
+    #[test]
+    fn counters_sum_queues_and_split_errors() {
+        let c = Counters::new(2);
+        c.record(0, Op::Read, 4096);
+        c.record(1, Op::Read, 8192);
+        c.record(1, Op::Write, 4096);
+        c.record(0, Op::Discard, 0);
+        c.record(0, Op::Write, -5);
+        c.record(9, Op::Write, 4096); // unknown queue: ignored
+        let s: std::collections::HashMap<String, u64> = c
+            .snapshot()
+            .into_iter()
+            .map(|s| (s.name, s.value))
+            .collect();
+        assert_eq!(s["reads"], 2);
+        assert_eq!(s["read_bytes"], 12288);
+        assert_eq!(s["writes"], 1);
+        assert_eq!(s["discards"], 1);
+        assert_eq!(s["request_errors"], 1);
+    }
+}

@@ -1,0 +1,46 @@
+//! Device names as users type them: `/dev/ublkbN`, `ublkbN` or `N`.
+
+/// Parses a device name into its id.
+pub fn parse_device(name: &str) -> Result<u32, String> {
+    let n = name.trim();
+    let digits = n
+        .strip_prefix("/dev/ublkb")
+        .or_else(|| n.strip_prefix("ublkb"))
+        .unwrap_or(n);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "invalid device {name:?}: expected /dev/ublkbN, ublkbN or N"
+        ));
+    }
+    digits
+        .parse()
+        .map_err(|_| format!("invalid device {name:?}: number too large"))
+}
+
+/// `/dev/ublkbN`.
+pub fn dev_path(id: u32) -> String {
+    format!("/dev/ublkb{id}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_the_three_spellings() {
+        assert_eq!(parse_device("/dev/ublkb3"), Ok(3));
+        assert_eq!(parse_device("ublkb12"), Ok(12));
+        assert_eq!(parse_device("0"), Ok(0));
+        for bad in [
+            "",
+            "/dev/ublkb",
+            "ublkc3",
+            "/dev/sda",
+            "-1",
+            "x1",
+            "99999999999",
+        ] {
+            assert!(parse_device(bad).is_err(), "{bad}");
+        }
+    }
+}

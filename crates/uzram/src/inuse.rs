@@ -1,0 +1,125 @@
+//! Is a block device in use? Active swap, mounted, held by a stacked device, or open.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+/// Why `dev` (`/dev/ublkbN`) is in use, as a message that says what to do; `None` if it is not.
+pub fn in_use(dev: &str) -> Option<String> {
+    if let Ok(swaps) = std::fs::read_to_string("/proc/swaps") {
+        if swap_active(&swaps, dev) {
+            return Some(format!("{dev} is active swap: run swapoff {dev} first"));
+        }
+    }
+    let rdev = std::fs::metadata(dev).ok().map(|m| m.rdev());
+    if let (Some(rdev), Ok(info)) = (rdev, std::fs::read_to_string("/proc/self/mountinfo")) {
+        if let Some(mnt) = mountpoint(&info, dev, rdev) {
+            return Some(format!("{dev} is mounted on {mnt}: run umount {mnt} first"));
+        }
+    }
+    let name = dev.trim_start_matches("/dev/");
+    if let Ok(holders) = std::fs::read_dir(format!("/sys/block/{name}/holders")) {
+        if let Some(h) = holders.flatten().next() {
+            return Some(format!(
+                "{dev} is held by {}: remove that device first",
+                h.file_name().to_string_lossy()
+            ));
+        }
+    }
+    if let Some((pid, comm)) = open_by(dev) {
+        return Some(format!(
+            "{dev} is open by process {pid} ({comm}): stop it or close the device first"
+        ));
+    }
+    match crate::sys::open_exclusive(Path::new(dev)) {
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Some(format!(
+            "{dev} is busy (held open exclusively): release it first"
+        )),
+        _ => None,
+    }
+}
+
+/// True when `/proc/swaps` text lists `dev`.
+pub fn swap_active(swaps: &str, dev: &str) -> bool {
+    swaps
+        .lines()
+        .skip(1)
+        .any(|l| l.split_whitespace().next() == Some(dev))
+}
+
+/// The mount point of `dev` (device number `rdev`) in mountinfo text, if mounted.
+pub fn mountpoint(mountinfo: &str, dev: &str, rdev: u64) -> Option<String> {
+    let want = format!("{}:{}", libc::major(rdev), libc::minor(rdev));
+    mountinfo.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let source = line
+            .split(" - ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().nth(1));
+        let hit = fields.get(2) == Some(&want.as_str()) || source == Some(dev);
+        hit.then(|| fields.get(4).map(|m| m.to_string())).flatten()
+    })
+}
+
+/// The first other process with `dev` open: (pid, command name).
+fn open_by(dev: &str) -> Option<(u32, String)> {
+    let me = std::process::id();
+    let procs = std::fs::read_dir("/proc").ok()?;
+    for entry in procs.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        let open = fds
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == Path::new(dev)));
+        if open {
+            let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+            return Some((pid, comm.trim().to_string()));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_active_swap() {
+        let swaps = "Filename\tType\tSize\tUsed\tPriority\n\
+                     /dev/ublkb0                             partition\t262140\t0\t-2\n";
+        assert!(swap_active(swaps, "/dev/ublkb0"));
+        assert!(!swap_active(swaps, "/dev/ublkb1"));
+        assert!(!swap_active("Filename\tType\n", "/dev/ublkb0"));
+    }
+
+    #[test]
+    fn finds_mounts_by_number_or_source() {
+        let info = "22 1 259:3 / / rw,relatime shared:1 - ext4 /dev/nvme0n1p3 rw\n\
+                    40 22 259:7 / /mnt/data rw shared:9 - ext4 /dev/ublkb2 rw\n";
+        let rdev = libc::makedev(259, 7);
+        assert_eq!(
+            mountpoint(info, "/dev/ublkb2", rdev).as_deref(),
+            Some("/mnt/data")
+        );
+        assert_eq!(
+            mountpoint(info, "/dev/ublkb2", libc::makedev(1, 1)).as_deref(),
+            Some("/mnt/data")
+        );
+        assert_eq!(mountpoint(info, "/dev/ublkb5", libc::makedev(1, 1)), None);
+    }
+
+    #[test]
+    fn a_missing_device_is_not_in_use() {
+        assert_eq!(in_use("/dev/ublkb-does-not-exist"), None);
+    }
+}

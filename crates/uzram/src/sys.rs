@@ -1,0 +1,146 @@
+//! The few raw system calls uzram needs, each wrapped in a safe function.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+
+fn check(ret: libc::c_int) -> io::Result<()> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// True when running with effective uid 0.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Locks every current and future page of the process in RAM, so the daemon never swaps its own
+/// memory out to the device it serves.
+pub fn mlock_all() -> io::Result<()> {
+    // SAFETY: mlockall only changes this process's paging policy; no memory is touched.
+    check(unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) })
+}
+
+/// Marks the process as an I/O flusher (`PR_SET_IO_FLUSHER`): its allocations do not recurse
+/// into reclaim that would wait on its own device.
+pub fn set_io_flusher() -> io::Result<()> {
+    /// `PR_SET_IO_FLUSHER` from <linux/prctl.h> (Linux 5.6); the libc crate lacks it.
+    const PR_SET_IO_FLUSHER: libc::c_int = 57;
+    // SAFETY: prctl(PR_SET_IO_FLUSHER, 1) takes no pointers; unused arguments are zero.
+    check(unsafe { libc::prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) })
+}
+
+/// Moves the process into its own mount namespace, with `/` made a recursive slave so mounts
+/// and unmounts outside still propagate in but nothing propagates out (libublk's mount-namespace
+/// caveat: a daemon sharing a namespace with its device's users can deadlock on exit).
+pub fn private_mount_namespace() -> io::Result<()> {
+    // SAFETY: unshare(CLONE_NEWNS) takes no pointers and affects only this process.
+    check(unsafe { libc::unshare(libc::CLONE_NEWNS) })?;
+    let root = c"/";
+    // SAFETY: `root` is a valid NUL-terminated string; source, fstype and data may be NULL for a
+    // propagation change (MS_REC | MS_SLAVE).
+    check(unsafe {
+        libc::mount(
+            std::ptr::null(),
+            root.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_SLAVE,
+            std::ptr::null(),
+        )
+    })
+}
+
+/// Starts a new session so the daemon is detached from the caller's terminal and process group.
+pub fn new_session() -> io::Result<()> {
+    // SAFETY: setsid takes no arguments.
+    if unsafe { libc::setsid() } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// True when a process with this pid exists (possibly owned by someone else).
+pub fn pid_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks for existence and permission; nothing is delivered.
+    let ret = unsafe { libc::kill(pid, 0) };
+    ret == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// The set of signals that stop a daemon: SIGTERM and SIGINT.
+fn stop_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset initializes it before use.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, exclusively borrowed sigset_t for all three calls.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+    }
+    set
+}
+
+/// Blocks SIGTERM and SIGINT in the calling thread and every thread it starts afterwards, so
+/// that [`wait_stop_signal`] receives them. Call before starting any thread.
+pub fn block_stop_signals() -> io::Result<()> {
+    let set = stop_signals();
+    // SAFETY: `set` is initialized; the old mask is not needed (NULL).
+    let ret = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if ret != 0 {
+        return Err(io::Error::from_raw_os_error(ret));
+    }
+    Ok(())
+}
+
+/// Waits for SIGTERM or SIGINT (blocked beforehand) and returns its number.
+pub fn wait_stop_signal() -> io::Result<i32> {
+    let set = stop_signals();
+    let mut sig: libc::c_int = 0;
+    // SAFETY: `set` is initialized and `sig` is a valid out-pointer.
+    let ret = unsafe { libc::sigwait(&set, &mut sig) };
+    if ret != 0 {
+        return Err(io::Error::from_raw_os_error(ret));
+    }
+    Ok(sig)
+}
+
+/// A pipe whose read end is close-on-exec and whose write end is inherited by children.
+pub fn inheritable_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    check(unsafe { libc::pipe2(fds.as_mut_ptr(), 0) })?;
+    // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    use std::os::fd::AsRawFd;
+    // SAFETY: `read` is an open descriptor; F_SETFD with FD_CLOEXEC takes no pointers.
+    check(unsafe { libc::fcntl(read.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) })?;
+    Ok((read, write))
+}
+
+/// Takes ownership of an inherited file descriptor number, marking it close-on-exec.
+pub fn adopt_fd(fd: i32) -> io::Result<OwnedFd> {
+    // SAFETY: F_GETFD on an arbitrary number only checks that it is open.
+    check(unsafe { libc::fcntl(fd, libc::F_GETFD) })?;
+    // SAFETY: F_SETFD takes no pointers; the descriptor was just checked to be open.
+    check(unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) })?;
+    // SAFETY: the descriptor is open and was handed to this process for it alone to own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Opens a block device with `O_EXCL`: fails with `EBUSY` while it is mounted, active swap or
+/// held exclusively by anyone else.
+pub fn open_exclusive(path: &std::path::Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL)
+        .open(path)
+}
