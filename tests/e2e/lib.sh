@@ -1,0 +1,109 @@
+# Helpers sourced by the guest scenarios (busybox sh). Each scenario calls begin NAME, then
+# check/expect_* as often as it likes, then end, which prints "SCENARIO NAME PASS|FAIL".
+E2E=${E2E:-/e2e}
+TMO=${UZ_cmd_timeout:-60}          # seconds any single uzram command may take
+IO_TMO=${UZ_io_timeout:-300}       # seconds a fio or hog run may take
+
+up() { cut -d' ' -f1 /proc/uptime; }
+say() { echo "UZRAM-E2E [$(up)s] $*"; }
+since() { awk -v a="$1" -v b="$(up)" 'BEGIN{printf "%.2f", b-a}'; }
+mem_avail_mib() { awk '/MemAvailable/{print int($2/1024)}' /proc/meminfo; }
+
+begin() {
+  SC_NAME=$1; SC_FAIL=0; SC_T0=$(up)
+  say "--- scenario $SC_NAME"
+}
+# fail_check WHAT: record a failed check (the scenario keeps going, so later checks still report).
+fail_check() { SC_FAIL=1; say "  FAIL: $*"; }
+ok() { say "  ok: $*"; }
+end() {
+  if [ "$SC_FAIL" = 0 ]; then r=PASS; else r=FAIL; fi
+  echo "SCENARIO $SC_NAME $r ($(since "$SC_T0")s)"
+  [ "$SC_FAIL" = 0 ]
+}
+
+# run_t SECS OUTFILE CMD...: run with a time limit, stdout+stderr to OUTFILE; returns CMD's rc
+# (124..143 when killed by the limit). Sets RUN_SECS.
+run_t() {
+  _s=$1; _o=$2; shift 2; _a=$(up)
+  timeout -s KILL "$_s" "$@" > "$_o" 2>&1
+  _rc=$?
+  RUN_SECS=$(since "$_a")
+  return $_rc
+}
+# check WHAT CMD...: CMD (a program, or a shell function that limits its own time) must exit 0
+# within IO_TMO; prints its output on failure.
+check() {
+  _w=$1; shift
+  case $(type "$1" 2>/dev/null) in
+    *function*) _t=$(up); "$@" > /tmp/check.out 2>&1; _rc=$?; RUN_SECS=$(since "$_t") ;;
+    *) run_t "$IO_TMO" /tmp/check.out "$@"; _rc=$? ;;
+  esac
+  if [ $_rc = 0 ]; then ok "$_w (${RUN_SECS}s)"; return 0; fi
+  fail_check "$_w: rc=$_rc after ${RUN_SECS}s: $*"
+  sed 's/^/    | /' /tmp/check.out | tail -40
+  return 1
+}
+# expect_refused WHAT PATTERN CMD...: CMD must exit != 0 (not by the time limit) within TMO and
+# print a message matching the egrep PATTERN (case-insensitive).
+expect_refused() {
+  _w=$1; _p=$2; shift 2
+  run_t "$TMO" /tmp/refused.out "$@"
+  _rc=$?
+  _msg=$(head -c 300 /tmp/refused.out | tr '\n' ' ')
+  if [ $_rc = 0 ]; then fail_check "$_w: exit 0, expected a refusal: $* -> $_msg"; return 1; fi
+  if [ $_rc -ge 124 ]; then fail_check "$_w: killed after ${RUN_SECS}s (hang?): $*"; return 1; fi
+  if ! grep -qiE "$_p" /tmp/refused.out; then
+    fail_check "$_w: rc=$_rc but message does not match /$_p/: $_msg"; return 1
+  fi
+  ok "$_w: rc=$_rc: $_msg"
+}
+
+# uzram_create ARGS...: sets DEV (path printed alone on stdout) or fails the check.
+uzram_create() {
+  DEV=
+  run_t "$TMO" /tmp/create.out uzram create "$@"
+  _rc=$?
+  _out=$(grep -E '^/dev/ublkb[0-9]+$' /tmp/create.out | head -1)
+  if [ $_rc != 0 ] || [ -z "$_out" ] || [ ! -b "$_out" ]; then
+    fail_check "uzram create $*: rc=$_rc after ${RUN_SECS}s, output: $(head -c 400 /tmp/create.out | tr '\n' ' ')"
+    return 1
+  fi
+  if [ "$(grep -c . /tmp/create.out)" != 1 ] && [ "$(head -1 /tmp/create.out)" != "$_out" ]; then
+    say "  note: create printed more than the path: $(head -c 200 /tmp/create.out | tr '\n' ' ')"
+  fi
+  DEV=$_out
+  ok "uzram create $* -> $DEV (${RUN_SECS}s)"
+}
+# uzram_destroy DEV: destroy must succeed and the block device must disappear.
+uzram_destroy() {
+  check "uzram destroy $1" uzram destroy "$1" || return 1
+  _i=0
+  while [ -e "$1" ]; do
+    _i=$((_i + 1)); [ $_i -gt 200 ] && { fail_check "$1 still present 10s after destroy"; return 1; }
+    usleep 50000
+  done
+  ok "$1 is gone"
+}
+# stat_field DEV FIELD: a number from `uzram status DEV --json` (field name anywhere in it).
+stat_field() {
+  timeout -s KILL "$TMO" uzram status "$1" --json 2>/dev/null \
+    | tr ',{}' '\n\n\n' | sed -n "s/^ *\"$2\" *: *\([0-9][0-9]*\).*/\1/p" | head -1
+}
+# daemon_pid DEV: the process that holds /dev/ublkcN open (the daemon serving DEV).
+daemon_pid() {
+  _c=/dev/ublkc${1#/dev/ublkb}
+  for _f in /proc/[0-9]*/fd/*; do
+    [ "$(readlink "$_f" 2>/dev/null)" = "$_c" ] && { _p=${_f#/proc/}; echo "${_p%%/fd/*}"; return 0; }
+  done
+  return 1
+}
+# fio_job FILE VAR=VALUE...: run a fio job file with a time limit; prints fio's terse output
+# (also kept in /tmp/fio.out) and returns fio's exit status.
+fio_job() {
+  _j=$E2E/fio/$1; shift
+  run_t "$IO_TMO" /tmp/fio.out env "$@" fio --output-format=terse --terse-version=3 "$_j"
+  _frc=$?
+  cat /tmp/fio.out
+  return $_frc
+}

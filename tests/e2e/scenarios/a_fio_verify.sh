@@ -1,0 +1,34 @@
+# Scenario a: create -> fio crc32c verify (random writes with interleaved verify reads, 4k, 64k,
+# mixed sizes, trim-then-write) -> discard a range, it reads back as zeros and the data around it
+# still verifies -> destroy.
+. /e2e/lib.sh
+begin a_fio_verify
+SIZE_MIB=${UZ_fio_dev_mib:-256}
+JOB_MIB=${UZ_fio_job_mib:-64}
+if uzram_create --size "${SIZE_MIB}M"; then
+  bytes=$(blockdev --getsize64 "$DEV")
+  [ "$bytes" = $((SIZE_MIB * 1048576)) ] && ok "size $bytes bytes" || fail_check "size $bytes, expected $((SIZE_MIB * 1048576))"
+  q_=/sys/block/${DEV#/dev/}/queue
+  lb=$(cat "$q_/logical_block_size"); pb=$(cat "$q_/physical_block_size")
+  [ "$lb" = 4096 ] && [ "$pb" = 4096 ] && ok "4096-byte logical/physical blocks" || fail_check "block sizes logical=$lb physical=$pb, want 4096"
+  if fio_job verify.fio DEV="$DEV" SIZE="${JOB_MIB}M" > /dev/null; then
+    ok "fio verify.fio on $DEV (${RUN_SECS}s): $(awk -F';' '{printf "%s ", $3}' /tmp/fio.out)"
+  else
+    fail_check "fio verify.fio rc=$? after ${RUN_SECS}s"; tail -30 /tmp/fio.out
+  fi
+  half=$((SIZE_MIB / 2)); q=$((SIZE_MIB / 8))
+  check "fio write 0..${half}M" fio_job region.fio DEV="$DEV" OFFSET=0 LEN="${half}M" VONLY=0
+  before=$(stat_field "$DEV" orig_data_size)
+  check "blkdiscard ${q}M..$((2 * q))M" blkdiscard -o $((q * 1048576)) -l $((q * 1048576)) "$DEV"
+  after=$(stat_field "$DEV" orig_data_size)
+  say "  orig_data_size before/after discard: $before / $after"
+  if [ -n "$before" ] && [ -n "$after" ] && [ "$after" -lt "$before" ]; then ok "discard freed data"; else fail_check "orig_data_size did not drop after discard ($before -> $after)"; fi
+  zero=$(dd if=/dev/zero bs=1M count=$q 2>/dev/null | md5sum | cut -c1-32)
+  got=$(timeout -s KILL "$IO_TMO" dd if="$DEV" bs=1M skip=$q count=$q iflag=direct 2>/dev/null | md5sum | cut -c1-32)
+  [ "$got" = "$zero" ] && ok "discarded range reads zeros" || fail_check "discarded range does not read back as zeros"
+  check "fio verify 0..${q}M after discard" fio_job region.fio DEV="$DEV" OFFSET=0 LEN="${q}M" VONLY=1
+  check "fio verify $((2 * q))M..${half}M after discard" fio_job region.fio DEV="$DEV" OFFSET="$((2 * q))M" LEN="$((half - 2 * q))M" VONLY=1
+  timeout -s KILL "$TMO" uzram status "$DEV" | sed 's/^/    | /'
+  uzram_destroy "$DEV"
+fi
+end

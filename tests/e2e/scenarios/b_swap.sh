@@ -1,0 +1,47 @@
+# Scenario b: uzram as swap under memory pressure. A hog of >= 2x the guest's available memory,
+# filled with non-zero compressible pages, every word verified; `uzram status` must show
+# compressed data (0 < compr_data_size < orig_data_size) while the hog's pages are swapped out.
+. /e2e/lib.sh
+begin b_swap
+AVAIL=$(mem_avail_mib)
+HOG=${UZ_hog_mib:-$((AVAIL * 2 + 16))}
+SIZE_MIB=${UZ_swap_dev_mib:-$HOG}
+say "  MemAvailable ${AVAIL} MiB -> hog ${HOG} MiB, device ${SIZE_MIB} MiB"
+if uzram_create --size "${SIZE_MIB}M"; then
+  check "mkswap" mkswap "$DEV"
+  check "swapon" swapon "$DEV"
+  cat /proc/swaps
+  out0=$(awk '/pswpout/{print $2}' /proc/vmstat)
+  t0=$(up)
+  # hog: fill, verify pass 1, hold 5 s (status is read then), verify pass 2
+  timeout -s KILL "$IO_TMO" hog "$HOG" 2 5 > /tmp/hog.out 2>&1 &
+  HPID=$!
+  i=0
+  while ! grep -q 'holding' /tmp/hog.out; do
+    kill -0 $HPID 2>/dev/null || break
+    i=$((i + 1)); [ $i -gt $((IO_TMO * 10)) ] && break
+    usleep 100000
+  done
+  orig=$(stat_field "$DEV" orig_data_size)
+  compr=$(stat_field "$DEV" compr_data_size)
+  say "  while swapped out: orig_data_size=$orig compr_data_size=$compr"
+  if [ -n "$orig" ] && [ -n "$compr" ] && [ "$compr" -gt 0 ] && [ "$compr" -lt "$orig" ]; then
+    ok "compressed: ratio $(awk -v o="$orig" -v c="$compr" 'BEGIN{printf "%.2f", o/c}')"
+  else
+    fail_check "status does not show compressed data (orig=$orig compr=$compr)"
+  fi
+  timeout -s KILL "$TMO" uzram status "$DEV" | sed 's/^/    | /'
+  wait $HPID
+  hrc=$?
+  sed 's/^/    | /' /tmp/hog.out
+  out1=$(awk '/pswpout/{print $2}' /proc/vmstat)
+  say "  hog wall time $(since "$t0")s, pswpout +$((out1 - out0)) pages, pswpin $(awk '/pswpin/{print $2}' /proc/vmstat)"
+  [ $hrc = 0 ] && ok "hog: every word verified" || fail_check "hog rc=$hrc"
+  grep -q ' 0 bad words' /tmp/hog.out || fail_check "hog reported bad words"
+  [ $((out1 - out0)) -gt $((AVAIL * 256 / 2)) ] && ok "swapped out $(((out1 - out0) / 256)) MiB" \
+    || fail_check "only $(((out1 - out0) / 256)) MiB swapped out; no real memory pressure"
+  timeout -s KILL "$TMO" uzram list | sed 's/^/    | /'
+  check "swapoff" swapoff "$DEV"
+  uzram_destroy "$DEV"
+fi
+end

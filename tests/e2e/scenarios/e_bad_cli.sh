@@ -1,0 +1,31 @@
+# Scenario e: bad CLI input exits != 0 with a message that names the problem.
+# Runs first, while no device exists (it unloads ublk_drv for the "module absent" check).
+. /e2e/lib.sh
+begin e_bad_cli
+expect_refused "size 0" 'size' uzram create --size 0
+expect_refused "absurd size" 'size|too (large|big)|exceed|memory' uzram create --size 1000000T
+expect_refused "unparsable size" 'size|invalid' uzram create --size 12Q
+expect_refused "unknown algorithm" 'algorithm|foo' uzram create --size 64M --algorithm foo
+expect_refused "gpu backend without a GPU" 'gpu|cuda|nvidia' uzram create --size 64M --backend gpu
+expect_refused "status of an unknown device" 'ublkb7|no such|not found|unknown' uzram status /dev/ublkb7
+expect_refused "destroy of an unknown device" 'ublkb7|no such|not found|unknown' uzram destroy /dev/ublkb7
+if su -s /bin/sh nobody -c 'test "$(id -u)" = 65534'; then
+  expect_refused "not root" 'root|permission|privilege' su -s /bin/sh nobody -c 'uzram create --size 64M'
+else
+  fail_check "cannot run a command as nobody (su)"
+fi
+if [ -n "$(ls /dev/ublkb* 2>/dev/null)" ]; then
+  fail_check "a device exists after refused creates: $(ls /dev/ublkb*)"
+fi
+if rmmod ublk_drv; then
+  expect_refused "ublk module absent" 'ublk_drv|modprobe|ublk-control' uzram create --size 64M
+  insmod /lib/modules/ublk_drv.ko || fail_check "re-insmod ublk_drv"
+  i=0
+  while [ ! -e /dev/ublk-control ]; do
+    i=$((i + 1)); [ $i -gt 200 ] && { fail_check "/dev/ublk-control did not come back"; break; }
+    usleep 50000
+  done
+else
+  fail_check "could not rmmod ublk_drv to test the module-absent message"
+fi
+end
