@@ -15,8 +15,8 @@ use crate::size::{parse_size, SizeError};
 pub const MAX_QUEUES: u16 = 4096;
 /// Deepest queue the kernel accepts (`UBLK_MAX_QUEUE_DEPTH`).
 pub const MAX_DEPTH: u16 = 4096;
-/// Default queue depth.
-pub const DEFAULT_DEPTH: u16 = 128;
+/// Default queue depth (each tag holds a locked 128 KiB buffer: 8 MiB per queue).
+pub const DEFAULT_DEPTH: u16 = 64;
 /// Highest device id uzram accepts (the kernel allows ids below 2^20).
 pub const MAX_ID: u32 = (1 << 20) - 1;
 
@@ -389,6 +389,15 @@ mod tests {
         assert_eq!(cfg.device.mem_limit, Some(2 << 30));
         assert_eq!((cfg.device.queues, cfg.device.depth), (2, 64));
         assert_eq!(cfg.device.id, Some(7));
+        assert_eq!(cfg.swap.priority, Some(100));
+        assert_eq!(cfg.swap.options.as_deref(), Some("discard"));
+    }
+
+    #[test]
+    fn shipped_example_parses() {
+        let text = include_str!("../../../systemd/uzram.toml.example");
+        let cfg = parse(text).unwrap();
+        assert_eq!(cfg.device.size, 8 << 30);
         assert_eq!(cfg.swap.priority, Some(100));
         assert_eq!(cfg.swap.options.as_deref(), Some("discard"));
     }

@@ -250,6 +250,8 @@ fn add_error(err: UblkError, id: Option<u32>) -> anyhow::Error {
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), ControlError> {
     std::thread::Builder::new()
         .name(name.to_string())
+        // mlockall locks every thread's whole stack: keep these small.
+        .stack_size(256 << 10)
         .spawn(f)
         .map(|_| ())
         .map_err(|source| ControlError::Io {

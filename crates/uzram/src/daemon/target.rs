@@ -14,8 +14,9 @@ use uzram_core::{PAGE_SHIFT, SECTOR_SHIFT};
 use super::io::{handle, Op};
 use crate::control::proto::Stat;
 
-/// Largest request, in bytes (the size of each tag's I/O buffer).
-pub const IO_BUF_BYTES: u32 = 512 << 10;
+/// Largest request, in bytes (the size of each tag's I/O buffer). Every buffer is locked in
+/// RAM for the device's life (queues x depth x this), so it is kept modest.
+pub const IO_BUF_BYTES: u32 = 128 << 10;
 
 /// The device parameters: 4 KiB logical and physical blocks, discard and write-zeroes.
 pub fn params(size: u64) -> sys::ublk_params {
@@ -191,7 +192,7 @@ mod tests {
         assert_eq!(p.basic.logical_bs_shift, 12);
         assert_eq!(p.basic.physical_bs_shift, 12);
         assert_eq!(p.basic.dev_sectors, (8u64 << 30) >> 9);
-        assert_eq!(p.basic.max_sectors, 1024);
+        assert_eq!(p.basic.max_sectors, 256);
         assert_ne!(p.types & sys::UBLK_PARAM_TYPE_DISCARD, 0);
         assert_eq!(p.discard.discard_granularity, 4096);
         assert_eq!(p.discard.max_discard_sectors % 8, 0);

@@ -1,0 +1,239 @@
+//! Runs the `uzram` binary without ublk: argument errors, privilege and module checks, unknown
+//! devices, an empty `list`. Privileged end-to-end tests run in the guest (scripts/e2e).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn uzram(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_uzram"))
+        .args(args)
+        .output()
+        .expect("running uzram")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Asserts failure with a message that contains `needle` (case-insensitive).
+fn refused(args: &[&str], needle: &str) {
+    let out = uzram(args);
+    assert!(!out.status.success(), "uzram {args:?} succeeded");
+    let err = stderr(&out);
+    assert!(
+        err.to_lowercase().contains(&needle.to_lowercase()),
+        "uzram {args:?}: stderr {err:?} lacks {needle:?}"
+    );
+    assert!(out.stdout.is_empty(), "uzram {args:?} printed to stdout");
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn has_live_state() -> bool {
+    std::fs::read_dir("/run/uzram").is_ok_and(|d| {
+        d.flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with(".json"))
+    })
+}
+
+#[test]
+fn help_lists_the_commands() {
+    let out = uzram(&["--help"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for cmd in [
+        "create", "destroy", "list", "status", "run", "swap-on", "swap-off", "bench",
+    ] {
+        assert!(text.contains(cmd), "help lacks {cmd}: {text}");
+    }
+    assert!(
+        !text.lines().any(|l| l.trim_start().starts_with("daemon ")),
+        "the internal daemon command is hidden: {text}"
+    );
+    let out = uzram(&["create", "--help"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--size",
+        "--algorithm",
+        "--backend",
+        "--queues",
+        "--depth",
+        "--mem-limit",
+        "--id",
+        "--foreground",
+    ] {
+        assert!(text.contains(flag), "create --help lacks {flag}");
+    }
+}
+
+#[test]
+fn bad_sizes_are_refused_before_privilege_checks() {
+    refused(&["create", "--size", "0"], "size");
+    refused(&["create", "--size", "17T"], "16T maximum");
+    refused(&["create", "--size", "1000000T"], "size");
+    refused(&["create", "--size", "12Q"], "invalid size");
+    refused(
+        &["create", "--size", "64M", "--mem-limit", "lots"],
+        "memory limit",
+    );
+    refused(&["create"], "--size");
+}
+
+#[test]
+fn bad_settings_are_refused() {
+    refused(
+        &["create", "--size", "64M", "--algorithm", "foo"],
+        "unknown compression algorithm \"foo\"",
+    );
+    refused(
+        &["create", "--size", "64M", "--backend", "gpu"],
+        "gpu backend is not available",
+    );
+    refused(
+        &["create", "--size", "64M", "--backend", "tpu"],
+        "unknown backend",
+    );
+    refused(
+        &["create", "--size", "64M", "--queues", "0"],
+        "queues must be between",
+    );
+    refused(
+        &["create", "--size", "64M", "--depth", "5000"],
+        "depth must be between",
+    );
+    refused(&["status", "ublkc3"], "invalid device");
+    refused(&["destroy"], "required");
+    refused(&["destroy", "1", "--all"], "cannot be used with");
+}
+
+#[test]
+fn run_refuses_bad_config_files() {
+    let dir = std::env::temp_dir().join(format!("uzram-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let typo = dir.join("typo.toml");
+    std::fs::write(
+        &typo,
+        "zram-size = \"1G\"\ncompresion-algorithm = \"lz4\"\n",
+    )
+    .unwrap();
+    refused(
+        &["run", "--config", typo.to_str().unwrap()],
+        "compresion-algorithm",
+    );
+    let nosize = dir.join("nosize.toml");
+    std::fs::write(&nosize, "swap-priority = 10\n").unwrap();
+    refused(
+        &["run", "--config", nosize.to_str().unwrap()],
+        "missing `zram-size`",
+    );
+    refused(
+        &["run", "--config", "/nonexistent/uzram.toml"],
+        "cannot read config file",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn non_root_is_refused() {
+    if !is_root() {
+        refused(&["create", "--size", "64M"], "uzram must run as root");
+        refused(&["list"], "uzram must run as root");
+        return;
+    }
+    // As root, drop to nobody with setpriv (util-linux) to see the message a user gets.
+    let exe = env!("CARGO_BIN_EXE_uzram");
+    let probe = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            exe,
+            "--version",
+        ])
+        .output();
+    match probe {
+        Ok(o) if o.status.success() => {}
+        other => {
+            eprintln!(
+                "SKIP non_root_is_refused: cannot run {exe} as nobody via setpriv: {other:?}"
+            );
+            return;
+        }
+    }
+    for args in [
+        &["create", "--size", "64M"][..],
+        &["list"],
+        &["status", "0"],
+        &["destroy", "0"],
+    ] {
+        let out = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", exe])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded as nobody");
+        assert!(
+            stderr(&out).contains("uzram must run as root"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+}
+
+#[test]
+fn missing_module_is_explained() {
+    if !is_root() {
+        eprintln!("SKIP missing_module_is_explained: needs root (the root check comes first)");
+        return;
+    }
+    if Path::new("/dev/ublk-control").exists() {
+        eprintln!("SKIP missing_module_is_explained: ublk_drv is loaded on this host");
+        return;
+    }
+    refused(
+        &["create", "--size", "64M"],
+        "the ublk_drv kernel module is not loaded: run modprobe ublk_drv",
+    );
+    let dir = std::env::temp_dir().join(format!("uzram-cli-mod-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("ok.toml");
+    std::fs::write(&cfg, "zram-size = \"64M\"\n").unwrap();
+    refused(
+        &["run", "--config", cfg.to_str().unwrap()],
+        "modprobe ublk_drv",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn unknown_devices_and_empty_list() {
+    if !is_root() {
+        eprintln!("SKIP unknown_devices_and_empty_list: needs root");
+        return;
+    }
+    refused(&["status", "/dev/ublkb999"], "unknown device /dev/ublkb999");
+    refused(&["destroy", "ublkb999"], "unknown device /dev/ublkb999");
+    if has_live_state() {
+        eprintln!("SKIP empty list: /run/uzram has devices");
+        return;
+    }
+    let out = uzram(&["list"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        out.stdout.is_empty(),
+        "list with no devices prints nothing, like zramctl"
+    );
+    let out = uzram(&["list", "--json"]);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v, serde_json::json!({ "devices": [] }));
+    let out = uzram(&["destroy", "--all"]);
+    assert!(
+        out.status.success(),
+        "destroy --all with nothing to do: {}",
+        stderr(&out)
+    );
+}
