@@ -12,7 +12,9 @@ pub struct ZstdCodec {
 
 impl std::fmt::Debug for ZstdCodec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ZstdCodec").field("level", &self.level).finish()
+        f.debug_struct("ZstdCodec")
+            .field("level", &self.level)
+            .finish()
     }
 }
 

@@ -110,6 +110,9 @@ mod x86 {
 
     use super::{word_at, PAGE_SIZE};
 
+    // The AVX-512 loop below has the page size written into its assembly.
+    const _: () = assert!(PAGE_SIZE == 4096);
+
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
@@ -143,33 +146,52 @@ mod x86 {
 
     /// # Safety
     /// The CPU must support AVX-512F.
-    #[target_feature(enable = "avx512f")]
+    ///
+    /// Written as inline assembly: AVX-512 intrinsics and `target_feature(enable =
+    /// "avx512f")` need Rust 1.89, newer than the workspace's minimum.
     pub(super) unsafe fn same_filled_avx512(page: &[u8; PAGE_SIZE]) -> Option<u64> {
         let first = word_at(page, 0);
-        let want = _mm512_set1_epi64(first as i64);
-        let base = page.as_ptr();
-        let mut off = 0;
-        while off < PAGE_SIZE {
-            // SAFETY: off + 256 <= PAGE_SIZE (off steps by 256 from 0 and PAGE_SIZE is a
-            // multiple of 256), so all four 64-byte unaligned loads stay inside `page`.
-            let (a, b, c, d) = unsafe {
-                (
-                    _mm512_loadu_si512(base.add(off).cast()),
-                    _mm512_loadu_si512(base.add(off + 64).cast()),
-                    _mm512_loadu_si512(base.add(off + 128).cast()),
-                    _mm512_loadu_si512(base.add(off + 192).cast()),
-                )
-            };
-            let diff = _mm512_or_si512(
-                _mm512_or_si512(_mm512_xor_si512(a, want), _mm512_xor_si512(b, want)),
-                _mm512_or_si512(_mm512_xor_si512(c, want), _mm512_xor_si512(d, want)),
+        let differs: u8;
+        // SAFETY: the caller guarantees AVX-512F. The loop reads [base, base + 4096) in
+        // 64-byte loads at offsets 0..4096 step 256 (+0/64/128/192), all inside `page`,
+        // and writes no memory. Every vector register it touches is declared clobbered
+        // (xmmN stands for the whole zmmN), and `vzeroupper` leaves the upper halves
+        // clean for SSE code that follows.
+        unsafe {
+            std::arch::asm!(
+                "vpbroadcastq zmm0, {first}",
+                "xor {i:e}, {i:e}",
+                "2:",
+                "vpxorq zmm1, zmm0, zmmword ptr [{base} + {i}]",
+                "vpxorq zmm2, zmm0, zmmword ptr [{base} + {i} + 64]",
+                "vpxorq zmm3, zmm0, zmmword ptr [{base} + {i} + 128]",
+                "vpxorq zmm4, zmm0, zmmword ptr [{base} + {i} + 192]",
+                "vporq zmm1, zmm1, zmm2",
+                "vporq zmm3, zmm3, zmm4",
+                "vporq zmm1, zmm1, zmm3",
+                "vextracti64x4 ymm2, zmm1, 1",
+                "vpor ymm1, ymm1, ymm2",
+                "vptest ymm1, ymm1",
+                "jnz 3f",
+                "add {i}, 256",
+                "cmp {i}, 4096",
+                "jb 2b",
+                "3:",
+                "setnz {differs}",
+                "vzeroupper",
+                first = in(reg) first,
+                base = in(reg) page.as_ptr(),
+                i = out(reg) _,
+                differs = out(reg_byte) differs,
+                out("xmm0") _,
+                out("xmm1") _,
+                out("xmm2") _,
+                out("xmm3") _,
+                out("xmm4") _,
+                options(nostack, readonly),
             );
-            if _mm512_test_epi64_mask(diff, diff) != 0 {
-                return None;
-            }
-            off += 256;
         }
-        Some(first)
+        (differs == 0).then_some(first)
     }
 }
 

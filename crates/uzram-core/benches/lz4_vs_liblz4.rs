@@ -1,0 +1,399 @@
+//! Per-core LZ4 comparison: uzram's page codec against liblz4 (C, through lz4-sys) and
+//! plain lz4_flex, on the shared page corpora.
+//!
+//! Every side gets zram's rules, applied the same way (what the store does per page):
+//! same-filled pages are detected first and cost no payload; a page whose compressed form
+//! would be >= 3072 bytes is stored raw (4096 bytes). Throughput is GB/s of uncompressed
+//! bytes (1e9), one thread. The passes of the sides are interleaved and repeated; the table
+//! shows medians (and the best run).
+//!
+//! ```text
+//! cargo bench -p uzram-core --bench lz4_vs_liblz4
+//! UZRAM_CORPUS=a.pages:b.pages.zst UZRAM_BENCH_REPEAT=21 cargo bench -p uzram-core --bench lz4_vs_liblz4
+//! ```
+//! Corpora: `UZRAM_CORPUS` (':'-separated; raw `.pages` or zstd `.pages.zst`), else
+//! `../shared/corpus/*.pages.zst` beside the repository, else the checked-in
+//! `testdata/*.slice.pages.zst`.
+
+use std::hint::black_box;
+use std::os::raw::{c_char, c_int};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use uzram_core::codec::{Lz4Codec, PageCodec};
+use uzram_core::page::{fill_page, same_filled_word, PAGE_SIZE};
+
+/// zram stores a page raw when its compressed form takes at least this many bytes.
+const HUGE_THRESHOLD: usize = 3072;
+
+type Page = [u8; PAGE_SIZE];
+
+/// One LZ4 implementation under test.
+trait Side {
+    fn name(&self) -> &'static str;
+    /// Compressed length, or None when it does not fit in `out`.
+    fn compress(&mut self, page: &Page, out: &mut [u8]) -> Option<usize>;
+    /// True when `src` decoded to exactly one page.
+    fn decompress(&mut self, src: &[u8], page: &mut Page) -> bool;
+}
+
+struct Uzram(Lz4Codec);
+
+impl Side for Uzram {
+    fn name(&self) -> &'static str {
+        "uzram"
+    }
+    fn compress(&mut self, page: &Page, out: &mut [u8]) -> Option<usize> {
+        self.0.compress(page, out).ok().flatten()
+    }
+    fn decompress(&mut self, src: &[u8], page: &mut Page) -> bool {
+        self.0.decompress(src, page).is_ok()
+    }
+}
+
+struct Liblz4;
+
+impl Side for Liblz4 {
+    fn name(&self) -> &'static str {
+        "liblz4"
+    }
+    fn compress(&mut self, page: &Page, out: &mut [u8]) -> Option<usize> {
+        // SAFETY: the pointers and lengths describe two live, non-overlapping buffers
+        // (`page` of PAGE_SIZE bytes, `out` of out.len() bytes); liblz4 writes at most
+        // `out.len()` bytes and returns 0 when the result does not fit.
+        let n = unsafe {
+            lz4_sys::LZ4_compress_default(
+                page.as_ptr().cast::<c_char>(),
+                out.as_mut_ptr().cast::<c_char>(),
+                PAGE_SIZE as c_int,
+                out.len() as c_int,
+            )
+        };
+        (n > 0).then_some(n as usize)
+    }
+    fn decompress(&mut self, src: &[u8], page: &mut Page) -> bool {
+        // SAFETY: `src` and `page` are live, non-overlapping buffers of the lengths
+        // passed; LZ4_decompress_safe never reads or writes outside them.
+        let n = unsafe {
+            lz4_sys::LZ4_decompress_safe(
+                src.as_ptr().cast::<c_char>(),
+                page.as_mut_ptr().cast::<c_char>(),
+                src.len() as c_int,
+                PAGE_SIZE as c_int,
+            )
+        };
+        n == PAGE_SIZE as c_int
+    }
+}
+
+struct Lz4Flex;
+
+impl Side for Lz4Flex {
+    fn name(&self) -> &'static str {
+        "lz4_flex"
+    }
+    fn compress(&mut self, page: &Page, out: &mut [u8]) -> Option<usize> {
+        lz4_flex::block::compress_into(page, out).ok()
+    }
+    fn decompress(&mut self, src: &[u8], page: &mut Page) -> bool {
+        matches!(lz4_flex::block::decompress_into(src, page), Ok(PAGE_SIZE))
+    }
+}
+
+/// CPU time this thread has used. Timing passes by it, not by the wall clock, keeps other
+/// processes on a shared machine out of the numbers (they still share caches).
+#[derive(Clone, Copy)]
+struct Instant(Duration);
+
+impl Instant {
+    fn now() -> Self {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID is supported
+        // on every Linux this runs on (failure leaves `ts` zero, which only spoils a number).
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        Instant(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+    }
+    fn elapsed(&self) -> Duration {
+        Self::now().0.saturating_sub(self.0)
+    }
+}
+
+/// What the store keeps for one page.
+#[derive(Clone, Copy)]
+enum Stored {
+    Same(u64),
+    Raw(usize),
+    Lz4 { off: usize, len: usize },
+}
+
+struct Encoded {
+    entries: Vec<Stored>,
+    data: Vec<u8>,
+}
+
+impl Encoded {
+    fn payload_bytes(&self) -> usize {
+        self.entries
+            .iter()
+            .map(|e| match e {
+                Stored::Same(_) => 0,
+                Stored::Raw(_) => PAGE_SIZE,
+                Stored::Lz4 { len, .. } => *len,
+            })
+            .sum()
+    }
+}
+
+/// Writes every page the way the store does; returns the time taken and what was stored.
+fn compress_pass(side: &mut dyn Side, pages: &[Page], enc: &mut Encoded) -> Duration {
+    enc.entries.clear();
+    enc.data.clear();
+    let mut scratch = [0u8; HUGE_THRESHOLD - 1];
+    let start = Instant::now();
+    for (i, page) in pages.iter().enumerate() {
+        let e = if let Some(w) = same_filled_word(page) {
+            Stored::Same(w)
+        } else if let Some(len) = side.compress(page, &mut scratch) {
+            let off = enc.data.len();
+            enc.data.extend_from_slice(&scratch[..len]);
+            Stored::Lz4 { off, len }
+        } else {
+            Stored::Raw(i)
+        };
+        enc.entries.push(e);
+    }
+    start.elapsed()
+}
+
+/// Reads every page back the way the store does. Returns the time and the number of pages
+/// that did not come back identical (checked outside the timed loop when `verify`).
+fn decompress_pass(
+    side: &mut dyn Side,
+    pages: &[Page],
+    enc: &Encoded,
+    verify: bool,
+) -> (Duration, usize) {
+    let mut out = [0u8; PAGE_SIZE];
+    let mut bad = 0;
+    let mut elapsed = Duration::ZERO;
+    let start = Instant::now();
+    for (i, e) in enc.entries.iter().enumerate() {
+        let t0 = verify.then(Instant::now);
+        match *e {
+            Stored::Same(w) => fill_page(&mut out, w),
+            Stored::Raw(idx) => out.copy_from_slice(&pages[idx]),
+            Stored::Lz4 { off, len } => {
+                if !side.decompress(&enc.data[off..off + len], &mut out) {
+                    bad += 1;
+                }
+            }
+        }
+        black_box(&mut out);
+        if let Some(t0) = t0 {
+            elapsed += t0.elapsed();
+            bad += usize::from(out != pages[i]);
+        }
+    }
+    if !verify {
+        elapsed = start.elapsed();
+    }
+    (elapsed, bad)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+struct Row {
+    corpus: String,
+    subset: &'static str,
+    pages: usize,
+    /// Per side: (compress GB/s runs, decompress GB/s runs, payload bytes)
+    sides: Vec<(Vec<f64>, Vec<f64>, usize)>,
+}
+
+fn bench_subset(corpus: &str, subset: &'static str, pages: &[Page], repeat: usize) -> Row {
+    let mut sides: Vec<Box<dyn Side>> = vec![
+        Box::new(Uzram(Lz4Codec::new())),
+        Box::new(Liblz4),
+        Box::new(Lz4Flex),
+    ];
+    let bytes = (pages.len() * PAGE_SIZE) as f64;
+    let mut encs: Vec<Encoded> = sides
+        .iter()
+        .map(|_| Encoded {
+            entries: Vec::with_capacity(pages.len()),
+            data: Vec::with_capacity(pages.len() * PAGE_SIZE),
+        })
+        .collect();
+    let mut res: Vec<(Vec<f64>, Vec<f64>, usize)> =
+        sides.iter().map(|_| (vec![], vec![], 0)).collect();
+    // Warm-up round, with verification (also across sides: each decodes the others' output).
+    for (s, side) in sides.iter_mut().enumerate() {
+        compress_pass(side.as_mut(), pages, &mut encs[s]);
+        res[s].2 = encs[s].payload_bytes();
+    }
+    for side in sides.iter_mut() {
+        for enc in &encs {
+            let (_, bad) = decompress_pass(side.as_mut(), pages, enc, true);
+            assert_eq!(bad, 0, "{} failed to decode pages of {corpus}", side.name());
+        }
+    }
+    for r in 0..repeat {
+        // Rotate the order so no side always runs first after the others.
+        for k in 0..sides.len() {
+            let s = (k + r) % sides.len();
+            let t = compress_pass(sides[s].as_mut(), pages, &mut encs[s]);
+            res[s].0.push(bytes / t.as_secs_f64() / 1e9);
+            let (t, _) = decompress_pass(sides[s].as_mut(), pages, &encs[s], false);
+            res[s].1.push(bytes / t.as_secs_f64() / 1e9);
+        }
+    }
+    Row {
+        corpus: corpus.to_string(),
+        subset,
+        pages: pages.len(),
+        sides: res,
+    }
+}
+
+fn load_pages(path: &Path) -> Vec<Page> {
+    let raw = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let raw = if path.extension().is_some_and(|e| e == "zst") {
+        zstd::stream::decode_all(&raw[..])
+            .unwrap_or_else(|e| panic!("zstd -d {}: {e}", path.display()))
+    } else {
+        raw
+    };
+    assert!(
+        raw.len() % PAGE_SIZE == 0,
+        "{}: not whole pages",
+        path.display()
+    );
+    raw.chunks_exact(PAGE_SIZE)
+        .map(|c| {
+            let mut p = [0u8; PAGE_SIZE];
+            p.copy_from_slice(c);
+            p
+        })
+        .collect()
+}
+
+fn corpus_paths() -> Vec<PathBuf> {
+    if let Ok(list) = std::env::var("UZRAM_CORPUS") {
+        return list
+            .split(':')
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+            .collect();
+    }
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let names = ["python-heap", "mixed-swap"];
+    let shared: Vec<PathBuf> = names
+        .iter()
+        .map(|n| repo.join(format!("../shared/corpus/{n}.pages.zst")))
+        .collect();
+    if shared.iter().all(|p| p.exists()) {
+        return shared;
+    }
+    println!("../shared/corpus not found: using the checked-in testdata slices (2 MiB each)");
+    names
+        .iter()
+        .map(|n| repo.join(format!("testdata/{n}.slice.pages.zst")))
+        .collect()
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+fn main() {
+    // `cargo bench` passes --bench; `cargo test --benches` passes nothing we need to honour,
+    // but then one quick round is enough to prove the bench runs.
+    let quick = !std::env::args().any(|a| a == "--bench");
+    let repeat = std::env::var("UZRAM_BENCH_REPEAT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(if quick { 1 } else { 11 });
+    println!(
+        "LZ4 per core, {} ({} repeats, median GB/s of uncompressed bytes per thread-CPU-second; best in brackets)",
+        cpu_model(),
+        repeat
+    );
+    let mut rows = Vec::new();
+    for path in corpus_paths() {
+        let pages = load_pages(&path);
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.split('.').next())
+            .unwrap_or("corpus")
+            .to_string();
+        let codec_pages: Vec<Page> = pages
+            .iter()
+            .filter(|p| same_filled_word(p).is_none())
+            .copied()
+            .collect();
+        rows.push(bench_subset(&name, "all pages", &pages, repeat));
+        rows.push(bench_subset(&name, "codec pages", &codec_pages, repeat));
+    }
+    let names = ["uzram", "liblz4", "lz4_flex"];
+    println!(
+        "{:<12} {:<12} {:>6} {:<10} {:>16} {:>16} {:>16} {:>13} {:>15}",
+        "corpus",
+        "pages",
+        "n",
+        "op",
+        names[0],
+        names[1],
+        names[2],
+        "uzram/liblz4",
+        "lz4_flex/liblz4"
+    );
+    for row in &mut rows {
+        for op in 0..2 {
+            let mut cols = Vec::new();
+            let mut med = Vec::new();
+            for s in row.sides.iter_mut() {
+                let v = if op == 0 { &mut s.0 } else { &mut s.1 };
+                let m = median(v);
+                let best = v.iter().copied().fold(0.0, f64::max);
+                med.push(m);
+                cols.push(format!("{m:.3} [{best:.3}]"));
+            }
+            println!(
+                "{:<12} {:<12} {:>6} {:<10} {:>16} {:>16} {:>16} {:>12.3}x {:>14.3}x",
+                row.corpus,
+                row.subset,
+                row.pages,
+                if op == 0 { "compress" } else { "decompress" },
+                cols[0],
+                cols[1],
+                cols[2],
+                med[0] / med[1],
+                med[2] / med[1]
+            );
+        }
+    }
+    println!("payload-only ratio (input bytes / stored bytes, same-filled = 0, huge = 4096):");
+    for row in rows.iter().filter(|r| r.subset == "all pages") {
+        let input = (row.pages * PAGE_SIZE) as f64;
+        let r: Vec<f64> = row.sides.iter().map(|s| input / s.2 as f64).collect();
+        println!(
+            "{:<12} uzram {:.4}  liblz4 {:.4}  lz4_flex {:.4}  uzram/liblz4 {:.4}x  (stored bytes {} / {} / {})",
+            row.corpus, r[0], r[1], r[2], r[0] / r[1], row.sides[0].2, row.sides[1].2, row.sides[2].2
+        );
+    }
+}

@@ -1,0 +1,199 @@
+//! LZ4 block decoder specialised for one 4 KiB page, in safe Rust.
+//!
+//! Accepts every valid LZ4 block whose output is exactly one page (from liblz4, lz4_flex,
+//! the GPU kernel or uzram's own encoder) and refuses everything else with an error: a
+//! truncated or corrupt block, an offset of zero or reaching before the page, or output
+//! longer or shorter than the page. It never writes outside the page (all writes are
+//! bounds-checked slice operations). Speed comes from liblz4's own shortcut: a sequence
+//! with short literal and match lengths is copied with fixed 16-byte moves, which may
+//! write past the sequence's end but never past the page; later sequences overwrite
+//! those bytes before anything reads them.
+
+use crate::page::PAGE_SIZE;
+
+type Page = [u8; PAGE_SIZE];
+
+/// Why a block was refused; turned into a `CodecError` by the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum DecodeError {
+    /// The input ended inside a sequence.
+    Truncated,
+    /// A match offset is zero or points before the start of the page.
+    BadOffset { offset: usize, position: usize },
+    /// The block writes past the end of the page.
+    TooLong,
+    /// The block ended after this many bytes, not a whole page.
+    TooShort(usize),
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Truncated => f.write_str("input ends inside a sequence"),
+            Self::BadOffset { offset, position } => {
+                write!(
+                    f,
+                    "match offset {offset} at output byte {position} is invalid"
+                )
+            }
+            Self::TooLong => f.write_str("output would exceed one page"),
+            Self::TooShort(n) => write!(f, "block ends after {n} of 4096 bytes"),
+        }
+    }
+}
+
+/// Reads the extra bytes of a length whose 4-bit field was 15.
+#[inline(always)]
+fn read_len(src: &[u8], ip: &mut usize) -> Result<usize, DecodeError> {
+    let mut len = 0usize;
+    loop {
+        let b = *src.get(*ip).ok_or(DecodeError::Truncated)?;
+        *ip += 1;
+        len += b as usize;
+        if b != 255 {
+            return Ok(len);
+        }
+        // A page needs at most 4096 / 255 + 1 continuation bytes; stop runaway lengths
+        // early (this also keeps `len` far from overflow).
+        if len > PAGE_SIZE {
+            return Err(DecodeError::TooLong);
+        }
+    }
+}
+
+/// Copies a match of `len` bytes starting `off` bytes back, where `1 <= off <= op` and
+/// `op + len <= PAGE_SIZE` were checked by the caller.
+#[inline(always)]
+fn copy_match(out: &mut Page, op: usize, off: usize, len: usize) {
+    let from = op - off;
+    if op + len + 16 > PAGE_SIZE {
+        // The page's last bytes: one at a time, the definition of an overlapping copy.
+        for i in 0..len {
+            out[op + i] = out[from + i];
+        }
+    } else if off >= 16 {
+        // Chunks of 16: each chunk's source ends at or before its destination starts,
+        // so it reads only final bytes. Bytes past `len` are overwritten later.
+        let mut i = 0;
+        while i < len {
+            out.copy_within(from + i..from + i + 16, op + i);
+            i += 16;
+        }
+    } else {
+        // A short period (runs of one byte, repeated words): gather the `off` final
+        // bytes one at a time (single-byte loads always forward from earlier stores),
+        // widen them to a 16-byte window of the pattern in a register, and store that
+        // window every `step` bytes, the largest multiple of `off` that fits in 16. No
+        // load depends on a store of this match, so nothing waits.
+        let mut v = 0u128;
+        for i in 0..off {
+            v |= u128::from(out[from + i]) << (8 * i);
+        }
+        let mut have = off;
+        while have < 16 {
+            v |= v << (8 * have);
+            have *= 2;
+        }
+        let pat = v.to_le_bytes();
+        let step = 16 - 16 % off;
+        let mut i = 0;
+        while i < len {
+            out[op + i..op + i + 16].copy_from_slice(&pat);
+            i += step;
+        }
+    }
+}
+
+/// Copies `len` literals; the caller checked both ranges. Far from the ends it moves
+/// 32-byte chunks (the bytes past `len` are overwritten by the next sequence).
+#[inline(always)]
+fn copy_literals(out: &mut Page, op: usize, src: &[u8], ip: usize, len: usize) {
+    if op + len + 32 <= PAGE_SIZE && ip + len + 32 <= src.len() {
+        let mut i = 0;
+        while i < len {
+            out[op + i..op + i + 32].copy_from_slice(&src[ip + i..ip + i + 32]);
+            i += 32;
+        }
+    } else {
+        out[op..op + len].copy_from_slice(&src[ip..ip + len]);
+    }
+}
+
+/// Output room the literal shortcut needs: 16 bytes of literals, then an 18-byte match.
+const SHORT_ROOM: usize = 16 + 18;
+
+/// Decodes `src` into `out`, which it fills completely on success.
+pub(super) fn decompress(src: &[u8], out: &mut Page) -> Result<(), DecodeError> {
+    let mut ip = 0usize;
+    let mut op = 0usize;
+    loop {
+        let token = *src.get(ip).ok_or(DecodeError::Truncated)? as usize;
+        ip += 1;
+
+        // Literals. Shortcut (liblz4's): fewer than 15 of them, with 16 bytes to spare in
+        // the input (so this is not the last sequence) and room in the page: one 16-byte
+        // move covers them.
+        let lit = token >> 4;
+        if lit != 15 && ip + 17 <= src.len() && op <= PAGE_SIZE - SHORT_ROOM {
+            out[op..op + 16].copy_from_slice(&src[ip..ip + 16]);
+            ip += lit;
+            op += lit;
+        } else {
+            let lit = if lit == 15 {
+                15 + read_len(src, &mut ip)?
+            } else {
+                lit
+            };
+            let lit_end = ip.checked_add(lit).ok_or(DecodeError::Truncated)?;
+            if lit_end > src.len() {
+                return Err(DecodeError::Truncated);
+            }
+            if op + lit > PAGE_SIZE {
+                return Err(DecodeError::TooLong);
+            }
+            copy_literals(out, op, src, ip, lit);
+            ip = lit_end;
+            op += lit;
+            if ip == src.len() {
+                // The last sequence has literals only.
+                return if op == PAGE_SIZE {
+                    Ok(())
+                } else {
+                    Err(DecodeError::TooShort(op))
+                };
+            }
+        }
+
+        // Match.
+        let off_bytes = src.get(ip..ip + 2).ok_or(DecodeError::Truncated)?;
+        let off = u16::from_le_bytes([off_bytes[0], off_bytes[1]]) as usize;
+        ip += 2;
+        if off == 0 || off > op {
+            return Err(DecodeError::BadOffset {
+                offset: off,
+                position: op,
+            });
+        }
+        let ml = token & 15;
+        if ml != 15 && off >= 8 && op <= PAGE_SIZE - 18 {
+            // Shortcut: at most 18 bytes from at least 8 back, in three fixed moves, each
+            // reading only bytes already final.
+            let from = op - off;
+            out.copy_within(from..from + 8, op);
+            out.copy_within(from + 8..from + 16, op + 8);
+            out.copy_within(from + 16..from + 18, op + 16);
+            op += ml + 4;
+            continue;
+        }
+        let ml = if ml == 15 {
+            15 + read_len(src, &mut ip)?
+        } else {
+            ml
+        } + 4;
+        if op + ml > PAGE_SIZE {
+            return Err(DecodeError::TooLong);
+        }
+        copy_match(out, op, off, ml);
+        op += ml;
+    }
+}
