@@ -1,9 +1,9 @@
 //! The page LZ4 codec against liblz4 (C) and lz4_flex: identical output, cross-decoding,
 //! output budgets, and refusal of truncated or corrupt input without panicking.
 
-mod common;
+mod codec_support;
 
-use common::{corpus_pages, liblz4, synthetic_pages};
+use codec_support::{corpus_pages, liblz4, synthetic_pages};
 use proptest::prelude::*;
 use uzram_core::codec::{CodecError, Lz4Codec, PageCodec};
 use uzram_core::page::PAGE_SIZE;
