@@ -8,8 +8,10 @@
 //! plus an exactness check of every page of the corpus (decoded on the CPU).
 //!
 //! Usage: gpu_bench [--pages N] [--batch-pages N] [--slots N] [--threshold N] [--iters N]
-//!        CORPUS.pages.zst...
-//! Each corpus is replicated in memory to N pages (default 65536 = 256 MiB).
+//!        [--ptx FILE] CORPUS.pages.zst...
+//! `--ptx` benchmarks another build of the kernel instead of the embedded one.
+//! Each corpus is replicated in memory to N pages (default 262144 = 1 GiB); batch and slots
+//! default to `PipelineConfig::default()`.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -23,7 +25,7 @@ use uzram_core::codec::Algorithm;
 use uzram_core::PAGE_SIZE;
 use uzram_gpu::driver::{DevBuf, Event, HostBuf, Stream};
 use uzram_gpu::layout::{kernel_limit, stored_bytes};
-use uzram_gpu::{launch, GpuBackend, GpuError, PinnedPages, Pipeline, PipelineConfig};
+use uzram_gpu::{launch, Gpu, GpuBackend, GpuError, PinnedPages, Pipeline, PipelineConfig};
 
 struct Args {
     pages: usize,
@@ -31,16 +33,19 @@ struct Args {
     slots: usize,
     threshold: usize,
     iters: usize,
+    ptx: Option<PathBuf>,
     corpora: Vec<PathBuf>,
 }
 
 fn parse_args() -> Result<Args, String> {
+    let defaults = PipelineConfig::default();
     let mut a = Args {
-        pages: 65536,
-        batch_pages: 16384,
-        slots: 4,
+        pages: 262144,
+        batch_pages: defaults.batch_pages,
+        slots: defaults.slots,
         threshold: 3625,
         iters: 5,
+        ptx: None,
         corpora: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -56,6 +61,7 @@ fn parse_args() -> Result<Args, String> {
             "--slots" => a.slots = num("--slots")?,
             "--threshold" => a.threshold = num("--threshold")?,
             "--iters" => a.iters = num("--iters")?.max(1),
+            "--ptx" => a.ptx = Some(it.next().ok_or("--ptx needs a file")?.into()),
             s if s.starts_with("--") => return Err(format!("unknown option {s}")),
             s => a.corpora.push(PathBuf::from(s)),
         }
@@ -90,14 +96,22 @@ fn run(args: &Args) -> Result<(), GpuError> {
         batch_pages: args.batch_pages,
         slots: args.slots,
     };
-    let mut pipe = Pipeline::new(config)?;
-    let gpu = pipe.gpu().clone();
-    let backend = GpuBackend::new(config)?;
+    let gpu = match &args.ptx {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| GpuError::Config(format!("{}: {e}", path.display())))?;
+            Gpu::open_with_ptx(0, &text)?
+        }
+        None => Gpu::open(0)?,
+    };
+    let mut pipe = Pipeline::on(gpu.clone(), config)?;
+    let backend = GpuBackend::from_pipeline(Pipeline::on(gpu.clone(), config)?)?;
     let cpu = CpuBackend::new(Algorithm::Lz4, None);
     let limit = kernel_limit(args.threshold);
     println!(
-        "{{\"device\":\"{}\",\"sms\":{},\"cpu_threads\":{},\"pages\":{},\"batch_pages\":{},\"slots\":{},\"threshold\":{}}}",
+        "{{\"device\":\"{}\",\"ptx\":\"{}\",\"sms\":{},\"cpu_threads\":{},\"pages\":{},\"batch_pages\":{},\"slots\":{},\"threshold\":{}}}",
         gpu.name(),
+        args.ptx.as_ref().map_or("embedded".into(), |p| p.display().to_string()),
         gpu.sm_count(),
         cpu.threads(),
         args.pages,

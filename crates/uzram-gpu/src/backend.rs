@@ -18,16 +18,30 @@ use crate::GpuError;
 pub struct GpuBackend {
     pipeline: Mutex<Pipeline>,
     device_name: String,
+    /// Host threads for the copies into staging and out of the pinned results.
+    host_threads: usize,
 }
+
+/// Most host threads used for the staging and result copies.
+const MAX_HOST_THREADS: usize = 8;
 
 impl GpuBackend {
     /// Opens the GPU and builds the pipeline. Errors of kind
     /// [`crate::ErrorKind::Unavailable`] mean: use the CPU.
     pub fn new(config: PipelineConfig) -> Result<Self, GpuError> {
-        let pipeline = Pipeline::new(config)?;
+        Self::from_pipeline(Pipeline::new(config)?)
+    }
+
+    /// A backend over a pipeline built by the caller (e.g. on a GPU opened with another
+    /// kernel build).
+    pub fn from_pipeline(pipeline: Pipeline) -> Result<Self, GpuError> {
+        let host_threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(MAX_HOST_THREADS);
         Ok(Self {
             device_name: pipeline.gpu().name().to_string(),
             pipeline: Mutex::new(pipeline),
+            host_threads,
         })
     }
 
@@ -59,7 +73,13 @@ impl GpuBackend {
         let n = pages.len() / PAGE_SIZE;
         out.reset(n);
         let mut pipe = self.lock();
-        let result = run(&mut pipe, pages, kernel_limit(raw_threshold), out);
+        let result = run(
+            &mut pipe,
+            pages,
+            kernel_limit(raw_threshold),
+            out,
+            self.host_threads,
+        );
         if result.is_err() {
             // Leave no copy in flight into or out of buffers the next call reuses.
             let _ = pipe.drain();
@@ -73,6 +93,7 @@ fn run(
     pages: &[u8],
     limit: u32,
     out: &mut BatchOutput,
+    threads: usize,
 ) -> Result<(), GpuError> {
     let batch = pipe.config().batch_pages;
     let slots = pipe.config().slots;
@@ -81,35 +102,87 @@ fn run(
         let slot = ci % slots;
         if pipe.is_busy(slot) {
             let (s, cj) = pending.pop_front().unwrap_or((slot, ci));
-            harvest(pipe, s, cj * batch, out)?;
+            harvest(pipe, s, cj * batch, out, threads)?;
         }
-        pipe.staging_mut(slot)?[..chunk.len()].copy_from_slice(chunk);
+        par_copy(&mut pipe.staging_mut(slot)?[..chunk.len()], chunk, threads)?;
         pipe.submit_staged(slot, chunk.len() / PAGE_SIZE, limit)?;
         pending.push_back((slot, ci));
     }
     while let Some((s, cj)) = pending.pop_front() {
-        harvest(pipe, s, cj * batch, out)?;
+        harvest(pipe, s, cj * batch, out, threads)?;
     }
     Ok(())
 }
 
+/// Pages per host thread below which one thread does the whole copy.
+const MIN_PAGES_PER_THREAD: usize = 256;
+
+/// `dst.copy_from_slice(src)` on up to `threads` threads.
+fn par_copy(dst: &mut [u8], src: &[u8], threads: usize) -> Result<(), GpuError> {
+    let per = src
+        .len()
+        .div_ceil(threads.max(1))
+        .max(MIN_PAGES_PER_THREAD * PAGE_SIZE);
+    if per >= src.len() {
+        dst.copy_from_slice(src);
+        return Ok(());
+    }
+    std::thread::scope(|s| {
+        let workers: Vec<_> = dst
+            .chunks_mut(per)
+            .zip(src.chunks(per))
+            .map(|(d, c)| s.spawn(move || d.copy_from_slice(c)))
+            .collect();
+        workers
+            .into_iter()
+            .try_for_each(|w| w.join().map_err(|_| GpuError::HostWorker))
+    })
+}
+
+/// Waits for `slot` and moves its results (pages `first..`) into `out`, on up to
+/// `threads` threads.
 fn harvest(
     pipe: &mut Pipeline,
     slot: usize,
     first: usize,
     out: &mut BatchOutput,
+    threads: usize,
 ) -> Result<(), GpuError> {
     let res = pipe.wait(slot)?;
-    for j in 0..res.pages() {
-        let i = first + j;
-        let outcome = res.outcome(j)?;
-        if let PageOutcome::Compressed(len) = outcome {
-            let len = usize::from(len);
-            out.data[i * PAGE_SIZE..i * PAGE_SIZE + len].copy_from_slice(&res.slot(j)[..len]);
+    let n = res.pages();
+    let per = n.div_ceil(threads.max(1)).max(MIN_PAGES_PER_THREAD);
+    let data = &mut out.data[first * PAGE_SIZE..(first + n) * PAGE_SIZE];
+    let outcomes = &mut out.outcomes[first..first + n];
+    let res = &res;
+    let move_pages = move |base: usize, data: &mut [u8], outcomes: &mut [PageOutcome]| {
+        for (j, (slot_out, o)) in data
+            .chunks_exact_mut(PAGE_SIZE)
+            .zip(outcomes.iter_mut())
+            .enumerate()
+        {
+            let outcome = res.outcome(base + j)?;
+            if let PageOutcome::Compressed(len) = outcome {
+                let len = usize::from(len);
+                slot_out[..len].copy_from_slice(&res.slot(base + j)[..len]);
+            }
+            *o = outcome;
         }
-        out.outcomes[i] = outcome;
+        Ok::<(), GpuError>(())
+    };
+    if per >= n {
+        return move_pages(0, data, outcomes);
     }
-    Ok(())
+    std::thread::scope(|s| {
+        let workers: Vec<_> = data
+            .chunks_mut(per * PAGE_SIZE)
+            .zip(outcomes.chunks_mut(per))
+            .enumerate()
+            .map(|(t, (d, o))| s.spawn(move || move_pages(t * per, d, o)))
+            .collect();
+        workers
+            .into_iter()
+            .try_for_each(|w| w.join().map_err(|_| GpuError::HostWorker)?)
+    })
 }
 
 impl BatchBackend for GpuBackend {

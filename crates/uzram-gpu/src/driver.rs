@@ -63,6 +63,15 @@ unsafe impl Sync for Gpu {}
 impl Gpu {
     /// Opens GPU `ordinal` and loads the embedded PTX (the driver compiles it for this GPU).
     pub fn open(ordinal: usize) -> Result<Arc<Self>, GpuError> {
+        Self::open_with_ptx(ordinal, ptx::PTX)
+    }
+
+    /// Opens GPU `ordinal` with another build of the kernel (kernel development: compare
+    /// variants with the benchmark). `ptx` must define `uzram_lz4_compress` with the
+    /// embedded kernel's signature and output contract.
+    pub fn open_with_ptx(ordinal: usize, ptx: &str) -> Result<Arc<Self>, GpuError> {
+        let ptx = CString::new(ptx.trim_end_matches('\0'))
+            .map_err(|_| GpuError::Config("PTX text contains a NUL byte".into()))?;
         let count = probe()?;
         if ordinal >= count {
             return Err(GpuError::Config(format!(
@@ -74,9 +83,9 @@ impl Gpu {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(GpuError::driver("cuDeviceGetAttribute"))?;
-        // SAFETY: PTX is a NUL-terminated string (checked by a test); the context is bound
-        // to this thread by CudaContext::new.
-        let module = unsafe { result::module::load_data(ptx::PTX.as_ptr().cast()) }
+        // SAFETY: `ptx` is a NUL-terminated C string that outlives the call; the context is
+        // bound to this thread by CudaContext::new.
+        let module = unsafe { result::module::load_data(ptx.as_ptr().cast()) }
             .map_err(GpuError::driver("cuModuleLoadData"))?;
         let kernel =
             CString::new(ptx::KERNEL).map_err(|_| GpuError::Config("kernel name".into()))?;

@@ -56,6 +56,9 @@ pub enum GpuError {
         /// The length word the kernel wrote.
         len: u32,
     },
+    /// A host thread copying pages to or from pinned memory panicked (a bug).
+    #[error("a host copy thread panicked")]
+    HostWorker,
     /// The input is not a whole number of 4 KiB pages.
     #[error("input of {len} bytes is not a whole number of 4096-byte pages")]
     Unaligned {
@@ -78,7 +81,9 @@ impl GpuError {
         match self {
             GpuError::NoDriver | GpuError::NoDevice => ErrorKind::Unavailable,
             GpuError::Driver { code, .. } => driver_kind(*code),
-            GpuError::Poisoned | GpuError::BadLength { .. } => ErrorKind::Fault,
+            GpuError::Poisoned | GpuError::BadLength { .. } | GpuError::HostWorker => {
+                ErrorKind::Fault
+            }
             GpuError::Unaligned { .. } | GpuError::Config(_) => ErrorKind::Usage,
         }
     }

@@ -17,10 +17,12 @@ use crate::{launch, GpuError};
 pub struct PipelineConfig {
     /// GPU ordinal.
     pub device: usize,
-    /// Pages per slot (one kernel launch). 8K pages fill an H200 only ~3.6 waves; 16K+ is
-    /// better.
+    /// Pages per slot (one kernel launch). Kernels of different slots overlap on the GPU,
+    /// so small launches do not leave SMs idle.
     pub batch_pages: usize,
-    /// Slots in the ring (>= 3 lets H2D, kernel and D2H of different slots overlap).
+    /// Slots in the ring (>= 3 lets H2D, kernel and D2H of different slots overlap). On an
+    /// H200, 8 slots reached 44 GB/s end to end where 4 slots stayed at 31-35 GB/s, at any
+    /// batch size from 4096 to 32768 pages (docs/gpu-notes.md).
     pub slots: usize,
 }
 
@@ -28,8 +30,8 @@ impl Default for PipelineConfig {
     fn default() -> Self {
         Self {
             device: 0,
-            batch_pages: 16384,
-            slots: 4,
+            batch_pages: 4096,
+            slots: 8,
         }
     }
 }
@@ -303,7 +305,10 @@ impl Pipeline {
     ) -> Result<(), GpuError> {
         self.check(slot)?;
         self.check_pages(pages)?;
-        if !first.checked_add(pages).is_some_and(|end| end <= src.pages()) {
+        if !first
+            .checked_add(pages)
+            .is_some_and(|end| end <= src.pages())
+        {
             return Err(GpuError::Config(format!(
                 "pages {first}..+{pages} outside a source of {} pages",
                 src.pages()
