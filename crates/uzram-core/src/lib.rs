@@ -15,4 +15,4 @@ pub mod store;
 
 pub use error::CoreError;
 pub use page::{PAGE_SHIFT, PAGE_SIZE, SECTOR_SHIFT};
-pub use store::{PageStore, Stats, StoreConfig, Ticket};
+pub use store::{MemoryUsage, PageStore, Stats, StoreConfig, Ticket};

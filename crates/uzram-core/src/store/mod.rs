@@ -17,7 +17,7 @@ mod worker;
 
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-pub use self::stats::Stats;
+pub use self::stats::{MemoryUsage, Stats};
 
 use self::arena::Arena;
 use self::entry::Slot;
@@ -422,6 +422,25 @@ impl PageStore {
     /// Counts a request refused as out of range or misaligned (io_stat `invalid_io`).
     pub fn record_invalid_io(&self) {
         Counters::bump(&self.counters.invalid_io, 1);
+    }
+
+    /// Where `mem_used_total` goes, for benchmarks and diagnostics.
+    pub fn memory(&self) -> MemoryUsage {
+        let side: u64 = self.shards.iter().map(|s| read_lock(s).side_bytes()).sum();
+        let usage = self.arena.usage();
+        let payload = Counters::get(&self.counters.compr_data_size);
+        MemoryUsage {
+            table_bytes: self.table_bytes,
+            side_map_bytes: side,
+            arena_bookkeeping_bytes: usage.held_bytes - usage.segment_bytes,
+            segment_bytes: usage.segment_bytes,
+            payload_bytes: payload,
+            class_rounding_bytes: usage.class_bytes.saturating_sub(payload),
+            free_hole_bytes: usage.free_bytes,
+            frontier_unused_bytes: usage
+                .segment_bytes
+                .saturating_sub(usage.class_bytes + usage.free_bytes),
+        }
     }
 
     /// Bytes of the page table (entries, shard locks, the store itself): fixed at creation.

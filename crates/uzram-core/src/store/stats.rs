@@ -60,6 +60,29 @@ impl Stats {
     }
 }
 
+/// Where a store's memory goes: `mem_used_total` = `table_bytes` + `side_map_bytes` +
+/// `arena_bookkeeping_bytes` + `segment_bytes`, and the segments split into payload,
+/// rounding to size classes, free holes and the unused end of the newest segment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MemoryUsage {
+    /// Page table: 8-byte entries, shard locks, the store struct.
+    pub table_bytes: u64,
+    /// Side maps (fill words that do not fit an entry, pending deferred writes).
+    pub side_map_bytes: u64,
+    /// Arena free lists and segment slots.
+    pub arena_bookkeeping_bytes: u64,
+    /// Memory in arena segments.
+    pub segment_bytes: u64,
+    /// Stored payload (compr_data_size).
+    pub payload_bytes: u64,
+    /// Bytes lost to rounding objects up to their size class.
+    pub class_rounding_bytes: u64,
+    /// Freed or leftover space on free lists, waiting for an object of its class.
+    pub free_hole_bytes: u64,
+    /// Never-used space at the end of the newest segment.
+    pub frontier_unused_bytes: u64,
+}
+
 /// The live counters behind [`Stats`]; page-state counters change only under the
 /// page's shard lock, so they are exact whenever no write is in flight.
 #[derive(Debug, Default)]
