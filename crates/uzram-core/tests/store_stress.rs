@@ -1,0 +1,167 @@
+//! Concurrent stress: writers, readers, discarders and a deferred-write committer hammer
+//! overlapping pages. Every page read must be a whole page that some thread really wrote
+//! to that index (pages carry an index/writer/version stamp and stamp-derived contents),
+//! or zeros. Runs about a second.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{read_stamp, stamped_page, Rng};
+use uzram_core::batch::Encoded;
+use uzram_core::codec::Algorithm;
+use uzram_core::{PageStore, StoreConfig, PAGE_SIZE};
+
+const PAGES: u64 = 96;
+const RUN: Duration = Duration::from_millis(1200);
+
+/// Checks one page read back from `index`.
+fn check(index: u64, page: &[u8; PAGE_SIZE], bad: &AtomicU64) {
+    if page.iter().all(|b| *b == 0) {
+        return;
+    }
+    match read_stamp(page) {
+        Some((i, _, _)) if i == index => {}
+        other => {
+            eprintln!("page {index}: bad content, stamp {other:?}");
+            bad.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[test]
+fn concurrent_writes_reads_discards_and_commits() {
+    let store = Arc::new(PageStore::new(StoreConfig::new(PAGES, Algorithm::Lz4)).unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let bad = Arc::new(AtomicU64::new(0));
+    let reads = Arc::new(AtomicU64::new(0));
+    let commits = Arc::new(AtomicU64::new(0));
+    let stale = Arc::new(AtomicU64::new(0));
+    let mut threads = Vec::new();
+
+    // Writers: single pages and multi-page requests over the whole range.
+    for writer in 0..3u64 {
+        let (store, stop) = (store.clone(), stop.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut rng = Rng::new(writer + 1);
+            let mut version = 0;
+            while !stop.load(Ordering::Relaxed) {
+                version += 1;
+                let count = 1 + rng.next() % 3;
+                let first = rng.next() % (PAGES - count + 1);
+                let data: Vec<u8> = (first..first + count)
+                    .flat_map(|i| *stamped_page(i, writer, version, rng.next() as u8))
+                    .collect();
+                store.write(first, &data).unwrap();
+            }
+        }));
+    }
+    // Readers.
+    for reader in 0..2u64 {
+        let (store, stop, bad, reads) = (store.clone(), stop.clone(), bad.clone(), reads.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut rng = Rng::new(100 + reader);
+            let mut out = vec![0u8; 4 * PAGE_SIZE];
+            while !stop.load(Ordering::Relaxed) {
+                let count = 1 + rng.next() % 4;
+                let first = rng.next() % (PAGES - count + 1);
+                let buf = &mut out[..count as usize * PAGE_SIZE];
+                store.read(first, buf).unwrap();
+                for (i, page) in buf.chunks_exact(PAGE_SIZE).enumerate() {
+                    check(first + i as u64, page.try_into().unwrap(), &bad);
+                }
+                reads.fetch_add(count, Ordering::Relaxed);
+            }
+        }));
+    }
+    // Discards and write_zeroes.
+    {
+        let (store, stop) = (store.clone(), stop.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut rng = Rng::new(200);
+            while !stop.load(Ordering::Relaxed) {
+                let first = rng.next() % PAGES;
+                if rng.next() % 2 == 0 {
+                    store.discard(first, 1).unwrap();
+                } else {
+                    store.write_zeroes(first, 1).unwrap();
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }));
+    }
+    // The "GPU": deferred writes committed a little later, often after other writes.
+    {
+        let (store, stop, commits, stale) =
+            (store.clone(), stop.clone(), commits.clone(), stale.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut rng = Rng::new(300);
+            let mut codec = Algorithm::Lz4.codec();
+            let mut out = [0u8; PAGE_SIZE];
+            let mut version = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let mut batch = Vec::new();
+                for _ in 0..8 {
+                    version += 1;
+                    let index = rng.next() % PAGES;
+                    let page = stamped_page(index, 9, version, rng.next() as u8);
+                    if let Some(ticket) = store.write_deferred(index, &page).unwrap() {
+                        batch.push((ticket, page));
+                    }
+                }
+                std::thread::sleep(Duration::from_micros(200));
+                for (ticket, page) in batch {
+                    let encoded = match codec.compress(&page, &mut out[..3072]).unwrap() {
+                        Some(len) => Encoded::Compressed(&out[..len]),
+                        None => Encoded::Raw,
+                    };
+                    if store.commit(ticket, encoded).unwrap() {
+                        commits.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        stale.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+
+    let start = Instant::now();
+    while start.elapsed() < RUN {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+
+    // Quiescent: every page is whole, belongs to its index, and the counters add up.
+    let mut all = vec![0u8; PAGES as usize * PAGE_SIZE];
+    store.read(0, &mut all).unwrap();
+    for (i, page) in all.chunks_exact(PAGE_SIZE).enumerate() {
+        check(i as u64, page.try_into().unwrap(), &bad);
+    }
+    assert_eq!(
+        bad.load(Ordering::Relaxed),
+        0,
+        "reads returned foreign or torn pages"
+    );
+    let stored = all
+        .chunks_exact(PAGE_SIZE)
+        .filter(|p| p.iter().any(|b| *b != 0))
+        .count() as u64;
+    let stats = store.stats();
+    assert_eq!(stats.pages_stored, stored);
+    assert!(reads.load(Ordering::Relaxed) > 100, "readers made progress");
+    assert!(commits.load(Ordering::Relaxed) > 0, "some commits landed");
+    eprintln!(
+        "reads {}, commits {}, stale {}, writes {}",
+        reads.load(Ordering::Relaxed),
+        commits.load(Ordering::Relaxed),
+        stale.load(Ordering::Relaxed),
+        stats.writes
+    );
+    store.discard(0, PAGES).unwrap();
+    assert_eq!(store.memory().segment_bytes, 0);
+}
