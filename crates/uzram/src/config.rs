@@ -69,7 +69,7 @@ impl Backend {
 #[non_exhaustive]
 pub enum ConfigError {
     /// A size or memory limit did not parse.
-    #[error("{what}: {source}")]
+    #[error("bad {what}")]
     Size {
         /// Which setting.
         what: &'static str,

@@ -27,11 +27,35 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         ),
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&status)?);
+        println!("{}", serde_json::to_string_pretty(&to_json(&status))?);
     } else {
         print!("{}", render(&status));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The JSON report: settings, then `stats` (zram's mm_stat and io_stat names) and `requests`
+/// as name → value objects.
+pub fn to_json(s: &DeviceStatus) -> serde_json::Value {
+    let map =
+        |stats: &[crate::control::proto::Stat]| -> serde_json::Map<String, serde_json::Value> {
+            stats
+                .iter()
+                .map(|st| (st.name.clone(), serde_json::Value::from(st.value)))
+                .collect()
+        };
+    serde_json::json!({
+        "device": s.dev,
+        "id": s.id,
+        "pid": s.pid,
+        "disksize": s.size,
+        "algorithm": s.algorithm,
+        "backend": s.backend,
+        "queues": s.queues,
+        "depth": s.depth,
+        "stats": map(&s.stats),
+        "requests": map(&s.requests),
+    })
 }
 
 /// The human-readable report.
@@ -49,4 +73,38 @@ pub fn render(s: &DeviceStatus) -> String {
         line(&stat.name, stat.value.to_string());
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::proto::Stat;
+
+    #[test]
+    fn json_has_one_key_per_counter() {
+        let s = DeviceStatus {
+            id: 1,
+            dev: "/dev/ublkb1".into(),
+            pid: 9,
+            size: 1 << 20,
+            algorithm: "lz4".into(),
+            backend: "cpu".into(),
+            queues: 1,
+            depth: 4,
+            stats: vec![Stat {
+                name: "orig_data_size".into(),
+                value: 4096,
+            }],
+            requests: vec![Stat {
+                name: "read_requests".into(),
+                value: 3,
+            }],
+        };
+        let v = to_json(&s);
+        assert_eq!(v["stats"]["orig_data_size"], 4096);
+        assert_eq!(v["requests"]["read_requests"], 3);
+        assert_eq!(v["device"], "/dev/ublkb1");
+        let text = render(&s);
+        assert!(text.contains("orig_data_size     4096\n"), "{text}");
+    }
 }

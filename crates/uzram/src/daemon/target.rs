@@ -116,14 +116,14 @@ impl Counters {
         };
         type Field = fn(&QueueCounters) -> &AtomicU64;
         let fields: [(&str, Field); 8] = [
-            ("reads", |q| &q.reads),
+            ("read_requests", |q| &q.reads),
             ("read_bytes", |q| &q.read_bytes),
-            ("writes", |q| &q.writes),
+            ("write_requests", |q| &q.writes),
             ("write_bytes", |q| &q.write_bytes),
-            ("flushes", |q| &q.flushes),
-            ("discards", |q| &q.discards),
-            ("write_zeroes", |q| &q.write_zeroes),
-            ("request_errors", |q| &q.errors),
+            ("flush_requests", |q| &q.flushes),
+            ("discard_requests", |q| &q.discards),
+            ("write_zeroes_requests", |q| &q.write_zeroes),
+            ("failed_requests", |q| &q.errors),
         ];
         fields
             .iter()
@@ -213,10 +213,10 @@ mod tests {
             .into_iter()
             .map(|s| (s.name, s.value))
             .collect();
-        assert_eq!(s["reads"], 2);
+        assert_eq!(s["read_requests"], 2);
         assert_eq!(s["read_bytes"], 12288);
-        assert_eq!(s["writes"], 1);
-        assert_eq!(s["discards"], 1);
-        assert_eq!(s["request_errors"], 1);
+        assert_eq!(s["write_requests"], 1);
+        assert_eq!(s["discard_requests"], 1);
+        assert_eq!(s["failed_requests"], 1);
     }
 }
