@@ -24,7 +24,7 @@ use uzram_core::batch::{BatchBackend, BatchOutput, CpuBackend};
 use uzram_core::codec::Algorithm;
 use uzram_core::PAGE_SIZE;
 use uzram_gpu::driver::{DevBuf, Event, HostBuf, Stream};
-use uzram_gpu::layout::{kernel_limit, stored_bytes};
+use uzram_gpu::layout::{kernel_limit, meta_bytes, meta_word, stored_bytes, total_index};
 use uzram_gpu::{launch, Gpu, GpuBackend, GpuError, PinnedPages, Pipeline, PipelineConfig};
 
 struct Args {
@@ -183,20 +183,22 @@ fn run(args: &Args) -> Result<(), GpuError> {
                     h2d_ms: after.h2d_ms - before.h2d_ms,
                     kernel_ms: after.kernel_ms - before.kernel_ms,
                     d2h_ms: after.d2h_ms - before.d2h_ms,
+                    bytes_d2h: after.bytes_d2h - before.bytes_d2h,
                     ..after
                 };
             }
         }
         let e2e = gbps(total, best);
         println!(
-            "{{\"corpus\":\"{name}\",\"test\":\"gpu_e2e\",\"gbps\":{:.2},\"vs_cpu\":{:.2},\"ratio\":{:.4},\"wall_ms\":{:.2},\"h2d_ms\":{:.2},\"kernel_ms\":{:.2},\"d2h_ms\":{:.2}}}",
+            "{{\"corpus\":\"{name}\",\"test\":\"gpu_e2e\",\"gbps\":{:.2},\"vs_cpu\":{:.2},\"ratio\":{:.4},\"wall_ms\":{:.2},\"h2d_ms\":{:.2},\"kernel_ms\":{:.2},\"d2h_ms\":{:.2},\"d2h_bytes\":{}}}",
             e2e,
             e2e / cpu_gbps,
             total as f64 / best_stats.bytes_stored as f64,
             best * 1e3,
             best_stats.h2d_ms,
             best_stats.kernel_ms,
-            best_stats.d2h_ms
+            best_stats.d2h_ms,
+            best_stats.bytes_d2h
         );
 
         // GPU through the BatchBackend seam (pageable in, host staging copy, BatchOutput).
@@ -268,8 +270,15 @@ fn kernel_and_copy(
     let stream = Stream::new(gpu)?;
     let (a, b) = (Event::new(gpu)?, Event::new(gpu)?);
     let dev_in = DevBuf::new(gpu, bytes)?;
-    let dev_out = DevBuf::new(gpu, bytes)?;
-    let sizes = DevBuf::new(gpu, pages * 4)?;
+    let scratch = DevBuf::new(gpu, bytes)?;
+    let packed = DevBuf::new(gpu, bytes)?;
+    let meta = DevBuf::new(gpu, meta_bytes(pages))?;
+    let bufs = launch::LaunchBuffers {
+        input: dev_in.ptr(),
+        scratch: scratch.ptr(),
+        packed: packed.ptr(),
+        meta: meta.ptr(),
+    };
     let mut h2d = f64::MAX;
     for _ in 0..iters {
         a.record(&stream)?;
@@ -283,34 +292,23 @@ fn kernel_and_copy(
     for _ in 0..iters {
         a.record(&stream)?;
         // SAFETY: the buffers are sized for `pages` pages and live until the synchronize.
-        unsafe {
-            launch::compress_pages(
-                gpu,
-                &stream,
-                dev_in.ptr(),
-                dev_out.ptr(),
-                sizes.ptr(),
-                pages as u32,
-                limit,
-            )?
-        };
+        unsafe { launch::compress_pages(gpu, &stream, bufs, pages as u32, limit)? };
         b.record(&stream)?;
         b.synchronize()?;
         kernel = kernel.min(f64::from(a.elapsed_ms(&b)?));
     }
     // Keep the sizes honest: the kernel ran on real data (count the compressed pages).
-    let mut host_sizes = HostBuf::new(gpu, pages * 4)?;
-    // SAFETY: host_sizes is pinned, `pages * 4` bytes, read only after the synchronize.
-    unsafe { stream.copy_to_host(host_sizes.as_mut_slice(), sizes.ptr())? };
+    let mut host_meta = HostBuf::new(gpu, meta_bytes(pages))?;
+    // SAFETY: host_meta is pinned, meta_bytes(pages) long, read only after the synchronize.
+    unsafe { stream.copy_to_host(host_meta.as_mut_slice(), meta.ptr())? };
     stream.synchronize()?;
-    let compressed = host_sizes
-        .as_slice()
-        .chunks_exact(4)
-        .filter(|w| {
-            let v = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
-            v != 0 && v != u32::MAX
-        })
+    let compressed = (0..pages)
+        .filter_map(|i| meta_word(host_meta.as_slice(), i))
+        .filter(|&v| v != 0 && v != u32::MAX)
         .count();
-    eprintln!("kernel-only pass: {compressed} of {pages} pages compressed");
+    let packed_total = meta_word(host_meta.as_slice(), total_index(pages)).unwrap_or(0);
+    eprintln!(
+        "kernel-only pass: {compressed} of {pages} pages compressed, {packed_total} packed bytes"
+    );
     Ok((kernel, h2d))
 }

@@ -10,10 +10,16 @@
 // position with the same hash (an earlier lane of the same group, else the table), and the
 // first lane that finds a 4-byte match wins. Match extension and emission are warp-wide.
 //
-// Output: page i's LZ4 block at out + i*4096, its length in sizes[i]:
-//   sizes[i] == 0           the block would not be shorter than `limit` bytes: store raw
-//   sizes[i] == 0xffffffff  the page is one u64 word repeated; the word is in out[i*4096..+8]
-//   otherwise               the block's length in bytes (< limit)
+// Output, for a batch of n pages, in `meta` (2n+1 u32 words) and `packed`:
+//   meta[i]       (size word) 0: the block would not be shorter than `limit` bytes, store raw;
+//                 0xffffffff: the page is one u64 word repeated (the word is its packed data);
+//                 otherwise the block's length in bytes (< limit)
+//   meta[n + i]   byte offset of page i's packed data (block, or the 8-byte word; nothing
+//                 for raw pages) in `packed`
+//   meta[2n]      total packed bytes (the caller zeroes it before the launch)
+// Each warp builds its block in its page's 4096-byte slot of `scratch` (device only), then
+// reserves room in `packed` with one atomicAdd and copies it there, so the host copies back
+// only the compressed bytes. Packed order is arbitrary; the offsets say where each page is.
 // End-of-block rules of the LZ4 format: the last 5 bytes are literals, the last match starts
 // at least 12 bytes before the end, matches are >= 4 bytes, offsets <= 65535.
 //
@@ -58,10 +64,39 @@ __device__ __forceinline__ void write_ext(u8* o, u32 n, u32 lane) {
     }
 }
 
+// Copies this warp's `len`-byte block from its page slot `src` (16-byte aligned) to `dst`
+// (any alignment), warp-wide: whole 4-byte words where the destination word lies inside the
+// block, single bytes at the two ends (neighbouring blocks own the other bytes there).
+// (No __restrict__ here: `src` was written earlier in this kernel, so its loads must not be
+// turned into read-only-cache loads.)
+__device__ __forceinline__ void copy_block(u8* dst, const u8* src, u32 len, u32 lane) {
+    const u32 mis = (u32)((size_t)dst & 3u);
+    u32* dw = (u32*)(dst - mis);
+    const u32* sw = (const u32*)src;
+    const u32 words = (mis + len + 3u) >> 2;
+    for (u32 j = lane; j < words; j += 32u) {
+        const int start = (int)(j * 4u) - (int)mis;   // block byte at this word's byte 0
+        if (start >= 0 && (u32)start + 4u <= len) {
+            const u32 s = (u32)start;
+            dw[j] = __funnelshift_r(sw[s >> 2], sw[(s >> 2) + 1u], (s & 3u) * 8u);
+        } else {
+            for (u32 b = 0; b < 4u; ++b) {
+                const int idx = start + (int)b;
+                if (idx >= 0 && (u32)idx < len) {
+                    ((u8*)dw)[j * 4u + b] = src[idx];
+                }
+            }
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(32)
-uzram_lz4_compress(const uint4* __restrict__ in, u8* __restrict__ out, u32* __restrict__ sizes,
-                   u32 npages, u32 limit)
+uzram_lz4_compress(const uint4* __restrict__ in, u8* __restrict__ scratch,
+                   u8* __restrict__ packed, u32* __restrict__ meta, u32 npages, u32 limit)
 {
+    u32* const sizes = meta;
+    u32* const offsets = meta + npages;
+    u32* const total = meta + 2u * (size_t)npages;
     __shared__ __align__(16) u32 s_page[PAGE_BYTES / 4u + 4u];
     __shared__ __align__(16) u16 s_table[HASH_ENTRIES];
 
@@ -76,7 +111,7 @@ uzram_lz4_compress(const uint4* __restrict__ in, u8* __restrict__ out, u32* __re
 
     for (u32 page = blockIdx.x; page < npages; page += gridDim.x) {
         const uint4* src = in + (size_t)page * (PAGE_BYTES / 16u);
-        u8* o = out + (size_t)page * PAGE_BYTES;
+        u8* o = scratch + (size_t)page * PAGE_BYTES;
 
         // Load the page into shared memory and test for a same-filled page on the way.
         const uint4 first = src[0];
@@ -93,9 +128,14 @@ uzram_lz4_compress(const uint4* __restrict__ in, u8* __restrict__ out, u32* __re
         }
         if (__all_sync(FULL_MASK, same)) {
             if (lane == 0u) {
-                ((u32*)o)[0] = first.x;
-                ((u32*)o)[1] = first.y;
+                const u32 off = atomicAdd(total, 8u);
+                u8* d = packed + off;
+                const u32 w[2] = {first.x, first.y};
+                for (u32 b = 0; b < 8u; ++b) {
+                    d[b] = (u8)(w[b >> 2] >> ((b & 3u) * 8u));
+                }
                 sizes[page] = SIZE_SAME_FILLED;
+                offsets[page] = off;
             }
             __syncwarp();
             continue;
@@ -232,9 +272,18 @@ uzram_lz4_compress(const uint4* __restrict__ in, u8* __restrict__ out, u32* __re
                 op += need;
             }
         }
+        // Move the block to its packed place (the slot writes above are this warp's own,
+        // ordered by __syncwarp).
+        const u32 len = fits ? op : 0u;
+        u32 off = 0u;
         if (lane == 0u) {
-            sizes[page] = fits ? op : 0u;
+            off = len != 0u ? atomicAdd(total, len) : 0u;
+            sizes[page] = len;
+            offsets[page] = off;
         }
+        off = __shfl_sync(FULL_MASK, off, 0);
+        __syncwarp();
+        copy_block(packed + off, o, len, lane);
         __syncwarp();
     }
 }

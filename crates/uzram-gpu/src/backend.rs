@@ -101,6 +101,9 @@ fn run(
     for (ci, chunk) in pages.chunks(batch * PAGE_SIZE).enumerate() {
         let slot = ci % slots;
         if pipe.is_busy(slot) {
+            // Start the copies back of finished slots before blocking on the oldest; a
+            // failure there surfaces when that slot is harvested.
+            let _ = pipe.advance();
             let (s, cj) = pending.pop_front().unwrap_or((slot, ci));
             harvest(pipe, s, cj * batch, out, threads)?;
         }
@@ -109,6 +112,7 @@ fn run(
         pending.push_back((slot, ci));
     }
     while let Some((s, cj)) = pending.pop_front() {
+        let _ = pipe.advance();
         harvest(pipe, s, cj * batch, out, threads)?;
     }
     Ok(())
@@ -160,11 +164,8 @@ fn harvest(
             .zip(outcomes.iter_mut())
             .enumerate()
         {
-            let outcome = res.outcome(base + j)?;
-            if let PageOutcome::Compressed(len) = outcome {
-                let len = usize::from(len);
-                slot_out[..len].copy_from_slice(&res.slot(base + j)[..len]);
-            }
+            let (outcome, block) = res.outcome(base + j)?;
+            slot_out[..block.len()].copy_from_slice(block);
             *o = outcome;
         }
         Ok::<(), GpuError>(())
@@ -235,6 +236,20 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 mod tests {
     use super::*;
     use cudarc::driver::sys::CUresult;
+
+    #[test]
+    fn par_copy_copies_every_byte_at_any_thread_count() {
+        let src: Vec<u8> = (0..(3 * MIN_PAGES_PER_THREAD + 7) * PAGE_SIZE)
+            .map(|i| (i * 7 + i / 4096) as u8)
+            .collect();
+        for threads in [1, 2, 3, 8, 64] {
+            let mut dst = vec![0u8; src.len()];
+            par_copy(&mut dst, &src, threads).unwrap();
+            assert!(dst == src, "threads {threads}");
+        }
+        let mut empty: [u8; 0] = [];
+        par_copy(&mut empty, &[], 4).unwrap();
+    }
 
     #[test]
     fn device_faults_become_backend_errors() {

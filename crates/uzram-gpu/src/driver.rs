@@ -377,6 +377,17 @@ impl Event {
             .map_err(GpuError::driver("cuEventSynchronize"))
     }
 
+    /// True once the work before the event's record point is done; does not block.
+    pub fn is_done(&self) -> Result<bool, GpuError> {
+        self.gpu.bind()?;
+        // SAFETY: `raw` is a live event.
+        match unsafe { result::event::query(self.raw) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.0 == CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(e) => Err(GpuError::driver("cuEventQuery")(e)),
+        }
+    }
+
     /// Milliseconds from `self` to `end` (both recorded and complete).
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32, GpuError> {
         self.gpu.bind()?;

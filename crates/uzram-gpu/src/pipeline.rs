@@ -9,7 +9,7 @@ use uzram_core::batch::PageOutcome;
 use uzram_core::PAGE_SIZE;
 
 use crate::driver::{DevBuf, Event, Gpu, HostBuf, Stream};
-use crate::layout::{decode_outcome, stored_bytes};
+use crate::layout::{decode_outcome, meta_bytes, meta_word, stored_bytes, total_index, SIZE_RAW};
 use crate::{launch, GpuError};
 
 /// Pipeline shape.
@@ -67,6 +67,8 @@ pub struct GpuStats {
     /// Bytes the results take in memory (block lengths; raw pages count whole; same-filled
     /// pages nothing).
     pub bytes_stored: u64,
+    /// Bytes copied back from the device (packed blocks, words and the per-page meta).
+    pub bytes_d2h: u64,
     /// Pages found same-filled on the GPU.
     pub same_filled: u64,
     /// Pages that did not compress below the threshold.
@@ -116,41 +118,49 @@ struct InFlight {
     limit: u32,
     /// Keeps an external input alive until the copy is done.
     _source: Option<Arc<PinnedPages>>,
+    /// Packed bytes, once their copy back to the host is queued.
+    packed: Option<usize>,
 }
 
 #[derive(Debug)]
 struct Slot {
     stream: Stream,
-    /// start, H2D done, kernel done, D2H done.
-    events: [Event; 4],
+    /// start, H2D done, kernel done, meta D2H done, packed D2H start, packed D2H done.
+    events: [Event; 6],
     staging: HostBuf,
-    host_out: HostBuf,
-    host_sizes: HostBuf,
+    host_packed: HostBuf,
+    host_meta: HostBuf,
     dev_in: DevBuf,
-    dev_out: DevBuf,
-    dev_sizes: DevBuf,
+    dev_scratch: DevBuf,
+    dev_packed: DevBuf,
+    dev_meta: DevBuf,
     in_flight: Option<InFlight>,
-    /// Pages and limit of the last waited batch, whose results are in `host_*`.
-    done: Option<(usize, u32)>,
+    /// Pages, limit and packed bytes of the last waited batch, whose results are in
+    /// `host_*`.
+    done: Option<(usize, u32, usize)>,
 }
 
 impl Slot {
     fn new(gpu: &Arc<Gpu>, batch_pages: usize) -> Result<Self, GpuError> {
         let bytes = batch_pages * PAGE_SIZE;
+        let events = [
+            Event::new(gpu)?,
+            Event::new(gpu)?,
+            Event::new(gpu)?,
+            Event::new(gpu)?,
+            Event::new(gpu)?,
+            Event::new(gpu)?,
+        ];
         Ok(Self {
             stream: Stream::new(gpu)?,
-            events: [
-                Event::new(gpu)?,
-                Event::new(gpu)?,
-                Event::new(gpu)?,
-                Event::new(gpu)?,
-            ],
+            events,
             staging: HostBuf::new(gpu, bytes)?,
-            host_out: HostBuf::new(gpu, bytes)?,
-            host_sizes: HostBuf::new(gpu, batch_pages * 4)?,
+            host_packed: HostBuf::new(gpu, bytes)?,
+            host_meta: HostBuf::new(gpu, meta_bytes(batch_pages))?,
             dev_in: DevBuf::new(gpu, bytes)?,
-            dev_out: DevBuf::new(gpu, bytes)?,
-            dev_sizes: DevBuf::new(gpu, batch_pages * 4)?,
+            dev_scratch: DevBuf::new(gpu, bytes)?,
+            dev_packed: DevBuf::new(gpu, bytes)?,
+            dev_meta: DevBuf::new(gpu, meta_bytes(batch_pages))?,
             in_flight: None,
             done: None,
         })
@@ -160,36 +170,42 @@ impl Slot {
 /// The results of one waited slot.
 #[derive(Debug)]
 pub struct SlotOutput<'a> {
-    sizes: &'a [u8],
-    data: &'a [u8],
+    pages: usize,
+    meta: &'a [u8],
+    packed: &'a [u8],
     limit: u32,
 }
 
 impl SlotOutput<'_> {
     /// Pages in the batch.
     pub fn pages(&self) -> usize {
-        self.sizes.len() / 4
+        self.pages
     }
 
     /// Page `i`'s raw size word (see [`crate::layout`]).
     pub fn size_word(&self, i: usize) -> u32 {
-        let b = &self.sizes[i * 4..i * 4 + 4];
-        u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+        meta_word(self.meta, i).unwrap_or(SIZE_RAW)
     }
 
-    /// Page `i`'s outcome; an error if the kernel broke its contract.
-    pub fn outcome(&self, i: usize) -> Result<PageOutcome, GpuError> {
+    /// Page `i`'s outcome and its compressed bytes (empty unless compressed); an error if
+    /// the kernel broke its contract.
+    pub fn outcome(&self, i: usize) -> Result<(PageOutcome, &[u8]), GpuError> {
+        let offset = meta_word(self.meta, self.pages + i).ok_or(GpuError::BadLength {
+            page: i,
+            len: self.size_word(i),
+        })?;
         decode_outcome(
             i,
             self.size_word(i),
-            self.slot(i),
+            offset,
+            self.packed,
             usize::try_from(self.limit).unwrap_or(PAGE_SIZE),
         )
     }
 
-    /// Page `i`'s 4096-byte output slot (its block starts at offset 0).
-    pub fn slot(&self, i: usize) -> &[u8] {
-        &self.data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]
+    /// Bytes that came back from the device for this batch's blocks and words.
+    pub fn packed_bytes(&self) -> usize {
+        self.packed.len()
     }
 }
 
@@ -285,6 +301,34 @@ impl Pipeline {
         Ok(self.slots[slot].staging.as_mut_slice())
     }
 
+    /// Queues the copy back of the packed results of every slot whose kernel and meta copy
+    /// are done, so those copies start before anyone waits for them. Never blocks.
+    /// Otherwise a slot's packed results are copied when it is waited for. On the H200 this
+    /// doubled the `GpuBackend` path (host copies between waits) but cost 10–15 % in a
+    /// ring that only submits and waits (docs/gpu-notes.md, runs 7–10), so the caller
+    /// decides.
+    pub fn advance(&mut self) -> Result<(), GpuError> {
+        if self.poisoned {
+            return Err(GpuError::Poisoned);
+        }
+        let mut r = Ok(());
+        for s in &mut self.slots {
+            let queued = match &s.in_flight {
+                Some(f) => f.packed.is_some(),
+                None => true,
+            };
+            if !queued {
+                r = s.events[3]
+                    .is_done()
+                    .and_then(|done| if done { queue_packed(s) } else { Ok(()) });
+                if r.is_err() {
+                    break;
+                }
+            }
+        }
+        self.note(r)
+    }
+
     /// Queues the first `pages` pages of `slot`'s staging: H2D, kernel, D2H.
     pub fn submit_staged(&mut self, slot: usize, pages: usize, limit: u32) -> Result<(), GpuError> {
         self.check(slot)?;
@@ -350,41 +394,36 @@ impl Pipeline {
         // idle slots, and an external source is kept alive by `in_flight` below.
         unsafe { s.stream.copy_to_device(s.dev_in.ptr(), input)? };
         s.events[1].record(&s.stream)?;
-        // SAFETY: the three device buffers are sized for batch_pages >= pages pages, are
-        // cuMemAlloc'd (256-byte aligned), and live as long as the slot, which synchronizes
-        // before it is dropped or reused.
-        unsafe {
-            launch::compress_pages(
-                &gpu,
-                &s.stream,
-                s.dev_in.ptr(),
-                s.dev_out.ptr(),
-                s.dev_sizes.ptr(),
-                pages as u32,
-                limit,
-            )?
+        let bufs = launch::LaunchBuffers {
+            input: s.dev_in.ptr(),
+            scratch: s.dev_scratch.ptr(),
+            packed: s.dev_packed.ptr(),
+            meta: s.dev_meta.ptr(),
         };
+        // SAFETY: the device buffers are sized for batch_pages >= pages pages (meta for
+        // meta_bytes(batch_pages)), are cuMemAlloc'd (256-byte aligned), and live as long
+        // as the slot, which synchronizes before it is dropped or reused.
+        unsafe { launch::compress_pages(&gpu, &s.stream, bufs, pages as u32, limit)? };
         s.events[2].record(&s.stream)?;
-        let out_ptr = s.host_out.as_mut_ptr();
-        let sizes_ptr = s.host_sizes.as_mut_ptr();
-        // SAFETY: host_out/host_sizes are pinned buffers of the slot holding at least
-        // `bytes` / `pages * 4` bytes; they are not read until `wait` synchronizes.
+        let meta_ptr = s.host_meta.as_mut_ptr();
+        // SAFETY: host_meta is a pinned buffer of the slot of meta_bytes(batch_pages) >=
+        // meta_bytes(pages) bytes; it is not read until `wait` synchronizes on events[3].
         unsafe {
-            let out = std::slice::from_raw_parts_mut(out_ptr, bytes);
-            s.stream.copy_to_host(out, s.dev_out.ptr())?;
-            let sizes = std::slice::from_raw_parts_mut(sizes_ptr, pages * 4);
-            s.stream.copy_to_host(sizes, s.dev_sizes.ptr())?;
+            let meta = std::slice::from_raw_parts_mut(meta_ptr, meta_bytes(pages));
+            s.stream.copy_to_host(meta, s.dev_meta.ptr())?;
         }
         s.events[3].record(&s.stream)?;
         s.in_flight = Some(InFlight {
             pages,
             limit,
             _source: source,
+            packed: None,
         });
         Ok(())
     }
 
     /// Waits for `slot`'s batch and returns its results (valid until the slot is reused).
+    /// The packed blocks are copied back here, once their total size is known.
     pub fn wait(&mut self, slot: usize) -> Result<SlotOutput<'_>, GpuError> {
         if !self.is_busy(slot) {
             return Err(GpuError::Config(format!("slot {slot} has nothing queued")));
@@ -392,36 +431,47 @@ impl Pipeline {
         let r = self.finish(slot);
         self.note(r)?;
         let s = &self.slots[slot];
-        let (pages, limit) = s.done.ok_or(GpuError::Config("slot not done".into()))?;
+        let (pages, limit, packed) = s.done.ok_or(GpuError::Config("slot not done".into()))?;
         Ok(SlotOutput {
-            sizes: &s.host_sizes.as_slice()[..pages * 4],
-            data: &s.host_out.as_slice()[..pages * PAGE_SIZE],
+            pages,
+            meta: &s.host_meta.as_slice()[..meta_bytes(pages)],
+            packed: &s.host_packed.as_slice()[..packed],
             limit,
         })
     }
 
     fn finish(&mut self, slot: usize) -> Result<(), GpuError> {
         let s = &mut self.slots[slot];
-        let sync = s.events[3]
-            .synchronize()
-            .and_then(|()| s.stream.synchronize());
-        // Whatever happened, the work of this slot is over (or the context is dead).
+        let queued = s.in_flight.as_ref().and_then(|f| f.packed);
+        let r = match queued {
+            Some(_) => Ok(()),
+            None => s.events[3].synchronize().and_then(|()| queue_packed(s)),
+        }
+        .and_then(|()| s.events[5].synchronize());
         let flight = s.in_flight.take();
-        sync?;
+        if let Err(e) = r {
+            // The stream may still run; nothing may touch the slot's buffers until it
+            // stops (or the context is dead and it never will touch them again).
+            let _ = s.stream.synchronize();
+            return Err(e);
+        }
         let Some(flight) = flight else {
             return Ok(());
         };
+        let pages = flight.pages;
+        let total = flight.packed.or(queued).unwrap_or(0);
         let h2d = s.events[0].elapsed_ms(&s.events[1])?;
         let kernel = s.events[1].elapsed_ms(&s.events[2])?;
-        let d2h = s.events[2].elapsed_ms(&s.events[3])?;
+        let d2h = s.events[2].elapsed_ms(&s.events[3])? + s.events[4].elapsed_ms(&s.events[5])?;
         let out = SlotOutput {
-            sizes: &s.host_sizes.as_slice()[..flight.pages * 4],
-            data: &s.host_out.as_slice()[..flight.pages * PAGE_SIZE],
+            pages,
+            meta: &s.host_meta.as_slice()[..meta_bytes(pages)],
+            packed: &s.host_packed.as_slice()[..total],
             limit: flight.limit,
         };
         let mut st = self.stats;
-        for i in 0..flight.pages {
-            let o = out.outcome(i)?;
+        for i in 0..pages {
+            let (o, _) = out.outcome(i)?;
             st.bytes_stored += stored_bytes(o) as u64;
             match o {
                 PageOutcome::SameFilled(_) => st.same_filled += 1,
@@ -430,13 +480,14 @@ impl Pipeline {
             }
         }
         st.batches += 1;
-        st.pages += flight.pages as u64;
-        st.bytes_in += (flight.pages * PAGE_SIZE) as u64;
+        st.pages += pages as u64;
+        st.bytes_in += (pages * PAGE_SIZE) as u64;
+        st.bytes_d2h += (total + meta_bytes(pages)) as u64;
         st.h2d_ms += f64::from(h2d);
         st.kernel_ms += f64::from(kernel);
         st.d2h_ms += f64::from(d2h);
         self.stats = st;
-        s.done = Some((flight.pages, flight.limit));
+        s.done = Some((pages, flight.limit, total));
         Ok(())
     }
 
@@ -454,6 +505,36 @@ impl Pipeline {
         }
         first
     }
+}
+
+/// Queues the copy of the packed results of `s` (whose meta copy is complete) to the host.
+fn queue_packed(s: &mut Slot) -> Result<(), GpuError> {
+    let Some(flight) = s.in_flight.as_mut() else {
+        return Ok(());
+    };
+    if flight.packed.is_some() {
+        return Ok(());
+    }
+    let pages = flight.pages;
+    let total = meta_word(s.host_meta.as_slice(), total_index(pages)).unwrap_or(u32::MAX) as usize;
+    if total > pages * PAGE_SIZE {
+        return Err(GpuError::BadLength {
+            page: pages,
+            len: total as u32,
+        });
+    }
+    s.events[4].record(&s.stream)?;
+    let packed_ptr = s.host_packed.as_mut_ptr();
+    // SAFETY: host_packed is the slot's pinned buffer of batch_pages * 4096 >= total bytes;
+    // dev_packed holds `total` valid bytes (the kernel is done: its meta copy, queued after
+    // it, completed); nothing reads host_packed before `finish` synchronizes on events[5].
+    unsafe {
+        let dst = std::slice::from_raw_parts_mut(packed_ptr, total);
+        s.stream.copy_to_host(dst, s.dev_packed.ptr())?;
+    }
+    s.events[5].record(&s.stream)?;
+    flight.packed = Some(total);
+    Ok(())
 }
 
 impl Drop for Pipeline {

@@ -9,6 +9,7 @@ use uzram_core::batch::{BatchBackend, BatchOutput, CpuBackend};
 use uzram_core::codec::Algorithm;
 use uzram_core::CoreError;
 use uzram_gpu::driver::{DevBuf, Stream};
+use uzram_gpu::layout::meta_bytes;
 use uzram_gpu::{launch, ErrorKind, GpuBackend, PipelineConfig};
 
 #[test]
@@ -34,14 +35,19 @@ fn illegal_address_is_fallback_worthy() {
     // Same (primary) context as the backend: the fault poisons both.
     let gpu = uzram_gpu::Gpu::open(0).expect("open GPU");
     let stream = Stream::new(&gpu).expect("stream");
-    let out_buf = DevBuf::new(&gpu, 64 * 4096).expect("alloc");
-    let sizes = DevBuf::new(&gpu, 64 * 4).expect("alloc");
+    let scratch = DevBuf::new(&gpu, 64 * 4096).expect("alloc");
+    let packed = DevBuf::new(&gpu, 64 * 4096).expect("alloc");
+    let meta = DevBuf::new(&gpu, meta_bytes(64)).expect("alloc");
+    let bufs = launch::LaunchBuffers {
+        input: 0x1000,
+        scratch: scratch.ptr(),
+        packed: packed.ptr(),
+        meta: meta.ptr(),
+    };
     // SAFETY: deliberately violates the input contract (address 0x1000 is not mapped in
     // the GPU's address space): the device raises an illegal-address fault; no host memory
     // is touched.
-    let launched = unsafe {
-        launch::compress_pages(&gpu, &stream, 0x1000, out_buf.ptr(), sizes.ptr(), 64, 3625)
-    };
+    let launched = unsafe { launch::compress_pages(&gpu, &stream, bufs, 64, 3625) };
     let err = launched
         .and_then(|()| stream.synchronize())
         .expect_err("a kernel reading address 0x1000 must fault");
