@@ -141,6 +141,10 @@ pub struct BenchArgs {
     /// Compressed pages of this many bytes or more are stored raw (1..=4096).
     #[arg(long, default_value_t = uzram_core::StoreConfig::DEFAULT_RAW_THRESHOLD)]
     pub raw_threshold: usize,
+    /// Write through the batch seam (PageStore::write_batch, the backend compressing
+    /// each batch on --threads threads) instead of --threads threads calling write.
+    #[arg(long)]
+    pub batch: bool,
     /// Print exactly one JSON object on stdout.
     #[arg(long)]
     pub json: bool,

@@ -10,10 +10,14 @@
 //! Here all classes share the segments, so the only partly filled memory is the
 //! frontier's segment, and rounding costs < 8 bytes per object.
 //!
-//! Locking: the bookkeeping (free lists, frontier, counters) sits behind one short mutex;
-//! the bytes sit in segments with their own reader-writer locks, so copies and decodes
-//! of different segments run in parallel and never under the bookkeeping lock.
+//! Locking: the bookkeeping (free lists, frontier, counters) sits behind one short mutex.
+//! The bytes sit in segments of atomic words: an object is written once, before its
+//! page entry is published under a shard lock, and copied out by readers that hold that
+//! shard lock, so copies need no lock of their own and threads that fill the same
+//! segment never wait for each other. The segment list has a reader-writer lock that
+//! only growth and the final release take for writing.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, PoisonError, RwLock};
 
 use super::entry::HANDLE_ALIGN;
@@ -26,6 +30,10 @@ pub(crate) const SEGMENT_SIZE: usize = 64 * 1024;
 pub(crate) const CLASS_GRANULE: usize = HANDLE_ALIGN as usize;
 const CLASSES: usize = PAGE_SIZE / CLASS_GRANULE + 1;
 const BITMAP_WORDS: usize = CLASSES.div_ceil(64);
+
+/// A segment's bytes, as little-endian words: written and read with relaxed atomic
+/// accesses, so copies need no per-segment lock (see [`Arena::write`]).
+type Segment = Box<[AtomicU64]>;
 
 /// The class of an object of `len` bytes (1..=PAGE_SIZE).
 fn class_of(len: usize) -> usize {
@@ -106,7 +114,7 @@ impl Meta {
 #[derive(Debug)]
 pub(crate) struct Arena {
     meta: Mutex<Meta>,
-    segments: RwLock<Vec<RwLock<Box<[u8]>>>>,
+    segments: RwLock<Vec<Segment>>,
     /// Memory outside the arena that counts against the limit (the page table).
     base_bytes: u64,
     limit: Option<u64>,
@@ -140,7 +148,7 @@ impl Arena {
     fn held(meta: &Meta, segment_slots: usize) -> u64 {
         Self::fixed_bytes()
             + (meta.segments * SEGMENT_SIZE) as u64
-            + (segment_slots * std::mem::size_of::<RwLock<Box<[u8]>>>()) as u64
+            + (segment_slots * std::mem::size_of::<Segment>()) as u64
             + meta.free_list_bytes
     }
 
@@ -168,7 +176,7 @@ impl Arena {
     /// that the limit does not allow; nothing changes then.
     pub(crate) fn store(&self, data: &[u8]) -> Result<u64, CoreError> {
         let handle = self.alloc(data.len())?;
-        self.with_segment_mut(handle, data.len(), |dst| dst.copy_from_slice(data));
+        self.write(handle, data);
         Ok(handle)
     }
 
@@ -230,7 +238,7 @@ impl Arena {
         }
         let more = slots - segments.len();
         segments.reserve_exact(more);
-        segments.push(RwLock::new(vec![0u8; SEGMENT_SIZE].into_boxed_slice()));
+        segments.push((0..SEGMENT_SIZE / 8).map(|_| AtomicU64::new(0)).collect());
         meta.segments = segments.len();
         meta.frontier = end;
         meta.max_held = meta.max_held.max(Self::held(meta, segments.capacity()));
@@ -263,32 +271,39 @@ impl Arena {
         }
     }
 
-    /// Runs `f` on the `len` stored bytes at `handle`; `None` if that range is not in the
-    /// arena (a corrupt entry: the store reports it instead of panicking).
-    pub(crate) fn with_bytes<R>(
-        &self,
-        handle: u64,
-        len: usize,
-        f: impl FnOnce(&[u8]) -> R,
-    ) -> Option<R> {
+    /// Copies the `len` stored bytes at `handle` into `out[..len]`. `false` if that range
+    /// is not in the arena (a corrupt entry: the store reports it instead of panicking).
+    pub(crate) fn load(&self, handle: u64, len: usize, out: &mut [u8]) -> bool {
         let (seg, off) = split(handle);
         let segments = self.segments.read().unwrap_or_else(PoisonError::into_inner);
-        let bytes = segments
-            .get(seg)?
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
-        Some(f(bytes.get(off..off.checked_add(len)?)?))
+        let words = segments
+            .get(seg)
+            .and_then(|s| s.get(off / 8..(off + len).div_ceil(8)));
+        let (Some(words), Some(out)) = (words, out.get_mut(..len)) else {
+            return false;
+        };
+        let mut chunks = out.chunks_mut(8);
+        for (word, chunk) in words.iter().zip(chunks.by_ref()) {
+            let bytes = word.load(Relaxed).to_le_bytes();
+            chunk.copy_from_slice(&bytes[..chunk.len()]);
+        }
+        true
     }
 
-    fn with_segment_mut(&self, handle: u64, len: usize, f: impl FnOnce(&mut [u8])) {
+    /// Writes `data` at `handle`, which `alloc` just returned: nobody else can see that
+    /// space until the caller publishes it under a shard lock (whose release orders
+    /// these stores before any reader's loads).
+    fn write(&self, handle: u64, data: &[u8]) {
         let (seg, off) = split(handle);
         let segments = self.segments.read().unwrap_or_else(PoisonError::into_inner);
-        // `handle` came from `alloc` a moment ago and its object cannot be freed before
-        // the caller publishes it, so the range exists.
-        if let Some(seg) = segments.get(seg) {
-            let mut bytes = seg.write().unwrap_or_else(PoisonError::into_inner);
-            if let Some(dst) = bytes.get_mut(off..off + len) {
-                f(dst);
+        let words = segments
+            .get(seg)
+            .and_then(|s| s.get(off / 8..(off + data.len()).div_ceil(8)));
+        if let Some(words) = words {
+            for (word, chunk) in words.iter().zip(data.chunks(8)) {
+                let mut bytes = [0u8; 8];
+                bytes[..chunk.len()].copy_from_slice(chunk);
+                word.store(u64::from_le_bytes(bytes), Relaxed);
             }
         }
     }
@@ -306,9 +321,9 @@ mod tests {
     use super::*;
 
     fn read(arena: &Arena, handle: u64, len: usize) -> Vec<u8> {
-        arena
-            .with_bytes(handle, len, <[u8]>::to_vec)
-            .expect("stored range")
+        let mut out = vec![0u8; len];
+        assert!(arena.load(handle, len, &mut out), "stored range");
+        out
     }
 
     #[test]
@@ -415,9 +430,12 @@ mod tests {
     #[test]
     fn out_of_range_reads_are_refused() {
         let arena = Arena::new(0, None);
-        assert!(arena.with_bytes(0, 8, |_| ()).is_none());
+        let mut out = vec![0u8; SEGMENT_SIZE + 8];
+        assert!(!arena.load(0, 8, &mut out));
         let h = arena.store(&[1; 8]).unwrap();
-        assert!(arena.with_bytes(h, SEGMENT_SIZE + 1, |_| ()).is_none());
-        assert!(arena.with_bytes(u64::MAX - 7, 8, |_| ()).is_none());
+        assert!(!arena.load(h, SEGMENT_SIZE + 1, &mut out));
+        assert!(!arena.load(u64::MAX - 7, 8, &mut out));
+        assert!(!arena.load(h, 8, &mut out[..4]), "output too short");
+        assert!(arena.load(h, 8, &mut out));
     }
 }

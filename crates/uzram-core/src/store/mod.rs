@@ -22,7 +22,7 @@ pub use self::stats::{MemoryUsage, Stats};
 use self::arena::Arena;
 use self::entry::Slot;
 use self::shard::Shard;
-use self::stats::{Counters, PageCost};
+use self::stats::{Counters, PageCost, PageTotals};
 use crate::batch::{BatchBackend, BatchOutput, Encoded};
 use crate::codec::Algorithm;
 use crate::page::{fill_page, same_filled_word, PAGE_SIZE};
@@ -231,37 +231,36 @@ impl PageStore {
     fn read_page(&self, index: u64, page: &mut [u8; PAGE_SIZE]) -> Result<(), CoreError> {
         let (shard, idx) = self.locate(index);
         let shard = read_lock(shard);
-        match shard.get(idx) {
-            None => Err(self.out_of_range(index, 1)),
+        let (handle, len) = match shard.get(idx) {
+            None => return Err(self.out_of_range(index, 1)),
             Some(Slot::Empty) => {
                 page.fill(0);
-                Ok(())
+                return Ok(());
             }
             Some(Slot::Same(word)) => {
                 fill_page(page, word);
-                Ok(())
+                return Ok(());
             }
-            Some(Slot::SameExt) => Err(corrupt(index, "fill word missing")),
-            Some(Slot::Stored { handle, len }) => {
-                let len = usize::from(len);
-                let decoded = if len == PAGE_SIZE {
-                    self.arena.with_bytes(handle, len, |src| {
-                        page.copy_from_slice(src);
-                        Ok(())
-                    })
-                } else {
-                    worker::with_codec(self.algorithm, |codec, _| {
-                        self.arena
-                            .with_bytes(handle, len, |src| codec.decompress(src, page))
-                    })
-                };
-                match decoded {
-                    Some(Ok(())) => Ok(()),
-                    Some(Err(source)) => Err(CoreError::Corrupt { index, source }),
-                    None => Err(corrupt(index, "arena range missing")),
-                }
-            }
+            Some(Slot::SameExt) => return Err(corrupt(index, "fill word missing")),
+            Some(Slot::Stored { handle, len }) => (handle, usize::from(len)),
+        };
+        if len == PAGE_SIZE {
+            return match self.arena.load(handle, len, page) {
+                true => Ok(()),
+                false => Err(corrupt(index, "arena range missing")),
+            };
         }
+        // Copy the compressed bytes out under the shard lock, decode after dropping it.
+        worker::with_codec(self.algorithm, |codec, scratch| {
+            let loaded = self.arena.load(handle, len, scratch);
+            drop(shard);
+            if !loaded {
+                return Err(corrupt(index, "arena range missing"));
+            }
+            codec
+                .decompress(&scratch[..len], page)
+                .map_err(|source| CoreError::Corrupt { index, source })
+        })
     }
 
     /// Frees `count` pages from `first_page`: they read as zeros and hold no memory.
@@ -386,19 +385,19 @@ impl PageStore {
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
-        let side: u64 = self.shards.iter().map(|s| read_lock(s).side_bytes()).sum();
+        let (totals, side) = self.shard_totals();
         let usage = self.arena.usage();
         let c = &self.counters;
-        let pages_stored = Counters::get(&c.pages_stored);
+        let pages_stored = totals.pages_stored;
         Stats {
             orig_data_size: pages_stored * PAGE_SIZE as u64,
-            compr_data_size: Counters::get(&c.compr_data_size),
+            compr_data_size: totals.compr_data_size,
             mem_used_total: self.table_bytes + usage.held_bytes + side,
             mem_limit: self.mem_limit.unwrap_or(0),
             mem_used_max: self.table_bytes + usage.max_held_bytes + side,
-            same_pages: Counters::get(&c.same_pages),
+            same_pages: totals.same_pages,
             pages_compacted: 0,
-            huge_pages: Counters::get(&c.huge_pages),
+            huge_pages: totals.huge_pages,
             failed_reads: Counters::get(&c.failed_reads),
             failed_writes: Counters::get(&c.failed_writes),
             invalid_io: Counters::get(&c.invalid_io),
@@ -426,9 +425,9 @@ impl PageStore {
 
     /// Where `mem_used_total` goes, for benchmarks and diagnostics.
     pub fn memory(&self) -> MemoryUsage {
-        let side: u64 = self.shards.iter().map(|s| read_lock(s).side_bytes()).sum();
+        let (totals, side) = self.shard_totals();
         let usage = self.arena.usage();
-        let payload = Counters::get(&self.counters.compr_data_size);
+        let payload = totals.compr_data_size;
         MemoryUsage {
             table_bytes: self.table_bytes,
             side_map_bytes: side,
@@ -497,13 +496,25 @@ impl PageStore {
             return Err(self.out_of_range(index, 1));
         };
         let generation = (mode == Install::Deferred).then(|| shard.mark_pending(idx));
-        self.counters.replace(cost_of(old), cost);
+        shard.totals.replace(cost_of(old), cost);
         drop(shard);
         free_slot(&self.arena, old);
         Ok(Installed::Done {
             held_data: old != Slot::Empty,
             generation,
         })
+    }
+
+    /// Page totals and side-map bytes summed over the shards.
+    fn shard_totals(&self) -> (PageTotals, u64) {
+        let mut totals = PageTotals::default();
+        let mut side = 0;
+        for shard in self.shards.iter() {
+            let shard = read_lock(shard);
+            totals.add(&shard.totals);
+            side += shard.side_bytes();
+        }
+        (totals, side)
     }
 
     fn locate(&self, index: u64) -> (&RwLock<Shard>, u64) {

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use super::entry::{Entry, Slot};
+use super::stats::PageTotals;
 
 /// A shard's table; always used behind its `RwLock`.
 #[derive(Debug)]
@@ -15,6 +16,8 @@ pub(crate) struct Shard {
     /// for a `commit`.
     pending: HashMap<u64, u32>,
     next_generation: u32,
+    /// Counts and payload of this shard's pages.
+    pub(crate) totals: PageTotals,
 }
 
 impl Shard {
@@ -24,6 +27,7 @@ impl Shard {
             same_ext: HashMap::new(),
             pending: HashMap::new(),
             next_generation: 0,
+            totals: PageTotals::default(),
         }
     }
 

@@ -83,14 +83,10 @@ pub struct MemoryUsage {
     pub frontier_unused_bytes: u64,
 }
 
-/// The live counters behind [`Stats`]; page-state counters change only under the
-/// page's shard lock, so they are exact whenever no write is in flight.
+/// Request counters behind [`Stats`] (page-state totals live in each shard, under its
+/// lock, so writers on different shards never share a cache line for them).
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    pub pages_stored: AtomicU64,
-    pub compr_data_size: AtomicU64,
-    pub same_pages: AtomicU64,
-    pub huge_pages: AtomicU64,
     pub failed_reads: AtomicU64,
     pub failed_writes: AtomicU64,
     pub invalid_io: AtomicU64,
@@ -108,15 +104,34 @@ pub(crate) struct PageCost {
     pub payload: u64,
 }
 
-impl Counters {
+/// Page-state totals of one shard.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct PageTotals {
+    pub pages_stored: u64,
+    pub same_pages: u64,
+    pub huge_pages: u64,
+    pub compr_data_size: u64,
+}
+
+impl PageTotals {
     /// Moves one page's contribution from `old` to `new`.
-    pub(crate) fn replace(&self, old: PageCost, new: PageCost) {
-        adjust(&self.pages_stored, old.stored.into(), new.stored.into());
-        adjust(&self.same_pages, old.same.into(), new.same.into());
-        adjust(&self.huge_pages, old.huge.into(), new.huge.into());
-        adjust(&self.compr_data_size, old.payload, new.payload);
+    pub(crate) fn replace(&mut self, old: PageCost, new: PageCost) {
+        adjust(&mut self.pages_stored, old.stored.into(), new.stored.into());
+        adjust(&mut self.same_pages, old.same.into(), new.same.into());
+        adjust(&mut self.huge_pages, old.huge.into(), new.huge.into());
+        adjust(&mut self.compr_data_size, old.payload, new.payload);
     }
 
+    /// Adds another shard's totals.
+    pub(crate) fn add(&mut self, other: &PageTotals) {
+        self.pages_stored += other.pages_stored;
+        self.same_pages += other.same_pages;
+        self.huge_pages += other.huge_pages;
+        self.compr_data_size += other.compr_data_size;
+    }
+}
+
+impl Counters {
     pub(crate) fn bump(counter: &AtomicU64, by: u64) {
         counter.fetch_add(by, Relaxed);
     }
@@ -126,12 +141,8 @@ impl Counters {
     }
 }
 
-fn adjust(counter: &AtomicU64, old: u64, new: u64) {
-    if new > old {
-        counter.fetch_add(new - old, Relaxed);
-    } else if old > new {
-        counter.fetch_sub(old - new, Relaxed);
-    }
+fn adjust(total: &mut u64, old: u64, new: u64) {
+    *total = total.wrapping_sub(old).wrapping_add(new);
 }
 
 #[cfg(test)]
@@ -166,7 +177,7 @@ mod tests {
 
     #[test]
     fn replace_moves_contributions() {
-        let c = Counters::default();
+        let mut c = PageTotals::default();
         let huge = PageCost {
             stored: true,
             huge: true,
@@ -180,11 +191,11 @@ mod tests {
         };
         c.replace(PageCost::default(), huge);
         c.replace(huge, same);
-        assert_eq!(Counters::get(&c.pages_stored), 1);
-        assert_eq!(Counters::get(&c.huge_pages), 0);
-        assert_eq!(Counters::get(&c.same_pages), 1);
-        assert_eq!(Counters::get(&c.compr_data_size), 0);
+        assert_eq!(c.pages_stored, 1);
+        assert_eq!(c.huge_pages, 0);
+        assert_eq!(c.same_pages, 1);
+        assert_eq!(c.compr_data_size, 0);
         c.replace(same, PageCost::default());
-        assert_eq!(Counters::get(&c.pages_stored), 0);
+        assert_eq!(c, PageTotals::default());
     }
 }

@@ -1,0 +1,136 @@
+//! `uzram bench` from the outside: the JSON report's shape and the error paths.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn uzram(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_uzram"))
+        .args(args)
+        .output()
+        .expect("run uzram")
+}
+
+/// A scratch file under the system temp dir, removed on drop.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(name: &str, contents: &[u8]) -> Self {
+        let path =
+            std::env::temp_dir().join(format!("uzram-bench-cli-{}-{name}", std::process::id()));
+        std::fs::write(&path, contents).expect("write temp file");
+        Self(path)
+    }
+
+    fn arg(&self) -> &str {
+        self.0.to_str().expect("utf-8 temp path")
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn slice(name: &str) -> Vec<u8> {
+    let path = format!(
+        "{}/../../testdata/{name}.slice.pages.zst",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let packed = std::fs::read(&path).expect("read test slice");
+    zstd::decode_all(&packed[..]).expect("decode test slice")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn json_report_has_every_key_and_verifies() {
+    for (corpus, algorithm) in [("python-heap", "lz4"), ("mixed-swap", "zstd")] {
+        let file = TempFile::new(&format!("{corpus}-{algorithm}"), &slice(corpus));
+        let out = uzram(&[
+            "bench",
+            "--corpus",
+            file.arg(),
+            "--algorithm",
+            algorithm,
+            "--threads",
+            "2",
+            "--repeat",
+            "1",
+            "--json",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let stdout = String::from_utf8(out.stdout).expect("utf-8");
+        assert_eq!(
+            stdout.trim().lines().count(),
+            1,
+            "one JSON object: {stdout}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&stdout).expect("valid JSON");
+        assert_eq!(v["pages"], 512);
+        assert_eq!(v["input_bytes"], 512 * 4096);
+        assert_eq!(v["threads"], 2);
+        assert_eq!(
+            v["algorithm"],
+            if algorithm == "lz4" { "lz4" } else { "zstd:1" }
+        );
+        assert_eq!(v["backend"], "cpu");
+        assert_eq!(v["verified"], true);
+        let mem = v["mem_used_bytes"].as_f64().expect("mem_used_bytes");
+        let ratio = v["ratio"].as_f64().expect("ratio");
+        assert!(mem > 0.0 && (ratio - 512.0 * 4096.0 / mem).abs() < 1e-9);
+        assert!(ratio > 1.5, "real pages compress: {ratio}");
+        for key in ["compress_gbps", "decompress_gbps"] {
+            assert!(v[key].as_f64().expect(key) > 0.0, "{key}");
+        }
+    }
+}
+
+#[test]
+fn human_output_names_the_fields() {
+    let file = TempFile::new("human", &slice("python-heap")[..64 * 4096]);
+    let out = uzram(&["bench", "--corpus", file.arg(), "--repeat", "1"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for key in ["pages", "ratio", "compress_gbps", "verified         true"] {
+        assert!(stdout.contains(key), "{key} missing in {stdout}");
+    }
+}
+
+#[test]
+fn bad_inputs_fail_with_a_clear_message() {
+    let odd = TempFile::new("odd", &[1u8; 4097]);
+    let empty = TempFile::new("empty", &[]);
+    let good = TempFile::new("good", &[7u8; 4096]);
+    let missing = std::env::temp_dir().join("uzram-bench-cli-no-such-file");
+    let cases: [(Vec<&str>, &str); 6] = [
+        (
+            vec!["--corpus", missing.to_str().unwrap()],
+            "cannot read corpus",
+        ),
+        (
+            vec!["--corpus", odd.arg()],
+            "not a multiple of the 4096-byte page",
+        ),
+        (vec!["--corpus", empty.arg()], "is empty"),
+        (
+            vec!["--corpus", good.arg(), "--backend", "gpu"],
+            "backend 'gpu'",
+        ),
+        (vec!["--corpus", good.arg(), "--threads", "0"], "--threads"),
+        (
+            vec!["--corpus", good.arg(), "--algorithm", "snappy"],
+            "unknown compression algorithm",
+        ),
+    ];
+    for (args, message) in cases {
+        let mut full = vec!["bench"];
+        full.extend(args.iter().copied());
+        let out = uzram(&full);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(out.stdout.is_empty(), "{args:?} printed a report");
+        assert!(stderr(&out).contains(message), "{args:?}: {}", stderr(&out));
+    }
+}
