@@ -85,10 +85,13 @@ uzram_destroy() {
   done
   ok "$1 is gone"
 }
-# stat_field DEV FIELD: a number from `uzram status DEV --json` (field name anywhere in it).
+# stat_field DEV FIELD: a number from `uzram status DEV --json`, whether the JSON holds it as
+# "FIELD": N or as {"name": "FIELD", "value": N}.
 stat_field() {
-  timeout -s KILL "$TMO" uzram status "$1" --json 2>/dev/null \
-    | tr ',{}' '\n\n\n' | sed -n "s/^ *\"$2\" *: *\([0-9][0-9]*\).*/\1/p" | head -1
+  _j=$(timeout -s KILL "$TMO" uzram status "$1" --json 2>/dev/null | tr -d ' \n\t')
+  _v=$(echo "$_j" | sed -n "s/.*\"name\":\"$2\",\"value\":\([0-9][0-9]*\).*/\1/p")
+  [ -n "$_v" ] || _v=$(echo "$_j" | sed -n "s/.*\"$2\":\([0-9][0-9]*\).*/\1/p")
+  echo "$_v"
 }
 # daemon_pid DEV: the process that holds /dev/ublkcN open (the daemon serving DEV).
 daemon_pid() {

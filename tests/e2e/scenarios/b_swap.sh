@@ -13,6 +13,9 @@ if uzram_create --size "${SIZE_MIB}M"; then
   cat /proc/swaps
   out0=$(awk '/pswpout/{print $2}' /proc/vmstat)
   t0=$(up)
+  # if the hog makes no progress for WATCH s, print the daemon's threads and blocked tasks
+  hangwatch "${UZ_hangwatch_secs:-150}" uzram &
+  WPID=$!
   # hog: fill, verify pass 1, hold 5 s (status is read then), verify pass 2
   timeout -s KILL "$IO_TMO" hog "$HOG" 2 5 > /tmp/hog.out 2>&1 &
   HPID=$!
@@ -33,6 +36,7 @@ if uzram_create --size "${SIZE_MIB}M"; then
   timeout -s KILL "$TMO" uzram status "$DEV" | sed 's/^/    | /'
   wait $HPID
   hrc=$?
+  kill $WPID 2>/dev/null
   sed 's/^/    | /' /tmp/hog.out
   out1=$(awk '/pswpout/{print $2}' /proc/vmstat)
   say "  hog wall time $(since "$t0")s, pswpout +$((out1 - out0)) pages, pswpin $(awk '/pswpin/{print $2}' /proc/vmstat)"

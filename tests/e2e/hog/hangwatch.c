@@ -1,0 +1,100 @@
+/*
+ * hangwatch SECS NAME: diagnostics for a guest that stops making progress under memory pressure.
+ * Locks itself in memory (so it keeps running when everything else waits on swap-in), sleeps
+ * SECS, then triggers sysrq 't' (every task's kernel stack, into the kernel log) and prints
+ * state, wait channel and kernel stack of every thread of every process whose comm starts with
+ * NAME. Killed by the scenario when the workload finishes in time. Its heap is faulted in and
+ * locked up front: a new page later would wait in reclaim like everything else.
+ */
+#include <dirent.h>
+#include <malloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static void cat(const char *path, const char *prefix)
+{
+	char line[512];
+	FILE *f = fopen(path, "r");
+
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f))
+		printf("%s%s", prefix, line);
+	fclose(f);
+}
+
+static int read_line(const char *path, char *buf, size_t len)
+{
+	FILE *f = fopen(path, "r");
+
+	if (!f || !fgets(buf, (int)len, f)) {
+		if (f)
+			fclose(f);
+		return -1;
+	}
+	fclose(f);
+	buf[strcspn(buf, "\n")] = 0;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	char path[600], comm[64], buf[64];
+	struct dirent *p, *t;
+
+	if (argc != 3) {
+		fprintf(stderr, "usage: hangwatch SECS NAME\n");
+		return 2;
+	}
+	mallopt(M_TRIM_THRESHOLD, 1 << 30);
+	mallopt(M_MMAP_THRESHOLD, 1 << 30);
+	if (mlockall(MCL_CURRENT | MCL_FUTURE) != 0)
+		perror("hangwatch: mlockall");
+	char *pad = malloc(4 << 20);
+	if (pad) {
+		memset(pad, 1, 4 << 20);
+		free(pad);
+	}
+	sleep((unsigned)atoi(argv[1]));
+	FILE *s = fopen("/proc/sysrq-trigger", "w");
+	if (s) {
+		fputs("t", s);
+		fclose(s);
+	}
+	printf("hangwatch: no progress after %ss; threads of '%s':\n", argv[1], argv[2]);
+	DIR *proc = opendir("/proc");
+	while (proc && (p = readdir(proc))) {
+		snprintf(path, sizeof(path), "/proc/%s/comm", p->d_name);
+		if (read_line(path, comm, sizeof(comm)) || strncmp(comm, argv[2], strlen(argv[2])))
+			continue;
+		snprintf(path, sizeof(path), "/proc/%s/task", p->d_name);
+		DIR *tasks = opendir(path);
+		while (tasks && (t = readdir(tasks))) {
+			if (t->d_name[0] == '.')
+				continue;
+			char tc[64] = "?", wchan[128] = "?", st[512] = "?";
+			snprintf(path, sizeof(path), "/proc/%s/task/%s/comm", p->d_name, t->d_name);
+			read_line(path, tc, sizeof(tc));
+			snprintf(path, sizeof(path), "/proc/%s/task/%s/wchan", p->d_name, t->d_name);
+			read_line(path, wchan, sizeof(wchan));
+			snprintf(path, sizeof(path), "/proc/%s/task/%s/stat", p->d_name, t->d_name);
+			read_line(path, st, sizeof(st));
+			char *state = strrchr(st, ')');
+			printf("hangwatch: pid %s tid %s (%s) state %.1s wchan %s\n", p->d_name,
+			       t->d_name, tc, state ? state + 2 : "?", wchan);
+			snprintf(path, sizeof(path), "/proc/%s/task/%s/stack", p->d_name, t->d_name);
+			snprintf(buf, sizeof(buf), "hangwatch:   ");
+			cat(path, buf);
+		}
+		if (tasks)
+			closedir(tasks);
+	}
+	if (proc)
+		closedir(proc);
+	cat("/proc/meminfo", "hangwatch: meminfo ");
+	fflush(stdout);
+	return 0;
+}
