@@ -184,51 +184,78 @@ impl Arena {
         debug_assert!((1..=PAGE_SIZE).contains(&len));
         let class = class_of(len);
         let size = (class * CLASS_GRANULE) as u64;
-        let mut meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
-        let handle = if let Some(h) = meta.pop_free(class) {
-            h
-        } else if meta.frontier % SEGMENT_SIZE as u64 + size <= SEGMENT_SIZE as u64
-            && meta.frontier + size <= (meta.segments * SEGMENT_SIZE) as u64
-        {
-            let h = meta.frontier;
-            meta.frontier += size;
-            h
-        } else if let Some(bigger) = meta.larger_free_class(class) {
-            let h = meta.pop_free(bigger).unwrap_or_default();
-            meta.push_free(bigger - class, h + size);
-            h
-        } else {
-            self.grow(&mut meta)?;
-            let h = meta.frontier;
-            meta.frontier += size;
-            h
-        };
-        meta.objects += 1;
-        meta.class_bytes += size;
-        Ok(handle)
+        // A fresh segment is allocated (zeroed, page-faulted in) outside the bookkeeping
+        // lock, so other writers keep going meanwhile; if one of them grew the arena
+        // first, the spare is dropped and the allocation retried.
+        let mut fresh: Option<Segment> = None;
+        loop {
+            let mut meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
+            let handle = if let Some(h) = meta.pop_free(class) {
+                h
+            } else if meta.frontier % SEGMENT_SIZE as u64 + size <= SEGMENT_SIZE as u64
+                && meta.frontier + size <= (meta.segments * SEGMENT_SIZE) as u64
+            {
+                let h = meta.frontier;
+                meta.frontier += size;
+                h
+            } else if let Some(bigger) = meta.larger_free_class(class) {
+                let h = meta.pop_free(bigger).unwrap_or_default();
+                meta.push_free(bigger - class, h + size);
+                h
+            } else {
+                self.check_growth(&meta)?;
+                let Some(segment) = fresh.take() else {
+                    drop(meta);
+                    fresh = Some(new_segment());
+                    continue;
+                };
+                self.grow(&mut meta, segment);
+                let h = meta.frontier;
+                meta.frontier += size;
+                h
+            };
+            meta.objects += 1;
+            meta.class_bytes += size;
+            return Ok(handle);
+        }
     }
 
-    /// Adds a segment and moves the frontier to its start; the old segment's unused tail
-    /// goes onto the free lists.
-    fn grow(&self, meta: &mut Meta) -> Result<(), CoreError> {
+    /// Fails with [`CoreError::MemLimit`] if one more segment would pass the limit.
+    fn check_growth(&self, meta: &Meta) -> Result<(), CoreError> {
+        let Some(limit) = self.limit else {
+            return Ok(());
+        };
+        let slots = self
+            .segments
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .capacity();
+        let after_slots = if meta.segments == slots {
+            (slots * 2).max(4)
+        } else {
+            slots
+        };
+        let used = self.base_bytes + Self::held(meta, slots);
+        let after = self.base_bytes
+            + Self::held(meta, after_slots)
+            + SEGMENT_SIZE as u64
+            + std::mem::size_of::<u64>() as u64;
+        if after > limit {
+            return Err(CoreError::MemLimit { limit, used });
+        }
+        Ok(())
+    }
+
+    /// Adds `segment` and moves the frontier to its start; the old segment's unused tail
+    /// goes onto the free lists. The caller checked the limit under the same lock.
+    fn grow(&self, meta: &mut Meta, segment: Segment) {
         let mut segments = self
             .segments
             .write()
             .unwrap_or_else(PoisonError::into_inner);
-        let slots = if segments.len() == segments.capacity() {
-            (segments.capacity() * 2).max(4)
-        } else {
-            segments.capacity()
-        };
-        let used = self.base_bytes + Self::held(meta, segments.capacity());
-        let after = self.base_bytes
-            + Self::held(meta, slots)
-            + SEGMENT_SIZE as u64
-            + std::mem::size_of::<u64>() as u64;
-        if let Some(limit) = self.limit {
-            if after > limit {
-                return Err(CoreError::MemLimit { limit, used });
-            }
+        if segments.len() == segments.capacity() {
+            let more = segments.capacity().max(4);
+            segments.reserve_exact(more);
         }
         let end = (meta.segments * SEGMENT_SIZE) as u64;
         let tail = (end - meta.frontier) as usize / CLASS_GRANULE;
@@ -236,13 +263,10 @@ impl Arena {
             let at = meta.frontier;
             meta.push_free(tail, at);
         }
-        let more = slots - segments.len();
-        segments.reserve_exact(more);
-        segments.push((0..SEGMENT_SIZE / 8).map(|_| AtomicU64::new(0)).collect());
+        segments.push(segment);
         meta.segments = segments.len();
         meta.frontier = end;
         meta.max_held = meta.max_held.max(Self::held(meta, segments.capacity()));
-        Ok(())
     }
 
     /// Returns an object's space to its class's free list. When the last object goes,
@@ -307,6 +331,10 @@ impl Arena {
             }
         }
     }
+}
+
+fn new_segment() -> Segment {
+    (0..SEGMENT_SIZE / 8).map(|_| AtomicU64::new(0)).collect()
 }
 
 fn split(handle: u64) -> (usize, usize) {
