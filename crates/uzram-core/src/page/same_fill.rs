@@ -120,6 +120,19 @@ mod x86 {
         let first = word_at(page, 0);
         let want = _mm256_set1_epi64x(first as i64);
         let base = page.as_ptr();
+        // Most pages that are not same-filled differ in their first cache line: test it
+        // alone first, so those pages cost one line, not the loop's 128 bytes.
+        // SAFETY: bytes 0..64 are inside the 4096-byte page.
+        let (a, b) = unsafe {
+            (
+                _mm256_loadu_si256(base.cast()),
+                _mm256_loadu_si256(base.add(32).cast()),
+            )
+        };
+        let head = _mm256_or_si256(_mm256_xor_si256(a, want), _mm256_xor_si256(b, want));
+        if _mm256_testz_si256(head, head) == 0 {
+            return None;
+        }
         let mut off = 0;
         while off < PAGE_SIZE {
             // SAFETY: off + 128 <= PAGE_SIZE (off steps by 128 from 0 and PAGE_SIZE is a
@@ -152,7 +165,7 @@ mod x86 {
     pub(super) unsafe fn same_filled_avx512(page: &[u8; PAGE_SIZE]) -> Option<u64> {
         let first = word_at(page, 0);
         let differs: u8;
-        // SAFETY: the caller guarantees AVX-512F. The loop reads [base, base + 4096) in
+        // SAFETY: the caller guarantees AVX-512F. The code reads [base, base + 4096) in
         // 64-byte loads at offsets 0..4096 step 256 (+0/64/128/192), all inside `page`,
         // and writes no memory. Every vector register it touches is declared clobbered
         // (xmmN stands for the whole zmmN), and `vzeroupper` leaves the upper halves
@@ -160,6 +173,13 @@ mod x86 {
         unsafe {
             std::arch::asm!(
                 "vpbroadcastq zmm0, {first}",
+                // The first cache line alone first: most pages that are not same-filled
+                // differ there, and then cost one line instead of the loop's four.
+                "vpxorq zmm1, zmm0, zmmword ptr [{base}]",
+                "vextracti64x4 ymm2, zmm1, 1",
+                "vpor ymm1, ymm1, ymm2",
+                "vptest ymm1, ymm1",
+                "jnz 3f",
                 "xor {i:e}, {i:e}",
                 "2:",
                 "vpxorq zmm1, zmm0, zmmword ptr [{base} + {i}]",
