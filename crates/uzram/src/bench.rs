@@ -10,8 +10,10 @@
 //!   [`BatchBackend`] in batches of [`BATCH_PAGES`]; the CPU backend compresses each
 //!   batch on `--threads` threads, then the calling thread stores the results. It scales
 //!   worse than the inline path (the storing is serial and each batch allocates its
-//!   output), which is why `cpu` defaults to inline. A GPU backend slots in here by
-//!   building its backend in [`write_path`].
+//!   output), which is why `cpu` defaults to inline;
+//! - [`WritePath::Gpu`] (`--backend gpu`): `write_batch` through `uzram_gpu::GpuBackend`
+//!   in batches of [`GPU_BATCH_PAGES`] (large, so the GPU's slot ring overlaps copies and
+//!   kernels); the report adds the GPU's H2D, kernel and D2H device time of the last run.
 
 use std::num::NonZeroUsize;
 use std::path::Path;
@@ -30,6 +32,8 @@ use crate::cli::BenchArgs;
 const REQUEST_PAGES: usize = 16;
 /// Pages per `write_batch` call on the batch path.
 const BATCH_PAGES: usize = 4096;
+/// Pages per `write_batch` call on the GPU path: many slots of the GPU's ring per call.
+const GPU_BATCH_PAGES: usize = 65536;
 
 /// How pages get into the store.
 enum WritePath {
@@ -37,6 +41,8 @@ enum WritePath {
     Inline { threads: usize },
     /// `write_batch` through a backend (which parallelises on its own).
     Batch(Box<dyn BatchBackend>),
+    /// `write_batch` through the GPU backend.
+    Gpu(uzram_gpu::GpuBackend),
 }
 
 /// What `uzram bench` reports.
@@ -64,6 +70,14 @@ struct Report {
     repeat: usize,
     /// Where mem_used_bytes goes (last run).
     memory: Memory,
+    /// GPU device time of the last run: host→device copies, kernels, device→host copies
+    /// (summed over the ring's slots, so they overlap each other and the wall time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    h2d_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kernel_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    d2h_ms: Option<f64>,
 }
 
 /// [`MemoryUsage`] for the JSON report.
@@ -134,9 +148,16 @@ fn write_path(
             NonZeroUsize::new(threads),
         )))),
         "cpu" => Ok(WritePath::Inline { threads }),
-        other => bail!(
-            "unknown or unavailable backend '{other}': this build's bench supports only 'cpu'"
-        ),
+        "gpu" => {
+            ensure!(
+                algorithm == Algorithm::Lz4,
+                "the GPU backend produces lz4, not {algorithm}"
+            );
+            let gpu = uzram_gpu::GpuBackend::new(uzram_gpu::PipelineConfig::default())
+                .context("GPU backend unavailable")?;
+            Ok(WritePath::Gpu(gpu))
+        }
+        other => bail!("unknown backend '{other}': cpu or gpu"),
     }
 }
 
@@ -165,6 +186,7 @@ fn measure(
     let mut read_times = Vec::new();
     let mut verified = true;
     let mut last = None;
+    let mut gpu_times = None;
     let mut back = vec![0u8; corpus.len()];
     for _ in 0..args.repeat {
         let mut cfg = StoreConfig::new(pages, algorithm);
@@ -174,9 +196,17 @@ fn measure(
         match path {
             WritePath::Inline { threads } => write_inline(&store, corpus, *threads)?,
             WritePath::Batch(backend) => {
-                for (i, chunk) in corpus.chunks(BATCH_PAGES * PAGE_SIZE).enumerate() {
-                    store.write_batch((i * BATCH_PAGES) as u64, chunk, backend.as_ref())?;
-                }
+                write_batches(&store, corpus, backend.as_ref(), BATCH_PAGES)?
+            }
+            WritePath::Gpu(gpu) => {
+                let before = gpu.stats();
+                write_batches(&store, corpus, gpu, GPU_BATCH_PAGES)?;
+                let after = gpu.stats();
+                gpu_times = Some((
+                    after.h2d_ms - before.h2d_ms,
+                    after.kernel_ms - before.kernel_ms,
+                    after.d2h_ms - before.d2h_ms,
+                ));
             }
         }
         write_times.push(start.elapsed());
@@ -203,7 +233,7 @@ fn measure(
         verified,
         path: match path {
             WritePath::Inline { .. } => "inline",
-            WritePath::Batch(_) => "batch",
+            WritePath::Batch(_) | WritePath::Gpu(_) => "batch",
         },
         payload_bytes: stats.compr_data_size,
         payload_ratio: input as f64 / stats.compr_data_size.max(1) as f64,
@@ -212,7 +242,23 @@ fn measure(
         huge_pages: stats.huge_pages,
         repeat: args.repeat,
         memory: memory.into(),
+        h2d_ms: gpu_times.map(|t| t.0),
+        kernel_ms: gpu_times.map(|t| t.1),
+        d2h_ms: gpu_times.map(|t| t.2),
     })
+}
+
+/// `write_batch` over the corpus in calls of `batch_pages` pages.
+fn write_batches(
+    store: &PageStore,
+    corpus: &[u8],
+    backend: &dyn BatchBackend,
+    batch_pages: usize,
+) -> anyhow::Result<()> {
+    for (i, chunk) in corpus.chunks(batch_pages * PAGE_SIZE).enumerate() {
+        store.write_batch((i * batch_pages) as u64, chunk, backend)?;
+    }
+    Ok(())
 }
 
 /// One contiguous page range per thread, written in `REQUEST_PAGES` requests.
@@ -302,5 +348,8 @@ fn print_human(r: &Report) {
         ("side maps", m.side_map_bytes),
     ] {
         println!("  {name:<22} {bytes:>12}  {:6.3}%", pct(bytes));
+    }
+    if let (Some(h2d), Some(kernel), Some(d2h)) = (r.h2d_ms, r.kernel_ms, r.d2h_ms) {
+        println!("gpu device time  h2d {h2d:.2} ms, kernel {kernel:.2} ms, d2h {d2h:.2} ms (last run, summed over slots)");
     }
 }
