@@ -1,7 +1,7 @@
 //! Concurrent stress: writers, readers, discarders and a deferred-write committer hammer
 //! overlapping pages. Every page read must be a whole page that some thread really wrote
 //! to that index (pages carry an index/writer/version stamp and stamp-derived contents),
-//! or zeros. Runs about a second.
+//! or zeros. A compactor moves everything around meanwhile. Runs about a second.
 
 mod common;
 
@@ -127,6 +127,18 @@ fn concurrent_writes_reads_discards_and_commits() {
         }));
     }
 
+    // Compaction racing with all of the above.
+    let compacted = Arc::new(AtomicU64::new(0));
+    {
+        let (store, stop, compacted) = (store.clone(), stop.clone(), compacted.clone());
+        threads.push(std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                compacted.fetch_add(store.compact(), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }));
+    }
+
     let start = Instant::now();
     while start.elapsed() < RUN {
         std::thread::sleep(Duration::from_millis(20));
@@ -156,12 +168,14 @@ fn concurrent_writes_reads_discards_and_commits() {
     assert!(reads.load(Ordering::Relaxed) > 100, "readers made progress");
     assert!(commits.load(Ordering::Relaxed) > 0, "some commits landed");
     eprintln!(
-        "reads {}, commits {}, stale {}, writes {}",
+        "reads {}, commits {}, stale {}, writes {}, pages compacted {}",
         reads.load(Ordering::Relaxed),
         commits.load(Ordering::Relaxed),
         stale.load(Ordering::Relaxed),
-        stats.writes
+        stats.writes,
+        compacted.load(Ordering::Relaxed)
     );
+    assert_eq!(stats.pages_compacted, compacted.load(Ordering::Relaxed));
     store.discard(0, PAGES).unwrap();
     assert_eq!(store.memory().segment_bytes, 0);
 }

@@ -18,7 +18,7 @@
 //! only growth and the final release take for writing.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, PoisonError, RwLock};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
 
 use super::entry::HANDLE_ALIGN;
 use crate::page::PAGE_SIZE;
@@ -30,6 +30,8 @@ pub(crate) const SEGMENT_SIZE: usize = 64 * 1024;
 pub(crate) const CLASS_GRANULE: usize = HANDLE_ALIGN as usize;
 const CLASSES: usize = PAGE_SIZE / CLASS_GRANULE + 1;
 const BITMAP_WORDS: usize = CLASSES.div_ceil(64);
+/// End of a free list.
+const NONE: u64 = u64::MAX;
 
 /// A segment's bytes, as little-endian words: written and read with relaxed atomic
 /// accesses, so copies need no per-segment lock (see [`Arena::write`]).
@@ -55,6 +57,8 @@ pub(crate) struct ArenaUsage {
     pub class_bytes: u64,
     /// Bytes on free lists (holes that the next objects of their class reuse).
     pub free_bytes: u64,
+    /// Pages' worth of segments released by compaction (cumulative).
+    pub compacted_pages: u64,
 }
 
 #[derive(Debug)]
@@ -63,36 +67,49 @@ struct Meta {
     frontier: u64,
     /// Segments allocated (mirror of `segments.len()`, readable without that lock).
     segments: usize,
-    /// Per class: offsets of free holes of exactly that class.
-    free: Vec<Vec<u64>>,
+    /// Per class: the first free hole of exactly that class (or [`NONE`]); each hole's
+    /// first word holds the next one, so free lists cost no memory of their own.
+    free: [u64; CLASSES],
     /// Bit `c` set when `free[c]` is not empty.
     nonempty: [u64; BITMAP_WORDS],
     objects: u64,
     class_bytes: u64,
     free_bytes: u64,
-    /// Capacity in bytes of all free lists (counted as held memory).
-    free_list_bytes: u64,
     max_held: u64,
+    /// Pages' worth of segments released by compaction (cumulative).
+    compacted_pages: u64,
 }
 
 impl Meta {
-    fn push_free(&mut self, class: usize, handle: u64) {
-        let list = &mut self.free[class];
-        let before = list.capacity();
-        list.push(handle);
-        self.free_list_bytes += ((list.capacity() - before) * std::mem::size_of::<u64>()) as u64;
+    fn push_free(&mut self, segments: &[Segment], class: usize, handle: u64) {
+        let next = self.free[class];
+        if !set_word(segments, handle, next) {
+            // Not in the arena: a caller bug; dropping the hole only leaks its space.
+            return;
+        }
+        self.free[class] = handle;
         self.nonempty[class / 64] |= 1 << (class % 64);
         self.free_bytes += (class * CLASS_GRANULE) as u64;
     }
 
-    fn pop_free(&mut self, class: usize) -> Option<u64> {
-        let list = &mut self.free[class];
-        let handle = list.pop()?;
-        if list.is_empty() {
+    fn pop_free(&mut self, segments: &[Segment], class: usize) -> Option<u64> {
+        let handle = self.free[class];
+        if handle == NONE {
+            return None;
+        }
+        let next = get_word(segments, handle).unwrap_or(NONE);
+        self.free[class] = next;
+        if next == NONE {
             self.nonempty[class / 64] &= !(1 << (class % 64));
         }
         self.free_bytes -= (class * CLASS_GRANULE) as u64;
         Some(handle)
+    }
+
+    fn clear_free(&mut self) {
+        self.free = [NONE; CLASSES];
+        self.nonempty = [0; BITMAP_WORDS];
+        self.free_bytes = 0;
     }
 
     /// The smallest class above `class` that has a free hole.
@@ -127,13 +144,13 @@ impl Arena {
             meta: Mutex::new(Meta {
                 frontier: 0,
                 segments: 0,
-                free: (0..CLASSES).map(|_| Vec::new()).collect(),
+                free: [NONE; CLASSES],
                 nonempty: [0; BITMAP_WORDS],
                 objects: 0,
                 class_bytes: 0,
                 free_bytes: 0,
-                free_list_bytes: 0,
                 max_held: 0,
+                compacted_pages: 0,
             }),
             segments: RwLock::new(Vec::new()),
             base_bytes,
@@ -142,14 +159,13 @@ impl Arena {
     }
 
     fn fixed_bytes() -> u64 {
-        (std::mem::size_of::<Self>() + CLASSES * std::mem::size_of::<Vec<u64>>()) as u64
+        std::mem::size_of::<Self>() as u64
     }
 
     fn held(meta: &Meta, segment_slots: usize) -> u64 {
         Self::fixed_bytes()
             + (meta.segments * SEGMENT_SIZE) as u64
             + (segment_slots * std::mem::size_of::<Segment>()) as u64
-            + meta.free_list_bytes
     }
 
     /// Current usage.
@@ -168,6 +184,7 @@ impl Arena {
             objects: meta.objects,
             class_bytes: meta.class_bytes,
             free_bytes: meta.free_bytes,
+            compacted_pages: meta.compacted_pages,
         }
     }
 
@@ -190,7 +207,8 @@ impl Arena {
         let mut fresh: Option<Segment> = None;
         loop {
             let mut meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
-            let handle = if let Some(h) = meta.pop_free(class) {
+            let segments = self.segments.read().unwrap_or_else(PoisonError::into_inner);
+            let handle = if let Some(h) = meta.pop_free(&segments, class) {
                 h
             } else if meta.frontier % SEGMENT_SIZE as u64 + size <= SEGMENT_SIZE as u64
                 && meta.frontier + size <= (meta.segments * SEGMENT_SIZE) as u64
@@ -198,11 +216,17 @@ impl Arena {
                 let h = meta.frontier;
                 meta.frontier += size;
                 h
-            } else if let Some(bigger) = meta.larger_free_class(class) {
-                let h = meta.pop_free(bigger).unwrap_or_default();
-                meta.push_free(bigger - class, h + size);
+            } else if let Some(h) = meta
+                .larger_free_class(class)
+                .and_then(|bigger| Some((bigger, meta.pop_free(&segments, bigger)?)))
+                .map(|(bigger, h)| {
+                    meta.push_free(&segments, bigger - class, h + size);
+                    h
+                })
+            {
                 h
             } else {
+                drop(segments);
                 self.check_growth(&meta)?;
                 let Some(segment) = fresh.take() else {
                     drop(meta);
@@ -261,7 +285,7 @@ impl Arena {
         let tail = (end - meta.frontier) as usize / CLASS_GRANULE;
         if tail > 0 {
             let at = meta.frontier;
-            meta.push_free(tail, at);
+            meta.push_free(&segments, tail, at);
         }
         segments.push(segment);
         meta.segments = segments.len();
@@ -282,16 +306,12 @@ impl Arena {
                 .write()
                 .unwrap_or_else(PoisonError::into_inner);
             *segments = Vec::new();
-            for list in &mut meta.free {
-                *list = Vec::new();
-            }
-            meta.nonempty = [0; BITMAP_WORDS];
-            meta.free_bytes = 0;
-            meta.free_list_bytes = 0;
+            meta.clear_free();
             meta.segments = 0;
             meta.frontier = 0;
         } else {
-            meta.push_free(class, handle);
+            let segments = self.segments.read().unwrap_or_else(PoisonError::into_inner);
+            meta.push_free(&segments, class, handle);
         }
     }
 
@@ -331,6 +351,113 @@ impl Arena {
             }
         }
     }
+}
+
+/// One live object, as compaction sees it: where it is, how long, and an opaque tag the
+/// caller uses to find its table entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Object {
+    pub handle: u64,
+    pub len: u16,
+    pub tag: u64,
+}
+
+/// The arena locked for compaction: no allocation or free can run while it lives.
+pub(crate) struct Compaction<'a> {
+    arena: &'a Arena,
+    meta: MutexGuard<'a, Meta>,
+}
+
+impl Arena {
+    /// Locks the arena for [`Compaction::run`]. Take this before the shard locks.
+    pub(crate) fn lock_for_compaction(&self) -> Compaction<'_> {
+        Compaction {
+            arena: self,
+            meta: self.meta.lock().unwrap_or_else(PoisonError::into_inner),
+        }
+    }
+}
+
+impl Compaction<'_> {
+    /// Objects the arena has handed out and not had back (published or not).
+    pub(crate) fn objects(&self) -> u64 {
+        self.meta.objects
+    }
+
+    /// Slides every object in `objects` (all live objects; sorted here) down to the
+    /// lowest addresses, rewrites their handles, and releases the segments left empty.
+    /// Returns the pages' worth of memory released. The caller guarantees nothing reads
+    /// the moved objects meanwhile (it holds every shard's write lock).
+    pub(crate) fn run(&mut self, objects: &mut [Object]) -> u64 {
+        objects.sort_unstable_by_key(|o| o.handle);
+        let meta = &mut *self.meta;
+        let mut segments = self
+            .arena
+            .segments
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        meta.clear_free();
+        let seg_size = SEGMENT_SIZE as u64;
+        let mut cursor = 0u64;
+        for object in objects.iter_mut() {
+            let size = (class_of(usize::from(object.len)) * CLASS_GRANULE) as u64;
+            if cursor % seg_size + size > seg_size {
+                let next = cursor.next_multiple_of(seg_size);
+                let tail = ((next - cursor) as usize) / CLASS_GRANULE;
+                // No object that still has to move lies in this tail: one that did
+                // not fit here came from a later segment.
+                meta.push_free(&segments, tail, cursor);
+                cursor = next;
+            }
+            if cursor != object.handle {
+                move_words(&segments, object.handle, cursor, size);
+                object.handle = cursor;
+            }
+            cursor += size;
+        }
+        let keep = cursor.div_ceil(seg_size) as usize;
+        let released = segments.len().saturating_sub(keep);
+        segments.truncate(keep);
+        meta.segments = segments.len();
+        meta.frontier = cursor;
+        let pages = (released * SEGMENT_SIZE / PAGE_SIZE) as u64;
+        meta.compacted_pages += pages;
+        pages
+    }
+}
+
+/// Copies `size` bytes from `from` to `to` (`to < from`), ascending, word by word: safe
+/// for overlapping ranges in that direction.
+fn move_words(segments: &[Segment], from: u64, to: u64, size: u64) {
+    let (fs, fo) = split(from);
+    let (ts, to_off) = split(to);
+    let (Some(src), Some(dst)) = (segments.get(fs), segments.get(ts)) else {
+        return;
+    };
+    let words = (size / 8) as usize;
+    for i in 0..words {
+        if let (Some(s), Some(d)) = (src.get(fo / 8 + i), dst.get(to_off / 8 + i)) {
+            d.store(s.load(Relaxed), Relaxed);
+        }
+    }
+}
+
+/// Writes one word at `handle`; `false` if it is not in the arena.
+fn set_word(segments: &[Segment], handle: u64, value: u64) -> bool {
+    let (seg, off) = split(handle);
+    match segments.get(seg).and_then(|s| s.get(off / 8)) {
+        Some(word) => {
+            word.store(value, Relaxed);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Reads one word at `handle`.
+fn get_word(segments: &[Segment], handle: u64) -> Option<u64> {
+    let (seg, off) = split(handle);
+    Some(segments.get(seg)?.get(off / 8)?.load(Relaxed))
 }
 
 fn new_segment() -> Segment {
@@ -439,6 +566,51 @@ mod tests {
         // Freed space is still usable under the limit.
         arena.free(first, 4096);
         assert_eq!(arena.store(&[9; 4096]).unwrap(), first);
+    }
+
+    #[test]
+    fn compaction_slides_objects_down_and_releases_segments() {
+        let arena = Arena::new(0, None);
+        let mut live = Vec::new();
+        for i in 0..200u64 {
+            let len = 1000 + (i as usize * 37) % 3000;
+            let data: Vec<u8> = (0..len).map(|b| (b as u64 * 7 + i) as u8).collect();
+            let h = arena.store(&data).unwrap();
+            if i % 3 == 0 {
+                live.push((h, data));
+            } else {
+                arena.free(h, len);
+            }
+        }
+        let before = arena.usage();
+        let mut objects: Vec<Object> = live
+            .iter()
+            .enumerate()
+            .map(|(tag, (h, d))| Object {
+                handle: *h,
+                len: d.len() as u16,
+                tag: tag as u64,
+            })
+            .collect();
+        let mut compaction = arena.lock_for_compaction();
+        assert_eq!(compaction.objects(), live.len() as u64);
+        let pages = compaction.run(&mut objects);
+        drop(compaction);
+        let after = arena.usage();
+        assert!(pages > 0);
+        assert_eq!(after.compacted_pages, pages);
+        assert_eq!(
+            before.segment_bytes - after.segment_bytes,
+            pages * PAGE_SIZE as u64
+        );
+        assert!(after.free_bytes < before.free_bytes);
+        for object in &objects {
+            let data = &live[object.tag as usize].1;
+            assert_eq!(&read(&arena, object.handle, data.len()), data);
+        }
+        // Allocation works on after compaction, from the new frontier.
+        let h = arena.store(&[3; 2000]).unwrap();
+        assert_eq!(read(&arena, h, 2000), vec![3; 2000]);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 pub use self::stats::{MemoryUsage, Stats};
 
-use self::arena::Arena;
+use self::arena::{Arena, Object};
 use self::entry::Slot;
 use self::shard::Shard;
 use self::stats::{Counters, PageCost, PageTotals};
@@ -38,7 +38,9 @@ pub struct StoreConfig {
     pub pages: u64,
     /// Codec for every page.
     pub algorithm: Algorithm,
-    /// Refuse writes that would take `mem_used_total` above this many bytes.
+    /// Refuse writes that would take `mem_used_total` above this many bytes. (The few
+    /// bytes of side maps, for fill words that do not fit an entry and for pending
+    /// deferred writes, are counted in `mem_used_total` but not held to the limit.)
     pub mem_limit: Option<u64>,
     /// Compressed output of this many bytes or more is stored raw (a huge page).
     pub raw_threshold: usize,
@@ -383,6 +385,46 @@ impl PageStore {
         Ok(installed != Installed::Stale)
     }
 
+    /// Compacts the arena like zram's `compact`: slides every stored page's bytes down to
+    /// the lowest addresses and releases the segments left empty. Returns the pages'
+    /// worth of memory released (also added to `pages_compacted`).
+    ///
+    /// Stops the world: every shard is write-locked for the duration (tens of ms per
+    /// GiB stored). It only runs when no write is between reserving arena space and
+    /// publishing it; after a few tries against such writes it gives up and returns 0.
+    pub fn compact(&self) -> u64 {
+        for _ in 0..100 {
+            let mut compaction = self.arena.lock_for_compaction();
+            let mut shards: Vec<_> = self.shards.iter().map(write_lock).collect();
+            let mut objects: Vec<Object> = shards
+                .iter()
+                .enumerate()
+                .flat_map(|(s, shard)| {
+                    shard.stored().map(move |(idx, handle, len)| Object {
+                        handle,
+                        len,
+                        tag: (idx << self.shard_shift) | s as u64,
+                    })
+                })
+                .collect();
+            if objects.len() as u64 != compaction.objects() {
+                drop(shards);
+                drop(compaction);
+                std::thread::yield_now();
+                continue;
+            }
+            let pages = compaction.run(&mut objects);
+            for object in &objects {
+                let s = (object.tag & self.shard_mask) as usize;
+                if let Some(shard) = shards.get_mut(s) {
+                    shard.rehome(object.tag >> self.shard_shift, object.handle);
+                }
+            }
+            return pages;
+        }
+        0
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
         let (totals, side) = self.shard_totals();
@@ -396,7 +438,7 @@ impl PageStore {
             mem_limit: self.mem_limit.unwrap_or(0),
             mem_used_max: self.table_bytes + usage.max_held_bytes + side,
             same_pages: totals.same_pages,
-            pages_compacted: 0,
+            pages_compacted: usage.compacted_pages,
             huge_pages: totals.huge_pages,
             failed_reads: Counters::get(&c.failed_reads),
             failed_writes: Counters::get(&c.failed_writes),

@@ -70,6 +70,29 @@ impl Shard {
         Some(old)
     }
 
+    /// `(index, handle, len)` of every page whose bytes are in the arena.
+    pub(crate) fn stored(&self) -> impl Iterator<Item = (u64, u64, u16)> + '_ {
+        self.entries
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| match e.slot() {
+                Slot::Stored { handle, len } => Some((i as u64, handle, len)),
+                _ => None,
+            })
+    }
+
+    /// Points a stored page at its new place after compaction moved its bytes.
+    pub(crate) fn rehome(&mut self, idx: u64, handle: u64) {
+        if let Some(entry) = usize::try_from(idx)
+            .ok()
+            .and_then(|i| self.entries.get_mut(i))
+        {
+            if let Slot::Stored { len, .. } = entry.slot() {
+                *entry = Entry::pack(Slot::Stored { handle, len });
+            }
+        }
+    }
+
     /// Marks the page's current content as a deferred write; returns its generation.
     pub(crate) fn mark_pending(&mut self, idx: u64) -> u32 {
         let generation = self.next_generation;

@@ -17,7 +17,7 @@ pub struct Stats {
     pub mem_used_max: u64,
     /// mm_stat: pages stored as a repeated word, with no payload.
     pub same_pages: u64,
-    /// mm_stat: segment bytes given back to the system by freeing, in pages (cumulative).
+    /// mm_stat: memory released by [`super::PageStore::compact`], in pages (cumulative).
     pub pages_compacted: u64,
     /// mm_stat: pages stored raw because they did not compress below the threshold.
     pub huge_pages: u64,
