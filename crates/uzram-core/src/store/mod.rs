@@ -145,7 +145,8 @@ impl PageStore {
         let shards: Box<[RwLock<Shard>]> = (0..shards)
             .map(|s| RwLock::new(Shard::new(pages.saturating_sub(s).div_ceil(shards))))
             .collect();
-        let table_bytes = (std::mem::size_of::<Self>()
+        // The store struct minus the arena inside it (the arena counts itself).
+        let table_bytes = (std::mem::size_of::<Self>() - std::mem::size_of::<Arena>()
             + shards.len() * std::mem::size_of::<RwLock<Shard>>()) as u64
             + shards
                 .iter()
