@@ -1,8 +1,8 @@
 //! [`PageStore`]: a sharded page table over a size-class arena.
 //!
 //! - The table is striped over up to [`MAX_SHARDS`] reader-writer locks (page `p` lives in
-//!   shard `p % shards`); each page costs one 8-byte [`entry::Entry`].
-//! - Compressed bytes live in one [`arena::Arena`] shared by all shards.
+//!   shard `p % shards`); each page costs one 8-byte entry (`entry.rs`).
+//! - Compressed bytes live in one size-class arena (`arena.rs`) shared by all shards.
 //! - Compression and decompression never run under the bookkeeping locks: a write
 //!   compresses on the calling thread, copies the result into freshly reserved arena
 //!   space, and only then takes the shard lock to swap the entry; the old space is freed
@@ -358,7 +358,9 @@ impl PageStore {
     /// Replaces a deferred write's raw copy with `encoded`, if the page still holds exactly
     /// the write that made `ticket`. `Ok(false)`: a later write, discard or write_zeroes
     /// came first; the result is dropped. Compressed output at or above the threshold
-    /// leaves the raw copy in place (and still counts as committed).
+    /// leaves the raw copy in place (and still counts as committed). The store does not
+    /// decode `encoded` to check it: the backend guarantees it decodes to the ticket's page
+    /// (DESIGN.md invariant 2, tested in the backends' conformance tests).
     pub fn commit(&self, ticket: Ticket, encoded: Encoded<'_>) -> Result<bool, CoreError> {
         self.check_range(ticket.page, 1)?;
         let payload = match encoded {
