@@ -4,11 +4,13 @@
 // (plus 16 bytes of zero padding) and a 2048-entry u16 hash table live in shared memory
 // (8.2 KB per warp: 25 warps per SM on Hopper; a 4096-entry table gives 17 warps, a 0.4 %
 // better ratio and a 20 % slower kernel; see docs/gpu-notes.md).
-// The parse is LZ4's greedy parse with LZ4's insertion rule (every position tested outside
-// a match is inserted; inside a match only end-2), but every position is tested (no skip
+// The parse is LZ4's parse with LZ4's insertion rule (every position tested outside a match
+// is inserted; inside a match only end-2), but every position is tested (no skip
 // acceleration), 32 at a time: lane i tests position ip+i against the most recent earlier
 // position with the same hash (an earlier lane of the same group, else the table), and the
-// first lane that finds a 4-byte match wins. Match extension and emission are warp-wide.
+// first lane that finds a 4-byte match wins; then up to LAZY lazy steps (as LZ4HC) move the
+// match one position on while that reaches further. Match extension and emission are
+// warp-wide.
 //
 // Output, for a batch of n pages, in `meta` (2n+1 u32 words) and `packed`:
 //   meta[i]       (size word) 0: the block would not be shorter than `limit` bytes, store raw;
@@ -28,6 +30,10 @@
 #define PAGE_BYTES 4096u
 #ifndef HASH_LOG
 #define HASH_LOG 11u
+#endif
+// LAZY n: up to n lazy-match steps per match (0: plain greedy); see docs/gpu-notes.md.
+#ifndef LAZY
+#define LAZY 2u
 #endif
 #define HASH_ENTRIES (1u << HASH_LOG)
 #define MIN_MATCH 4u
@@ -87,6 +93,32 @@ __device__ __forceinline__ void copy_block(u8* dst, const u8* src, u32 len, u32 
                 }
             }
         }
+    }
+}
+
+// One past the end of the match that continues from position s against r (s > r), stopping
+// at `limit`; warp-wide, 128 bytes per step (4 per lane).
+__device__ __forceinline__ u32 extend_match(const u32* words, u32 s, u32 r, u32 limit, u32 lane) {
+    for (;;) {
+        const u32 pos = s + lane * 4u;
+        u32 diff;
+        if (pos >= limit) {
+            diff = 0xffu;
+        } else {
+            diff = read32(words, pos) ^ read32(words, r + lane * 4u);
+            const u32 room = limit - pos;
+            if (room < 4u) {
+                diff |= FULL_MASK << (room * 8u);
+            }
+        }
+        const u32 miss = __ballot_sync(FULL_MASK, diff != 0u);
+        if (miss != 0u) {
+            const u32 l = (u32)(__ffs(miss) - 1);
+            const u32 d = __shfl_sync(FULL_MASK, diff, l);
+            return s + l * 4u + ((u32)(__ffs(d) - 1) >> 3);
+        }
+        s += 128u;
+        r += 128u;
     }
 }
 
@@ -176,40 +208,35 @@ uzram_lz4_compress(const uint4* __restrict__ in, u8* __restrict__ scratch,
                 continue;
             }
 
-            // A match at position ip+k; extend it backwards over pending literals.
-            const u32 p0 = ip + k;
-            const u32 r0 = __shfl_sync(FULL_MASK, cand, k);
+            // A match at position ip+k.
+            u32 p0 = ip + k;
+            u32 r0 = __shfl_sync(FULL_MASK, cand, k);
+            u32 end = extend_match(s_page, p0 + MIN_MATCH, r0 + MIN_MATCH, match_end, lane);
+#if LAZY
+            // Lazy steps (as LZ4HC): while the next position matches too and reaches at least
+            // two bytes further, emit one more literal and take that match instead.
+            for (u32 step = 0; step < LAZY; ++step) {
+                const u32 nk = p0 - ip + 1u;   // lane that tested the next position
+                if (nk >= 32u || ((hits >> nk) & 1u) == 0u) {
+                    break;
+                }
+                const u32 r1 = __shfl_sync(FULL_MASK, cand, nk);
+                const u32 end1 =
+                    extend_match(s_page, p0 + 1u + MIN_MATCH, r1 + MIN_MATCH, match_end, lane);
+                if (end1 <= end + 1u) {
+                    break;
+                }
+                p0 += 1u;
+                r0 = r1;
+                end = end1;
+            }
+#endif
+            // Extend it backwards over pending literals.
             u32 mp = p0, ref = r0;
             while (mp > anchor && ref > 0u && sp[mp - 1u] == sp[ref - 1u]) {
                 --mp;
                 --ref;
             }
-            // Extend forwards, 128 bytes per step (4 per lane).
-            u32 s = p0 + MIN_MATCH;
-            u32 r = r0 + MIN_MATCH;
-            for (;;) {
-                const u32 pos = s + lane * 4u;
-                u32 diff;
-                if (pos >= match_end) {
-                    diff = 0xffu;
-                } else {
-                    diff = read32(s_page, pos) ^ read32(s_page, r + lane * 4u);
-                    const u32 room = match_end - pos;
-                    if (room < 4u) {
-                        diff |= FULL_MASK << (room * 8u);
-                    }
-                }
-                const u32 miss = __ballot_sync(FULL_MASK, diff != 0u);
-                if (miss != 0u) {
-                    const u32 l = (u32)(__ffs(miss) - 1);
-                    const u32 d = __shfl_sync(FULL_MASK, diff, l);
-                    s += l * 4u + ((u32)(__ffs(d) - 1) >> 3);
-                    break;
-                }
-                s += 128u;
-                r += 128u;
-            }
-            const u32 end = s;
 
             // Emit the sequence: token, literal length, literals, offset, match length.
             const u32 lit = mp - anchor;
