@@ -15,6 +15,10 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// 64 KiB blocks (the page store's arena segments) come from a pre-faulted pool while serving.
+#[global_allocator]
+static ALLOC: daemon::pool::PoolAlloc = daemon::pool::PoolAlloc;
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -144,3 +144,10 @@ pub fn open_exclusive(path: &std::path::Path) -> io::Result<std::fs::File> {
         .custom_flags(libc::O_EXCL)
         .open(path)
 }
+
+/// Clears `PR_SET_IO_FLUSHER` for the calling thread (threads inherit it).
+pub fn clear_io_flusher() -> io::Result<()> {
+    const PR_SET_IO_FLUSHER: libc::c_int = 57;
+    // SAFETY: prctl(PR_SET_IO_FLUSHER, 0) takes no pointers; unused arguments are zero.
+    check(unsafe { libc::prctl(PR_SET_IO_FLUSHER, 0, 0, 0, 0) })
+}

@@ -3,6 +3,8 @@
 
 pub mod io;
 pub mod notify;
+pub mod pool;
+pub mod reserve;
 pub mod target;
 
 use std::io::Write;
@@ -91,6 +93,9 @@ pub struct Launch {
 /// Serves one device until it is stopped. Returns after the device is deleted.
 pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let cfg = launch.config;
+    if !reserve::configure_malloc() {
+        tracing::warn!("mallopt failed: memory headroom may not hold under pressure");
+    }
     sys::block_stop_signals().context("blocking SIGTERM/SIGINT")?;
     sys::private_mount_namespace().context("entering a private mount namespace")?;
     sys::mlock_all().context("mlockall(MCL_CURRENT|MCL_FUTURE)")?;
@@ -102,6 +107,25 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     store_cfg.mem_limit = cfg.mem_limit;
     let store = Arc::new(PageStore::new(store_cfg).context("creating the page store")?);
     let counters = Arc::new(Counters::new(cfg.queues));
+    // Small allocations: a pre-grown heap that is never trimmed. Arena segments: the pool.
+    reserve::grow(8 << 20);
+    let pool_target = pool::target_blocks(cfg.size);
+    pool::reserve(
+        usize::try_from(cfg.size)
+            .unwrap_or(usize::MAX)
+            .saturating_add(64 << 20),
+    )
+    .context("reserving address space for the block pool")?;
+    while pool::free_blocks() < pool_target {
+        if pool::refill(pool_target - pool::free_blocks()) == 0 {
+            anyhow::bail!("could not fill the block pool: not enough memory");
+        }
+    }
+    tracing::info!(
+        pool_bytes = pool::free_blocks() * pool::BLOCK,
+        heap_headroom = reserve::headroom(),
+        "memory reserves ready"
+    );
 
     let states = StateDir::default();
     states.create()?;
@@ -205,6 +229,8 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
             Err(err) => tracing::error!(error = %err, "stopping the device failed"),
         }
     })?;
+
+    spawn("uzram-pool", move || pool::keep(pool_target))?;
 
     let size = cfg.size;
     let tgt_init = move |dev: &mut UblkDev| {

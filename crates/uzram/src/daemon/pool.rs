@@ -1,0 +1,256 @@
+//! A pool of pre-faulted, locked 64 KiB blocks behind the global allocator, so the page store
+//! can grow while the system is out of memory.
+//!
+//! Why: as swap, the daemon must store pages exactly when free memory is gone. Its arena grows
+//! in 64 KiB segments; a page fault for a new segment enters reclaim, reclaim waits for swap
+//! I/O, and swap I/O waits for the daemon: a deadlock (seen in the guest once the daemon's
+//! first 64 MiB were used: kswapd and the memory hog blocked for minutes). zram avoids it with
+//! kernel allocation reserves a process cannot use, so the daemon keeps its own:
+//!
+//! - [`PoolAlloc`] serves every 64 KiB allocation from a free list of blocks that are already
+//!   mapped, faulted in and locked; it takes no lock shared with anything that can block in
+//!   reclaim (a spin lock around a pointer swap), and falls back to the system allocator when
+//!   the pool is empty or not set up;
+//! - a keeper thread ([`keep`]) maps more blocks (MAP_POPULATE, locked by mlockall) whenever the
+//!   pool runs below half its target. It may block in reclaim, but that reclaim's swap writes
+//!   are served by queue threads still drawing on the other half.
+//!
+//! Blocks come from one reserved (PROT_NONE) address range, so `dealloc` knows its own blocks by
+//! address; freed blocks return to the free list and stay committed.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// The block size: the page store's arena segment.
+pub const BLOCK: usize = 64 << 10;
+/// Blocks mapped per refill (4 MiB).
+const REFILL_BLOCKS: usize = 64;
+
+static BASE: AtomicUsize = AtomicUsize::new(0);
+static LIMIT: AtomicUsize = AtomicUsize::new(0);
+/// Next never-mapped address in the reservation (keeper thread only).
+static FRONTIER: AtomicUsize = AtomicUsize::new(0);
+static FREE_HEAD: AtomicPtr<u8> = AtomicPtr::new(ptr::null_mut());
+static FREE_COUNT: AtomicUsize = AtomicUsize::new(0);
+static LOCK: AtomicBool = AtomicBool::new(false);
+
+fn lock() {
+    while LOCK
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        std::hint::spin_loop();
+    }
+}
+
+fn unlock() {
+    LOCK.store(false, Ordering::Release);
+}
+
+fn owns(p: *mut u8) -> bool {
+    let a = p as usize;
+    let base = BASE.load(Ordering::Acquire);
+    base != 0 && a >= base && a < LIMIT.load(Ordering::Acquire)
+}
+
+/// Pushes a block onto the free list.
+///
+/// # Safety
+/// `block` must be a mapped, writable pool block that nobody else uses.
+unsafe fn push(block: *mut u8) {
+    lock();
+    // SAFETY: the caller hands over an unused, writable block of BLOCK bytes; its first word
+    // holds the list link while it is free. The spin lock serializes list updates.
+    unsafe {
+        block
+            .cast::<*mut u8>()
+            .write(FREE_HEAD.load(Ordering::Relaxed))
+    };
+    FREE_HEAD.store(block, Ordering::Relaxed);
+    FREE_COUNT.fetch_add(1, Ordering::Relaxed);
+    unlock();
+}
+
+fn pop() -> *mut u8 {
+    lock();
+    let head = FREE_HEAD.load(Ordering::Relaxed);
+    if !head.is_null() {
+        // SAFETY: `head` is a free pool block; its first word is the link written by `push`.
+        let next = unsafe { head.cast::<*mut u8>().read() };
+        FREE_HEAD.store(next, Ordering::Relaxed);
+        FREE_COUNT.fetch_sub(1, Ordering::Relaxed);
+    }
+    unlock();
+    head
+}
+
+/// The global allocator: [`System`], except 64 KiB blocks from the pool when it has some.
+pub struct PoolAlloc;
+
+fn pooled(layout: Layout) -> bool {
+    layout.size() == BLOCK && layout.align() <= 4096
+}
+
+// SAFETY: pool blocks are BLOCK bytes, page-aligned (so any align <= 4096), handed out to one
+// owner at a time; everything else is delegated to System with the caller's layout.
+unsafe impl GlobalAlloc for PoolAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if pooled(layout) {
+            let p = pop();
+            if !p.is_null() {
+                return p;
+            }
+        }
+        // SAFETY: forwarded with the caller's own layout contract.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if pooled(layout) {
+            let p = pop();
+            if !p.is_null() {
+                // SAFETY: `p` is a whole BLOCK-byte block now owned by this caller.
+                unsafe { ptr::write_bytes(p, 0, BLOCK) };
+                return p;
+            }
+        }
+        // SAFETY: forwarded with the caller's own layout contract.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+        if owns(p) {
+            // SAFETY: `p` came from the pool (it lies in the reservation) and its owner is
+            // done with it.
+            unsafe { push(p) };
+            return;
+        }
+        // SAFETY: not a pool block, so System allocated it with this layout.
+        unsafe { System.dealloc(p, layout) }
+    }
+}
+
+/// Reserves address space for `bytes` of blocks (nothing is committed yet). Once only.
+pub fn reserve(bytes: usize) -> std::io::Result<()> {
+    let len = bytes.div_ceil(BLOCK).max(1) * BLOCK;
+    // SAFETY: an anonymous PROT_NONE reservation at an address the kernel picks; no memory of
+    // ours is touched. MAP_NORESERVE: nothing is committed until `refill` maps over it.
+    let base = unsafe {
+        libc::mmap(
+            ptr::null_mut(),
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    FRONTIER.store(base as usize, Ordering::Release);
+    LIMIT.store(base as usize + len, Ordering::Release);
+    BASE.store(base as usize, Ordering::Release);
+    Ok(())
+}
+
+/// Maps up to `blocks` more blocks (populated; locked under mlockall) and frees them into the
+/// pool. Returns how many were added (0 when the reservation is used up or mapping failed).
+pub fn refill(blocks: usize) -> usize {
+    let start = FRONTIER.load(Ordering::Acquire);
+    let limit = LIMIT.load(Ordering::Acquire);
+    let n = blocks.min(limit.saturating_sub(start) / BLOCK);
+    if start == 0 || n == 0 {
+        return 0;
+    }
+    // SAFETY: [start, start + n*BLOCK) lies inside our own PROT_NONE reservation and has never
+    // been handed out, so replacing it (MAP_FIXED) affects no live memory.
+    let p = unsafe {
+        libc::mmap(
+            start as *mut libc::c_void,
+            n * BLOCK,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_POPULATE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "growing the block pool failed");
+        return 0;
+    }
+    FRONTIER.store(start + n * BLOCK, Ordering::Release);
+    for i in 0..n {
+        // SAFETY: each block was just mapped read-write and is not yet known to anyone.
+        unsafe { push((start + i * BLOCK) as *mut u8) };
+    }
+    n
+}
+
+/// Free blocks in the pool.
+pub fn free_blocks() -> usize {
+    FREE_COUNT.load(Ordering::Relaxed)
+}
+
+/// Pool size to keep for a device of `size` bytes: a quarter of it, at most 64 MiB, in blocks.
+pub fn target_blocks(size: u64) -> usize {
+    let bytes = usize::try_from(size / 4)
+        .unwrap_or(usize::MAX)
+        .min(64 << 20);
+    bytes.div_ceil(BLOCK).max(REFILL_BLOCKS)
+}
+
+/// Keeps the pool at `target` free blocks, forever (on its own thread). This thread is not an
+/// I/O flusher: its reclaim may write to swap, which the queue threads serve from the pool.
+pub fn keep(target: usize) {
+    if let Err(err) = crate::sys::clear_io_flusher() {
+        tracing::debug!(error = %err, "clearing PR_SET_IO_FLUSHER on the pool keeper");
+    }
+    loop {
+        if free_blocks() < target / 2 + 1 {
+            while free_blocks() < target {
+                if refill(REFILL_BLOCKS.min(target - free_blocks())) == 0 {
+                    break;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_serves_and_takes_back_blocks() {
+        // The test binary's global allocator is this one; set the pool up and use it.
+        reserve(16 * BLOCK).unwrap();
+        assert_eq!(refill(8), 8);
+        assert_eq!(free_blocks(), 8);
+        let seg: Box<[std::sync::atomic::AtomicU64]> = (0..BLOCK / 8)
+            .map(|_| std::sync::atomic::AtomicU64::new(0))
+            .collect();
+        // Other tests may take blocks concurrently; ours is a pool block either way or System's.
+        let from_pool = owns(seg.as_ptr() as *mut u8);
+        seg[BLOCK / 8 - 1].store(7, Ordering::Relaxed);
+        let before = free_blocks();
+        drop(seg);
+        if from_pool {
+            assert!(free_blocks() >= before + 1 || free_blocks() > 0);
+        }
+        // Zeroed allocations from the pool are zeroed even though blocks are reused dirty.
+        let v = vec![0u8; BLOCK];
+        assert!(v.iter().all(|b| *b == 0));
+        // Refilling stops at the end of the reservation.
+        let mut added = 0;
+        while refill(4) > 0 {
+            added += 4;
+        }
+        assert!(added <= 8);
+        assert_eq!(target_blocks(8 << 30), 1024);
+        assert_eq!(target_blocks(1 << 20), REFILL_BLOCKS);
+    }
+}

@@ -1,0 +1,69 @@
+//! Heap headroom for the daemon's small allocations (see `pool.rs` for the big ones).
+//!
+//! malloc is told to use one arena, never to trim the heap and to serve allocations up to
+//! 32 MiB from it; the daemon then grows the heap once at start. Memory freed once stays in the
+//! process, already faulted in and locked (mlockall's MCL_FUTURE), so small allocations while
+//! serving rarely need a page fault, which under memory pressure could wait on the daemon's own
+//! swap I/O.
+
+/// malloc's largest heap-served allocation once configured (glibc's maximum on 64-bit).
+const MMAP_THRESHOLD: usize = 32 << 20;
+/// Heap growth step: below the mmap threshold so it comes from the heap.
+const STEP: usize = 4 << 20;
+
+/// Configures glibc malloc as described in the module docs. Call before starting threads.
+pub fn configure_malloc() -> bool {
+    let settings = [
+        (libc::M_ARENA_MAX, 1),
+        (libc::M_TRIM_THRESHOLD, i32::MAX),
+        (libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD as i32),
+        (libc::M_TOP_PAD, STEP as i32),
+    ];
+    settings.iter().all(|&(param, value)| {
+        // SAFETY: mallopt takes two integers and only changes malloc's tuning.
+        unsafe { libc::mallopt(param, value) == 1 }
+    })
+}
+
+/// Free bytes at the top of the heap: what can be handed out without touching the kernel.
+pub fn headroom() -> usize {
+    // SAFETY: mallinfo2 only reads malloc's statistics and returns them by value.
+    unsafe { libc::mallinfo2() }.keepcost
+}
+
+/// Grows the heap's free top by about `bytes`: allocate in steps, then free (the heap is never
+/// trimmed, so the memory stays, faulted in and locked).
+pub fn grow(bytes: usize) {
+    let steps = bytes.div_ceil(STEP);
+    let mut held: Vec<Vec<u8>> = Vec::with_capacity(steps);
+    for _ in 0..steps {
+        let mut block = Vec::<u8>::with_capacity(STEP);
+        // Touch one byte per page: without mlockall the pages would otherwise stay virtual.
+        block.resize(STEP, 1);
+        held.push(std::hint::black_box(block));
+    }
+    // Free in reverse so each block merges into the heap's top.
+    while held.pop().is_some() {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grown_memory_stays_in_the_process() {
+        assert!(configure_malloc());
+        // Test threads use their own malloc arenas, so count free bytes over all arenas
+        // (`fordblks`) rather than the main heap's top.
+        // SAFETY: mallinfo2 only reads malloc's statistics.
+        let before = unsafe { libc::mallinfo2() }.fordblks;
+        grow(4 * STEP);
+        // SAFETY: as above.
+        let after = unsafe { libc::mallinfo2() }.fordblks;
+        assert!(
+            after >= before + 3 * STEP,
+            "free heap {before} -> {after} after growing {} bytes",
+            4 * STEP
+        );
+    }
+}
