@@ -116,8 +116,8 @@ fn bad_inputs_fail_with_a_clear_message() {
         ),
         (vec!["--corpus", empty.arg()], "is empty"),
         (
-            vec!["--corpus", good.arg(), "--backend", "gpu"],
-            "backend 'gpu'",
+            vec!["--corpus", good.arg(), "--backend", "tpu"],
+            "unknown backend 'tpu'",
         ),
         (vec!["--corpus", good.arg(), "--threads", "0"], "--threads"),
         (
