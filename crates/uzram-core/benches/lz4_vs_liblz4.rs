@@ -3,7 +3,7 @@
 //!
 //! Every side gets zram's rules, applied the same way (what the store does per page):
 //! same-filled pages are detected first and cost no payload; a page whose compressed form
-//! would be >= 3072 bytes is stored raw (4096 bytes). Throughput is GB/s of uncompressed
+//! would be >= the store's raw threshold (3625 bytes) is stored raw (4096 bytes). Throughput is GB/s of uncompressed
 //! bytes (1e9), one thread. The passes of the sides are interleaved and repeated; the table
 //! shows medians (and the best run).
 //!
@@ -24,7 +24,7 @@ use uzram_core::codec::{Lz4Codec, PageCodec};
 use uzram_core::page::{fill_page, same_filled_word, SameFillImpl, PAGE_SIZE};
 
 /// zram stores a page raw when its compressed form takes at least this many bytes.
-const HUGE_THRESHOLD: usize = 3072;
+const HUGE_THRESHOLD: usize = uzram_core::store::StoreConfig::DEFAULT_RAW_THRESHOLD;
 
 type Page = [u8; PAGE_SIZE];
 
