@@ -226,30 +226,47 @@ mod tests {
 
     #[test]
     fn pool_serves_and_takes_back_blocks() {
-        // The test binary's global allocator is this one; set the pool up and use it.
+        // The test binary's global allocator is PoolAlloc too, so other tests may borrow
+        // blocks concurrently; every assertion below holds regardless.
         reserve(16 * BLOCK).unwrap();
         assert_eq!(refill(8), 8);
-        assert_eq!(free_blocks(), 8);
-        let seg: Box<[std::sync::atomic::AtomicU64]> = (0..BLOCK / 8)
-            .map(|_| std::sync::atomic::AtomicU64::new(0))
-            .collect();
-        // Other tests may take blocks concurrently; ours is a pool block either way or System's.
-        let from_pool = owns(seg.as_ptr() as *mut u8);
-        seg[BLOCK / 8 - 1].store(7, Ordering::Relaxed);
-        let before = free_blocks();
-        drop(seg);
-        if from_pool {
-            assert!(free_blocks() >= before + 1 || free_blocks() > 0);
-        }
-        // Zeroed allocations from the pool are zeroed even though blocks are reused dirty.
-        let v = vec![0u8; BLOCK];
-        assert!(v.iter().all(|b| *b == 0));
-        // Refilling stops at the end of the reservation.
+        let layout = Layout::from_size_align(BLOCK, 4096).unwrap();
+        // SAFETY: a valid non-zero layout; the block is freed with the same layout below.
+        let p = unsafe { PoolAlloc.alloc(layout) };
+        assert!(
+            owns(p),
+            "a 64 KiB allocation did not come from a non-empty pool"
+        );
+        assert_eq!(p as usize % 4096, 0);
+        // SAFETY: `p` is a BLOCK-byte block we own.
+        unsafe { ptr::write_bytes(p, 0xAA, BLOCK) };
+        // SAFETY: allocated above with this layout.
+        unsafe { PoolAlloc.dealloc(p, layout) };
+        // Reused blocks are dirty; zeroed allocations must still be zero.
+        // SAFETY: as above.
+        let z = unsafe { PoolAlloc.alloc_zeroed(layout) };
+        // SAFETY: `z` points to BLOCK readable bytes we own.
+        let bytes = unsafe { std::slice::from_raw_parts(z, BLOCK) };
+        assert!(bytes.iter().all(|b| *b == 0));
+        // SAFETY: allocated above with this layout.
+        unsafe { PoolAlloc.dealloc(z, layout) };
+        // Refilling stops at the end of the 16-block reservation.
         let mut added = 0;
-        while refill(4) > 0 {
-            added += 4;
+        loop {
+            let n = refill(4);
+            if n == 0 {
+                break;
+            }
+            added += n;
         }
-        assert!(added <= 8);
+        assert_eq!(added, 8);
+        // Other sizes never come from the pool.
+        let small = Layout::from_size_align(BLOCK / 2, 8).unwrap();
+        // SAFETY: valid layout, freed right away with it.
+        let q = unsafe { PoolAlloc.alloc(small) };
+        assert!(!owns(q));
+        // SAFETY: allocated above with this layout.
+        unsafe { PoolAlloc.dealloc(q, small) };
         assert_eq!(target_blocks(8 << 30), 1024);
         assert_eq!(target_blocks(1 << 20), REFILL_BLOCKS);
     }
