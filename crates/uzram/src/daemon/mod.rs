@@ -265,8 +265,12 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
 }
 
 fn add_error(err: UblkError, id: Option<u32>) -> anyhow::Error {
-    match (&err, id) {
-        (UblkError::OtherError(e), Some(id)) if *e == -libc::EEXIST => {
+    let errno = match &err {
+        UblkError::OtherError(e) | UblkError::UringIOError(e) => Some(*e),
+        _ => None,
+    };
+    match (errno, id) {
+        (Some(e), Some(id)) if e == -libc::EEXIST => {
             anyhow::anyhow!("device id {id} is already in use (/dev/ublkb{id} exists)")
         }
         _ => anyhow::anyhow!("adding the ublk device failed: {err} ({err:?})"),
