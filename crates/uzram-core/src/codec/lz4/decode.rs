@@ -8,6 +8,12 @@
 //! with short literal and match lengths is copied with fixed 16-byte moves, which may
 //! write past the sequence's end but never past the page; later sequences overwrite
 //! those bytes before anything reads them.
+//!
+//! With the `unsafe-lz4` feature, `decode_fast.rs` decodes the bulk of a block with
+//! unchecked pointer copies and hands the last sequences to [`decompress_from`] here; this
+//! whole decoder stays the reference the fast one is tested against.
+
+#![forbid(unsafe_code)]
 
 use crate::page::PAGE_SIZE;
 
@@ -124,8 +130,22 @@ const SHORT_ROOM: usize = 16 + 18;
 
 /// Decodes `src` into `out`, which it fills completely on success.
 pub(super) fn decompress(src: &[u8], out: &mut Page) -> Result<(), DecodeError> {
-    let mut ip = 0usize;
-    let mut op = 0usize;
+    decompress_from(src, out, 0, 0)
+}
+
+/// Goes on decoding from a sequence boundary: the token at `src[ip]`, output byte `op`,
+/// with `out[..op]` already decoded (by this loop or the fast one). Any `ip`, `op` are
+/// safe to pass (out-of-range ones end in an error); the result is the same as decoding
+/// from the start of the block when they are a real boundary.
+pub(super) fn decompress_from(
+    src: &[u8],
+    out: &mut Page,
+    mut ip: usize,
+    mut op: usize,
+) -> Result<(), DecodeError> {
+    if op > PAGE_SIZE {
+        return Err(DecodeError::TooLong);
+    }
     loop {
         let token = *src.get(ip).ok_or(DecodeError::Truncated)? as usize;
         ip += 1;
