@@ -296,7 +296,8 @@ impl PageStore {
     }
 
     /// Compresses `data` through `backend` (whose algorithm must be the store's), then
-    /// stores every page. Pages are stored in order; on an error the earlier ones are kept.
+    /// stores every page (large batches on several threads). On an error some pages may
+    /// already hold the new content; each page holds either its old or its new content.
     pub fn write_batch(
         &self,
         first_page: u64,
@@ -328,7 +329,49 @@ impl PageStore {
         if out.len() != data.len() / PAGE_SIZE {
             return Err(backend_error(backend, "returned the wrong number of pages"));
         }
-        for (i, page) in data.chunks_exact(PAGE_SIZE).enumerate() {
+        let pages = data.len() / PAGE_SIZE;
+        // A GPU hands over tens of thousands of pages at a time; storing them one by one
+        // on this thread would cap the backend at one core's copy speed.
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(pages.div_ceil(INSTALL_PAGES_PER_THREAD))
+            .max(1);
+        if threads == 1 {
+            return self.install_results(first_page, 0..pages, data, backend, out);
+        }
+        let per = pages.div_ceil(threads);
+        let out = &*out;
+        std::thread::scope(|s| {
+            let workers: Vec<_> = (0..pages)
+                .step_by(per)
+                .map(|start| {
+                    let range = start..(start + per).min(pages);
+                    s.spawn(move || self.install_results(first_page, range, data, backend, out))
+                })
+                .collect();
+            let results: Vec<Result<(), CoreError>> = workers
+                .into_iter()
+                .map(|w| {
+                    w.join().unwrap_or_else(|_| {
+                        Err(backend_error(backend, "an install thread panicked"))
+                    })
+                })
+                .collect();
+            results.into_iter().collect()
+        })
+    }
+
+    /// Stores the batch results for pages `range` (indexes into the batch).
+    fn install_results(
+        &self,
+        first_page: u64,
+        range: std::ops::Range<usize>,
+        data: &[u8],
+        backend: &dyn BatchBackend,
+        out: &BatchOutput,
+    ) -> Result<(), CoreError> {
+        for i in range {
+            let page = &data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
             let encoded = out
                 .get(i)
                 .ok_or_else(|| backend_error(backend, "left a page without a valid result"))?;
@@ -634,6 +677,9 @@ fn corrupt(index: u64, what: &str) -> CoreError {
         source: crate::codec::CodecError::Corrupt(what.into()),
     }
 }
+
+/// Below this many pages per thread, a batch is stored on the calling thread alone.
+const INSTALL_PAGES_PER_THREAD: usize = 1024;
 
 fn backend_error(backend: &dyn BatchBackend, reason: &str) -> CoreError {
     CoreError::Backend {
