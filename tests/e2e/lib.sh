@@ -105,6 +105,10 @@ daemon_pid() {
 # (also kept in /tmp/fio.out) and returns fio's exit status.
 fio_job() {
   _j=$E2E/fio/$1; shift
+  for _kv in "$@"; do
+    # fio would create a regular file where a vanished device node was
+    case $_kv in DEV=*) [ -b "${_kv#DEV=}" ] || { echo "fio_job: ${_kv#DEV=} is not a block device"; return 1; } ;; esac
+  done
   run_t "$IO_TMO" /tmp/fio.out env "$@" fio --output-format=terse --terse-version=3 "$_j"
   _frc=$?
   cat /tmp/fio.out

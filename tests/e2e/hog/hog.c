@@ -4,7 +4,8 @@
  * Used by the swap scenarios to push pages through a swap device and catch corruption.
  *
  *   hog MIB [PASSES [HOLD]]   PASSES verify passes after the fill (default 1); HOLD seconds
- *                             to sleep after the first pass, announced by "hog: holding"
+ *                             to sleep between the fill and the first verify pass (while
+ *                             the filled pages sit in swap), announced by "hog: holding"
  *
  * Every page is one of 256 text-like template pages (log-like lines with random numbers),
  * picked by a hash of its index and stamped with the index in its first and middle words: never zero-filled or same-filled, and LZ4
@@ -101,6 +102,12 @@ int main(int argc, char **argv)
 	       (unsigned long long)pages, t1 - t0);
 	fflush(stdout);
 
+	if (hold > 0) {
+		printf("hog: holding %ds\n", hold);
+		fflush(stdout);
+		sleep((unsigned)hold);
+	}
+
 	unsigned char want[PAGE];
 	uint64_t bad_words = 0, bad_pages = 0, words = 0;
 	for (int pass = 1; pass <= passes; pass++) {
@@ -123,11 +130,6 @@ int main(int argc, char **argv)
 			}
 		}
 		printf("hog: verify pass %d took %.2fs\n", pass, now() - a);
-		if (pass == 1 && hold > 0) {
-			printf("hog: holding %ds\n", hold);
-			fflush(stdout);
-			sleep((unsigned)hold);
-		}
 		fflush(stdout);
 	}
 	printf("hog: verified %llu words, %llu bad words in %llu bad pages\n",

@@ -14,10 +14,10 @@ if uzram_create --size "${SIZE_MIB}M"; then
   out0=$(awk '/pswpout/{print $2}' /proc/vmstat)
   t0=$(up)
   # if the hog makes no progress for WATCH s, print the daemon's threads and blocked tasks
-  hangwatch "${UZ_hangwatch_secs:-150}" uzram &
+  hangwatch "${UZ_hangwatch_secs:-400}" uzram &
   WPID=$!
-  # hog: fill, verify pass 1, hold 5 s (status is read then), verify pass 2
-  timeout -s KILL "$IO_TMO" hog "$HOG" 2 5 > /tmp/hog.out 2>&1 &
+  # hog: fill, hold 5 s (status is read then, with the pages in swap), verify every word
+  timeout -s KILL "$IO_TMO" hog "$HOG" 1 5 > /tmp/hog.out 2>&1 &
   HPID=$!
   i=0
   while ! grep -q 'holding' /tmp/hog.out; do

@@ -9,7 +9,12 @@ if uzram_create --size 128M; then
   [ -b "$DEV" ] && ok "$DEV still present" || fail_check "$DEV vanished after a refused destroy"
   check "data verifies after the refusal (fd open)" fio_job region.fio DEV="$DEV" OFFSET=0 LEN=64M VONLY=1
   exec 3<&-
-  expect_refused "destroy --all with an open fd" 'in use|busy|open|holder' sh -c "exec 4<$DEV; uzram destroy --all"
+  # another process holds the device open (not the destroying process itself)
+  sleep 600 < "$DEV" &
+  HOLDER=$!
+  usleep 200000
+  expect_refused "destroy --all while another process has it open" 'in use|busy|open|holder' uzram destroy --all
+  kill $HOLDER; wait $HOLDER 2>/dev/null
   check "data verifies after destroy --all refusal" fio_job region.fio DEV="$DEV" OFFSET=0 LEN=64M VONLY=1
 
   check "fio write 64M..128M" fio_job region.fio DEV="$DEV" OFFSET=64M LEN=64M VONLY=0
