@@ -10,6 +10,7 @@ if uzram_create --size 128M; then
   check "data verifies after the refusal (fd open)" fio_job region.fio DEV="$DEV" OFFSET=0 LEN=64M VONLY=1
   exec 3<&-
   # another process holds the device open (not the destroying process itself)
+  # shellcheck disable=SC2217 # the redirect is the point: sleep just keeps the fd open
   sleep 600 < "$DEV" &
   HOLDER=$!
   usleep 200000
