@@ -5,12 +5,12 @@
 //! runs only while a sequence starts at least [`IN_MARGIN`] bytes before the end of the
 //! input and [`OUT_MARGIN`] bytes before the end of the page; every length read from the
 //! input is then checked once against those ends, so each fixed-size copy (16 or 32
-//! bytes, which may run past the sequence's end) stays inside both buffers. Any sequence
-//! that does not fit those checks (a long length near an end, a truncated length) is not
-//! decoded here: the safe decoder starts again at that sequence's token, so every error
-//! but a bad offset comes from the safe decoder, and a bad offset is reported exactly as
-//! the safe decoder reports it. The result (accept or refuse, and the page) is therefore
-//! the safe decoder's for every input; `fuzz_lz4_decode_diff` checks that.
+//! bytes, which may run past the sequence's end) stays inside both buffers. A run of
+//! literals that does not fit those checks is not decoded here: the safe decoder starts
+//! again at that sequence's token (and decodes the block's last sequences). The fast loop
+//! makes the safe decoder's checks in the safe decoder's order and returns the same
+//! errors, so the result (the error, or the page) is the safe decoder's for every input;
+//! `tests/codec_lz4_fast.rs` and the fuzz target `fuzz_lz4_decode_diff` check that.
 
 use super::decode::{decompress_from, DecodeError};
 use crate::page::PAGE_SIZE;
@@ -61,43 +61,34 @@ fn fast_loop(src: &[u8], out: &mut Page) -> Result<(usize, usize), DecodeError> 
     // at least IN_MARGIN input bytes are readable at ip and OUT_MARGIN page bytes writable
     // at op; out[..op] holds the decoded bytes (everything after op is scratch).
     while ip <= ilimit && op <= olimit {
-        let seq_ip = ip;
-        let seq_op = op;
-        // SAFETY: ip <= ilimit, so ip is inside `src` with IN_MARGIN bytes after it.
+        // SAFETY: ip <= ilimit, so ip is inside `src` with IN_MARGIN bytes from it on.
         let token = usize::from(unsafe { *ip });
-        // SAFETY: as above; ip + 1 <= iend - 31.
-        ip = unsafe { ip.add(1) };
-
         let lit = token >> 4;
         if lit != 15 {
-            // SAFETY: reads ip..ip+16 (ip + 16 <= iend - 15) and writes op..op+16
-            // (op + 16 <= oend - 48); the buffers are distinct (`src` is borrowed shared,
-            // `out` mutably). Only `lit` <= 14 of the bytes are literals; the rest is
-            // scratch past the output position.
-            unsafe { copy16(op, ip) };
-            // SAFETY: lit <= 14, so ip stays <= iend - 17 and op <= oend - 50.
+            // SAFETY: ip + 1 + 16 <= iend (IN_MARGIN), op + 16 <= oend (OUT_MARGIN); the
+            // buffers are distinct (`src` is borrowed shared, `out` mutably). Only
+            // `lit` <= 14 of the bytes are literals; the rest is scratch past the output
+            // position. Afterwards ip + 2 <= iend and op + 32 <= oend.
             unsafe {
-                ip = ip.add(lit);
+                copy16(op, ip.add(1));
+                ip = ip.add(1 + lit);
                 op = op.add(lit);
             }
         } else {
-            let Some((n, nip)) = read_len(ip, iend) else {
-                return Ok((offset(seq_ip, ibase), offset(seq_op, obase)));
-            };
-            ip = nip;
+            // SAFETY: ip + 1 <= iend.
+            let (n, lit_ip) = read_len(unsafe { ip.add(1) }, iend)?;
             let lit = 15 + n;
             // The literals, plus the 32-byte copy's overrun (which also leaves room for
             // the offset and a short match), must end inside both buffers; otherwise the
-            // safe loop takes this sequence (and errs or ends).
-            if lit + 32 > offset(iend, ip) || lit + 32 > PAGE_SIZE - offset(op, obase) {
-                return Ok((offset(seq_ip, ibase), offset(seq_op, obase)));
+            // safe loop takes this sequence, from its token (and errs or ends the block).
+            if lit + 32 > offset(iend, lit_ip) || lit + 32 > PAGE_SIZE - offset(op, obase) {
+                break;
             }
-            // SAFETY: just checked: ip + lit + 32 <= iend and op + lit + 32 <= oend; the
-            // copy reads and writes at most 31 bytes past lit.
-            unsafe { wild_copy32(op, ip, lit) };
-            // SAFETY: within the same checked ranges.
+            // SAFETY: just checked: lit_ip + lit + 32 <= iend and op + lit + 32 <= oend;
+            // the copy reads and writes at most 31 bytes past lit.
             unsafe {
-                ip = ip.add(lit);
+                wild_copy32(op, lit_ip, lit);
+                ip = lit_ip.add(lit);
                 op = op.add(lit);
             }
         }
@@ -144,15 +135,12 @@ fn fast_loop(src: &[u8], out: &mut Page) -> Result<(usize, usize), DecodeError> 
             continue;
         }
 
-        let Some((n, nip)) = read_len(ip, iend) else {
-            return Ok((offset(seq_ip, ibase), offset(seq_op, obase)));
-        };
+        let (n, nip) = read_len(ip, iend)?;
         ip = nip;
         let ml = 19 + n;
         let room = PAGE_SIZE - pos;
         if ml > room {
-            // Past the page: the safe loop reports it.
-            return Ok((offset(seq_ip, ibase), offset(seq_op, obase)));
+            return Err(DecodeError::TooLong);
         }
         if ml + 16 <= room {
             if off >= 16 {
@@ -181,14 +169,15 @@ fn offset(p: *const u8, base: *const u8) -> usize {
     p as usize - base as usize
 }
 
-/// Reads the extra bytes of a 15 length field, never at or past `iend`; None when the
-/// input ends first or the length passes a page (the safe loop then reports it).
+/// Reads the extra bytes of a 15 length field at `ip`, never at or past `iend`, with the
+/// safe decoder's checks and errors: the input ends first (`Truncated`), or the length
+/// has passed a page and goes on (`TooLong`, which also keeps it far from overflow).
 #[inline(always)]
-fn read_len(mut ip: *const u8, iend: *const u8) -> Option<(usize, *const u8)> {
+fn read_len(mut ip: *const u8, iend: *const u8) -> Result<(usize, *const u8), DecodeError> {
     let mut len = 0usize;
     loop {
         if ip >= iend {
-            return None;
+            return Err(DecodeError::Truncated);
         }
         // SAFETY: ip < iend, inside `src`.
         let b = usize::from(unsafe { *ip });
@@ -196,10 +185,10 @@ fn read_len(mut ip: *const u8, iend: *const u8) -> Option<(usize, *const u8)> {
         ip = unsafe { ip.add(1) };
         len += b;
         if b != 255 {
-            return Some((len, ip));
+            return Ok((len, ip));
         }
         if len > PAGE_SIZE {
-            return None;
+            return Err(DecodeError::TooLong);
         }
     }
 }
@@ -238,11 +227,19 @@ unsafe fn wild_copy32(dst: *mut u8, src: *const u8, len: usize) {
 #[inline(always)]
 unsafe fn copy_far_match(dst: *mut u8, from: *const u8, len: usize) {
     let mut i = 0;
-    while i < len {
+    while i + 16 < len {
+        // SAFETY: two moves as below (i + 16 < len): sources end at or before their
+        // destinations start, and both destinations end before dst + len + 16.
+        unsafe {
+            std::ptr::copy_nonoverlapping(from.add(i), dst.add(i), 16);
+            std::ptr::copy_nonoverlapping(from.add(i + 16), dst.add(i + 16), 16);
+        }
+        i += 32;
+    }
+    if i < len {
         // SAFETY: the source range ends at from + i + 16 <= dst + i (off >= 16), so the
         // two ranges do not overlap; the destination ends before dst + len + 16.
         unsafe { std::ptr::copy_nonoverlapping(from.add(i), dst.add(i), 16) };
-        i += 16;
     }
 }
 
@@ -292,19 +289,21 @@ unsafe fn copy_match_exact(dst: *mut u8, from: *const u8, off: usize, len: usize
 /// they start at multiples of `step` (<= 16) below `len` and are 16 bytes long.
 #[inline(always)]
 unsafe fn copy_short_period(dst: *mut u8, from: *const u8, off: usize, len: usize) {
-    let pat = if off & (off - 1) == 0 {
-        // 1, 2, 4 or 8: a power of two, so the 8-byte pattern is the 16-byte one twice.
-        let mut v = 0u64;
-        for i in 0..off {
-            // SAFETY: from + i < dst, inside the buffer.
-            v |= u64::from(unsafe { *from.add(i) }) << (8 * i);
-        }
-        let mut have = off;
-        while have < 8 {
-            v |= v << (8 * have);
-            have *= 2;
-        }
-        u128::from(v) * ((1u128 << 64) | 1)
+    // The common periods load their bytes in one move (from a recent store that covers
+    // them whole, so the load forwards) and broadcast them by multiplication.
+    const ONES: u128 = u128::MAX / 0xFF;
+    let pat = if off == 1 {
+        // SAFETY: from < dst, inside the buffer.
+        u128::from(unsafe { *from }) * ONES
+    } else if off == 2 {
+        // SAFETY: from + 2 = dst, inside the buffer.
+        u128::from(unsafe { from.cast::<u16>().read_unaligned() }) * (ONES / 0x101)
+    } else if off == 4 {
+        // SAFETY: from + 4 = dst, inside the buffer.
+        u128::from(unsafe { from.cast::<u32>().read_unaligned() }) * (ONES / 0x0101_0101)
+    } else if off == 8 {
+        // SAFETY: from + 8 = dst, inside the buffer.
+        u128::from(unsafe { from.cast::<u64>().read_unaligned() }) * ((1u128 << 64) | 1)
     } else {
         let mut v = 0u128;
         for i in 0..off {
