@@ -133,6 +133,14 @@ fn run_refuses_bad_config_files() {
         &["run", "--config", "/nonexistent/uzram.toml"],
         "cannot read config file",
     );
+    refused(
+        &["swap-on", "--config", typo.to_str().unwrap()],
+        "compresion-algorithm",
+    );
+    refused(
+        &["swap-off", "--config", "/nonexistent/uzram.toml"],
+        "cannot read config file",
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
