@@ -73,9 +73,22 @@ fn read_len(src: &[u8], ip: &mut usize) -> Result<usize, DecodeError> {
 fn copy_match(out: &mut Page, op: usize, off: usize, len: usize) {
     let from = op - off;
     if op + len + 16 > PAGE_SIZE {
-        // The page's last bytes: one at a time, the definition of an overlapping copy.
-        for i in 0..len {
-            out[op + i] = out[from + i];
+        if off >= 8 && len >= 8 {
+            // The page's last bytes, exactly: chunks of 8 (each chunk's source ends at or
+            // before its destination starts), then one chunk ending at `len`.
+            let mut i = 0;
+            while i + 8 <= len {
+                out.copy_within(from + i..from + i + 8, op + i);
+                i += 8;
+            }
+            if i < len {
+                out.copy_within(from + len - 8..from + len, op + len - 8);
+            }
+        } else {
+            // One at a time, the definition of an overlapping copy.
+            for i in 0..len {
+                out[op + i] = out[from + i];
+            }
         }
     } else if off >= 16 {
         // Chunks of 16: each chunk's source ends at or before its destination starts,
@@ -120,6 +133,11 @@ fn copy_literals(out: &mut Page, op: usize, src: &[u8], ip: usize, len: usize) {
             out[op + i..op + i + 32].copy_from_slice(&src[ip + i..ip + i + 32]);
             i += 32;
         }
+    } else if (8..=16).contains(&len) {
+        // A short run near an end (the block's last literals): two 8-byte moves that
+        // may overlap, the second ending exactly at `len`; cheaper than a memcpy call.
+        out[op..op + 8].copy_from_slice(&src[ip..ip + 8]);
+        out[op + len - 8..op + len].copy_from_slice(&src[ip + len - 8..ip + len]);
     } else {
         out[op..op + len].copy_from_slice(&src[ip..ip + len]);
     }
