@@ -43,23 +43,21 @@ impl Backend {
         }
     }
 
-    /// The backend that actually serves writes on this host/build.
+    /// The backend that will serve writes here: `cpu` or `gpu`.
     ///
-    /// This build has no GPU backend wired into the daemon, so `gpu` is refused and `auto`
-    /// resolves to `cpu`.
-    pub fn resolve(self) -> Result<Backend, ConfigError> {
+    /// `gpu` needs an NVIDIA GPU and driver and LZ4 (the GPU kernel speaks LZ4 only); `auto`
+    /// is `gpu` where that holds and `cpu` elsewhere.
+    pub fn resolve(self, algorithm: Algorithm) -> Result<Backend, ConfigError> {
         match self {
-            Backend::Cpu | Backend::Auto => Ok(Backend::Cpu),
-            Backend::Gpu => Err(ConfigError::GpuUnavailable),
-        }
-    }
-
-    /// The name the CLI and `uzram list` use.
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Cpu => "cpu",
-            Backend::Gpu => "gpu",
-            Backend::Auto => "auto",
+            Backend::Cpu => Ok(Backend::Cpu),
+            Backend::Gpu if algorithm != Algorithm::Lz4 => Err(ConfigError::GpuNeedsLz4),
+            Backend::Gpu => uzram_gpu::probe()
+                .map(|_| Backend::Gpu)
+                .map_err(|e| ConfigError::GpuUnavailable(e.to_string())),
+            Backend::Auto if algorithm == Algorithm::Lz4 && uzram_gpu::gpu_available() => {
+                Ok(Backend::Gpu)
+            }
+            Backend::Auto => Ok(Backend::Cpu),
         }
     }
 }
@@ -83,9 +81,15 @@ pub enum ConfigError {
     /// The backend is not cpu, gpu or auto.
     #[error("unknown backend {0:?}: use cpu, gpu or auto")]
     UnknownBackend(String),
-    /// `--backend gpu` where no GPU backend exists.
-    #[error("the gpu backend is not available in this build/host: use --backend cpu")]
-    GpuUnavailable,
+    /// `--backend gpu` where no GPU or driver is usable.
+    #[error(
+        "the gpu backend is not available: {0}; use --backend cpu, or --backend auto to use \
+         a GPU only where there is one"
+    )]
+    GpuUnavailable(String),
+    /// `--backend gpu` with an algorithm other than LZ4.
+    #[error("the gpu backend compresses lz4 only: use --algorithm lz4 with --backend gpu")]
+    GpuNeedsLz4,
     /// A number is out of its range.
     #[error("{what} must be between {min} and {max}, got {value}")]
     OutOfRange {
@@ -214,7 +218,7 @@ impl RawDevice {
         let algorithm = Algorithm::parse(algorithm_text)
             .map_err(|_| ConfigError::UnknownAlgorithm(algorithm_text.to_string()))?;
         let backend = Backend::parse(self.backend.as_deref().unwrap_or("cpu"))?;
-        backend.resolve()?;
+        backend.resolve(algorithm)?;
         let queues = match self.queues {
             Some(q) => ranged("queues", q, 1, MAX_QUEUES.into())? as u16,
             None => default_queues(),
@@ -454,7 +458,7 @@ mod tests {
         ));
         assert!(matches!(
             parse("size = \"1G\"\nbackend = \"gpu\""),
-            Err(ConfigError::GpuUnavailable)
+            Err(ConfigError::GpuUnavailable(_))
         ));
         assert!(matches!(
             parse("size = \"1G\"\nswap-priority = 40000"),

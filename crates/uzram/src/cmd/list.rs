@@ -185,6 +185,7 @@ mod tests {
                 stat("same_pages", 17),
             ],
             requests: vec![],
+            backend_stats: Vec::new(),
         };
         let row = Row::from_status(&s, Some("[SWAP]".into()));
         assert_eq!(row.comp_ratio, Some(3.0));

@@ -55,6 +55,7 @@ pub fn to_json(s: &DeviceStatus) -> serde_json::Value {
         "depth": s.depth,
         "stats": map(&s.stats),
         "requests": map(&s.requests),
+        "backend_stats": map(&s.backend_stats),
     })
 }
 
@@ -69,7 +70,7 @@ pub fn render(s: &DeviceStatus) -> String {
     line("backend", s.backend.clone());
     line("queues", s.queues.to_string());
     line("depth", s.depth.to_string());
-    for stat in s.stats.iter().chain(&s.requests) {
+    for stat in s.stats.iter().chain(&s.requests).chain(&s.backend_stats) {
         line(&stat.name, stat.value.to_string());
     }
     out
@@ -99,12 +100,18 @@ mod tests {
                 name: "read_requests".into(),
                 value: 3,
             }],
+            backend_stats: vec![Stat {
+                name: "fallback_batches".into(),
+                value: 2,
+            }],
         };
         let v = to_json(&s);
         assert_eq!(v["stats"]["orig_data_size"], 4096);
         assert_eq!(v["requests"]["read_requests"], 3);
+        assert_eq!(v["backend_stats"]["fallback_batches"], 2);
         assert_eq!(v["device"], "/dev/ublkb1");
         let text = render(&s);
         assert!(text.contains("orig_data_size     4096\n"), "{text}");
+        assert!(text.contains("fallback_batches   2\n"), "{text}");
     }
 }

@@ -62,6 +62,7 @@ mod tests {
                 value: 7,
             }],
             requests: vec![],
+            backend_stats: Vec::new(),
         }
     }
 

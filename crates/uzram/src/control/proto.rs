@@ -62,6 +62,9 @@ pub struct DeviceStatus {
     pub stats: Vec<Stat>,
     /// The daemon's request counters (per operation).
     pub requests: Vec<Stat>,
+    /// The compression backend's counters (batches, fallbacks, GPU times); empty for `cpu`.
+    #[serde(default)]
+    pub backend_stats: Vec<Stat>,
 }
 
 impl DeviceStatus {
@@ -112,6 +115,7 @@ mod tests {
                 value: 8192,
             }],
             requests: vec![],
+            backend_stats: Vec::new(),
         });
         let back: Response = decode(&encode(&status)).unwrap();
         assert_eq!(back, status);

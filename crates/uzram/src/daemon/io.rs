@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use uzram_core::store::PageStore;
+use uzram_core::CoreError;
 use uzram_core::{PAGE_SHIFT, SECTOR_SHIFT};
 
 /// Sectors per page (8).
@@ -50,13 +51,39 @@ impl Op {
 /// WRITE_ZEROES, or a negative errno.
 ///
 /// `buf` is the request's I/O buffer; READ fills its first `nr_sectors * 512` bytes, WRITE
-/// stores them.
+/// stores them. (The daemon calls [`handle_with`]; this form writes to the store itself.)
+#[cfg(test)]
 pub fn handle(
     op: Op,
     start_sector: u64,
     nr_sectors: u32,
     buf: &mut [u8],
     store: &PageStore,
+) -> i32 {
+    handle_with(op, start_sector, nr_sectors, buf, store, store)
+}
+
+/// Where WRITE data goes: the store itself (compress inline), or a write batcher in front of
+/// it (compress on a GPU). Reads, discards and counters always go to the store.
+pub trait PageWriter {
+    /// Stores whole pages starting at `first_page`.
+    fn write_pages(&self, first_page: u64, data: &[u8]) -> Result<(), CoreError>;
+}
+
+impl PageWriter for PageStore {
+    fn write_pages(&self, first_page: u64, data: &[u8]) -> Result<(), CoreError> {
+        self.write(first_page, data)
+    }
+}
+
+/// [`handle`], with WRITE data going through `writer`.
+pub fn handle_with(
+    op: Op,
+    start_sector: u64,
+    nr_sectors: u32,
+    buf: &mut [u8],
+    store: &PageStore,
+    writer: &dyn PageWriter,
 ) -> i32 {
     // A FLUSH carries no range (its start_sector is u64::MAX): answer before any range check.
     if op == Op::Flush {
@@ -99,7 +126,7 @@ pub fn handle(
             let result = if op == Op::Read {
                 store.read(first_page, data)
             } else {
-                store.write(first_page, data)
+                writer.write_pages(first_page, data)
             };
             match result {
                 Ok(()) => done,

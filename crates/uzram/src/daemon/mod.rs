@@ -1,6 +1,7 @@
 //! The daemon's lifecycle: lock memory, add the ublk device, serve its queues, publish state,
 //! and on SIGTERM/SIGINT or a control `stop` delete the device and clean up.
 
+pub mod compression;
 pub mod io;
 pub mod notify;
 pub mod pool;
@@ -107,6 +108,10 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     store_cfg.mem_limit = cfg.mem_limit;
     let store = Arc::new(PageStore::new(store_cfg).context("creating the page store")?);
     let counters = Arc::new(Counters::new(cfg.queues));
+    let compression = Arc::new(
+        compression::Compression::start(store.clone(), cfg.backend)
+            .context("setting up the compression backend")?,
+    );
     // Small allocations: a pre-grown heap that is never trimmed. Arena segments: the pool.
     reserve::grow(8 << 20);
     let pool_target = pool::target_blocks(cfg.size);
@@ -155,7 +160,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         dev: dev.clone(),
         size: cfg.size,
         algorithm: cfg.algorithm.to_string(),
-        backend: cfg.backend.name().to_string(),
+        backend: compression.name().to_string(),
         mem_limit: cfg.mem_limit,
         config: launch.config_path.clone(),
     };
@@ -168,17 +173,15 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
             pid: state.pid,
             size: cfg.size,
             algorithm: state.algorithm.clone(),
-            backend: cfg
-                .backend
-                .resolve()
-                .map_or("cpu", |b| b.name())
-                .to_string(),
+            backend: compression.name().to_string(),
             queues: cfg.queues,
             depth: cfg.depth,
             stats: Vec::new(),
             requests: Vec::new(),
+            backend_stats: Vec::new(),
         };
         let (store, counters, stop_tx) = (store.clone(), counters.clone(), stop_tx.clone());
+        let compression = compression.clone();
         let stop_tx = Mutex::new(stop_tx);
         spawn("uzram-control", move || {
             server::serve(listener, move |req| match req {
@@ -193,6 +196,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
                         })
                         .collect(),
                     requests: counters.snapshot(),
+                    backend_stats: compression.stats(),
                     ..template.clone()
                 }),
                 Request::Stop => {
@@ -252,7 +256,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     };
     let served = ctrl.run_target(
         tgt_init,
-        target::queue_fn(store.clone(), counters),
+        target::queue_fn(store.clone(), compression, counters),
         on_started,
     );
     states.remove(id);

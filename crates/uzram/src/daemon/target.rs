@@ -11,7 +11,8 @@ use libublk::{BufDesc, UblkIORes};
 use uzram_core::store::PageStore;
 use uzram_core::{PAGE_SHIFT, SECTOR_SHIFT};
 
-use super::io::{handle, Op};
+use super::compression::Compression;
+use super::io::{handle_with, Op};
 use crate::control::proto::Stat;
 
 /// Largest request, in bytes (the size of each tag's I/O buffer). Every buffer is locked in
@@ -137,7 +138,13 @@ impl Counters {
 
 /// Serves queue `qid` until the device stops. Buffers for every tag are allocated (and, with
 /// `UBLK_DEV_F_MLOCK_IO_BUFFER`, locked) before the first request; serving allocates nothing.
-pub fn serve_queue(qid: u16, dev: &UblkDev, store: &PageStore, counters: &Counters) {
+pub fn serve_queue(
+    qid: u16,
+    dev: &UblkDev,
+    store: &PageStore,
+    writer: &Compression,
+    counters: &Counters,
+) {
     let bufs = Rc::new(dev.alloc_queue_io_bufs());
     let queue = match UblkQueue::new(qid, dev)
         .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))))
@@ -160,7 +167,7 @@ pub fn serve_queue(qid: u16, dev: &UblkDev, store: &PageStore, counters: &Counte
         // kernel does not touch it and no other code on this single queue thread uses it, so
         // this is the only reference to its bytes while `handle` runs.
         let data = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr(), buf.len()) };
-        let res = handle(op, iod.start_sector, iod.nr_sectors, data, store);
+        let res = handle_with(op, iod.start_sector, iod.nr_sectors, data, store, writer);
         counters.record(qid, op, res);
         if let Err(err) = q.complete_io_cmd_unified(
             tag,
@@ -177,9 +184,10 @@ pub fn serve_queue(qid: u16, dev: &UblkDev, store: &PageStore, counters: &Counte
 /// A shareable queue function for `UblkCtrl::run_target`.
 pub fn queue_fn(
     store: Arc<PageStore>,
+    writer: Arc<Compression>,
     counters: Arc<Counters>,
 ) -> impl FnOnce(u16, &UblkDev) + Send + Sync + Clone + 'static {
-    move |qid, dev| serve_queue(qid, dev, &store, &counters)
+    move |qid, dev| serve_queue(qid, dev, &store, &writer, &counters)
 }
 
 #[cfg(test)]
