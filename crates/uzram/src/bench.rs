@@ -164,6 +164,13 @@ fn write_path(
 fn load_corpus(path: &Path) -> anyhow::Result<Vec<u8>> {
     let data =
         std::fs::read(path).with_context(|| format!("cannot read corpus {}", path.display()))?;
+    // The project's corpora ship zstd-compressed; take them as they are.
+    let data = if path.extension().is_some_and(|e| e == "zst") {
+        zstd::decode_all(&data[..])
+            .with_context(|| format!("corpus {} is not valid zstd", path.display()))?
+    } else {
+        data
+    };
     ensure!(!data.is_empty(), "corpus {} is empty", path.display());
     ensure!(
         data.len() % PAGE_SIZE == 0,

@@ -123,7 +123,7 @@ pub struct ConfigArg {
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// File of raw concatenated 4 KiB pages.
+    /// File of raw concatenated 4 KiB pages (zstd-compressed if its name ends in .zst).
     #[arg(long)]
     pub corpus: PathBuf,
     /// Compression algorithm: lz4, zstd or zstd:LEVEL.

@@ -134,3 +134,29 @@ fn bad_inputs_fail_with_a_clear_message() {
         assert!(stderr(&out).contains(message), "{args:?}: {}", stderr(&out));
     }
 }
+
+#[test]
+fn zstd_compressed_corpus_is_read_directly() {
+    let path = format!(
+        "{}/../../testdata/mixed-swap.slice.pages.zst",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let out = uzram(&["bench", "--corpus", &path, "--repeat", "1", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["pages"], 512);
+    assert_eq!(v["verified"], true);
+
+    let dir = std::env::temp_dir().join(format!("uzram-bench-zst-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.pages.zst");
+    std::fs::write(&bad, [0u8; 4096]).unwrap();
+    let out = uzram(&["bench", "--corpus", bad.to_str().unwrap()]);
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("is not valid zstd"),
+        "{}",
+        stderr(&out)
+    );
+}
