@@ -42,6 +42,22 @@ fn check_lz4_decode(data: &[u8]) -> bool {
     ok
 }
 
+/// Mirrors `fuzz/fuzz_targets/fuzz_lz4_decode_diff.rs`: the default decoder and the safe
+/// reference give the same result (error or page).
+fn check_lz4_decode_diff(data: &[u8]) -> bool {
+    let mut fast = [0xA5u8; PAGE_SIZE];
+    let mut safe = [0x5Au8; PAGE_SIZE];
+    let r = Lz4Codec::new().decompress(data, &mut fast);
+    assert_eq!(r, Lz4Codec::decompress_safe(data, &mut safe));
+    if r.is_ok() {
+        assert_eq!(fast, safe);
+        if let Some(theirs) = liblz4::decompress(data) {
+            assert_eq!(&theirs[..], &fast[..]);
+        }
+    }
+    r.is_ok()
+}
+
 /// Mirrors `fuzz/fuzz_targets/fuzz_zstd_decode.rs`.
 fn check_zstd_decode(data: &[u8]) -> bool {
     let mut page = [0u8; PAGE_SIZE];
@@ -88,6 +104,17 @@ fn lz4_decode_regressions() {
     let accepted = all.iter().filter(|(_, d)| check_lz4_decode(d)).count();
     println!(
         "fuzz_lz4_decode: {} inputs, {accepted} decode to a page",
+        all.len()
+    );
+}
+
+#[test]
+fn lz4_decode_diff_regressions() {
+    let all = inputs("fuzz_lz4_decode_diff");
+    assert!(!all.is_empty());
+    let accepted = all.iter().filter(|(_, d)| check_lz4_decode_diff(d)).count();
+    println!(
+        "fuzz_lz4_decode_diff: {} inputs, {accepted} decode to a page",
         all.len()
     );
 }
