@@ -60,9 +60,10 @@ pub fn mountpoint(mountinfo: &str, dev: &str, rdev: u64) -> Option<String> {
     })
 }
 
-/// The first other process with `dev` open: (pid, command name).
+/// The first process with `dev` open: (pid, command name). This process counts too: uzram
+/// never opens the device before this scan, so an fd of ours was inherited from a caller
+/// (e.g. `sh -c "exec 4<DEV; uzram destroy"`) that still uses the device.
 fn open_by(dev: &str) -> Option<(u32, String)> {
-    let me = std::process::id();
     let procs = std::fs::read_dir("/proc").ok()?;
     for entry in procs.flatten() {
         let Some(pid) = entry
@@ -72,9 +73,6 @@ fn open_by(dev: &str) -> Option<(u32, String)> {
         else {
             continue;
         };
-        if pid == me {
-            continue;
-        }
         let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
             continue;
         };
@@ -121,5 +119,19 @@ mod tests {
     #[test]
     fn a_missing_device_is_not_in_use() {
         assert_eq!(in_use("/dev/ublkb-does-not-exist"), None);
+    }
+
+    #[test]
+    fn an_fd_held_by_this_process_counts_as_open() {
+        let path = std::env::temp_dir().join(format!("uzram-inuse-{}", std::process::id()));
+        std::fs::write(&path, b"x").unwrap();
+        let name = path.to_str().unwrap().to_string();
+        assert_eq!(open_by(&name), None);
+        let held = std::fs::File::open(&path).unwrap();
+        let (pid, _) = open_by(&name).expect("our own fd must be found");
+        assert_eq!(pid, std::process::id());
+        drop(held);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(open_by(&name), None);
     }
 }
