@@ -11,6 +11,7 @@ if uzram_create --size "${HOG}M"; then
   check "mkswap $DEV" mkswap "$DEV"
   check "swapon $DEV" swapon "$DEV"
   t0=$(up)
+  : > /tmp/hog.out
   timeout -s KILL "$IO_TMO" hog "$HOG" 1 5 > /tmp/hog.out 2>&1 &
   HPID=$!
   while ! grep -q holding /tmp/hog.out && kill -0 $HPID 2>/dev/null; do usleep 200000; done

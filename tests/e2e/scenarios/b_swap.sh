@@ -17,6 +17,7 @@ if uzram_create --size "${SIZE_MIB}M"; then
   hangwatch "${UZ_hangwatch_secs:-400}" uzram &
   WPID=$!
   # hog: fill, hold 5 s (status is read then, with the pages in swap), verify every word
+  : > /tmp/hog.out
   timeout -s KILL "$IO_TMO" hog "$HOG" 1 5 > /tmp/hog.out 2>&1 &
   HPID=$!
   i=0
