@@ -30,6 +30,10 @@ pub enum CoreError {
         /// Bytes in use when the write was refused.
         used: u64,
     },
+    /// The allocator had no memory for the compressed page (the daemon's reserve is empty
+    /// and serving threads must not page-fault); nothing was changed and a retry may work.
+    #[error("no memory for the compressed page right now; the write can be retried")]
+    NoMemory,
     /// A stored page failed to decode: the data in memory is corrupt.
     #[error("page {index} failed to decode")]
     Corrupt {
@@ -66,7 +70,7 @@ impl CoreError {
             CoreError::OutOfRange { .. } | CoreError::Unaligned { .. } | CoreError::Config(_) => {
                 -EINVAL
             }
-            CoreError::MemLimit { .. } => -ENOMEM,
+            CoreError::MemLimit { .. } | CoreError::NoMemory => -ENOMEM,
             CoreError::Corrupt { .. } | CoreError::Compress(_) | CoreError::Backend { .. } => -EIO,
         }
     }

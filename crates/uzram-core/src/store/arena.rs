@@ -230,10 +230,10 @@ impl Arena {
                 self.check_growth(&meta)?;
                 let Some(segment) = fresh.take() else {
                     drop(meta);
-                    fresh = Some(new_segment());
+                    fresh = Some(new_segment()?);
                     continue;
                 };
-                self.grow(&mut meta, segment);
+                self.grow(&mut meta, segment)?;
                 let h = meta.frontier;
                 meta.frontier += size;
                 h
@@ -272,14 +272,16 @@ impl Arena {
 
     /// Adds `segment` and moves the frontier to its start; the old segment's unused tail
     /// goes onto the free lists. The caller checked the limit under the same lock.
-    fn grow(&self, meta: &mut Meta, segment: Segment) {
+    fn grow(&self, meta: &mut Meta, segment: Segment) -> Result<(), CoreError> {
         let mut segments = self
             .segments
             .write()
             .unwrap_or_else(PoisonError::into_inner);
         if segments.len() == segments.capacity() {
             let more = segments.capacity().max(4);
-            segments.reserve_exact(more);
+            segments
+                .try_reserve_exact(more)
+                .map_err(|_| CoreError::NoMemory)?;
         }
         let end = (meta.segments * SEGMENT_SIZE) as u64;
         let tail = (end - meta.frontier) as usize / CLASS_GRANULE;
@@ -291,6 +293,7 @@ impl Arena {
         meta.segments = segments.len();
         meta.frontier = end;
         meta.max_held = meta.max_held.max(Self::held(meta, segments.capacity()));
+        Ok(())
     }
 
     /// Returns an object's space to its class's free list. When the last object goes,
@@ -460,8 +463,17 @@ fn get_word(segments: &[Segment], handle: u64) -> Option<u64> {
     Some(segments.get(seg)?.get(off / 8)?.load(Relaxed))
 }
 
-fn new_segment() -> Segment {
-    (0..SEGMENT_SIZE / 8).map(|_| AtomicU64::new(0)).collect()
+/// A zeroed segment, or `NoMemory` when the allocator has none to give. The allocation is
+/// fallible on purpose: the daemon's allocator refuses (rather than page-faults) on threads
+/// that serve swap I/O once its reserve is empty, and that must become an error for one
+/// write, never an abort.
+fn new_segment() -> Result<Segment, CoreError> {
+    let mut words: Vec<AtomicU64> = Vec::new();
+    words
+        .try_reserve_exact(SEGMENT_SIZE / 8)
+        .map_err(|_| CoreError::NoMemory)?;
+    words.extend((0..SEGMENT_SIZE / 8).map(|_| AtomicU64::new(0)));
+    Ok(words.into_boxed_slice())
 }
 
 fn split(handle: u64) -> (usize, usize) {

@@ -195,7 +195,11 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
                             value,
                         })
                         .collect(),
-                    requests: counters.snapshot(),
+                    requests: counters
+                        .snapshot()
+                        .into_iter()
+                        .chain(pool_stats())
+                        .collect(),
                     backend_stats: compression.stats(),
                     ..template.clone()
                 }),
@@ -304,4 +308,18 @@ pub fn wait_for_path(path: &Path, timeout: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
     true
+}
+
+/// The block pool's counters, for `uzram status`.
+fn pool_stats() -> [Stat; 2] {
+    [
+        Stat {
+            name: "pool_free_blocks".into(),
+            value: pool::free_blocks() as u64,
+        },
+        Stat {
+            name: "pool_refused_blocks".into(),
+            value: pool::refused_blocks() as u64,
+        },
+    ]
 }

@@ -86,6 +86,39 @@ fn pop() -> *mut u8 {
     head
 }
 
+thread_local! {
+    /// Set on threads that serve swap I/O: for them an empty pool refuses a block instead of
+    /// falling back to the system allocator.
+    static STRICT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Blocks refused to strict threads because the pool was empty.
+static REFUSED: AtomicUsize = AtomicUsize::new(0);
+
+/// Marks the calling thread as one that serves I/O. With the pool empty, its page-fault
+/// path would be a no-I/O reclaim (it is an I/O flusher) that can neither swap nor wake the
+/// OOM killer, and spins while the keeper waits for this very thread's swap writes (seen in
+/// the guest: kswapd, the hog and the keeper blocked, the queue threads running). So it gets
+/// a null block instead, which the store turns into ENOMEM for that one write (the kernel
+/// keeps the page and retries); the thread keeps serving.
+pub fn strict_current_thread() {
+    STRICT.with(|s| s.set(true));
+}
+
+/// How often a strict thread found the pool empty.
+pub fn refused_blocks() -> usize {
+    REFUSED.load(Ordering::Relaxed)
+}
+
+/// An empty pool refuses a block to a strict thread once the pool is set up.
+fn refuse() -> bool {
+    let refuse = BASE.load(Ordering::Acquire) != 0 && STRICT.with(|s| s.get());
+    if refuse {
+        REFUSED.fetch_add(1, Ordering::Relaxed);
+    }
+    refuse
+}
+
 /// The global allocator: [`System`], except 64 KiB blocks from the pool when it has some.
 pub struct PoolAlloc;
 
@@ -102,6 +135,9 @@ unsafe impl GlobalAlloc for PoolAlloc {
             if !p.is_null() {
                 return p;
             }
+            if refuse() {
+                return ptr::null_mut();
+            }
         }
         // SAFETY: forwarded with the caller's own layout contract.
         unsafe { System.alloc(layout) }
@@ -114,6 +150,9 @@ unsafe impl GlobalAlloc for PoolAlloc {
                 // SAFETY: `p` is a whole BLOCK-byte block now owned by this caller.
                 unsafe { ptr::write_bytes(p, 0, BLOCK) };
                 return p;
+            }
+            if refuse() {
+                return ptr::null_mut();
             }
         }
         // SAFETY: forwarded with the caller's own layout contract.
@@ -194,11 +233,12 @@ pub fn free_blocks() -> usize {
     FREE_COUNT.load(Ordering::Relaxed)
 }
 
-/// Pool size to keep for a device of `size` bytes: a quarter of it, at most 64 MiB, in blocks.
+/// Pool size to keep for a device of `size` bytes: a quarter of it, at most 128 MiB, in
+/// blocks. (It is not overhead: the store's compressed pages live in these blocks.)
 pub fn target_blocks(size: u64) -> usize {
     let bytes = usize::try_from(size / 4)
         .unwrap_or(usize::MAX)
-        .min(64 << 20);
+        .min(128 << 20);
     bytes.div_ceil(BLOCK).max(REFILL_BLOCKS)
 }
 
@@ -209,7 +249,10 @@ pub fn keep(target: usize) {
         tracing::debug!(error = %err, "clearing PR_SET_IO_FLUSHER on the pool keeper");
     }
     loop {
-        if free_blocks() < target / 2 + 1 {
+        // Refill early, at three quarters: under pressure the keeper's own allocations
+        // compete with everything else for the memory that swap-out frees, so it must start
+        // while the queue threads still have plenty to draw on.
+        if free_blocks() < target / 4 * 3 + 1 {
             while free_blocks() < target {
                 if refill(REFILL_BLOCKS.min(target - free_blocks())) == 0 {
                     break;
@@ -267,7 +310,47 @@ mod tests {
         assert!(!owns(q));
         // SAFETY: allocated above with this layout.
         unsafe { PoolAlloc.dealloc(q, small) };
-        assert_eq!(target_blocks(8 << 30), 1024);
+        assert_eq!(target_blocks(8 << 30), 2048);
         assert_eq!(target_blocks(1 << 20), REFILL_BLOCKS);
+
+        // A strict (I/O-serving) thread gets null from an empty pool, never a fault-in
+        // from the system allocator; other threads still fall back.
+        let mut taken = Vec::new();
+        loop {
+            // SAFETY: valid layout; every block is freed below with it.
+            let b = unsafe { PoolAlloc.alloc(layout) };
+            if !owns(b) {
+                // SAFETY: not a pool block: freed with the layout it was allocated with.
+                unsafe { PoolAlloc.dealloc(b, layout) };
+                break;
+            }
+            taken.push(b);
+        }
+        let refused = refused_blocks();
+        let strict = std::thread::spawn(move || {
+            strict_current_thread();
+            // SAFETY: valid layout; a non-null result is freed right away.
+            let b = unsafe { PoolAlloc.alloc(layout) };
+            let got = b as usize;
+            if !b.is_null() {
+                // SAFETY: allocated above with this layout.
+                unsafe { PoolAlloc.dealloc(b, layout) };
+            }
+            got
+        })
+        .join()
+        .unwrap();
+        // Another test may have returned a block meanwhile; then the strict thread got it.
+        assert!(
+            strict == 0 || owns(strict as *mut u8),
+            "strict thread faulted in memory"
+        );
+        if strict == 0 {
+            assert!(refused_blocks() > refused);
+        }
+        for b in taken {
+            // SAFETY: pool blocks taken above with this layout.
+            unsafe { PoolAlloc.dealloc(b, layout) };
+        }
     }
 }

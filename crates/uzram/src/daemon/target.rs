@@ -177,6 +177,8 @@ pub fn serve_queue(
             tracing::error!(qid, tag, error = %err, "committing a request failed");
         }
     };
+    // From here on this thread serves swap I/O: it must never page-fault for arena memory.
+    super::pool::strict_current_thread();
     queue.wait_and_handle_io(handler);
     tracing::info!(qid, "queue stopped");
 }
