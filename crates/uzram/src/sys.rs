@@ -33,6 +33,15 @@ pub fn set_io_flusher() -> io::Result<()> {
     check(unsafe { libc::prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) })
 }
 
+/// Exempts the process from the OOM killer (`oom_score_adj` = -1000). The daemon holds other
+/// processes' swapped-out pages and its RSS grows with them, so under pressure it is the
+/// killer's favourite victim; killing it loses every page on the device (seen in the guest:
+/// after the hog was killed, the daemon went next and took PID 1 with it). zram, being in
+/// the kernel, cannot be chosen at all.
+pub fn protect_from_oom_killer() -> io::Result<()> {
+    std::fs::write("/proc/self/oom_score_adj", "-1000")
+}
+
 /// Moves the process into its own mount namespace, with `/` made a recursive slave so mounts
 /// and unmounts outside still propagate in but nothing propagates out (libublk's mount-namespace
 /// caveat: a daemon sharing a namespace with its device's users can deadlock on exit).

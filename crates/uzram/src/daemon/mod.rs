@@ -100,6 +100,9 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     sys::block_stop_signals().context("blocking SIGTERM/SIGINT")?;
     sys::private_mount_namespace().context("entering a private mount namespace")?;
     sys::mlock_all().context("mlockall(MCL_CURRENT|MCL_FUTURE)")?;
+    if let Err(err) = sys::protect_from_oom_killer() {
+        tracing::warn!(error = %err, "setting oom_score_adj to -1000 failed: the OOM killer may pick the daemon");
+    }
     if let Err(err) = sys::set_io_flusher() {
         tracing::warn!(error = %err, "PR_SET_IO_FLUSHER failed (kernel older than 5.6?)");
     }

@@ -233,12 +233,13 @@ pub fn free_blocks() -> usize {
     FREE_COUNT.load(Ordering::Relaxed)
 }
 
-/// Pool size to keep for a device of `size` bytes: a quarter of it, at most 128 MiB, in
-/// blocks. (It is not overhead: the store's compressed pages live in these blocks.)
+/// Pool size to keep for a device of `size` bytes: a quarter of it, at most 64 MiB, in
+/// blocks. (Not overhead: the store's compressed pages live in these blocks. A larger pool
+/// was tried and left the guest's swap test too little RAM: the swap device filled up.)
 pub fn target_blocks(size: u64) -> usize {
     let bytes = usize::try_from(size / 4)
         .unwrap_or(usize::MAX)
-        .min(128 << 20);
+        .min(64 << 20);
     bytes.div_ceil(BLOCK).max(REFILL_BLOCKS)
 }
 
@@ -310,7 +311,7 @@ mod tests {
         assert!(!owns(q));
         // SAFETY: allocated above with this layout.
         unsafe { PoolAlloc.dealloc(q, small) };
-        assert_eq!(target_blocks(8 << 30), 2048);
+        assert_eq!(target_blocks(8 << 30), 1024);
         assert_eq!(target_blocks(1 << 20), REFILL_BLOCKS);
 
         // A strict (I/O-serving) thread gets null from an empty pool, never a fault-in
