@@ -20,12 +20,21 @@ use clap::Parser;
 static ALLOC: daemon::pool::PoolAlloc = daemon::pool::PoolAlloc;
 
 fn main() -> ExitCode {
+    // Log lines go through a bounded queue to a writer thread, and are dropped when it is
+    // full: a queue thread must never block on a log write. The daemon's log file lives on
+    // tmpfs (/run), whose pages can be swapped out to the daemon's own device; a queue
+    // thread writing there would wait for its own swap-in (seen in the guest).
+    let (log_writer, _log_guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .buffered_lines_limit(4096)
+        .thread_name("uzram-log")
+        .finish(std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("UZRAM_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(log_writer)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match run(cli::Cli::parse()) {
