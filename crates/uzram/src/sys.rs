@@ -19,9 +19,16 @@ pub fn is_root() -> bool {
 
 /// Locks every current and future page of the process in RAM, so the daemon never swaps its own
 /// memory out to the device it serves.
+///
+/// `MCL_ONFAULT`: new mappings are locked as their pages are first touched, not populated by
+/// `mmap` itself. Populating runs with `mmap_lock` held, and under memory pressure it sits in
+/// reclaim waiting for swap writes to this device; any thread then queued for the write lock
+/// (malloc growth, munmap) blocks every later reader, including ublk copying request data into
+/// our buffers: the device deadlocks (seen in the guest). Touching pages instead faults them
+/// under the per-VMA lock only.
 pub fn mlock_all() -> io::Result<()> {
     // SAFETY: mlockall only changes this process's paging policy; no memory is touched.
-    check(unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) })
+    check(unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE | libc::MCL_ONFAULT) })
 }
 
 /// Marks the process as an I/O flusher (`PR_SET_IO_FLUSHER`): its allocations do not recurse

@@ -11,7 +11,7 @@
 //!   mapped, faulted in and locked; it takes no lock shared with anything that can block in
 //!   reclaim (a spin lock around a pointer swap), and falls back to the system allocator when
 //!   the pool is empty or not set up;
-//! - a keeper thread ([`keep`]) maps more blocks (MAP_POPULATE, locked by mlockall) whenever the
+//! - a keeper thread ([`keep`]) maps more blocks (touched page by page, locked by mlockall) whenever the
 //!   pool runs below half its target. It may block in reclaim, but that reclaim's swap writes
 //!   are served by queue threads still drawing on the other half.
 //!
@@ -211,7 +211,9 @@ pub fn refill(blocks: usize) -> usize {
             start as *mut libc::c_void,
             n * BLOCK,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_POPULATE,
+            // No MAP_POPULATE: populating holds mmap_lock through reclaim (see
+            // sys::mlock_all); the pages are touched one by one below instead.
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
             -1,
             0,
         )
@@ -219,6 +221,11 @@ pub fn refill(blocks: usize) -> usize {
     if p == libc::MAP_FAILED {
         tracing::warn!(error = %std::io::Error::last_os_error(), "growing the block pool failed");
         return 0;
+    }
+    for page in (start..start + n * BLOCK).step_by(4096) {
+        // SAFETY: `page` lies in the range just mapped read-write, owned by no one yet; the
+        // write faults the page in (and mlockall's MCL_ONFAULT locks it).
+        unsafe { ptr::write_volatile(page as *mut u8, 0) };
     }
     FRONTIER.store(start + n * BLOCK, Ordering::Release);
     for i in 0..n {
