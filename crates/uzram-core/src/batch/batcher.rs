@@ -343,11 +343,13 @@ fn worker_loop(sh: &Shared, backend: &dyn BatchBackend, fallback: &dyn BatchBack
         }
         tickets.clear();
         pages.clear();
-        if stop && lock(&sh.queue).tickets.is_empty() {
+        if stop {
             let mut q = lock(&sh.queue);
-            q.done_total = q.queued_total;
-            sh.done.notify_all();
-            return;
+            if q.tickets.is_empty() {
+                q.done_total = q.queued_total;
+                sh.done.notify_all();
+                return;
+            }
         }
     }
 }
