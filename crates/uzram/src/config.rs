@@ -160,6 +160,9 @@ pub struct DeviceConfig {
     pub id: Option<u32>,
 }
 
+/// `swapon -o` options when the config file names none (zram-generator's default).
+pub const DEFAULT_SWAP_OPTIONS: &str = "discard";
+
 /// Swap settings from a config file (used by `uzram swap-on`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SwapConfig {
@@ -348,7 +351,11 @@ pub fn parse_config(path: &Path, text: &str) -> Result<RunConfig, ConfigError> {
         device: raw.validate()?,
         swap: SwapConfig {
             priority,
-            options: file.options,
+            // zram-generator's default: freed swap clusters reach the device as discards,
+            // the only way a ublk device learns that pages are free (zram gets a per-slot
+            // notification from the kernel that other block devices do not).
+            options: Some(file.options.unwrap_or_else(|| DEFAULT_SWAP_OPTIONS.to_string()))
+                .filter(|o| !o.is_empty()),
         },
     })
 }
@@ -415,7 +422,11 @@ mod tests {
         assert_eq!(cfg.device.depth, DEFAULT_DEPTH);
         assert_eq!(cfg.device.queues, default_queues());
         assert_eq!(cfg.device.mem_limit, None);
-        assert_eq!(cfg.swap, SwapConfig::default());
+        assert_eq!(cfg.swap.priority, None);
+        assert_eq!(cfg.swap.options.as_deref(), Some(DEFAULT_SWAP_OPTIONS));
+        // An empty options string turns the default off.
+        let cfg = parse("size = 1048576\noptions = \"\"").unwrap();
+        assert_eq!(cfg.swap.options, None);
     }
 
     #[test]

@@ -20,6 +20,11 @@ use clap::Parser;
 static ALLOC: daemon::pool::PoolAlloc = daemon::pool::PoolAlloc;
 
 fn main() -> ExitCode {
+    // Before any thread exists: with threads already running, glibc may have given one its own
+    // malloc arena, and later threads (the daemon's queue threads) can be handed that arena,
+    // whose heap grows by fresh page faults outside the daemon's pre-grown headroom (seen in
+    // the guest: a queue thread stuck faulting in such a heap under memory pressure).
+    let malloc_configured = daemon::reserve::configure_malloc();
     // Log lines go through a bounded queue to a writer thread, and are dropped when it is
     // full: a queue thread must never block on a log write. The daemon's log file lives on
     // tmpfs (/run), whose pages can be swapped out to the daemon's own device; a queue
@@ -37,6 +42,9 @@ fn main() -> ExitCode {
         .with_writer(log_writer)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if !malloc_configured {
+        tracing::warn!("mallopt failed: memory headroom may not hold under pressure");
+    }
     match run(cli::Cli::parse()) {
         Ok(code) => code,
         Err(err) => {

@@ -49,6 +49,19 @@ pub fn protect_from_oom_killer() -> io::Result<()> {
     std::fs::write("/proc/self/oom_score_adj", "-1000")
 }
 
+/// Sets the calling thread's nice value (root may lower it below 0). Used for the threads
+/// that serve swap I/O and refill the block pool: under pressure they compete for CPU with the
+/// very tasks whose memory they are swapping out, and zram does this work in the writer's
+/// own context, ahead of everything else.
+pub fn set_thread_nice(nice: i32) -> io::Result<()> {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    let tid = libc::id_t::try_from(tid).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+    // SAFETY: setpriority takes only integers; PRIO_PROCESS with a thread id changes that
+    // thread alone on Linux.
+    check(unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) })
+}
+
 /// Moves the process into its own mount namespace, with `/` made a recursive slave so mounts
 /// and unmounts outside still propagate in but nothing propagates out (libublk's mount-namespace
 /// caveat: a daemon sharing a namespace with its device's users can deadlock on exit).

@@ -59,10 +59,13 @@ int main(int argc, char **argv)
 		free(pad);
 	}
 	sleep((unsigned)atoi(argv[1]));
-	FILE *s = fopen("/proc/sysrq-trigger", "w");
-	if (s) {
-		fputs("t", s);
-		fclose(s);
+	/* t: every task's stack; l: what the CPUs run now (t skips running tasks); m: memory */
+	for (const char *c = "tlm"; *c; c++) {
+		FILE *s = fopen("/proc/sysrq-trigger", "w");
+		if (s) {
+			fputc(*c, s);
+			fclose(s);
+		}
 	}
 	printf("hangwatch: no progress after %ss; threads of '%s':\n", argv[1], argv[2]);
 	DIR *proc = opendir("/proc");

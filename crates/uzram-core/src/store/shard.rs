@@ -6,6 +6,23 @@ use std::collections::HashMap;
 use super::entry::{Entry, Slot};
 use super::stats::PageTotals;
 
+/// A table of `len` empty entries whose every page is written once, so it is resident (and,
+/// under `mlockall`, locked) from the start, as zram's table is. `vec!` alone may hand out fresh
+/// zero pages the allocator never touched (calloc of new heap memory); then the first write
+/// to each page of the table would allocate memory while a swap write is being served, which
+/// is exactly when there is none. `black_box` hides the value so the writes are not elided.
+fn resident_table(len: usize) -> Vec<Entry> {
+    let mut entries = vec![Entry::EMPTY; len];
+    let per_page = crate::PAGE_SIZE / std::mem::size_of::<Entry>();
+    for entry in entries.iter_mut().step_by(per_page) {
+        *entry = std::hint::black_box(Entry::EMPTY);
+    }
+    if let Some(last) = entries.last_mut() {
+        *last = std::hint::black_box(Entry::EMPTY);
+    }
+    entries
+}
+
 /// A shard's table; always used behind its `RwLock`.
 #[derive(Debug)]
 pub(crate) struct Shard {
@@ -23,7 +40,7 @@ pub(crate) struct Shard {
 impl Shard {
     pub(crate) fn new(len: usize) -> Self {
         Self {
-            entries: vec![Entry::EMPTY; len],
+            entries: resident_table(len),
             same_ext: HashMap::new(),
             pending: HashMap::new(),
             next_generation: 0,

@@ -2,9 +2,11 @@
 //! and on SIGTERM/SIGINT or a control `stop` delete the device and clean up.
 
 pub mod compression;
+pub mod fault_guard;
 pub mod io;
 pub mod notify;
 pub mod pool;
+pub mod queue_tuning;
 pub mod reserve;
 pub mod target;
 
@@ -94,9 +96,7 @@ pub struct Launch {
 /// Serves one device until it is stopped. Returns after the device is deleted.
 pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let cfg = launch.config;
-    if !reserve::configure_malloc() {
-        tracing::warn!("mallopt failed: memory headroom may not hold under pressure");
-    }
+    // malloc was configured first thing in `main` (see there).
     sys::block_stop_signals().context("blocking SIGTERM/SIGINT")?;
     sys::private_mount_namespace().context("entering a private mount namespace")?;
     sys::mlock_all().context("mlockall(MCL_CURRENT|MCL_FUTURE)")?;
@@ -243,6 +243,16 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
 
     spawn("uzram-pool", move || pool::keep(pool_target))?;
 
+    // Everything set up so far (heap, statics, thread stacks) resident before serving.
+    match fault_guard::populate_writable_mappings() {
+        Ok(done) => tracing::info!(
+            mappings = done.mappings,
+            bytes = done.bytes,
+            refused = done.refused,
+            "writable memory populated"
+        ),
+        Err(err) => tracing::warn!(error = %err, "populating writable memory failed"),
+    }
     let size = cfg.size;
     let tgt_init = move |dev: &mut UblkDev| {
         dev.tgt.dev_size = size;
@@ -255,6 +265,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         if !wait_for_path(Path::new(&state.dev), Duration::from_secs(10)) {
             tracing::warn!(dev = %state.dev, "block device node did not appear");
         }
+        queue_tuning::tune(state.id);
         if let Err(err) = ready_states.write(&state) {
             tracing::error!(error = %err, "publishing state failed");
         }

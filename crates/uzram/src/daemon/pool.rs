@@ -11,9 +11,10 @@
 //!   mapped, faulted in and locked; it takes no lock shared with anything that can block in
 //!   reclaim (a spin lock around a pointer swap), and falls back to the system allocator when
 //!   the pool is empty or not set up;
-//! - a keeper thread ([`keep`]) maps more blocks (touched page by page, locked by mlockall) whenever the
-//!   pool runs below half its target. It may block in reclaim, but that reclaim's swap writes
-//!   are served by queue threads still drawing on the other half.
+//! - a keeper thread ([`keep`]) maps more blocks (touched page by page, locked by mlockall)
+//!   whenever the pool is below its target, a target that grows when the pool ran low. It may
+//!   block in reclaim, but that reclaim's swap writes are served by queue threads drawing on
+//!   what is left in the pool.
 //!
 //! Blocks come from one reserved (PROT_NONE) address range, so `dealloc` knows its own blocks by
 //! address; freed blocks return to the free list and stay committed.
@@ -25,6 +26,8 @@ use std::time::Duration;
 
 /// The block size: the page store's arena segment.
 pub const BLOCK: usize = 64 << 10;
+/// Nice value of the threads that keep swap moving (queue threads, pool keeper).
+pub const IO_NICE: i32 = -20;
 /// Blocks mapped per refill (4 MiB).
 const REFILL_BLOCKS: usize = 64;
 
@@ -222,15 +225,18 @@ pub fn refill(blocks: usize) -> usize {
         tracing::warn!(error = %std::io::Error::last_os_error(), "growing the block pool failed");
         return 0;
     }
-    for page in (start..start + n * BLOCK).step_by(4096) {
-        // SAFETY: `page` lies in the range just mapped read-write, owned by no one yet; the
-        // write faults the page in (and mlockall's MCL_ONFAULT locks it).
-        unsafe { ptr::write_volatile(page as *mut u8, 0) };
-    }
     FRONTIER.store(start + n * BLOCK, Ordering::Release);
+    // Each block goes to the pool as soon as its pages are in: under pressure a page can take
+    // long to come, and a queue thread waiting for one block must not wait for all n.
     for i in 0..n {
-        // SAFETY: each block was just mapped read-write and is not yet known to anyone.
-        unsafe { push((start + i * BLOCK) as *mut u8) };
+        let block = start + i * BLOCK;
+        for page in (block..block + BLOCK).step_by(4096) {
+            // SAFETY: `page` lies in the range just mapped read-write, owned by no one yet;
+            // the write faults the page in (and mlockall's MCL_ONFAULT locks it).
+            unsafe { ptr::write_volatile(page as *mut u8, 0) };
+        }
+        // SAFETY: the block was just mapped read-write and is not yet known to anyone.
+        unsafe { push(block as *mut u8) };
     }
     n
 }
@@ -252,23 +258,44 @@ pub fn target_blocks(size: u64) -> usize {
 
 /// Keeps the pool at `target` free blocks, forever (on its own thread). This thread is not an
 /// I/O flusher: its reclaim may write to swap, which the queue threads serve from the pool.
-pub fn keep(target: usize) {
+///
+/// The pool is topped up whenever it is below target. When it nevertheless ran low (a quarter
+/// or less), swap-out outpaced the refills, so the target grows by half, up to
+/// `MAX_GROWTH` times the initial one: blocks stay committed either way, and an empty pool
+/// turns swap writes into ENOMEM until the keeper catches up.
+pub fn keep(initial_target: usize) {
     if let Err(err) = crate::sys::clear_io_flusher() {
         tracing::debug!(error = %err, "clearing PR_SET_IO_FLUSHER on the pool keeper");
     }
+    if let Err(err) = crate::sys::set_thread_nice(IO_NICE) {
+        tracing::warn!(error = %err, "raising the pool keeper's priority failed");
+    }
+    let mut target = initial_target;
     loop {
-        // Refill early, at three quarters: under pressure the keeper's own allocations
-        // compete with everything else for the memory that swap-out frees, so it must start
-        // while the queue threads still have plenty to draw on.
-        if free_blocks() < target / 4 * 3 + 1 {
-            while free_blocks() < target {
-                if refill(REFILL_BLOCKS.min(target - free_blocks())) == 0 {
-                    break;
-                }
+        if free_blocks() <= target / 4 {
+            let grown = next_target(target, initial_target);
+            if grown > target {
+                tracing::info!(from = target, to = grown, "pool ran low: target raised");
+                target = grown;
+            }
+        }
+        while free_blocks() < target {
+            if refill(REFILL_BLOCKS.min(target - free_blocks())) == 0 {
+                break;
             }
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// How many times the initial target the keeper may grow the pool to.
+const MAX_GROWTH: usize = 4;
+
+/// The target after the pool ran low: half as much again, at most `MAX_GROWTH` x initial.
+fn next_target(target: usize, initial: usize) -> usize {
+    (target + target / 2)
+        .min(initial.saturating_mul(MAX_GROWTH))
+        .max(target)
 }
 
 #[cfg(test)]
@@ -318,6 +345,9 @@ mod tests {
         assert!(!owns(q));
         // SAFETY: allocated above with this layout.
         unsafe { PoolAlloc.dealloc(q, small) };
+        assert_eq!(next_target(1024, 1024), 1536);
+        assert_eq!(next_target(3072, 1024), 4096);
+        assert_eq!(next_target(4096, 1024), 4096);
         assert_eq!(target_blocks(8 << 30), 1024);
         assert_eq!(target_blocks(1 << 20), REFILL_BLOCKS);
 

@@ -11,7 +11,8 @@ const MMAP_THRESHOLD: usize = 32 << 20;
 /// Heap growth step: below the mmap threshold so it comes from the heap.
 const STEP: usize = 4 << 20;
 
-/// Configures glibc malloc as described in the module docs. Call before starting threads.
+/// Configures glibc malloc as described in the module docs. Call before any thread starts
+/// (first thing in `main`): an arena created earlier would stay in use.
 pub fn configure_malloc() -> bool {
     let settings = [
         (libc::M_ARENA_MAX, 1),

@@ -19,6 +19,9 @@ use crate::control::proto::Stat;
 /// RAM for the device's life (queues x depth x this), so it is kept modest.
 pub const IO_BUF_BYTES: u32 = 128 << 10;
 
+/// Requests between two reads of a queue thread's page-fault count.
+const FAULT_CHECK_EVERY: u32 = 64;
+
 /// The device parameters: 4 KiB logical and physical blocks, discard and write-zeroes.
 pub fn params(size: u64) -> sys::ublk_params {
     let max_sectors = IO_BUF_BYTES >> SECTOR_SHIFT;
@@ -62,6 +65,8 @@ struct QueueCounters {
     discards: AtomicU64,
     write_zeroes: AtomicU64,
     errors: AtomicU64,
+    /// Page faults the queue thread took while serving (see `fault_guard`).
+    page_faults: AtomicU64,
 }
 
 /// Per-operation request counters of every queue.
@@ -76,6 +81,13 @@ impl Counters {
             queues: (0..queues.max(1))
                 .map(|_| QueueCounters::default())
                 .collect(),
+        }
+    }
+
+    /// Publishes queue `qid`'s page-fault count since it started serving.
+    fn set_faults(&self, qid: u16, faults: u64) {
+        if let Some(q) = self.queues.get(usize::from(qid)) {
+            q.page_faults.store(faults, Ordering::Relaxed);
         }
     }
 
@@ -116,7 +128,7 @@ impl Counters {
                 .sum()
         };
         type Field = fn(&QueueCounters) -> &AtomicU64;
-        let fields: [(&str, Field); 8] = [
+        let fields: [(&str, Field); 9] = [
             ("read_requests", |q| &q.reads),
             ("read_bytes", |q| &q.read_bytes),
             ("write_requests", |q| &q.writes),
@@ -125,6 +137,7 @@ impl Counters {
             ("discard_requests", |q| &q.discards),
             ("write_zeroes_requests", |q| &q.write_zeroes),
             ("failed_requests", |q| &q.errors),
+            ("queue_page_faults", |q| &q.page_faults),
         ];
         fields
             .iter()
@@ -155,6 +168,18 @@ pub fn serve_queue(
             return;
         }
     };
+    // From here on this thread serves swap I/O: it must never page-fault (see `fault_guard`).
+    super::pool::strict_current_thread();
+    super::fault_guard::prefault_stack();
+    // This queue's own setup allocated after the daemon-wide populate in `serve`.
+    if let Err(err) = super::fault_guard::populate_writable_mappings() {
+        tracing::warn!(qid, error = %err, "populating writable memory failed");
+    }
+    if let Err(err) = crate::sys::set_thread_nice(super::pool::IO_NICE) {
+        tracing::warn!(qid, error = %err, "raising the queue thread's priority failed");
+    }
+    let faults_at_start = super::fault_guard::thread_faults();
+    let mut served: u32 = 0;
     let handler = |q: &UblkQueue, tag: u16, _ctx: &UblkIOCtx| {
         let iod = q.get_iod(tag);
         let op = Op::from_ublk(iod.op_flags);
@@ -169,6 +194,14 @@ pub fn serve_queue(
         let data = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr(), buf.len()) };
         let res = handle_with(op, iod.start_sector, iod.nr_sectors, data, store, writer);
         counters.record(qid, op, res);
+        served = served.wrapping_add(1);
+        // A syscall, so only now and then.
+        if served % FAULT_CHECK_EVERY == 0 {
+            if let (Some(start), Some(now)) = (faults_at_start, super::fault_guard::thread_faults())
+            {
+                counters.set_faults(qid, now.saturating_sub(start));
+            }
+        }
         if let Err(err) = q.complete_io_cmd_unified(
             tag,
             BufDesc::Slice(buf.as_slice()),
@@ -177,8 +210,6 @@ pub fn serve_queue(
             tracing::error!(qid, tag, error = %err, "committing a request failed");
         }
     };
-    // From here on this thread serves swap I/O: it must never page-fault for arena memory.
-    super::pool::strict_current_thread();
     queue.wait_and_handle_io(handler);
     tracing::info!(qid, "queue stopped");
 }

@@ -1,0 +1,164 @@
+//! Keeping page faults off the threads that serve swap I/O.
+//!
+//! The daemon locks memory with `MCL_ONFAULT` (see `sys::mlock_all`), so a page is only
+//! allocated when first touched. A queue thread that touches a new page while the system is
+//! out of memory enters reclaim as an I/O flusher: it may not swap, cannot wake the OOM
+//! killer, and retries forever while everyone else waits for its swap writes. So a queue
+//! thread faults in its stack before serving, and counts the faults it takes afterwards
+//! (`queue_page_faults` in `uzram status`): any non-zero count is a path to fix.
+
+/// Stack a queue thread faults in before serving: several times the deepest request path
+/// (codec state lives on the heap), far below the 2 MiB thread stack.
+const STACK_PREFAULT: usize = 512 << 10;
+
+/// Touches `STACK_PREFAULT` bytes of the calling thread's stack so that they are resident and
+/// locked before the thread serves I/O.
+#[inline(never)]
+pub fn prefault_stack() {
+    let mut frame = [0u8; STACK_PREFAULT];
+    for byte in frame.iter_mut().step_by(4096) {
+        *byte = 1;
+    }
+    // The optimizer must assume the frame is read, so the writes above happen.
+    std::hint::black_box(&mut frame);
+}
+
+/// What [`populate_writable_mappings`] did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Populated {
+    /// Mappings populated.
+    pub mappings: usize,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Writable mappings the kernel refused to populate (special mappings).
+    pub refused: usize,
+}
+
+/// Write-faults every page of every private writable mapping of the process (heap, the
+/// binary's `.data` and `.bss`, thread stacks, malloc arenas) with `MADV_POPULATE_WRITE`,
+/// without changing their contents, so that they are resident and locked. Under
+/// `MCL_ONFAULT` a static first written under pressure (a counter, a logging call site's
+/// registration) would otherwise fault on a queue thread. Call once setup is done, before
+/// serving; reserved (`PROT_NONE`) ranges are left alone.
+pub fn populate_writable_mappings() -> std::io::Result<Populated> {
+    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    let mut done = Populated::default();
+    for (start, end) in maps.lines().filter_map(private_writable_range) {
+        let len = end - start;
+        // SAFETY: [start, end) is a mapping of this process as listed in /proc/self/maps;
+        // MADV_POPULATE_WRITE only faults its pages in (writable, so a write fault that
+        // changes no byte), which cannot invalidate any reference.
+        let rc =
+            unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) };
+        if rc == 0 {
+            done.mappings += 1;
+            done.bytes += len as u64;
+        } else {
+            done.refused += 1;
+        }
+    }
+    Ok(done)
+}
+
+/// The address range of a /proc/self/maps line whose mapping is private and writable.
+fn private_writable_range(line: &str) -> Option<(usize, usize)> {
+    let mut fields = line.split_whitespace();
+    let range = fields.next()?;
+    let perms = fields.next()?;
+    if !(perms.contains('w') && perms.ends_with('p')) {
+        return None;
+    }
+    let (start, end) = range.split_once('-')?;
+    let start = usize::from_str_radix(start, 16).ok()?;
+    let end = usize::from_str_radix(end, 16).ok()?;
+    (end > start).then_some((start, end))
+}
+
+/// Page faults (minor and major) the calling thread has taken so far, or `None` where
+/// `getrusage(RUSAGE_THREAD)` fails.
+pub fn thread_faults() -> Option<u64> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes one `rusage` into the pointer, which points to a zeroed,
+    // properly sized and aligned value that lives across the call.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: getrusage succeeded, so it filled the struct (and zeroed is valid for it anyway).
+    let usage = unsafe { usage.assume_init() };
+    let count = |v: libc::c_long| u64::try_from(v).unwrap_or(0);
+    Some(count(usage.ru_minflt) + count(usage.ru_majflt))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_private_writable_mappings_only() {
+        let line = "7f00a000-7f00c000 rw-p 00000000 00:00 0";
+        assert_eq!(private_writable_range(line), Some((0x7f00a000, 0x7f00c000)));
+        assert_eq!(
+            private_writable_range("7f00a000-7f00c000 r--p 0 00:00 0"),
+            None
+        );
+        assert_eq!(
+            private_writable_range("7f00a000-7f00c000 rw-s 0 00:00 0"),
+            None
+        );
+        assert_eq!(
+            private_writable_range("7f00a000-7f00c000 ---p 0 00:00 0"),
+            None
+        );
+        assert_eq!(private_writable_range("garbage"), None);
+    }
+
+    #[test]
+    fn populated_static_takes_no_fault_on_first_write() {
+        // A page of .bss nobody has written yet: populating must fault it in up front.
+        static UNTOUCHED: [std::sync::atomic::AtomicU8; 3 * 4096] =
+            [const { std::sync::atomic::AtomicU8::new(0) }; 3 * 4096];
+        let done = populate_writable_mappings().unwrap();
+        assert!(done.mappings > 0 && done.bytes > 0, "{done:?}");
+        // Two pages: unpopulated, that is two faults; a stray housekeeping fault is tolerated.
+        let before = thread_faults().unwrap();
+        UNTOUCHED[4096].store(1, std::sync::atomic::Ordering::Relaxed);
+        UNTOUCHED[8192].store(1, std::sync::atomic::Ordering::Relaxed);
+        let after = thread_faults().unwrap();
+        assert!(
+            after - before <= 1,
+            "{} faults writing a populated static",
+            after - before
+        );
+        assert_eq!(
+            UNTOUCHED[8192].load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+    }
+
+    #[test]
+    fn prefault_takes_the_stack_faults_up_front() {
+        let (first, second) = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(|| {
+                let start = thread_faults().unwrap();
+                prefault_stack();
+                let faulted = thread_faults().unwrap();
+                prefault_stack();
+                let again = thread_faults().unwrap();
+                (faulted - start, again - faulted)
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        let pages = (STACK_PREFAULT / 4096) as u64;
+        // The first pass faults in (nearly) every page of a fresh thread's stack range...
+        assert!(
+            first >= pages * 3 / 4,
+            "{first} faults for {pages} stack pages"
+        );
+        // ...so the same depth later takes none (a fault or two of kernel housekeeping,
+        // e.g. khugepaged, is tolerated).
+        assert!(second <= 2, "{second} faults on a prefaulted stack");
+    }
+}
