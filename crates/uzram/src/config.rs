@@ -354,8 +354,11 @@ pub fn parse_config(path: &Path, text: &str) -> Result<RunConfig, ConfigError> {
             // zram-generator's default: freed swap clusters reach the device as discards,
             // the only way a ublk device learns that pages are free (zram gets a per-slot
             // notification from the kernel that other block devices do not).
-            options: Some(file.options.unwrap_or_else(|| DEFAULT_SWAP_OPTIONS.to_string()))
-                .filter(|o| !o.is_empty()),
+            options: Some(
+                file.options
+                    .unwrap_or_else(|| DEFAULT_SWAP_OPTIONS.to_string()),
+            )
+            .filter(|o| !o.is_empty()),
         },
     })
 }

@@ -29,11 +29,14 @@ fn main() -> ExitCode {
     // full: a queue thread must never block on a log write. The daemon's log file lives on
     // tmpfs (/run), whose pages can be swapped out to the daemon's own device; a queue
     // thread writing there would wait for its own swap-in (seen in the guest).
-    let (log_writer, _log_guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(true)
-        .buffered_lines_limit(4096)
-        .thread_name("uzram-log")
-        .finish(std::io::stderr());
+    // The writer thread must never take a daemon's SIGTERM (see `with_stop_signals_blocked`).
+    let (log_writer, _log_guard) = sys::with_stop_signals_blocked(|| {
+        tracing_appender::non_blocking::NonBlockingBuilder::default()
+            .lossy(true)
+            .buffered_lines_limit(4096)
+            .thread_name("uzram-log")
+            .finish(std::io::stderr())
+    });
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("UZRAM_LOG")

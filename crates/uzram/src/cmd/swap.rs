@@ -3,6 +3,7 @@
 
 use std::path::Path;
 use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
@@ -13,10 +14,13 @@ use crate::inuse::swap_active;
 
 fn device_for(config: &Path) -> anyhow::Result<String> {
     let want = std::fs::canonicalize(config).unwrap_or_else(|_| config.to_path_buf());
+    // A daemon killed without cleanup leaves its state behind: only a live one counts, and
+    // of several (a restart racing a stale file) the newest.
     StateDir::default()
         .list()?
         .into_iter()
-        .find(|s| s.config.as_deref() == Some(want.as_path()))
+        .filter(|s| s.config.as_deref() == Some(want.as_path()) && crate::sys::pid_alive(s.pid))
+        .max_by_key(|s| s.id)
         .map(|s| s.dev)
         .with_context(|| {
             format!(
@@ -54,9 +58,33 @@ pub fn off(args: ConfigArg) -> anyhow::Result<ExitCode> {
     load_config(&args.config)?;
     super::require_root()?;
     let dev = device_for(&args.config)?;
-    let swaps = std::fs::read_to_string("/proc/swaps").context("reading /proc/swaps")?;
-    if swap_active(&swaps, &dev) {
-        exec(Command::new("swapoff").arg(&dev))?;
+    if !is_swap(&dev)? {
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Err(err) = exec(Command::new("swapoff").arg(&dev)) {
+        // At shutdown systemd stops its own swap unit for the device (dev-ublkbN.swap) at the
+        // same time, and the second swapoff fails with EINVAL while the first still reads
+        // pages back. The device is off swap once /proc/swaps no longer lists it.
+        eprintln!("uzram: {err:#}; waiting for {dev} to leave /proc/swaps");
+        let start = Instant::now();
+        while is_swap(&dev)? {
+            if start.elapsed() > SWAPOFF_WAIT {
+                anyhow::bail!(
+                    "{dev} is still active swap after {} s: run swapoff {dev}",
+                    SWAPOFF_WAIT.as_secs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// How long `swap-off` waits for somebody else's swapoff of the device to finish (it reads
+/// every swapped-out page back; the unit allows 15 minutes to stop).
+const SWAPOFF_WAIT: Duration = Duration::from_secs(14 * 60);
+
+fn is_swap(dev: &str) -> anyhow::Result<bool> {
+    let swaps = std::fs::read_to_string("/proc/swaps").context("reading /proc/swaps")?;
+    Ok(swap_active(&swaps, dev))
 }

@@ -227,9 +227,11 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
             }
         }
     })?;
+    let stopper_dev = dev.clone();
     spawn("uzram-stopper", move || {
         let Ok(why) = stop_rx.recv() else { return };
         tracing::info!(why, "stopping the device");
+        wait_until_not_swap(&stopper_dev);
         if let Err(err) = notify::notify("STOPPING=1") {
             tracing::warn!(error = %err, "sd_notify STOPPING=1 failed");
         }
@@ -310,6 +312,32 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), ControlErr
             what: format!("starting thread {name}"),
             source,
         })
+}
+
+/// Returns once `dev` is not active swap. Deleting a swap device loses every page swapped
+/// out to it, and the processes owning them die on the next touch; at shutdown systemd may
+/// send SIGTERM while its own swap unit is still running swapoff (seen in the guest: PID 1
+/// got SIGBUS). So a stop waits for swapoff, however long; `uzram destroy` refuses instead.
+fn wait_until_not_swap(dev: &str) {
+    let mut warned = false;
+    loop {
+        match std::fs::read_to_string("/proc/swaps") {
+            Ok(swaps) if crate::inuse::swap_active(&swaps, dev) => {}
+            Ok(_) => return,
+            Err(err) => {
+                tracing::warn!(error = %err, "reading /proc/swaps failed; stopping anyway");
+                return;
+            }
+        }
+        if !warned {
+            tracing::warn!(
+                dev,
+                "device is active swap: waiting for swapoff before deleting it"
+            );
+            warned = true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// Polls until `path` exists; false on timeout.

@@ -12,9 +12,12 @@
 //!   reclaim (a spin lock around a pointer swap), and falls back to the system allocator when
 //!   the pool is empty or not set up;
 //! - a keeper thread ([`keep`]) maps more blocks (touched page by page, locked by mlockall)
-//!   whenever the pool is below its target, a target that grows when the pool ran low. It may
-//!   block in reclaim, but that reclaim's swap writes are served by queue threads drawing on
-//!   what is left in the pool.
+//!   whenever the pool is below its target, a target that grows when the pool ran low. Like
+//!   the queue threads it is an I/O flusher: its reclaim takes pages whose swap-out is done
+//!   (clean, freed without I/O) and never queues swap writes of its own behind the queue
+//!   threads. When it was not, it sat in its own reclaim's swap writes (waiting for bios and
+//!   tags) while the pool ran dry, and every write then failed with ENOMEM for minutes in the
+//!   guest, since failed writes free nothing.
 //!
 //! Blocks come from one reserved (PROT_NONE) address range, so `dealloc` knows its own blocks by
 //! address; freed blocks return to the free list and stay committed.
@@ -256,17 +259,14 @@ pub fn target_blocks(size: u64) -> usize {
     bytes.div_ceil(BLOCK).max(REFILL_BLOCKS)
 }
 
-/// Keeps the pool at `target` free blocks, forever (on its own thread). This thread is not an
-/// I/O flusher: its reclaim may write to swap, which the queue threads serve from the pool.
+/// Keeps the pool at `target` free blocks, forever (on its own thread, an I/O flusher like
+/// every daemon thread: see the module docs).
 ///
 /// The pool is topped up whenever it is below target. When it nevertheless ran low (a quarter
 /// or less), swap-out outpaced the refills, so the target grows by half, up to
 /// `MAX_GROWTH` times the initial one: blocks stay committed either way, and an empty pool
 /// turns swap writes into ENOMEM until the keeper catches up.
 pub fn keep(initial_target: usize) {
-    if let Err(err) = crate::sys::clear_io_flusher() {
-        tracing::debug!(error = %err, "clearing PR_SET_IO_FLUSHER on the pool keeper");
-    }
     if let Err(err) = crate::sys::set_thread_nice(IO_NICE) {
         tracing::warn!(error = %err, "raising the pool keeper's priority failed");
     }
