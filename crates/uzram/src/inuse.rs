@@ -5,10 +5,8 @@ use std::path::Path;
 
 /// Why `dev` (`/dev/ublkbN`) is in use, as a message that says what to do; `None` if it is not.
 pub fn in_use(dev: &str) -> Option<String> {
-    if let Ok(swaps) = std::fs::read_to_string("/proc/swaps") {
-        if swap_active(&swaps, dev) {
-            return Some(format!("{dev} is active swap: run swapoff {dev} first"));
-        }
+    if is_active_swap(dev).unwrap_or(false) {
+        return Some(format!("{dev} is active swap: run swapoff {dev} first"));
     }
     let rdev = std::fs::metadata(dev).ok().map(|m| m.rdev());
     if let (Some(rdev), Ok(info)) = (rdev, std::fs::read_to_string("/proc/self/mountinfo")) {
@@ -38,8 +36,13 @@ pub fn in_use(dev: &str) -> Option<String> {
     }
 }
 
+/// True when `/proc/swaps` lists `dev` now.
+pub fn is_active_swap(dev: &str) -> std::io::Result<bool> {
+    Ok(swap_active(&std::fs::read_to_string("/proc/swaps")?, dev))
+}
+
 /// True when `/proc/swaps` text lists `dev`.
-pub fn swap_active(swaps: &str, dev: &str) -> bool {
+fn swap_active(swaps: &str, dev: &str) -> bool {
     swaps
         .lines()
         .skip(1)

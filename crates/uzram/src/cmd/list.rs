@@ -9,7 +9,7 @@ use super::{probe, Probe};
 use crate::cli::ListArgs;
 use crate::control::proto::DeviceStatus;
 use crate::control::state::StateDir;
-use crate::inuse::{mountpoint, swap_active};
+use crate::inuse::{is_active_swap, mountpoint};
 use crate::size::format_size;
 
 /// One device as `list --json` prints it (sizes in bytes).
@@ -122,10 +122,8 @@ pub fn render(rows: &[Row]) -> String {
 
 /// `[SWAP]` when active swap, else the mount point, else nothing.
 fn mount_column(dev: &str) -> Option<String> {
-    if let Ok(swaps) = std::fs::read_to_string("/proc/swaps") {
-        if swap_active(&swaps, dev) {
-            return Some("[SWAP]".to_string());
-        }
+    if is_active_swap(dev).unwrap_or(false) {
+        return Some("[SWAP]".to_string());
     }
     let rdev = std::fs::metadata(dev).ok()?.rdev();
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;

@@ -10,7 +10,7 @@ use anyhow::Context;
 use crate::cli::ConfigArg;
 use crate::config::load_config;
 use crate::control::state::StateDir;
-use crate::inuse::swap_active;
+use crate::inuse::is_active_swap;
 
 fn device_for(config: &Path) -> anyhow::Result<String> {
     let want = std::fs::canonicalize(config).unwrap_or_else(|_| config.to_path_buf());
@@ -85,6 +85,5 @@ pub fn off(args: ConfigArg) -> anyhow::Result<ExitCode> {
 const SWAPOFF_WAIT: Duration = Duration::from_secs(14 * 60);
 
 fn is_swap(dev: &str) -> anyhow::Result<bool> {
-    let swaps = std::fs::read_to_string("/proc/swaps").context("reading /proc/swaps")?;
-    Ok(swap_active(&swaps, dev))
+    is_active_swap(dev).context("reading /proc/swaps")
 }

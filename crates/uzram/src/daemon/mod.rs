@@ -321,9 +321,9 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), ControlErr
 fn wait_until_not_swap(dev: &str) {
     let mut warned = false;
     loop {
-        match std::fs::read_to_string("/proc/swaps") {
-            Ok(swaps) if crate::inuse::swap_active(&swaps, dev) => {}
-            Ok(_) => return,
+        match crate::inuse::is_active_swap(dev) {
+            Ok(true) => {}
+            Ok(false) => return,
             Err(err) => {
                 tracing::warn!(error = %err, "reading /proc/swaps failed; stopping anyway");
                 return;
