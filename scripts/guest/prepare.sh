@@ -1,0 +1,20 @@
+# Sourced by the scripts that boot the guest (e2e, demo, bench-guest, stress-swap,
+# e2e-systemd); needs ROOT set to the repository root.
+# guest_prepare PREFIX: fetches the kernel and builds the guest's binaries. Sets KDIR, KERNEL,
+# WORK (a fresh /tmp/PREFIX.XXXXXX, per run, so concurrent runs do not collide) and BINS.
+# Under set -e a failed download or build stops the caller. Removing WORK is the caller's
+# choice (trap 'rm -rf "${WORK:-}"' EXIT before calling).
+guest_prepare() {
+  KDIR=$("$ROOT/scripts/guest/fetch-kernel")
+  KERNEL=$(find "$KDIR" -path '*/boot/vmlinuz-*' -o -path '*/modules/*/vmlinuz' | head -1)
+  WORK=$(mktemp -d "/tmp/$1.XXXXXX")
+  "$ROOT/scripts/guest/build-bins" > "$WORK/bins"
+  mapfile -t BINS < "$WORK/bins"
+}
+
+# guest_images: after guest_prepare, builds the standard initramfs (and the fio disk image)
+# into WORK; sets IMGS, the images to hand to run-vm after the kernel.
+guest_images() {
+  "$ROOT/scripts/guest/build-initramfs" "$KDIR" "$WORK/initramfs.cpio.gz" "${BINS[@]}" > "$WORK/imgs"
+  mapfile -t IMGS < "$WORK/imgs"
+}
