@@ -3,9 +3,11 @@
 //!
 //! - [`page`]: page constants and same-filled page detection (zram's `same_pages`).
 //! - [`codec`]: the [`codec::PageCodec`] trait with LZ4 and zstd implementations.
-//! - [`store`]: [`store::PageStore`], a sharded page table over a size-class arena.
-//! - [`batch`]: the seam through which batches of pages are compressed by a
-//!   [`batch::BatchBackend`] (all CPU cores here; a GPU in `uzram-gpu`).
+//! - [`store`]: [`store::PageStore`], a sharded page table over a size-class arena; it
+//!   knows pages and tickets (staged writes), not batches.
+//! - [`batch`]: above the store: the asynchronous seam [`batch::SlotBackend`] (slots of
+//!   staging memory compressed whole, by a GPU in `uzram-gpu`) and the [`batch::Ring`]
+//!   that stages written pages into those slots and installs the results.
 
 pub mod batch;
 pub mod codec;
@@ -14,5 +16,5 @@ pub mod page;
 pub mod store;
 
 pub use error::CoreError;
-pub use page::{PAGE_SHIFT, PAGE_SIZE, SECTOR_SHIFT};
+pub use page::{PAGE_SHIFT, PAGE_SIZE, PAGE_WORDS, SECTOR_SHIFT};
 pub use store::{MemoryUsage, PageStore, Stats, StoreConfig, Ticket};

@@ -6,11 +6,13 @@
 mod common;
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use common::{corpus_page, noise_page, random_page, same_page, Page};
 use proptest::prelude::*;
-use uzram_core::batch::{CpuBackend, Encoded};
+use uzram_core::batch::{FaultPlan, HostSlots, Ring, RingConfig};
 use uzram_core::codec::Algorithm;
+use uzram_core::store::{Commit, CommitState, Encoded, StagedAt, StagedPages};
 use uzram_core::{CoreError, PageStore, StoreConfig, Ticket, PAGE_SIZE};
 
 const PAGES: u64 = 48;
@@ -42,10 +44,13 @@ enum Op {
         first: u64,
         contents: Vec<Content>,
     },
-    WriteBatch {
+    /// Through a ring of small, slow staging slots.
+    RingWrite {
         first: u64,
         contents: Vec<Content>,
     },
+    /// Wait until everything written through the ring is installed.
+    Flush,
     Read {
         first: u64,
         count: u64,
@@ -58,11 +63,13 @@ enum Op {
         first: u64,
         count: u64,
     },
-    Deferred {
+    /// Stage a page by hand (as a ring does) at a fresh staging location.
+    Stage {
         page: u64,
         content: Content,
     },
-    /// Commit the `n`-th outstanding ticket (modulo their number), compressed or raw.
+    /// Commit the `n`-th outstanding ticket (modulo their number): compressed, raw, or
+    /// (for same-filled pages) as a fill word.
     Commit {
         n: usize,
         raw: bool,
@@ -100,18 +107,35 @@ fn op() -> impl Strategy<Value = Op> {
     });
     prop_oneof![
         6 => contents.clone().prop_map(|(first, contents)| Op::Write { first, contents }),
-        1 => contents.prop_map(|(first, contents)| Op::WriteBatch { first, contents }),
+        3 => contents.prop_map(|(first, contents)| Op::RingWrite { first, contents }),
+        1 => Just(Op::Flush),
         4 => range().prop_map(|(first, count)| Op::Read { first, count }),
         2 => range().prop_map(|(first, count)| Op::Discard { first, count }),
         1 => range().prop_map(|(first, count)| Op::WriteZeroes { first, count }),
-        3 => (0..PAGES, content()).prop_map(|(page, content)| Op::Deferred { page, content }),
+        3 => (0..PAGES, content()).prop_map(|(page, content)| Op::Stage { page, content }),
         3 => (any::<usize>(), any::<bool>()).prop_map(|(n, raw)| Op::Commit { n, raw }),
         1 => Just(Op::Compact),
     ]
 }
 
+/// Staging memory for hand-staged pages: pages by location.
+#[derive(Default)]
+struct MapStaging(Mutex<HashMap<StagedAt, (u64, Page)>>);
+
+impl StagedPages for MapStaging {
+    fn read_staged(&self, page: u64, at: StagedAt, out: &mut [u8; PAGE_SIZE]) -> bool {
+        match self.0.lock().unwrap().get(&at) {
+            Some((p, data)) if *p == page => {
+                *out = **data;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
 /// The model: page → content (absent = empty), and which ticket each page's content
-/// came from, if a deferred write.
+/// came from, if staged by hand.
 #[derive(Default)]
 struct Model {
     pages: HashMap<u64, Page>,
@@ -138,26 +162,50 @@ fn is_same(page: &[u8; PAGE_SIZE]) -> bool {
     uzram_core::page::same_filled_word(page).is_some()
 }
 
-fn run(ops: &[Op]) -> Result<(), TestCaseError> {
-    let store = PageStore::new(StoreConfig::new(PAGES, Algorithm::Lz4)).unwrap();
+/// Runs `ops`. With `ring`, writes marked `RingWrite` go through a ring of staging slots
+/// (hand staging is then skipped: a store has one staging memory); without, pages are
+/// staged by hand and `RingWrite` is an inline write.
+fn run(ops: &[Op], ring: bool) -> Result<(), TestCaseError> {
+    let store = Arc::new(PageStore::new(StoreConfig::new(PAGES, Algorithm::Lz4)).unwrap());
     let empty_mem = store.stats().mem_used_total;
-    let backend = CpuBackend::new(Algorithm::Lz4, std::num::NonZeroUsize::new(2));
+    let staging = Arc::new(MapStaging::default());
+    let ring = if ring {
+        let device = HostSlots::with_faults(
+            Algorithm::Lz4,
+            3,
+            4,
+            FaultPlan {
+                delay: std::time::Duration::from_micros(200),
+                ..FaultPlan::default()
+            },
+        );
+        Some(Ring::start(store.clone(), Arc::new(device), RingConfig::default()).unwrap())
+    } else {
+        store.attach_staging(staging.clone()).unwrap();
+        None
+    };
+    let mut next_epoch = 0;
     let mut codec = Algorithm::Lz4.codec();
     let mut model = Model::default();
     let mut tickets: Vec<(Ticket, Page)> = Vec::new();
     let mut notify_free = 0;
     for op in ops {
         match op {
-            Op::Write { first, contents } | Op::WriteBatch { first, contents } => {
+            Op::Write { first, contents } | Op::RingWrite { first, contents } => {
                 let pages: Vec<Page> = contents.iter().map(|c| c.page()).collect();
                 let data: Vec<u8> = pages.iter().flat_map(|p| p.iter().copied()).collect();
-                if matches!(op, Op::Write { .. }) {
-                    store.write(*first, &data).unwrap();
-                } else {
-                    store.write_batch(*first, &data, &backend).unwrap();
+                match (&ring, op) {
+                    (Some(r), Op::RingWrite { .. }) => r.write(*first, &data).unwrap(),
+                    _ => store.write(*first, &data).unwrap(),
                 }
                 for (i, page) in pages.into_iter().enumerate() {
                     model.put(first + i as u64, page);
+                }
+            }
+            Op::Flush => {
+                if let Some(r) = &ring {
+                    r.flush();
+                    prop_assert_eq!(store.stats().staged_pages, 0);
                 }
             }
             Op::Read { first, count } => {
@@ -181,18 +229,19 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
                     model.clear(index);
                 }
             }
-            Op::Deferred { page, content } => {
-                let data = content.page();
-                let ticket = store.write_deferred(*page, &data).unwrap();
-                prop_assert_eq!(ticket.is_none(), is_same(&data));
-                if let Some(t) = ticket {
-                    prop_assert_eq!(t.page, *page);
-                    tickets.push((t, data.clone()));
-                    model.put(*page, data);
-                    model.pending.insert(*page, t);
-                } else {
-                    model.put(*page, data);
+            Op::Stage { page, content } => {
+                if ring.is_some() {
+                    continue;
                 }
+                let data = content.page();
+                next_epoch += 1;
+                let at = StagedAt::new(1, 0, next_epoch).unwrap();
+                staging.0.lock().unwrap().insert(at, (*page, data.clone()));
+                let ticket = store.stage(*page, at).unwrap();
+                prop_assert_eq!(ticket.page, *page);
+                tickets.push((ticket, data.clone()));
+                model.put(*page, data);
+                model.pending.insert(*page, ticket);
             }
             Op::Commit { n, raw } => {
                 if tickets.is_empty() {
@@ -200,17 +249,34 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
                 }
                 let (ticket, data) = tickets.remove(n % tickets.len());
                 let mut out = [0u8; PAGE_SIZE];
-                let encoded = match codec.compress(&data, &mut out[..3072]).unwrap() {
-                    Some(len) if !raw => Encoded::Compressed(&out[..len]),
-                    _ => Encoded::Raw,
+                let encoded = if let Some(word) = uzram_core::page::same_filled_word(&data) {
+                    Encoded::SameFilled(word)
+                } else {
+                    match codec.compress(&data, &mut out[..3072]).unwrap() {
+                        Some(len) if !raw => Encoded::Compressed(&out[..len]),
+                        _ => Encoded::Raw(&data),
+                    }
                 };
                 let fresh = model.pending.get(&ticket.page) == Some(&ticket);
-                prop_assert_eq!(store.commit(ticket, encoded).unwrap(), fresh);
+                let mut commits = [Commit::new(ticket, encoded)];
+                store.commit(&mut commits).unwrap();
+                let want = if fresh {
+                    CommitState::Installed
+                } else {
+                    CommitState::Stale
+                };
+                prop_assert_eq!(commits[0].state, want);
                 if fresh {
                     model.pending.remove(&ticket.page);
                 }
+                // Installed pages no longer need their staged copy.
+                staging.0.lock().unwrap().remove(&ticket.at);
             }
             Op::Compact => {
+                // The accounting below needs no installs running meanwhile.
+                if let Some(r) = &ring {
+                    r.flush();
+                }
                 let before = store.stats();
                 let freed = store.compact();
                 let after = store.stats();
@@ -222,7 +288,12 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
             }
         }
         let stats = store.stats();
-        let same = model.pages.values().filter(|p| is_same(p)).count() as u64;
+        // Hand-staged pages count as same-filled only once committed as such.
+        let same = model
+            .pages
+            .iter()
+            .filter(|(i, p)| is_same(p) && !model.pending.contains_key(*i))
+            .count() as u64;
         prop_assert_eq!(stats.pages_stored, model.pages.len() as u64);
         prop_assert_eq!(stats.same_pages, same);
         prop_assert_eq!(stats.orig_data_size, model.pages.len() as u64 * 4096);
@@ -235,6 +306,9 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
     store.read(0, &mut all).unwrap();
     for (i, page) in all.chunks_exact(PAGE_SIZE).enumerate() {
         prop_assert!(page == model.expect(i as u64), "final page {} differs", i);
+    }
+    if let Some(r) = ring {
+        r.shutdown();
     }
     // Everything freed: the arena gives all its segments back; the side maps keep their
     // (small) capacity for the next deferred writes.
@@ -254,7 +328,12 @@ proptest! {
 
     #[test]
     fn store_matches_model(ops in prop::collection::vec(op(), OPS)) {
-        run(&ops)?;
+        run(&ops, false)?;
+    }
+
+    #[test]
+    fn ring_and_store_match_model(ops in prop::collection::vec(op(), OPS)) {
+        run(&ops, true)?;
     }
 
     /// Under a memory limit, single-page writes either succeed or fail with MemLimit and

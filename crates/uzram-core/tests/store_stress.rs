@@ -1,5 +1,5 @@
-//! Concurrent stress: writers, readers, discarders and a deferred-write committer hammer
-//! overlapping pages. Every page read must be a whole page that some thread really wrote
+//! Concurrent stress: writers (inline, and through a ring of staging slots whose results
+//! come back late), readers and discarders hammer overlapping pages. Every page read must be a whole page that some thread really wrote
 //! to that index (pages carry an index/writer/version stamp and stamp-derived contents),
 //! or zeros. A compactor moves everything around meanwhile. Runs about a second.
 
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{read_stamp, stamped_page, Rng};
-use uzram_core::batch::Encoded;
+use uzram_core::batch::{FaultPlan, HostSlots, Ring, RingConfig};
 use uzram_core::codec::Algorithm;
 use uzram_core::{PageStore, StoreConfig, PAGE_SIZE};
 
@@ -34,11 +34,22 @@ fn check(index: u64, page: &[u8; PAGE_SIZE], bad: &AtomicU64) {
 #[test]
 fn concurrent_writes_reads_discards_and_commits() {
     let store = Arc::new(PageStore::new(StoreConfig::new(PAGES, Algorithm::Lz4)).unwrap());
+    // A slow "device" with small slots, so staged pages are overwritten, discarded and
+    // compacted around while their results are still on their way.
+    let device = HostSlots::with_faults(
+        Algorithm::Lz4,
+        4,
+        8,
+        FaultPlan {
+            delay: Duration::from_micros(300),
+            ..FaultPlan::default()
+        },
+    );
+    let ring =
+        Arc::new(Ring::start(store.clone(), Arc::new(device), RingConfig::default()).unwrap());
     let stop = Arc::new(AtomicBool::new(false));
     let bad = Arc::new(AtomicU64::new(0));
     let reads = Arc::new(AtomicU64::new(0));
-    let commits = Arc::new(AtomicU64::new(0));
-    let stale = Arc::new(AtomicU64::new(0));
     let mut threads = Vec::new();
 
     // Writers: single pages and multi-page requests over the whole range.
@@ -92,37 +103,20 @@ fn concurrent_writes_reads_discards_and_commits() {
             }
         }));
     }
-    // The "GPU": deferred writes committed a little later, often after other writes.
+    // Writes through the ring: staged, compressed later, installed if still current.
     {
-        let (store, stop, commits, stale) =
-            (store.clone(), stop.clone(), commits.clone(), stale.clone());
+        let (ring, stop) = (ring.clone(), stop.clone());
         threads.push(std::thread::spawn(move || {
             let mut rng = Rng::new(300);
-            let mut codec = Algorithm::Lz4.codec();
-            let mut out = [0u8; PAGE_SIZE];
             let mut version = 0;
             while !stop.load(Ordering::Relaxed) {
-                let mut batch = Vec::new();
-                for _ in 0..8 {
-                    version += 1;
-                    let index = rng.next() % PAGES;
-                    let page = stamped_page(index, 9, version, rng.next() as u8);
-                    if let Some(ticket) = store.write_deferred(index, &page).unwrap() {
-                        batch.push((ticket, page));
-                    }
-                }
-                std::thread::sleep(Duration::from_micros(200));
-                for (ticket, page) in batch {
-                    let encoded = match codec.compress(&page, &mut out[..3072]).unwrap() {
-                        Some(len) => Encoded::Compressed(&out[..len]),
-                        None => Encoded::Raw,
-                    };
-                    if store.commit(ticket, encoded).unwrap() {
-                        commits.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        stale.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
+                version += 1;
+                let count = 1 + rng.next() % 4;
+                let first = rng.next() % (PAGES - count + 1);
+                let data: Vec<u8> = (first..first + count)
+                    .flat_map(|i| *stamped_page(i, 9, version, rng.next() as u8))
+                    .collect();
+                ring.write(first, &data).unwrap();
             }
         }));
     }
@@ -147,6 +141,8 @@ fn concurrent_writes_reads_discards_and_commits() {
     for t in threads {
         t.join().unwrap();
     }
+    ring.flush();
+    let ring_stats = ring.stats();
 
     // Quiescent: every page is whole, belongs to its index, and the counters add up.
     let mut all = vec![0u8; PAGES as usize * PAGE_SIZE];
@@ -166,12 +162,11 @@ fn concurrent_writes_reads_discards_and_commits() {
     let stats = store.stats();
     assert_eq!(stats.pages_stored, stored);
     assert!(reads.load(Ordering::Relaxed) > 100, "readers made progress");
-    assert!(commits.load(Ordering::Relaxed) > 0, "some commits landed");
+    assert!(ring_stats.installed_pages > 0, "{ring_stats:?}");
+    assert_eq!(stats.staged_pages, 0);
     eprintln!(
-        "reads {}, commits {}, stale {}, writes {}, pages compacted {}",
+        "reads {}, writes {}, pages compacted {}, ring {ring_stats:?}",
         reads.load(Ordering::Relaxed),
-        commits.load(Ordering::Relaxed),
-        stale.load(Ordering::Relaxed),
         stats.writes,
         compacted.load(Ordering::Relaxed)
     );

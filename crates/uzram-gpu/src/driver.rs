@@ -1,9 +1,10 @@
-//! RAII wrappers over the few CUDA driver objects uzram uses: the device with our kernel
-//! loaded ([`Gpu`]), pinned host memory ([`HostBuf`]), device memory ([`DevBuf`]), streams
-//! and events. libcuda is loaded at run time (cudarc `dynamic-loading`), so nothing here
-//! needs CUDA at build time.
+//! RAII wrappers over the few CUDA driver objects uzram uses: the device with our kernels
+//! loaded ([`Gpu`]), pinned host memory ([`HostBuf`], [`PinnedWords`]), device memory
+//! ([`DevBuf`]), streams, events and captured graphs ([`GraphExec`]). libcuda is loaded at
+//! run time (cudarc `dynamic-loading`), so nothing here needs CUDA at build time.
 
 use std::ffi::{c_void, CString};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use cudarc::driver::result::{self, stream::StreamKind};
@@ -44,12 +45,36 @@ fn no_device_or(
     }
 }
 
-/// One GPU's context with the compression kernel loaded.
+/// The kernels of the embedded module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// LZ4 with every position tested and two lazy steps (`uzram_lz4_fast`).
+    Fast,
+    /// LZ4 with a deeper match search (`uzram_lz4_high`).
+    High,
+    /// Decode-and-compare of every block, and its export to the host (`uzram_lz4_verify`).
+    Verify,
+}
+
+impl Kernel {
+    /// The kernel's entry point in the PTX.
+    pub fn entry(self) -> &'static str {
+        match self {
+            Kernel::Fast => "uzram_lz4_fast",
+            Kernel::High => "uzram_lz4_high",
+            Kernel::Verify => "uzram_lz4_verify",
+        }
+    }
+}
+
+/// One GPU's context with the compression kernels loaded.
 #[derive(Debug)]
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     module: CUmodule,
-    function: CUfunction,
+    /// Indexed like [`Kernel`]; `None` where the module lacks that entry point.
+    functions: [Option<CUfunction>; 3],
+    ordinal: usize,
     name: String,
     sm_count: u32,
 }
@@ -66,9 +91,9 @@ impl Gpu {
         Self::open_with_ptx(ordinal, ptx::PTX)
     }
 
-    /// Opens GPU `ordinal` with another build of the kernel (kernel development: compare
-    /// variants with the benchmark). `ptx` must define `uzram_lz4_compress` with the
-    /// embedded kernel's signature and output contract.
+    /// Opens GPU `ordinal` with another build of the kernels (kernel development: compare
+    /// variants with the benchmark). `ptx` must define the entry points of [`Kernel`] it
+    /// is used with, with the embedded kernels' signatures and output contract.
     pub fn open_with_ptx(ordinal: usize, ptx: &str) -> Result<Arc<Self>, GpuError> {
         let ptx = CString::new(ptx.trim_end_matches('\0'))
             .map_err(|_| GpuError::Config("PTX text contains a NUL byte".into()))?;
@@ -87,21 +112,30 @@ impl Gpu {
         // bound to this thread by CudaContext::new.
         let module = unsafe { result::module::load_data(ptx.as_ptr().cast()) }
             .map_err(GpuError::driver("cuModuleLoadData"))?;
-        let kernel =
-            CString::new(ptx::KERNEL).map_err(|_| GpuError::Config("kernel name".into()))?;
-        // SAFETY: `module` was just loaded and is not unloaded before `Gpu` drops.
-        let function = match unsafe { result::module::get_function(module, kernel) } {
-            Ok(f) => f,
-            Err(e) => {
-                // SAFETY: the module was loaded above and nothing else refers to it.
-                let _ = unsafe { result::module::unload(module) };
-                return Err(GpuError::driver("cuModuleGetFunction")(e));
-            }
-        };
+        let mut functions = [None; 3];
+        for (slot, kernel) in functions
+            .iter_mut()
+            .zip([Kernel::Fast, Kernel::High, Kernel::Verify])
+        {
+            let entry =
+                CString::new(kernel.entry()).map_err(|_| GpuError::Config("kernel name".into()))?;
+            // SAFETY: `module` was just loaded and is not unloaded before `Gpu` drops.
+            *slot = unsafe { result::module::get_function(module, entry) }.ok();
+        }
+        if functions[2].is_none() || functions[0].is_none() {
+            // SAFETY: the module was loaded above and nothing else refers to it.
+            let _ = unsafe { result::module::unload(module) };
+            return Err(GpuError::Config(format!(
+                "the PTX lacks {} or {}",
+                Kernel::Fast.entry(),
+                Kernel::Verify.entry()
+            )));
+        }
         Ok(Arc::new(Self {
             ctx,
             module,
-            function,
+            functions,
+            ordinal,
             name,
             sm_count: sm_count.max(1) as u32,
         }))
@@ -124,8 +158,14 @@ impl Gpu {
         self.sm_count
     }
 
-    pub(crate) fn function(&self) -> CUfunction {
-        self.function
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The kernel's function, if the loaded module has it.
+    pub fn function(&self, kernel: Kernel) -> Option<CUfunction> {
+        self.functions[kernel as usize]
     }
 }
 
@@ -142,10 +182,13 @@ impl Drop for Gpu {
 }
 
 /// Page-locked host memory (`cuMemHostAlloc`): the only memory the GPU copies at full speed.
+/// A mapped buffer ([`HostBuf::mapped`]) is also addressable from kernels, which write
+/// results into it directly.
 #[derive(Debug)]
 pub struct HostBuf {
     ptr: *mut u8,
     len: usize,
+    device_ptr: Option<CUdeviceptr>,
     gpu: Arc<Gpu>,
 }
 
@@ -157,19 +200,50 @@ unsafe impl Sync for HostBuf {}
 impl HostBuf {
     /// Allocates `len` zeroed bytes of pinned host memory.
     pub fn new(gpu: &Arc<Gpu>, len: usize) -> Result<Self, GpuError> {
+        Self::alloc(gpu, len, false)
+    }
+
+    /// Allocates `len` zeroed bytes of pinned host memory that kernels can also address
+    /// ([`HostBuf::device_ptr`]).
+    pub fn mapped(gpu: &Arc<Gpu>, len: usize) -> Result<Self, GpuError> {
+        Self::alloc(gpu, len, true)
+    }
+
+    fn alloc(gpu: &Arc<Gpu>, len: usize, mapped: bool) -> Result<Self, GpuError> {
         gpu.bind()?;
-        // SAFETY: the context is bound; flags 0 asks for ordinary cached pinned memory
-        // (write-combined memory would make host reads of results very slow).
-        let ptr = unsafe { result::malloc_host(len.max(1), 0) }
+        let flags = if mapped {
+            sys::CU_MEMHOSTALLOC_DEVICEMAP
+        } else {
+            0
+        };
+        // SAFETY: the context is bound; the flags ask for ordinary cached pinned memory,
+        // mapped or not (write-combined memory would make host reads of results very slow).
+        let ptr = unsafe { result::malloc_host(len.max(1), flags) }
             .map_err(GpuError::driver("cuMemHostAlloc"))?
             .cast::<u8>();
-        // SAFETY: `ptr` is a fresh allocation of at least `len` bytes.
-        unsafe { std::ptr::write_bytes(ptr, 0, len) };
-        Ok(Self {
+        let mut buf = Self {
             ptr,
             len,
+            device_ptr: None,
             gpu: gpu.clone(),
-        })
+        };
+        // SAFETY: `ptr` is a fresh allocation of at least `len` bytes.
+        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        if mapped {
+            let mut dptr: CUdeviceptr = 0;
+            // SAFETY: `ptr` was allocated with CU_MEMHOSTALLOC_DEVICEMAP in the bound
+            // context; flags must be 0; `dptr` is a valid out-pointer.
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, ptr.cast(), 0) }
+                .result()
+                .map_err(GpuError::driver("cuMemHostGetDevicePointer"))?;
+            buf.device_ptr = Some(dptr);
+        }
+        Ok(buf)
+    }
+
+    /// The address kernels use for a mapped buffer.
+    pub fn device_ptr(&self) -> Option<CUdeviceptr> {
+        self.device_ptr
     }
 
     /// Length in bytes.
@@ -194,10 +268,6 @@ impl HostBuf {
         // SAFETY: as in `as_slice`, and `&mut self` makes this the only reference.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
-
-    pub(crate) fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.ptr
-    }
 }
 
 impl Drop for HostBuf {
@@ -209,6 +279,51 @@ impl Drop for HostBuf {
                 warn!(error = %e, "cuMemFreeHost failed");
             }
         }
+    }
+}
+
+/// Pinned host memory seen from Rust only as atomic words: the staging of a slot, which
+/// writer threads fill, reader threads copy from and the device reads (by DMA) without
+/// any lock among them.
+#[derive(Debug)]
+pub struct PinnedWords {
+    buf: HostBuf,
+}
+
+impl PinnedWords {
+    /// `words` zeroed pinned words.
+    pub fn new(gpu: &Arc<Gpu>, words: usize) -> Result<Self, GpuError> {
+        Ok(Self {
+            buf: HostBuf::new(gpu, words * 8)?,
+        })
+    }
+
+    /// The words.
+    pub fn words(&self) -> &[AtomicU64] {
+        // SAFETY: cuMemHostAlloc returns page-aligned memory of `len` bytes owned by `buf`,
+        // which lives as long as `self`; AtomicU64 has the size and alignment of u64, and
+        // this type hands out no non-atomic view of the bytes, so every access from Rust is
+        // atomic. The device only reads them (copies queued after the writes were made).
+        unsafe { std::slice::from_raw_parts(self.buf.ptr.cast::<AtomicU64>(), self.buf.len / 8) }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.buf.len
+    }
+
+    /// True for an empty buffer.
+    pub fn is_empty(&self) -> bool {
+        self.buf.len == 0
+    }
+
+    /// The first `len` bytes as the source of a host-to-device copy.
+    ///
+    /// # Safety
+    /// The caller queues only device reads of these bytes (a copy to the device), and must
+    /// not hold the returned pointer past the buffer's life.
+    pub unsafe fn as_copy_source(&self) -> *const u8 {
+        self.buf.ptr
     }
 }
 
@@ -300,16 +415,54 @@ impl Stream {
             .map_err(GpuError::driver("cuStreamSynchronize"))
     }
 
-    /// Queues a copy of `src` into device memory at `dst`.
+    /// Queues a copy of `len` bytes at `src` into device memory at `dst`.
     ///
     /// # Safety
-    /// `dst` must have room for `src.len()` bytes, and `src` (pinned memory, for the copy
-    /// to be asynchronous) must stay alive and unchanged until the stream reaches this copy.
-    pub unsafe fn copy_to_device(&self, dst: CUdeviceptr, src: &[u8]) -> Result<(), GpuError> {
+    /// `dst` must have room for `len` bytes, and `src` (pinned memory, for the copy to be
+    /// asynchronous) must hold `len` bytes and stay alive until the stream reaches this copy
+    /// (or, captured into a graph, as long as the graph).
+    pub unsafe fn copy_to_device(
+        &self,
+        dst: CUdeviceptr,
+        src: *const u8,
+        len: usize,
+    ) -> Result<(), GpuError> {
         self.gpu.bind()?;
-        // SAFETY: the caller keeps `src` alive and `dst` large enough.
-        unsafe { result::memcpy_htod_async(dst, src, self.raw) }
+        // SAFETY: the caller keeps `src` alive with `len` bytes and `dst` large enough.
+        unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, self.raw) }
+            .result()
             .map_err(GpuError::driver("cuMemcpyHtoDAsync"))
+    }
+
+    /// Starts capturing the work queued on this stream into a graph (work from other
+    /// threads is not affected).
+    pub fn begin_capture(&self) -> Result<(), GpuError> {
+        self.gpu.bind()?;
+        // SAFETY: `raw` is a live stream of the bound context.
+        unsafe {
+            result::stream::begin_capture(
+                self.raw,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .map_err(GpuError::driver("cuStreamBeginCapture"))
+    }
+
+    /// Ends a capture and instantiates the captured work.
+    pub fn end_capture(&self) -> Result<GraphExec, GpuError> {
+        self.gpu.bind()?;
+        // SAFETY: `raw` is a live stream that is capturing.
+        let graph = unsafe { result::stream::end_capture(self.raw) }
+            .map_err(GpuError::driver("cuStreamEndCapture"))?;
+        // SAFETY: `graph` was just captured; it is destroyed once instantiated (the
+        // executable graph keeps what it needs).
+        let exec = unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
+        // SAFETY: as above; the graph is not used again.
+        let _ = unsafe { result::graph::destroy(graph) };
+        Ok(GraphExec {
+            raw: exec.map_err(GpuError::driver("cuGraphInstantiate"))?,
+            gpu: self.gpu.clone(),
+        })
     }
 
     /// Queues a copy of `dst.len()` bytes from device memory at `src` into `dst`.
@@ -352,9 +505,18 @@ unsafe impl Sync for Event {}
 impl Event {
     /// Creates an event that records time.
     pub fn new(gpu: &Arc<Gpu>) -> Result<Self, GpuError> {
+        Self::with_flags(gpu, sys::CUevent_flags::CU_EVENT_DEFAULT)
+    }
+
+    /// Creates an event that records time and that [`Event::synchronize`] waits for by
+    /// sleeping rather than spinning: a thread waiting for a slot costs no CPU.
+    pub fn blocking(gpu: &Arc<Gpu>) -> Result<Self, GpuError> {
+        Self::with_flags(gpu, sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC)
+    }
+
+    fn with_flags(gpu: &Arc<Gpu>, flags: sys::CUevent_flags) -> Result<Self, GpuError> {
         gpu.bind()?;
-        let raw = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
-            .map_err(GpuError::driver("cuEventCreate"))?;
+        let raw = result::event::create(flags).map_err(GpuError::driver("cuEventCreate"))?;
         Ok(Self {
             raw,
             gpu: gpu.clone(),
@@ -403,6 +565,41 @@ impl Drop for Event {
             // SAFETY: created in `new`, destroyed once.
             if let Err(e) = unsafe { result::event::destroy(self.raw) } {
                 warn!(error = %e, "cuEventDestroy failed");
+            }
+        }
+    }
+}
+
+/// An instantiated CUDA graph: a slot's whole GPU work, launched with one call.
+#[derive(Debug)]
+pub struct GraphExec {
+    raw: sys::CUgraphExec,
+    gpu: Arc<Gpu>,
+}
+
+// SAFETY: an executable graph handle may be launched from any thread that binds its
+// context; `gpu.bind()` precedes every use.
+unsafe impl Send for GraphExec {}
+// SAFETY: as for Send; launches are serialized by the driver.
+unsafe impl Sync for GraphExec {}
+
+impl GraphExec {
+    /// Queues the graph's work on `stream`.
+    pub fn launch(&self, stream: &Stream) -> Result<(), GpuError> {
+        self.gpu.bind()?;
+        // SAFETY: both handles are live objects of the bound context.
+        unsafe { result::graph::launch(self.raw, stream.raw()) }
+            .map_err(GpuError::driver("cuGraphLaunch"))
+    }
+}
+
+impl Drop for GraphExec {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            // SAFETY: instantiated once, destroyed once; owners synchronize the streams
+            // that ran it first.
+            if let Err(e) = unsafe { result::graph::exec_destroy(self.raw) } {
+                warn!(error = %e, "cuGraphExecDestroy failed");
             }
         }
     }

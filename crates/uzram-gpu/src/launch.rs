@@ -1,86 +1,134 @@
-//! The one place that launches the compression kernel.
+//! The one place that launches the kernels (see `kernels/lz4.cu` for their contract).
 
 use std::ffi::c_void;
 
 use cudarc::driver::result;
 use cudarc::driver::sys::CUdeviceptr;
 
-use crate::driver::{Gpu, Stream};
-use crate::layout::{meta_bytes, total_index};
+use crate::driver::{Gpu, Kernel, Stream};
 use crate::GpuError;
 
-/// Threads per block: one warp, one page at a time (see `kernels/lz4_compress.cu`).
+/// Threads per block: one warp, one page at a time.
 pub const BLOCK_THREADS: u32 = 32;
 
-/// Most blocks one launch uses; the kernel walks the rest of the batch grid-stride.
-const MAX_GRID: u32 = 1 << 30;
+/// Control words the kernels read: pages, raw threshold, packed-bytes counter, unused.
+pub const CTRL_WORDS: usize = 4;
 
-/// Device buffers of one launch over `pages` pages.
+/// Device buffers of one slot's run over up to `pages` pages.
 #[derive(Debug, Clone, Copy)]
-pub struct LaunchBuffers {
+pub struct SlotBuffers {
     /// `pages * 4096` bytes of input pages.
     pub input: CUdeviceptr,
-    /// `pages * 4096` bytes the kernel builds blocks in.
+    /// `pages * 4096` bytes the compressor builds blocks in.
     pub scratch: CUdeviceptr,
     /// `pages * 4096` bytes receiving the packed blocks.
     pub packed: CUdeviceptr,
-    /// [`meta_bytes`]`(pages)` bytes of size words, offsets and the packed total.
+    /// `meta_bytes(pages)` bytes of size words and offsets (device side).
     pub meta: CUdeviceptr,
+    /// [`CTRL_WORDS`] u32 control words.
+    pub ctrl: CUdeviceptr,
+    /// Mapped host memory of `pages * 4096` bytes receiving the checked blocks.
+    pub out_packed: CUdeviceptr,
+    /// Mapped host memory of `meta_bytes(pages)` bytes receiving the checked meta.
+    pub out_meta: CUdeviceptr,
 }
 
-/// Queues, on `stream`, the zeroing of the packed-bytes counter and the LZ4 kernel for
-/// `pages` pages (see [`crate::layout`] for the output). `limit` is the raw-storage
-/// threshold: blocks are only kept when strictly shorter.
+/// Queues the compression kernel `kernel` ([`Kernel::Fast`] or [`Kernel::High`]) over a
+/// grid sized for `max_pages`; it compresses the `ctrl[0]` pages the control words name.
 ///
 /// # Safety
-/// Every buffer in `bufs` must be device memory of `gpu`'s context of the size documented
-/// on [`LaunchBuffers`] (16-byte aligned), alive until the stream has finished the launch.
-pub unsafe fn compress_pages(
+/// Every buffer in `bufs` must be memory of `gpu`'s context of the size documented on
+/// [`SlotBuffers`] for `max_pages` pages, alive until the stream has finished the launch
+/// (or as long as a graph it is captured into), with `ctrl[0] <= max_pages`.
+pub unsafe fn compress(
     gpu: &Gpu,
     stream: &Stream,
-    bufs: LaunchBuffers,
-    pages: u32,
-    limit: u32,
+    kernel: Kernel,
+    bufs: SlotBuffers,
+    max_pages: u32,
 ) -> Result<(), GpuError> {
-    if pages == 0 {
-        return Ok(());
-    }
-    gpu.bind()?;
-    let total = bufs.meta + (total_index(pages as usize) * 4) as CUdeviceptr;
-    debug_assert_eq!(
-        total + 4,
-        bufs.meta + meta_bytes(pages as usize) as CUdeviceptr
-    );
-    // SAFETY: `total` is the last u32 of the caller's meta buffer.
-    unsafe { result::memset_d8_async(total, 0, 4, stream.raw()) }
-        .map_err(GpuError::driver("cuMemsetD8Async"))?;
-    let LaunchBuffers {
+    let f = gpu
+        .function(kernel)
+        .ok_or_else(|| GpuError::Config(format!("the loaded module has no {}", kernel.entry())))?;
+    let SlotBuffers {
         mut input,
         mut scratch,
         mut packed,
         mut meta,
+        mut ctrl,
+        ..
     } = bufs;
-    let (mut pages_arg, mut limit) = (pages, limit);
-    let mut params: [*mut c_void; 6] = [
+    let mut params: [*mut c_void; 5] = [
         (&mut input as *mut CUdeviceptr).cast(),
         (&mut scratch as *mut CUdeviceptr).cast(),
         (&mut packed as *mut CUdeviceptr).cast(),
         (&mut meta as *mut CUdeviceptr).cast(),
-        (&mut pages_arg as *mut u32).cast(),
-        (&mut limit as *mut u32).cast(),
+        (&mut ctrl as *mut CUdeviceptr).cast(),
     ];
-    // SAFETY: the function comes from our module, whose signature is
-    // (const uint4*, u8*, u8*, u32*, u32, u32); `params` points at locals of exactly those
+    // SAFETY: the function is one of our compression kernels, whose signature is
+    // (const uint4*, u8*, u8*, u32*, u32*); `params` points at locals of exactly those
     // sizes that outlive this call (the driver copies them at launch); the caller
-    // guarantees the buffers. Static shared memory only, so 0 dynamic bytes.
+    // guarantees the buffers.
+    unsafe { launch(gpu, stream, f, max_pages, &mut params) }
+}
+
+/// Queues the check-and-export kernel over a grid sized for `max_pages`.
+///
+/// # Safety
+/// As for [`compress`]; the compression kernel must be queued before it on `stream`.
+pub unsafe fn verify(
+    gpu: &Gpu,
+    stream: &Stream,
+    bufs: SlotBuffers,
+    max_pages: u32,
+) -> Result<(), GpuError> {
+    let f = gpu
+        .function(Kernel::Verify)
+        .ok_or_else(|| GpuError::Config("the loaded module has no verify kernel".into()))?;
+    let SlotBuffers {
+        mut input,
+        mut packed,
+        mut meta,
+        mut ctrl,
+        mut out_packed,
+        mut out_meta,
+        ..
+    } = bufs;
+    let mut params: [*mut c_void; 6] = [
+        (&mut input as *mut CUdeviceptr).cast(),
+        (&mut packed as *mut CUdeviceptr).cast(),
+        (&mut meta as *mut CUdeviceptr).cast(),
+        (&mut ctrl as *mut CUdeviceptr).cast(),
+        (&mut out_packed as *mut CUdeviceptr).cast(),
+        (&mut out_meta as *mut CUdeviceptr).cast(),
+    ];
+    // SAFETY: the verify kernel's signature is (const uint4*, const u8*, const u32*,
+    // const u32*, u8*, u32*); `params` points at locals of those sizes that outlive this
+    // call; the caller guarantees the buffers.
+    unsafe { launch(gpu, stream, f, max_pages, &mut params) }
+}
+
+/// # Safety
+/// `params` must match `f`'s signature; its buffers must be valid (see the callers).
+unsafe fn launch(
+    gpu: &Gpu,
+    stream: &Stream,
+    f: cudarc::driver::sys::CUfunction,
+    max_pages: u32,
+    params: &mut [*mut c_void],
+) -> Result<(), GpuError> {
+    gpu.bind()?;
+    // One warp per page; kernels of other slots fill the tail of the last wave.
+    let grid = max_pages.clamp(1, 1 << 30);
+    // SAFETY: the caller guarantees `params` and the buffers; static shared memory only.
     unsafe {
         result::launch_kernel(
-            gpu.function(),
-            (pages.min(MAX_GRID), 1, 1),
+            f,
+            (grid, 1, 1),
             (BLOCK_THREADS, 1, 1),
             0,
             stream.raw(),
-            &mut params,
+            params,
         )
     }
     .map_err(GpuError::driver("cuLaunchKernel"))

@@ -1,27 +1,32 @@
-//! uzram-gpu: compresses batches of 4 KiB pages to LZ4 on an NVIDIA GPU, behind
-//! [`uzram_core::batch::BatchBackend`].
+//! uzram-gpu: compresses slots of 4 KiB pages to LZ4 on NVIDIA GPUs, behind uzram-core's
+//! asynchronous [`uzram_core::batch::SlotBackend`] seam.
 //!
-//! - [`GpuBackend`]: the `BatchBackend` (`name() == "gpu"`).
-//! - [`Pipeline`]: the ring of slots (pinned staging, device buffers, stream, events).
+//! - [`GpuSlots`]: the backend: pinned staging per slot, one captured graph per slot
+//!   (copy in, compress, decode-and-compare every block, export the checked results to
+//!   mapped host memory), slots spread over one or more GPUs.
+//! - [`GpuConfig`] / [`Parse`]: the ring's shape and memory, and the `fast` or `high` parse.
 //! - [`gpu_available`] / [`probe`]: is there a driver and a GPU? Never panics.
 //! - [`GpuError`] with [`GpuError::kind`]: fall back to the CPU, or a caller bug.
 //!
-//! libcuda is loaded at run time and the kernel ships as PTX built from
-//! `kernels/lz4_compress.cu` (`scripts/gpu-ptx`), so this crate builds and tests on machines
-//! without CUDA and runs where only the NVIDIA driver is installed.
+//! libcuda is loaded at run time and the kernels ship as PTX built from `kernels/lz4.cu`
+//! (`scripts/gpu-ptx`), so this crate builds and tests on machines without CUDA and runs
+//! where only the NVIDIA driver is installed.
 
-mod backend;
+// Staging is written as little-endian words that the device copies as bytes.
+#[cfg(target_endian = "big")]
+compile_error!("uzram-gpu needs a little-endian host");
+
+mod config;
 pub mod driver;
 mod error;
 pub mod launch;
-pub mod layout;
-mod pipeline;
 pub mod ptx;
+mod slots;
 
-pub use backend::{to_core_error, GpuBackend};
-pub use driver::{gpu_available, probe, Gpu};
+pub use config::{GpuConfig, Parse};
+pub use driver::{gpu_available, probe, Gpu, Kernel};
 pub use error::{ErrorKind, GpuError};
-pub use pipeline::{GpuStats, PinnedPages, Pipeline, PipelineConfig, SlotOutput};
+pub use slots::{to_backend_error, GpuSlots, GpuStats};
 
 #[cfg(test)]
 mod tests {
@@ -29,22 +34,22 @@ mod tests {
 
     #[test]
     fn no_gpu_is_reported_not_panicked() {
+        let small = GpuConfig {
+            slots: 3,
+            slot_pages: 64,
+            ..GpuConfig::default()
+        };
         match probe() {
             Ok(n) => {
                 eprintln!("this machine has {n} GPU(s); checking the backend opens");
                 assert!(gpu_available());
-                GpuBackend::new(PipelineConfig {
-                    batch_pages: 64,
-                    slots: 3,
-                    device: 0,
-                })
-                .expect("GPU present but backend failed to open");
+                GpuSlots::new(small).expect("GPU present but backend failed to open");
             }
             Err(e) => {
                 eprintln!("no GPU here ({e}); checking the error is a clean fallback");
                 assert!(!gpu_available());
                 assert_eq!(e.kind(), ErrorKind::Unavailable);
-                let err = GpuBackend::new(PipelineConfig::default()).unwrap_err();
+                let err = GpuSlots::new(small).unwrap_err();
                 assert_eq!(err.kind(), ErrorKind::Unavailable);
             }
         }

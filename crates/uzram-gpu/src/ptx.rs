@@ -1,15 +1,12 @@
-//! The kernel's PTX, embedded at build time (built by `scripts/gpu-ptx` from
-//! `kernels/lz4_compress.cu`), so the backend runs where only the driver is installed: the
-//! driver compiles PTX for the GPU it finds (`cuModuleLoadData`).
+//! The kernels' PTX, embedded at build time (built by `scripts/gpu-ptx` from
+//! `kernels/lz4.cu`), so the backend runs where only the driver is installed: the driver
+//! compiles PTX for the GPU it finds (`cuModuleLoadData`).
 
-/// PTX of `kernels/lz4_compress.cu` (NUL-terminated for `cuModuleLoadData`).
-pub const PTX: &str = concat!(include_str!("../kernels/lz4_compress.ptx"), "\0");
+/// PTX of `kernels/lz4.cu` (NUL-terminated for `cuModuleLoadData`).
+pub const PTX: &str = concat!(include_str!("../kernels/lz4.ptx"), "\0");
 
 /// The CUDA source the PTX must have been built from.
-pub const SOURCE: &str = include_str!("../kernels/lz4_compress.cu");
-
-/// Name of the kernel entry point.
-pub const KERNEL: &str = "uzram_lz4_compress";
+pub const SOURCE: &str = include_str!("../kernels/lz4.cu");
 
 /// The header line `scripts/gpu-ptx` puts first in the PTX.
 const HASH_TAG: &str = "// uzram-source-fnv1a64: ";
@@ -43,13 +40,15 @@ mod tests {
         assert_eq!(
             recorded,
             fnv1a64(SOURCE.as_bytes()),
-            "kernels/lz4_compress.ptx is stale: run scripts/gpu-ptx on a machine with nvcc"
+            "kernels/lz4.ptx is stale: run scripts/gpu-ptx"
         );
     }
 
     #[test]
-    fn embedded_ptx_defines_the_kernel_for_hopper() {
-        assert!(PTX.contains(&format!(".entry {KERNEL}(")));
+    fn embedded_ptx_defines_the_kernels_for_hopper() {
+        for k in [crate::Kernel::Fast, crate::Kernel::Verify] {
+            assert!(PTX.contains(&format!(".entry {}(", k.entry())), "{k:?}");
+        }
         assert!(PTX.contains(".target sm_90"));
         assert!(PTX.ends_with('\0') && !PTX[..PTX.len() - 1].contains('\0'));
     }

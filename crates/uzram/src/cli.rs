@@ -31,7 +31,8 @@ pub enum Command {
     /// Internal: the detached daemon that `create` starts.
     #[command(hide = true)]
     Daemon(DaemonArgs),
-    /// Store every page of a corpus file through a PageStore, read it back, verify, report.
+    /// Drive the daemon's request handler with a corpus from several threads, as ublk queue
+    /// threads do, while one thread times reads; report speed, CPU, memory, read latency.
     Bench(BenchArgs),
 }
 
@@ -58,6 +59,15 @@ pub struct DeviceArgs {
     /// Device id N for /dev/ublkbN (default: the kernel picks).
     #[arg(long)]
     pub id: Option<u64>,
+    /// GPUs for --backend gpu/auto: all, or numbers separated by commas (default 0).
+    #[arg(long)]
+    pub gpus: Option<String>,
+    /// Page-locked host memory of the GPU ring, staging and results (default 128M).
+    #[arg(long)]
+    pub gpu_memory: Option<String>,
+    /// The GPU's LZ4 parse: fast or high.
+    #[arg(long)]
+    pub gpu_parse: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -123,29 +133,39 @@ pub struct ConfigArg {
 
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// File of raw concatenated 4 KiB pages (zstd-compressed if its name ends in .zst).
-    #[arg(long)]
-    pub corpus: PathBuf,
+    /// File of raw concatenated 4 KiB pages (zstd-compressed if its name ends in .zst);
+    /// give it more than once to run each corpus.
+    #[arg(long, required = true)]
+    pub corpus: Vec<PathBuf>,
     /// Compression algorithm: lz4, zstd or zstd:LEVEL.
     #[arg(long, default_value = "lz4")]
     pub algorithm: String,
-    /// Compression backend.
+    /// Backends to run side by side: cpu, gpu, auto, comma-separated (e.g. cpu,gpu).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
-    /// Worker threads (default: every core).
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Timed runs; the median throughput is reported.
+    /// Threads sending 64 KiB writes through the daemon's request handler, as ublk queue
+    /// threads do.
+    #[arg(long, default_value_t = 4)]
+    pub queues: usize,
+    /// Bytes written per run (the corpus repeated), with a K, M, G suffix.
+    #[arg(long, default_value = "1G")]
+    pub total: String,
+    /// Runs per backend; medians are reported.
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
     /// Compressed pages of this many bytes or more are stored raw (1..=4096).
     #[arg(long, default_value_t = uzram_core::StoreConfig::DEFAULT_RAW_THRESHOLD)]
     pub raw_threshold: usize,
-    /// Write through the batch seam (PageStore::write_batch, the backend compressing
-    /// each batch on --threads threads) instead of --threads threads calling write.
+    /// GPUs for the gpu backend: all, or numbers separated by commas.
     #[arg(long)]
-    pub batch: bool,
-    /// Print exactly one JSON object on stdout.
+    pub gpus: Option<String>,
+    /// Page-locked host memory of the GPU ring (default 128M).
+    #[arg(long)]
+    pub gpu_memory: Option<String>,
+    /// The GPU's LZ4 parse: fast or high.
+    #[arg(long)]
+    pub gpu_parse: Option<String>,
+    /// Print one JSON object per corpus and backend on stdout.
     #[arg(long)]
     pub json: bool,
 }
@@ -161,6 +181,9 @@ impl DeviceArgs {
             depth: self.depth,
             mem_limit: self.mem_limit.clone(),
             id: self.id,
+            gpus: self.gpus.clone(),
+            gpu_memory: self.gpu_memory.clone(),
+            gpu_parse: self.gpu_parse.clone(),
         }
     }
 
@@ -184,6 +207,9 @@ impl DeviceArgs {
         opt("--depth", self.depth.map(|d| d.to_string()));
         opt("--mem-limit", self.mem_limit.clone());
         opt("--id", self.id.map(|i| i.to_string()));
+        opt("--gpus", self.gpus.clone());
+        opt("--gpu-memory", self.gpu_memory.clone());
+        opt("--gpu-parse", self.gpu_parse.clone());
         v
     }
 }

@@ -2,12 +2,14 @@
 //!
 //! The TOML file uses zram-generator's vocabulary where it has one (`zram-size`,
 //! `compression-algorithm`, `swap-priority`, `options`, `fs-type`), plus `mem-limit`, `backend`,
-//! `queues`, `depth` and `id`. Unknown keys are errors, so a typo never silently does nothing.
+//! `gpus`, `gpu-memory`, `gpu-parse`, `queues`, `depth` and `id`. Unknown keys are errors, so a
+//! typo never silently does nothing.
 
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use uzram_core::codec::Algorithm;
+use uzram_gpu::Parse;
 
 use crate::size::{parse_size, SizeError};
 
@@ -43,21 +45,100 @@ impl Backend {
         }
     }
 
-    /// The backend that will serve writes here: `cpu` or `gpu`.
-    ///
-    /// `gpu` needs an NVIDIA GPU and driver and LZ4 (the GPU kernel speaks LZ4 only); `auto`
-    /// is `gpu` where that holds and `cpu` elsewhere.
-    pub fn resolve(self, algorithm: Algorithm) -> Result<Backend, ConfigError> {
+    /// The name the CLI and config file use.
+    pub fn name(self) -> &'static str {
         match self {
-            Backend::Cpu => Ok(Backend::Cpu),
+            Backend::Cpu => "cpu",
+            Backend::Gpu => "gpu",
+            Backend::Auto => "auto",
+        }
+    }
+
+    /// Refuses `gpu` early (before a daemon starts) where it cannot work: an algorithm other
+    /// than LZ4, or no NVIDIA driver or GPU. `auto` is decided when the device starts
+    /// (`daemon::compression`), the one place that chooses.
+    pub fn check(self, algorithm: Algorithm) -> Result<(), ConfigError> {
+        match self {
             Backend::Gpu if algorithm != Algorithm::Lz4 => Err(ConfigError::GpuNeedsLz4),
             Backend::Gpu => uzram_gpu::probe()
-                .map(|_| Backend::Gpu)
+                .map(drop)
                 .map_err(|e| ConfigError::GpuUnavailable(e.to_string())),
-            Backend::Auto if algorithm == Algorithm::Lz4 && uzram_gpu::gpu_available() => {
-                Ok(Backend::Gpu)
+            Backend::Cpu | Backend::Auto => Ok(()),
+        }
+    }
+}
+
+/// Which GPUs the ring's slots are spread over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuSelect {
+    /// Every GPU the driver reports.
+    All,
+    /// These ordinals.
+    List(Vec<usize>),
+}
+
+impl GpuSelect {
+    /// Parses `all` or a comma-separated list of ordinals (`0,1`).
+    pub fn parse(s: &str) -> Result<Self, ConfigError> {
+        if s.trim() == "all" {
+            return Ok(GpuSelect::All);
+        }
+        let list: Result<Vec<usize>, _> = s.split(',').map(|p| p.trim().parse()).collect();
+        match list {
+            Ok(v) if !v.is_empty() => {
+                let mut sorted = v.clone();
+                sorted.sort_unstable();
+                sorted.dedup();
+                if sorted.len() != v.len() {
+                    return Err(ConfigError::Gpus(s.to_string()));
+                }
+                Ok(GpuSelect::List(v))
             }
-            Backend::Auto => Ok(Backend::Cpu),
+            _ => Err(ConfigError::Gpus(s.to_string())),
+        }
+    }
+
+    /// The ordinals, with `all` resolved against the driver.
+    pub fn ordinals(&self) -> Result<Vec<usize>, uzram_gpu::GpuError> {
+        match self {
+            GpuSelect::All => Ok((0..uzram_gpu::probe()?).collect()),
+            GpuSelect::List(v) => Ok(v.clone()),
+        }
+    }
+}
+
+impl std::fmt::Display for GpuSelect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GpuSelect::All => f.write_str("all"),
+            GpuSelect::List(v) => {
+                let parts: Vec<String> = v.iter().map(ToString::to_string).collect();
+                f.write_str(&parts.join(","))
+            }
+        }
+    }
+}
+
+/// Default pinned host memory of the GPU ring: 7 slots of 2048 pages (staging and results).
+pub const DEFAULT_GPU_MEMORY: u64 = 128 << 20;
+
+/// How the GPU backend runs, when it does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuSettings {
+    /// GPUs to spread slots over.
+    pub gpus: GpuSelect,
+    /// Page-locked host memory for the ring (staging and results), in bytes.
+    pub memory: u64,
+    /// The GPU's LZ4 parse.
+    pub parse: Parse,
+}
+
+impl Default for GpuSettings {
+    fn default() -> Self {
+        Self {
+            gpus: GpuSelect::List(vec![0]),
+            memory: DEFAULT_GPU_MEMORY,
+            parse: Parse::Fast,
         }
     }
 }
@@ -90,6 +171,15 @@ pub enum ConfigError {
     /// `--backend gpu` with an algorithm other than LZ4.
     #[error("the gpu backend compresses lz4 only: use --algorithm lz4 with --backend gpu")]
     GpuNeedsLz4,
+    /// `gpus` is neither `all` nor a list of distinct ordinals.
+    #[error("bad gpus {0:?}: use all, or GPU numbers separated by commas (0,1)")]
+    Gpus(String),
+    /// `gpu-parse` is neither `fast` nor `high`.
+    #[error("bad gpu-parse {0:?}: use fast or high")]
+    GpuParse(String),
+    /// `gpu-memory` is too small for a ring.
+    #[error("gpu-memory: {0}")]
+    GpuMemory(String),
     /// A number is out of its range.
     #[error("{what} must be between {min} and {max}, got {value}")]
     OutOfRange {
@@ -158,6 +248,8 @@ pub struct DeviceConfig {
     pub mem_limit: Option<u64>,
     /// Device id to ask the kernel for; `None` lets it pick.
     pub id: Option<u32>,
+    /// The GPU ring, for `gpu` and `auto`.
+    pub gpu: GpuSettings,
 }
 
 /// `swapon -o` options when the config file names none (zram-generator's default).
@@ -189,6 +281,12 @@ pub struct RawDevice {
     pub mem_limit: Option<String>,
     /// Device id.
     pub id: Option<u64>,
+    /// GPUs text.
+    pub gpus: Option<String>,
+    /// GPU ring pinned memory text.
+    pub gpu_memory: Option<String>,
+    /// GPU parse text.
+    pub gpu_parse: Option<String>,
 }
 
 /// The default queue count: one per CPU, at most 4.
@@ -221,7 +319,8 @@ impl RawDevice {
         let algorithm = Algorithm::parse(algorithm_text)
             .map_err(|_| ConfigError::UnknownAlgorithm(algorithm_text.to_string()))?;
         let backend = Backend::parse(self.backend.as_deref().unwrap_or("cpu"))?;
-        backend.resolve(algorithm)?;
+        backend.check(algorithm)?;
+        let gpu = self.gpu_settings()?;
         let queues = match self.queues {
             Some(q) => ranged("queues", q, 1, MAX_QUEUES.into())? as u16,
             None => default_queues(),
@@ -252,7 +351,27 @@ impl RawDevice {
             depth,
             mem_limit,
             id,
+            gpu,
         })
+    }
+
+    fn gpu_settings(&self) -> Result<GpuSettings, ConfigError> {
+        let mut gpu = GpuSettings::default();
+        if let Some(g) = &self.gpus {
+            gpu.gpus = GpuSelect::parse(g)?;
+        }
+        if let Some(m) = &self.gpu_memory {
+            gpu.memory = parse_size(m).map_err(|source| ConfigError::Size {
+                what: "gpu-memory",
+                source,
+            })?;
+            uzram_gpu::GpuConfig::for_pinned_budget(gpu.memory)
+                .map_err(|e| ConfigError::GpuMemory(e.to_string()))?;
+        }
+        if let Some(p) = &self.gpu_parse {
+            gpu.parse = p.parse().map_err(|_| ConfigError::GpuParse(p.clone()))?;
+        }
+        Ok(gpu)
     }
 }
 
@@ -287,6 +406,9 @@ struct FileConfig {
     queues: Option<u64>,
     depth: Option<u64>,
     id: Option<u64>,
+    gpus: Option<String>,
+    gpu_memory: Option<SizeValue>,
+    gpu_parse: Option<String>,
 }
 
 /// A config file, validated: the device and its swap settings.
@@ -346,6 +468,9 @@ pub fn parse_config(path: &Path, text: &str) -> Result<RunConfig, ConfigError> {
         depth: file.depth,
         mem_limit: file.mem_limit.map(SizeValue::text),
         id: file.id,
+        gpus: file.gpus,
+        gpu_memory: file.gpu_memory.map(SizeValue::text),
+        gpu_parse: file.gpu_parse,
     };
     Ok(RunConfig {
         device: raw.validate()?,
@@ -394,9 +519,15 @@ mod tests {
             queues = 2
             depth = 64
             id = 7
+            gpus = "0,1"
+            gpu-memory = "256M"
+            gpu-parse = "high"
             "#,
         )
         .unwrap();
+        assert_eq!(cfg.device.gpu.gpus, GpuSelect::List(vec![0, 1]));
+        assert_eq!(cfg.device.gpu.memory, 256 << 20);
+        assert_eq!(cfg.device.gpu.parse, Parse::High);
         assert_eq!(cfg.device.size, 8 << 30);
         assert_eq!(cfg.device.algorithm, Algorithm::Zstd { level: 3 });
         assert_eq!(cfg.device.backend, Backend::Auto);
@@ -427,6 +558,7 @@ mod tests {
         assert_eq!(cfg.device.mem_limit, None);
         assert_eq!(cfg.swap.priority, None);
         assert_eq!(cfg.swap.options.as_deref(), Some(DEFAULT_SWAP_OPTIONS));
+        assert_eq!(cfg.device.gpu, GpuSettings::default());
         // An empty options string turns the default off.
         let cfg = parse("size = 1048576\noptions = \"\"").unwrap();
         assert_eq!(cfg.swap.options, None);
@@ -485,6 +617,41 @@ mod tests {
         assert!(matches!(
             parse("size = \"1G\"\nfs-type = \"ext4\""),
             Err(ConfigError::FsType { .. })
+        ));
+        for gpus in ["", "zero", "0,0", "1,,2", "-1"] {
+            let text = format!("size = \"1G\"\ngpus = \"{gpus}\"");
+            assert!(
+                matches!(parse(&text), Err(ConfigError::Gpus(_))),
+                "{gpus:?}"
+            );
+        }
+        let err = parse("size = \"1G\"\ngpu-parse = \"medium\"").unwrap_err();
+        assert!(err.to_string().contains("fast or high"), "{err}");
+        assert!(matches!(
+            parse("size = \"1G\"\ngpu-memory = \"16M\""),
+            Err(ConfigError::GpuMemory(_))
+        ));
+    }
+
+    #[test]
+    fn gpus_select_all_or_a_list() {
+        assert_eq!(GpuSelect::parse("all").unwrap(), GpuSelect::All);
+        assert_eq!(
+            GpuSelect::parse("0, 2").unwrap(),
+            GpuSelect::List(vec![0, 2])
+        );
+        assert_eq!(GpuSelect::List(vec![0, 2]).to_string(), "0,2");
+        assert_eq!(GpuSelect::All.to_string(), "all");
+    }
+
+    #[test]
+    fn auto_with_zstd_is_accepted_and_gpu_with_zstd_is_not() {
+        let cfg =
+            parse("size = \"1G\"\ncompression-algorithm = \"zstd\"\nbackend = \"auto\"").unwrap();
+        assert_eq!(cfg.device.backend, Backend::Auto);
+        assert!(matches!(
+            parse("size = \"1G\"\ncompression-algorithm = \"zstd\"\nbackend = \"gpu\""),
+            Err(ConfigError::GpuNeedsLz4)
         ));
     }
 

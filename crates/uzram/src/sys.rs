@@ -191,3 +191,31 @@ pub fn open_exclusive(path: &std::path::Path) -> io::Result<std::fs::File> {
         .custom_flags(libc::O_EXCL)
         .open(path)
 }
+
+/// Whose CPU time [`cpu_time`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuOf {
+    /// Every thread of the process.
+    Process,
+    /// The calling thread.
+    Thread,
+}
+
+/// User plus system CPU time used so far.
+pub fn cpu_time(of: CpuOf) -> io::Result<std::time::Duration> {
+    let who = match of {
+        CpuOf::Process => libc::RUSAGE_SELF,
+        CpuOf::Thread => libc::RUSAGE_THREAD,
+    };
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes one `rusage` into the pointer, which points to a zeroed,
+    // properly sized and aligned value that lives across the call.
+    check(unsafe { libc::getrusage(who, usage.as_mut_ptr()) })?;
+    // SAFETY: getrusage succeeded, so it filled the struct (and zeroed is valid for it anyway).
+    let u = unsafe { usage.assume_init() };
+    let tv = |t: libc::timeval| {
+        std::time::Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+            + std::time::Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+    };
+    Ok(tv(u.ru_utime) + tv(u.ru_stime))
+}

@@ -55,48 +55,114 @@ fn json_report_has_every_key_and_verifies() {
             file.arg(),
             "--algorithm",
             algorithm,
-            "--threads",
+            "--queues",
             "2",
+            "--total",
+            "4M",
             "--repeat",
             "1",
+            "--backend",
+            "cpu,auto",
             "--json",
         ]);
         assert!(out.status.success(), "{}", stderr(&out));
         let stdout = String::from_utf8(out.stdout).expect("utf-8");
-        assert_eq!(
-            stdout.trim().lines().count(),
-            1,
-            "one JSON object: {stdout}"
-        );
-        let v: serde_json::Value = serde_json::from_str(&stdout).expect("valid JSON");
-        assert_eq!(v["pages"], 512);
-        assert_eq!(v["input_bytes"], 512 * 4096);
-        assert_eq!(v["threads"], 2);
-        assert_eq!(
-            v["algorithm"],
-            if algorithm == "lz4" { "lz4" } else { "zstd:1" }
-        );
-        assert_eq!(v["backend"], "cpu");
-        assert_eq!(v["verified"], true);
-        let mem = v["mem_used_bytes"].as_f64().expect("mem_used_bytes");
-        let ratio = v["ratio"].as_f64().expect("ratio");
-        assert!(mem > 0.0 && (ratio - 512.0 * 4096.0 / mem).abs() < 1e-9);
-        assert!(ratio > 1.5, "real pages compress: {ratio}");
-        for key in ["compress_gbps", "decompress_gbps"] {
-            assert!(v[key].as_f64().expect(key) > 0.0, "{key}");
+        let lines: Vec<&str> = stdout.trim().lines().collect();
+        assert_eq!(lines.len(), 2, "one JSON object per backend: {stdout}");
+        for (line, asked) in lines.iter().zip(["cpu", "auto"]) {
+            let v: serde_json::Value = serde_json::from_str(line).expect("valid JSON");
+            assert_eq!(
+                v["corpus"],
+                format!(
+                    "uzram-bench-cli-{}-{corpus}-{algorithm}",
+                    std::process::id()
+                )
+            );
+            assert_eq!(v["backend_asked"], asked);
+            // No GPU in CI; with zstd, auto never uses one.
+            if algorithm == "zstd" || !uzram_gpu_present() {
+                assert_eq!(v["backend"], "cpu");
+            }
+            assert_eq!(v["pages"], 1024);
+            assert_eq!(v["bytes"], 1024 * 4096);
+            assert_eq!(v["queues"], 2);
+            assert_eq!(
+                v["algorithm"],
+                if algorithm == "lz4" { "lz4" } else { "zstd:1" }
+            );
+            assert_eq!(v["verified"], true);
+            let ratio = v["ratio"].as_f64().expect("ratio");
+            assert!(ratio > 1.5, "real pages compress: {ratio}");
+            for key in [
+                "ingest_gbps",
+                "ack_gbps",
+                "cpu_s_per_gib",
+                "read_idle_p50_us",
+                "read_idle_p99_us",
+                "payload_ratio",
+            ] {
+                assert!(v[key].as_f64().expect(key) > 0.0, "{key}: {line}");
+            }
+            assert!(v["read_idle_p99_us"].as_f64() >= v["read_idle_p50_us"].as_f64());
         }
     }
 }
 
+/// True where libcuda loads and reports a GPU (then `auto` may pick it).
+fn uzram_gpu_present() -> bool {
+    ["/dev/nvidia0", "/dev/nvidiactl"]
+        .iter()
+        .any(|p| std::path::Path::new(p).exists())
+}
+
 #[test]
-fn human_output_names_the_fields() {
+fn human_output_compares_the_backends() {
     let file = TempFile::new("human", &slice("python-heap")[..64 * 4096]);
-    let out = uzram(&["bench", "--corpus", file.arg(), "--repeat", "1"]);
+    let out = uzram(&[
+        "bench",
+        "--corpus",
+        file.arg(),
+        "--repeat",
+        "1",
+        "--total",
+        "2M",
+        "--queues",
+        "1",
+        "--backend",
+        "cpu,auto",
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    for key in ["pages", "ratio", "compress_gbps", "verified         true"] {
+    for key in [
+        "ingest",
+        "CPU-s/GiB",
+        "ratio",
+        "busy p50/p99",
+        " vs cpu: ingest x",
+        "true",
+    ] {
         assert!(stdout.contains(key), "{key} missing in {stdout}");
     }
+}
+
+#[test]
+fn gpu_without_a_gpu_is_refused_with_the_way_out() {
+    if uzram_gpu_present() {
+        eprintln!("skipping: this machine has a GPU");
+        return;
+    }
+    let file = TempFile::new("gpu", &slice("python-heap")[..64 * 4096]);
+    let out = uzram(&[
+        "bench",
+        "--corpus",
+        file.arg(),
+        "--backend",
+        "cpu,gpu",
+        "--total",
+        "1M",
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--backend cpu"), "{}", stderr(&out));
 }
 
 #[test]
@@ -105,7 +171,7 @@ fn bad_inputs_fail_with_a_clear_message() {
     let empty = TempFile::new("empty", &[]);
     let good = TempFile::new("good", &[7u8; 4096]);
     let missing = std::env::temp_dir().join("uzram-bench-cli-no-such-file");
-    let cases: [(Vec<&str>, &str); 6] = [
+    let cases: [(Vec<&str>, &str); 9] = [
         (
             vec!["--corpus", missing.to_str().unwrap()],
             "cannot read corpus",
@@ -117,12 +183,24 @@ fn bad_inputs_fail_with_a_clear_message() {
         (vec!["--corpus", empty.arg()], "is empty"),
         (
             vec!["--corpus", good.arg(), "--backend", "tpu"],
-            "unknown backend 'tpu'",
+            "unknown backend \"tpu\"",
         ),
-        (vec!["--corpus", good.arg(), "--threads", "0"], "--threads"),
+        (vec!["--corpus", good.arg(), "--queues", "0"], "--queues"),
         (
             vec!["--corpus", good.arg(), "--algorithm", "snappy"],
             "unknown compression algorithm",
+        ),
+        (
+            vec!["--corpus", good.arg(), "--backend", "cpu,cpu"],
+            "given twice",
+        ),
+        (
+            vec!["--corpus", good.arg(), "--total", "4K"],
+            "at least one 64 KiB request",
+        ),
+        (
+            vec!["--corpus", good.arg(), "--gpu-parse", "medium"],
+            "fast or high",
         ),
     ];
     for (args, message) in cases {
@@ -141,10 +219,13 @@ fn zstd_compressed_corpus_is_read_directly() {
         "{}/../../testdata/mixed-swap.slice.pages.zst",
         env!("CARGO_MANIFEST_DIR")
     );
-    let out = uzram(&["bench", "--corpus", &path, "--repeat", "1", "--json"]);
+    let out = uzram(&[
+        "bench", "--corpus", &path, "--repeat", "1", "--total", "1M", "--json",
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["pages"], 512);
+    assert_eq!(v["pages"], 256);
+    assert_eq!(v["corpus"], "mixed-swap");
     assert_eq!(v["verified"], true);
 
     let dir = std::env::temp_dir().join(format!("uzram-bench-zst-{}", std::process::id()));

@@ -1,105 +1,104 @@
-//! The batch seam: a [`BatchBackend`] turns a batch of pages into [`Encoded`] results
-//! that [`crate::store::PageStore`] stores. The CPU backend ([`CpuBackend`]) spreads a
-//! batch over all cores; `uzram-gpu` plugs a CUDA backend in here without the store
-//! knowing.
+//! Above the store: the asynchronous batch seam and the ring that drives it.
+//!
+//! - [`SlotBackend`]: a backend owns slots of staging memory. Writers fill a slot's input
+//!   pages, the ring submits the slot whole, and the backend later hands the results over
+//!   (`complete`). A GPU implements it in `uzram-gpu` (pinned staging, one submission per
+//!   slot); [`HostSlots`] is the synchronous CPU implementation that the ring's tests run
+//!   against, with injectable faults.
+//! - [`SlotOutput`]: the result format every backend produces (`layout.rs`).
+//! - [`Ring`]: stages each written page once into a leased slot, submits full (or timed
+//!   out) slots, and installs results into the [`crate::PageStore`] from a small pool of
+//!   installer threads while other slots are on the device. The store only sees pages
+//!   and tickets.
 
-mod batcher;
-mod cpu;
+mod host;
+mod layout;
+mod ring;
 
-pub use batcher::{BatcherConfig, BatcherStats, DeferPolicy, WriteBatcher};
-pub use cpu::CpuBackend;
+use std::sync::atomic::AtomicU64;
+
+pub use host::{FailAt, FaultPlan, HostSlots};
+pub use layout::{meta_bytes, PageResult, SlotOutput, SIZE_RAW, SIZE_REJECTED, SIZE_SAME_FILLED};
+pub use ring::{Ring, RingConfig, RingStats, ThreadHook};
 
 use crate::codec::Algorithm;
-use crate::page::PAGE_SIZE;
-use crate::CoreError;
 
-/// What one page of a batch became.
+/// What a backend failure means for the backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Encoded<'a> {
-    /// The page is one `u64` word repeated; no payload is stored.
-    SameFilled(u64),
-    /// The page compressed to these bytes (shorter than the raw-storage threshold).
-    Compressed(&'a [u8]),
-    /// The page did not compress below the threshold: store its original bytes.
-    Raw,
+pub enum FailureKind {
+    /// This submission failed; the backend may work for the next one.
+    Transient,
+    /// The backend is unusable from now on (a lost or faulted device context).
+    Sticky,
 }
 
-/// Per-page outcome kinds inside a [`BatchOutput`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum PageOutcome {
-    /// Not produced yet.
-    #[default]
-    Unset,
-    /// Same-filled with this word.
-    SameFilled(u64),
-    /// Compressed to this many bytes at the page's slot in [`BatchOutput::data`].
-    Compressed(u16),
-    /// Store raw.
-    Raw,
+/// A backend failed to compress a slot. The ring compresses that slot's pages on the CPU.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{backend} backend ({kind:?}): {message}")]
+pub struct BackendError {
+    /// The backend's name.
+    pub backend: &'static str,
+    /// Whether the backend can go on.
+    pub kind: FailureKind,
+    /// What went wrong.
+    pub message: String,
 }
 
-/// Results of compressing a batch: one fixed-stride slot of `PAGE_SIZE` bytes per page
-/// (compressed output is always shorter than a page, or the page is stored raw), so a GPU
-/// can write it with one device-to-host copy.
-#[derive(Debug, Default)]
-pub struct BatchOutput {
-    /// `PAGE_SIZE` bytes per page: page `i`'s compressed bytes start at `i * PAGE_SIZE`.
-    pub data: Vec<u8>,
-    /// Outcome per page.
-    pub outcomes: Vec<PageOutcome>,
+/// Memory a backend holds for its slots, fixed when it starts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackendMemory {
+    /// Page-locked host memory (staging, results).
+    pub pinned_host_bytes: u64,
+    /// Ordinary host memory.
+    pub host_bytes: u64,
+    /// Device memory.
+    pub device_bytes: u64,
 }
 
-impl BatchOutput {
-    /// Makes room for `pages` results, reusing the allocation.
-    pub fn reset(&mut self, pages: usize) {
-        self.data.resize(pages * PAGE_SIZE, 0);
-        self.outcomes.clear();
-        self.outcomes.resize(pages, PageOutcome::Unset);
-    }
-
-    /// Pages in this output.
-    pub fn len(&self) -> usize {
-        self.outcomes.len()
-    }
-
-    /// True when the output holds no pages.
-    pub fn is_empty(&self) -> bool {
-        self.outcomes.is_empty()
-    }
-
-    /// The encoded form of page `i`, or `None` if the backend left it unset or the
-    /// recorded length is impossible (a backend bug the caller must treat as a failure).
-    pub fn get(&self, i: usize) -> Option<Encoded<'_>> {
-        match *self.outcomes.get(i)? {
-            PageOutcome::Unset => None,
-            PageOutcome::SameFilled(w) => Some(Encoded::SameFilled(w)),
-            PageOutcome::Raw => Some(Encoded::Raw),
-            PageOutcome::Compressed(len) => {
-                let len = usize::from(len);
-                if len == 0 || len >= PAGE_SIZE {
-                    return None;
-                }
-                let start = i * PAGE_SIZE;
-                self.data.get(start..start + len).map(Encoded::Compressed)
-            }
-        }
-    }
-}
-
-/// Something that compresses whole batches of pages.
-pub trait BatchBackend: Send + Sync {
-    /// Short name for stats and logs (`cpu`, `gpu`).
+/// Slots of staging memory that are compressed a slot at a time. See the module docs.
+///
+/// The ring promises: a slot's input is written only between its lease and its
+/// `submit`; `submit` and `complete` alternate per slot; `complete` is called once per
+/// successful `submit`. A backend promises: results are valid LZ4 (or its algorithm) of
+/// exactly the submitted input, or marked rejected; `install` is called at most once per
+/// `complete`, and not at all when it returns an error.
+pub trait SlotBackend: Send + Sync {
+    /// Short name for stats and logs (`gpu`, `host`).
     fn name(&self) -> &'static str;
 
-    /// The algorithm this backend produces; a store only accepts its own.
+    /// The algorithm its results are in; a store only accepts its own.
     fn algorithm(&self) -> Algorithm;
 
-    /// Compresses every page of `pages` (a multiple of `PAGE_SIZE` bytes) into `out`,
-    /// with compressed output only where it is shorter than `raw_threshold` bytes.
-    fn compress_batch(
+    /// Number of slots.
+    fn slots(&self) -> usize;
+
+    /// Pages per slot.
+    fn slot_pages(&self) -> usize;
+
+    /// The input pages of `slot`, as `slot_pages * 512` little-endian words: writers copy
+    /// pages in, readers of staged pages copy them out, the device reads them after
+    /// `submit`. Atomic words make all of that sound without a lock.
+    fn input(&self, slot: usize) -> &[AtomicU64];
+
+    /// Starts compressing the first `pages` pages of `slot`; results shorter than `limit`
+    /// bytes are kept compressed, others are marked raw.
+    fn submit(&self, slot: usize, pages: usize, limit: usize) -> Result<(), BackendError>;
+
+    /// Waits for `slot`'s submission and calls `install` with its results, which stay
+    /// valid (and the slot's input untouched by the backend) until `install` returns.
+    fn complete(
         &self,
-        pages: &[u8],
-        raw_threshold: usize,
-        out: &mut BatchOutput,
-    ) -> Result<(), CoreError>;
+        slot: usize,
+        install: &mut dyn FnMut(&SlotOutput<'_>),
+    ) -> Result<(), BackendError>;
+
+    /// Memory held for the slots.
+    fn memory(&self) -> BackendMemory {
+        BackendMemory::default()
+    }
+
+    /// Backend-specific counters for `uzram status` (`name`, value).
+    fn stats(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
 }

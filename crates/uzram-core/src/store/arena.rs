@@ -42,6 +42,19 @@ fn class_of(len: usize) -> usize {
     len.div_ceil(CLASS_GRANULE)
 }
 
+/// Whether an allocation is held to the memory limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Budget {
+    /// Held to the limit, counting `reserved` more bytes as already used (the room the
+    /// store keeps for staged pages that have not been installed yet).
+    Limited {
+        /// Bytes promised to staged pages.
+        reserved: u64,
+    },
+    /// Not checked: the room was reserved when the page was staged.
+    Reserved,
+}
+
 /// Counters read by the store's stats.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct ArenaUsage {
@@ -110,6 +123,26 @@ impl Meta {
         self.free = [NONE; CLASSES];
         self.nonempty = [0; BITMAP_WORDS];
         self.free_bytes = 0;
+    }
+
+    /// Room for an object of `class` without growing: a hole of that class, the frontier
+    /// of the newest segment, or the front of a larger hole (its rest goes back on a list).
+    fn take(&mut self, segments: &[Segment], class: usize) -> Option<u64> {
+        let size = (class * CLASS_GRANULE) as u64;
+        if let Some(h) = self.pop_free(segments, class) {
+            return Some(h);
+        }
+        if self.frontier % SEGMENT_SIZE as u64 + size <= SEGMENT_SIZE as u64
+            && self.frontier + size <= (self.segments * SEGMENT_SIZE) as u64
+        {
+            let h = self.frontier;
+            self.frontier += size;
+            return Some(h);
+        }
+        let bigger = self.larger_free_class(class)?;
+        let h = self.pop_free(segments, bigger)?;
+        self.push_free(segments, bigger - class, h + size);
+        Some(h)
     }
 
     /// The smallest class above `class` that has a free hole.
@@ -188,65 +221,86 @@ impl Arena {
         }
     }
 
-    /// Reserves room for an object of `len` (1..=PAGE_SIZE) bytes and copies `data` into it.
-    /// Returns its offset. Fails with [`CoreError::MemLimit`] when that needs a new segment
-    /// that the limit does not allow; nothing changes then.
-    pub(crate) fn store(&self, data: &[u8]) -> Result<u64, CoreError> {
-        let handle = self.alloc(data.len())?;
-        self.write(handle, data);
-        Ok(handle)
+    /// Reserves room for an object of `data.len()` (1..=PAGE_SIZE) bytes and copies `data`
+    /// into it. Returns its offset. Fails with [`CoreError::MemLimit`] when that needs a
+    /// new segment that `budget` does not allow; nothing changes then.
+    pub(crate) fn store(&self, data: &[u8], budget: Budget) -> Result<u64, CoreError> {
+        let mut handle = [0u64];
+        self.alloc_many(&[data.len()], budget, &mut handle)?;
+        self.write(handle[0], data);
+        Ok(handle[0])
     }
 
-    fn alloc(&self, len: usize) -> Result<u64, CoreError> {
-        debug_assert!((1..=PAGE_SIZE).contains(&len));
-        let class = class_of(len);
-        let size = (class * CLASS_GRANULE) as u64;
+    /// Reserves room for objects of `lens[i]` bytes into `handles[i]` under one acquisition
+    /// of the bookkeeping lock (a GPU slot's results are installed a few hundred at a
+    /// time). All or nothing: on an error every object reserved so far is given back.
+    pub(crate) fn alloc_many(
+        &self,
+        lens: &[usize],
+        budget: Budget,
+        handles: &mut [u64],
+    ) -> Result<(), CoreError> {
+        debug_assert_eq!(lens.len(), handles.len());
+        let mut done = 0;
+        let result = self.alloc_into(lens, budget, handles, &mut done);
+        if result.is_err() {
+            self.free_many(
+                handles[..done]
+                    .iter()
+                    .copied()
+                    .zip(lens[..done].iter().copied()),
+            );
+        }
+        result
+    }
+
+    fn alloc_into(
+        &self,
+        lens: &[usize],
+        budget: Budget,
+        handles: &mut [u64],
+        done: &mut usize,
+    ) -> Result<(), CoreError> {
         // A fresh segment is allocated (zeroed, page-faulted in) outside the bookkeeping
         // lock, so other writers keep going meanwhile; if one of them grew the arena
-        // first, the spare is dropped and the allocation retried.
+        // first, the spare is kept for the next need or dropped at the end.
         let mut fresh: Option<Segment> = None;
         loop {
             let mut meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
-            let segments = self.segments.read().unwrap_or_else(PoisonError::into_inner);
-            let handle = if let Some(h) = meta.pop_free(&segments, class) {
-                h
-            } else if meta.frontier % SEGMENT_SIZE as u64 + size <= SEGMENT_SIZE as u64
-                && meta.frontier + size <= (meta.segments * SEGMENT_SIZE) as u64
-            {
-                let h = meta.frontier;
-                meta.frontier += size;
-                h
-            } else if let Some(h) = meta
-                .larger_free_class(class)
-                .and_then(|bigger| Some((bigger, meta.pop_free(&segments, bigger)?)))
-                .map(|(bigger, h)| {
-                    meta.push_free(&segments, bigger - class, h + size);
-                    h
-                })
-            {
-                h
-            } else {
-                drop(segments);
-                self.check_growth(&meta)?;
-                let Some(segment) = fresh.take() else {
-                    drop(meta);
-                    fresh = Some(new_segment()?);
+            while *done < lens.len() {
+                let len = lens[*done];
+                debug_assert!((1..=PAGE_SIZE).contains(&len));
+                let class = class_of(len);
+                let size = (class * CLASS_GRANULE) as u64;
+                let segments = self.segments.read().unwrap_or_else(PoisonError::into_inner);
+                if let Some(h) = meta.take(&segments, class) {
+                    drop(segments);
+                    meta.objects += 1;
+                    meta.class_bytes += size;
+                    handles[*done] = h;
+                    *done += 1;
                     continue;
-                };
-                self.grow(&mut meta, segment)?;
-                let h = meta.frontier;
-                meta.frontier += size;
-                h
-            };
-            meta.objects += 1;
-            meta.class_bytes += size;
-            return Ok(handle);
+                }
+                drop(segments);
+                self.check_growth(&meta, budget)?;
+                match fresh.take() {
+                    Some(segment) => self.grow(&mut meta, segment)?,
+                    None => {
+                        drop(meta);
+                        fresh = Some(new_segment()?);
+                        break;
+                    }
+                }
+            }
+            if *done == lens.len() {
+                return Ok(());
+            }
         }
     }
 
     /// Fails with [`CoreError::MemLimit`] if one more segment would pass the limit.
-    fn check_growth(&self, meta: &Meta) -> Result<(), CoreError> {
-        let Some(limit) = self.limit else {
+    fn check_growth(&self, meta: &Meta, budget: Budget) -> Result<(), CoreError> {
+        let (Some(limit), Budget::Limited { reserved }) = (self.limit, budget) else {
             return Ok(());
         };
         let slots = self
@@ -259,8 +313,9 @@ impl Arena {
         } else {
             slots
         };
-        let used = self.base_bytes + Self::held(meta, slots);
+        let used = self.base_bytes + reserved + Self::held(meta, slots);
         let after = self.base_bytes
+            + reserved
             + Self::held(meta, after_slots)
             + SEGMENT_SIZE as u64
             + std::mem::size_of::<u64>() as u64;
@@ -299,22 +354,29 @@ impl Arena {
     /// Returns an object's space to its class's free list. When the last object goes,
     /// every segment is released.
     pub(crate) fn free(&self, handle: u64, len: usize) {
-        let class = class_of(len);
+        self.free_many(std::iter::once((handle, len)));
+    }
+
+    /// [`Arena::free`] for several `(handle, len)` objects under one lock.
+    pub(crate) fn free_many(&self, objects: impl IntoIterator<Item = (u64, usize)>) {
         let mut meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
-        meta.objects -= 1;
-        meta.class_bytes -= (class * CLASS_GRANULE) as u64;
-        if meta.objects == 0 {
-            let mut segments = self
-                .segments
-                .write()
-                .unwrap_or_else(PoisonError::into_inner);
-            *segments = Vec::new();
-            meta.clear_free();
-            meta.segments = 0;
-            meta.frontier = 0;
-        } else {
-            let segments = self.segments.read().unwrap_or_else(PoisonError::into_inner);
-            meta.push_free(&segments, class, handle);
+        for (handle, len) in objects {
+            let class = class_of(len);
+            meta.objects -= 1;
+            meta.class_bytes -= (class * CLASS_GRANULE) as u64;
+            if meta.objects == 0 {
+                let mut segments = self
+                    .segments
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner);
+                *segments = Vec::new();
+                meta.clear_free();
+                meta.segments = 0;
+                meta.frontier = 0;
+            } else {
+                let segments = self.segments.read().unwrap_or_else(PoisonError::into_inner);
+                meta.push_free(&segments, class, handle);
+            }
         }
     }
 
@@ -340,7 +402,7 @@ impl Arena {
     /// Writes `data` at `handle`, which `alloc` just returned: nobody else can see that
     /// space until the caller publishes it under a shard lock (whose release orders
     /// these stores before any reader's loads).
-    fn write(&self, handle: u64, data: &[u8]) {
+    pub(crate) fn write(&self, handle: u64, data: &[u8]) {
         let (seg, off) = split(handle);
         let segments = self.segments.read().unwrap_or_else(PoisonError::into_inner);
         let words = segments
@@ -487,6 +549,8 @@ fn split(handle: u64) -> (usize, usize) {
 mod tests {
     use super::*;
 
+    const LIMITED: Budget = Budget::Limited { reserved: 0 };
+
     fn read(arena: &Arena, handle: u64, len: usize) -> Vec<u8> {
         let mut out = vec![0u8; len];
         assert!(arena.load(handle, len, &mut out), "stored range");
@@ -496,9 +560,9 @@ mod tests {
     #[test]
     fn stores_and_reads_back() {
         let arena = Arena::new(0, None);
-        let a = arena.store(&[1; 100]).unwrap();
-        let b = arena.store(&[2; 4096]).unwrap();
-        let c = arena.store(&[3; 1]).unwrap();
+        let a = arena.store(&[1; 100], LIMITED).unwrap();
+        let b = arena.store(&[2; 4096], LIMITED).unwrap();
+        let c = arena.store(&[3; 1], LIMITED).unwrap();
         assert_eq!(read(&arena, a, 100), vec![1; 100]);
         assert_eq!(read(&arena, b, 4096), vec![2; 4096]);
         assert_eq!(read(&arena, c, 1), vec![3; 1]);
@@ -511,12 +575,12 @@ mod tests {
     #[test]
     fn freed_space_is_reused_by_the_same_class() {
         let arena = Arena::new(0, None);
-        let keep = arena.store(&[9; 50]).unwrap();
-        let a = arena.store(&[1; 100]).unwrap();
+        let keep = arena.store(&[9; 50], LIMITED).unwrap();
+        let a = arena.store(&[1; 100], LIMITED).unwrap();
         arena.free(a, 100);
         assert_eq!(arena.usage().free_bytes, 104);
         // 97..=104 bytes round to the same class: the hole comes back.
-        let b = arena.store(&[2; 97]).unwrap();
+        let b = arena.store(&[2; 97], LIMITED).unwrap();
         assert_eq!(a, b);
         assert_eq!(arena.usage().free_bytes, 0);
         assert_eq!(read(&arena, keep, 50), vec![9; 50]);
@@ -527,18 +591,18 @@ mod tests {
         let arena = Arena::new(0, None);
         // Fill a segment exactly with 4096-byte objects (16 of them).
         let objs: Vec<u64> = (0..SEGMENT_SIZE / PAGE_SIZE)
-            .map(|_| arena.store(&[1; 4096]).unwrap())
+            .map(|_| arena.store(&[1; 4096], LIMITED).unwrap())
             .collect();
         assert_eq!(arena.usage().segment_bytes, SEGMENT_SIZE as u64);
         arena.free(objs[3], 4096);
         // No 1000-byte hole and no frontier room: the 4096 hole is split.
-        let h = arena.store(&[2; 1000]).unwrap();
+        let h = arena.store(&[2; 1000], LIMITED).unwrap();
         assert_eq!(h, objs[3]);
         assert_eq!(arena.usage().segment_bytes, SEGMENT_SIZE as u64);
         assert_eq!(arena.usage().free_bytes, 4096 - 1000);
         assert_eq!(read(&arena, objs[4], 4096), vec![1; 4096]);
         // The remainder serves the next object of its class without growing either.
-        let r = arena.store(&[3; 3096]).unwrap();
+        let r = arena.store(&[3; 3096], LIMITED).unwrap();
         assert_eq!(r, objs[3] + 1000);
         assert_eq!(arena.usage().free_bytes, 0);
         assert_eq!(arena.usage().segment_bytes, SEGMENT_SIZE as u64);
@@ -547,7 +611,9 @@ mod tests {
     #[test]
     fn freeing_everything_releases_all_segments() {
         let arena = Arena::new(0, None);
-        let handles: Vec<u64> = (0..100).map(|_| arena.store(&[4; 3000]).unwrap()).collect();
+        let handles: Vec<u64> = (0..100)
+            .map(|_| arena.store(&[4; 3000], LIMITED).unwrap())
+            .collect();
         assert!(arena.usage().segment_bytes >= 100 * 3000);
         for h in handles {
             arena.free(h, 3000);
@@ -563,10 +629,10 @@ mod tests {
     fn limit_refuses_growth_and_keeps_data() {
         let limit = Arena::fixed_bytes() + SEGMENT_SIZE as u64 + 1024;
         let arena = Arena::new(0, Some(limit));
-        let first = arena.store(&[8; 4096]).unwrap();
+        let first = arena.store(&[8; 4096], LIMITED).unwrap();
         let mut stored = 1;
         let err = loop {
-            match arena.store(&[8; 4096]) {
+            match arena.store(&[8; 4096], LIMITED) {
                 Ok(_) => stored += 1,
                 Err(e) => break e,
             }
@@ -577,7 +643,7 @@ mod tests {
         assert_eq!(read(&arena, first, 4096), vec![8; 4096]);
         // Freed space is still usable under the limit.
         arena.free(first, 4096);
-        assert_eq!(arena.store(&[9; 4096]).unwrap(), first);
+        assert_eq!(arena.store(&[9; 4096], LIMITED).unwrap(), first);
     }
 
     #[test]
@@ -587,7 +653,7 @@ mod tests {
         for i in 0..200u64 {
             let len = 1000 + (i as usize * 37) % 3000;
             let data: Vec<u8> = (0..len).map(|b| (b as u64 * 7 + i) as u8).collect();
-            let h = arena.store(&data).unwrap();
+            let h = arena.store(&data, LIMITED).unwrap();
             if i % 3 == 0 {
                 live.push((h, data));
             } else {
@@ -621,15 +687,15 @@ mod tests {
             assert_eq!(&read(&arena, object.handle, data.len()), data);
         }
         // Allocation works on after compaction, from the new frontier.
-        let h = arena.store(&[3; 2000]).unwrap();
+        let h = arena.store(&[3; 2000], LIMITED).unwrap();
         assert_eq!(read(&arena, h, 2000), vec![3; 2000]);
     }
 
     #[test]
     fn accounting_tracks_rounding_and_free_space() {
         let arena = Arena::new(0, None);
-        let a = arena.store(&[1; 13]).unwrap();
-        let b = arena.store(&[1; 16]).unwrap();
+        let a = arena.store(&[1; 13], LIMITED).unwrap();
+        let b = arena.store(&[1; 16], LIMITED).unwrap();
         assert_eq!(arena.usage().class_bytes, 32);
         arena.free(a, 13);
         assert_eq!(arena.usage().class_bytes, 16);
@@ -644,7 +710,7 @@ mod tests {
         let arena = Arena::new(0, None);
         let mut out = vec![0u8; SEGMENT_SIZE + 8];
         assert!(!arena.load(0, 8, &mut out));
-        let h = arena.store(&[1; 8]).unwrap();
+        let h = arena.store(&[1; 8], LIMITED).unwrap();
         assert!(!arena.load(h, SEGMENT_SIZE + 1, &mut out));
         assert!(!arena.load(u64::MAX - 7, 8, &mut out));
         assert!(!arena.load(h, 8, &mut out[..4]), "output too short");

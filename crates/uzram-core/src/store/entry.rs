@@ -6,7 +6,10 @@
 //!   small values and all-ones, the fills that occur in practice);
 //! - `TAG_SAME_EXT`: a fill word that does not fit; the shard keeps it in a side map;
 //! - `TAG_STORED`: bits 3..16 hold the stored length (1..=4096; 4096 means the page is
-//!   stored raw), bits 16..64 the arena offset in 8-byte units.
+//!   stored raw), bits 16..64 the arena offset in 8-byte units;
+//! - `TAG_STAGED`: the page waits, uncompressed, in a batch backend's staging memory: bits
+//!   3..11 hold the slot, bits 11..27 the page's index in it, bits 27..64 the slot's fill
+//!   epoch (so an entry from an earlier fill of the same slot never matches a later one).
 //!
 //! The all-zero entry is [`Slot::Empty`], so a fresh table is a zeroed allocation.
 
@@ -18,9 +21,58 @@ const TAG_EMPTY: u64 = 0;
 const TAG_SAME: u64 = 1;
 const TAG_SAME_EXT: u64 = 2;
 const TAG_STORED: u64 = 3;
+const TAG_STAGED: u64 = 4;
 const LEN_SHIFT: u32 = 3;
 const LEN_MASK: u64 = (1 << 13) - 1;
 const HANDLE_SHIFT: u32 = 16;
+const SLOT_SHIFT: u32 = 3;
+const SLOT_BITS: u32 = 8;
+const INDEX_SHIFT: u32 = SLOT_SHIFT + SLOT_BITS;
+const INDEX_BITS: u32 = 16;
+const EPOCH_SHIFT: u32 = INDEX_SHIFT + INDEX_BITS;
+const EPOCH_BITS: u32 = 64 - EPOCH_SHIFT;
+
+/// Most slots a batch backend may stage pages in.
+pub const MAX_STAGING_SLOTS: usize = 1 << SLOT_BITS;
+/// Most pages one staging slot may hold.
+pub const MAX_SLOT_PAGES: usize = 1 << INDEX_BITS;
+/// Fill epochs wrap at this value (after 137 billion fills of one slot).
+pub(crate) const EPOCH_MODULUS: u64 = 1 << EPOCH_BITS;
+
+/// Where a staged page's bytes are: `index` of staging `slot`, filled in `epoch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StagedAt {
+    slot: u16,
+    index: u16,
+    epoch: u64,
+}
+
+impl StagedAt {
+    /// A location; `None` when the slot or index does not fit an entry
+    /// ([`MAX_STAGING_SLOTS`], [`MAX_SLOT_PAGES`]). The epoch is taken modulo 2^37.
+    pub fn new(slot: usize, index: usize, epoch: u64) -> Option<Self> {
+        (slot < MAX_STAGING_SLOTS && index < MAX_SLOT_PAGES).then_some(Self {
+            slot: slot as u16,
+            index: index as u16,
+            epoch: epoch % EPOCH_MODULUS,
+        })
+    }
+
+    /// The staging slot.
+    pub fn slot(self) -> usize {
+        usize::from(self.slot)
+    }
+
+    /// The page's index within the slot.
+    pub fn index(self) -> usize {
+        usize::from(self.index)
+    }
+
+    /// The slot's fill epoch (modulo 2^37).
+    pub fn epoch(self) -> u64 {
+        self.epoch
+    }
+}
 
 /// Arena offsets are multiples of this many bytes (the arena's size-class granularity).
 pub(crate) const HANDLE_ALIGN: u64 = 8;
@@ -43,6 +95,8 @@ pub(crate) enum Slot {
         /// Stored bytes.
         len: u16,
     },
+    /// Uncompressed in a batch backend's staging memory, waiting for its compressed form.
+    Staged(StagedAt),
 }
 
 /// One page's packed metadata.
@@ -70,6 +124,12 @@ impl Entry {
                         | TAG_STORED,
                 )
             }
+            Slot::Staged(at) => Entry(
+                (at.epoch << EPOCH_SHIFT)
+                    | (u64::from(at.index) << INDEX_SHIFT)
+                    | (u64::from(at.slot) << SLOT_SHIFT)
+                    | TAG_STAGED,
+            ),
         }
     }
 
@@ -87,6 +147,11 @@ impl Entry {
                 handle: (self.0 >> HANDLE_SHIFT) * HANDLE_ALIGN,
                 len: ((self.0 >> LEN_SHIFT) & LEN_MASK) as u16,
             },
+            TAG_STAGED => Slot::Staged(StagedAt {
+                slot: ((self.0 >> SLOT_SHIFT) & ((1 << SLOT_BITS) - 1)) as u16,
+                index: ((self.0 >> INDEX_SHIFT) & ((1 << INDEX_BITS) - 1)) as u16,
+                epoch: self.0 >> EPOCH_SHIFT,
+            }),
             _ => Slot::Empty,
         }
     }
@@ -118,10 +183,27 @@ mod tests {
                 handle: MAX_HANDLE,
                 len: PAGE_SIZE as u16,
             },
+            Slot::Staged(StagedAt::new(0, 0, 0).unwrap()),
+            Slot::Staged(StagedAt::new(255, 65535, EPOCH_MODULUS - 1).unwrap()),
+            Slot::Staged(StagedAt::new(7, 4095, 123_456_789).unwrap()),
         ];
         for slot in slots {
             assert_eq!(Entry::pack(slot).slot(), slot, "{slot:?}");
         }
+    }
+
+    #[test]
+    fn staged_locations_are_checked_and_epochs_wrap() {
+        assert!(StagedAt::new(MAX_STAGING_SLOTS, 0, 0).is_none());
+        assert!(StagedAt::new(0, MAX_SLOT_PAGES, 0).is_none());
+        let at = StagedAt::new(3, 9, EPOCH_MODULUS + 5).unwrap();
+        assert_eq!((at.slot(), at.index(), at.epoch()), (3, 9, 5));
+        // Same slot and index, another fill: a different entry.
+        let later = StagedAt::new(3, 9, 6).unwrap();
+        assert_ne!(
+            Entry::pack(Slot::Staged(at)),
+            Entry::pack(Slot::Staged(later))
+        );
     }
 
     #[test]

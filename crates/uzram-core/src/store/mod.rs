@@ -6,8 +6,15 @@
 //! - Compression and decompression never run under the bookkeeping locks: a write
 //!   compresses on the calling thread, copies the result into freshly reserved arena
 //!   space, and only then takes the shard lock to swap the entry; the old space is freed
-//!   after the lock is dropped. A read holds its shard's read lock while it decodes, so
-//!   the bytes cannot be freed under it.
+//!   after the lock is dropped. A read holds its shard's read lock while it copies the
+//!   bytes out, so they cannot be freed under it.
+//!
+//! Deferred writes (a GPU compresses them later) follow one protocol, in pages and
+//! tickets: [`PageStore::stage`] records that a page's bytes wait in a staging slot (the
+//! entry says slot, index and the slot's fill epoch), reads of such a page copy it out of
+//! the staging memory attached with [`PageStore::attach_staging`], and
+//! [`PageStore::commit`] installs the compressed form only while the entry still names
+//! exactly that staged copy. The store knows nothing about batches or backends.
 
 mod arena;
 mod entry;
@@ -15,15 +22,16 @@ mod shard;
 mod stats;
 mod worker;
 
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+pub use self::entry::{StagedAt, MAX_SLOT_PAGES, MAX_STAGING_SLOTS};
 pub use self::stats::{MemoryUsage, Stats};
 
-use self::arena::{Arena, Object};
+use self::arena::{Arena, Budget, Object};
 use self::entry::Slot;
 use self::shard::Shard;
 use self::stats::{Counters, PageCost, PageTotals};
-use crate::batch::{BatchBackend, BatchOutput, Encoded};
 use crate::codec::Algorithm;
 use crate::page::{fill_page, same_filled_word, PAGE_SIZE};
 use crate::CoreError;
@@ -38,9 +46,10 @@ pub struct StoreConfig {
     pub pages: u64,
     /// Codec for every page.
     pub algorithm: Algorithm,
-    /// Refuse writes that would take `mem_used_total` above this many bytes. (The few
-    /// bytes of side maps, for fill words that do not fit an entry and for pending
-    /// deferred writes, are counted in `mem_used_total` but not held to the limit.)
+    /// Refuse writes that would take `mem_used_total` above this many bytes. Staged pages
+    /// count a whole page each until they are installed. (The few bytes of the side map,
+    /// for fill words that do not fit an entry, are counted in `mem_used_total` but not
+    /// held to the limit.)
     pub mem_limit: Option<u64>,
     /// Compressed output of this many bytes or more is stored raw (a huge page).
     pub raw_threshold: usize,
@@ -64,13 +73,67 @@ impl StoreConfig {
     }
 }
 
-/// Identifies one deferred write: see [`PageStore::write_deferred`].
+/// Where the store reads a staged page while it waits for its compressed form: the
+/// staging memory of whatever stages pages (a GPU's pinned slots).
+pub trait StagedPages: Send + Sync {
+    /// Copies `page`, staged at `at`, into `out`. False if `at` does not hold that page
+    /// (a corrupt entry: the read fails with an error instead of returning other data).
+    fn read_staged(&self, page: u64, at: StagedAt, out: &mut [u8; PAGE_SIZE]) -> bool;
+}
+
+/// One staged write: see [`PageStore::stage`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ticket {
     /// The page written.
     pub page: u64,
-    /// Which write to that page (per shard, wrapping).
-    pub generation: u32,
+    /// Where its bytes wait.
+    pub at: StagedAt,
+}
+
+/// What a staged page became, for [`PageStore::commit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoded<'a> {
+    /// The page is one `u64` word repeated; no payload is stored.
+    SameFilled(u64),
+    /// The page's compressed form (1..4096 bytes, in the store's algorithm).
+    Compressed(&'a [u8]),
+    /// The page did not compress below the threshold: these are its bytes.
+    Raw(&'a [u8; PAGE_SIZE]),
+}
+
+/// How one [`Commit`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CommitState {
+    /// Not done yet (a failed [`PageStore::commit`] leaves the rest in this state).
+    #[default]
+    Waiting,
+    /// Installed: the page now holds the result.
+    Installed,
+    /// The page changed after it was staged (a later write, discard or write-zeroes); the
+    /// result was dropped.
+    Stale,
+}
+
+/// One result to install: see [`PageStore::commit`].
+#[derive(Debug, Clone, Copy)]
+pub struct Commit<'a> {
+    /// The staged write this result belongs to.
+    pub ticket: Ticket,
+    /// The result.
+    pub encoded: Encoded<'a>,
+    /// Set by [`PageStore::commit`].
+    pub state: CommitState,
+}
+
+impl<'a> Commit<'a> {
+    /// A result waiting to be installed.
+    pub fn new(ticket: Ticket, encoded: Encoded<'a>) -> Self {
+        Self {
+            ticket,
+            encoded,
+            state: CommitState::Waiting,
+        }
+    }
 }
 
 /// What a page becomes, before arena space is reserved for it.
@@ -80,34 +143,17 @@ enum Payload<'a> {
     Same(u64),
     /// Compressed bytes, or the raw page when `len == PAGE_SIZE`.
     Bytes(&'a [u8]),
-}
-
-/// When an install may replace the page's current content.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Install {
-    Always,
-    /// Always, and mark the result as a deferred write.
-    Deferred,
-    /// Only if the page still holds the deferred write of this generation.
-    Commit(u32),
+    Staged(StagedAt),
 }
 
 /// What [`PageStore::install`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Installed {
-    /// A commit found the page changed; nothing was stored.
-    Stale,
-    /// Stored.
-    Done {
-        /// The page held data before.
-        held_data: bool,
-        /// The deferred write's generation, for `Install::Deferred`.
-        generation: Option<u32>,
-    },
+struct Installed {
+    /// The page held data before.
+    held_data: bool,
 }
 
 /// Compressed page store; `Send + Sync`, share it with `Arc`.
-#[derive(Debug)]
 pub struct PageStore {
     pages: u64,
     algorithm: Algorithm,
@@ -119,6 +165,22 @@ pub struct PageStore {
     arena: Arena,
     table_bytes: u64,
     counters: Counters,
+    /// Pages currently staged (each holds a page of room under the memory limit).
+    staged: AtomicU64,
+    staging: OnceLock<Arc<dyn StagedPages>>,
+}
+
+impl std::fmt::Debug for PageStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PageStore")
+            .field("pages", &self.pages)
+            .field("algorithm", &self.algorithm)
+            .field("raw_threshold", &self.raw_threshold)
+            .field("mem_limit", &self.mem_limit)
+            .field("shards", &self.shards.len())
+            .field("staging", &self.staging.get().is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl PageStore {
@@ -173,6 +235,8 @@ impl PageStore {
             arena: Arena::new(table_bytes, cfg.mem_limit),
             table_bytes,
             counters: Counters::default(),
+            staged: AtomicU64::new(0),
+            staging: OnceLock::new(),
         })
     }
 
@@ -201,22 +265,33 @@ impl PageStore {
             let page: &[u8; PAGE_SIZE] = page
                 .try_into()
                 .map_err(|_| CoreError::Unaligned { len: data.len() })?;
-            let index = first_page + i as u64;
-            if let Some(word) = same_filled_word(page) {
-                self.install(index, Payload::Same(word), Install::Always)?;
-                continue;
-            }
-            let threshold = self.raw_threshold;
-            worker::with_codec(self.algorithm, |codec, scratch| {
-                let out = &mut scratch[..threshold];
-                let payload = match codec.compress(page, out).map_err(CoreError::Compress)? {
-                    Some(len) if len > 0 && len < threshold => Payload::Bytes(&out[..len]),
-                    _ => Payload::Bytes(page),
-                };
-                self.install(index, payload, Install::Always)
-            })?;
+            self.write_page(first_page + i as u64, page)?;
         }
         Counters::bump(&self.counters.writes, count);
+        Ok(())
+    }
+
+    fn write_page(&self, index: u64, page: &[u8; PAGE_SIZE]) -> Result<(), CoreError> {
+        if let Some(word) = same_filled_word(page) {
+            return self.install(index, Payload::Same(word)).map(drop);
+        }
+        let threshold = self.raw_threshold;
+        worker::with_codec(self.algorithm, |codec, scratch| {
+            let out = &mut scratch[..threshold];
+            let payload = match codec.compress(page, out).map_err(CoreError::Compress)? {
+                Some(len) if len > 0 && len < threshold => Payload::Bytes(&out[..len]),
+                _ => Payload::Bytes(page),
+            };
+            self.install(index, payload).map(drop)
+        })
+    }
+
+    /// Stores a page known to be `word` repeated (no payload), as [`PageStore::write`]
+    /// would: for writers that checked for same-filled pages themselves.
+    pub fn write_same_filled(&self, page: u64, word: u64) -> Result<(), CoreError> {
+        self.check_range(page, 1)?;
+        self.install(page, Payload::Same(word))?;
+        Counters::bump(&self.counters.writes, 1);
         Ok(())
     }
 
@@ -248,6 +323,14 @@ impl PageStore {
                 return Ok(());
             }
             Some(Slot::SameExt) => return Err(corrupt(index, "fill word missing")),
+            // Copied out under the shard lock: the staged copy cannot be installed (and its
+            // slot reused) before the lock is dropped.
+            Some(Slot::Staged(at)) => {
+                return match self.staging.get() {
+                    Some(staging) if staging.read_staged(index, at, page) => Ok(()),
+                    _ => Err(corrupt(index, "staged copy missing")),
+                };
+            }
             Some(Slot::Stored { handle, len }) => (handle, usize::from(len)),
         };
         if len == PAGE_SIZE {
@@ -275,10 +358,7 @@ impl PageStore {
         self.check_range(first_page, count)?;
         let mut freed = 0;
         for index in first_page..first_page + count {
-            if let Installed::Done {
-                held_data: true, ..
-            } = self.install(index, Payload::Empty, Install::Always)?
-            {
+            if self.install(index, Payload::Empty)?.held_data {
                 freed += 1;
             }
         }
@@ -290,158 +370,154 @@ impl PageStore {
     pub fn write_zeroes(&self, first_page: u64, count: u64) -> Result<(), CoreError> {
         self.check_range(first_page, count)?;
         for index in first_page..first_page + count {
-            self.install(index, Payload::Empty, Install::Always)?;
+            self.install(index, Payload::Empty)?;
         }
         Ok(())
     }
 
-    /// Compresses `data` through `backend` (whose algorithm must be the store's), then
-    /// stores every page (large batches on several threads). On an error some pages may
-    /// already hold the new content; each page holds either its old or its new content.
-    pub fn write_batch(
-        &self,
-        first_page: u64,
-        data: &[u8],
-        backend: &dyn BatchBackend,
-    ) -> Result<(), CoreError> {
-        let count = self.check_buffer(first_page, data.len())?;
-        if backend.algorithm() != self.algorithm {
-            return Err(CoreError::Config(format!(
-                "backend {} produces {}, the store holds {}",
-                backend.name(),
-                backend.algorithm(),
-                self.algorithm
-            )));
-        }
-        worker::with_batch_output(|out| self.store_batch(first_page, data, backend, out))?;
-        Counters::bump(&self.counters.writes, count);
-        Ok(())
+    /// Attaches the memory staged pages are read from (once; a second call fails).
+    pub fn attach_staging(&self, staging: Arc<dyn StagedPages>) -> Result<(), CoreError> {
+        self.staging
+            .set(staging)
+            .map_err(|_| CoreError::Config("staging memory is already attached".into()))
     }
 
-    fn store_batch(
-        &self,
-        first_page: u64,
-        data: &[u8],
-        backend: &dyn BatchBackend,
-        out: &mut BatchOutput,
-    ) -> Result<(), CoreError> {
-        backend.compress_batch(data, self.raw_threshold, out)?;
-        if out.len() != data.len() / PAGE_SIZE {
-            return Err(backend_error(backend, "returned the wrong number of pages"));
-        }
-        let pages = data.len() / PAGE_SIZE;
-        // A GPU hands over tens of thousands of pages at a time; storing them one by one
-        // on this thread would cap the backend at one core's copy speed.
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(pages.div_ceil(INSTALL_PAGES_PER_THREAD))
-            .max(1);
-        if threads == 1 {
-            return self.install_results(first_page, 0..pages, data, backend, out);
-        }
-        let per = pages.div_ceil(threads);
-        let out = &*out;
-        std::thread::scope(|s| {
-            let workers: Vec<_> = (0..pages)
-                .step_by(per)
-                .map(|start| {
-                    let range = start..(start + per).min(pages);
-                    s.spawn(move || self.install_results(first_page, range, data, backend, out))
-                })
-                .collect();
-            let results: Vec<Result<(), CoreError>> = workers
-                .into_iter()
-                .map(|w| {
-                    w.join().unwrap_or_else(|_| {
-                        Err(backend_error(backend, "an install thread panicked"))
-                    })
-                })
-                .collect();
-            results.into_iter().collect()
-        })
-    }
-
-    /// Stores the batch results for pages `range` (indexes into the batch).
-    fn install_results(
-        &self,
-        first_page: u64,
-        range: std::ops::Range<usize>,
-        data: &[u8],
-        backend: &dyn BatchBackend,
-        out: &BatchOutput,
-    ) -> Result<(), CoreError> {
-        for i in range {
-            let page = &data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
-            let encoded = out
-                .get(i)
-                .ok_or_else(|| backend_error(backend, "left a page without a valid result"))?;
-            let payload = match encoded {
-                Encoded::SameFilled(word) => Payload::Same(word),
-                Encoded::Compressed(bytes) if bytes.len() < self.raw_threshold => {
-                    Payload::Bytes(bytes)
-                }
-                Encoded::Compressed(_) | Encoded::Raw => Payload::Bytes(page),
-            };
-            self.install(first_page + i as u64, payload, Install::Always)?;
-        }
-        Ok(())
-    }
-
-    /// The deferred (GPU) path: a same-filled page is stored at once and `None` returned;
-    /// any other page is stored raw now, so reads are always served by the store, and a
-    /// [`Ticket`] for its later [`PageStore::commit`] is returned.
-    pub fn write_deferred(
-        &self,
-        page: u64,
-        data: &[u8; PAGE_SIZE],
-    ) -> Result<Option<Ticket>, CoreError> {
+    /// Records that `page`'s new content waits uncompressed at `at` in the attached
+    /// staging memory (the caller copied it there and keeps it until the ticket's
+    /// [`PageStore::commit`]). From now on reads of the page copy from there. Under a
+    /// memory limit the page holds a whole page of room until it is installed; when that
+    /// room is not there the write fails with `MemLimit` and the page is unchanged.
+    pub fn stage(&self, page: u64, at: StagedAt) -> Result<Ticket, CoreError> {
         self.check_range(page, 1)?;
-        let ticket = if let Some(word) = same_filled_word(data) {
-            self.install(page, Payload::Same(word), Install::Always)?;
-            None
-        } else {
-            match self.install(page, Payload::Bytes(data), Install::Deferred)? {
-                Installed::Done { generation, .. } => {
-                    generation.map(|generation| Ticket { page, generation })
-                }
-                Installed::Stale => None,
+        if self.staging.get().is_none() {
+            return Err(CoreError::Config(
+                "no staging memory is attached to stage pages in".into(),
+            ));
+        }
+        if let Some(limit) = self.mem_limit {
+            let used = self.limited_bytes();
+            if used + PAGE_SIZE as u64 > limit {
+                return Err(CoreError::MemLimit { limit, used });
             }
-        };
+        }
+        self.install(page, Payload::Staged(at))?;
         Counters::bump(&self.counters.writes, 1);
-        Ok(ticket)
+        Ok(Ticket { page, at })
     }
 
-    /// Replaces a deferred write's raw copy with `encoded`, if the page still holds exactly
-    /// the write that made `ticket`. `Ok(false)`: a later write, discard or write_zeroes
-    /// came first; the result is dropped. Compressed output at or above the threshold
-    /// leaves the raw copy in place (and still counts as committed). The store does not
-    /// decode `encoded` to check it: the backend guarantees it decodes to the ticket's page
-    /// (DESIGN.md invariant 2, tested in the backends' conformance tests).
-    pub fn commit(&self, ticket: Ticket, encoded: Encoded<'_>) -> Result<bool, CoreError> {
-        self.check_range(ticket.page, 1)?;
-        let payload = match encoded {
-            Encoded::SameFilled(word) => Payload::Same(word),
-            Encoded::Compressed(bytes) if !bytes.is_empty() && bytes.len() < self.raw_threshold => {
-                Payload::Bytes(bytes)
-            }
-            Encoded::Compressed(_) | Encoded::Raw => {
-                let (shard, idx) = self.locate(ticket.page);
-                let mut shard = write_lock(shard);
-                if !shard.is_pending(idx, ticket.generation) {
-                    return Ok(false);
+    /// Installs the results of staged writes: each one only if its page still holds
+    /// exactly the staged copy its ticket names (else it is stale and dropped). Arena room
+    /// for all of them is reserved under one lock and filled without any; then each shard's
+    /// entries are swapped under one write lock, so readers of a shard wait for a few entry
+    /// swaps only.
+    ///
+    /// Room under the memory limit was taken when each page was staged, so this never
+    /// fails with `MemLimit`. It fails with `NoMemory` when the allocator has no segment to
+    /// give (nothing is installed then), or when a fill word found no room in the side map;
+    /// the commits already done say `Installed` or `Stale`, the rest stay `Waiting` and can
+    /// be retried. The order of `commits` is changed.
+    pub fn commit(&self, commits: &mut [Commit<'_>]) -> Result<(), CoreError> {
+        for c in commits.iter() {
+            self.check_range(c.ticket.page, 1)?;
+            if let Encoded::Compressed(bytes) = c.encoded {
+                if bytes.is_empty() || bytes.len() >= PAGE_SIZE {
+                    return Err(CoreError::Config(format!(
+                        "page {}: a compressed result of {} bytes",
+                        c.ticket.page,
+                        bytes.len()
+                    )));
                 }
-                shard.clear_pending(idx);
-                return Ok(true);
             }
-        };
-        // Cheap early out for a stale ticket before reserving arena space (checked again
-        // under the write lock, where it counts).
-        let (shard, idx) = self.locate(ticket.page);
-        if !read_lock(shard).is_pending(idx, ticket.generation) {
-            return Ok(false);
         }
-        let installed = self.install(ticket.page, payload, Install::Commit(ticket.generation))?;
-        Ok(installed != Installed::Stale)
+        let mask = self.shard_mask;
+        commits.sort_unstable_by_key(|c| c.ticket.page & mask);
+        // Installers run on the swap I/O path: their allocations fail, they never abort.
+        let mut lens = try_vec(commits.len())?;
+        lens.extend(commits.iter().filter_map(|c| match (c.state, c.encoded) {
+            (CommitState::Waiting, Encoded::Compressed(b)) => Some(b.len()),
+            (CommitState::Waiting, Encoded::Raw(_)) => Some(PAGE_SIZE),
+            _ => None,
+        }));
+        let mut handles = try_vec(lens.len())?;
+        handles.resize(lens.len(), 0u64);
+        let mut slots = try_vec(commits.len())?;
+        let mut unused = try_vec(commits.len())?;
+        self.arena
+            .alloc_many(&lens, Budget::Reserved, &mut handles)?;
+        let mut next = handles.iter();
+        slots.extend(commits.iter().map(|c| match (c.state, c.encoded) {
+            (CommitState::Waiting, Encoded::SameFilled(word)) => {
+                Some((Slot::Same(word), same_cost()))
+            }
+            (CommitState::Waiting, Encoded::Compressed(bytes)) => {
+                Some(self.place(next.next(), bytes))
+            }
+            (CommitState::Waiting, Encoded::Raw(page)) => Some(self.place(next.next(), page)),
+            _ => None,
+        }));
+        let mut start = 0;
+        while start < commits.len() {
+            let shard_of = commits[start].ticket.page & mask;
+            let end = commits[start..]
+                .iter()
+                .position(|c| c.ticket.page & mask != shard_of)
+                .map_or(commits.len(), |n| start + n);
+            self.commit_shard(
+                &mut commits[start..end],
+                &mut slots[start..end],
+                &mut unused,
+            );
+            start = end;
+        }
+        self.arena
+            .free_many(unused.into_iter().filter_map(stored_object));
+        if commits.iter().any(|c| c.state == CommitState::Waiting) {
+            return Err(CoreError::NoMemory);
+        }
+        Ok(())
+    }
+
+    /// Swaps in the prepared slots of one shard's commits under its write lock; slots that
+    /// are not installed go to `unused` (their arena room is freed by the caller).
+    fn commit_shard(
+        &self,
+        group: &mut [Commit<'_>],
+        slots: &mut [Option<(Slot, PageCost)>],
+        unused: &mut Vec<Slot>,
+    ) {
+        let Some(first) = group.first() else {
+            return;
+        };
+        let (shard, _) = self.locate(first.ticket.page);
+        let mut shard = write_lock(shard);
+        for (c, prepared) in group.iter_mut().zip(slots.iter_mut()) {
+            let Some((slot, cost)) = prepared.take() else {
+                continue;
+            };
+            let idx = c.ticket.page >> self.shard_shift;
+            if !shard.is_staged_at(idx, c.ticket.at) {
+                c.state = CommitState::Stale;
+                unused.push(slot);
+                continue;
+            }
+            match shard.set(idx, slot) {
+                Ok(Some(old)) => {
+                    shard.totals.replace(cost_of(old), cost);
+                    self.staged.fetch_sub(1, Ordering::Relaxed);
+                    c.state = CommitState::Installed;
+                }
+                // Out of range cannot happen (checked by `commit`); a fill word with no
+                // room in the side map keeps the staged copy, still right, for a retry.
+                Ok(None) | Err(_) => unused.push(slot),
+            }
+        }
+    }
+
+    /// Writes `bytes` into the arena room `handle` (reserved for exactly this length).
+    fn place(&self, handle: Option<&u64>, bytes: &[u8]) -> (Slot, PageCost) {
+        let handle = handle.copied().unwrap_or_default();
+        self.arena.write(handle, bytes);
+        stored(handle, bytes.len())
     }
 
     /// Compacts the arena like zram's `compact`: slides every stored page's bytes down to
@@ -506,6 +582,7 @@ impl PageStore {
             pages_stored,
             reads: Counters::get(&c.reads),
             writes: Counters::get(&c.writes),
+            staged_pages: totals.staged_pages,
         }
     }
 
@@ -548,62 +625,71 @@ impl PageStore {
         self.table_bytes
     }
 
-    /// Puts `payload` into page `index` under `mode`.
-    fn install(
-        &self,
-        index: u64,
-        payload: Payload<'_>,
-        mode: Install,
-    ) -> Result<Installed, CoreError> {
+    /// Memory held to the limit: the table, the arena, and a page per staged page.
+    fn limited_bytes(&self) -> u64 {
+        self.table_bytes + self.arena.usage().held_bytes + self.staged_room()
+    }
+
+    fn staged_room(&self) -> u64 {
+        self.staged.load(Ordering::Relaxed) * PAGE_SIZE as u64
+    }
+
+    /// Puts `payload` into page `index`, whatever it held.
+    fn install(&self, index: u64, payload: Payload<'_>) -> Result<Installed, CoreError> {
         let (slot, cost) = match payload {
             Payload::Empty => (Slot::Empty, PageCost::default()),
-            Payload::Same(word) => (
-                Slot::Same(word),
+            Payload::Same(word) => (Slot::Same(word), same_cost()),
+            Payload::Staged(at) => (
+                Slot::Staged(at),
                 PageCost {
                     stored: true,
-                    same: true,
+                    staged: true,
                     ..PageCost::default()
                 },
             ),
             Payload::Bytes(bytes) => {
-                let handle = self.arena.store(bytes)?;
-                let len = bytes.len();
-                (
-                    Slot::Stored {
-                        handle,
-                        len: len as u16,
-                    },
-                    PageCost {
-                        stored: true,
-                        huge: len == PAGE_SIZE,
-                        payload: len as u64,
-                        ..PageCost::default()
-                    },
-                )
+                let budget = Budget::Limited {
+                    reserved: self.staged_room(),
+                };
+                let handle = self.arena.store(bytes, budget)?;
+                stored(handle, bytes.len())
             }
         };
         let (shard, idx) = self.locate(index);
         let mut shard = write_lock(shard);
-        if let Install::Commit(generation) = mode {
-            if !shard.is_pending(idx, generation) {
+        let old = match shard.set(idx, slot) {
+            Ok(Some(old)) => old,
+            Ok(None) => {
                 drop(shard);
-                free_slot(&self.arena, slot);
-                return Ok(Installed::Stale);
+                self.free_slot(slot);
+                return Err(self.out_of_range(index, 1));
             }
-        }
-        let Some(old) = shard.set(idx, slot) else {
-            drop(shard);
-            free_slot(&self.arena, slot);
-            return Err(self.out_of_range(index, 1));
+            Err(e) => {
+                drop(shard);
+                self.free_slot(slot);
+                return Err(e);
+            }
         };
-        let generation = (mode == Install::Deferred).then(|| shard.mark_pending(idx));
         shard.totals.replace(cost_of(old), cost);
+        match (
+            matches!(old, Slot::Staged(_)),
+            matches!(slot, Slot::Staged(_)),
+        ) {
+            (false, true) => self.staged.fetch_add(1, Ordering::Relaxed),
+            (true, false) => self.staged.fetch_sub(1, Ordering::Relaxed),
+            _ => 0,
+        };
         drop(shard);
-        free_slot(&self.arena, old);
-        Ok(Installed::Done {
+        self.free_slot(old);
+        Ok(Installed {
             held_data: old != Slot::Empty,
-            generation,
         })
+    }
+
+    fn free_slot(&self, slot: Slot) {
+        if let Some(object) = stored_object(slot) {
+            self.arena.free(object.0, object.1);
+        }
     }
 
     /// Page totals and side-map bytes summed over the shards.
@@ -648,26 +734,48 @@ impl PageStore {
     }
 }
 
-fn cost_of(slot: Slot) -> PageCost {
-    match slot {
-        Slot::Empty => PageCost::default(),
-        Slot::Same(_) | Slot::SameExt => PageCost {
-            stored: true,
-            same: true,
-            ..PageCost::default()
-        },
-        Slot::Stored { len, .. } => PageCost {
-            stored: true,
-            huge: usize::from(len) == PAGE_SIZE,
-            payload: u64::from(len),
-            ..PageCost::default()
-        },
+fn same_cost() -> PageCost {
+    PageCost {
+        stored: true,
+        same: true,
+        ..PageCost::default()
     }
 }
 
-fn free_slot(arena: &Arena, slot: Slot) {
-    if let Slot::Stored { handle, len } = slot {
-        arena.free(handle, usize::from(len));
+/// The slot and cost of `len` bytes stored at `handle`.
+fn stored(handle: u64, len: usize) -> (Slot, PageCost) {
+    (
+        Slot::Stored {
+            handle,
+            len: len as u16,
+        },
+        PageCost {
+            stored: true,
+            huge: len == PAGE_SIZE,
+            payload: len as u64,
+            ..PageCost::default()
+        },
+    )
+}
+
+fn cost_of(slot: Slot) -> PageCost {
+    match slot {
+        Slot::Empty => PageCost::default(),
+        Slot::Same(_) | Slot::SameExt => same_cost(),
+        Slot::Staged(_) => PageCost {
+            stored: true,
+            staged: true,
+            ..PageCost::default()
+        },
+        Slot::Stored { handle, len } => stored(handle, usize::from(len)).1,
+    }
+}
+
+/// The arena object `(handle, len)` a slot holds, if any.
+fn stored_object(slot: Slot) -> Option<(u64, usize)> {
+    match slot {
+        Slot::Stored { handle, len } => Some((handle, usize::from(len))),
+        _ => None,
     }
 }
 
@@ -678,14 +786,11 @@ fn corrupt(index: u64, what: &str) -> CoreError {
     }
 }
 
-/// Below this many pages per thread, a batch is stored on the calling thread alone.
-const INSTALL_PAGES_PER_THREAD: usize = 1024;
-
-fn backend_error(backend: &dyn BatchBackend, reason: &str) -> CoreError {
-    CoreError::Backend {
-        backend: backend.name(),
-        reason: reason.into(),
-    }
+/// An empty vector with room for `n` items, or `NoMemory`.
+fn try_vec<T>(n: usize) -> Result<Vec<T>, CoreError> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| CoreError::NoMemory)?;
+    Ok(v)
 }
 
 fn read_lock<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {

@@ -1,10 +1,11 @@
 //! One lock stripe of the page table: the entries of every page `p` with
-//! `p % shards == s`, plus the rare state that does not fit in an entry.
+//! `p % shards == s`, plus the rare fill words that do not fit in an entry.
 
 use std::collections::HashMap;
 
-use super::entry::{Entry, Slot};
+use super::entry::{Entry, Slot, StagedAt};
 use super::stats::PageTotals;
+use crate::CoreError;
 
 /// A table of `len` empty entries whose every page is written once, so it is resident (and,
 /// under `mlockall`, locked) from the start, as zram's table is. `vec!` alone may hand out fresh
@@ -29,10 +30,6 @@ pub(crate) struct Shard {
     entries: Vec<Entry>,
     /// Fill words that do not fit in an entry, by index within the shard.
     same_ext: HashMap<u64, u64>,
-    /// Generation of the deferred write each page holds, for pages whose raw copy waits
-    /// for a `commit`.
-    pending: HashMap<u64, u32>,
-    next_generation: u32,
     /// Counts and payload of this shard's pages.
     pub(crate) totals: PageTotals,
 }
@@ -42,8 +39,6 @@ impl Shard {
         Self {
             entries: resident_table(len),
             same_ext: HashMap::new(),
-            pending: HashMap::new(),
-            next_generation: 0,
             totals: PageTotals::default(),
         }
     }
@@ -53,11 +48,9 @@ impl Shard {
         (self.entries.capacity() * std::mem::size_of::<Entry>()) as u64
     }
 
-    /// Bytes held by the side maps (capacity × (key, value) + one control byte).
+    /// Bytes held by the side map (capacity × (key, value) + one control byte).
     pub(crate) fn side_bytes(&self) -> u64 {
-        let ext = self.same_ext.capacity() * (std::mem::size_of::<(u64, u64)>() + 1);
-        let pending = self.pending.capacity() * (std::mem::size_of::<(u64, u32)>() + 1);
-        (ext + pending) as u64
+        (self.same_ext.capacity() * (std::mem::size_of::<(u64, u64)>() + 1)) as u64
     }
 
     /// The page's slot, with a side-map fill word resolved.
@@ -69,22 +62,41 @@ impl Shard {
         })
     }
 
-    /// Stores `slot` for the page and returns the old slot (resolved). Clears any pending
-    /// deferred write of the page.
-    pub(crate) fn set(&mut self, idx: u64, slot: Slot) -> Option<Slot> {
-        let old = self.get(idx)?;
-        let entry = self.entries.get_mut(usize::try_from(idx).ok()?)?;
+    /// True if the page is staged exactly at `at` (same slot, index and fill epoch).
+    pub(crate) fn is_staged_at(&self, idx: u64, at: StagedAt) -> bool {
+        usize::try_from(idx)
+            .ok()
+            .and_then(|i| self.entries.get(i))
+            .is_some_and(|e| *e == Entry::pack(Slot::Staged(at)))
+    }
+
+    /// Stores `slot` for the page and returns the old slot (resolved); `Ok(None)` if the
+    /// index is outside the shard. A fill word that needs the side map fails with
+    /// `NoMemory` (the entry is unchanged) when the allocator has no room for it: the map
+    /// grows on the I/O path, where an aborting allocation must never happen.
+    pub(crate) fn set(&mut self, idx: u64, slot: Slot) -> Result<Option<Slot>, CoreError> {
+        let Some(old) = self.get(idx) else {
+            return Ok(None);
+        };
         if let Slot::Same(word) = slot {
             if !Entry::same_fits(word) {
+                self.same_ext
+                    .try_reserve(1)
+                    .map_err(|_| CoreError::NoMemory)?;
                 self.same_ext.insert(idx, word);
             }
         }
-        if old.is_same_ext() && !matches!(slot, Slot::Same(w) if !Entry::same_fits(w)) {
+        if old.is_same_ext() && !slot.is_same_ext() {
             self.same_ext.remove(&idx);
         }
+        let Some(entry) = usize::try_from(idx)
+            .ok()
+            .and_then(|i| self.entries.get_mut(i))
+        else {
+            return Ok(None);
+        };
         *entry = Entry::pack(slot);
-        self.pending.remove(&idx);
-        Some(old)
+        Ok(Some(old))
     }
 
     /// `(index, handle, len)` of every page whose bytes are in the arena.
@@ -109,24 +121,6 @@ impl Shard {
             }
         }
     }
-
-    /// Marks the page's current content as a deferred write; returns its generation.
-    pub(crate) fn mark_pending(&mut self, idx: u64) -> u32 {
-        let generation = self.next_generation;
-        self.next_generation = self.next_generation.wrapping_add(1);
-        self.pending.insert(idx, generation);
-        generation
-    }
-
-    /// Forgets the page's deferred write (its raw copy stays as the final content).
-    pub(crate) fn clear_pending(&mut self, idx: u64) {
-        self.pending.remove(&idx);
-    }
-
-    /// True if the page still holds the deferred write of `generation`.
-    pub(crate) fn is_pending(&self, idx: u64, generation: u32) -> bool {
-        self.pending.get(&idx) == Some(&generation)
-    }
 }
 
 impl Slot {
@@ -143,30 +137,26 @@ mod tests {
     fn side_map_words_come_and_go() {
         let mut shard = Shard::new(4);
         let word = 0x1234_5678_9abc_def0;
-        assert_eq!(shard.set(1, Slot::Same(word)), Some(Slot::Empty));
+        assert_eq!(shard.set(1, Slot::Same(word)).unwrap(), Some(Slot::Empty));
         assert_eq!(shard.get(1), Some(Slot::Same(word)));
         assert_eq!(shard.same_ext.len(), 1);
-        assert_eq!(shard.set(1, Slot::Same(0)), Some(Slot::Same(word)));
+        assert_eq!(shard.set(1, Slot::Same(0)).unwrap(), Some(Slot::Same(word)));
         assert!(shard.same_ext.is_empty());
         assert_eq!(shard.get(1), Some(Slot::Same(0)));
         assert_eq!(shard.get(4), None);
-        assert_eq!(shard.set(4, Slot::Empty), None);
+        assert_eq!(shard.set(4, Slot::Empty).unwrap(), None);
     }
 
     #[test]
-    fn any_set_clears_pending() {
+    fn staged_entries_match_only_their_own_fill() {
         let mut shard = Shard::new(2);
-        shard.set(
-            0,
-            Slot::Stored {
-                handle: 0,
-                len: 4096,
-            },
-        );
-        let g = shard.mark_pending(0);
-        assert!(shard.is_pending(0, g));
-        assert!(!shard.is_pending(0, g.wrapping_add(1)));
-        shard.set(0, Slot::Empty);
-        assert!(!shard.is_pending(0, g));
+        let at = StagedAt::new(1, 2, 3).unwrap();
+        shard.set(0, Slot::Staged(at)).unwrap();
+        assert!(shard.is_staged_at(0, at));
+        assert!(!shard.is_staged_at(0, StagedAt::new(1, 2, 4).unwrap()));
+        assert!(!shard.is_staged_at(1, at));
+        assert!(!shard.is_staged_at(9, at));
+        shard.set(0, Slot::Empty).unwrap();
+        assert!(!shard.is_staged_at(0, at));
     }
 }

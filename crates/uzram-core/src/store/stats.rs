@@ -33,8 +33,12 @@ pub struct Stats {
     pub pages_stored: u64,
     /// Pages read.
     pub reads: u64,
-    /// Pages written (write, write_batch, write_deferred; write_zeroes not included).
+    /// Pages written (inline, same-filled or staged; write_zeroes not included).
     pub writes: u64,
+    /// Pages waiting uncompressed in a batch backend's staging memory (counted in
+    /// `pages_stored` and `orig_data_size`, not in `compr_data_size`: their memory is the
+    /// backend's fixed staging, reported by the backend).
+    pub staged_pages: u64,
 }
 
 impl Stats {
@@ -56,6 +60,7 @@ impl Stats {
             ("pages_stored", self.pages_stored),
             ("reads", self.reads),
             ("writes", self.writes),
+            ("staged_pages", self.staged_pages),
         ]
     }
 }
@@ -67,7 +72,7 @@ impl Stats {
 pub struct MemoryUsage {
     /// Page table: 8-byte entries, shard locks, the store struct.
     pub table_bytes: u64,
-    /// Side maps (fill words that do not fit an entry, pending deferred writes).
+    /// Side map (fill words that do not fit an entry).
     pub side_map_bytes: u64,
     /// Arena free lists and segment slots.
     pub arena_bookkeeping_bytes: u64,
@@ -101,6 +106,7 @@ pub(crate) struct PageCost {
     pub stored: bool,
     pub same: bool,
     pub huge: bool,
+    pub staged: bool,
     pub payload: u64,
 }
 
@@ -110,6 +116,7 @@ pub(crate) struct PageTotals {
     pub pages_stored: u64,
     pub same_pages: u64,
     pub huge_pages: u64,
+    pub staged_pages: u64,
     pub compr_data_size: u64,
 }
 
@@ -119,6 +126,7 @@ impl PageTotals {
         adjust(&mut self.pages_stored, old.stored.into(), new.stored.into());
         adjust(&mut self.same_pages, old.same.into(), new.same.into());
         adjust(&mut self.huge_pages, old.huge.into(), new.huge.into());
+        adjust(&mut self.staged_pages, old.staged.into(), new.staged.into());
         adjust(&mut self.compr_data_size, old.payload, new.payload);
     }
 
@@ -127,6 +135,7 @@ impl PageTotals {
         self.pages_stored += other.pages_stored;
         self.same_pages += other.same_pages;
         self.huge_pages += other.huge_pages;
+        self.staged_pages += other.staged_pages;
         self.compr_data_size += other.compr_data_size;
     }
 }
@@ -167,10 +176,11 @@ mod tests {
             pages_stored: 13,
             reads: 14,
             writes: 15,
+            staged_pages: 16,
         };
         let fields = stats.fields();
         let values: Vec<u64> = fields.iter().map(|f| f.1).collect();
-        assert_eq!(values, (1..=15).collect::<Vec<u64>>());
+        assert_eq!(values, (1..=16).collect::<Vec<u64>>());
         assert_eq!(fields[0].0, "orig_data_size");
         assert_eq!(fields[11].0, "notify_free");
     }

@@ -1,7 +1,43 @@
-//! PageStore unit tests: accounting, table size, thresholds, deferred writes.
+//! PageStore unit tests: accounting, table size, thresholds, staged writes.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
 
 use super::*;
-use crate::batch::CpuBackend;
+
+/// Staging memory for tests: pages by location.
+#[derive(Default)]
+struct MapStaging(Mutex<HashMap<StagedAt, (u64, [u8; PAGE_SIZE])>>);
+
+impl MapStaging {
+    fn put(&self, page: u64, at: StagedAt, data: [u8; PAGE_SIZE]) {
+        self.0.lock().unwrap().insert(at, (page, data));
+    }
+}
+
+impl StagedPages for MapStaging {
+    fn read_staged(&self, page: u64, at: StagedAt, out: &mut [u8; PAGE_SIZE]) -> bool {
+        match self.0.lock().unwrap().get(&at) {
+            Some((p, data)) if *p == page => {
+                *out = *data;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A store with test staging attached.
+fn staged_store(pages: u64) -> (PageStore, Arc<MapStaging>) {
+    let store = store(pages);
+    let staging = Arc::new(MapStaging::default());
+    store.attach_staging(staging.clone()).unwrap();
+    (store, staging)
+}
+
+fn at(slot: usize, index: usize, epoch: u64) -> StagedAt {
+    StagedAt::new(slot, index, epoch).unwrap()
+}
 
 fn store(pages: u64) -> PageStore {
     PageStore::new(StoreConfig::new(pages, Algorithm::Lz4)).unwrap()
@@ -163,8 +199,18 @@ fn range_and_alignment_errors() {
         Err(CoreError::OutOfRange { .. })
     ));
     assert!(matches!(
-        store.write_deferred(4, &page),
+        store.write_same_filled(4, 0),
         Err(CoreError::OutOfRange { .. })
+    ));
+    let (staged, _) = staged_store(4);
+    assert!(matches!(
+        staged.stage(4, at(0, 0, 0)),
+        Err(CoreError::OutOfRange { .. })
+    ));
+    // Staging needs staging memory to read from.
+    assert!(matches!(
+        store.stage(0, at(0, 0, 0)),
+        Err(CoreError::Config(_))
     ));
 }
 
@@ -250,88 +296,218 @@ fn mem_limit_refuses_and_keeps_old_content() {
 }
 
 #[test]
-fn batch_write_matches_inline_write() {
-    let data: Vec<u8> = (0..40u64)
-        .flat_map(|i| match i % 4 {
-            0 => text_page(i as u8),
-            1 => noise_page(i),
-            2 => [0u8; PAGE_SIZE],
-            _ => [0xabu8; PAGE_SIZE],
-        })
-        .collect();
-    let inline = store(40);
-    inline.write(0, &data).unwrap();
-    let batch = store(40);
-    let backend = CpuBackend::new(Algorithm::Lz4, std::num::NonZeroUsize::new(3));
-    batch.write_batch(0, &data, &backend).unwrap();
-    let mut a = vec![0u8; data.len()];
-    let mut b = vec![0u8; data.len()];
-    inline.read(0, &mut a).unwrap();
-    batch.read(0, &mut b).unwrap();
-    assert!(a == data && b == data);
-    let (sa, sb) = (inline.stats(), batch.stats());
-    assert_eq!(sa.compr_data_size, sb.compr_data_size);
-    assert_eq!(sa.huge_pages, sb.huge_pages);
-    assert_eq!(sb.same_pages, 20);
-    assert_eq!(sb.writes, 40);
-    let zstd = CpuBackend::new(Algorithm::Zstd { level: 1 }, None);
-    assert!(matches!(
-        batch.write_batch(0, &data, &zstd),
-        Err(CoreError::Config(_))
-    ));
+fn same_filled_writes_match_inline_writes() {
+    let inline = store(8);
+    let direct = store(8);
+    for (i, word) in [0u64, u64::MAX, 0x0101_0101_0101_0101, 0x1234_5678_9abc_def0]
+        .into_iter()
+        .enumerate()
+    {
+        let mut page = [0u8; PAGE_SIZE];
+        fill_page(&mut page, word);
+        inline.write(i as u64, &page).unwrap();
+        direct.write_same_filled(i as u64, word).unwrap();
+        assert_eq!(read_page(&direct, i as u64), page);
+    }
+    let (a, b) = (inline.stats(), direct.stats());
+    assert_eq!(a.same_pages, b.same_pages);
+    assert_eq!(a.pages_stored, b.pages_stored);
+    assert_eq!(b.writes, 4);
+    assert_eq!(a.mem_used_total, b.mem_used_total);
+}
+
+fn compressed(page: &[u8; PAGE_SIZE]) -> Vec<u8> {
+    let mut out = [0u8; PAGE_SIZE];
+    let len = Algorithm::Lz4
+        .codec()
+        .compress(page, &mut out)
+        .unwrap()
+        .unwrap();
+    out[..len].to_vec()
 }
 
 #[test]
-fn deferred_write_commit_and_stale_tickets() {
-    let store = store(4);
+fn staged_pages_read_from_staging_until_committed() {
+    let (store, staging) = staged_store(4);
     let page = text_page(9);
-    assert_eq!(store.write_deferred(0, &[0u8; PAGE_SIZE]).unwrap(), None);
-    let ticket = store.write_deferred(1, &page).unwrap().unwrap();
-    assert_eq!(ticket.page, 1);
-    // Stored raw until the commit, and readable at once.
-    assert_eq!(store.stats().huge_pages, 1);
+    let t = at(2, 7, 1);
+    staging.put(1, t, page);
+    let ticket = store.stage(1, t).unwrap();
+    assert_eq!(ticket, Ticket { page: 1, at: t });
+    let stats = store.stats();
+    assert_eq!(
+        (stats.staged_pages, stats.pages_stored, stats.writes),
+        (1, 1, 1)
+    );
+    assert_eq!(stats.compr_data_size, 0);
     assert_eq!(read_page(&store, 1), page);
-    let mut codec = Algorithm::Lz4.codec();
+    // The staging memory must hold the named page, or the read fails.
+    staging.0.lock().unwrap().clear();
     let mut out = [0u8; PAGE_SIZE];
-    let len = codec.compress(&page, &mut out).unwrap().unwrap();
-    assert!(store
-        .commit(ticket, Encoded::Compressed(&out[..len]))
-        .unwrap());
-    assert_eq!(store.stats().huge_pages, 0);
-    assert_eq!(store.stats().compr_data_size, len as u64);
-    assert_eq!(read_page(&store, 1), page);
-    // A second commit of the same ticket is stale.
-    assert!(!store.commit(ticket, Encoded::Raw).unwrap());
+    assert!(matches!(
+        store.read(1, &mut out),
+        Err(CoreError::Corrupt { index: 1, .. })
+    ));
+    staging.put(1, t, page);
 
-    // Overwritten, discarded or zeroed before the commit: stale, and the newer data stays.
+    let block = compressed(&page);
+    let mut commits = [Commit::new(ticket, Encoded::Compressed(&block))];
+    store.commit(&mut commits).unwrap();
+    assert_eq!(commits[0].state, CommitState::Installed);
+    let stats = store.stats();
+    assert_eq!((stats.staged_pages, stats.pages_stored), (0, 1));
+    assert_eq!(stats.compr_data_size, block.len() as u64);
+    staging.0.lock().unwrap().clear();
+    assert_eq!(read_page(&store, 1), page, "read from the arena now");
+    // The same ticket again is stale, and changes nothing.
+    let before = store.stats();
+    let mut again = [Commit::new(ticket, Encoded::Compressed(&block))];
+    store.commit(&mut again).unwrap();
+    assert_eq!(again[0].state, CommitState::Stale);
+    assert_eq!(store.stats(), before);
+}
+
+#[test]
+fn changed_pages_make_their_results_stale() {
+    let (store, staging) = staged_store(4);
+    let page = text_page(9);
     let newer = text_page(10);
-    for change in 0..3 {
-        let t = store.write_deferred(2, &page).unwrap().unwrap();
-        match change {
-            0 => store.write(2, &newer).unwrap(),
-            1 => store.discard(2, 1).unwrap(),
-            _ => store.write_zeroes(2, 1).unwrap(),
-        }
+    let block = compressed(&page);
+    for change in 0..4 {
+        let t = at(0, change, 5);
+        staging.put(2, t, page);
+        let ticket = store.stage(2, t).unwrap();
+        let expect = match change {
+            0 => {
+                store.write(2, &newer).unwrap();
+                newer
+            }
+            1 => {
+                store.discard(2, 1).unwrap();
+                [0; PAGE_SIZE]
+            }
+            2 => {
+                store.write_zeroes(2, 1).unwrap();
+                [0; PAGE_SIZE]
+            }
+            _ => {
+                // Staged again elsewhere (the same index of a later fill, too).
+                let later = at(0, change, 6);
+                staging.put(2, later, newer);
+                store.stage(2, later).unwrap();
+                newer
+            }
+        };
         let before = store.stats();
-        assert!(!store.commit(t, Encoded::Compressed(&out[..len])).unwrap());
-        assert_eq!(store.stats(), before);
-        let expect = if change == 0 { newer } else { [0; PAGE_SIZE] };
-        assert_eq!(read_page(&store, 2), expect);
+        let mut commits = [Commit::new(ticket, Encoded::Compressed(&block))];
+        store.commit(&mut commits).unwrap();
+        assert_eq!(commits[0].state, CommitState::Stale, "change {change}");
+        assert_eq!(store.stats(), before, "change {change}");
+        assert_eq!(read_page(&store, 2), expect, "change {change}");
     }
-    // A later deferred write makes the older ticket stale too.
-    let old = store.write_deferred(3, &page).unwrap().unwrap();
-    let new = store.write_deferred(3, &newer).unwrap().unwrap();
-    assert_ne!(old, new);
-    assert!(!store.commit(old, Encoded::Compressed(&out[..len])).unwrap());
-    assert_eq!(read_page(&store, 3), newer);
-    // Raw and same-filled commits.
-    assert!(store.commit(new, Encoded::Raw).unwrap());
-    assert_eq!(read_page(&store, 3), newer);
-    let t = store.write_deferred(3, &page).unwrap().unwrap();
-    assert!(store.commit(t, Encoded::SameFilled(0x77)).unwrap());
-    let mut filled = [0u8; PAGE_SIZE];
-    fill_page(&mut filled, 0x77);
-    assert_eq!(read_page(&store, 3), filled);
+    assert_eq!(store.stats().staged_pages, 1);
+}
+
+#[test]
+fn commits_of_every_kind_across_shards() {
+    let (store, staging) = staged_store(64);
+    let pages: Vec<[u8; PAGE_SIZE]> = (0..64u64)
+        .map(|i| match i % 3 {
+            0 => text_page(i as u8),
+            1 => noise_page(i),
+            _ => [0x5au8; PAGE_SIZE],
+        })
+        .collect();
+    let blocks: Vec<Vec<u8>> = pages
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            if i % 3 == 0 {
+                compressed(p)
+            } else {
+                Vec::new()
+            }
+        })
+        .collect();
+    let mut tickets = Vec::new();
+    for (i, p) in pages.iter().enumerate() {
+        let t = at(1, i, 9);
+        staging.put(i as u64, t, *p);
+        tickets.push(store.stage(i as u64, t).unwrap());
+    }
+    assert_eq!(store.stats().staged_pages, 64);
+    let mut commits: Vec<Commit<'_>> = tickets
+        .iter()
+        .zip(&pages)
+        .zip(&blocks)
+        .enumerate()
+        .map(|(i, ((t, p), b))| {
+            let encoded = match i % 3 {
+                0 => Encoded::Compressed(b),
+                1 => Encoded::Raw(p),
+                _ => Encoded::SameFilled(0x5a5a_5a5a_5a5a_5a5a),
+            };
+            Commit::new(*t, encoded)
+        })
+        .collect();
+    store.commit(&mut commits).unwrap();
+    assert!(commits.iter().all(|c| c.state == CommitState::Installed));
+    staging.0.lock().unwrap().clear();
+    for (i, p) in pages.iter().enumerate() {
+        assert_eq!(read_page(&store, i as u64), *p, "page {i}");
+    }
+    let stats = store.stats();
+    assert_eq!(stats.staged_pages, 0);
+    assert_eq!(stats.huge_pages, 21);
+    assert_eq!(stats.same_pages, 21);
+    // A malformed result is refused before anything changes.
+    let t = at(2, 0, 1);
+    staging.put(0, t, pages[0]);
+    let ticket = store.stage(0, t).unwrap();
+    let long = vec![1u8; PAGE_SIZE];
+    for bad in [&long[..], &[][..]] {
+        let mut c = [Commit::new(ticket, Encoded::Compressed(bad))];
+        assert!(matches!(store.commit(&mut c), Err(CoreError::Config(_))));
+        assert_eq!(c[0].state, CommitState::Waiting);
+    }
+}
+
+#[test]
+fn staged_pages_hold_room_under_the_memory_limit() {
+    let probe = store(64);
+    let mut cfg = StoreConfig::new(64, Algorithm::Lz4);
+    // Room for the table, one arena segment and eight pages more: 24 pages can wait staged.
+    cfg.mem_limit = Some(probe.stats().mem_used_total + (64 + 32) * 1024 + 100);
+    let store = PageStore::new(cfg).unwrap();
+    let staging = Arc::new(MapStaging::default());
+    store.attach_staging(staging.clone()).unwrap();
+    let page = text_page(3);
+    let mut tickets = Vec::new();
+    for i in 0..24 {
+        staging.put(i, at(0, i as usize, 1), page);
+        tickets.push(store.stage(i, at(0, i as usize, 1)).unwrap());
+    }
+    assert!(matches!(
+        store.stage(24, at(0, 24, 1)),
+        Err(CoreError::MemLimit { .. })
+    ));
+    // An inline write needs a segment that the staged pages' room leaves no space for.
+    assert!(matches!(
+        store.write(25, &noise_page(1)),
+        Err(CoreError::MemLimit { .. })
+    ));
+    // Installing them never fails on the limit, and gives back the room they held.
+    let block = compressed(&page);
+    let mut commits: Vec<Commit<'_>> = tickets
+        .iter()
+        .map(|t| Commit::new(*t, Encoded::Compressed(&block)))
+        .collect();
+    store.commit(&mut commits).unwrap();
+    assert!(commits.iter().all(|c| c.state == CommitState::Installed));
+    assert!(store.stats().mem_used_total <= store.stats().mem_limit);
+    staging.put(24, at(0, 24, 1), page);
+    store.stage(24, at(0, 24, 1)).unwrap();
+    assert_eq!(read_page(&store, 24), page);
 }
 
 #[test]

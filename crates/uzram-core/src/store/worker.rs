@@ -3,7 +3,6 @@
 
 use std::cell::RefCell;
 
-use crate::batch::BatchOutput;
 use crate::codec::{Algorithm, PageCodec};
 use crate::page::PAGE_SIZE;
 
@@ -45,19 +44,5 @@ pub(crate) fn with_codec<R>(
             let mut w = Worker::new(algorithm);
             f(w.codec.as_mut(), &mut w.scratch)
         }
-    })
-}
-
-thread_local! {
-    /// Reused across `write_batch` calls: a batch output is `PAGE_SIZE` bytes per page, and
-    /// allocating (and faulting in) 64 MiB per call cost more than the compression itself.
-    static BATCH_OUTPUT: RefCell<BatchOutput> = RefCell::new(BatchOutput::default());
-}
-
-/// Runs `f` with this thread's batch output buffer (a fresh one if re-entered).
-pub(crate) fn with_batch_output<R>(f: impl FnOnce(&mut BatchOutput) -> R) -> R {
-    BATCH_OUTPUT.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut out) => f(&mut out),
-        Err(_) => f(&mut BatchOutput::default()),
     })
 }

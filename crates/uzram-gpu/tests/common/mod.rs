@@ -1,13 +1,84 @@
-//! Page sets and the exactness check shared by the GPU tests and the benchmark.
+//! Page sets, a way to run pages through GPU slots, and the exactness check shared by the
+//! GPU tests and the benchmark.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 
 use rand::{Rng, RngCore, SeedableRng};
-use uzram_core::batch::{BatchBackend, BatchOutput, CpuBackend, Encoded};
-use uzram_core::codec::Algorithm;
-use uzram_core::page::same_filled_word;
-use uzram_core::PAGE_SIZE;
+use uzram_core::batch::{BackendError, PageResult, SlotBackend};
+use uzram_core::codec::{Lz4Codec, PageCodec};
+use uzram_core::page::{page_to_words, same_filled_word};
+use uzram_core::{PAGE_SIZE, PAGE_WORDS};
+use uzram_gpu::{ErrorKind, GpuConfig, GpuSlots, Parse};
+
+/// GPU slots of this shape, or `None` (with the reason printed) where there is no GPU.
+pub fn gpu(slots: usize, slot_pages: usize, parse: Parse, graphs: bool) -> Option<GpuSlots> {
+    let cfg = GpuConfig {
+        slots,
+        slot_pages,
+        parse,
+        graphs,
+        ..GpuConfig::default()
+    };
+    match GpuSlots::new(cfg) {
+        Ok(b) => Some(b),
+        Err(e) if e.kind() == ErrorKind::Unavailable => {
+            eprintln!("skipping: no CUDA driver or GPU: {e}");
+            None
+        }
+        Err(e) => panic!("GPU present but the backend failed to start: {e}"),
+    }
+}
+
+/// The parses the loaded kernels have (`high` once it exists).
+pub fn parses() -> Vec<Parse> {
+    let mut v = vec![Parse::Fast];
+    if uzram_gpu::ptx::PTX.contains(&format!(".entry {}(", uzram_gpu::Kernel::High.entry())) {
+        v.push(Parse::High);
+    }
+    v
+}
+
+/// One page's result, owned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owned {
+    Same(u64),
+    Block(Vec<u8>),
+    Raw,
+    Rejected,
+    /// The result broke the layout's contract.
+    Bad,
+}
+
+/// Runs `pages` through the slots, one slot after another, and collects every result.
+pub fn run_slots(slots: &GpuSlots, pages: &[u8], limit: usize) -> Result<Vec<Owned>, BackendError> {
+    let per = slots.slot_pages();
+    let mut out = Vec::with_capacity(pages.len() / PAGE_SIZE);
+    for (n, chunk) in pages.chunks(per * PAGE_SIZE).enumerate() {
+        let slot = n % slots.slots();
+        let input = slots.input(slot);
+        for (i, page) in chunk.chunks_exact(PAGE_SIZE).enumerate() {
+            page_to_words(
+                page.try_into().unwrap(),
+                &input[i * PAGE_WORDS..(i + 1) * PAGE_WORDS],
+            );
+        }
+        let count = chunk.len() / PAGE_SIZE;
+        slots.submit(slot, count, limit)?;
+        slots.complete(slot, &mut |o| {
+            for i in 0..count {
+                out.push(match o.page(i) {
+                    Ok(PageResult::SameFilled(w)) => Owned::Same(w),
+                    Ok(PageResult::Compressed(b)) => Owned::Block(b.to_vec()),
+                    Ok(PageResult::Raw) => Owned::Raw,
+                    Ok(PageResult::Rejected) => Owned::Rejected,
+                    Err(_) => Owned::Bad,
+                });
+            }
+        })?;
+    }
+    Ok(out)
+}
 
 /// The checked-in 512-page slices of both corpora (`$UZRAM_TESTDATA_DIR`, default the
 /// repository's `testdata/`, for binaries run away from their build tree).
@@ -132,80 +203,99 @@ pub fn adversarial_pages() -> Vec<u8> {
     pages.concat()
 }
 
-/// What one batch check found.
+/// What one check found.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Check {
     pub pages: usize,
     /// Pages whose result does not decode to exactly the input (must be 0).
     pub mismatches: usize,
+    /// Pages the device's own check rejected (must be 0 for a correct compressor).
+    pub rejected: usize,
     pub compressed: usize,
     pub raw: usize,
     pub same_filled: usize,
-    /// Bytes stored by the GPU results / the CPU reference (raw pages count whole).
+    /// Bytes stored by the GPU results / uzram's CPU LZ4 (liblz4's parse; raw pages
+    /// count whole, same-filled pages nothing).
     pub gpu_bytes: usize,
     pub cpu_bytes: usize,
 }
 
 impl Check {
-    /// GPU ratio ÷ CPU ratio (stored bytes, lower is better, so cpu/gpu).
+    /// GPU ratio ÷ CPU ratio.
     pub fn ratio_vs_cpu(&self) -> f64 {
         self.cpu_bytes.max(1) as f64 / self.gpu_bytes.max(1) as f64
     }
 }
 
-fn stored(e: Option<Encoded<'_>>) -> usize {
-    match e {
-        Some(Encoded::Compressed(b)) => b.len(),
-        Some(Encoded::Raw) => PAGE_SIZE,
-        _ => 0,
+/// Bytes a page costs under zram's rules with uzram's CPU LZ4.
+pub fn cpu_bytes(codec: &mut Lz4Codec, page: &[u8; PAGE_SIZE], threshold: usize) -> usize {
+    if same_filled_word(page).is_some() {
+        return 0;
+    }
+    let mut out = [0u8; PAGE_SIZE];
+    match codec.compress(page, &mut out[..threshold.min(PAGE_SIZE)]) {
+        Ok(Some(len)) if len > 0 && len < threshold => len,
+        _ => PAGE_SIZE,
     }
 }
 
-/// Checks every page of `gpu_out` (produced from `pages` with `threshold`) decodes on the
-/// CPU to exactly its input, and compares the stored size with the CPU backend's.
-pub fn check(pages: &[u8], threshold: usize, gpu_out: &BatchOutput) -> Check {
-    let cpu = CpuBackend::new(Algorithm::Lz4, None);
-    let mut cpu_out = BatchOutput::default();
-    cpu.compress_batch(pages, threshold, &mut cpu_out)
-        .expect("CPU reference failed");
+/// Checks every result decodes on the CPU (lz4_flex and uzram's decoder) to exactly its
+/// page, and compares the stored size with uzram's CPU LZ4.
+pub fn check(pages: &[u8], threshold: usize, results: &[Owned]) -> Check {
+    let mut cpu = Lz4Codec::new();
     let mut c = Check::default();
     let mut buf = [0u8; PAGE_SIZE];
-    for (i, page) in pages.chunks_exact(PAGE_SIZE).enumerate() {
+    let mut buf2 = [0u8; PAGE_SIZE];
+    assert_eq!(
+        results.len(),
+        pages.len() / PAGE_SIZE,
+        "one result per page"
+    );
+    for (i, (page, got)) in pages.chunks_exact(PAGE_SIZE).zip(results).enumerate() {
         let page: &[u8; PAGE_SIZE] = page.try_into().unwrap();
         c.pages += 1;
-        let got = gpu_out.get(i);
         let ok = match got {
-            Some(Encoded::SameFilled(w)) => {
+            Owned::Same(w) => {
                 c.same_filled += 1;
-                same_filled_word(page) == Some(w)
+                same_filled_word(page) == Some(*w)
             }
-            Some(Encoded::Compressed(b)) => {
+            Owned::Block(b) => {
                 c.compressed += 1;
                 b.len() < threshold.min(PAGE_SIZE)
                     && same_filled_word(page).is_none()
                     && matches!(lz4_flex::block::decompress_into(b, &mut buf), Ok(PAGE_SIZE))
                     && buf == *page
+                    && cpu.decompress(b, &mut buf2).is_ok()
+                    && buf2 == *page
             }
-            Some(Encoded::Raw) => {
+            Owned::Raw => {
                 c.raw += 1;
                 same_filled_word(page).is_none()
             }
-            None => false,
+            Owned::Rejected => {
+                c.rejected += 1;
+                false
+            }
+            Owned::Bad => false,
         };
         if !ok {
             if c.mismatches < 5 {
                 eprintln!(
-                    "MISMATCH page {i}: {:?}",
-                    got.map(|e| match e {
-                        Encoded::Compressed(b) => format!("compressed {} bytes", b.len()),
+                    "MISMATCH page {i}: {}",
+                    match got {
+                        Owned::Block(b) => format!("compressed {} bytes", b.len()),
                         other => format!("{other:?}"),
-                    })
+                    }
                 );
             }
             c.mismatches += 1;
         }
-        c.gpu_bytes += stored(got);
-        c.cpu_bytes += stored(cpu_out.get(i));
+        c.gpu_bytes += match got {
+            Owned::Block(b) => b.len(),
+            Owned::Same(_) => 0,
+            _ => PAGE_SIZE,
+        };
+        c.cpu_bytes += cpu_bytes(&mut cpu, page, threshold);
     }
     c
 }

@@ -112,8 +112,13 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let store = Arc::new(PageStore::new(store_cfg).context("creating the page store")?);
     let counters = Arc::new(Counters::new(cfg.queues));
     let compression = Arc::new(
-        compression::Compression::start(store.clone(), cfg.backend)
-            .context("setting up the compression backend")?,
+        compression::Compression::start(
+            store.clone(),
+            cfg.backend,
+            &cfg.gpu,
+            Some(Arc::new(io_path_thread)),
+        )
+        .context("setting up the compression backend")?,
     );
     // Small allocations: a pre-grown heap that is never trimmed. Arena segments: the pool.
     reserve::grow(8 << 20);
@@ -286,6 +291,17 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     served.map_err(|err| anyhow::anyhow!("serving the device failed: {err}"))?;
     tracing::info!(id, "device deleted; daemon exits");
     Ok(())
+}
+
+/// Set-up for a thread that installs staged pages: like a queue thread, it is on the swap
+/// I/O path, so it must get ENOMEM rather than page-fault into reclaim, and run ahead of
+/// the tasks that wait for swap.
+fn io_path_thread(name: &str) {
+    pool::strict_current_thread();
+    fault_guard::prefault_stack();
+    if let Err(err) = sys::set_thread_nice(pool::IO_NICE) {
+        tracing::warn!(thread = name, error = %err, "raising the thread's priority failed");
+    }
 }
 
 fn add_error(err: UblkError, id: Option<u32>) -> anyhow::Error {

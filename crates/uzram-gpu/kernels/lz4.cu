@@ -1,6 +1,15 @@
-// uzram: LZ4 block compression of 4 KiB pages, one warp per page.
+// uzram: LZ4 block compression of 4 KiB pages on the GPU, and the check of every block.
 //
-// Each block is one warp and compresses whole pages (grid-stride over the batch). The page
+// A slot's work is: copy its control words and pages to the device, one compression
+// kernel (uzram_lz4_fast, or uzram_lz4_high), then uzram_lz4_verify, which decodes every
+// block and compares it with the page before exporting it to the host. Kernels read the
+// page count and raw threshold from the control words, so one captured graph per slot
+// serves every fill of that slot.
+//
+// Control words (device memory, copied from the host before every run):
+//   ctrl[0] pages in this run   ctrl[1] raw threshold   ctrl[2] packed-bytes counter (0)
+//
+// uzram_lz4_fast: each block is one warp and compresses whole pages (grid-stride). The page
 // (plus 16 bytes of zero padding) and a 2048-entry u16 hash table live in shared memory
 // (8.2 KB per warp: 25 warps per SM on Hopper; a 4096-entry table gives 17 warps, a 0.4 %
 // better ratio and a 20 % slower kernel; see docs/gpu-notes.md).
@@ -12,13 +21,15 @@
 // match one position on while that reaches further. Match extension and emission are
 // warp-wide.
 //
-// Output, for a batch of n pages, in `meta` (2n+1 u32 words) and `packed`:
+// Output of the compression kernels, for n pages, in `meta` (2n+1 u32 words) and `packed`
+// (device memory; the verify kernel exports the checked results to the host):
 //   meta[i]       (size word) 0: the block would not be shorter than `limit` bytes, store raw;
 //                 0xffffffff: the page is one u64 word repeated (the word is its packed data);
 //                 otherwise the block's length in bytes (< limit)
 //   meta[n + i]   byte offset of page i's packed data (block, or the 8-byte word; nothing
 //                 for raw pages) in `packed`
-//   meta[2n]      total packed bytes (the caller zeroes it before the launch)
+//   meta[2n]      unused here (the verify kernel writes the host's total)
+// The packed total is counted in ctrl[2].
 // Each warp builds its block in its page's 4096-byte slot of `scratch` (device only), then
 // reserves room in `packed` with one atomicAdd and copies it there, so the host copies back
 // only the compressed bytes. Packed order is arbitrary; the offsets say where each page is.
@@ -26,6 +37,14 @@
 // at least 12 bytes before the end, matches are >= 4 bytes, offsets <= 65535.
 //
 // Regenerate the embedded PTX with scripts/gpu-ptx after any change to this file.
+//
+// uzram_lz4_verify: one warp per page. It decodes each block the way uzram's CPU decoder
+// does (same acceptance rules: literal-only last sequence, offsets inside the page, exactly
+// 4096 bytes out) and compares every byte with the input page; a same-filled page's word
+// is compared with every word of the page. Results that pass are copied into the host's
+// pinned buffers (mapped into the device's address space, so this is also the copy back);
+// a block that fails is reported as SIZE_REJECTED and the host compresses that page on
+// the CPU. A block is never trusted because the compressor wrote it.
 
 #define PAGE_BYTES 4096u
 #ifndef HASH_LOG
@@ -41,6 +60,8 @@
 #define LAST_LITERALS 5u
 #define FULL_MASK 0xffffffffu
 #define SIZE_SAME_FILLED 0xffffffffu
+#define SIZE_REJECTED 0xfffffffeu
+#define SIZE_RAW 0u
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -123,12 +144,14 @@ __device__ __forceinline__ u32 extend_match(const u32* words, u32 s, u32 r, u32 
 }
 
 extern "C" __global__ void __launch_bounds__(32)
-uzram_lz4_compress(const uint4* __restrict__ in, u8* __restrict__ scratch,
-                   u8* __restrict__ packed, u32* __restrict__ meta, u32 npages, u32 limit)
+uzram_lz4_fast(const uint4* __restrict__ in, u8* __restrict__ scratch,
+               u8* __restrict__ packed, u32* __restrict__ meta, u32* __restrict__ ctrl)
 {
+    const u32 npages = ctrl[0];
+    const u32 limit = ctrl[1];
     u32* const sizes = meta;
     u32* const offsets = meta + npages;
-    u32* const total = meta + 2u * (size_t)npages;
+    u32* const total = ctrl + 2;
     __shared__ __align__(16) u32 s_page[PAGE_BYTES / 4u + 4u];
     __shared__ __align__(16) u16 s_table[HASH_ENTRIES];
 
@@ -311,6 +334,154 @@ uzram_lz4_compress(const uint4* __restrict__ in, u8* __restrict__ scratch,
         off = __shfl_sync(FULL_MASK, off, 0);
         __syncwarp();
         copy_block(packed + off, o, len, lane);
+        __syncwarp();
+    }
+}
+
+// Reads byte `i` of a block held in shared memory as words.
+__device__ __forceinline__ u32 byte_at(const u32* words, u32 i) {
+    return (words[i >> 2] >> ((i & 3u) * 8u)) & 0xffu;
+}
+
+// Reads an LZ4 length extension starting at *ip (the nibble was 15): adds the bytes to
+// `n`. False if the block ends first or the length passes a page.
+__device__ __forceinline__ bool read_ext(const u32* blk, u32 len, u32* ip, u32* n) {
+    for (;;) {
+        if (*ip >= len) {
+            return false;
+        }
+        const u32 b = byte_at(blk, *ip);
+        *ip += 1u;
+        *n += b;
+        if (*n > PAGE_BYTES) {
+            return false;
+        }
+        if (b != 255u) {
+            return true;
+        }
+    }
+}
+
+// Decodes the `len`-byte block in `blk` against the page in `page` (both shared memory),
+// warp-wide; true iff it decodes to exactly that page under the CPU decoder's rules.
+__device__ bool block_matches(const u32* blk, u32 len, const u8* page, u32 lane) {
+    const u8* b8 = (const u8*)blk;
+    u32 ip = 0u, op = 0u;
+    for (;;) {
+        if (ip >= len) {
+            return false;
+        }
+        const u32 token = b8[ip];
+        ip += 1u;
+        u32 lit = token >> 4;
+        if (lit == 15u && !read_ext(blk, len, &ip, &lit)) {
+            return false;
+        }
+        if (ip + lit > len || op + lit > PAGE_BYTES) {
+            return false;
+        }
+        bool bad = false;
+        for (u32 k = lane; k < lit; k += 32u) {
+            bad |= b8[ip + k] != page[op + k];
+        }
+        if (__any_sync(FULL_MASK, bad)) {
+            return false;
+        }
+        ip += lit;
+        op += lit;
+        if (ip == len) {
+            return op == PAGE_BYTES;   // the last sequence has literals only
+        }
+        if (ip + 2u > len) {
+            return false;
+        }
+        const u32 off = b8[ip] | (b8[ip + 1u] << 8);
+        ip += 2u;
+        if (off == 0u || off > op) {
+            return false;
+        }
+        u32 ml = token & 15u;
+        if (ml == 15u && !read_ext(blk, len, &ip, &ml)) {
+            return false;
+        }
+        ml += MIN_MATCH;
+        if (op + ml > PAGE_BYTES) {
+            return false;
+        }
+        // Byte op+k of the output is byte op-off+k of the output; by induction over k this
+        // holds for the decoder's output iff it holds for the page.
+        for (u32 k = lane; k < ml; k += 32u) {
+            bad |= page[op + k] != page[op - off + k];
+        }
+        if (__any_sync(FULL_MASK, bad)) {
+            return false;
+        }
+        op += ml;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32)
+uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ packed,
+                 const u32* __restrict__ meta, const u32* __restrict__ ctrl,
+                 u8* __restrict__ out_packed, u32* __restrict__ out_meta)
+{
+    const u32 npages = ctrl[0];
+    const u32 limit = ctrl[1];
+    const u32 lane = threadIdx.x;
+    __shared__ __align__(16) u32 s_page[PAGE_BYTES / 4u + 4u];
+    __shared__ __align__(16) u32 s_blk[PAGE_BYTES / 4u + 4u];
+    if (blockIdx.x == 0u && lane == 0u) {
+        out_meta[2u * (size_t)npages] = ctrl[2];
+    }
+    for (u32 page = blockIdx.x; page < npages; page += gridDim.x) {
+        const u32 size = meta[page];
+        const u32 off = meta[npages + page];
+        u32 result = size;
+        if (size == SIZE_RAW) {
+            // Nothing to check: the host stores the page it staged.
+        } else if (size == SIZE_SAME_FILLED) {
+            const uint4* src = in + (size_t)page * (PAGE_BYTES / 16u);
+            const u32 lo = packed[off] | (packed[off + 1u] << 8) | (packed[off + 2u] << 16) |
+                           ((u32)packed[off + 3u] << 24);
+            const u32 hi = packed[off + 4u] | (packed[off + 5u] << 8) |
+                           (packed[off + 6u] << 16) | ((u32)packed[off + 7u] << 24);
+            bool same = true;
+#pragma unroll
+            for (u32 k = 0; k < 8u; ++k) {
+                const uint4 v = src[lane + 32u * k];
+                same = same && v.x == lo && v.y == hi && v.z == lo && v.w == hi;
+            }
+            if (__all_sync(FULL_MASK, same)) {
+                if (lane < 8u) {
+                    out_packed[off + lane] = packed[off + lane];
+                }
+            } else {
+                result = SIZE_REJECTED;
+            }
+        } else if (size >= limit || size >= PAGE_BYTES) {
+            result = SIZE_REJECTED;
+        } else {
+            const uint4* src = in + (size_t)page * (PAGE_BYTES / 16u);
+            uint4* dst = (uint4*)s_page;
+#pragma unroll
+            for (u32 k = 0; k < 8u; ++k) {
+                dst[lane + 32u * k] = src[lane + 32u * k];
+            }
+            u8* b8 = (u8*)s_blk;
+            for (u32 i = lane; i < size; i += 32u) {
+                b8[i] = packed[off + i];
+            }
+            __syncwarp();
+            if (block_matches(s_blk, size, (const u8*)s_page, lane)) {
+                copy_block(out_packed + off, (const u8*)s_blk, size, lane);
+            } else {
+                result = SIZE_REJECTED;
+            }
+        }
+        if (lane == 0u) {
+            out_meta[page] = result;
+            out_meta[npages + page] = (result == SIZE_RAW || result == SIZE_REJECTED) ? 0u : off;
+        }
         __syncwarp();
     }
 }

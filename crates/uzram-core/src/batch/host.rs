@@ -1,0 +1,300 @@
+//! [`HostSlots`]: the synchronous CPU implementation of the slot seam. `submit` compresses
+//! the slot on the calling thread; `complete` hands the results over. The ring's tests run
+//! against it, with faults injected through a [`FaultPlan`] (failing, lying, rejecting and
+//! slow backends), so every failure path of the ring runs on machines without a GPU.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use super::layout::{meta_bytes, SIZE_RAW, SIZE_REJECTED, SIZE_SAME_FILLED};
+use super::{BackendError, BackendMemory, FailureKind, SlotBackend, SlotOutput};
+use crate::codec::{Algorithm, PageCodec};
+use crate::page::{same_filled_word, words_to_page, PAGE_SIZE, PAGE_WORDS};
+
+/// Which calls of one kind fail: the `from`-th (counting from 0) and the `count - 1`
+/// after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FailAt {
+    /// First failing call.
+    pub from: u64,
+    /// How many calls fail (`u64::MAX`: all from `from` on).
+    pub count: u64,
+    /// What the failure says about the backend.
+    pub kind: FailureKind,
+}
+
+impl FailAt {
+    fn hits(&self, n: u64) -> bool {
+        n >= self.from && n - self.from < self.count
+    }
+}
+
+/// Faults to inject.
+#[derive(Debug, Clone, Default)]
+pub struct FaultPlan {
+    /// Failing `submit` calls.
+    pub submit: Option<FailAt>,
+    /// Failing `complete` calls.
+    pub complete: Option<FailAt>,
+    /// Mark every n-th compressed page rejected (a device check that caught a bad block).
+    pub reject_every: u64,
+    /// Flip a byte in every n-th compressed block and report it as good (a lying device).
+    pub corrupt_every: u64,
+    /// Wait this long in every `complete` (a slow device).
+    pub delay: Duration,
+}
+
+#[derive(Debug, Default)]
+struct Output {
+    pages: usize,
+    limit: usize,
+    meta: Vec<u8>,
+    packed: Vec<u8>,
+}
+
+/// Slots in ordinary memory, compressed on the CPU at `submit`.
+pub struct HostSlots {
+    algorithm: Algorithm,
+    slot_pages: usize,
+    inputs: Box<[Box<[AtomicU64]>]>,
+    outputs: Box<[Mutex<Output>]>,
+    codec: Mutex<Box<dyn PageCodec>>,
+    faults: FaultPlan,
+    submits: AtomicU64,
+    completes: AtomicU64,
+    compressed: AtomicU64,
+}
+
+impl std::fmt::Debug for HostSlots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostSlots")
+            .field("algorithm", &self.algorithm)
+            .field("slots", &self.inputs.len())
+            .field("slot_pages", &self.slot_pages)
+            .field("faults", &self.faults)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HostSlots {
+    /// `slots` slots of `slot_pages` pages each, producing `algorithm`.
+    pub fn new(algorithm: Algorithm, slots: usize, slot_pages: usize) -> Self {
+        Self::with_faults(algorithm, slots, slot_pages, FaultPlan::default())
+    }
+
+    /// As [`HostSlots::new`], with faults injected.
+    pub fn with_faults(
+        algorithm: Algorithm,
+        slots: usize,
+        slot_pages: usize,
+        faults: FaultPlan,
+    ) -> Self {
+        Self {
+            algorithm,
+            slot_pages,
+            inputs: (0..slots)
+                .map(|_| {
+                    (0..slot_pages * PAGE_WORDS)
+                        .map(|_| AtomicU64::new(0))
+                        .collect()
+                })
+                .collect(),
+            outputs: (0..slots).map(|_| Mutex::new(Output::default())).collect(),
+            codec: Mutex::new(algorithm.codec()),
+            faults,
+            submits: AtomicU64::new(0),
+            completes: AtomicU64::new(0),
+            compressed: AtomicU64::new(0),
+        }
+    }
+
+    fn output(&self, slot: usize) -> Result<MutexGuard<'_, Output>, BackendError> {
+        self.outputs
+            .get(slot)
+            .map(|m| m.lock().unwrap_or_else(PoisonError::into_inner))
+            .ok_or_else(|| self.error(FailureKind::Transient, format!("no slot {slot}")))
+    }
+
+    fn error(&self, kind: FailureKind, message: String) -> BackendError {
+        BackendError {
+            backend: "host",
+            kind,
+            message,
+        }
+    }
+
+    /// Compresses the slot's first `pages` pages into `out`.
+    fn compress(&self, slot: usize, pages: usize, limit: usize, out: &mut Output) {
+        let input = &self.inputs[slot];
+        out.pages = pages;
+        out.limit = limit;
+        out.meta.clear();
+        out.meta.resize(meta_bytes(pages), 0);
+        out.packed.clear();
+        let mut codec = self.codec.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut page = [0u8; PAGE_SIZE];
+        let mut block = vec![0u8; PAGE_SIZE];
+        for i in 0..pages {
+            words_to_page(&input[i * PAGE_WORDS..(i + 1) * PAGE_WORDS], &mut page);
+            let offset = out.packed.len() as u32;
+            let size = if let Some(word) = same_filled_word(&page) {
+                out.packed.extend_from_slice(&word.to_le_bytes());
+                SIZE_SAME_FILLED
+            } else {
+                match codec.compress(&page, &mut block[..limit.min(PAGE_SIZE)]) {
+                    Ok(Some(len)) if len > 0 && len < limit => {
+                        let n = self.compressed.fetch_add(1, Ordering::Relaxed) + 1;
+                        let reject =
+                            self.faults.reject_every > 0 && n % self.faults.reject_every == 0;
+                        let corrupt =
+                            self.faults.corrupt_every > 0 && n % self.faults.corrupt_every == 0;
+                        if reject {
+                            SIZE_REJECTED
+                        } else {
+                            if corrupt {
+                                // The first byte is a token: changing its literal count
+                                // makes the block decode to something else (or nothing).
+                                block[0] ^= 0x10;
+                            }
+                            out.packed.extend_from_slice(&block[..len]);
+                            len as u32
+                        }
+                    }
+                    _ => SIZE_RAW,
+                }
+            };
+            out.meta[i * 4..i * 4 + 4].copy_from_slice(&size.to_le_bytes());
+            let at = (pages + i) * 4;
+            out.meta[at..at + 4].copy_from_slice(&offset.to_le_bytes());
+        }
+        let total = out.packed.len() as u32;
+        let at = 2 * pages * 4;
+        out.meta[at..at + 4].copy_from_slice(&total.to_le_bytes());
+    }
+}
+
+impl SlotBackend for HostSlots {
+    fn name(&self) -> &'static str {
+        "host"
+    }
+
+    fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    fn slots(&self) -> usize {
+        self.inputs.len()
+    }
+
+    fn slot_pages(&self) -> usize {
+        self.slot_pages
+    }
+
+    fn input(&self, slot: usize) -> &[AtomicU64] {
+        self.inputs.get(slot).map_or(&[], |b| &b[..])
+    }
+
+    fn submit(&self, slot: usize, pages: usize, limit: usize) -> Result<(), BackendError> {
+        let n = self.submits.fetch_add(1, Ordering::Relaxed);
+        if let Some(f) = self.faults.submit.filter(|f| f.hits(n)) {
+            return Err(self.error(f.kind, format!("injected failure of submission {n}")));
+        }
+        if pages == 0 || pages > self.slot_pages {
+            return Err(self.error(
+                FailureKind::Transient,
+                format!("{pages} pages in a slot of {}", self.slot_pages),
+            ));
+        }
+        let mut out = self.output(slot)?;
+        self.compress(slot, pages, limit, &mut out);
+        Ok(())
+    }
+
+    fn complete(
+        &self,
+        slot: usize,
+        install: &mut dyn FnMut(&SlotOutput<'_>),
+    ) -> Result<(), BackendError> {
+        let n = self.completes.fetch_add(1, Ordering::Relaxed);
+        if !self.faults.delay.is_zero() {
+            std::thread::sleep(self.faults.delay);
+        }
+        if let Some(f) = self.faults.complete.filter(|f| f.hits(n)) {
+            return Err(self.error(f.kind, format!("injected failure of completion {n}")));
+        }
+        let out = self.output(slot)?;
+        let view = SlotOutput::new(out.pages, &out.meta, &out.packed, out.limit)
+            .map_err(|e| self.error(FailureKind::Transient, e.to_string()))?;
+        install(&view);
+        Ok(())
+    }
+
+    fn memory(&self) -> BackendMemory {
+        BackendMemory {
+            host_bytes: (self.inputs.len() * self.slot_pages * PAGE_SIZE * 2) as u64,
+            ..BackendMemory::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::PageResult;
+    use crate::page::page_to_words;
+
+    fn text_page(seed: u8) -> [u8; PAGE_SIZE] {
+        let mut p = [0u8; PAGE_SIZE];
+        for (i, b) in p.iter_mut().enumerate() {
+            *b = b"host slots compress pages "[(i + usize::from(seed)) % 26];
+        }
+        p
+    }
+
+    #[test]
+    fn compresses_a_slot_into_the_layout() {
+        let host = HostSlots::new(Algorithm::Lz4, 2, 4);
+        let pages = [text_page(1), [0u8; PAGE_SIZE], text_page(2)];
+        for (i, p) in pages.iter().enumerate() {
+            page_to_words(p, &host.input(1)[i * PAGE_WORDS..(i + 1) * PAGE_WORDS]);
+        }
+        host.submit(1, 3, 3625).unwrap();
+        let mut seen = 0;
+        host.complete(1, &mut |out| {
+            assert_eq!(out.pages(), 3);
+            assert_eq!(out.page(1), Ok(PageResult::SameFilled(0)));
+            for i in [0, 2] {
+                let Ok(PageResult::Compressed(block)) = out.page(i) else {
+                    panic!("page {i}: {:?}", out.page(i));
+                };
+                let mut back = [0u8; PAGE_SIZE];
+                Algorithm::Lz4.codec().decompress(block, &mut back).unwrap();
+                assert_eq!(back, pages[i]);
+            }
+            seen += 1;
+        })
+        .unwrap();
+        assert_eq!(seen, 1);
+    }
+
+    #[test]
+    fn injected_failures_hit_the_calls_they_name() {
+        let host = HostSlots::with_faults(
+            Algorithm::Lz4,
+            1,
+            1,
+            FaultPlan {
+                submit: Some(FailAt {
+                    from: 1,
+                    count: 2,
+                    kind: FailureKind::Transient,
+                }),
+                ..FaultPlan::default()
+            },
+        );
+        let results: Vec<bool> = (0..5).map(|_| host.submit(0, 1, 4096).is_ok()).collect();
+        assert_eq!(results, [true, false, false, true, true]);
+        assert!(host.submit(0, 2, 4096).is_err(), "more pages than a slot");
+    }
+}

@@ -1,0 +1,453 @@
+//! Ring tests against [`HostSlots`]: healthy, slow, failing, rejecting and lying backends.
+//! Every test ends by reading every page back and comparing it with what was written last.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::batch::layout::{meta_bytes, SIZE_RAW};
+use crate::batch::{FailAt, FaultPlan, HostSlots};
+use crate::codec::Algorithm;
+use crate::store::StoreConfig;
+
+/// The checked-in corpus slices (1024 real pages), then noise, text and same-filled pages.
+fn pages() -> Vec<u8> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
+    let mut v = Vec::new();
+    for name in ["python-heap", "mixed-swap"] {
+        let f = std::fs::File::open(dir.join(format!("{name}.slice.pages.zst"))).unwrap();
+        v.extend(zstd::decode_all(f).unwrap());
+    }
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..96u64 {
+        let mut p = [0u8; PAGE_SIZE];
+        match i % 3 {
+            0 => p.iter_mut().for_each(|b| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *b = x as u8;
+            }),
+            1 => p
+                .iter_mut()
+                .enumerate()
+                .for_each(|(j, b)| *b = b"ring of slots "[(j + i as usize) % 14]),
+            _ => p.fill(i as u8),
+        }
+        v.extend_from_slice(&p);
+    }
+    v
+}
+
+fn ring_with(pages: u64, backend: Arc<dyn SlotBackend>, cfg: RingConfig) -> (Arc<PageStore>, Ring) {
+    let store = Arc::new(PageStore::new(StoreConfig::new(pages, Algorithm::Lz4)).unwrap());
+    let ring = Ring::start(store.clone(), backend, cfg).unwrap();
+    (store, ring)
+}
+
+fn host(slots: usize, slot_pages: usize, faults: FaultPlan) -> Arc<HostSlots> {
+    Arc::new(HostSlots::with_faults(
+        Algorithm::Lz4,
+        slots,
+        slot_pages,
+        faults,
+    ))
+}
+
+/// Writes `data` in 16-page (64 KiB) requests, as a queue thread does.
+fn write_all(ring: &Ring, first: u64, data: &[u8]) {
+    for (i, req) in data.chunks(16 * PAGE_SIZE).enumerate() {
+        ring.write(first + 16 * i as u64, req).unwrap();
+    }
+}
+
+fn assert_reads(store: &PageStore, expect: &[u8]) {
+    let mut back = vec![0u8; expect.len()];
+    store.read(0, &mut back).unwrap();
+    for (i, (a, b)) in back
+        .chunks_exact(PAGE_SIZE)
+        .zip(expect.chunks_exact(PAGE_SIZE))
+        .enumerate()
+    {
+        assert!(a == b, "page {i} differs");
+    }
+}
+
+#[test]
+fn pages_round_trip_through_the_slots() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let (store, ring) = ring_with(n, host(4, 64, FaultPlan::default()), RingConfig::default());
+    write_all(&ring, 0, &data);
+    ring.flush();
+    let s = ring.stats();
+    assert_eq!(s.staged_pages + s.same_filled_pages, n, "{s:?}");
+    assert_eq!(s.installed_pages, s.staged_pages, "{s:?}");
+    assert_eq!(s.overflow_pages + s.stale_pages + s.cpu_pages, 0, "{s:?}");
+    assert_eq!(s.busy_slots, 0);
+    assert!(
+        s.spot_checked_pages > 0 && s.spot_check_failures == 0,
+        "{s:?}"
+    );
+    let st = store.stats();
+    assert_eq!((st.staged_pages, st.pages_stored, st.writes), (0, n, n));
+    assert_reads(&store, &data);
+    // Same accounting as writing inline.
+    let inline = PageStore::new(StoreConfig::new(n, Algorithm::Lz4)).unwrap();
+    inline.write(0, &data).unwrap();
+    assert_eq!(inline.stats().compr_data_size, st.compr_data_size);
+    assert_eq!(inline.stats().huge_pages, st.huge_pages);
+    assert_eq!(inline.stats().same_pages, st.same_pages);
+}
+
+#[test]
+fn staged_pages_are_read_from_the_slot_and_overwrites_win() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    // A slow device: results come back well after the writes return.
+    let slow = FaultPlan {
+        delay: Duration::from_millis(20),
+        ..FaultPlan::default()
+    };
+    let (store, ring) = ring_with(n, host(8, 128, slow), RingConfig::default());
+    write_all(&ring, 0, &data);
+    assert!(store.stats().staged_pages > 0, "nothing was staged");
+    assert_reads(&store, &data);
+    // Overwrite every third page with the next one, discard every seventh, while the
+    // first slots may still be on the "device".
+    let mut expect = data.clone();
+    for p in (0..n as usize - 1).step_by(3) {
+        let next = data[(p + 1) * PAGE_SIZE..(p + 2) * PAGE_SIZE].to_vec();
+        ring.write(p as u64, &next).unwrap();
+        expect[p * PAGE_SIZE..(p + 1) * PAGE_SIZE].copy_from_slice(&next);
+    }
+    for p in (0..n as usize).step_by(7) {
+        store.discard(p as u64, 1).unwrap();
+        expect[p * PAGE_SIZE..(p + 1) * PAGE_SIZE].fill(0);
+    }
+    assert_reads(&store, &expect);
+    ring.flush();
+    let s = ring.stats();
+    assert!(s.stale_pages > 0, "{s:?}");
+    assert_eq!(store.stats().staged_pages, 0);
+    assert_reads(&store, &expect);
+}
+
+#[test]
+fn a_full_ring_compresses_inline_and_never_waits() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let slow = FaultPlan {
+        delay: Duration::from_millis(50),
+        ..FaultPlan::default()
+    };
+    let (store, ring) = ring_with(n, host(2, 16, slow), RingConfig::default());
+    let start = Instant::now();
+    write_all(&ring, 0, &data);
+    let took = start.elapsed();
+    let s = ring.stats();
+    // Two slots of 16 pages on a device that takes 50 ms a slot: most pages went inline.
+    assert!(s.overflow_pages > s.staged_pages, "{s:?}");
+    assert!(took < Duration::from_secs(5), "writers waited {took:?}");
+    ring.flush();
+    assert_reads(&store, &data);
+}
+
+#[test]
+fn failed_slots_go_to_the_cpu_and_the_backend_stays() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let faults = FaultPlan {
+        submit: Some(FailAt {
+            from: 1,
+            count: 2,
+            kind: FailureKind::Transient,
+        }),
+        complete: Some(FailAt {
+            from: 4,
+            count: 1,
+            kind: FailureKind::Transient,
+        }),
+        ..FaultPlan::default()
+    };
+    let (store, ring) = ring_with(n, host(4, 32, faults), RingConfig::default());
+    write_all(&ring, 0, &data);
+    ring.flush();
+    let s = ring.stats();
+    assert_eq!(s.backend_failures, 3, "{s:?}");
+    assert_eq!(s.fallback_slots, 3, "{s:?}");
+    assert!(s.cpu_pages > 0, "{s:?}");
+    assert_eq!(s.retired, 0, "{s:?}");
+    assert!(!ring.is_retired());
+    assert_reads(&store, &data);
+}
+
+#[test]
+fn a_sticky_fault_mid_stream_retires_the_backend_and_loses_nothing() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let faults = FaultPlan {
+        complete: Some(FailAt {
+            from: 3,
+            count: u64::MAX,
+            kind: FailureKind::Sticky,
+        }),
+        delay: Duration::from_millis(2),
+        ..FaultPlan::default()
+    };
+    let (store, ring) = ring_with(n, host(4, 32, faults), RingConfig::default());
+    write_all(&ring, 0, &data);
+    ring.flush();
+    let s = ring.stats();
+    assert_eq!(s.retired, 1, "{s:?}");
+    assert!(ring.is_retired());
+    assert!(s.fallback_slots >= 1, "{s:?}");
+    // Writes after the retirement are compressed inline.
+    assert!(s.retired_pages > 0, "{s:?}");
+    assert_reads(&store, &data);
+    // And later writes too, without touching the backend.
+    let failures = s.backend_failures;
+    write_all(&ring, 0, &data);
+    ring.flush();
+    assert_eq!(ring.stats().backend_failures, failures);
+    assert_reads(&store, &data);
+}
+
+#[test]
+fn transient_failures_in_a_row_retire_the_backend() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let faults = FaultPlan {
+        submit: Some(FailAt {
+            from: 0,
+            count: u64::MAX,
+            kind: FailureKind::Transient,
+        }),
+        ..FaultPlan::default()
+    };
+    let cfg = RingConfig {
+        max_failures: 3,
+        ..RingConfig::default()
+    };
+    let (store, ring) = ring_with(n, host(4, 16, faults), cfg);
+    write_all(&ring, 0, &data);
+    ring.flush();
+    let s = ring.stats();
+    assert_eq!(s.backend_failures, 3, "no retry storm: {s:?}");
+    assert_eq!(s.retired, 1);
+    assert_reads(&store, &data);
+}
+
+#[test]
+fn rejected_pages_are_compressed_on_the_cpu() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let faults = FaultPlan {
+        reject_every: 5,
+        ..FaultPlan::default()
+    };
+    let (store, ring) = ring_with(n, host(4, 64, faults), RingConfig::default());
+    write_all(&ring, 0, &data);
+    ring.flush();
+    let s = ring.stats();
+    assert!(s.rejected_pages > 0, "{s:?}");
+    assert_eq!(s.cpu_pages, s.rejected_pages, "{s:?}");
+    assert_eq!(s.retired, 0);
+    assert_reads(&store, &data);
+}
+
+#[test]
+fn a_lying_backend_is_caught_by_the_spot_check_and_retired() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let faults = FaultPlan {
+        corrupt_every: 9,
+        ..FaultPlan::default()
+    };
+    let cfg = RingConfig {
+        spot_check_every: 1,
+        ..RingConfig::default()
+    };
+    let (store, ring) = ring_with(n, host(4, 64, faults), cfg);
+    write_all(&ring, 0, &data);
+    ring.flush();
+    let s = ring.stats();
+    assert!(s.spot_check_failures > 0, "{s:?}");
+    assert_eq!(s.retired, 1);
+    assert_reads(&store, &data);
+}
+
+/// Delegates to a healthy [`HostSlots`] but reports a block as long as the threshold
+/// for page 0 of every slot: a result that breaks the layout's contract.
+struct Contractless(HostSlots);
+
+impl SlotBackend for Contractless {
+    fn name(&self) -> &'static str {
+        "contractless"
+    }
+    fn algorithm(&self) -> Algorithm {
+        self.0.algorithm()
+    }
+    fn slots(&self) -> usize {
+        self.0.slots()
+    }
+    fn slot_pages(&self) -> usize {
+        self.0.slot_pages()
+    }
+    fn input(&self, slot: usize) -> &[AtomicU64] {
+        self.0.input(slot)
+    }
+    fn submit(&self, slot: usize, pages: usize, limit: usize) -> Result<(), BackendError> {
+        self.0.submit(slot, pages, limit)
+    }
+    fn complete(
+        &self,
+        slot: usize,
+        install: &mut dyn FnMut(&SlotOutput<'_>),
+    ) -> Result<(), BackendError> {
+        self.0.complete(slot, &mut |out| {
+            let n = out.pages();
+            let mut meta = vec![0u8; meta_bytes(n)];
+            for i in 0..n {
+                let size = if i == 0 { 3625 } else { SIZE_RAW };
+                meta[i * 4..i * 4 + 4].copy_from_slice(&size.to_le_bytes());
+            }
+            let packed = [0u8; 4096];
+            let at = 2 * n * 4;
+            meta[at..at + 4].copy_from_slice(&4096u32.to_le_bytes());
+            let bad = SlotOutput::new(n, &meta, &packed, 3625).unwrap();
+            install(&bad);
+        })
+    }
+}
+
+#[test]
+fn a_result_that_breaks_the_contract_retires_the_backend() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let backend = Arc::new(Contractless(HostSlots::new(Algorithm::Lz4, 4, 64)));
+    let (store, ring) = ring_with(n, backend, RingConfig::default());
+    write_all(&ring, 0, &data);
+    ring.flush();
+    let s = ring.stats();
+    assert!(s.contract_violations > 0, "{s:?}");
+    assert_eq!(s.retired, 1);
+    assert_reads(&store, &data);
+}
+
+#[test]
+fn partly_filled_slots_are_submitted_after_the_delay() {
+    let data = pages();
+    let (store, ring) = ring_with(
+        64,
+        host(2, 1024, FaultPlan::default()),
+        RingConfig::default(),
+    );
+    let page = &data[PAGE_SIZE..2 * PAGE_SIZE];
+    ring.write(5, page).unwrap();
+    assert_eq!(store.stats().staged_pages, 1);
+    let start = Instant::now();
+    while store.stats().staged_pages > 0 {
+        assert!(start.elapsed() < Duration::from_secs(5), "never installed");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(ring.stats().installed_pages, 1);
+    let mut back = [0u8; PAGE_SIZE];
+    store.read(5, &mut back).unwrap();
+    assert_eq!(&back[..], page);
+}
+
+#[test]
+fn concurrent_writers_and_readers_see_the_last_write() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let slow = FaultPlan {
+        delay: Duration::from_millis(1),
+        ..FaultPlan::default()
+    };
+    let (store, ring) = ring_with(n, host(6, 64, slow), RingConfig::default());
+    let threads = 4;
+    let per = (n as usize).div_ceil(threads);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (ring, data, store) = (&ring, &data, &store);
+            s.spawn(move || {
+                let first = t * per;
+                let end = ((t + 1) * per).min(n as usize);
+                for round in 0..3 {
+                    for p in (first..end).step_by(4) {
+                        let count = 4.min(end - p);
+                        let src = &data[p * PAGE_SIZE..(p + count) * PAGE_SIZE];
+                        ring.write(p as u64, src).unwrap();
+                        // Each thread owns its range: it reads its own last write back.
+                        let mut back = vec![0u8; src.len()];
+                        store.read(p as u64, &mut back).unwrap();
+                        assert!(back == src, "thread {t} round {round} pages {p}+{count}");
+                    }
+                }
+            });
+        }
+    });
+    ring.flush();
+    assert_eq!(store.stats().staged_pages, 0);
+    assert_reads(&store, &data);
+}
+
+#[test]
+fn start_checks_the_backend() {
+    let store =
+        Arc::new(PageStore::new(StoreConfig::new(8, Algorithm::Zstd { level: 1 })).unwrap());
+    let e = Ring::start(
+        store,
+        host(2, 4, FaultPlan::default()),
+        RingConfig::default(),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("produces lz4"), "{e}");
+    let store = Arc::new(PageStore::new(StoreConfig::new(8, Algorithm::Lz4)).unwrap());
+    let none = RingConfig {
+        installers: 0,
+        ..RingConfig::default()
+    };
+    assert!(Ring::start(store.clone(), host(2, 4, FaultPlan::default()), none).is_err());
+    let _ring = Ring::start(
+        store.clone(),
+        host(2, 4, FaultPlan::default()),
+        RingConfig::default(),
+    )
+    .unwrap();
+    // One staging memory per store.
+    assert!(Ring::start(
+        store,
+        host(2, 4, FaultPlan::default()),
+        RingConfig::default()
+    )
+    .is_err());
+}
+
+#[test]
+fn slots_of_raw_pages_are_installed_a_buffer_load_at_a_time() {
+    // Incompressible pages are stored raw from the installer's buffers: a slot of 1000 of
+    // them takes several chunks.
+    let mut x = 0x1234_5678_9abc_def1u64;
+    let data: Vec<u8> = (0..1000 * PAGE_SIZE)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let (store, ring) = ring_with(
+        1000,
+        host(2, 1000, FaultPlan::default()),
+        RingConfig::default(),
+    );
+    write_all(&ring, 0, &data);
+    ring.flush();
+    let s = ring.stats();
+    assert_eq!(s.installed_pages, 1000, "{s:?}");
+    assert_eq!(store.stats().huge_pages, 1000);
+    assert_reads(&store, &data);
+}

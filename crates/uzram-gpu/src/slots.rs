@@ -1,0 +1,452 @@
+//! [`GpuSlots`]: uzram-core's [`SlotBackend`] on one or more NVIDIA GPUs.
+//!
+//! Each slot owns pinned staging (written by the ring's writers as atomic words), device
+//! buffers, mapped pinned result buffers, a stream, two events and (by default) a captured
+//! CUDA graph of its whole run: copy the control words and pages in, compress, check and
+//! export. So a submission is one graph launch, a completion one blocking event wait, and
+//! only checked compressed bytes come back over the bus, written by the check kernel
+//! straight into host memory. Slots are spread round-robin over the configured GPUs.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use uzram_core::batch::{
+    meta_bytes, BackendError, BackendMemory, FailureKind, SlotBackend, SlotOutput,
+};
+use uzram_core::codec::Algorithm;
+use uzram_core::{PAGE_SIZE, PAGE_WORDS};
+
+use crate::config::{GpuConfig, Parse};
+use crate::driver::{DevBuf, Event, Gpu, GraphExec, HostBuf, Kernel, PinnedWords, Stream};
+use crate::launch::{self, SlotBuffers, CTRL_WORDS};
+use crate::GpuError;
+
+/// Counters of a [`GpuSlots`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuStats {
+    /// Slots completed.
+    pub slots: u64,
+    /// Pages completed.
+    pub pages: u64,
+    /// Bytes of pages compressed.
+    pub bytes_in: u64,
+    /// Checked result bytes that came back to the host.
+    pub packed_bytes: u64,
+    /// Device time of completed runs (start to end of each slot's run), microseconds.
+    pub busy_us: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    slots: AtomicU64,
+    pages: AtomicU64,
+    bytes_in: AtomicU64,
+    packed_bytes: AtomicU64,
+    busy_ns: AtomicU64,
+}
+
+/// A slot's device side; behind the slot's lock.
+#[derive(Debug)]
+struct SlotDev {
+    // Dropped first: the graph refers to the buffers below.
+    graph: Option<GraphExec>,
+    stream: Stream,
+    start: Event,
+    done: Event,
+    ctrl: HostBuf,
+    out_meta: HostBuf,
+    out_packed: HostBuf,
+    bufs: SlotBuffers,
+    _dev: [DevBuf; 5],
+    /// Pages and raw threshold of the run in flight.
+    submitted: Option<(usize, usize)>,
+}
+
+impl Drop for SlotDev {
+    fn drop(&mut self) {
+        // Device work must not outlive the buffers it touches.
+        if self.submitted.is_some() {
+            let _ = self.stream.synchronize();
+        }
+    }
+}
+
+#[derive(Debug)]
+struct GpuSlot {
+    gpu: Arc<Gpu>,
+    staging: PinnedWords,
+    dev: Mutex<SlotDev>,
+}
+
+impl GpuSlot {
+    fn new(gpu: &Arc<Gpu>, cfg: &GpuConfig) -> Result<Self, GpuError> {
+        let pages = cfg.slot_pages;
+        let bytes = pages * PAGE_SIZE;
+        let staging = PinnedWords::new(gpu, pages * PAGE_WORDS)?;
+        let dev = [
+            DevBuf::new(gpu, bytes)?,
+            DevBuf::new(gpu, bytes)?,
+            DevBuf::new(gpu, bytes)?,
+            DevBuf::new(gpu, meta_bytes(pages))?,
+            DevBuf::new(gpu, CTRL_WORDS * 4)?,
+        ];
+        let out_meta = HostBuf::mapped(gpu, meta_bytes(pages))?;
+        let out_packed = HostBuf::mapped(gpu, bytes)?;
+        let bufs = SlotBuffers {
+            input: dev[0].ptr(),
+            scratch: dev[1].ptr(),
+            packed: dev[2].ptr(),
+            meta: dev[3].ptr(),
+            ctrl: dev[4].ptr(),
+            out_packed: out_packed
+                .device_ptr()
+                .ok_or_else(|| GpuError::Config("result buffer is not mapped".into()))?,
+            out_meta: out_meta
+                .device_ptr()
+                .ok_or_else(|| GpuError::Config("meta buffer is not mapped".into()))?,
+        };
+        let mut d = SlotDev {
+            graph: None,
+            stream: Stream::new(gpu)?,
+            start: Event::new(gpu)?,
+            done: Event::blocking(gpu)?,
+            ctrl: HostBuf::new(gpu, CTRL_WORDS * 4)?,
+            out_meta,
+            out_packed,
+            bufs,
+            _dev: dev,
+            submitted: None,
+        };
+        let kernel = match cfg.parse {
+            Parse::Fast => Kernel::Fast,
+            Parse::High => Kernel::High,
+        };
+        if gpu.function(kernel).is_none() {
+            return Err(GpuError::Config(format!(
+                "the GPU parse {} is not in the loaded kernels",
+                cfg.parse.name()
+            )));
+        }
+        if cfg.graphs {
+            d.stream.begin_capture()?;
+            // SAFETY: captured, not run: the graph copies the whole staging and runs the
+            // kernels over the slot's buffers, all of which live in this slot as long as
+            // the graph (SlotDev drops the graph first).
+            let queued = unsafe { enqueue(gpu, &d, &staging, kernel, pages) };
+            let graph = d.stream.end_capture();
+            queued?;
+            d.graph = Some(graph?);
+        }
+        Ok(Self {
+            gpu: gpu.clone(),
+            staging,
+            dev: Mutex::new(d),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SlotDev> {
+        self.dev.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Queues a slot's run over `copy_pages` pages of staging: control words and pages in,
+/// compression, check and export.
+///
+/// # Safety
+/// The slot's buffers must stay alive and the staging unchanged until the stream has
+/// run this work (or as long as the graph it is captured into).
+unsafe fn enqueue(
+    gpu: &Gpu,
+    d: &SlotDev,
+    staging: &PinnedWords,
+    kernel: Kernel,
+    copy_pages: usize,
+) -> Result<(), GpuError> {
+    let max_pages = (staging.len() / PAGE_SIZE) as u32;
+    // SAFETY: the control words and the staging are pinned buffers of the slot, of at
+    // least the sizes copied; the device buffers are the slot's own (see SlotBuffers).
+    unsafe {
+        d.stream
+            .copy_to_device(d.bufs.ctrl, d.ctrl.as_slice().as_ptr(), CTRL_WORDS * 4)?;
+        d.stream.copy_to_device(
+            d.bufs.input,
+            staging.as_copy_source(),
+            copy_pages * PAGE_SIZE,
+        )?;
+        launch::compress(gpu, &d.stream, kernel, d.bufs, max_pages)?;
+        launch::verify(gpu, &d.stream, d.bufs, max_pages)
+    }
+}
+
+/// Compresses slots of pages on NVIDIA GPUs; see the module docs.
+#[derive(Debug)]
+pub struct GpuSlots {
+    slots: Box<[GpuSlot]>,
+    gpus: Vec<Arc<Gpu>>,
+    config: GpuConfig,
+    kernel: Kernel,
+    counters: Counters,
+}
+
+impl GpuSlots {
+    /// Opens the configured GPUs (with the embedded kernels) and allocates every slot.
+    /// Errors of kind [`crate::ErrorKind::Unavailable`] mean: use the CPU.
+    pub fn new(config: GpuConfig) -> Result<Self, GpuError> {
+        config.validate()?;
+        let gpus = config
+            .devices
+            .iter()
+            .map(|&d| Gpu::open(d))
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::on(gpus, config)
+    }
+
+    /// Slots on GPUs opened by the caller (e.g. with another build of the kernels).
+    pub fn on(gpus: Vec<Arc<Gpu>>, config: GpuConfig) -> Result<Self, GpuError> {
+        config.validate()?;
+        if gpus.is_empty() {
+            return Err(GpuError::Config("no GPU to put slots on".into()));
+        }
+        let slots = (0..config.slots)
+            .map(|s| GpuSlot::new(&gpus[s % gpus.len()], &config))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            slots: slots.into_boxed_slice(),
+            gpus,
+            kernel: match config.parse {
+                Parse::Fast => Kernel::Fast,
+                Parse::High => Kernel::High,
+            },
+            config,
+            counters: Counters::default(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &GpuConfig {
+        &self.config
+    }
+
+    /// The GPUs' names, e.g. "NVIDIA H200".
+    pub fn device_names(&self) -> Vec<String> {
+        self.gpus.iter().map(|g| g.name().to_string()).collect()
+    }
+
+    /// Counters so far.
+    pub fn gpu_stats(&self) -> GpuStats {
+        let c = &self.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        GpuStats {
+            slots: g(&c.slots),
+            pages: g(&c.pages),
+            bytes_in: g(&c.bytes_in),
+            packed_bytes: g(&c.packed_bytes),
+            busy_us: g(&c.busy_ns) / 1000,
+        }
+    }
+
+    fn slot(&self, slot: usize) -> Result<&GpuSlot, BackendError> {
+        self.slots
+            .get(slot)
+            .ok_or_else(|| to_backend_error(&GpuError::Config(format!("no slot {slot}"))))
+    }
+
+    fn run(
+        &self,
+        s: &GpuSlot,
+        d: &mut SlotDev,
+        pages: usize,
+        limit: usize,
+    ) -> Result<(), GpuError> {
+        let words = [pages as u32, limit.min(PAGE_SIZE) as u32, 0, 0];
+        let ctrl = d.ctrl.as_mut_slice();
+        for (dst, w) in ctrl.chunks_exact_mut(4).zip(words) {
+            dst.copy_from_slice(&w.to_le_bytes());
+        }
+        d.start.record(&d.stream)?;
+        match &d.graph {
+            Some(graph) => graph.launch(&d.stream)?,
+            // SAFETY: the slot's buffers live as long as the slot, and the ring leaves the
+            // staging unchanged until `complete` (the SlotBackend contract).
+            None => unsafe { enqueue(&s.gpu, d, &s.staging, self.kernel, pages)? },
+        }
+        d.done.record(&d.stream)
+    }
+}
+
+/// How a [`GpuError`] crosses the seam: a fault that leaves the context unusable, or a
+/// GPU that is not there, is sticky (the ring retires the backend); anything else costs
+/// one slot.
+pub fn to_backend_error(e: &GpuError) -> BackendError {
+    let kind = if e.is_sticky() || e.kind() == crate::ErrorKind::Unavailable {
+        FailureKind::Sticky
+    } else {
+        FailureKind::Transient
+    };
+    BackendError {
+        backend: "gpu",
+        kind,
+        message: error_chain(e),
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+impl SlotBackend for GpuSlots {
+    fn name(&self) -> &'static str {
+        "gpu"
+    }
+
+    fn algorithm(&self) -> Algorithm {
+        Algorithm::Lz4
+    }
+
+    fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn slot_pages(&self) -> usize {
+        self.config.slot_pages
+    }
+
+    fn input(&self, slot: usize) -> &[AtomicU64] {
+        self.slots.get(slot).map_or(&[], |s| s.staging.words())
+    }
+
+    fn submit(&self, slot: usize, pages: usize, limit: usize) -> Result<(), BackendError> {
+        let s = self.slot(slot)?;
+        if pages == 0 || pages > self.config.slot_pages {
+            return Err(to_backend_error(&GpuError::Config(format!(
+                "{pages} pages in a slot of {}",
+                self.config.slot_pages
+            ))));
+        }
+        let mut d = s.lock();
+        if d.submitted.is_some() {
+            return Err(to_backend_error(&GpuError::Config(format!(
+                "slot {slot} is still running"
+            ))));
+        }
+        match self.run(s, &mut d, pages, limit) {
+            Ok(()) => {
+                d.submitted = Some((pages, limit));
+                Ok(())
+            }
+            Err(e) => {
+                // Part of the run may be queued: let it finish before the slot is reused.
+                let _ = d.stream.synchronize();
+                Err(to_backend_error(&e))
+            }
+        }
+    }
+
+    fn complete(
+        &self,
+        slot: usize,
+        install: &mut dyn FnMut(&SlotOutput<'_>),
+    ) -> Result<(), BackendError> {
+        let s = self.slot(slot)?;
+        let mut d = s.lock();
+        let Some((pages, limit)) = d.submitted.take() else {
+            return Err(to_backend_error(&GpuError::Config(format!(
+                "slot {slot} has nothing submitted"
+            ))));
+        };
+        if let Err(e) = d.done.synchronize() {
+            let _ = d.stream.synchronize();
+            return Err(to_backend_error(&e));
+        }
+        let busy = d
+            .start
+            .elapsed_ms(&d.done)
+            .map_err(|e| to_backend_error(&e))?;
+        let out = SlotOutput::new(
+            pages,
+            &d.out_meta.as_slice()[..meta_bytes(pages)],
+            d.out_packed.as_slice(),
+            limit,
+        )
+        .map_err(|e| {
+            to_backend_error(&GpuError::BadLength {
+                page: e.page,
+                len: e.size,
+            })
+        })?;
+        let c = &self.counters;
+        c.slots.fetch_add(1, Ordering::Relaxed);
+        c.pages.fetch_add(pages as u64, Ordering::Relaxed);
+        c.bytes_in
+            .fetch_add((pages * PAGE_SIZE) as u64, Ordering::Relaxed);
+        c.packed_bytes
+            .fetch_add(out.packed_bytes() as u64, Ordering::Relaxed);
+        c.busy_ns
+            .fetch_add((f64::from(busy) * 1e6) as u64, Ordering::Relaxed);
+        install(&out);
+        Ok(())
+    }
+
+    fn memory(&self) -> BackendMemory {
+        BackendMemory {
+            pinned_host_bytes: self.config.pinned_bytes(),
+            host_bytes: 0,
+            device_bytes: self.config.device_bytes(),
+        }
+    }
+
+    fn stats(&self) -> Vec<(&'static str, u64)> {
+        let s = self.gpu_stats();
+        vec![
+            ("gpu_devices", self.gpus.len() as u64),
+            ("gpu_slots", self.slots.len() as u64),
+            ("gpu_slot_pages", self.config.slot_pages as u64),
+            (
+                "gpu_parse_high",
+                u64::from(self.config.parse == Parse::High),
+            ),
+            ("gpu_slots_completed", s.slots),
+            ("gpu_pages", s.pages),
+            ("gpu_bytes_in", s.bytes_in),
+            ("gpu_packed_bytes", s.packed_bytes),
+            ("gpu_busy_us", s.busy_us),
+            ("gpu_pinned_bytes", self.config.pinned_bytes()),
+            ("gpu_device_bytes", self.config.device_bytes()),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::driver::sys::CUresult;
+
+    #[test]
+    fn sticky_and_missing_gpus_retire_the_backend() {
+        let sticky = GpuError::Driver {
+            op: "cuEventSynchronize",
+            code: CUresult::CUDA_ERROR_ILLEGAL_ADDRESS,
+        };
+        let e = to_backend_error(&sticky);
+        assert_eq!(e.kind, FailureKind::Sticky);
+        assert_eq!(e.backend, "gpu");
+        assert!(e.message.contains("cuEventSynchronize"), "{}", e.message);
+        assert!(e.message.contains("ILLEGAL_ADDRESS"), "{}", e.message);
+        assert_eq!(
+            to_backend_error(&GpuError::NoDevice).kind,
+            FailureKind::Sticky
+        );
+        let oom = GpuError::Driver {
+            op: "cuGraphLaunch",
+            code: CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+        };
+        assert_eq!(to_backend_error(&oom).kind, FailureKind::Transient);
+    }
+}

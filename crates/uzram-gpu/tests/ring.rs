@@ -1,0 +1,115 @@
+//! The ring over GPU slots, as the daemon runs it: pages written in 64 KiB requests from
+//! several threads read back exactly, also while staged and while overwritten or
+//! discarded racing their slot, and nothing falls back to the CPU on a healthy GPU.
+//! Skips with a printed reason where there is no GPU.
+
+mod common;
+
+use std::sync::Arc;
+
+use uzram_core::batch::{Ring, RingConfig};
+use uzram_core::codec::Algorithm;
+use uzram_core::store::{PageStore, StoreConfig};
+use uzram_core::PAGE_SIZE;
+
+fn pages() -> Vec<u8> {
+    let mut v = common::load_pages(&common::slice_paths()[0]);
+    v.extend(common::load_pages(&common::slice_paths()[1]));
+    v.extend(common::adversarial_pages());
+    v.extend(common::random_pages(64, 9));
+    v
+}
+
+#[test]
+fn ring_on_the_gpu_keeps_the_latest_write() {
+    for parse in common::parses() {
+        let Some(slots) = common::gpu(4, 256, parse, true) else {
+            return;
+        };
+        let data = pages();
+        let n = (data.len() / PAGE_SIZE) as u64;
+        let store = Arc::new(PageStore::new(StoreConfig::new(n, Algorithm::Lz4)).expect("store"));
+        let cfg = RingConfig {
+            spot_check_every: 1,
+            ..RingConfig::default()
+        };
+        let ring = Ring::start(store.clone(), Arc::new(slots), cfg).expect("ring");
+        // Four writers, as four queue threads, each on its own quarter.
+        let per = (n as usize).div_ceil(4);
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let (ring, data) = (&ring, &data);
+                s.spawn(move || {
+                    let end = ((t + 1) * per).min(n as usize);
+                    for first in (t * per..end).step_by(16) {
+                        let count = 16.min(end - first);
+                        ring.write(
+                            first as u64,
+                            &data[first * PAGE_SIZE..(first + count) * PAGE_SIZE],
+                        )
+                        .expect("write");
+                    }
+                });
+            }
+        });
+        // Overwrite every 3rd page with the page after it, discard every 11th, while the
+        // first slots may still be on the GPU.
+        let mut expect = data.clone();
+        for p in (0..n as usize - 1).step_by(3) {
+            let next = data[(p + 1) * PAGE_SIZE..(p + 2) * PAGE_SIZE].to_vec();
+            ring.write(p as u64, &next).expect("overwrite");
+            expect[p * PAGE_SIZE..(p + 1) * PAGE_SIZE].copy_from_slice(&next);
+        }
+        for p in (0..n as usize).step_by(11) {
+            store.discard(p as u64, 1).unwrap();
+            expect[p * PAGE_SIZE..(p + 1) * PAGE_SIZE].fill(0);
+        }
+        let mut back = vec![0u8; data.len()];
+        store.read(0, &mut back).expect("read while staged");
+        assert!(back == expect, "a page does not hold its last write");
+        ring.flush();
+        let stats = ring.stats();
+        eprintln!(
+            "{}: ring {stats:?}; gpu {:?}",
+            parse.name(),
+            ring.backend_stats()
+        );
+        assert!(
+            stats.slots_submitted > 0 && stats.installed_pages > 0,
+            "{stats:?}"
+        );
+        assert_eq!(stats.backend_failures, 0, "{stats:?}");
+        assert_eq!(stats.rejected_pages, 0, "{stats:?}");
+        assert_eq!(stats.spot_check_failures, 0, "{stats:?}");
+        assert_eq!(stats.cpu_pages, 0, "{stats:?}");
+        assert_eq!(stats.retired, 0, "{stats:?}");
+        assert_eq!(store.stats().staged_pages, 0);
+        store.read(0, &mut back).expect("read");
+        assert!(back == expect, "a page does not hold its last write");
+        ring.shutdown();
+    }
+}
+
+#[test]
+fn slots_spread_over_every_gpu() {
+    let count = match uzram_gpu::probe() {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("skipping: {e}");
+            return;
+        }
+    };
+    let cfg = uzram_gpu::GpuConfig {
+        devices: (0..count).collect(),
+        slots: 2 * count.max(2),
+        slot_pages: 128,
+        ..uzram_gpu::GpuConfig::default()
+    };
+    let slots = uzram_gpu::GpuSlots::new(cfg).expect("slots on every GPU");
+    eprintln!("{count} GPU(s): {:?}", slots.device_names());
+    assert_eq!(slots.device_names().len(), count);
+    let data = pages();
+    let results = common::run_slots(&slots, &data, 3625).expect("run");
+    let c = common::check(&data, 3625, &results);
+    assert_eq!(c.mismatches, 0);
+}

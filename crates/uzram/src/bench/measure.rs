@@ -1,0 +1,323 @@
+//! One measured run: a fresh store and backend set up as the daemon sets them up, `queues`
+//! writer threads sending 64 KiB writes through the daemon's request handler, one reader
+//! timing random 4 KiB reads, then a check of every page.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use uzram_core::codec::Algorithm;
+use uzram_core::{PageStore, StoreConfig, PAGE_SIZE};
+
+use crate::config::{Backend, GpuSettings};
+use crate::daemon::compression::Compression;
+use crate::daemon::io::{handle_with, Op};
+use crate::sys::{cpu_time, CpuOf};
+
+/// Pages per write request: 64 KiB, a typical swap-out request.
+pub const REQUEST_PAGES: usize = 16;
+/// Timed reads before the writers start.
+const IDLE_READS: usize = 20_000;
+/// Most read latencies kept while the writers run.
+const MAX_BUSY_SAMPLES: usize = 1 << 22;
+const SECTORS_PER_PAGE: u64 = (PAGE_SIZE / 512) as u64;
+
+/// What one run is asked to do.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    pub algorithm: Algorithm,
+    pub backend: Backend,
+    pub gpu: GpuSettings,
+    pub raw_threshold: usize,
+    pub queues: usize,
+    /// Pages written by the writers (the corpus repeated).
+    pub pages: usize,
+}
+
+/// What one run measured.
+#[derive(Debug, Clone)]
+pub struct Run {
+    /// The backend that served writes (`auto` resolved).
+    pub backend: &'static str,
+    /// From the first write to the last acknowledged one.
+    pub ack: Duration,
+    /// From the first write until every page was compressed and installed.
+    pub compressed: Duration,
+    /// Process CPU time over that span, the timing reader's own left out.
+    pub cpu: Duration,
+    /// Read latencies before the writers started, and while they ran, sorted.
+    pub idle_reads: Vec<u32>,
+    pub busy_reads: Vec<u32>,
+    pub orig_bytes: u64,
+    pub mem_used: u64,
+    pub compr_bytes: u64,
+    /// Backend memory outside the store (the GPU ring's pinned staging and results).
+    pub backend_pinned: u64,
+    pub backend_device: u64,
+    /// The backend's counters at the end (ring and GPU), by name.
+    pub backend_stats: Vec<(String, u64)>,
+    /// Every page read back equal to what was written last, and the reader saw no other.
+    pub verified: bool,
+}
+
+/// A copy of the corpus a thread can hand to the handler (which takes `&mut` buffers, as
+/// ublk's I/O buffers are).
+struct Source {
+    data: Vec<u8>,
+    pages: usize,
+}
+
+impl Source {
+    /// The `n` pages that belong at device page `first` of the ingest region starting at
+    /// `base` (the corpus repeated), in `scratch` where they wrap around its end.
+    fn pages_at<'a>(
+        &'a mut self,
+        base: usize,
+        first: usize,
+        n: usize,
+        scratch: &'a mut [u8],
+    ) -> &'a mut [u8] {
+        let start = (first - base) % self.pages;
+        if start + n <= self.pages {
+            return &mut self.data[start * PAGE_SIZE..(start + n) * PAGE_SIZE];
+        }
+        for i in 0..n {
+            let p = (start + i) % self.pages;
+            scratch[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]
+                .copy_from_slice(&self.data[p * PAGE_SIZE..(p + 1) * PAGE_SIZE]);
+        }
+        &mut scratch[..n * PAGE_SIZE]
+    }
+}
+
+/// xorshift64: reproducible read offsets.
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+/// One run over `corpus` (whole pages).
+pub fn run(corpus: &[u8], setup: &Setup) -> anyhow::Result<Run> {
+    let cpages = corpus.len() / PAGE_SIZE;
+    // Device layout: the corpus once (the pages the reader reads), then the ingest region.
+    let base = cpages;
+    let total = base + setup.pages;
+    let mut cfg = StoreConfig::new(total as u64, setup.algorithm);
+    cfg.raw_threshold = setup.raw_threshold;
+    let store = Arc::new(PageStore::new(cfg)?);
+    let compression = Compression::start(store.clone(), setup.backend, &setup.gpu, None)
+        .with_context(|| format!("starting the {} backend", setup.backend.name()))?;
+    let c = &compression;
+    let s = &*store;
+
+    // The reader's pages.
+    let mut src = Source {
+        data: corpus.to_vec(),
+        pages: cpages,
+    };
+    let mut scratch = vec![0u8; REQUEST_PAGES * PAGE_SIZE];
+    for first in (0..cpages).step_by(REQUEST_PAGES) {
+        let n = REQUEST_PAGES.min(cpages - first);
+        let buf = src.pages_at(0, first, n, &mut scratch);
+        write(s, c, first, buf)?;
+    }
+    compression.flush();
+    let mut seed = 0x2545_f491_4f6c_dd1d;
+    let mut idle = Vec::with_capacity(IDLE_READS);
+    let mut ok = true;
+    let mut page = vec![0u8; PAGE_SIZE];
+    for _ in 0..IDLE_READS {
+        let (lat, good) = timed_read(s, c, corpus, &mut seed, &mut page);
+        idle.push(lat);
+        ok &= good;
+    }
+
+    let stop = AtomicBool::new(false);
+    let bad_reads = AtomicU64::new(0);
+    let per = setup.pages.div_ceil(setup.queues);
+    // Each writer's buffers are made before the clock starts.
+    let sources: Vec<(Source, Vec<u8>)> = (0..setup.queues)
+        .map(|_| {
+            let src = Source {
+                data: corpus.to_vec(),
+                pages: cpages,
+            };
+            (src, vec![0u8; REQUEST_PAGES * PAGE_SIZE])
+        })
+        .collect();
+    let (ack, compressed, cpu, busy, reader_ok) = std::thread::scope(|scope| {
+        let reader = scope.spawn(|| -> anyhow::Result<(Vec<u32>, Duration)> {
+            let start = cpu_time(CpuOf::Thread)?;
+            let mut lats = Vec::with_capacity(MAX_BUSY_SAMPLES);
+            let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+            let mut page = vec![0u8; PAGE_SIZE];
+            while !stop.load(Ordering::Relaxed) && lats.len() < MAX_BUSY_SAMPLES {
+                let (lat, good) = timed_read(s, c, corpus, &mut seed, &mut page);
+                lats.push(lat);
+                if !good {
+                    bad_reads.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Ok((lats, cpu_time(CpuOf::Thread)? - start))
+        });
+        let cpu0 = cpu_time(CpuOf::Process)?;
+        let t0 = Instant::now();
+        let writers: Vec<_> = sources
+            .into_iter()
+            .enumerate()
+            .map(|(q, (mut src, mut scratch))| {
+                let lo = base + q * per;
+                let hi = (base + (q + 1) * per).min(total);
+                scope.spawn(move || -> anyhow::Result<()> {
+                    let mut first = lo;
+                    while first < hi {
+                        let n = REQUEST_PAGES.min(hi - first);
+                        write(s, c, first, src.pages_at(base, first, n, &mut scratch))?;
+                        first += n;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        let mut result = Ok(());
+        for w in writers {
+            let r = w
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("a writer thread panicked")));
+            result = result.and(r);
+        }
+        let ack = t0.elapsed();
+        compression.flush();
+        let compressed = t0.elapsed();
+        let cpu1 = cpu_time(CpuOf::Process)?;
+        stop.store(true, Ordering::Relaxed);
+        let (busy, reader_cpu) = reader
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the reader thread panicked")))?;
+        result?;
+        anyhow::Ok((
+            ack,
+            compressed,
+            (cpu1 - cpu0).saturating_sub(reader_cpu),
+            busy,
+            bad_reads.load(Ordering::Relaxed) == 0,
+        ))
+    })?;
+
+    let verified = ok && reader_ok && verify_all(s, c, corpus, base, total, setup.queues)?;
+    let stats = store.stats();
+    let memory = compression.memory();
+    let backend_stats = compression
+        .stats()
+        .into_iter()
+        .map(|st| (st.name, st.value))
+        .collect();
+    let backend = compression.name();
+    drop(compression);
+    let mut busy = busy;
+    idle.sort_unstable();
+    busy.sort_unstable();
+    Ok(Run {
+        backend,
+        ack,
+        compressed,
+        cpu,
+        idle_reads: idle,
+        busy_reads: busy,
+        orig_bytes: stats.orig_data_size,
+        mem_used: stats.mem_used_total,
+        compr_bytes: stats.compr_data_size,
+        backend_pinned: memory.pinned_host_bytes,
+        backend_device: memory.device_bytes,
+        backend_stats,
+        verified,
+    })
+}
+
+/// One write request through the handler.
+fn write(s: &PageStore, c: &Compression, first: usize, buf: &mut [u8]) -> anyhow::Result<()> {
+    let pages = buf.len() / PAGE_SIZE;
+    let r = handle_with(
+        Op::Write,
+        first as u64 * SECTORS_PER_PAGE,
+        (pages as u64 * SECTORS_PER_PAGE) as u32,
+        buf,
+        s,
+        c,
+    );
+    if r < 0 {
+        bail!("write of pages {first}+{pages} failed with errno {}", -r);
+    }
+    Ok(())
+}
+
+/// A random 4 KiB read of the corpus region, timed (ns) and checked.
+fn timed_read(
+    s: &PageStore,
+    c: &Compression,
+    corpus: &[u8],
+    seed: &mut u64,
+    page: &mut [u8],
+) -> (u32, bool) {
+    let cpages = corpus.len() / PAGE_SIZE;
+    let p = (next(seed) % cpages as u64) as usize;
+    let t = Instant::now();
+    let r = handle_with(Op::Read, p as u64 * SECTORS_PER_PAGE, 8, page, s, c);
+    let lat = u32::try_from(t.elapsed().as_nanos()).unwrap_or(u32::MAX);
+    (
+        lat,
+        r == PAGE_SIZE as i32 && page == &corpus[p * PAGE_SIZE..(p + 1) * PAGE_SIZE],
+    )
+}
+
+/// Reads every page back through the handler on `threads` threads and compares it.
+fn verify_all(
+    s: &PageStore,
+    c: &Compression,
+    corpus: &[u8],
+    base: usize,
+    total: usize,
+    threads: usize,
+) -> anyhow::Result<bool> {
+    let cpages = corpus.len() / PAGE_SIZE;
+    let per = total.div_ceil(threads.max(1));
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads.max(1))
+            .map(|t| {
+                scope.spawn(move || {
+                    let mut buf = vec![0u8; REQUEST_PAGES * PAGE_SIZE];
+                    let (lo, hi) = (t * per, ((t + 1) * per).min(total));
+                    let mut first = lo;
+                    while first < hi {
+                        let n = REQUEST_PAGES.min(hi - first);
+                        let buf = &mut buf[..n * PAGE_SIZE];
+                        let r = handle_with(
+                            Op::Read,
+                            first as u64 * SECTORS_PER_PAGE,
+                            (n as u64 * SECTORS_PER_PAGE) as u32,
+                            buf,
+                            s,
+                            c,
+                        );
+                        if r < 0 {
+                            return false;
+                        }
+                        for (i, got) in buf.chunks_exact(PAGE_SIZE).enumerate() {
+                            let p = first + i;
+                            let want = if p < base { p } else { (p - base) % cpages };
+                            if got != &corpus[want * PAGE_SIZE..(want + 1) * PAGE_SIZE] {
+                                return false;
+                            }
+                        }
+                        first += n;
+                    }
+                    true
+                })
+            })
+            .collect();
+        Ok(workers.into_iter().all(|w| w.join().unwrap_or(false)))
+    })
+}

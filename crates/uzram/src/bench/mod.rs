@@ -1,0 +1,130 @@
+//! `uzram bench`: the write path a user runs, measured, with every backend asked for side
+//! by side in one invocation (`--backend cpu,gpu`).
+//!
+//! Each run sets up a store and its compression backend exactly as the daemon does
+//! (`daemon::compression::Compression::start`), then `--queues` threads send 64 KiB writes
+//! through the daemon's own request handler (`daemon::io::handle_with`), as ublk queue
+//! threads do, while one more thread times random 4 KiB reads of pages written before.
+//! Reported per corpus and backend, medians over `--repeat` runs:
+//! - ingest GB/s (written and compressed), time to acknowledge every write, time until
+//!   everything is compressed;
+//! - process CPU-seconds per GiB ingested (the timing reader's own CPU left out);
+//! - read p50/p99, idle and under ingest;
+//! - orig ÷ mem_used, and a check of every page.
+
+mod measure;
+mod report;
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{bail, ensure, Context};
+use uzram_core::codec::Algorithm;
+use uzram_core::PAGE_SIZE;
+
+use crate::cli::BenchArgs;
+use crate::config::{Backend, GpuSelect, GpuSettings};
+use crate::size::parse_size;
+
+pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    let algorithm = Algorithm::parse(&args.algorithm)?;
+    ensure!(args.queues >= 1, "--queues must be at least 1");
+    ensure!(args.repeat >= 1, "--repeat must be at least 1");
+    ensure!(
+        (1..=PAGE_SIZE).contains(&args.raw_threshold),
+        "--raw-threshold must be in 1..=4096, not {}",
+        args.raw_threshold
+    );
+    let backends = parse_backends(&args.backend)?;
+    let total = parse_size(&args.total).context("--total")?;
+    let pages = usize::try_from(total / PAGE_SIZE as u64).context("--total is too large")?;
+    ensure!(
+        pages >= args.queues * measure::REQUEST_PAGES,
+        "--total must give every queue at least one 64 KiB request"
+    );
+    let gpu = gpu_settings(&args)?;
+    let mut all_verified = true;
+    let mut reports = Vec::new();
+    for path in &args.corpus {
+        let corpus = load_corpus(path)?;
+        let name = corpus_name(path);
+        for &backend in &backends {
+            let setup = measure::Setup {
+                algorithm,
+                backend,
+                gpu: gpu.clone(),
+                raw_threshold: args.raw_threshold,
+                queues: args.queues,
+                pages,
+            };
+            let runs = (0..args.repeat)
+                .map(|_| measure::run(&corpus, &setup))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let r = report::Report::new(&name, backend, &setup, &runs);
+            all_verified &= r.verified;
+            if args.json {
+                println!("{}", serde_json::to_string(&r)?);
+            }
+            reports.push(r);
+        }
+    }
+    if !args.json {
+        print!("{}", report::table(&reports));
+    }
+    Ok(if all_verified {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn parse_backends(text: &str) -> anyhow::Result<Vec<Backend>> {
+    let mut v = Vec::new();
+    for part in text.split(',') {
+        let b = Backend::parse(part.trim())?;
+        ensure!(!v.contains(&b), "backend {} given twice", b.name());
+        v.push(b);
+    }
+    Ok(v)
+}
+
+fn gpu_settings(args: &BenchArgs) -> anyhow::Result<GpuSettings> {
+    let mut gpu = GpuSettings::default();
+    if let Some(g) = &args.gpus {
+        gpu.gpus = GpuSelect::parse(g)?;
+    }
+    if let Some(m) = &args.gpu_memory {
+        gpu.memory = parse_size(m).context("--gpu-memory")?;
+    }
+    if let Some(p) = &args.gpu_parse {
+        gpu.parse = p.parse()?;
+    }
+    Ok(gpu)
+}
+
+fn corpus_name(path: &Path) -> String {
+    let n = path.file_name().unwrap_or_default().to_string_lossy();
+    n.split('.').next().unwrap_or("corpus").to_string()
+}
+
+fn load_corpus(path: &Path) -> anyhow::Result<Vec<u8>> {
+    let data =
+        std::fs::read(path).with_context(|| format!("cannot read corpus {}", path.display()))?;
+    // The project's corpora ship zstd-compressed; take them as they are.
+    let data = if path.extension().is_some_and(|e| e == "zst") {
+        zstd::decode_all(&data[..])
+            .with_context(|| format!("corpus {} is not valid zstd", path.display()))?
+    } else {
+        data
+    };
+    if data.is_empty() {
+        bail!("corpus {} is empty", path.display());
+    }
+    ensure!(
+        data.len() % PAGE_SIZE == 0,
+        "corpus {} is {} bytes, not a multiple of the 4096-byte page",
+        path.display(),
+        data.len()
+    );
+    Ok(data)
+}

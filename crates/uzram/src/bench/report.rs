@@ -1,0 +1,160 @@
+//! Medians over runs, as JSON and as a side-by-side table.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+use uzram_core::PAGE_SIZE;
+
+use super::measure::{Run, Setup};
+use crate::config::Backend;
+
+/// What `uzram bench` reports for one corpus and backend.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub corpus: String,
+    /// As asked (`auto` included).
+    pub backend_asked: &'static str,
+    /// The backend that served writes.
+    pub backend: &'static str,
+    pub algorithm: String,
+    pub queues: usize,
+    pub repeat: usize,
+    pub pages: usize,
+    pub bytes: u64,
+    /// Bytes ÷ time until everything was compressed (median).
+    pub ingest_gbps: f64,
+    /// Bytes ÷ time until every write was acknowledged (median).
+    pub ack_gbps: f64,
+    pub ack_s: f64,
+    pub compressed_s: f64,
+    /// Process CPU-seconds per GiB ingested, the timing reader's own left out (median).
+    pub cpu_s_per_gib: f64,
+    pub read_idle_p50_us: f64,
+    pub read_idle_p99_us: f64,
+    pub read_busy_p50_us: f64,
+    pub read_busy_p99_us: f64,
+    pub busy_reads: usize,
+    /// orig_data_size ÷ mem_used_total at the end (median).
+    pub ratio: f64,
+    /// orig_data_size ÷ compr_data_size (payload alone).
+    pub payload_ratio: f64,
+    pub mem_used_bytes: u64,
+    /// Fixed backend memory outside the store (GPU ring: pinned host, device).
+    pub backend_pinned_bytes: u64,
+    pub backend_device_bytes: u64,
+    /// Every page of every run read back exactly.
+    pub verified: bool,
+    /// The backend's counters at the end of the last run.
+    pub backend_stats: BTreeMap<String, u64>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn pct(sorted: &[u32], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    f64::from(sorted[i]) / 1e3
+}
+
+impl Report {
+    pub fn new(corpus: &str, asked: Backend, setup: &Setup, runs: &[Run]) -> Self {
+        let bytes = (setup.pages * PAGE_SIZE) as u64;
+        let secs = |d: Duration| d.as_secs_f64().max(1e-9);
+        let m = |f: &dyn Fn(&Run) -> f64| median(runs.iter().map(f).collect());
+        let last = runs.last();
+        Self {
+            corpus: corpus.to_string(),
+            backend_asked: asked.name(),
+            backend: last.map_or("?", |r| r.backend),
+            algorithm: setup.algorithm.to_string(),
+            queues: setup.queues,
+            repeat: runs.len(),
+            pages: setup.pages,
+            bytes,
+            ingest_gbps: m(&|r| bytes as f64 / secs(r.compressed) / 1e9),
+            ack_gbps: m(&|r| bytes as f64 / secs(r.ack) / 1e9),
+            ack_s: m(&|r| r.ack.as_secs_f64()),
+            compressed_s: m(&|r| r.compressed.as_secs_f64()),
+            cpu_s_per_gib: m(&|r| r.cpu.as_secs_f64() / (bytes as f64 / (1u64 << 30) as f64)),
+            read_idle_p50_us: m(&|r| pct(&r.idle_reads, 0.50)),
+            read_idle_p99_us: m(&|r| pct(&r.idle_reads, 0.99)),
+            read_busy_p50_us: m(&|r| pct(&r.busy_reads, 0.50)),
+            read_busy_p99_us: m(&|r| pct(&r.busy_reads, 0.99)),
+            busy_reads: last.map_or(0, |r| r.busy_reads.len()),
+            ratio: m(&|r| r.orig_bytes as f64 / r.mem_used.max(1) as f64),
+            payload_ratio: m(&|r| r.orig_bytes as f64 / r.compr_bytes.max(1) as f64),
+            mem_used_bytes: last.map_or(0, |r| r.mem_used),
+            backend_pinned_bytes: last.map_or(0, |r| r.backend_pinned),
+            backend_device_bytes: last.map_or(0, |r| r.backend_device),
+            verified: runs.iter().all(|r| r.verified),
+            backend_stats: last
+                .map(|r| r.backend_stats.iter().cloned().collect())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// The human table: one row per corpus and backend, then each backend against the first
+/// one of the same corpus.
+pub fn table(reports: &[Report]) -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
+        "{:<14} {:<8} {:>7} {:>7} {:>9} {:>7} {:>16} {:>16} {:>9} {:>8}\n",
+        "corpus",
+        "backend",
+        "ingest",
+        "ack",
+        "CPU-s/GiB",
+        "ratio",
+        "read p50/p99 µs",
+        "busy p50/p99 µs",
+        "pinned",
+        "verified"
+    ));
+    for r in reports {
+        let backend = if r.backend_asked == r.backend {
+            r.backend.to_string()
+        } else {
+            format!("{}>{}", r.backend_asked, r.backend)
+        };
+        out.push_str(&format!(
+            "{:<14} {:<8} {:>7.2} {:>7.2} {:>9.3} {:>7.4} {:>16} {:>16} {:>8}M {:>8}\n",
+            r.corpus,
+            backend,
+            r.ingest_gbps,
+            r.ack_gbps,
+            r.cpu_s_per_gib,
+            r.ratio,
+            format!("{:.1}/{:.1}", r.read_idle_p50_us, r.read_idle_p99_us),
+            format!("{:.1}/{:.1}", r.read_busy_p50_us, r.read_busy_p99_us),
+            r.backend_pinned_bytes >> 20,
+            r.verified
+        ));
+    }
+    out.push_str("(GB/s of uncompressed pages; ratio = orig_data_size / mem_used_total)\n");
+    for r in reports {
+        let Some(first) = reports.iter().find(|b| b.corpus == r.corpus) else {
+            continue;
+        };
+        if std::ptr::eq(first, r) {
+            continue;
+        }
+        out.push_str(&format!(
+            "{} {} vs {}: ingest x{:.2}, CPU per GiB x{:.3}, ratio x{:.4}; busy p99 / idle p99 x{:.2}\n",
+            r.corpus,
+            r.backend,
+            first.backend,
+            r.ingest_gbps / first.ingest_gbps.max(1e-9),
+            r.cpu_s_per_gib / first.cpu_s_per_gib.max(1e-9),
+            r.ratio / first.ratio.max(1e-9),
+            r.read_busy_p99_us / r.read_idle_p99_us.max(1e-9)
+        ));
+    }
+    out
+}
