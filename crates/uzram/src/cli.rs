@@ -68,6 +68,9 @@ pub struct DeviceArgs {
     /// The GPU's LZ4 parse: fast or high.
     #[arg(long)]
     pub gpu_parse: Option<String>,
+    /// Threads installing the GPU's results into the store (default 4).
+    #[arg(long)]
+    pub gpu_installers: Option<u64>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -165,6 +168,9 @@ pub struct BenchArgs {
     /// The GPU's LZ4 parse: fast or high.
     #[arg(long)]
     pub gpu_parse: Option<String>,
+    /// Threads installing the GPU's results into the store (default 4).
+    #[arg(long)]
+    pub gpu_installers: Option<u64>,
     /// Print one JSON object per corpus and backend on stdout.
     #[arg(long)]
     pub json: bool,
@@ -184,6 +190,7 @@ impl DeviceArgs {
             gpus: self.gpus.clone(),
             gpu_memory: self.gpu_memory.clone(),
             gpu_parse: self.gpu_parse.clone(),
+            gpu_installers: self.gpu_installers,
         }
     }
 
@@ -210,6 +217,10 @@ impl DeviceArgs {
         opt("--gpus", self.gpus.clone());
         opt("--gpu-memory", self.gpu_memory.clone());
         opt("--gpu-parse", self.gpu_parse.clone());
+        opt(
+            "--gpu-installers",
+            self.gpu_installers.map(|n| n.to_string()),
+        );
         v
     }
 }

@@ -131,7 +131,14 @@ pub struct GpuSettings {
     pub memory: u64,
     /// The GPU's LZ4 parse.
     pub parse: Parse,
+    /// Threads that install the GPU's results into the store.
+    pub installers: usize,
 }
+
+/// Default installer threads of the GPU ring.
+pub const DEFAULT_GPU_INSTALLERS: usize = 4;
+/// Most installer threads of the GPU ring.
+pub const MAX_GPU_INSTALLERS: u64 = 64;
 
 impl Default for GpuSettings {
     fn default() -> Self {
@@ -139,6 +146,7 @@ impl Default for GpuSettings {
             gpus: GpuSelect::List(vec![0]),
             memory: DEFAULT_GPU_MEMORY,
             parse: Parse::Fast,
+            installers: DEFAULT_GPU_INSTALLERS,
         }
     }
 }
@@ -287,6 +295,8 @@ pub struct RawDevice {
     pub gpu_memory: Option<String>,
     /// GPU parse text.
     pub gpu_parse: Option<String>,
+    /// GPU ring installer threads.
+    pub gpu_installers: Option<u64>,
 }
 
 /// The default queue count: one per CPU, at most 4.
@@ -371,6 +381,9 @@ impl RawDevice {
         if let Some(p) = &self.gpu_parse {
             gpu.parse = p.parse().map_err(|_| ConfigError::GpuParse(p.clone()))?;
         }
+        if let Some(n) = self.gpu_installers {
+            gpu.installers = ranged("gpu-installers", n, 1, MAX_GPU_INSTALLERS)? as usize;
+        }
         Ok(gpu)
     }
 }
@@ -409,6 +422,7 @@ struct FileConfig {
     gpus: Option<String>,
     gpu_memory: Option<SizeValue>,
     gpu_parse: Option<String>,
+    gpu_installers: Option<u64>,
 }
 
 /// A config file, validated: the device and its swap settings.
@@ -471,6 +485,7 @@ pub fn parse_config(path: &Path, text: &str) -> Result<RunConfig, ConfigError> {
         gpus: file.gpus,
         gpu_memory: file.gpu_memory.map(SizeValue::text),
         gpu_parse: file.gpu_parse,
+        gpu_installers: file.gpu_installers,
     };
     Ok(RunConfig {
         device: raw.validate()?,
@@ -522,12 +537,14 @@ mod tests {
             gpus = "0,1"
             gpu-memory = "256M"
             gpu-parse = "high"
+            gpu-installers = 6
             "#,
         )
         .unwrap();
         assert_eq!(cfg.device.gpu.gpus, GpuSelect::List(vec![0, 1]));
         assert_eq!(cfg.device.gpu.memory, 256 << 20);
         assert_eq!(cfg.device.gpu.parse, Parse::High);
+        assert_eq!(cfg.device.gpu.installers, 6);
         assert_eq!(cfg.device.size, 8 << 30);
         assert_eq!(cfg.device.algorithm, Algorithm::Zstd { level: 3 });
         assert_eq!(cfg.device.backend, Backend::Auto);

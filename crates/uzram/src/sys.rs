@@ -203,6 +203,20 @@ pub enum CpuOf {
 
 /// User plus system CPU time used so far.
 pub fn cpu_time(of: CpuOf) -> io::Result<std::time::Duration> {
+    usage(of).map(|u| u.cpu)
+}
+
+/// CPU time and page faults so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// User plus system CPU time.
+    pub cpu: std::time::Duration,
+    /// Minor and major page faults.
+    pub faults: u64,
+}
+
+/// [`Usage`] of the process or the calling thread.
+pub fn usage(of: CpuOf) -> io::Result<Usage> {
     let who = match of {
         CpuOf::Process => libc::RUSAGE_SELF,
         CpuOf::Thread => libc::RUSAGE_THREAD,
@@ -217,5 +231,9 @@ pub fn cpu_time(of: CpuOf) -> io::Result<std::time::Duration> {
         std::time::Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
             + std::time::Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
     };
-    Ok(tv(u.ru_utime) + tv(u.ru_stime))
+    let count = |v: libc::c_long| u64::try_from(v).unwrap_or(0);
+    Ok(Usage {
+        cpu: tv(u.ru_utime) + tv(u.ru_stime),
+        faults: count(u.ru_minflt) + count(u.ru_majflt),
+    })
 }

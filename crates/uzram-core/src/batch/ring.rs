@@ -57,7 +57,7 @@ impl Default for RingConfig {
     fn default() -> Self {
         Self {
             max_delay: Duration::from_millis(2),
-            installers: 2,
+            installers: 4,
             spot_check_every: 64,
             max_failures: 8,
             on_thread_start: None,
@@ -113,6 +113,8 @@ pub struct RingStats {
     pub retired: u64,
     /// Installs retried because the allocator had no memory.
     pub commit_retries: u64,
+    /// Time installer threads spent on slots (waiting for the device included), µs.
+    pub install_busy_us: u64,
     /// Slots not free right now.
     pub busy_slots: u64,
 }
@@ -138,6 +140,7 @@ impl RingStats {
             ("ring_backend_failures", self.backend_failures),
             ("ring_backend_retired", self.retired),
             ("ring_commit_retries", self.commit_retries),
+            ("ring_install_busy_us", self.install_busy_us),
             ("ring_busy_slots", self.busy_slots),
         ]
     }
@@ -161,6 +164,7 @@ struct Counters {
     contract_violations: AtomicU64,
     backend_failures: AtomicU64,
     commit_retries: AtomicU64,
+    install_busy_ns: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -498,6 +502,7 @@ impl Ring {
             backend_failures: g(&c.backend_failures),
             retired: u64::from(sh.retired.load(Ordering::Relaxed)),
             commit_retries: g(&c.commit_retries),
+            install_busy_us: g(&c.install_busy_ns) / 1000,
             busy_slots: busy as u64,
         }
     }
@@ -588,38 +593,33 @@ impl Shared {
         Ok(())
     }
 
-    /// Copies `pages` into the lease and stages them. After a failure the rest of the
-    /// lease is left empty (its indices name no page).
+    /// Copies `pages` (at most [`RUN`]) into the lease and stages them, all or nothing:
+    /// after a failure the lease is left empty (its indices name no page).
     fn fill(&self, lease: &Lease, pages: &[(u64, usize)], data: &[u8]) -> Result<(), CoreError> {
         let book = &self.staging.books[lease.slot];
-        let mut result = Ok(());
-        let mut staged = 0;
+        let mut items = [(0u64, StagedAt::default()); RUN];
         for (j, &(page, offset)) in pages.iter().enumerate() {
             let index = lease.base + j;
-            let entry = &book.pages[index];
-            if result.is_err() {
-                entry.store(NO_PAGE, Ordering::Relaxed);
-                continue;
-            }
             let bytes: &[u8; PAGE_SIZE] = data[offset..offset + PAGE_SIZE]
                 .try_into()
                 .map_err(|_| CoreError::Unaligned { len: data.len() })?;
             if let Some(words) = self.staging.words(lease.slot, index) {
                 page_to_words(bytes, words);
             }
-            entry.store(page, Ordering::Relaxed);
-            let outcome = StagedAt::new(lease.slot, index, lease.epoch)
-                .ok_or_else(|| CoreError::Config("staging slot out of range".into()))
-                .and_then(|at| self.store.stage(page, at));
-            match outcome {
-                Ok(_) => staged += 1,
-                Err(e) => {
-                    entry.store(NO_PAGE, Ordering::Relaxed);
-                    result = Err(e);
+            book.pages[index].store(page, Ordering::Relaxed);
+            let at = StagedAt::new(lease.slot, index, lease.epoch)
+                .ok_or_else(|| CoreError::Config("staging slot out of range".into()))?;
+            items[j] = (page, at);
+        }
+        let result = self.store.stage_many(&items[..pages.len()]);
+        match &result {
+            Ok(()) => bump(&self.counters.staged_pages, pages.len() as u64),
+            Err(_) => {
+                for j in 0..pages.len() {
+                    book.pages[lease.base + j].store(NO_PAGE, Ordering::Relaxed);
                 }
             }
         }
-        bump(&self.counters.staged_pages, staged);
         result
     }
 
@@ -807,7 +807,12 @@ impl Shared {
 fn installer_loop(sh: &Shared) {
     let mut installer = Installer::new(sh);
     while let Some(job) = sh.next_job() {
+        let start = Instant::now();
         installer.run(job);
+        bump(
+            &sh.counters.install_busy_ns,
+            u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        );
         bump(&sh.counters.slots_installed, 1);
         sh.free(job.slot);
     }

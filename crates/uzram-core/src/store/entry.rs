@@ -40,7 +40,7 @@ pub const MAX_SLOT_PAGES: usize = 1 << INDEX_BITS;
 pub(crate) const EPOCH_MODULUS: u64 = 1 << EPOCH_BITS;
 
 /// Where a staged page's bytes are: `index` of staging `slot`, filled in `epoch`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct StagedAt {
     slot: u16,
     index: u16,

@@ -1,7 +1,9 @@
 //! [`PageStore`]: a sharded page table over a size-class arena.
 //!
-//! - The table is striped over up to [`MAX_SHARDS`] reader-writer locks (page `p` lives in
-//!   shard `p % shards`); each page costs one 8-byte entry (`entry.rs`).
+//! - The table is striped over up to [`MAX_SHARDS`] reader-writer locks in groups of
+//!   [`GROUP_PAGES`] consecutive pages (page `p` lives in shard `(p / 16) % shards`), so a
+//!   64 KiB request takes one lock, not sixteen; each page costs one 8-byte entry
+//!   (`entry.rs`).
 //! - Compressed bytes live in one size-class arena (`arena.rs`) shared by all shards.
 //! - Compression and decompression never run under the bookkeeping locks: a write
 //!   compresses on the calling thread, copies the result into freshly reserved arena
@@ -38,6 +40,9 @@ use crate::CoreError;
 
 /// Most lock stripes a store uses.
 pub const MAX_SHARDS: usize = 64;
+/// Consecutive pages that share a lock stripe.
+pub const GROUP_PAGES: usize = 1 << GROUP_SHIFT;
+const GROUP_SHIFT: u32 = 4;
 
 /// How a [`PageStore`] is built.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,7 +148,6 @@ enum Payload<'a> {
     Same(u64),
     /// Compressed bytes, or the raw page when `len == PAGE_SIZE`.
     Bytes(&'a [u8]),
-    Staged(StagedAt),
 }
 
 /// What [`PageStore::install`] did.
@@ -165,7 +169,8 @@ pub struct PageStore {
     arena: Arena,
     table_bytes: u64,
     counters: Counters,
-    /// Pages currently staged (each holds a page of room under the memory limit).
+    /// Pages currently staged, counted only under a memory limit (each holds a page of
+    /// room under it); otherwise the shards' totals count them.
     staged: AtomicU64,
     staging: OnceLock<Arc<dyn StagedPages>>,
 }
@@ -205,10 +210,14 @@ impl PageStore {
         if pages.checked_mul(PAGE_SIZE).is_none() {
             return Err(CoreError::Config(format!("{pages} pages is too many")));
         }
-        let shards = pages.next_power_of_two().min(MAX_SHARDS);
+        let groups = pages.div_ceil(GROUP_PAGES);
+        let shards = groups.next_power_of_two().min(MAX_SHARDS);
         let shard_shift = shards.trailing_zeros();
         let shards: Box<[RwLock<Shard>]> = (0..shards)
-            .map(|s| RwLock::new(Shard::new(pages.saturating_sub(s).div_ceil(shards))))
+            .map(|s| {
+                let groups_here = groups.saturating_sub(s).div_ceil(shards);
+                RwLock::new(Shard::new(groups_here * GROUP_PAGES))
+            })
             .collect();
         // The store struct minus the arena inside it (the arena counts itself).
         let table_bytes = (std::mem::size_of::<Self>() - std::mem::size_of::<Arena>()
@@ -388,21 +397,72 @@ impl PageStore {
     /// memory limit the page holds a whole page of room until it is installed; when that
     /// room is not there the write fails with `MemLimit` and the page is unchanged.
     pub fn stage(&self, page: u64, at: StagedAt) -> Result<Ticket, CoreError> {
-        self.check_range(page, 1)?;
+        self.stage_many(&[(page, at)])?;
+        Ok(Ticket { page, at })
+    }
+
+    /// [`PageStore::stage`] for several `(page, at)` at once, all or nothing: the pages of
+    /// one shard are staged under one acquisition of its lock (a 64 KiB request is one
+    /// shard), and the memory limit is checked once for all of them.
+    pub fn stage_many(&self, items: &[(u64, StagedAt)]) -> Result<(), CoreError> {
+        for &(page, _) in items {
+            self.check_range(page, 1)?;
+        }
         if self.staging.get().is_none() {
             return Err(CoreError::Config(
                 "no staging memory is attached to stage pages in".into(),
             ));
         }
+        let n = items.len() as u64;
         if let Some(limit) = self.mem_limit {
             let used = self.limited_bytes();
-            if used + PAGE_SIZE as u64 > limit {
+            if used + n * PAGE_SIZE as u64 > limit {
                 return Err(CoreError::MemLimit { limit, used });
             }
         }
-        self.install(page, Payload::Staged(at))?;
-        Counters::bump(&self.counters.writes, 1);
-        Ok(Ticket { page, at })
+        let staged_cost = PageCost {
+            stored: true,
+            staged: true,
+            ..PageCost::default()
+        };
+        // Old contents to free after the locks (a handful per call: no allocation).
+        let mut freed = [(0u64, 0usize); 16];
+        let mut nfreed = 0;
+        let mut start = 0;
+        while start < items.len() {
+            let shard_index = self.shard_of(items[start].0);
+            let end = items[start..]
+                .iter()
+                .position(|&(p, _)| self.shard_of(p) != shard_index)
+                .map_or(items.len(), |k| start + k);
+            let mut shard = write_lock(&self.shards[shard_index]);
+            let mut newly = 0u64;
+            for &(page, at) in &items[start..end] {
+                let idx = self.locate(page).1;
+                // A staged slot needs no side map, so `set` cannot fail here.
+                let Ok(Some(old)) = shard.set(idx, Slot::Staged(at)) else {
+                    continue;
+                };
+                shard.totals.replace(cost_of(old), staged_cost);
+                newly += u64::from(!matches!(old, Slot::Staged(_)));
+                if let Some(object) = stored_object(old) {
+                    if nfreed == freed.len() {
+                        self.arena.free_many(freed.iter().copied());
+                        nfreed = 0;
+                    }
+                    freed[nfreed] = object;
+                    nfreed += 1;
+                }
+            }
+            drop(shard);
+            if self.mem_limit.is_some() {
+                self.staged.fetch_add(newly, Ordering::Relaxed);
+            }
+            start = end;
+        }
+        self.arena.free_many(freed[..nfreed].iter().copied());
+        Counters::bump(&self.counters.writes, n);
+        Ok(())
     }
 
     /// Installs the results of staged writes: each one only if its page still holds
@@ -429,8 +489,7 @@ impl PageStore {
                 }
             }
         }
-        let mask = self.shard_mask;
-        commits.sort_unstable_by_key(|c| c.ticket.page & mask);
+        commits.sort_unstable_by_key(|c| self.shard_of(c.ticket.page));
         // Installers run on the swap I/O path: their allocations fail, they never abort.
         let mut lens = try_vec(commits.len())?;
         lens.extend(commits.iter().filter_map(|c| match (c.state, c.encoded) {
@@ -457,10 +516,10 @@ impl PageStore {
         }));
         let mut start = 0;
         while start < commits.len() {
-            let shard_of = commits[start].ticket.page & mask;
+            let shard = self.shard_of(commits[start].ticket.page);
             let end = commits[start..]
                 .iter()
-                .position(|c| c.ticket.page & mask != shard_of)
+                .position(|c| self.shard_of(c.ticket.page) != shard)
                 .map_or(commits.len(), |n| start + n);
             self.commit_shard(
                 &mut commits[start..end],
@@ -494,7 +553,7 @@ impl PageStore {
             let Some((slot, cost)) = prepared.take() else {
                 continue;
             };
-            let idx = c.ticket.page >> self.shard_shift;
+            let idx = self.locate(c.ticket.page).1;
             if !shard.is_staged_at(idx, c.ticket.at) {
                 c.state = CommitState::Stale;
                 unused.push(slot);
@@ -503,7 +562,9 @@ impl PageStore {
             match shard.set(idx, slot) {
                 Ok(Some(old)) => {
                     shard.totals.replace(cost_of(old), cost);
-                    self.staged.fetch_sub(1, Ordering::Relaxed);
+                    if self.mem_limit.is_some() {
+                        self.staged.fetch_sub(1, Ordering::Relaxed);
+                    }
                     c.state = CommitState::Installed;
                 }
                 // Out of range cannot happen (checked by `commit`); a fill word with no
@@ -639,14 +700,6 @@ impl PageStore {
         let (slot, cost) = match payload {
             Payload::Empty => (Slot::Empty, PageCost::default()),
             Payload::Same(word) => (Slot::Same(word), same_cost()),
-            Payload::Staged(at) => (
-                Slot::Staged(at),
-                PageCost {
-                    stored: true,
-                    staged: true,
-                    ..PageCost::default()
-                },
-            ),
             Payload::Bytes(bytes) => {
                 let budget = Budget::Limited {
                     reserved: self.staged_room(),
@@ -671,14 +724,10 @@ impl PageStore {
             }
         };
         shard.totals.replace(cost_of(old), cost);
-        match (
-            matches!(old, Slot::Staged(_)),
-            matches!(slot, Slot::Staged(_)),
-        ) {
-            (false, true) => self.staged.fetch_add(1, Ordering::Relaxed),
-            (true, false) => self.staged.fetch_sub(1, Ordering::Relaxed),
-            _ => 0,
-        };
+        // Writes, discards and zeroes replace a staged copy; only `stage_many` makes one.
+        if self.mem_limit.is_some() && matches!(old, Slot::Staged(_)) {
+            self.staged.fetch_sub(1, Ordering::Relaxed);
+        }
         drop(shard);
         self.free_slot(old);
         Ok(Installed {
@@ -704,9 +753,16 @@ impl PageStore {
         (totals, side)
     }
 
+    /// The shard of page `index`, and the page's index within it.
     fn locate(&self, index: u64) -> (&RwLock<Shard>, u64) {
-        let shard = (index & self.shard_mask) as usize;
-        (&self.shards[shard], index >> self.shard_shift)
+        let group = index >> GROUP_SHIFT;
+        let within = index & (GROUP_PAGES as u64 - 1);
+        let idx = ((group >> self.shard_shift) << GROUP_SHIFT) | within;
+        (&self.shards[self.shard_of(index)], idx)
+    }
+
+    fn shard_of(&self, index: u64) -> usize {
+        ((index >> GROUP_SHIFT) & self.shard_mask) as usize
     }
 
     fn check_buffer(&self, first: u64, len: usize) -> Result<u64, CoreError> {

@@ -23,7 +23,7 @@ use uzram_core::codec::Algorithm;
 use uzram_core::PAGE_SIZE;
 
 use crate::cli::BenchArgs;
-use crate::config::{Backend, GpuSelect, GpuSettings};
+use crate::config::{Backend, GpuSettings, RawDevice};
 use crate::size::parse_size;
 
 pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
@@ -88,18 +88,17 @@ fn parse_backends(text: &str) -> anyhow::Result<Vec<Backend>> {
     Ok(v)
 }
 
+/// The GPU settings, validated as a config file's would be.
 fn gpu_settings(args: &BenchArgs) -> anyhow::Result<GpuSettings> {
-    let mut gpu = GpuSettings::default();
-    if let Some(g) = &args.gpus {
-        gpu.gpus = GpuSelect::parse(g)?;
-    }
-    if let Some(m) = &args.gpu_memory {
-        gpu.memory = parse_size(m).context("--gpu-memory")?;
-    }
-    if let Some(p) = &args.gpu_parse {
-        gpu.parse = p.parse()?;
-    }
-    Ok(gpu)
+    let raw = RawDevice {
+        size: "1G".into(),
+        gpus: args.gpus.clone(),
+        gpu_memory: args.gpu_memory.clone(),
+        gpu_parse: args.gpu_parse.clone(),
+        gpu_installers: args.gpu_installers,
+        ..RawDevice::default()
+    };
+    Ok(raw.validate()?.gpu)
 }
 
 fn corpus_name(path: &Path) -> String {

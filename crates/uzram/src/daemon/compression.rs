@@ -76,6 +76,7 @@ impl Compression {
         );
         let cfg = RingConfig {
             on_thread_start: hook,
+            installers: settings.installers,
             ..RingConfig::default()
         };
         let ring =

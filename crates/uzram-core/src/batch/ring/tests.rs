@@ -439,15 +439,16 @@ fn slots_of_raw_pages_are_installed_a_buffer_load_at_a_time() {
             x as u8
         })
         .collect();
-    let (store, ring) = ring_with(
-        1000,
-        host(2, 1000, FaultPlan::default()),
-        RingConfig::default(),
-    );
+    // A delay long enough that the slot is only submitted once full.
+    let cfg = RingConfig {
+        max_delay: Duration::from_secs(30),
+        ..RingConfig::default()
+    };
+    let (store, ring) = ring_with(1000, host(2, 1000, FaultPlan::default()), cfg);
     write_all(&ring, 0, &data);
     ring.flush();
     let s = ring.stats();
-    assert_eq!(s.installed_pages, 1000, "{s:?}");
+    assert_eq!((s.slots_submitted, s.installed_pages), (1, 1000), "{s:?}");
     assert_eq!(store.stats().huge_pages, 1000);
     assert_reads(&store, &data);
 }
