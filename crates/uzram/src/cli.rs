@@ -18,7 +18,7 @@ pub enum Command {
     Create(CreateArgs),
     /// Stop a device's daemon and delete the device (refused while it is in use).
     Destroy(DestroyArgs),
-    /// List devices, zramctl style.
+    /// List devices, with zramctl's columns and flags.
     List(ListArgs),
     /// Show one device's mm_stat and io_stat counters.
     Status(StatusArgs),
@@ -92,9 +92,25 @@ pub struct DestroyArgs {
 }
 
 #[derive(Debug, clap::Args)]
+#[command(after_help = crate::cmd::list::COLUMNS_HELP)]
 pub struct ListArgs {
-    /// Print JSON instead of a table.
+    /// Columns to print (comma-separated); +LIST appends them to the defaults.
+    #[arg(short = 'o', long, value_name = "LIST", allow_hyphen_values = true)]
+    pub output: Option<String>,
+    /// Print every column.
     #[arg(long)]
+    pub output_all: bool,
+    /// Print sizes in bytes, not in human-readable form.
+    #[arg(short = 'b', long)]
+    pub bytes: bool,
+    /// Raw output: no alignment, one space between cells, special characters escaped.
+    #[arg(long)]
+    pub raw: bool,
+    /// Do not print the header line.
+    #[arg(short = 'n', long)]
+    pub noheadings: bool,
+    /// Print every field of every device as JSON (sizes in bytes) instead of a table.
+    #[arg(long, conflicts_with_all = ["output", "output_all", "bytes", "raw", "noheadings"])]
     pub json: bool,
 }
 

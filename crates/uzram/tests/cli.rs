@@ -70,6 +70,31 @@ fn help_lists_the_commands() {
 }
 
 #[test]
+fn list_takes_zramctls_flags() {
+    let out = uzram(&["list", "--help"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--output <LIST>",
+        "--output-all",
+        "--bytes",
+        "--raw",
+        "--noheadings",
+        "--json",
+        "MIGRATED",
+        "STREAMS",
+        "COMP-RATIO",
+    ] {
+        assert!(text.contains(flag), "list --help lacks {flag}: {text}");
+    }
+    // Checked before anything else, so also as a user and without devices.
+    refused(&["list", "-o", "NAME,BOGUS"], "unknown column: BOGUS");
+    refused(&["list", "-o", "+SIZE"], "unknown column: SIZE");
+    refused(&["list", "--json", "-o", "NAME"], "cannot be used with");
+    refused(&["list", "--json", "--raw"], "cannot be used with");
+}
+
+#[test]
 fn bad_sizes_are_refused_before_privilege_checks() {
     refused(&["create", "--size", "0"], "size");
     refused(&["create", "--size", "17T"], "16T maximum");
