@@ -96,6 +96,9 @@ pub struct Launch {
 /// Serves one device until it is stopped. Returns after the device is deleted.
 pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let cfg = launch.config;
+    if let Some(path) = &cfg.metrics_textfile {
+        crate::metrics::check_textfile_dir(path).map_err(anyhow::Error::msg)?;
+    }
     // malloc was configured first thing in `main` (see there).
     sys::block_stop_signals().context("blocking SIGTERM/SIGINT")?;
     sys::private_mount_namespace().context("entering a private mount namespace")?;
@@ -186,26 +189,33 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         let (store, counters, stop_tx) = (store.clone(), counters.clone(), stop_tx.clone());
         let compression = compression.clone();
         let stop_tx = Mutex::new(stop_tx);
+        let snapshot = Arc::new(move || DeviceStatus {
+            stats: store
+                .stats()
+                .fields()
+                .into_iter()
+                .map(|(name, value)| Stat {
+                    name: name.to_string(),
+                    value,
+                })
+                .collect(),
+            requests: counters
+                .snapshot()
+                .into_iter()
+                .chain(pool_stats())
+                .collect(),
+            backend_stats: compression.stats(),
+            ..template.clone()
+        });
+        if let Some(path) = cfg.metrics_textfile.clone() {
+            let snapshot = snapshot.clone();
+            spawn("uzram-metrics", move || {
+                crate::metrics::keep_writing(&path, || snapshot())
+            })?;
+        }
         spawn("uzram-control", move || {
             server::serve(listener, move |req| match req {
-                Request::Status => Response::Status(DeviceStatus {
-                    stats: store
-                        .stats()
-                        .fields()
-                        .into_iter()
-                        .map(|(name, value)| Stat {
-                            name: name.to_string(),
-                            value,
-                        })
-                        .collect(),
-                    requests: counters
-                        .snapshot()
-                        .into_iter()
-                        .chain(pool_stats())
-                        .collect(),
-                    backend_stats: compression.stats(),
-                    ..template.clone()
-                }),
+                Request::Status => Response::Status(snapshot()),
                 Request::Stop => {
                     if let Ok(tx) = stop_tx.lock() {
                         let _ = tx.send("control request");
@@ -280,6 +290,10 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         on_started,
     );
     states.remove(id);
+    if let Some(path) = &cfg.metrics_textfile {
+        // Stale numbers must not outlive the device.
+        let _ = std::fs::remove_file(path);
+    }
     if let Err(err) = ctrl.del_dev() {
         tracing::debug!(error = %err, "del_dev after stop");
     }
