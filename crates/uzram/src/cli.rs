@@ -20,7 +20,7 @@ pub enum Command {
     Destroy(DestroyArgs),
     /// List devices, with zramctl's columns and flags.
     List(ListArgs),
-    /// Show one device's mm_stat and io_stat counters.
+    /// Show one device's mm_stat and io_stat counters (also as JSON or Prometheus metrics).
     Status(StatusArgs),
     /// Serve a device from a config file in the foreground (for systemd, Type=notify).
     Run(RunArgs),
@@ -28,6 +28,14 @@ pub enum Command {
     SwapOn(ConfigArg),
     /// swapoff the device started from a config file (systemd ExecStop).
     SwapOff(ConfigArg),
+    /// Check a config file and say what it makes on this host (the unit's ExecCondition):
+    /// exit 0 when a device is made, 1 when none is (host-memory-limit, a size of 0), 255
+    /// when the file is invalid.
+    CheckConfig(ConfigArg),
+    /// Print shell completions for bash, zsh, fish, elvish or powershell.
+    Completions(CompletionsArgs),
+    /// Print the man page (roff), or write one page per command into a directory.
+    Man(ManArgs),
     /// Internal: the detached daemon that `create` starts.
     #[command(hide = true)]
     Daemon(DaemonArgs),
@@ -58,6 +66,10 @@ pub struct DeviceArgs {
     /// Device id N for /dev/ublkbN (default: the kernel picks).
     #[arg(long)]
     pub id: Option<u64>,
+    /// Rewrite this file with the device's Prometheus metrics every 15 s (for
+    /// node_exporter's textfile collector; must end in .prom).
+    #[arg(long, value_name = "PATH")]
+    pub metrics_textfile: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -121,6 +133,10 @@ pub struct StatusArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Print every counter in Prometheus' text format, with a device label (what the
+    /// metrics-textfile config key writes for node_exporter).
+    #[arg(long, conflicts_with = "json")]
+    pub prometheus: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -135,6 +151,20 @@ pub struct ConfigArg {
     /// The TOML config file the device was started from.
     #[arg(long)]
     pub config: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CompletionsArgs {
+    /// The shell.
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ManArgs {
+    /// Write uzram.8 and one uzram-COMMAND.8 per command into this directory instead of
+    /// printing uzram.8.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -177,6 +207,7 @@ impl DeviceArgs {
             depth: self.depth,
             mem_limit: self.mem_limit.clone(),
             id: self.id,
+            metrics_textfile: self.metrics_textfile.clone(),
         }
     }
 
@@ -200,6 +231,12 @@ impl DeviceArgs {
         opt("--depth", self.depth.map(|d| d.to_string()));
         opt("--mem-limit", self.mem_limit.clone());
         opt("--id", self.id.map(|i| i.to_string()));
+        opt(
+            "--metrics-textfile",
+            self.metrics_textfile
+                .as_ref()
+                .map(|p| p.to_string_lossy().into_owned()),
+        );
         v
     }
 }

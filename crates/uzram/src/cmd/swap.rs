@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use crate::cli::ConfigArg;
-use crate::config::load_config;
+use crate::config::{load_config, load_device_config, Plan};
 use crate::control::state::StateDir;
 use crate::inuse::is_active_swap;
 
@@ -39,7 +39,7 @@ fn exec(cmd: &mut Command) -> anyhow::Result<()> {
 }
 
 pub fn on(args: ConfigArg) -> anyhow::Result<ExitCode> {
-    let cfg = load_config(&args.config)?;
+    let cfg = load_device_config(&args.config)?;
     super::require_root()?;
     let dev = device_for(&args.config)?;
     exec(Command::new("mkswap").arg(&dev))?;
@@ -55,7 +55,10 @@ pub fn on(args: ConfigArg) -> anyhow::Result<ExitCode> {
 }
 
 pub fn off(args: ConfigArg) -> anyhow::Result<ExitCode> {
-    load_config(&args.config)?;
+    if let Plan::Skip(_) = load_config(&args.config)? {
+        // No device was made from this file here: nothing to deactivate.
+        return Ok(ExitCode::SUCCESS);
+    }
     super::require_root()?;
     let dev = device_for(&args.config)?;
     if !is_swap(&dev)? {
