@@ -7,6 +7,7 @@ mod config;
 mod control;
 mod daemon;
 mod devname;
+mod hibernate;
 mod inuse;
 mod metrics;
 mod size;

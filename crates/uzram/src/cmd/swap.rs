@@ -43,6 +43,19 @@ pub fn on(args: ConfigArg) -> anyhow::Result<ExitCode> {
     super::require_root()?;
     let dev = device_for(&args.config)?;
     exec(Command::new("mkswap").arg(&dev))?;
+    // Through /dev/zram-uzram/ublkbN, the path systemd skips when it picks a hibernation
+    // device (hibernate.rs); the daemon made it, this only repairs a missing one.
+    let target = match crate::hibernate::create_alias(&dev) {
+        Ok(alias) => alias.to_string_lossy().into_owned(),
+        Err(err) => {
+            eprintln!(
+                "uzram: warning: cannot create {}: {err}; activating swap on {dev}, which \
+                 systemd may choose for hibernation (docs/hibernation.md)",
+                crate::hibernate::alias_path(&dev).display()
+            );
+            dev.clone()
+        }
+    };
     let mut swapon = Command::new("swapon");
     if let Some(prio) = cfg.swap.priority {
         swapon.arg("-p").arg(prio.to_string());
@@ -50,7 +63,7 @@ pub fn on(args: ConfigArg) -> anyhow::Result<ExitCode> {
     if let Some(opts) = &cfg.swap.options {
         swapon.arg("-o").arg(opts);
     }
-    exec(swapon.arg(&dev))?;
+    exec(swapon.arg(&target))?;
     Ok(ExitCode::SUCCESS)
 }
 

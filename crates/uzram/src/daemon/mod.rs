@@ -273,9 +273,22 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     };
     let ready_states = states.clone();
     let ready_reporter = reporter.clone();
+    let alias_rdev = Arc::new(std::sync::OnceLock::new());
+    let started_alias_rdev = alias_rdev.clone();
     let on_started = move |_ctrl: &UblkCtrl| {
         if !wait_for_path(Path::new(&state.dev), Duration::from_secs(10)) {
             tracing::warn!(dev = %state.dev, "block device node did not appear");
+        }
+        // The node that swap is activated through, so hibernation never picks this device.
+        match crate::hibernate::create_alias(&state.dev) {
+            Ok(_) => {
+                if let Some(rdev) = crate::inuse::block_rdev(&state.dev) {
+                    let _ = started_alias_rdev.set(rdev);
+                }
+            }
+            Err(err) => {
+                tracing::warn!(dev = %state.dev, error = %err, "creating the swap alias node failed")
+            }
         }
         queue_tuning::tune(state.id);
         if let Err(err) = ready_states.write(&state) {
@@ -290,6 +303,9 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         on_started,
     );
     states.remove(id);
+    if let Some(&rdev) = alias_rdev.get() {
+        crate::hibernate::remove_alias(&dev, rdev);
+    }
     if let Some(path) = &cfg.metrics_textfile {
         // Stale numbers must not outlive the device.
         let _ = std::fs::remove_file(path);
