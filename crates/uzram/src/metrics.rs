@@ -428,25 +428,62 @@ pub fn check_textfile_dir(path: &Path) -> Result<(), String> {
     }
 }
 
-/// The daemon's metrics thread: rewrites `path` from `snapshot` now and every
-/// [`TEXTFILE_INTERVAL`], forever. A failed write is logged (once until a write works again)
-/// and retried next time; it never affects serving.
-pub fn keep_writing(path: &Path, snapshot: impl Fn() -> DeviceStatus) {
-    let mut failing = false;
-    loop {
-        match write_atomically(path, &render(&snapshot())) {
-            Ok(()) if failing => {
-                tracing::info!(path = %path.display(), "metrics file written again");
-                failing = false;
-            }
-            Ok(()) => {}
-            Err(err) if !failing => {
-                tracing::warn!(path = %path.display(), error = %err, "writing the metrics file failed; retrying every 15 s");
-                failing = true;
-            }
-            Err(_) => {}
+/// The daemon's metrics file: rewritten by its own thread, removed when the device stops.
+#[derive(Debug)]
+pub struct Textfile {
+    path: std::path::PathBuf,
+    /// Set (under the lock) once the file is removed: a write in progress finishes first,
+    /// and none starts after, so a stopped device leaves no file behind.
+    stopped: std::sync::Mutex<bool>,
+}
+
+impl Textfile {
+    /// The file at `path` (not written yet).
+    pub fn new(path: std::path::PathBuf) -> Self {
+        Textfile {
+            path,
+            stopped: std::sync::Mutex::new(false),
         }
-        std::thread::sleep(TEXTFILE_INTERVAL);
+    }
+
+    /// Writes `status` unless the file was removed; `Ok(false)` then.
+    pub fn write(&self, status: &DeviceStatus) -> std::io::Result<bool> {
+        let stopped = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
+        if *stopped {
+            return Ok(false);
+        }
+        write_atomically(&self.path, &render(status))?;
+        Ok(true)
+    }
+
+    /// Removes the file for good: stale numbers must not outlive the device.
+    pub fn remove(&self) {
+        let mut stopped = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
+        *stopped = true;
+        let _ = std::fs::remove_file(&self.path);
+    }
+
+    /// The metrics thread: writes from `snapshot` now and every [`TEXTFILE_INTERVAL`] until
+    /// the file is removed. A failed write is logged (once until a write works again) and
+    /// retried next time; it never affects serving.
+    pub fn keep_writing(&self, snapshot: impl Fn() -> DeviceStatus) {
+        let mut failing = false;
+        loop {
+            match self.write(&snapshot()) {
+                Ok(false) => return,
+                Ok(true) if failing => {
+                    tracing::info!(path = %self.path.display(), "metrics file written again");
+                    failing = false;
+                }
+                Ok(true) => {}
+                Err(err) if !failing => {
+                    tracing::warn!(path = %self.path.display(), error = %err, "writing the metrics file failed; retrying every 15 s");
+                    failing = true;
+                }
+                Err(_) => {}
+            }
+            std::thread::sleep(TEXTFILE_INTERVAL);
+        }
     }
 }
 
@@ -567,6 +604,21 @@ mod tests {
             1
         );
         assert!(text.contains("uzram_backend_x_seconds_total{device=\"ublkb3\"} 0.000001"));
+    }
+
+    #[test]
+    fn a_removed_textfile_is_never_written_again() {
+        let dir = std::env::temp_dir().join(format!("uzram-prom-rm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = Textfile::new(dir.join("u.prom"));
+        assert!(file.write(&status()).unwrap());
+        assert!(dir.join("u.prom").exists());
+        file.remove();
+        assert!(!dir.join("u.prom").exists());
+        assert!(!file.write(&status()).unwrap());
+        assert!(!dir.join("u.prom").exists());
+        file.keep_writing(status); // returns at once: the file was removed
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

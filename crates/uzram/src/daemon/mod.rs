@@ -171,6 +171,10 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         config: launch.config_path.clone(),
     };
     let (stop_tx, stop_rx) = mpsc::channel::<&'static str>();
+    let textfile = cfg
+        .metrics_textfile
+        .clone()
+        .map(|path| Arc::new(crate::metrics::Textfile::new(path)));
     let listener = server::bind(&states.socket_path(id))?;
     {
         let template = DeviceStatus {
@@ -207,11 +211,9 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
             backend_stats: compression.stats(),
             ..template.clone()
         });
-        if let Some(path) = cfg.metrics_textfile.clone() {
+        if let Some(file) = textfile.clone() {
             let snapshot = snapshot.clone();
-            spawn("uzram-metrics", move || {
-                crate::metrics::keep_writing(&path, || snapshot())
-            })?;
+            spawn("uzram-metrics", move || file.keep_writing(|| snapshot()))?;
         }
         spawn("uzram-control", move || {
             server::serve(listener, move |req| match req {
@@ -306,9 +308,8 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     if let Some(&rdev) = alias_rdev.get() {
         crate::hibernate::remove_alias(&dev, rdev);
     }
-    if let Some(path) = &cfg.metrics_textfile {
-        // Stale numbers must not outlive the device.
-        let _ = std::fs::remove_file(path);
+    if let Some(file) = &textfile {
+        file.remove();
     }
     if let Err(err) = ctrl.del_dev() {
         tracing::debug!(error = %err, "del_dev after stop");
