@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use uzram_core::codec::{Lz4Codec, PageCodec};
-use uzram_core::page::{fill_page, same_filled_word, SameFillImpl, PAGE_SIZE};
+use uzram_core::page::{fill_page, same_filled_word, PAGE_SIZE};
 
 /// zram stores a page raw when its compressed form takes at least this many bytes.
 const HUGE_THRESHOLD: usize = uzram_core::store::StoreConfig::DEFAULT_RAW_THRESHOLD;
@@ -272,29 +272,6 @@ fn bench_subset(corpus: &str, subset: &'static str, pages: &[Page], repeat: usiz
     }
 }
 
-/// Median GB/s of same-filled detection over `pages`, per variant the CPU has.
-fn bench_same_fill(pages: &[Page], repeat: usize) -> Vec<(SameFillImpl, f64)> {
-    let bytes = (pages.len() * PAGE_SIZE) as f64;
-    SameFillImpl::ALL
-        .into_iter()
-        .filter(|v| v.is_available())
-        .map(|v| {
-            let mut runs: Vec<f64> = (0..repeat.max(3))
-                .map(|_| {
-                    let t = Instant::now();
-                    let mut same = 0usize;
-                    for p in pages {
-                        same += usize::from(v.same_filled_word(black_box(p)).is_some());
-                    }
-                    black_box(same);
-                    bytes / t.elapsed().as_secs_f64() / 1e9
-                })
-                .collect();
-            (v, median(&mut runs))
-        })
-        .collect()
-}
-
 fn load_pages(path: &Path) -> Vec<Page> {
     let raw = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     let raw = if path.extension().is_some_and(|e| e == "zst") {
@@ -375,29 +352,13 @@ fn main() {
             .and_then(|n| n.split('.').next())
             .unwrap_or("corpus")
             .to_string();
-        let sf = bench_same_fill(&pages, repeat);
         let same = pages
             .iter()
             .filter(|p| same_filled_word(p).is_some())
             .count();
-        let cols: Vec<String> = sf
-            .iter()
-            .map(|(v, g)| format!("{} {g:.2}", v.name()))
-            .collect();
-        let skipped: Vec<&str> = SameFillImpl::ALL
-            .iter()
-            .filter(|v| !v.is_available())
-            .map(|v| v.name())
-            .collect();
         println!(
-            "{name}: {same} of {} pages same-filled; detection GB/s: {}{}",
-            pages.len(),
-            cols.join(", "),
-            if skipped.is_empty() {
-                String::new()
-            } else {
-                format!(" (skipped, CPU lacks: {})", skipped.join(", "))
-            }
+            "{name}: {same} of {} pages same-filled (detection speed: the same_fill bench)",
+            pages.len()
         );
         let codec_pages: Vec<Page> = pages
             .iter()

@@ -8,6 +8,14 @@
 //! - [`batch`]: above the store: the asynchronous seam [`batch::SlotBackend`] (slots of
 //!   staging memory compressed whole, by a GPU in `uzram-gpu`) and the [`batch::Ring`]
 //!   that stages written pages into those slots and installs the results.
+//!
+//! The crate is safe Rust. The one exception is the fast LZ4 decoder behind the `unsafe-lz4`
+//! feature (`codec/lz4/decode_fast.rs`): without the feature the whole crate is
+//! `forbid(unsafe_code)`, and with it every other module still denies `unsafe` (the pattern
+//! lz4_flex uses for its safe and unsafe decoders).
+
+#![cfg_attr(not(feature = "unsafe-lz4"), forbid(unsafe_code))]
+#![cfg_attr(feature = "unsafe-lz4", deny(unsafe_code))]
 
 pub mod batch;
 pub mod codec;

@@ -4,8 +4,6 @@ mod same_fill;
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-pub use self::same_fill::SameFillImpl;
-
 /// Bytes in one page: the unit the store keeps, compresses and accounts.
 pub const PAGE_SIZE: usize = 4096;
 /// 64-bit words in one page.
@@ -18,10 +16,9 @@ pub const SECTOR_SHIFT: u32 = 9;
 /// If the whole page is one `u64` word repeated (zram's "same-filled" rule), returns that word.
 ///
 /// Zero pages are the common case. The word is read little-endian, as zram does on x86.
-/// Uses the widest SIMD variant the CPU has (AVX-512, AVX2, else scalar), chosen once.
 #[inline]
 pub fn same_filled_word(page: &[u8; PAGE_SIZE]) -> Option<u64> {
-    SameFillImpl::best().same_filled_word(page)
+    same_fill::same_filled_word(page)
 }
 
 /// Fills `page` with `word` repeated: the inverse of [`same_filled_word`].

@@ -110,3 +110,30 @@ fn codecs_from_algorithm_round_trip() {
         assert_eq!(back, page, "{alg}");
     }
 }
+
+#[test]
+fn try_codec_creates_every_algorithm_and_names_it_on_failure() {
+    let page = corpus_pages().remove(7);
+    for alg in [
+        Algorithm::Lz4,
+        Algorithm::Zstd { level: 1 },
+        Algorithm::Zstd { level: 19 },
+    ] {
+        let mut codec = alg.try_codec().expect("codec state allocates here");
+        assert_eq!(codec.algorithm(), alg);
+        let mut out = vec![0u8; 2 * PAGE_SIZE];
+        let n = codec.compress(&page, &mut out).unwrap().unwrap();
+        let mut back = [0u8; PAGE_SIZE];
+        codec.decompress(&out[..n], &mut back).unwrap();
+        assert_eq!(back, page, "{alg}");
+    }
+    // What a caller logs when creation fails: the algorithm and the reason.
+    let err = CodecError::Create {
+        algorithm: Algorithm::Zstd { level: 3 },
+        reason: "Allocation error : not enough memory".into(),
+    };
+    assert_eq!(
+        err.to_string(),
+        "cannot create a zstd:3 codec: Allocation error : not enough memory"
+    );
+}

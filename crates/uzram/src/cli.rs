@@ -18,9 +18,9 @@ pub enum Command {
     Create(CreateArgs),
     /// Stop a device's daemon and delete the device (refused while it is in use).
     Destroy(DestroyArgs),
-    /// List devices, zramctl style.
+    /// List devices, with zramctl's columns and flags.
     List(ListArgs),
-    /// Show one device's mm_stat and io_stat counters.
+    /// Show one device's mm_stat and io_stat counters (also as JSON or Prometheus metrics).
     Status(StatusArgs),
     /// Serve a device from a config file in the foreground (for systemd, Type=notify).
     Run(RunArgs),
@@ -28,6 +28,14 @@ pub enum Command {
     SwapOn(ConfigArg),
     /// swapoff the device started from a config file (systemd ExecStop).
     SwapOff(ConfigArg),
+    /// Check a config file and say what it makes on this host (the unit's ExecCondition):
+    /// exit 0 when a device is made, 1 when none is (host-memory-limit, a size of 0), 255
+    /// when the file is invalid.
+    CheckConfig(ConfigArg),
+    /// Print shell completions for bash, zsh, fish, elvish or powershell.
+    Completions(CompletionsArgs),
+    /// Print the man page (roff), or write one page per command into a directory.
+    Man(ManArgs),
     /// Internal: the detached daemon that `create` starts.
     #[command(hide = true)]
     Daemon(DaemonArgs),
@@ -71,6 +79,10 @@ pub struct DeviceArgs {
     /// Threads installing the GPU's results into the store (default 4).
     #[arg(long)]
     pub gpu_installers: Option<u64>,
+    /// Rewrite this file with the device's Prometheus metrics every 15 s (for
+    /// node_exporter's textfile collector; must end in .prom).
+    #[arg(long, value_name = "PATH")]
+    pub metrics_textfile: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -105,9 +117,25 @@ pub struct DestroyArgs {
 }
 
 #[derive(Debug, clap::Args)]
+#[command(after_help = crate::cmd::list::COLUMNS_HELP)]
 pub struct ListArgs {
-    /// Print JSON instead of a table.
+    /// Columns to print (comma-separated); +LIST appends them to the defaults.
+    #[arg(short = 'o', long, value_name = "LIST", allow_hyphen_values = true)]
+    pub output: Option<String>,
+    /// Print every column.
     #[arg(long)]
+    pub output_all: bool,
+    /// Print sizes in bytes, not in human-readable form.
+    #[arg(short = 'b', long)]
+    pub bytes: bool,
+    /// Raw output: no alignment, one space between cells, special characters escaped.
+    #[arg(long)]
+    pub raw: bool,
+    /// Do not print the header line.
+    #[arg(short = 'n', long)]
+    pub noheadings: bool,
+    /// Print every field of every device as JSON (sizes in bytes) instead of a table.
+    #[arg(long, conflicts_with_all = ["output", "output_all", "bytes", "raw", "noheadings"])]
     pub json: bool,
 }
 
@@ -118,6 +146,10 @@ pub struct StatusArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Print every counter in Prometheus' text format, with a device label (what the
+    /// metrics-textfile config key writes for node_exporter).
+    #[arg(long, conflicts_with = "json")]
+    pub prometheus: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -132,6 +164,20 @@ pub struct ConfigArg {
     /// The TOML config file the device was started from.
     #[arg(long)]
     pub config: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CompletionsArgs {
+    /// The shell.
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ManArgs {
+    /// Write uzram.8 and one uzram-COMMAND.8 per command into this directory instead of
+    /// printing uzram.8.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -191,6 +237,7 @@ impl DeviceArgs {
             gpu_memory: self.gpu_memory.clone(),
             gpu_parse: self.gpu_parse.clone(),
             gpu_installers: self.gpu_installers,
+            metrics_textfile: self.metrics_textfile.clone(),
         }
     }
 
@@ -220,6 +267,12 @@ impl DeviceArgs {
         opt(
             "--gpu-installers",
             self.gpu_installers.map(|n| n.to_string()),
+        );
+        opt(
+            "--metrics-textfile",
+            self.metrics_textfile
+                .as_ref()
+                .map(|p| p.to_string_lossy().into_owned()),
         );
         v
     }

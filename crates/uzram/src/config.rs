@@ -1,9 +1,11 @@
 //! Validated device configuration, from `uzram create` arguments or a TOML file for `uzram run`.
 //!
-//! The TOML file uses zram-generator's vocabulary where it has one (`zram-size`,
-//! `compression-algorithm`, `swap-priority`, `options`, `fs-type`), plus `mem-limit`, `backend`,
-//! `gpus`, `gpu-memory`, `gpu-parse`, `queues`, `depth` and `id`. Unknown keys are errors, so a
-//! typo never silently does nothing.
+//! The TOML file uses zram-generator's vocabulary where it has one, with its units and
+//! defaults: `zram-size` and `zram-resident-limit` (expressions over `ram`, in MiB),
+//! `host-memory-limit`, `compression-algorithm`, `swap-priority`, `options`, `fs-type`. uzram's
+//! own keys: `size` and `mem-limit` (bytes, or with a K/M/G/T suffix), `backend`, `gpus`,
+//! `gpu-memory`, `gpu-parse`, `gpu-installers`, `queues`, `depth`, `id` and
+//! `metrics-textfile`. Unknown keys are errors, so a typo never silently does nothing.
 
 use std::path::{Path, PathBuf};
 
@@ -11,7 +13,8 @@ use serde::Deserialize;
 use uzram_core::codec::Algorithm;
 use uzram_gpu::Parse;
 
-use crate::size::{parse_size, SizeError};
+use crate::size::{parse_size, SizeError, MAX_SIZE};
+use crate::sizeexpr::{eval_mib, mib_to_bytes, ExprError};
 
 /// Most hardware queues a device may have (the kernel's `UBLK_MAX_NR_QUEUES`).
 pub const MAX_QUEUES: u16 = 4096;
@@ -217,18 +220,64 @@ pub enum ConfigError {
         /// The parser's message.
         message: String,
     },
-    /// The config file lacks a required key.
-    #[error("config file {path}: missing `zram-size` (or `size`)")]
-    MissingSize {
-        /// The file.
-        path: PathBuf,
-    },
     /// A setting is given twice under two names.
-    #[error("config file {path}: give only one of `zram-size` and `size`")]
-    DuplicateSize {
+    #[error("config file {path}: give only one of `{a}` and `{b}`")]
+    Duplicate {
         /// The file.
         path: PathBuf,
+        /// One name.
+        a: &'static str,
+        /// The other.
+        b: &'static str,
     },
+    /// A `zram-size` or `zram-resident-limit` expression was refused.
+    #[error("config file {path}: {source}")]
+    Expr {
+        /// The file.
+        path: PathBuf,
+        /// Why (names the key).
+        #[source]
+        source: ExprError,
+    },
+    /// An expression's result is beyond what uzram serves.
+    #[error(
+        "config file {path}: {key} = {expr:?} is {mib} MiB with ram = {ram_mib}, above the 16T \
+         maximum; {key} is in MiB, as in zram-generator (and G there means 10^9): for 8 GiB \
+         write {key} = 8192, or size = \"8G\""
+    )]
+    ExprTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The key.
+        key: &'static str,
+        /// The text.
+        expr: String,
+        /// Its value.
+        mib: f64,
+        /// `ram` it was evaluated with.
+        ram_mib: u64,
+    },
+    /// `host-memory-limit` is not a number of MiB or "none".
+    #[error(
+        "config file {path}: host-memory-limit = {value:?}: expected a number of MiB or \"none\""
+    )]
+    HostMemoryLimit {
+        /// The file.
+        path: PathBuf,
+        /// The value given.
+        value: String,
+    },
+    /// `metrics-textfile` is not a usable path.
+    #[error("metrics-textfile {path:?}: {why}")]
+    MetricsTextfile {
+        /// The value given.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// The host's MemTotal (zram-generator's `ram`) could not be read.
+    #[error("cannot read MemTotal from /proc/meminfo (needed for ram in size expressions)")]
+    MemInfo,
     /// `fs-type` other than swap.
     #[error("config file {path}: fs-type {fs_type:?} is not supported (only \"swap\")")]
     FsType {
@@ -258,6 +307,8 @@ pub struct DeviceConfig {
     pub id: Option<u32>,
     /// The GPU ring, for `gpu` and `auto`.
     pub gpu: GpuSettings,
+    /// Where the daemon rewrites its Prometheus metrics every 15 s, if anywhere.
+    pub metrics_textfile: Option<PathBuf>,
 }
 
 /// `swapon -o` options when the config file names none (zram-generator's default).
@@ -297,6 +348,8 @@ pub struct RawDevice {
     pub gpu_parse: Option<String>,
     /// GPU ring installer threads.
     pub gpu_installers: Option<u64>,
+    /// Metrics text file.
+    pub metrics_textfile: Option<PathBuf>,
 }
 
 /// The default queue count: one per CPU, at most 4.
@@ -353,6 +406,9 @@ impl RawDevice {
             .map(|id| ranged("id", id, 0, MAX_ID.into()))
             .transpose()?
             .map(|id| id as u32);
+        if let Some(path) = &self.metrics_textfile {
+            check_metrics_textfile(path)?;
+        }
         Ok(DeviceConfig {
             size,
             algorithm,
@@ -362,6 +418,7 @@ impl RawDevice {
             mem_limit,
             id,
             gpu,
+            metrics_textfile: self.metrics_textfile.clone(),
         })
     }
 
@@ -388,6 +445,53 @@ impl RawDevice {
     }
 }
 
+/// node_exporter's textfile collector reads `*.prom` files only, and the daemon's working
+/// directory is not the user's: refuse paths that would silently export nothing.
+fn check_metrics_textfile(path: &Path) -> Result<(), ConfigError> {
+    let why = if !path.is_absolute() {
+        Some("must be an absolute path")
+    } else if path.extension() != Some(std::ffi::OsStr::new("prom")) {
+        Some("must end in .prom (node_exporter's textfile collector reads *.prom files only)")
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(ConfigError::MetricsTextfile {
+            path: path.to_path_buf(),
+            why,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// A `zram-size` or `zram-resident-limit` in a TOML file: an expression (`"ram / 2"`) or a
+/// number, both in MiB.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ExprValue {
+    Int(u64),
+    Float(f64),
+    Text(String),
+}
+
+impl ExprValue {
+    fn text(self) -> String {
+        match self {
+            ExprValue::Int(n) => n.to_string(),
+            ExprValue::Float(f) => f.to_string(),
+            ExprValue::Text(t) => t,
+        }
+    }
+}
+
+/// `host-memory-limit`: MiB, or "none".
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum LimitValue {
+    Int(u64),
+    Text(String),
+}
+
 /// A size in a TOML file: `"8G"` or a plain number of bytes.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -408,11 +512,14 @@ impl SizeValue {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct FileConfig {
-    zram_size: Option<SizeValue>,
+    zram_size: Option<ExprValue>,
     size: Option<SizeValue>,
+    zram_resident_limit: Option<ExprValue>,
+    host_memory_limit: Option<LimitValue>,
     compression_algorithm: Option<String>,
     backend: Option<String>,
     mem_limit: Option<SizeValue>,
+    metrics_textfile: Option<PathBuf>,
     swap_priority: Option<i64>,
     options: Option<String>,
     fs_type: Option<String>,
@@ -434,24 +541,71 @@ pub struct RunConfig {
     pub swap: SwapConfig,
 }
 
-/// Parses config file text; `path` is only used in messages.
-pub fn parse_config(path: &Path, text: &str) -> Result<RunConfig, ConfigError> {
+/// What a config file asks for on this host.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Plan {
+    /// Serve this device.
+    Device(RunConfig),
+    /// No device here, as zram-generator would create none: the host has more RAM than
+    /// `host-memory-limit`, or the size evaluates to 0. The text says which.
+    Skip(String),
+}
+
+/// The host facts that size expressions use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Host {
+    /// MemTotal in whole MiB: zram-generator's `ram`.
+    pub ram_mib: u64,
+}
+
+impl Host {
+    /// This host, from `/proc/meminfo`.
+    pub fn current() -> Result<Host, ConfigError> {
+        std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|t| crate::sizeexpr::mem_total_mib(&t))
+            .map(|ram_mib| Host { ram_mib })
+            .ok_or(ConfigError::MemInfo)
+    }
+}
+
+/// zram-generator's default `zram-size`.
+pub const DEFAULT_ZRAM_SIZE: &str = "min(ram / 2, 4096)";
+
+/// Evaluates a MiB expression into bytes; `None` for 0.
+fn expr_bytes(
+    path: &Path,
+    key: &'static str,
+    expr: &str,
+    host: Host,
+) -> Result<Option<u64>, ConfigError> {
+    let mib = eval_mib(key, expr, host.ram_mib).map_err(|source| ConfigError::Expr {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let bytes = mib_to_bytes(mib);
+    if bytes > MAX_SIZE {
+        return Err(ConfigError::ExprTooLarge {
+            path: path.to_path_buf(),
+            key,
+            expr: expr.to_string(),
+            mib,
+            ram_mib: host.ram_mib,
+        });
+    }
+    Ok((bytes > 0).then_some(bytes))
+}
+
+/// Parses config file text for `host`; `path` is only used in messages.
+pub fn parse_config(path: &Path, text: &str, host: Host) -> Result<Plan, ConfigError> {
     let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
         path: path.to_path_buf(),
         message: e.message().to_string(),
     })?;
-    let size = match (file.zram_size, file.size) {
-        (Some(s), None) | (None, Some(s)) => s.text(),
-        (None, None) => {
-            return Err(ConfigError::MissingSize {
-                path: path.to_path_buf(),
-            })
-        }
-        (Some(_), Some(_)) => {
-            return Err(ConfigError::DuplicateSize {
-                path: path.to_path_buf(),
-            })
-        }
+    let duplicate = |a, b| ConfigError::Duplicate {
+        path: path.to_path_buf(),
+        a,
+        b,
     };
     if let Some(fs_type) = file.fs_type.filter(|t| t != "swap") {
         return Err(ConfigError::FsType {
@@ -474,20 +628,66 @@ pub fn parse_config(path: &Path, text: &str) -> Result<RunConfig, ConfigError> {
             }
         })
         .transpose()?;
+    let host_limit = match file.host_memory_limit {
+        None => None,
+        Some(LimitValue::Int(mib)) => Some(mib),
+        Some(LimitValue::Text(t)) if t.trim() == "none" => None,
+        Some(LimitValue::Text(t)) => {
+            Some(
+                t.trim()
+                    .parse::<u64>()
+                    .map_err(|_| ConfigError::HostMemoryLimit {
+                        path: path.to_path_buf(),
+                        value: t.clone(),
+                    })?,
+            )
+        }
+    };
+    // Expressions are evaluated (and refused when bad) even where no device is made, so a
+    // broken file is found on every host.
+    let size = match (file.zram_size, file.size) {
+        (Some(_), Some(_)) => return Err(duplicate("zram-size", "size")),
+        (None, Some(bytes)) => Some(bytes.text()),
+        (expr, None) => {
+            let expr = expr.map_or_else(|| DEFAULT_ZRAM_SIZE.to_string(), ExprValue::text);
+            expr_bytes(path, "zram-size", &expr, host)?.map(|b| b.to_string())
+        }
+    };
+    let mem_limit = match (file.zram_resident_limit, file.mem_limit) {
+        (Some(_), Some(_)) => return Err(duplicate("zram-resident-limit", "mem-limit")),
+        (None, Some(bytes)) => Some(bytes.text()),
+        (Some(expr), None) => {
+            expr_bytes(path, "zram-resident-limit", &expr.text(), host)?.map(|b| b.to_string())
+        }
+        (None, None) => None,
+    };
+    if let Some(limit) = host_limit.filter(|&l| l < host.ram_mib) {
+        return Ok(Plan::Skip(format!(
+            "this host has {} MiB of RAM, more than host-memory-limit = {limit} MiB",
+            host.ram_mib
+        )));
+    }
+    let Some(size) = size else {
+        return Ok(Plan::Skip(format!(
+            "zram-size is 0 MiB with ram = {} MiB (a device of size 0 is not created)",
+            host.ram_mib
+        )));
+    };
     let raw = RawDevice {
         size,
         algorithm: file.compression_algorithm,
         backend: file.backend,
         queues: file.queues,
         depth: file.depth,
-        mem_limit: file.mem_limit.map(SizeValue::text),
+        mem_limit,
         id: file.id,
         gpus: file.gpus,
         gpu_memory: file.gpu_memory.map(SizeValue::text),
         gpu_parse: file.gpu_parse,
         gpu_installers: file.gpu_installers,
+        metrics_textfile: file.metrics_textfile,
     };
-    Ok(RunConfig {
+    Ok(Plan::Device(RunConfig {
         device: raw.validate()?,
         swap: SwapConfig {
             priority,
@@ -500,31 +700,52 @@ pub fn parse_config(path: &Path, text: &str) -> Result<RunConfig, ConfigError> {
             )
             .filter(|o| !o.is_empty()),
         },
-    })
+    }))
 }
 
-/// Reads and parses a config file.
-pub fn load_config(path: &Path) -> Result<RunConfig, ConfigError> {
+/// Reads and parses a config file for this host.
+pub fn load_config(path: &Path) -> Result<Plan, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_path_buf(),
         source,
     })?;
-    parse_config(path, &text)
+    parse_config(path, &text, Host::current()?)
+}
+
+/// Reads a config file that must make a device here (`uzram run`, `uzram swap-on`).
+pub fn load_device_config(path: &Path) -> Result<RunConfig, anyhow::Error> {
+    match load_config(path)? {
+        Plan::Device(cfg) => Ok(cfg),
+        Plan::Skip(why) => anyhow::bail!(
+            "{}: no device on this host: {why} (the systemd unit skips it through \
+             ExecCondition=uzram check-config)",
+            path.display()
+        ),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const HOST: Host = Host { ram_mib: 8192 };
+
+    fn plan(text: &str, host: Host) -> Result<Plan, ConfigError> {
+        parse_config(Path::new("test.toml"), text, host)
+    }
+
     fn parse(text: &str) -> Result<RunConfig, ConfigError> {
-        parse_config(Path::new("test.toml"), text)
+        match plan(text, HOST)? {
+            Plan::Device(cfg) => Ok(cfg),
+            Plan::Skip(why) => panic!("unexpected skip: {why}"),
+        }
     }
 
     #[test]
     fn full_file_parses() {
         let cfg = parse(
             r#"
-            zram-size = "8G"
+            size = "8G"
             compression-algorithm = "zstd:3"
             swap-priority = 100
             mem-limit = "2G"
@@ -538,6 +759,7 @@ mod tests {
             gpu-memory = "256M"
             gpu-parse = "high"
             gpu-installers = 6
+            metrics-textfile = "/var/lib/node_exporter/textfile_collector/uzram-swap0.prom"
             "#,
         )
         .unwrap();
@@ -551,6 +773,12 @@ mod tests {
         assert_eq!(cfg.device.mem_limit, Some(2 << 30));
         assert_eq!((cfg.device.queues, cfg.device.depth), (2, 64));
         assert_eq!(cfg.device.id, Some(7));
+        assert_eq!(
+            cfg.device.metrics_textfile.as_deref(),
+            Some(Path::new(
+                "/var/lib/node_exporter/textfile_collector/uzram-swap0.prom"
+            ))
+        );
         assert_eq!(cfg.swap.priority, Some(100));
         assert_eq!(cfg.swap.options.as_deref(), Some("discard"));
     }
@@ -559,7 +787,8 @@ mod tests {
     fn shipped_example_parses() {
         let text = include_str!("../../../systemd/uzram.toml.example");
         let cfg = parse(text).unwrap();
-        assert_eq!(cfg.device.size, 8 << 30);
+        // zram-size = "min(ram / 2, 4096)" on an 8 GiB host.
+        assert_eq!(cfg.device.size, 4096 << 20);
         assert_eq!(cfg.swap.priority, Some(100));
         assert_eq!(cfg.swap.options.as_deref(), Some("discard"));
     }
@@ -573,24 +802,122 @@ mod tests {
         assert_eq!(cfg.device.depth, DEFAULT_DEPTH);
         assert_eq!(cfg.device.queues, default_queues());
         assert_eq!(cfg.device.mem_limit, None);
+        assert_eq!(cfg.device.metrics_textfile, None);
         assert_eq!(cfg.swap.priority, None);
         assert_eq!(cfg.swap.options.as_deref(), Some(DEFAULT_SWAP_OPTIONS));
         assert_eq!(cfg.device.gpu, GpuSettings::default());
         // An empty options string turns the default off.
         let cfg = parse("size = 1048576\noptions = \"\"").unwrap();
         assert_eq!(cfg.swap.options, None);
+        // No size at all: zram-generator's default, min(ram / 2, 4096) MiB.
+        let small = Host { ram_mib: 1000 };
+        let Plan::Device(cfg) = plan("", small).unwrap() else {
+            panic!("skipped")
+        };
+        assert_eq!(cfg.device.size, 500 << 20);
+        assert_eq!(parse("").unwrap().device.size, 4096 << 20);
     }
 
     #[test]
-    fn missing_and_duplicate_size_are_refused() {
+    fn zram_generator_size_keys() {
+        // MiB expressions over ram, as zram-generator.conf(5) documents them.
+        let host = Host { ram_mib: 16384 };
+        let size = |text: &str| match plan(text, host).unwrap() {
+            Plan::Device(cfg) => (cfg.device.size, cfg.device.mem_limit),
+            Plan::Skip(why) => panic!("{text}: skipped: {why}"),
+        };
+        assert_eq!(size("zram-size = \"ram / 4\"").0, 4096 << 20);
+        assert_eq!(size("zram-size = 512").0, 512 << 20);
+        assert_eq!(
+            size("zram-size = 0.001").0,
+            4096,
+            "1048 bytes round up to one page"
+        );
+        assert_eq!(
+            size("zram-size = \"min(min(ram, 4096) + max(ram - 4096, 0) / 2, 32 * 1024)\"").0,
+            10240 << 20
+        );
+        assert_eq!(
+            size("zram-size = 1024\nzram-resident-limit = \"ram / 8\""),
+            (1024 << 20, Some(2048 << 20))
+        );
+        assert_eq!(size("zram-size = 1024\nzram-resident-limit = 0").1, None);
+        // host-memory-limit: no device when MemTotal is above it (MiB, or "none").
+        for (limit, made) in [
+            ("16384", true),
+            ("16383", false),
+            ("\"none\"", true),
+            ("\"100\"", false),
+        ] {
+            let p = plan(
+                &format!("zram-size = 64\nhost-memory-limit = {limit}"),
+                host,
+            )
+            .unwrap();
+            assert_eq!(
+                matches!(p, Plan::Device(_)),
+                made,
+                "host-memory-limit = {limit}"
+            );
+            if let Plan::Skip(why) = p {
+                assert!(why.contains("host-memory-limit"), "{why}");
+            }
+        }
+        // A size of 0: no device, like zram-generator.
+        let p = plan("zram-size = \"ram * 0\"", host).unwrap();
+        assert!(
+            matches!(p, Plan::Skip(ref why) if why.contains("0 MiB")),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn bad_expressions_name_the_key() {
+        for (text, key) in [
+            (
+                "zram-size = \"ram /\"",
+                "zram-size = \"ram /\" is not a valid expression",
+            ),
+            (
+                "zram-size = \"ram * swap\"",
+                "zram-size = \"ram * swap\" cannot be evaluated",
+            ),
+            ("zram-size = \"100 - ram\"", "must be 0 or more"),
+            (
+                "zram-size = 64\nzram-resident-limit = \"ram +\"",
+                "zram-resident-limit = ",
+            ),
+            // uzram's old byte syntax under zram-generator's key: 8e9 MiB.
+            (
+                "zram-size = \"8G\"",
+                "for 8 GiB write zram-size = 8192, or size = \"8G\"",
+            ),
+        ] {
+            let err = plan(text, HOST).unwrap_err();
+            let msg = format!("{:#}", anyhow::Error::new(err));
+            assert!(msg.contains(key), "{text}: {msg}");
+        }
         assert!(matches!(
-            parse("swap-priority = 5"),
-            Err(ConfigError::MissingSize { .. })
+            plan("size = \"1G\"\nzram-size = 1024", HOST),
+            Err(ConfigError::Duplicate {
+                a: "zram-size",
+                b: "size",
+                ..
+            })
         ));
         assert!(matches!(
-            parse("size = \"1G\"\nzram-size = \"1G\""),
-            Err(ConfigError::DuplicateSize { .. })
+            plan(
+                "size = \"1G\"\nmem-limit = \"1G\"\nzram-resident-limit = 1",
+                HOST
+            ),
+            Err(ConfigError::Duplicate { .. })
         ));
+        assert!(matches!(
+            plan("size = \"1G\"\nhost-memory-limit = \"lots\"", HOST),
+            Err(ConfigError::HostMemoryLimit { .. })
+        ));
+        // A bad expression is refused also where the host limit means no device.
+        assert!(plan("zram-size = \"ram /\"\nhost-memory-limit = 1", HOST).is_err());
     }
 
     #[test]
@@ -635,6 +962,10 @@ mod tests {
             parse("size = \"1G\"\nfs-type = \"ext4\""),
             Err(ConfigError::FsType { .. })
         ));
+        for path in ["uzram.prom\"", "/tmp/uzram.txt\""] {
+            let err = parse(&format!("size = \"1G\"\nmetrics-textfile = \"{path}")).unwrap_err();
+            assert!(matches!(err, ConfigError::MetricsTextfile { .. }), "{err}");
+        }
         for gpus in ["", "zero", "0,0", "1,,2", "-1"] {
             let text = format!("size = \"1G\"\ngpus = \"{gpus}\"");
             assert!(

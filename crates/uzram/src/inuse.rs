@@ -36,17 +36,31 @@ pub fn in_use(dev: &str) -> Option<String> {
     }
 }
 
-/// True when `/proc/swaps` lists `dev` now.
+/// True when `/proc/swaps` lists `dev` now, under its own name or under another node of the
+/// same block device (`uzram swap-on` activates swap through `/dev/zram-uzram/ublkbN`; see
+/// `hibernate.rs`).
 pub fn is_active_swap(dev: &str) -> std::io::Result<bool> {
-    Ok(swap_active(&std::fs::read_to_string("/proc/swaps")?, dev))
+    let rdev = block_rdev(dev);
+    let swaps = std::fs::read_to_string("/proc/swaps")?;
+    Ok(swap_active(&swaps, dev, |path| {
+        rdev.is_some() && block_rdev(path) == rdev
+    }))
 }
 
-/// True when `/proc/swaps` text lists `dev`.
-fn swap_active(swaps: &str, dev: &str) -> bool {
+/// The device number of a block device node.
+pub fn block_rdev(path: &str) -> Option<u64> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = std::fs::metadata(path).ok()?;
+    meta.file_type().is_block_device().then(|| meta.rdev())
+}
+
+/// True when `/proc/swaps` text lists `dev`, or a path for which `same_device` holds.
+fn swap_active(swaps: &str, dev: &str, same_device: impl Fn(&str) -> bool) -> bool {
     swaps
         .lines()
         .skip(1)
-        .any(|l| l.split_whitespace().next() == Some(dev))
+        .filter_map(|l| l.split_whitespace().next())
+        .any(|path| path == dev || same_device(path))
 }
 
 /// The mount point of `dev` (device number `rdev`) in mountinfo text, if mounted.
@@ -98,9 +112,15 @@ mod tests {
     fn finds_active_swap() {
         let swaps = "Filename\tType\tSize\tUsed\tPriority\n\
                      /dev/ublkb0                             partition\t262140\t0\t-2\n";
-        assert!(swap_active(swaps, "/dev/ublkb0"));
-        assert!(!swap_active(swaps, "/dev/ublkb1"));
-        assert!(!swap_active("Filename\tType\n", "/dev/ublkb0"));
+        let never = |_: &str| false;
+        assert!(swap_active(swaps, "/dev/ublkb0", never));
+        assert!(!swap_active(swaps, "/dev/ublkb1", never));
+        assert!(!swap_active("Filename\tType\n", "/dev/ublkb0", never));
+        // Swap activated through another node of the same device.
+        let alias = "Filename\tType\tSize\tUsed\tPriority\n\
+                     /dev/zram-uzram/ublkb1                  partition\t262140\t0\t100\n";
+        assert!(!swap_active(alias, "/dev/ublkb1", never));
+        assert!(swap_active(alias, "/dev/ublkb1", |p| p == "/dev/zram-uzram/ublkb1"));
     }
 
     #[test]

@@ -7,8 +7,11 @@ mod config;
 mod control;
 mod daemon;
 mod devname;
+mod hibernate;
 mod inuse;
+mod metrics;
 mod size;
+mod sizeexpr;
 mod sys;
 
 use std::process::ExitCode;
@@ -67,6 +70,9 @@ fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         Command::Run(args) => cmd::run::run(args),
         Command::SwapOn(args) => cmd::swap::on(args),
         Command::SwapOff(args) => cmd::swap::off(args),
+        Command::CheckConfig(args) => cmd::check::run(args),
+        Command::Completions(args) => cmd::docs::completions(args),
+        Command::Man(args) => cmd::docs::man(args),
         Command::Daemon(args) => cmd::create::daemon(args),
         Command::Bench(args) => bench::run(args),
     }

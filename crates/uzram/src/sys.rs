@@ -237,3 +237,20 @@ pub fn usage(of: CpuOf) -> io::Result<Usage> {
         faults: count(u.ru_minflt) + count(u.ru_majflt),
     })
 }
+
+/// Creates a block device node at `path` for device number `rdev`, with permission bits
+/// `mode`.
+pub fn mknod_block(path: &std::path::Path, rdev: u64, mode: u32) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `c_path` is a valid NUL-terminated string that outlives the call; mknod only
+    // reads it, and the other arguments are plain integers.
+    check(unsafe {
+        libc::mknod(
+            c_path.as_ptr(),
+            libc::S_IFBLK | (mode & 0o7777) as libc::mode_t,
+            rdev as libc::dev_t,
+        )
+    })
+}

@@ -70,6 +70,31 @@ fn help_lists_the_commands() {
 }
 
 #[test]
+fn list_takes_zramctls_flags() {
+    let out = uzram(&["list", "--help"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--output <LIST>",
+        "--output-all",
+        "--bytes",
+        "--raw",
+        "--noheadings",
+        "--json",
+        "MIGRATED",
+        "STREAMS",
+        "COMP-RATIO",
+    ] {
+        assert!(text.contains(flag), "list --help lacks {flag}: {text}");
+    }
+    // Checked before anything else, so also as a user and without devices.
+    refused(&["list", "-o", "NAME,BOGUS"], "unknown column: BOGUS");
+    refused(&["list", "-o", "+SIZE"], "unknown column: SIZE");
+    refused(&["list", "--json", "-o", "NAME"], "cannot be used with");
+    refused(&["list", "--json", "--raw"], "cannot be used with");
+}
+
+#[test]
 fn bad_sizes_are_refused_before_privilege_checks() {
     refused(&["create", "--size", "0"], "size");
     refused(&["create", "--size", "17T"], "16T maximum");
@@ -114,20 +139,22 @@ fn run_refuses_bad_config_files() {
     let dir = std::env::temp_dir().join(format!("uzram-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let typo = dir.join("typo.toml");
-    std::fs::write(
-        &typo,
-        "zram-size = \"1G\"\ncompresion-algorithm = \"lz4\"\n",
-    )
-    .unwrap();
+    std::fs::write(&typo, "size = \"1G\"\ncompresion-algorithm = \"lz4\"\n").unwrap();
     refused(
         &["run", "--config", typo.to_str().unwrap()],
         "compresion-algorithm",
     );
-    let nosize = dir.join("nosize.toml");
-    std::fs::write(&nosize, "swap-priority = 10\n").unwrap();
+    let badexpr = dir.join("badexpr.toml");
+    std::fs::write(&badexpr, "zram-size = \"ram / \"\n").unwrap();
     refused(
-        &["run", "--config", nosize.to_str().unwrap()],
-        "missing `zram-size`",
+        &["run", "--config", badexpr.to_str().unwrap()],
+        "zram-size = \"ram / \" is not a valid expression",
+    );
+    let old = dir.join("old.toml");
+    std::fs::write(&old, "zram-size = \"8G\"\n").unwrap();
+    refused(
+        &["run", "--config", old.to_str().unwrap()],
+        "write zram-size = 8192, or size = \"8G\"",
     );
     refused(
         &["run", "--config", "/nonexistent/uzram.toml"],
@@ -142,6 +169,86 @@ fn run_refuses_bad_config_files() {
         "cannot read config file",
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn check_config_exit_codes_are_execcondition_s() {
+    let dir = std::env::temp_dir().join(format!("uzram-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        uzram(&["check-config", "--config", path.to_str().unwrap()])
+    };
+    // A device: exit 0 and what it will be.
+    let out = run("ok.toml", "zram-size = 64\nzram-resident-limit = 16\n");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("a device of 64M (67108864 bytes)"), "{text}");
+    assert!(text.contains("memory limit 16M"), "{text}");
+    // No device here (this host has more than 1 MiB of RAM): exit 1, the unit is skipped.
+    let out = run("skip.toml", "zram-size = 64\nhost-memory-limit = 1\n");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("more than host-memory-limit = 1 MiB"));
+    let out = run("zero.toml", "zram-size = \"ram * 0\"\n");
+    assert_eq!(out.status.code(), Some(1));
+    // An invalid file: exit 255, which fails the unit.
+    let out = run("bad.toml", "zram-size = \"ram +\"\n");
+    assert_eq!(out.status.code(), Some(255));
+    assert!(
+        stderr(&out).contains("zram-size = \"ram +\""),
+        "{}",
+        stderr(&out)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn man_page_and_completions_come_from_the_cli() {
+    let out = uzram(&["man"]);
+    assert!(out.status.success());
+    let page = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        page.starts_with(".ie \\n(.g .ds Aq"),
+        "roff: {}",
+        &page[..80]
+    );
+    assert!(page.contains(".TH uzram 8"), "section 8");
+    for word in ["create", "check\\-config", "completions"] {
+        assert!(page.contains(word), "man page lacks {word}");
+    }
+    let dir = std::env::temp_dir().join(format!("uzram-man-{}", std::process::id()));
+    let out = uzram(&["man", "--dir", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let list = std::fs::read_to_string(dir.join("uzram-list.8")).unwrap();
+    assert!(
+        list.contains("\\-\\-output\\-all"),
+        "uzram-list.8 documents --output-all"
+    );
+    assert!(
+        !dir.join("uzram-daemon.8").exists(),
+        "hidden commands get no page"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    for (shell, needle) in [
+        ("bash", "complete -F _uzram"),
+        ("zsh", "#compdef uzram"),
+        ("fish", "complete -c uzram"),
+    ] {
+        let out = uzram(&["completions", shell]);
+        assert!(out.status.success());
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains(needle),
+            "{shell}: {}",
+            &text[..200.min(text.len())]
+        );
+        assert!(
+            text.contains("noheadings"),
+            "{shell} completes list's flags"
+        );
+    }
+    refused(&["completions", "tcsh"], "invalid value");
 }
 
 #[test]
@@ -208,7 +315,7 @@ fn missing_module_is_explained() {
     let dir = std::env::temp_dir().join(format!("uzram-cli-mod-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("ok.toml");
-    std::fs::write(&cfg, "zram-size = \"64M\"\n").unwrap();
+    std::fs::write(&cfg, "zram-size = 64\n").unwrap();
     refused(
         &["run", "--config", cfg.to_str().unwrap()],
         "modprobe ublk_drv",

@@ -376,6 +376,8 @@ impl Ring {
             let name = format!("uzram-install-{n}");
             let sh = Arc::clone(&ring.shared);
             let thread_name = name.clone();
+            // Everything an installer holds is allocated here, before it serves.
+            let tools = Tools::new(ring.shared.store.algorithm())?;
             let spawned = std::thread::Builder::new()
                 .name(name.clone())
                 .stack_size(256 << 10)
@@ -383,7 +385,7 @@ impl Ring {
                     if let Some(hook) = &sh.cfg.on_thread_start {
                         hook(&thread_name);
                     }
-                    installer_loop(&sh);
+                    installer_loop(&sh, tools);
                 });
             match spawned {
                 Ok(t) => ring.threads.push(t),
@@ -804,8 +806,8 @@ impl Shared {
     }
 }
 
-fn installer_loop(sh: &Shared) {
-    let mut installer = Installer::new(sh);
+fn installer_loop(sh: &Shared, tools: Tools) {
+    let mut installer = Installer { sh, tools };
     while let Some(job) = sh.next_job() {
         let start = Instant::now();
         installer.run(job);
@@ -831,9 +833,8 @@ enum Plan {
     },
 }
 
-/// One installer thread's codec and buffers, allocated once.
-struct Installer<'a> {
-    sh: &'a Shared,
+/// One installer thread's codec and buffers, allocated once when the ring starts.
+struct Tools {
     codec: Box<dyn PageCodec>,
     bufs: Vec<[u8; PAGE_SIZE]>,
     scratch: Box<[u8; PAGE_SIZE]>,
@@ -841,18 +842,32 @@ struct Installer<'a> {
     compressed_seen: u64,
 }
 
-impl<'a> Installer<'a> {
-    fn new(sh: &'a Shared) -> Self {
-        Self {
-            sh,
-            codec: sh.store.algorithm().codec(),
-            bufs: vec![[0u8; PAGE_SIZE]; BUFS],
+impl Tools {
+    fn new(algorithm: crate::codec::Algorithm) -> Result<Self, CoreError> {
+        let mut bufs = Vec::new();
+        bufs.try_reserve_exact(BUFS)
+            .map_err(|_| CoreError::NoMemory)?;
+        bufs.resize(BUFS, [0u8; PAGE_SIZE]);
+        let mut plan = Vec::new();
+        plan.try_reserve_exact(CHUNK)
+            .map_err(|_| CoreError::NoMemory)?;
+        Ok(Self {
+            codec: algorithm.try_codec().map_err(CoreError::Compress)?,
+            bufs,
             scratch: Box::new([0u8; PAGE_SIZE]),
-            plan: Vec::with_capacity(CHUNK),
+            plan,
             compressed_seen: 0,
-        }
+        })
     }
+}
 
+/// An installer thread at work.
+struct Installer<'a> {
+    sh: &'a Shared,
+    tools: Tools,
+}
+
+impl Installer<'_> {
     fn run(&mut self, job: Job) {
         if job.submitted {
             let sh = self.sh;
@@ -907,7 +922,7 @@ impl<'a> Installer<'a> {
         pages: usize,
         out: Option<&SlotOutput<'_>>,
     ) -> usize {
-        self.plan.clear();
+        self.tools.plan.clear();
         let mut next_buf = 0;
         let end = (start + CHUNK).min(pages);
         for index in start..end {
@@ -949,7 +964,7 @@ impl<'a> Installer<'a> {
                     self.encode_on_cpu(next_buf - 1)
                 }
             };
-            self.plan.push((ticket, plan));
+            self.tools.plan.push((ticket, plan));
         }
         end
     }
@@ -957,21 +972,25 @@ impl<'a> Installer<'a> {
     /// Copies the staged page into buffer `buf`.
     fn load(&mut self, slot: usize, index: usize, buf: usize) {
         if let Some(words) = self.sh.staging.words(slot, index) {
-            words_to_page(words, &mut self.bufs[buf]);
+            words_to_page(words, &mut self.tools.bufs[buf]);
         }
     }
 
     /// Compresses the page in buffer `buf` on the CPU (the result replaces it there).
     fn encode_on_cpu(&mut self, buf: usize) -> Plan {
         bump(&self.sh.counters.cpu_pages, 1);
-        let page = &mut self.bufs[buf];
+        let page = &mut self.tools.bufs[buf];
         if let Some(word) = same_filled_word(page) {
             return Plan::Same(word);
         }
         let limit = self.sh.limit;
-        match self.codec.compress(page, &mut self.scratch[..limit]) {
+        match self
+            .tools
+            .codec
+            .compress(page, &mut self.tools.scratch[..limit])
+        {
             Ok(Some(len)) if len > 0 && len < limit => {
-                page[..len].copy_from_slice(&self.scratch[..len]);
+                page[..len].copy_from_slice(&self.tools.scratch[..len]);
                 Plan::Buf { buf, len }
             }
             _ => Plan::Buf {
@@ -985,17 +1004,21 @@ impl<'a> Installer<'a> {
     /// (and the backend retired) on a mismatch.
     fn spot_check(&mut self, slot: usize, index: usize, block: &[u8]) -> bool {
         let every = self.sh.cfg.spot_check_every;
-        self.compressed_seen += 1;
-        if every == 0 || self.compressed_seen % every != 0 {
+        self.tools.compressed_seen += 1;
+        if every == 0 || self.tools.compressed_seen % every != 0 {
             return true;
         }
         bump(&self.sh.counters.spot_checked_pages, 1);
-        let decoded = self.codec.decompress(block, &mut self.scratch).is_ok();
+        let decoded = self
+            .tools
+            .codec
+            .decompress(block, &mut self.tools.scratch)
+            .is_ok();
         let same = decoded
             && self.sh.staging.words(slot, index).is_some_and(|words| {
                 words
                     .iter()
-                    .zip(self.scratch.chunks_exact(8))
+                    .zip(self.tools.scratch.chunks_exact(8))
                     .all(|(w, b)| w.load(Ordering::Relaxed).to_le_bytes() == *b)
             });
         if !same {
@@ -1017,18 +1040,18 @@ impl<'a> Installer<'a> {
     fn commit_chunk(&mut self, out: Option<&SlotOutput<'_>>) {
         let mut commits: Vec<Commit<'_>> = Vec::new();
         let mut backoff = Duration::from_micros(100);
-        while commits.try_reserve_exact(self.plan.len()).is_err() {
+        while commits.try_reserve_exact(self.tools.plan.len()).is_err() {
             self.wait_for_memory(&mut backoff);
         }
-        for &(ticket, plan) in &self.plan {
+        for &(ticket, plan) in &self.tools.plan {
             let encoded = match plan {
                 Plan::Same(word) => Encoded::SameFilled(word),
                 Plan::Block(index) => match out.map(|o| o.page(index)) {
                     Some(Ok(PageResult::Compressed(block))) => Encoded::Compressed(block),
                     _ => continue,
                 },
-                Plan::Buf { buf, len } if len == PAGE_SIZE => Encoded::Raw(&self.bufs[buf]),
-                Plan::Buf { buf, len } => Encoded::Compressed(&self.bufs[buf][..len]),
+                Plan::Buf { buf, len } if len == PAGE_SIZE => Encoded::Raw(&self.tools.bufs[buf]),
+                Plan::Buf { buf, len } => Encoded::Compressed(&self.tools.bufs[buf][..len]),
             };
             commits.push(Commit::new(ticket, encoded));
         }

@@ -7,7 +7,9 @@
 //! which gives the same result as `decode.rs` for every input, with unchecked copies.
 
 mod decode;
+// The crate's only `unsafe`: everything else is `deny(unsafe_code)` (see lib.rs).
 #[cfg(feature = "unsafe-lz4")]
+#[allow(unsafe_code)]
 mod decode_fast;
 mod encode;
 
@@ -27,11 +29,23 @@ impl Default for Lz4Codec {
 }
 
 impl Lz4Codec {
-    /// A codec for one worker.
+    /// A codec for one worker; [`CodecError::Create`] when its 16 KiB position table
+    /// cannot be allocated (reported, where a plain allocation would abort the process).
+    pub fn try_new() -> Result<Self, CodecError> {
+        Ok(Self {
+            encoder: encode::Encoder::try_new().map_err(|e| CodecError::Create {
+                algorithm: Algorithm::Lz4,
+                reason: e.to_string(),
+            })?,
+        })
+    }
+
+    /// [`Lz4Codec::try_new`] for tests and tools.
+    ///
+    /// # Panics
+    /// When the position table cannot be allocated.
     pub fn new() -> Self {
-        Self {
-            encoder: encode::Encoder::new(),
-        }
+        Self::try_new().unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// The largest LZ4 block a page can compress to (an incompressible page): with an

@@ -49,12 +49,24 @@ impl Algorithm {
         }
     }
 
-    /// A fresh codec of this algorithm for one worker.
+    /// A fresh codec of this algorithm for one worker, or [`CodecError::Create`] when its
+    /// state cannot be allocated. Create codecs before serving I/O, so that failure is a
+    /// start-up error and never a panic on a request.
+    pub fn try_codec(&self) -> Result<Box<dyn PageCodec>, CodecError> {
+        Ok(match *self {
+            Algorithm::Lz4 => Box::new(Lz4Codec::try_new()?),
+            Algorithm::Zstd { level } => Box::new(ZstdCodec::try_new(level)?),
+        })
+    }
+
+    /// [`Algorithm::try_codec`] for callers that cannot go on without a codec (tests,
+    /// benches, start-up code that reports the panic as a failed start).
+    ///
+    /// # Panics
+    /// When the codec's state cannot be allocated.
     pub fn codec(&self) -> Box<dyn PageCodec> {
-        match *self {
-            Algorithm::Lz4 => Box::new(Lz4Codec::new()),
-            Algorithm::Zstd { level } => Box::new(ZstdCodec::new(level)),
-        }
+        self.try_codec()
+            .unwrap_or_else(|e| panic!("creating a {self} codec: {e}"))
     }
 }
 
@@ -86,6 +98,14 @@ pub enum CodecError {
     /// The algorithm name is not one uzram knows.
     #[error("unknown compression algorithm '{0}': use lz4, zstd or zstd:LEVEL (1-22)")]
     UnknownAlgorithm(String),
+    /// A codec's state (hash table, zstd context) could not be allocated.
+    #[error("cannot create a {algorithm} codec: {reason}")]
+    Create {
+        /// The codec asked for.
+        algorithm: Algorithm,
+        /// What failed (libzstd's message, or the allocation that was refused).
+        reason: String,
+    },
 }
 
 /// Compresses and decompresses whole 4 KiB pages.

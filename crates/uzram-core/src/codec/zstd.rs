@@ -19,15 +19,24 @@ impl std::fmt::Debug for ZstdCodec {
 }
 
 impl ZstdCodec {
-    /// A codec at `level` (1..=22) for one worker.
+    /// A codec at `level` (1..=22) for one worker; [`CodecError::Create`] when libzstd
+    /// cannot allocate or set up a context (out of memory, or a level it refuses).
+    pub fn try_new(level: i32) -> Result<Self, CodecError> {
+        let create = |e: std::io::Error| CodecError::Create {
+            algorithm: Algorithm::Zstd { level },
+            reason: e.to_string(),
+        };
+        let cctx = zstd::bulk::Compressor::new(level).map_err(create)?;
+        let dctx = zstd::bulk::Decompressor::new().map_err(create)?;
+        Ok(Self { level, cctx, dctx })
+    }
+
+    /// [`ZstdCodec::try_new`] for tests and tools.
     ///
     /// # Panics
-    /// Only if libzstd cannot allocate a context, which is an out-of-memory condition at
-    /// start-up, never on the I/O path.
+    /// When libzstd cannot create the contexts.
     pub fn new(level: i32) -> Self {
-        let cctx = zstd::bulk::Compressor::new(level).expect("libzstd context allocation");
-        let dctx = zstd::bulk::Decompressor::new().expect("libzstd context allocation");
-        Self { level, cctx, dctx }
+        Self::try_new(level).unwrap_or_else(|e| panic!("{e}"))
     }
 }
 

@@ -264,6 +264,12 @@ impl PageStore {
         self.raw_threshold
     }
 
+    /// Creates the calling thread's codec now. Threads that serve I/O call this before
+    /// serving, so that a codec that cannot be allocated fails the start, not a request.
+    pub fn prepare_thread(&self) -> Result<(), CoreError> {
+        worker::prepare(self.algorithm)
+    }
+
     /// Writes whole pages starting at `first_page`, compressing each on the calling thread
     /// with that thread's reused codec. On an error, the pages before the failing one are
     /// written and the rest keep their old content. Failed requests are counted by the

@@ -1,4 +1,6 @@
-//! `uzram list [--json]`: one row per device, zramctl's columns and formatting.
+//! `uzram list`: one row per device, with zramctl's columns, flags and formatting
+//! (util-linux `sys-utils/zramctl.c`): `-o/--output LIST` (`+LIST` appends to the defaults),
+//! `--output-all`, `-b/--bytes`, `--raw`, `-n/--noheadings`; `--json` prints every field.
 
 use std::os::unix::fs::MetadataExt;
 use std::process::ExitCode;
@@ -21,10 +23,14 @@ pub struct Row {
     pub compr: u64,
     pub algorithm: String,
     pub backend: String,
+    /// Hardware queues: each queue's thread compresses its writes with its own codec.
+    pub streams: u16,
     pub zero_pages: u64,
     pub total: u64,
     pub mem_limit: u64,
     pub mem_used: u64,
+    /// Pages of memory given back by compaction (zram's `pages_compacted`).
+    pub migrated: u64,
     /// DATA ÷ TOTAL; `None` while nothing is stored.
     pub comp_ratio: Option<f64>,
     pub mountpoint: Option<String>,
@@ -41,74 +47,233 @@ impl Row {
             compr: s.stat("compr_data_size"),
             algorithm: s.algorithm.clone(),
             backend: s.backend.clone(),
+            streams: s.queues,
             zero_pages: s.stat("same_pages"),
             total,
             mem_limit: s.stat("mem_limit"),
             mem_used: s.stat("mem_used_max"),
+            migrated: s.stat("pages_compacted"),
             comp_ratio: (total > 0).then(|| data as f64 / total as f64),
             mountpoint,
         }
     }
 }
 
-const HEADER: [&str; 12] = [
-    "NAME",
-    "DISKSIZE",
-    "DATA",
-    "COMPR",
-    "ALGORITHM",
-    "BACKEND",
-    "ZERO-PAGES",
-    "TOTAL",
-    "MEM-LIMIT",
-    "MEM-USED",
-    "COMP-RATIO",
-    "MOUNTPOINT",
-];
-/// Columns printed left-aligned (text); the rest are numbers, right-aligned like zramctl.
-const LEFT: [bool; 12] = [
-    true, false, false, false, true, true, false, false, false, false, false, true,
-];
+/// A column of the table: zramctl's thirteen, in zramctl's order, then uzram's BACKEND.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Column {
+    Name,
+    Disksize,
+    Data,
+    Compr,
+    Algorithm,
+    Streams,
+    ZeroPages,
+    Total,
+    MemLimit,
+    MemUsed,
+    Migrated,
+    CompRatio,
+    Mountpoint,
+    Backend,
+}
 
-/// The table, header first; empty when there are no rows (zramctl prints nothing then).
-pub fn render(rows: &[Row]) -> String {
+impl Column {
+    /// Every column, in `--output-all` order.
+    pub const ALL: [Column; 14] = [
+        Column::Name,
+        Column::Disksize,
+        Column::Data,
+        Column::Compr,
+        Column::Algorithm,
+        Column::Streams,
+        Column::ZeroPages,
+        Column::Total,
+        Column::MemLimit,
+        Column::MemUsed,
+        Column::Migrated,
+        Column::CompRatio,
+        Column::Mountpoint,
+        Column::Backend,
+    ];
+
+    /// zramctl's default columns, in its order.
+    pub const DEFAULT: [Column; 8] = [
+        Column::Name,
+        Column::Algorithm,
+        Column::Disksize,
+        Column::Data,
+        Column::Compr,
+        Column::Total,
+        Column::Streams,
+        Column::Mountpoint,
+    ];
+
+    /// The header, as zramctl spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Column::Name => "NAME",
+            Column::Disksize => "DISKSIZE",
+            Column::Data => "DATA",
+            Column::Compr => "COMPR",
+            Column::Algorithm => "ALGORITHM",
+            Column::Streams => "STREAMS",
+            Column::ZeroPages => "ZERO-PAGES",
+            Column::Total => "TOTAL",
+            Column::MemLimit => "MEM-LIMIT",
+            Column::MemUsed => "MEM-USED",
+            Column::Migrated => "MIGRATED",
+            Column::CompRatio => "COMP-RATIO",
+            Column::Mountpoint => "MOUNTPOINT",
+            Column::Backend => "BACKEND",
+        }
+    }
+
+    /// Text columns are left-aligned; numbers are right-aligned, as zramctl does.
+    fn left(self) -> bool {
+        matches!(
+            self,
+            Column::Name | Column::Algorithm | Column::Mountpoint | Column::Backend
+        )
+    }
+
+    fn cell(self, r: &Row, bytes: bool) -> String {
+        let size = |b: u64| if bytes { b.to_string() } else { format_size(b) };
+        match self {
+            Column::Name => r.name.clone(),
+            Column::Disksize => size(r.disksize),
+            Column::Data => size(r.data),
+            Column::Compr => size(r.compr),
+            Column::Algorithm => r.algorithm.clone(),
+            Column::Streams => r.streams.to_string(),
+            Column::ZeroPages => r.zero_pages.to_string(),
+            Column::Total => size(r.total),
+            Column::MemLimit => size(r.mem_limit),
+            Column::MemUsed => size(r.mem_used),
+            Column::Migrated => r.migrated.to_string(),
+            Column::CompRatio => r.comp_ratio.map_or("-".to_string(), |c| format!("{c:.4}")),
+            Column::Mountpoint => r.mountpoint.clone().unwrap_or_default(),
+            Column::Backend => r.backend.clone(),
+        }
+    }
+}
+
+/// The column list of `uzram list --help`, with what each column means for uzram.
+pub const COLUMNS_HELP: &str = "\
+Available output columns (zramctl's names and meanings; -o takes a comma-separated list,
++LIST appends to the defaults NAME,ALGORITHM,DISKSIZE,DATA,COMPR,TOTAL,STREAMS,MOUNTPOINT):
+        NAME  device name (/dev/ublkbN)
+    DISKSIZE  limit on the uncompressed amount of data (the device size)
+        DATA  uncompressed size of stored data
+       COMPR  compressed size of stored data
+   ALGORITHM  the selected compression algorithm
+     STREAMS  number of concurrent compress operations: one per hardware queue, whose thread
+              compresses its own writes
+  ZERO-PAGES  same-filled pages, stored with no compressed data
+       TOTAL  all memory the store holds: arena, page table and bookkeeping
+   MEM-LIMIT  memory limit used to store compressed data (0B: none)
+    MEM-USED  peak memory usage to store compressed data
+    MIGRATED  pages of memory given back by compaction (zram's pages_compacted)
+  COMP-RATIO  compression ratio: DATA/TOTAL
+  MOUNTPOINT  where the device is mounted, [SWAP] when it is active swap
+     BACKEND  where writes are compressed: cpu or gpu (uzram only)";
+
+/// Why an output list was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ColumnError {
+    /// A name that is not a column.
+    #[error("unknown column: {0} (see uzram list --help for the columns)")]
+    Unknown(String),
+}
+
+/// The columns to print, as zramctl picks them: the defaults (every column with
+/// `--output-all`), replaced by `-o LIST` or extended by `-o +LIST`. Names are
+/// case-insensitive; a column may appear twice.
+pub fn columns(output: Option<&str>, all: bool) -> Result<Vec<Column>, ColumnError> {
+    let mut cols: Vec<Column> = if all {
+        Column::ALL.to_vec()
+    } else {
+        Column::DEFAULT.to_vec()
+    };
+    let Some(list) = output else {
+        return Ok(cols);
+    };
+    let list = match list.strip_prefix('+') {
+        Some(rest) => rest,
+        None => {
+            cols.clear();
+            list
+        }
+    };
+    for name in list.split(',') {
+        let col = Column::ALL
+            .into_iter()
+            .find(|c| c.name().eq_ignore_ascii_case(name.trim()))
+            .ok_or_else(|| ColumnError::Unknown(name.to_string()))?;
+        cols.push(col);
+    }
+    Ok(cols)
+}
+
+/// How the table is printed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Format {
+    /// Sizes in bytes (`-b`).
+    pub bytes: bool,
+    /// No alignment, one space between cells, special characters escaped (`--raw`).
+    pub raw: bool,
+    /// No header line (`-n`).
+    pub noheadings: bool,
+}
+
+/// libsmartcols' raw-mode encoding: spaces, controls, backslashes and quotes as `\xHH`.
+fn raw_escape(cell: &str) -> String {
+    let mut out = String::with_capacity(cell.len());
+    for c in cell.chars() {
+        if c.is_ascii_control() || matches!(c, ' ' | '\\' | '"' | '\'' | '`' | '$') {
+            out.push_str(&format!("\\x{:02x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The table; empty when there are no rows (zramctl prints nothing then).
+pub fn render(rows: &[Row], cols: &[Column], fmt: Format) -> String {
     if rows.is_empty() {
         return String::new();
     }
-    let cells: Vec<[String; 12]> = rows
+    let header: Vec<String> = cols.iter().map(|c| c.name().to_string()).collect();
+    let cells: Vec<Vec<String>> = rows
         .iter()
-        .map(|r| {
-            [
-                r.name.clone(),
-                format_size(r.disksize),
-                format_size(r.data),
-                format_size(r.compr),
-                r.algorithm.clone(),
-                r.backend.clone(),
-                r.zero_pages.to_string(),
-                format_size(r.total),
-                format_size(r.mem_limit),
-                format_size(r.mem_used),
-                r.comp_ratio.map_or("-".to_string(), |c| format!("{c:.2}")),
-                r.mountpoint.clone().unwrap_or_default(),
-            ]
-        })
+        .map(|r| cols.iter().map(|c| c.cell(r, fmt.bytes)).collect())
         .collect();
-    let mut widths = HEADER.map(str::len);
+    let lines = std::iter::once(&header)
+        .filter(|_| !fmt.noheadings)
+        .chain(&cells);
+    let mut out = String::new();
+    if fmt.raw {
+        for row in lines {
+            let line: Vec<String> = row.iter().map(|c| raw_escape(c)).collect();
+            out.push_str(&line.join(" "));
+            out.push('\n');
+        }
+        return out;
+    }
+    let mut widths: Vec<usize> = header.iter().map(String::len).collect();
     for row in &cells {
         for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.len());
+            *w = (*w).max(c.chars().count());
         }
     }
-    let mut out = String::new();
-    let header = HEADER.map(str::to_string);
-    for row in std::iter::once(&header).chain(&cells) {
+    for row in lines {
         let mut line = String::new();
         for (i, cell) in row.iter().enumerate() {
             if i > 0 {
                 line.push(' ');
             }
-            if LEFT[i] {
+            if cols[i].left() {
                 line.push_str(&format!("{cell:<w$}", w = widths[i]));
             } else {
                 line.push_str(&format!("{cell:>w$}", w = widths[i]));
@@ -131,6 +296,7 @@ fn mount_column(dev: &str) -> Option<String> {
 }
 
 pub fn run(args: ListArgs) -> anyhow::Result<ExitCode> {
+    let cols = columns(args.output.as_deref(), args.output_all)?;
     super::require_root()?;
     let states = StateDir::default();
     let mut rows = Vec::new();
@@ -149,7 +315,12 @@ pub fn run(args: ListArgs) -> anyhow::Result<ExitCode> {
             serde_json::to_string_pretty(&serde_json::json!({ "devices": rows }))?
         );
     } else {
-        print!("{}", render(&rows));
+        let fmt = Format {
+            bytes: args.bytes,
+            raw: args.raw,
+            noheadings: args.noheadings,
+        };
+        print!("{}", render(&rows, &cols, fmt));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -159,8 +330,7 @@ mod tests {
     use super::*;
     use crate::control::proto::Stat;
 
-    #[test]
-    fn table_matches_zramctl_layout() {
+    fn row(mountpoint: Option<&str>) -> Row {
         let stat = |name: &str, value| Stat {
             name: name.into(),
             value,
@@ -181,35 +351,122 @@ mod tests {
                 stat("mem_limit", 0),
                 stat("mem_used_max", 5 << 20),
                 stat("same_pages", 17),
+                stat("pages_compacted", 3),
             ],
             requests: vec![],
             backend_stats: Vec::new(),
         };
-        let row = Row::from_status(&s, Some("[SWAP]".into()));
-        assert_eq!(row.comp_ratio, Some(3.0));
-        let table = render(&[row]);
+        Row::from_status(&s, mountpoint.map(str::to_string))
+    }
+
+    fn words(line: &str) -> Vec<&str> {
+        line.split_whitespace().collect()
+    }
+
+    #[test]
+    fn defaults_are_zramctls_columns_and_layout() {
+        let r = row(Some("[SWAP]"));
+        assert_eq!(r.comp_ratio, Some(3.0));
+        let cols = columns(None, false).unwrap();
+        let table = render(&[r], &cols, Format::default());
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 2);
-        let cols: Vec<&str> = lines[1].split_whitespace().collect();
         assert_eq!(
-            cols,
+            words(lines[0]),
+            [
+                "NAME",
+                "ALGORITHM",
+                "DISKSIZE",
+                "DATA",
+                "COMPR",
+                "TOTAL",
+                "STREAMS",
+                "MOUNTPOINT"
+            ]
+        );
+        assert_eq!(
+            words(lines[1]),
             [
                 "/dev/ublkb0",
+                "lz4",
                 "8G",
                 "12M",
                 "1.2M",
-                "lz4",
-                "cpu",
-                "17",
                 "4M",
-                "0B",
-                "5M",
-                "3.00",
+                "2",
                 "[SWAP]"
             ]
         );
-        let header: Vec<&str> = lines[0].split_whitespace().collect();
-        assert_eq!(header, HEADER);
-        assert_eq!(render(&[]), "");
+        // Numbers are right-aligned under their header, text left-aligned.
+        let h = lines[0].find("DISKSIZE").unwrap();
+        assert_eq!(&lines[1][h..h + "DISKSIZE".len()], "      8G");
+        assert!(lines[1].starts_with("/dev/ublkb0 lz4 "));
+        assert_eq!(render(&[], &cols, Format::default()), "");
+    }
+
+    #[test]
+    fn output_lists_replace_or_extend_the_defaults() {
+        use Column::*;
+        assert_eq!(
+            columns(Some("name,data,MIGRATED"), false).unwrap(),
+            [Name, Data, Migrated]
+        );
+        let plus = columns(Some("+zero-pages,Backend"), false).unwrap();
+        assert_eq!(plus.len(), Column::DEFAULT.len() + 2);
+        assert_eq!(&plus[..8], Column::DEFAULT);
+        assert_eq!(&plus[8..], [ZeroPages, Backend]);
+        assert_eq!(columns(None, true).unwrap(), Column::ALL);
+        // --output-all with a plain list: the list wins, as in zramctl.
+        assert_eq!(columns(Some("NAME"), true).unwrap(), [Name]);
+        assert_eq!(columns(Some("+NAME"), true).unwrap().len(), 15);
+        for bad in ["NAME,SIZE", "", "NAME,,DATA", "+"] {
+            let err = columns(Some(bad), false).unwrap_err();
+            assert!(
+                err.to_string().starts_with("unknown column"),
+                "{bad:?}: {err}"
+            );
+        }
+        assert_eq!(
+            columns(Some("NAME,SIZE"), false).unwrap_err(),
+            ColumnError::Unknown("SIZE".into())
+        );
+    }
+
+    #[test]
+    fn bytes_raw_and_noheadings() {
+        let cols = columns(
+            Some("NAME,DISKSIZE,COMPR,STREAMS,MIGRATED,COMP-RATIO,MOUNTPOINT"),
+            false,
+        )
+        .unwrap();
+        let r = || row(None);
+        let fmt = Format {
+            bytes: true,
+            raw: true,
+            noheadings: false,
+        };
+        let table = render(&[r()], &cols, fmt);
+        assert_eq!(
+            table,
+            "NAME DISKSIZE COMPR STREAMS MIGRATED COMP-RATIO MOUNTPOINT\n\
+             /dev/ublkb0 8589934592 1258291 2 3 3.0000 \n"
+        );
+        let fmt = Format {
+            noheadings: true,
+            ..fmt
+        };
+        assert_eq!(
+            render(&[r()], &cols, fmt),
+            "/dev/ublkb0 8589934592 1258291 2 3 3.0000 \n"
+        );
+        let fmt = Format {
+            bytes: false,
+            raw: false,
+            noheadings: true,
+        };
+        let table = render(&[r(), r()], &cols, fmt);
+        assert_eq!(table.lines().count(), 2);
+        assert_eq!(words(table.lines().next().unwrap())[1], "8G");
+        assert_eq!(raw_escape("/mnt/a b"), "/mnt/a\\x20b");
     }
 }

@@ -1,7 +1,9 @@
 //! One module per subcommand; shared preflight checks here.
 
+pub mod check;
 pub mod create;
 pub mod destroy;
+pub mod docs;
 pub mod list;
 pub mod run;
 pub mod status;

@@ -4,11 +4,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use crate::cli::RunArgs;
-use crate::config::load_config;
+use crate::config::load_device_config;
 use crate::daemon::{self, Launch, Readiness, Reporter};
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let cfg = load_config(&args.config)?;
+    let cfg = load_device_config(&args.config)?;
     super::require_root()?;
     super::require_module()?;
     let config_path = std::fs::canonicalize(&args.config).unwrap_or(args.config);

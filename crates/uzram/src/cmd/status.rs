@@ -1,4 +1,4 @@
-//! `uzram status DEV [--json]`: every counter of one device, with zram's names.
+//! `uzram status DEV [--json|--prometheus]`: every counter of one device, with zram's names.
 
 use std::process::ExitCode;
 
@@ -28,6 +28,8 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&to_json(&status))?);
+    } else if args.prometheus {
+        print!("{}", crate::metrics::render(&status));
     } else {
         print!("{}", render(&status));
     }

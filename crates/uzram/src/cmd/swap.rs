@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use crate::cli::ConfigArg;
-use crate::config::load_config;
+use crate::config::{load_config, load_device_config, Plan};
 use crate::control::state::StateDir;
 use crate::inuse::is_active_swap;
 
@@ -39,10 +39,23 @@ fn exec(cmd: &mut Command) -> anyhow::Result<()> {
 }
 
 pub fn on(args: ConfigArg) -> anyhow::Result<ExitCode> {
-    let cfg = load_config(&args.config)?;
+    let cfg = load_device_config(&args.config)?;
     super::require_root()?;
     let dev = device_for(&args.config)?;
     exec(Command::new("mkswap").arg(&dev))?;
+    // Through /dev/zram-uzram/ublkbN, the path systemd skips when it picks a hibernation
+    // device (hibernate.rs); the daemon made it, this only repairs a missing one.
+    let target = match crate::hibernate::create_alias(&dev) {
+        Ok(alias) => alias.to_string_lossy().into_owned(),
+        Err(err) => {
+            eprintln!(
+                "uzram: warning: cannot create {}: {err}; activating swap on {dev}, which \
+                 systemd may choose for hibernation (docs/hibernation.md)",
+                crate::hibernate::alias_path(&dev).display()
+            );
+            dev.clone()
+        }
+    };
     let mut swapon = Command::new("swapon");
     if let Some(prio) = cfg.swap.priority {
         swapon.arg("-p").arg(prio.to_string());
@@ -50,12 +63,15 @@ pub fn on(args: ConfigArg) -> anyhow::Result<ExitCode> {
     if let Some(opts) = &cfg.swap.options {
         swapon.arg("-o").arg(opts);
     }
-    exec(swapon.arg(&dev))?;
+    exec(swapon.arg(&target))?;
     Ok(ExitCode::SUCCESS)
 }
 
 pub fn off(args: ConfigArg) -> anyhow::Result<ExitCode> {
-    load_config(&args.config)?;
+    if let Plan::Skip(_) = load_config(&args.config)? {
+        // No device was made from this file here: nothing to deactivate.
+        return Ok(ExitCode::SUCCESS);
+    }
     super::require_root()?;
     let dev = device_for(&args.config)?;
     if !is_swap(&dev)? {

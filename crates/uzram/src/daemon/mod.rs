@@ -96,6 +96,9 @@ pub struct Launch {
 /// Serves one device until it is stopped. Returns after the device is deleted.
 pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let cfg = launch.config;
+    if let Some(path) = &cfg.metrics_textfile {
+        crate::metrics::check_textfile_dir(path).map_err(anyhow::Error::msg)?;
+    }
     // malloc was configured first thing in `main` (see there).
     sys::block_stop_signals().context("blocking SIGTERM/SIGINT")?;
     sys::private_mount_namespace().context("entering a private mount namespace")?;
@@ -173,6 +176,10 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         config: launch.config_path.clone(),
     };
     let (stop_tx, stop_rx) = mpsc::channel::<&'static str>();
+    let textfile = cfg
+        .metrics_textfile
+        .clone()
+        .map(|path| Arc::new(crate::metrics::Textfile::new(path)));
     let listener = server::bind(&states.socket_path(id))?;
     {
         let template = DeviceStatus {
@@ -191,26 +198,31 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         let (store, counters, stop_tx) = (store.clone(), counters.clone(), stop_tx.clone());
         let compression = compression.clone();
         let stop_tx = Mutex::new(stop_tx);
+        let snapshot = Arc::new(move || DeviceStatus {
+            stats: store
+                .stats()
+                .fields()
+                .into_iter()
+                .map(|(name, value)| Stat {
+                    name: name.to_string(),
+                    value,
+                })
+                .collect(),
+            requests: counters
+                .snapshot()
+                .into_iter()
+                .chain(pool_stats())
+                .collect(),
+            backend_stats: compression.stats(),
+            ..template.clone()
+        });
+        if let Some(file) = textfile.clone() {
+            let snapshot = snapshot.clone();
+            spawn("uzram-metrics", move || file.keep_writing(|| snapshot()))?;
+        }
         spawn("uzram-control", move || {
             server::serve(listener, move |req| match req {
-                Request::Status => Response::Status(DeviceStatus {
-                    stats: store
-                        .stats()
-                        .fields()
-                        .into_iter()
-                        .map(|(name, value)| Stat {
-                            name: name.to_string(),
-                            value,
-                        })
-                        .collect(),
-                    requests: counters
-                        .snapshot()
-                        .into_iter()
-                        .chain(pool_stats())
-                        .collect(),
-                    backend_stats: compression.stats(),
-                    ..template.clone()
-                }),
+                Request::Status => Response::Status(snapshot()),
                 Request::Stop => {
                     if let Ok(tx) = stop_tx.lock() {
                         let _ = tx.send("control request");
@@ -268,9 +280,22 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     };
     let ready_states = states.clone();
     let ready_reporter = reporter.clone();
+    let alias_rdev = Arc::new(std::sync::OnceLock::new());
+    let started_alias_rdev = alias_rdev.clone();
     let on_started = move |_ctrl: &UblkCtrl| {
         if !wait_for_path(Path::new(&state.dev), Duration::from_secs(10)) {
             tracing::warn!(dev = %state.dev, "block device node did not appear");
+        }
+        // The node that swap is activated through, so hibernation never picks this device.
+        match crate::hibernate::create_alias(&state.dev) {
+            Ok(_) => {
+                if let Some(rdev) = crate::inuse::block_rdev(&state.dev) {
+                    let _ = started_alias_rdev.set(rdev);
+                }
+            }
+            Err(err) => {
+                tracing::warn!(dev = %state.dev, error = %err, "creating the swap alias node failed")
+            }
         }
         queue_tuning::tune(state.id);
         if let Err(err) = ready_states.write(&state) {
@@ -285,6 +310,12 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         on_started,
     );
     states.remove(id);
+    if let Some(&rdev) = alias_rdev.get() {
+        crate::hibernate::remove_alias(&dev, rdev);
+    }
+    if let Some(file) = &textfile {
+        file.remove();
+    }
     if let Err(err) = ctrl.del_dev() {
         tracing::debug!(error = %err, "del_dev after stop");
     }

@@ -168,6 +168,12 @@ pub fn serve_queue(
             return;
         }
     };
+    // The codec this thread compresses and decodes with, made now: a failure to allocate
+    // it must stop the queue at start, not fail requests later.
+    if let Err(err) = store.prepare_thread() {
+        tracing::error!(qid, error = %err, "creating the queue's codec failed");
+        return;
+    }
     // From here on this thread serves swap I/O: it must never page-fault (see `fault_guard`).
     super::pool::strict_current_thread();
     super::fault_guard::prefault_stack();

@@ -124,10 +124,17 @@ fn copy_literals(out: &mut [u8], op: usize, src: &Page, from: usize, len: usize)
 }
 
 impl Encoder {
-    pub(super) fn new() -> Self {
-        Self {
-            table: Box::new([0; TABLE_LEN]),
-        }
+    /// The position table is allocated with `try_reserve`, so a refused allocation is an
+    /// error for the caller to report instead of an abort.
+    pub(super) fn try_new() -> Result<Self, std::collections::TryReserveError> {
+        let mut table = Vec::new();
+        table.try_reserve_exact(TABLE_LEN)?;
+        table.resize(TABLE_LEN, 0u16);
+        let table: Box<[u16; TABLE_LEN]> = table
+            .into_boxed_slice()
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("the table has exactly TABLE_LEN entries"));
+        Ok(Self { table })
     }
 
     /// Compresses `src` into `out`; `None` when the block would not fit in `out`.

@@ -1,0 +1,706 @@
+//! Every counter of a device in Prometheus' text exposition format (what node_exporter's
+//! textfile collector reads), for `uzram status DEV --prometheus` and the daemon's
+//! `metrics-textfile`.
+//!
+//! Each `uzram status` counter becomes one metric family with a `device` label (`ublkbN`,
+//! as node_exporter's disk metrics name the device). The counters with zram's names
+//! (`mm_stat`, `io_stat`) and the daemon's request and pool counters have hand-written names
+//! and help; any other stat, such as a backend counter added later, is exported by a
+//! generic rule, so a new stat needs no change here:
+//! - the name is `uzram_` (`uzram_backend_` for backend stats) plus the stat's name, with
+//!   characters Prometheus does not allow replaced by `_`;
+//! - units become base units at the end of the name: `_us`, `_ms`, `_ns` → `_seconds` (the
+//!   value scaled), `_size` → `_bytes`, a `bytes` word elsewhere moves to the end
+//!   (`gpu_bytes_in` → `gpu_in_bytes`);
+//! - it is a counter (`_total` appended), since `uzram status` counts events since the
+//!   daemon started, unless its name is in [`GAUGES`]: a new stat whose value can go down
+//!   belongs there.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::control::proto::{DeviceStatus, Stat};
+
+/// Stats whose value can go down (current amounts, not counts of events).
+pub const GAUGES: &[&str] = &[
+    "orig_data_size",
+    "compr_data_size",
+    "mem_used_total",
+    "mem_limit",
+    "mem_used_max",
+    "same_pages",
+    "huge_pages",
+    "pages_stored",
+    "pool_free_blocks",
+];
+
+/// Which part of [`DeviceStatus`] a stat comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Group {
+    /// `stats`: the store's counters (zram's mm_stat and io_stat names).
+    Store,
+    /// `requests`: the daemon's request and pool counters.
+    Requests,
+    /// `backend_stats`: the compression backend's counters.
+    Backend,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Counter,
+    Gauge,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+        }
+    }
+}
+
+/// One exported metric family.
+#[derive(Debug, Clone, PartialEq)]
+struct Metric {
+    name: String,
+    kind: Kind,
+    help: String,
+    /// Multiplier from the stat's unit to the metric's (1 unless converted to seconds).
+    scale: f64,
+}
+
+/// Stats with hand-written names and help: (group, stat, metric name, help).
+const KNOWN: &[(Group, &str, &str, &str)] = &[
+    (
+        Group::Store,
+        "orig_data_size",
+        "uzram_orig_data_bytes",
+        "Uncompressed size of the data stored (zram mm_stat orig_data_size).",
+    ),
+    (
+        Group::Store,
+        "compr_data_size",
+        "uzram_compr_data_bytes",
+        "Compressed size of the data stored (zram mm_stat compr_data_size).",
+    ),
+    (
+        Group::Store,
+        "mem_used_total",
+        "uzram_mem_used_bytes",
+        "Memory the store holds: arena, page table and bookkeeping (zram mm_stat mem_used_total).",
+    ),
+    (
+        Group::Store,
+        "mem_limit",
+        "uzram_mem_limit_bytes",
+        "Memory limit for compressed data, 0 for none (zram mm_stat mem_limit).",
+    ),
+    (
+        Group::Store,
+        "mem_used_max",
+        "uzram_mem_used_max_bytes",
+        "Peak memory the store held (zram mm_stat mem_used_max).",
+    ),
+    (
+        Group::Store,
+        "same_pages",
+        "uzram_same_pages",
+        "Pages stored as one repeated word, with no compressed data (zram mm_stat same_pages).",
+    ),
+    (
+        Group::Store,
+        "pages_compacted",
+        "uzram_pages_compacted_total",
+        "Pages of memory given back by compaction (zram mm_stat pages_compacted).",
+    ),
+    (
+        Group::Store,
+        "huge_pages",
+        "uzram_huge_pages",
+        "Pages stored uncompressed because they did not compress enough (zram mm_stat huge_pages).",
+    ),
+    (
+        Group::Store,
+        "failed_reads",
+        "uzram_failed_reads_total",
+        "Failed read requests (zram io_stat failed_reads).",
+    ),
+    (
+        Group::Store,
+        "failed_writes",
+        "uzram_failed_writes_total",
+        "Failed write requests (zram io_stat failed_writes).",
+    ),
+    (
+        Group::Store,
+        "invalid_io",
+        "uzram_invalid_io_total",
+        "Requests refused as out of range or misaligned (zram io_stat invalid_io).",
+    ),
+    (
+        Group::Store,
+        "notify_free",
+        "uzram_notify_free_total",
+        "Pages freed by discard (zram io_stat notify_free).",
+    ),
+    (
+        Group::Store,
+        "pages_stored",
+        "uzram_pages_stored",
+        "Pages that hold data, same-filled ones included.",
+    ),
+    (
+        Group::Store,
+        "reads",
+        "uzram_pages_read_total",
+        "Pages read from the store.",
+    ),
+    (
+        Group::Store,
+        "writes",
+        "uzram_pages_written_total",
+        "Pages written to the store.",
+    ),
+    (
+        Group::Requests,
+        "read_requests",
+        "uzram_read_requests_total",
+        "Read requests served.",
+    ),
+    (
+        Group::Requests,
+        "read_bytes",
+        "uzram_read_bytes_total",
+        "Bytes read by requests.",
+    ),
+    (
+        Group::Requests,
+        "write_requests",
+        "uzram_write_requests_total",
+        "Write requests served.",
+    ),
+    (
+        Group::Requests,
+        "write_bytes",
+        "uzram_write_bytes_total",
+        "Bytes written by requests.",
+    ),
+    (
+        Group::Requests,
+        "flush_requests",
+        "uzram_flush_requests_total",
+        "Flush requests served.",
+    ),
+    (
+        Group::Requests,
+        "discard_requests",
+        "uzram_discard_requests_total",
+        "Discard requests served.",
+    ),
+    (
+        Group::Requests,
+        "write_zeroes_requests",
+        "uzram_write_zeroes_requests_total",
+        "Write-zeroes requests served.",
+    ),
+    (
+        Group::Requests,
+        "failed_requests",
+        "uzram_failed_requests_total",
+        "Requests completed with an error.",
+    ),
+    (
+        Group::Requests,
+        "queue_page_faults",
+        "uzram_queue_page_faults_total",
+        "Major page faults taken by the queue threads (each one is a stall under memory pressure).",
+    ),
+    (
+        Group::Requests,
+        "pool_free_blocks",
+        "uzram_pool_free_blocks",
+        "Free 64 KiB blocks in the daemon's pre-faulted block pool.",
+    ),
+    (
+        Group::Requests,
+        "pool_refused_blocks",
+        "uzram_pool_refused_blocks_total",
+        "Block requests the empty pool refused (each one failed a write with ENOMEM).",
+    ),
+];
+
+fn kind_of(stat: &str) -> Kind {
+    if GAUGES.contains(&stat) {
+        Kind::Gauge
+    } else {
+        Kind::Counter
+    }
+}
+
+fn sanitize(name: &str) -> String {
+    let mut out: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    if out.starts_with(|c: char| c.is_ascii_digit()) {
+        out.insert(0, '_');
+    }
+    out
+}
+
+/// The generic rule of the module docs.
+fn generic(group: Group, stat: &str) -> Metric {
+    let kind = kind_of(stat);
+    let mut words: Vec<String> = sanitize(stat)
+        .split('_')
+        .filter(|w| !w.is_empty())
+        .map(str::to_ascii_lowercase)
+        .collect();
+    let mut scale = 1.0;
+    let unit = match words.last().map(String::as_str) {
+        Some("us") => Some(("seconds", 1e-6)),
+        Some("ms") => Some(("seconds", 1e-3)),
+        Some("ns") => Some(("seconds", 1e-9)),
+        Some("size") => Some(("bytes", 1.0)),
+        _ => None,
+    };
+    if let Some((unit, s)) = unit {
+        words.pop();
+        words.push(unit.to_string());
+        scale = s;
+    } else if let Some(i) = words.iter().position(|w| w == "bytes") {
+        let w = words.remove(i);
+        words.push(w);
+    }
+    if group == Group::Backend && words.first().map(String::as_str) != Some("backend") {
+        words.insert(0, "backend".to_string());
+    }
+    let mut name = format!("uzram_{}", words.join("_"));
+    if kind == Kind::Counter && !name.ends_with("_total") {
+        name.push_str("_total");
+    }
+    let what = match group {
+        Group::Store => "store",
+        Group::Requests => "request",
+        Group::Backend => "backend",
+    };
+    Metric {
+        name,
+        kind,
+        help: format!("uzram status {what} stat {stat}."),
+        scale,
+    }
+}
+
+fn metric_for(group: Group, stat: &str) -> Metric {
+    match KNOWN.iter().find(|k| k.0 == group && k.1 == stat) {
+        Some(&(_, _, name, help)) => Metric {
+            name: name.to_string(),
+            kind: kind_of(stat),
+            help: help.to_string(),
+            scale: 1.0,
+        },
+        None => generic(group, stat),
+    }
+}
+
+/// A label value as the text format wants it.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn family(out: &mut String, name: &str, kind: Kind, help: &str, labels: &str, value: &str) {
+    let help = help.replace('\\', "\\\\").replace('\n', "\\n");
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {}", kind.name());
+    let _ = writeln!(out, "{name}{{{labels}}} {value}");
+}
+
+/// The device's metrics in the text exposition format.
+pub fn render(s: &DeviceStatus) -> String {
+    let device = s.dev.trim_start_matches("/dev/");
+    let labels = format!("device=\"{}\"", escape_label(device));
+    let mut out = String::new();
+    family(
+        &mut out,
+        "uzram_device_info",
+        Kind::Gauge,
+        "Device settings as labels; the value is always 1.",
+        &format!(
+            "{labels},algorithm=\"{}\",backend=\"{}\"",
+            escape_label(&s.algorithm),
+            escape_label(&s.backend)
+        ),
+        "1",
+    );
+    let settings = [
+        ("uzram_disksize_bytes", "Device size.", s.size),
+        ("uzram_queues", "Hardware queues.", u64::from(s.queues)),
+        (
+            "uzram_queue_depth",
+            "Depth of each queue.",
+            u64::from(s.depth),
+        ),
+    ];
+    for (name, help, value) in settings {
+        family(
+            &mut out,
+            name,
+            Kind::Gauge,
+            help,
+            &labels,
+            &value.to_string(),
+        );
+    }
+    let mut seen: Vec<String> = Vec::new();
+    let groups: [(Group, &[Stat]); 3] = [
+        (Group::Store, &s.stats),
+        (Group::Requests, &s.requests),
+        (Group::Backend, &s.backend_stats),
+    ];
+    for (group, stats) in groups {
+        for stat in stats {
+            let m = metric_for(group, &stat.name);
+            // Two stats may not share a family (the format forbids it): keep the first.
+            if seen.contains(&m.name) {
+                tracing::warn!(stat = %stat.name, metric = %m.name, "duplicate metric name; stat not exported");
+                continue;
+            }
+            let value = if m.scale == 1.0 {
+                stat.value.to_string()
+            } else {
+                (stat.value as f64 * m.scale).to_string()
+            };
+            family(&mut out, &m.name, m.kind, &m.help, &labels, &value);
+            seen.push(m.name);
+        }
+    }
+    out
+}
+
+/// Writes `text` to `path` atomically: a temporary file in the same directory (a name that
+/// node_exporter's textfile collector ignores, it reads `*.prom` only), then a rename, so a
+/// scrape never sees half a file.
+pub fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            // node_exporter runs as its own user: the file must be readable.
+            .mode(0o644)
+            .open(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// How often the daemon rewrites its metrics file (node_exporter's textfile collector reads
+/// it on every scrape; 15 s is the usual scrape interval).
+pub const TEXTFILE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Refuses a metrics file whose directory does not exist (a typo would otherwise only show
+/// as a warning every 15 s).
+pub fn check_textfile_dir(path: &Path) -> Result<(), String> {
+    match path.parent() {
+        Some(dir) if dir.is_dir() => Ok(()),
+        Some(dir) => Err(format!(
+            "metrics-textfile {}: directory {} does not exist (create it, e.g. node_exporter's \
+             --collector.textfile.directory)",
+            path.display(),
+            dir.display()
+        )),
+        None => Err(format!("metrics-textfile {}: no directory", path.display())),
+    }
+}
+
+/// The daemon's metrics file: rewritten by its own thread, removed when the device stops.
+#[derive(Debug)]
+pub struct Textfile {
+    path: std::path::PathBuf,
+    /// Set (under the lock) once the file is removed: a write in progress finishes first,
+    /// and none starts after, so a stopped device leaves no file behind.
+    stopped: std::sync::Mutex<bool>,
+}
+
+impl Textfile {
+    /// The file at `path` (not written yet).
+    pub fn new(path: std::path::PathBuf) -> Self {
+        Textfile {
+            path,
+            stopped: std::sync::Mutex::new(false),
+        }
+    }
+
+    /// Writes `status` unless the file was removed; `Ok(false)` then.
+    pub fn write(&self, status: &DeviceStatus) -> std::io::Result<bool> {
+        let stopped = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
+        if *stopped {
+            return Ok(false);
+        }
+        write_atomically(&self.path, &render(status))?;
+        Ok(true)
+    }
+
+    /// Removes the file for good: stale numbers must not outlive the device.
+    pub fn remove(&self) {
+        let mut stopped = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
+        *stopped = true;
+        let _ = std::fs::remove_file(&self.path);
+    }
+
+    /// The metrics thread: writes from `snapshot` now and every [`TEXTFILE_INTERVAL`] until
+    /// the file is removed. A failed write is logged (once until a write works again) and
+    /// retried next time; it never affects serving.
+    pub fn keep_writing(&self, snapshot: impl Fn() -> DeviceStatus) {
+        let mut failing = false;
+        loop {
+            match self.write(&snapshot()) {
+                Ok(false) => return,
+                Ok(true) if failing => {
+                    tracing::info!(path = %self.path.display(), "metrics file written again");
+                    failing = false;
+                }
+                Ok(true) => {}
+                Err(err) if !failing => {
+                    tracing::warn!(path = %self.path.display(), error = %err, "writing the metrics file failed; retrying every 15 s");
+                    failing = true;
+                }
+                Err(_) => {}
+            }
+            std::thread::sleep(TEXTFILE_INTERVAL);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stat(name: &str, value: u64) -> Stat {
+        Stat {
+            name: name.into(),
+            value,
+        }
+    }
+
+    /// Every stat the daemon reports today, plus backend stats of the kind added later.
+    fn status() -> DeviceStatus {
+        let store = uzram_core::Stats {
+            orig_data_size: 12 << 20,
+            compr_data_size: 5 << 20,
+            mem_used_total: 6 << 20,
+            mem_used_max: 7 << 20,
+            same_pages: 17,
+            reads: 99,
+            ..Default::default()
+        };
+        let requests = [
+            "read_requests",
+            "read_bytes",
+            "write_requests",
+            "write_bytes",
+            "flush_requests",
+            "discard_requests",
+            "write_zeroes_requests",
+            "failed_requests",
+            "queue_page_faults",
+            "pool_free_blocks",
+            "pool_refused_blocks",
+        ];
+        DeviceStatus {
+            id: 3,
+            dev: "/dev/ublkb3".into(),
+            pid: 42,
+            size: 1 << 30,
+            algorithm: "zstd:3".into(),
+            backend: "gpu".into(),
+            queues: 2,
+            depth: 64,
+            stats: store
+                .fields()
+                .into_iter()
+                .map(|(n, v)| stat(n, v))
+                .collect(),
+            requests: requests
+                .iter()
+                .enumerate()
+                .map(|(i, n)| stat(n, i as u64 + 1))
+                .collect(),
+            backend_stats: vec![
+                stat("batches", 4),
+                stat("backend_us", 2_500_000),
+                stat("gpu_bytes_in", 1 << 20),
+                stat("gpu_h2d_us", 1500),
+                stat("ring.slot-waits", 9),
+            ],
+        }
+    }
+
+    #[test]
+    fn names_follow_prometheus_conventions() {
+        let text = render(&status());
+        for want in [
+            "uzram_orig_data_bytes{device=\"ublkb3\"} 12582912",
+            "uzram_mem_used_bytes{device=\"ublkb3\"} 6291456",
+            "uzram_pages_read_total{device=\"ublkb3\"} 99",
+            "uzram_pool_free_blocks{device=\"ublkb3\"} 10",
+            "uzram_device_info{device=\"ublkb3\",algorithm=\"zstd:3\",backend=\"gpu\"} 1",
+            // The generic rule: counters, base units, a backend prefix.
+            "uzram_backend_batches_total{device=\"ublkb3\"} 4",
+            "uzram_backend_seconds_total{device=\"ublkb3\"} 2.5",
+            "uzram_backend_gpu_in_bytes_total{device=\"ublkb3\"} 1048576",
+            "uzram_backend_gpu_h2d_seconds_total{device=\"ublkb3\"} 0.0015",
+            "uzram_backend_ring_slot_waits_total{device=\"ublkb3\"} 9",
+            "# TYPE uzram_same_pages gauge",
+            "# TYPE uzram_failed_reads_total counter",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in\n{text}");
+        }
+        let names: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("# TYPE "))
+            .map(|l| l.split(' ').nth(2).unwrap())
+            .collect();
+        let s = status();
+        assert_eq!(
+            names.len(),
+            4 + s.stats.len() + s.requests.len() + s.backend_stats.len(),
+            "one family per stat, none dropped as a duplicate"
+        );
+        for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            let mut parts = line.split(' ').skip(2);
+            let (name, kind) = (parts.next().unwrap(), parts.next().unwrap());
+            assert!(
+                name.starts_with("uzram_")
+                    && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+                "{name}"
+            );
+            assert_eq!(kind == "counter", name.ends_with("_total"), "{line}");
+        }
+    }
+
+    #[test]
+    fn duplicate_names_keep_the_first() {
+        let mut s = status();
+        s.backend_stats = vec![stat("x_us", 1), stat("x_ms", 2)];
+        let text = render(&s);
+        assert_eq!(
+            text.matches("# TYPE uzram_backend_x_seconds_total").count(),
+            1
+        );
+        assert!(text.contains("uzram_backend_x_seconds_total{device=\"ublkb3\"} 0.000001"));
+    }
+
+    #[test]
+    fn a_removed_textfile_is_never_written_again() {
+        let dir = std::env::temp_dir().join(format!("uzram-prom-rm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = Textfile::new(dir.join("u.prom"));
+        assert!(file.write(&status()).unwrap());
+        assert!(dir.join("u.prom").exists());
+        file.remove();
+        assert!(!dir.join("u.prom").exists());
+        assert!(!file.write(&status()).unwrap());
+        assert!(!dir.join("u.prom").exists());
+        file.keep_writing(status); // returns at once: the file was removed
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn textfile_is_replaced_atomically() {
+        let dir = std::env::temp_dir().join(format!("uzram-prom-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("uzram-ublkb3.prom");
+        write_atomically(&path, "a 1\n").unwrap();
+        write_atomically(&path, &render(&status())).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("uzram_orig_data_bytes"));
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+        assert_eq!(left.len(), 1, "no temporary file is left behind");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o644, 0o644);
+        assert!(write_atomically(&dir.join("missing/x.prom"), "a 1\n").is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Debian's python, the one python3-prometheus-client installs into (a `python3` earlier
+    /// on PATH, e.g. pyenv's, does not see it).
+    const DEBIAN_PYTHON: &str = "/usr/bin/python3";
+
+    /// The real parser: prometheus_client's (python3-prometheus-client, installed by
+    /// scripts/setup-host) reads every family, type and value back.
+    #[test]
+    fn prometheus_client_parses_the_output() {
+        let have = std::process::Command::new(DEBIAN_PYTHON)
+            .args(["-c", "import prometheus_client.parser"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !have {
+            let msg = "/usr/bin/python3 with prometheus_client is missing: run scripts/setup-host \
+                       (apt-get install python3-prometheus-client)";
+            assert!(std::env::var_os("CI").is_none(), "{msg}");
+            eprintln!("SKIP prometheus_client_parses_the_output: {msg}");
+            return;
+        }
+        let s = status();
+        let text = render(&s);
+        let script = r#"
+import sys
+from prometheus_client.parser import text_string_to_metric_families
+for fam in text_string_to_metric_families(sys.stdin.read()):
+    for smp in fam.samples:
+        print(fam.name, fam.type, smp.name, smp.labels["device"], repr(smp.value))
+"#;
+        let mut child = std::process::Command::new(DEBIAN_PYTHON)
+            .args(["-c", script])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "parser refused the output: {}\n{text}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let parsed = String::from_utf8(out.stdout).unwrap();
+        let lines: Vec<&str> = parsed.lines().collect();
+        assert_eq!(
+            lines.len(),
+            4 + s.stats.len() + s.requests.len() + s.backend_stats.len()
+        );
+        for want in [
+            "uzram_orig_data_bytes gauge uzram_orig_data_bytes ublkb3 12582912.0",
+            "uzram_mem_used_bytes gauge uzram_mem_used_bytes ublkb3 6291456.0",
+            "uzram_read_requests counter uzram_read_requests_total ublkb3 1.0",
+            "uzram_backend_gpu_h2d_seconds counter uzram_backend_gpu_h2d_seconds_total ublkb3 0.0015",
+            "uzram_device_info gauge uzram_device_info ublkb3 1.0",
+        ] {
+            assert!(lines.contains(&want), "missing {want:?} in\n{parsed}");
+        }
+    }
+}
