@@ -13,7 +13,7 @@ use uzram_core::{PageStore, StoreConfig, PAGE_SIZE};
 use crate::config::{Backend, GpuSettings};
 use crate::daemon::compression::Compression;
 use crate::daemon::io::{handle_with, Op};
-use crate::sys::{cpu_time, CpuOf};
+use crate::sys::{cpu_time, usage, CpuOf};
 
 /// Pages per write request: 64 KiB, a typical swap-out request.
 pub const REQUEST_PAGES: usize = 16;
@@ -46,6 +46,8 @@ pub struct Run {
     pub compressed: Duration,
     /// Process CPU time over that span, the timing reader's own left out.
     pub cpu: Duration,
+    /// Page faults of the process over that span.
+    pub faults: u64,
     /// Read latencies before the writers started, and while they ran, sorted.
     pub idle_reads: Vec<u32>,
     pub busy_reads: Vec<u32>,
@@ -148,40 +150,53 @@ pub fn run(corpus: &[u8], setup: &Setup) -> anyhow::Result<Run> {
             (src, vec![0u8; REQUEST_PAGES * PAGE_SIZE])
         })
         .collect();
-    let (ack, compressed, cpu, busy, reader_ok) = std::thread::scope(|scope| {
-        let reader = scope.spawn(|| -> anyhow::Result<(Vec<u32>, Duration)> {
-            let start = cpu_time(CpuOf::Thread)?;
-            let mut lats = Vec::with_capacity(MAX_BUSY_SAMPLES);
-            let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-            let mut page = vec![0u8; PAGE_SIZE];
-            while !stop.load(Ordering::Relaxed) && lats.len() < MAX_BUSY_SAMPLES {
-                let (lat, good) = timed_read(s, c, corpus, &mut seed, &mut page);
-                lats.push(lat);
-                if !good {
-                    bad_reads.fetch_add(1, Ordering::Relaxed);
+    let (ack, compressed, cpu, faults, busy, reader_ok) = std::thread::scope(|scope| {
+        // Named, so profiles tell the threads apart.
+        let reader = std::thread::Builder::new()
+            .name("bench-reader".into())
+            .spawn_scoped(scope, || -> anyhow::Result<(Vec<u32>, Duration)> {
+                let start = cpu_time(CpuOf::Thread)?;
+                let mut lats = Vec::with_capacity(MAX_BUSY_SAMPLES);
+                let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+                let mut page = vec![0u8; PAGE_SIZE];
+                while !stop.load(Ordering::Relaxed) && lats.len() < MAX_BUSY_SAMPLES {
+                    let (lat, good) = timed_read(s, c, corpus, &mut seed, &mut page);
+                    lats.push(lat);
+                    if !good {
+                        bad_reads.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
-            }
-            Ok((lats, cpu_time(CpuOf::Thread)? - start))
-        });
-        let cpu0 = cpu_time(CpuOf::Process)?;
+                Ok((lats, cpu_time(CpuOf::Thread)? - start))
+            })?;
+        let before = usage(CpuOf::Process)?;
         let t0 = Instant::now();
-        let writers: Vec<_> = sources
+        let writers: std::io::Result<Vec<_>> = sources
             .into_iter()
             .enumerate()
             .map(|(q, (mut src, mut scratch))| {
                 let lo = base + q * per;
                 let hi = (base + (q + 1) * per).min(total);
-                scope.spawn(move || -> anyhow::Result<()> {
-                    let mut first = lo;
-                    while first < hi {
-                        let n = REQUEST_PAGES.min(hi - first);
-                        write(s, c, first, src.pages_at(base, first, n, &mut scratch))?;
-                        first += n;
-                    }
-                    Ok(())
-                })
+                std::thread::Builder::new()
+                    .name(format!("bench-queue-{q}"))
+                    .spawn_scoped(scope, move || -> anyhow::Result<()> {
+                        let mut first = lo;
+                        while first < hi {
+                            let n = REQUEST_PAGES.min(hi - first);
+                            write(s, c, first, src.pages_at(base, first, n, &mut scratch))?;
+                            first += n;
+                        }
+                        Ok(())
+                    })
             })
             .collect();
+        let writers = match writers {
+            Ok(w) => w,
+            Err(e) => {
+                // The reader stops too; the scope then joins every thread it started.
+                stop.store(true, Ordering::Relaxed);
+                return Err(anyhow::Error::new(e).context("starting a writer thread"));
+            }
+        };
         let mut result = Ok(());
         for w in writers {
             let r = w
@@ -192,7 +207,7 @@ pub fn run(corpus: &[u8], setup: &Setup) -> anyhow::Result<Run> {
         let ack = t0.elapsed();
         compression.flush();
         let compressed = t0.elapsed();
-        let cpu1 = cpu_time(CpuOf::Process)?;
+        let after = usage(CpuOf::Process)?;
         stop.store(true, Ordering::Relaxed);
         let (busy, reader_cpu) = reader
             .join()
@@ -201,7 +216,8 @@ pub fn run(corpus: &[u8], setup: &Setup) -> anyhow::Result<Run> {
         anyhow::Ok((
             ack,
             compressed,
-            (cpu1 - cpu0).saturating_sub(reader_cpu),
+            (after.cpu - before.cpu).saturating_sub(reader_cpu),
+            after.faults - before.faults,
             busy,
             bad_reads.load(Ordering::Relaxed) == 0,
         ))
@@ -225,6 +241,7 @@ pub fn run(corpus: &[u8], setup: &Setup) -> anyhow::Result<Run> {
         ack,
         compressed,
         cpu,
+        faults,
         idle_reads: idle,
         busy_reads: busy,
         orig_bytes: stats.orig_data_size,

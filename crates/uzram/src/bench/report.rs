@@ -30,6 +30,8 @@ pub struct Report {
     pub compressed_s: f64,
     /// Process CPU-seconds per GiB ingested, the timing reader's own left out (median).
     pub cpu_s_per_gib: f64,
+    /// Page faults of the process per GiB ingested (median): memory the store took.
+    pub faults_per_gib: f64,
     pub read_idle_p50_us: f64,
     pub read_idle_p99_us: f64,
     pub read_busy_p50_us: f64,
@@ -82,6 +84,7 @@ impl Report {
             ack_s: m(&|r| r.ack.as_secs_f64()),
             compressed_s: m(&|r| r.compressed.as_secs_f64()),
             cpu_s_per_gib: m(&|r| r.cpu.as_secs_f64() / (bytes as f64 / (1u64 << 30) as f64)),
+            faults_per_gib: m(&|r| r.faults as f64 / (bytes as f64 / (1u64 << 30) as f64)),
             read_idle_p50_us: m(&|r| pct(&r.idle_reads, 0.50)),
             read_idle_p99_us: m(&|r| pct(&r.idle_reads, 0.99)),
             read_busy_p50_us: m(&|r| pct(&r.busy_reads, 0.50)),
