@@ -65,20 +65,24 @@ unsafe impl GlobalAlloc for Refusing {
 #[global_allocator]
 static ALLOC: Refusing = Refusing;
 
-/// The failing window is process-wide: one test at a time.
+/// The failing window is process-wide: each test holds this for its whole run, so no other
+/// test allocates while one refuses.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-struct Failing<'a>(#[allow(dead_code)] MutexGuard<'a, ()>);
-
-/// Refuses allocations of `from` bytes or more until the guard drops.
-fn failing(from: usize) -> Failing<'static> {
-    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    FAIL_FROM.store(from, Ordering::Relaxed);
-    FAILING.store(true, Ordering::Relaxed);
-    Failing(guard)
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl Drop for Failing<'_> {
+struct Failing;
+
+/// Refuses allocations of `from` bytes or more until the guard drops (hold [`serial`]).
+fn failing(from: usize) -> Failing {
+    FAIL_FROM.store(from, Ordering::Relaxed);
+    FAILING.store(true, Ordering::Relaxed);
+    Failing
+}
+
+impl Drop for Failing {
     fn drop(&mut self) {
         FAILING.store(false, Ordering::Relaxed);
     }
@@ -98,6 +102,7 @@ fn noise(seed: u64) -> [u8; PAGE_SIZE] {
 
 #[test]
 fn an_arena_that_cannot_grow_fails_the_write_with_enomem() {
+    let _serial = serial();
     let store = PageStore::new(StoreConfig::new(64, Algorithm::Lz4)).unwrap();
     store.prepare_thread().unwrap();
     let page = noise(1);
@@ -120,6 +125,7 @@ fn an_arena_that_cannot_grow_fails_the_write_with_enomem() {
 
 #[test]
 fn a_fill_word_without_room_in_the_side_map_fails_with_enomem() {
+    let _serial = serial();
     let store = PageStore::new(StoreConfig::new(64, Algorithm::Lz4)).unwrap();
     store.prepare_thread().unwrap();
     // A fill word that does not fit an entry goes to the side map, whose first insert
@@ -139,6 +145,7 @@ fn a_fill_word_without_room_in_the_side_map_fails_with_enomem() {
 
 #[test]
 fn a_codec_that_cannot_be_made_fails_at_start_not_on_a_request() {
+    let _serial = serial();
     let store = PageStore::new(StoreConfig::new(8, Algorithm::Lz4)).unwrap();
     // A fresh thread: its codec does not exist yet. LZ4's position table is 16 KiB.
     let refused = std::thread::spawn(move || {
@@ -156,6 +163,7 @@ fn a_codec_that_cannot_be_made_fails_at_start_not_on_a_request() {
 
 #[test]
 fn a_ring_that_cannot_get_its_buffers_does_not_start() {
+    let _serial = serial();
     let store = Arc::new(PageStore::new(StoreConfig::new(64, Algorithm::Lz4)).unwrap());
     let host = Arc::new(HostSlots::new(Algorithm::Lz4, 2, 16));
     let err = {
@@ -168,6 +176,7 @@ fn a_ring_that_cannot_get_its_buffers_does_not_start() {
 
 #[test]
 fn installs_wait_for_memory_and_lose_nothing() {
+    let _serial = serial();
     let store = Arc::new(PageStore::new(StoreConfig::new(256, Algorithm::Lz4)).unwrap());
     let host = Arc::new(HostSlots::with_faults(
         Algorithm::Lz4,

@@ -202,6 +202,10 @@ pub struct BenchArgs {
     /// Runs per backend; medians are reported.
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
+    /// Untimed runs per backend first: the process's heap then has the memory a running
+    /// daemon has reused since its start (its first writes fault pages in, once).
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
     /// Compressed pages of this many bytes or more are stored raw (1..=4096).
     #[arg(long, default_value_t = uzram_core::StoreConfig::DEFAULT_RAW_THRESHOLD)]
     pub raw_threshold: usize,

@@ -267,21 +267,26 @@ impl Arena {
         let mut fresh: Option<Segment> = None;
         loop {
             let mut meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
+            // One read guard for the whole run of allocations (dropped to grow).
+            let mut segments = Some(self.segments.read().unwrap_or_else(PoisonError::into_inner));
             while *done < lens.len() {
                 let len = lens[*done];
                 debug_assert!((1..=PAGE_SIZE).contains(&len));
                 let class = class_of(len);
                 let size = (class * CLASS_GRANULE) as u64;
-                let segments = self.segments.read().unwrap_or_else(PoisonError::into_inner);
-                if let Some(h) = meta.take(&segments, class) {
-                    drop(segments);
+                let guard = match &segments {
+                    Some(g) => g,
+                    None => segments
+                        .insert(self.segments.read().unwrap_or_else(PoisonError::into_inner)),
+                };
+                if let Some(h) = meta.take(guard, class) {
                     meta.objects += 1;
                     meta.class_bytes += size;
                     handles[*done] = h;
                     *done += 1;
                     continue;
                 }
-                drop(segments);
+                segments = None;
                 self.check_growth(&meta, budget)?;
                 match fresh.take() {
                     Some(segment) => self.grow(&mut meta, segment)?,
@@ -360,22 +365,28 @@ impl Arena {
     /// [`Arena::free`] for several `(handle, len)` objects under one lock.
     pub(crate) fn free_many(&self, objects: impl IntoIterator<Item = (u64, usize)>) {
         let mut meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut segments = Some(self.segments.read().unwrap_or_else(PoisonError::into_inner));
         for (handle, len) in objects {
             let class = class_of(len);
             meta.objects -= 1;
             meta.class_bytes -= (class * CLASS_GRANULE) as u64;
             if meta.objects == 0 {
-                let mut segments = self
+                segments = None;
+                let mut all = self
                     .segments
                     .write()
                     .unwrap_or_else(PoisonError::into_inner);
-                *segments = Vec::new();
+                *all = Vec::new();
                 meta.clear_free();
                 meta.segments = 0;
                 meta.frontier = 0;
             } else {
-                let segments = self.segments.read().unwrap_or_else(PoisonError::into_inner);
-                meta.push_free(&segments, class, handle);
+                let guard = match &segments {
+                    Some(g) => g,
+                    None => segments
+                        .insert(self.segments.read().unwrap_or_else(PoisonError::into_inner)),
+                };
+                meta.push_free(guard, class, handle);
             }
         }
     }
@@ -403,16 +414,23 @@ impl Arena {
     /// space until the caller publishes it under a shard lock (whose release orders
     /// these stores before any reader's loads).
     pub(crate) fn write(&self, handle: u64, data: &[u8]) {
-        let (seg, off) = split(handle);
+        self.write_many(std::iter::once((handle, data)));
+    }
+
+    /// [`Arena::write`] for several objects, with one look at the segment list.
+    pub(crate) fn write_many<'d>(&self, objects: impl IntoIterator<Item = (u64, &'d [u8])>) {
         let segments = self.segments.read().unwrap_or_else(PoisonError::into_inner);
-        let words = segments
-            .get(seg)
-            .and_then(|s| s.get(off / 8..(off + data.len()).div_ceil(8)));
-        if let Some(words) = words {
-            for (word, chunk) in words.iter().zip(data.chunks(8)) {
-                let mut bytes = [0u8; 8];
-                bytes[..chunk.len()].copy_from_slice(chunk);
-                word.store(u64::from_le_bytes(bytes), Relaxed);
+        for (handle, data) in objects {
+            let (seg, off) = split(handle);
+            let words = segments
+                .get(seg)
+                .and_then(|s| s.get(off / 8..(off + data.len()).div_ceil(8)));
+            if let Some(words) = words {
+                for (word, chunk) in words.iter().zip(data.chunks(8)) {
+                    let mut bytes = [0u8; 8];
+                    bytes[..chunk.len()].copy_from_slice(chunk);
+                    word.store(u64::from_le_bytes(bytes), Relaxed);
+                }
             }
         }
     }

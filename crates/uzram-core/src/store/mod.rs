@@ -1,9 +1,10 @@
 //! [`PageStore`]: a sharded page table over a size-class arena.
 //!
 //! - The table is striped over up to [`MAX_SHARDS`] reader-writer locks in groups of
-//!   [`GROUP_PAGES`] consecutive pages (page `p` lives in shard `(p / 16) % shards`), so a
-//!   64 KiB request takes one lock, not sixteen; each page costs one 8-byte entry
-//!   (`entry.rs`).
+//!   [`GROUP_PAGES`] consecutive pages, so a 64 KiB request takes one lock, not sixteen.
+//!   Groups go to shards by a hash: writers that walk regions a power of two apart (swap
+//!   clusters, queue threads) would otherwise meet on the same lock at every step. Each
+//!   page costs one 8-byte entry (`entry.rs`).
 //! - Compressed bytes live in one size-class arena (`arena.rs`) shared by all shards.
 //! - Compression and decompression never run under the bookkeeping locks: a write
 //!   compresses on the calling thread, copies the result into freshly reserved arena
@@ -213,11 +214,11 @@ impl PageStore {
         let groups = pages.div_ceil(GROUP_PAGES);
         let shards = groups.next_power_of_two().min(MAX_SHARDS);
         let shard_shift = shards.trailing_zeros();
+        // Groups come in rows of one group per shard (see `locate`): every shard holds one
+        // group of every row.
+        let rows = groups.div_ceil(shards);
         let shards: Box<[RwLock<Shard>]> = (0..shards)
-            .map(|s| {
-                let groups_here = groups.saturating_sub(s).div_ceil(shards);
-                RwLock::new(Shard::new(groups_here * GROUP_PAGES))
-            })
+            .map(|_| RwLock::new(Shard::new(rows * GROUP_PAGES)))
             .collect();
         // The store struct minus the arena inside it (the arena counts itself).
         let table_bytes = (std::mem::size_of::<Self>() - std::mem::size_of::<Arena>()
@@ -509,16 +510,21 @@ impl PageStore {
         let mut unused = try_vec(commits.len())?;
         self.arena
             .alloc_many(&lens, Budget::Reserved, &mut handles)?;
+        self.arena.write_many(
+            handles
+                .iter()
+                .copied()
+                .zip(commits.iter().filter_map(payload)),
+        );
         let mut next = handles.iter();
-        slots.extend(commits.iter().map(|c| match (c.state, c.encoded) {
-            (CommitState::Waiting, Encoded::SameFilled(word)) => {
-                Some((Slot::Same(word), same_cost()))
+        slots.extend(commits.iter().map(|c| {
+            match (c.state, c.encoded) {
+                (CommitState::Waiting, Encoded::SameFilled(word)) => {
+                    Some((Slot::Same(word), same_cost()))
+                }
+                _ => payload(c)
+                    .map(|bytes| stored(next.next().copied().unwrap_or_default(), bytes.len())),
             }
-            (CommitState::Waiting, Encoded::Compressed(bytes)) => {
-                Some(self.place(next.next(), bytes))
-            }
-            (CommitState::Waiting, Encoded::Raw(page)) => Some(self.place(next.next(), page)),
-            _ => None,
         }));
         let mut start = 0;
         while start < commits.len() {
@@ -578,13 +584,6 @@ impl PageStore {
                 Ok(None) | Err(_) => unused.push(slot),
             }
         }
-    }
-
-    /// Writes `bytes` into the arena room `handle` (reserved for exactly this length).
-    fn place(&self, handle: Option<&u64>, bytes: &[u8]) -> (Slot, PageCost) {
-        let handle = handle.copied().unwrap_or_default();
-        self.arena.write(handle, bytes);
-        stored(handle, bytes.len())
     }
 
     /// Compacts the arena like zram's `compact`: slides every stored page's bytes down to
@@ -759,16 +758,25 @@ impl PageStore {
         (totals, side)
     }
 
-    /// The shard of page `index`, and the page's index within it.
+    /// The shard of page `index`, and the page's index within it. Groups of 16 pages form
+    /// rows of one group per shard; within a row the groups go to the shards in order,
+    /// rotated by a hash of the row, so the same position in different rows lands on
+    /// unrelated shards.
     fn locate(&self, index: u64) -> (&RwLock<Shard>, u64) {
-        let group = index >> GROUP_SHIFT;
+        let row = (index >> GROUP_SHIFT) >> self.shard_shift;
         let within = index & (GROUP_PAGES as u64 - 1);
-        let idx = ((group >> self.shard_shift) << GROUP_SHIFT) | within;
-        (&self.shards[self.shard_of(index)], idx)
+        (
+            &self.shards[self.shard_of(index)],
+            (row << GROUP_SHIFT) | within,
+        )
     }
 
     fn shard_of(&self, index: u64) -> usize {
-        ((index >> GROUP_SHIFT) & self.shard_mask) as usize
+        let group = index >> GROUP_SHIFT;
+        let row = group >> self.shard_shift;
+        // Fibonacci hashing: the top bits of row × 2^64/φ.
+        let rotate = row.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (63 - self.shard_shift) >> 1;
+        (group.wrapping_add(rotate) & self.shard_mask) as usize
     }
 
     fn check_buffer(&self, first: u64, len: usize) -> Result<u64, CoreError> {
@@ -793,6 +801,15 @@ impl PageStore {
             end: first.saturating_add(count),
             pages: self.pages,
         }
+    }
+}
+
+/// The bytes a waiting commit stores in the arena, if any.
+fn payload<'a>(c: &Commit<'a>) -> Option<&'a [u8]> {
+    match (c.state, c.encoded) {
+        (CommitState::Waiting, Encoded::Compressed(bytes)) => Some(bytes),
+        (CommitState::Waiting, Encoded::Raw(page)) => Some(&page[..]),
+        _ => None,
     }
 }
 

@@ -551,3 +551,44 @@ fn compact_releases_memory_after_scattered_discards() {
     store.write(1, &text_page(77)).unwrap();
     assert_eq!(read_page(&store, 1), text_page(77));
 }
+
+#[test]
+fn pages_map_one_to_one_onto_shard_entries() {
+    for pages in [1u64, 15, 16, 17, 1000, 4096 * 16 + 5, 1 << 20] {
+        let store = store(pages);
+        let mut seen = std::collections::HashSet::new();
+        for p in 0..pages {
+            let (shard, idx) = store.locate(p);
+            let s = store
+                .shards
+                .iter()
+                .position(|x| std::ptr::eq(x, shard))
+                .unwrap();
+            assert_eq!(s, store.shard_of(p));
+            assert!(read_lock(shard).get(idx).is_some(), "{pages}: page {p}");
+            assert!(seen.insert((s, idx)), "{pages}: page {p} collides");
+        }
+    }
+}
+
+#[test]
+fn a_request_is_one_shard_and_distant_regions_are_not_in_lockstep() {
+    let store = store(1 << 20);
+    // A 64 KiB request (16 aligned pages) takes one shard.
+    for first in (0..4096u64).step_by(16) {
+        let s = store.shard_of(first);
+        assert!((first..first + 16).all(|p| store.shard_of(p) == s));
+    }
+    // Four writers 64 Ki pages apart (a power of two, as queue regions and swap clusters
+    // are) do not walk the shards in lockstep.
+    let steps = 256u64;
+    let same = (0..steps)
+        .filter(|i| {
+            let shards: Vec<usize> = (0..4u64)
+                .map(|w| store.shard_of(w * 65536 + i * 16))
+                .collect();
+            shards.iter().all(|&s| s == shards[0])
+        })
+        .count();
+    assert!(same < 8, "{same} of {steps} steps in lockstep");
+}

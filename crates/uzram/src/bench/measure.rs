@@ -33,6 +33,8 @@ pub struct Setup {
     pub queues: usize,
     /// Pages written by the writers (the corpus repeated).
     pub pages: usize,
+    /// Untimed runs before the measured ones.
+    pub warmup: usize,
 }
 
 /// What one run measured.

@@ -56,7 +56,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 raw_threshold: args.raw_threshold,
                 queues: args.queues,
                 pages,
+                warmup: args.warmup,
             };
+            for _ in 0..args.warmup {
+                measure::run(&corpus, &setup)?;
+            }
             let runs = (0..args.repeat)
                 .map(|_| measure::run(&corpus, &setup))
                 .collect::<anyhow::Result<Vec<_>>>()?;

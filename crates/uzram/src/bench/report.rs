@@ -20,6 +20,7 @@ pub struct Report {
     pub algorithm: String,
     pub queues: usize,
     pub repeat: usize,
+    pub warmup: usize,
     pub pages: usize,
     pub bytes: u64,
     /// Bytes ÷ time until everything was compressed (median).
@@ -77,6 +78,7 @@ impl Report {
             algorithm: setup.algorithm.to_string(),
             queues: setup.queues,
             repeat: runs.len(),
+            warmup: setup.warmup,
             pages: setup.pages,
             bytes,
             ingest_gbps: m(&|r| bytes as f64 / secs(r.compressed) / 1e9),
