@@ -14,13 +14,14 @@
 //! The bytes sit in segments of atomic words: an object is written once, before its
 //! page entry is published under a shard lock, and copied out by readers that hold that
 //! shard lock, so copies need no lock of their own and threads that fill the same
-//! segment never wait for each other. The segment list has a reader-writer lock that
-//! only growth and the final release take for writing.
+//! segment never wait for each other. Segments are found through `segments.rs`, where
+//! each has a lock of its own that only its creation and release take for writing.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::entry::HANDLE_ALIGN;
+use super::segments::{Segment, SegmentTable};
 use crate::page::PAGE_SIZE;
 use crate::CoreError;
 
@@ -32,10 +33,6 @@ const CLASSES: usize = PAGE_SIZE / CLASS_GRANULE + 1;
 const BITMAP_WORDS: usize = CLASSES.div_ceil(64);
 /// End of a free list.
 const NONE: u64 = u64::MAX;
-
-/// A segment's bytes, as little-endian words: written and read with relaxed atomic
-/// accesses, so copies need no per-segment lock (see [`Arena::write`]).
-type Segment = Box<[AtomicU64]>;
 
 /// The class of an object of `len` bytes (1..=PAGE_SIZE).
 fn class_of(len: usize) -> usize {
@@ -94,7 +91,7 @@ struct Meta {
 }
 
 impl Meta {
-    fn push_free(&mut self, segments: &[Segment], class: usize, handle: u64) {
+    fn push_free(&mut self, segments: &SegmentTable, class: usize, handle: u64) {
         let next = self.free[class];
         if !set_word(segments, handle, next) {
             // Not in the arena: a caller bug; dropping the hole only leaks its space.
@@ -105,7 +102,7 @@ impl Meta {
         self.free_bytes += (class * CLASS_GRANULE) as u64;
     }
 
-    fn pop_free(&mut self, segments: &[Segment], class: usize) -> Option<u64> {
+    fn pop_free(&mut self, segments: &SegmentTable, class: usize) -> Option<u64> {
         let handle = self.free[class];
         if handle == NONE {
             return None;
@@ -127,7 +124,7 @@ impl Meta {
 
     /// Room for an object of `class` without growing: a hole of that class, the frontier
     /// of the newest segment, or the front of a larger hole (its rest goes back on a list).
-    fn take(&mut self, segments: &[Segment], class: usize) -> Option<u64> {
+    fn take(&mut self, segments: &SegmentTable, class: usize) -> Option<u64> {
         let size = (class * CLASS_GRANULE) as u64;
         if let Some(h) = self.pop_free(segments, class) {
             return Some(h);
@@ -164,15 +161,16 @@ impl Meta {
 #[derive(Debug)]
 pub(crate) struct Arena {
     meta: Mutex<Meta>,
-    segments: RwLock<Vec<Segment>>,
+    segments: SegmentTable,
     /// Memory outside the arena that counts against the limit (the page table).
     base_bytes: u64,
     limit: Option<u64>,
 }
 
 impl Arena {
-    /// An empty arena. `base_bytes` is memory held elsewhere that counts against `limit`.
-    pub(crate) fn new(base_bytes: u64, limit: Option<u64>) -> Self {
+    /// An empty arena of up to `max_segments` segments. `base_bytes` is memory held
+    /// elsewhere that counts against `limit`.
+    pub(crate) fn new(base_bytes: u64, limit: Option<u64>, max_segments: usize) -> Self {
         Self {
             meta: Mutex::new(Meta {
                 frontier: 0,
@@ -185,7 +183,7 @@ impl Arena {
                 max_held: 0,
                 compacted_pages: 0,
             }),
-            segments: RwLock::new(Vec::new()),
+            segments: SegmentTable::new(max_segments),
             base_bytes,
             limit,
         }
@@ -195,21 +193,14 @@ impl Arena {
         std::mem::size_of::<Self>() as u64
     }
 
-    fn held(meta: &Meta, segment_slots: usize) -> u64 {
-        Self::fixed_bytes()
-            + (meta.segments * SEGMENT_SIZE) as u64
-            + (segment_slots * std::mem::size_of::<Segment>()) as u64
+    fn held(&self, meta: &Meta) -> u64 {
+        Self::fixed_bytes() + (meta.segments * SEGMENT_SIZE) as u64 + self.segments.bytes()
     }
 
     /// Current usage.
     pub(crate) fn usage(&self) -> ArenaUsage {
         let meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
-        let slots = self
-            .segments
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .capacity();
-        let held_bytes = Self::held(&meta, slots);
+        let held_bytes = self.held(&meta);
         ArenaUsage {
             held_bytes,
             max_held_bytes: meta.max_held.max(held_bytes),
@@ -267,26 +258,18 @@ impl Arena {
         let mut fresh: Option<Segment> = None;
         loop {
             let mut meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
-            // One read guard for the whole run of allocations (dropped to grow).
-            let mut segments = Some(self.segments.read().unwrap_or_else(PoisonError::into_inner));
             while *done < lens.len() {
                 let len = lens[*done];
                 debug_assert!((1..=PAGE_SIZE).contains(&len));
                 let class = class_of(len);
                 let size = (class * CLASS_GRANULE) as u64;
-                let guard = match &segments {
-                    Some(g) => g,
-                    None => segments
-                        .insert(self.segments.read().unwrap_or_else(PoisonError::into_inner)),
-                };
-                if let Some(h) = meta.take(guard, class) {
+                if let Some(h) = meta.take(&self.segments, class) {
                     meta.objects += 1;
                     meta.class_bytes += size;
                     handles[*done] = h;
                     *done += 1;
                     continue;
                 }
-                segments = None;
                 self.check_growth(&meta, budget)?;
                 match fresh.take() {
                     Some(segment) => self.grow(&mut meta, segment)?,
@@ -303,27 +286,17 @@ impl Arena {
         }
     }
 
-    /// Fails with [`CoreError::MemLimit`] if one more segment would pass the limit.
+    /// Fails with [`CoreError::MemLimit`] if one more segment would pass the limit, and
+    /// with `NoMemory` if the segment table is full.
     fn check_growth(&self, meta: &Meta, budget: Budget) -> Result<(), CoreError> {
+        if meta.segments >= self.segments.capacity() {
+            return Err(CoreError::NoMemory);
+        }
         let (Some(limit), Budget::Limited { reserved }) = (self.limit, budget) else {
             return Ok(());
         };
-        let slots = self
-            .segments
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .capacity();
-        let after_slots = if meta.segments == slots {
-            (slots * 2).max(4)
-        } else {
-            slots
-        };
-        let used = self.base_bytes + reserved + Self::held(meta, slots);
-        let after = self.base_bytes
-            + reserved
-            + Self::held(meta, after_slots)
-            + SEGMENT_SIZE as u64
-            + std::mem::size_of::<u64>() as u64;
+        let used = self.base_bytes + reserved + self.held(meta);
+        let after = used + SEGMENT_SIZE as u64 + self.segments.growth_bytes(meta.segments);
         if after > limit {
             return Err(CoreError::MemLimit { limit, used });
         }
@@ -333,26 +306,16 @@ impl Arena {
     /// Adds `segment` and moves the frontier to its start; the old segment's unused tail
     /// goes onto the free lists. The caller checked the limit under the same lock.
     fn grow(&self, meta: &mut Meta, segment: Segment) -> Result<(), CoreError> {
-        let mut segments = self
-            .segments
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        if segments.len() == segments.capacity() {
-            let more = segments.capacity().max(4);
-            segments
-                .try_reserve_exact(more)
-                .map_err(|_| CoreError::NoMemory)?;
-        }
+        self.segments.install(meta.segments, segment)?;
         let end = (meta.segments * SEGMENT_SIZE) as u64;
         let tail = (end - meta.frontier) as usize / CLASS_GRANULE;
         if tail > 0 {
             let at = meta.frontier;
-            meta.push_free(&segments, tail, at);
+            meta.push_free(&self.segments, tail, at);
         }
-        segments.push(segment);
-        meta.segments = segments.len();
+        meta.segments += 1;
         meta.frontier = end;
-        meta.max_held = meta.max_held.max(Self::held(meta, segments.capacity()));
+        meta.max_held = meta.max_held.max(self.held(meta));
         Ok(())
     }
 
@@ -365,28 +328,19 @@ impl Arena {
     /// [`Arena::free`] for several `(handle, len)` objects under one lock.
     pub(crate) fn free_many(&self, objects: impl IntoIterator<Item = (u64, usize)>) {
         let mut meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut segments = Some(self.segments.read().unwrap_or_else(PoisonError::into_inner));
         for (handle, len) in objects {
             let class = class_of(len);
             meta.objects -= 1;
             meta.class_bytes -= (class * CLASS_GRANULE) as u64;
             if meta.objects == 0 {
-                segments = None;
-                let mut all = self
-                    .segments
-                    .write()
-                    .unwrap_or_else(PoisonError::into_inner);
-                *all = Vec::new();
+                for i in 0..meta.segments {
+                    self.segments.release(i);
+                }
                 meta.clear_free();
                 meta.segments = 0;
                 meta.frontier = 0;
             } else {
-                let guard = match &segments {
-                    Some(g) => g,
-                    None => segments
-                        .insert(self.segments.read().unwrap_or_else(PoisonError::into_inner)),
-                };
-                meta.push_free(guard, class, handle);
+                meta.push_free(&self.segments, class, handle);
             }
         }
     }
@@ -395,10 +349,10 @@ impl Arena {
     /// is not in the arena (a corrupt entry: the store reports it instead of panicking).
     pub(crate) fn load(&self, handle: u64, len: usize, out: &mut [u8]) -> bool {
         let (seg, off) = split(handle);
-        let segments = self.segments.read().unwrap_or_else(PoisonError::into_inner);
-        let words = segments
-            .get(seg)
-            .and_then(|s| s.get(off / 8..(off + len).div_ceil(8)));
+        let Some(segment) = self.segments.read(seg) else {
+            return false;
+        };
+        let words = segment.words().get(off / 8..(off + len).div_ceil(8));
         let (Some(words), Some(out)) = (words, out.get_mut(..len)) else {
             return false;
         };
@@ -417,14 +371,15 @@ impl Arena {
         self.write_many(std::iter::once((handle, data)));
     }
 
-    /// [`Arena::write`] for several objects, with one look at the segment list.
+    /// [`Arena::write`] for several objects, locking each segment once per run of
+    /// objects in it.
     pub(crate) fn write_many<'d>(&self, objects: impl IntoIterator<Item = (u64, &'d [u8])>) {
-        let segments = self.segments.read().unwrap_or_else(PoisonError::into_inner);
+        let mut cursor = self.segments.cursor();
         for (handle, data) in objects {
             let (seg, off) = split(handle);
-            let words = segments
-                .get(seg)
-                .and_then(|s| s.get(off / 8..(off + data.len()).div_ceil(8)));
+            let words = cursor
+                .words(seg)
+                .get(off / 8..(off + data.len()).div_ceil(8));
             if let Some(words) = words {
                 for (word, chunk) in words.iter().zip(data.chunks(8)) {
                     let mut bytes = [0u8; 8];
@@ -474,11 +429,7 @@ impl Compaction<'_> {
     pub(crate) fn run(&mut self, objects: &mut [Object]) -> u64 {
         objects.sort_unstable_by_key(|o| o.handle);
         let meta = &mut *self.meta;
-        let mut segments = self
-            .arena
-            .segments
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
+        let segments = &self.arena.segments;
         meta.clear_free();
         let seg_size = SEGMENT_SIZE as u64;
         let mut cursor = 0u64;
@@ -489,19 +440,21 @@ impl Compaction<'_> {
                 let tail = ((next - cursor) as usize) / CLASS_GRANULE;
                 // No object that still has to move lies in this tail: one that did
                 // not fit here came from a later segment.
-                meta.push_free(&segments, tail, cursor);
+                meta.push_free(segments, tail, cursor);
                 cursor = next;
             }
             if cursor != object.handle {
-                move_words(&segments, object.handle, cursor, size);
+                move_words(segments, object.handle, cursor, size);
                 object.handle = cursor;
             }
             cursor += size;
         }
         let keep = cursor.div_ceil(seg_size) as usize;
-        let released = segments.len().saturating_sub(keep);
-        segments.truncate(keep);
-        meta.segments = segments.len();
+        let released = meta.segments.saturating_sub(keep);
+        for i in keep..meta.segments {
+            segments.release(i);
+        }
+        meta.segments = meta.segments.min(keep);
         meta.frontier = cursor;
         let pages = (released * SEGMENT_SIZE / PAGE_SIZE) as u64;
         meta.compacted_pages += pages;
@@ -511,12 +464,18 @@ impl Compaction<'_> {
 
 /// Copies `size` bytes from `from` to `to` (`to < from`), ascending, word by word: safe
 /// for overlapping ranges in that direction.
-fn move_words(segments: &[Segment], from: u64, to: u64, size: u64) {
+fn move_words(segments: &SegmentTable, from: u64, to: u64, size: u64) {
     let (fs, fo) = split(from);
     let (ts, to_off) = split(to);
-    let (Some(src), Some(dst)) = (segments.get(fs), segments.get(ts)) else {
+    let (Some(src), dst) = (segments.read(fs), (ts != fs).then(|| segments.read(ts))) else {
         return;
     };
+    let dst = match &dst {
+        Some(Some(d)) => d.words(),
+        Some(None) => return,
+        None => src.words(),
+    };
+    let src = src.words();
     let words = (size / 8) as usize;
     for i in 0..words {
         if let (Some(s), Some(d)) = (src.get(fo / 8 + i), dst.get(to_off / 8 + i)) {
@@ -526,21 +485,24 @@ fn move_words(segments: &[Segment], from: u64, to: u64, size: u64) {
 }
 
 /// Writes one word at `handle`; `false` if it is not in the arena.
-fn set_word(segments: &[Segment], handle: u64, value: u64) -> bool {
+fn set_word(segments: &SegmentTable, handle: u64, value: u64) -> bool {
     let (seg, off) = split(handle);
-    match segments.get(seg).and_then(|s| s.get(off / 8)) {
-        Some(word) => {
-            word.store(value, Relaxed);
-            true
-        }
+    match segments.read(seg) {
+        Some(s) => match s.words().get(off / 8) {
+            Some(word) => {
+                word.store(value, Relaxed);
+                true
+            }
+            None => false,
+        },
         None => false,
     }
 }
 
 /// Reads one word at `handle`.
-fn get_word(segments: &[Segment], handle: u64) -> Option<u64> {
+fn get_word(segments: &SegmentTable, handle: u64) -> Option<u64> {
     let (seg, off) = split(handle);
-    Some(segments.get(seg)?.get(off / 8)?.load(Relaxed))
+    Some(segments.read(seg)?.words().get(off / 8)?.load(Relaxed))
 }
 
 /// A zeroed segment, or `NoMemory` when the allocator has none to give. The allocation is
@@ -577,7 +539,7 @@ mod tests {
 
     #[test]
     fn stores_and_reads_back() {
-        let arena = Arena::new(0, None);
+        let arena = Arena::new(0, None, 4096);
         let a = arena.store(&[1; 100], LIMITED).unwrap();
         let b = arena.store(&[2; 4096], LIMITED).unwrap();
         let c = arena.store(&[3; 1], LIMITED).unwrap();
@@ -592,7 +554,7 @@ mod tests {
 
     #[test]
     fn freed_space_is_reused_by_the_same_class() {
-        let arena = Arena::new(0, None);
+        let arena = Arena::new(0, None, 4096);
         let keep = arena.store(&[9; 50], LIMITED).unwrap();
         let a = arena.store(&[1; 100], LIMITED).unwrap();
         arena.free(a, 100);
@@ -606,7 +568,7 @@ mod tests {
 
     #[test]
     fn split_hole_serves_smaller_class_and_keeps_remainder() {
-        let arena = Arena::new(0, None);
+        let arena = Arena::new(0, None, 4096);
         // Fill a segment exactly with 4096-byte objects (16 of them).
         let objs: Vec<u64> = (0..SEGMENT_SIZE / PAGE_SIZE)
             .map(|_| arena.store(&[1; 4096], LIMITED).unwrap())
@@ -628,7 +590,7 @@ mod tests {
 
     #[test]
     fn freeing_everything_releases_all_segments() {
-        let arena = Arena::new(0, None);
+        let arena = Arena::new(0, None, 4096);
         let handles: Vec<u64> = (0..100)
             .map(|_| arena.store(&[4; 3000], LIMITED).unwrap())
             .collect();
@@ -640,13 +602,23 @@ mod tests {
         assert_eq!(usage.segment_bytes, 0);
         assert_eq!(usage.objects, 0);
         assert_eq!(usage.free_bytes, 0);
-        assert_eq!(usage.held_bytes, Arena::fixed_bytes());
+        // What stays: the arena itself and its segment table (kept for the next growth).
+        assert_eq!(
+            usage.held_bytes,
+            Arena::fixed_bytes() + arena.segments.bytes()
+        );
+        assert!(arena.segments.bytes() < 8192);
     }
 
     #[test]
     fn limit_refuses_growth_and_keeps_data() {
-        let limit = Arena::fixed_bytes() + SEGMENT_SIZE as u64 + 1024;
-        let arena = Arena::new(0, Some(limit));
+        let table = SegmentTable::new(4096);
+        let limit = Arena::fixed_bytes()
+            + table.bytes()
+            + table.growth_bytes(0)
+            + SEGMENT_SIZE as u64
+            + 1024;
+        let arena = Arena::new(0, Some(limit), 4096);
         let first = arena.store(&[8; 4096], LIMITED).unwrap();
         let mut stored = 1;
         let err = loop {
@@ -666,7 +638,7 @@ mod tests {
 
     #[test]
     fn compaction_slides_objects_down_and_releases_segments() {
-        let arena = Arena::new(0, None);
+        let arena = Arena::new(0, None, 4096);
         let mut live = Vec::new();
         for i in 0..200u64 {
             let len = 1000 + (i as usize * 37) % 3000;
@@ -711,7 +683,7 @@ mod tests {
 
     #[test]
     fn accounting_tracks_rounding_and_free_space() {
-        let arena = Arena::new(0, None);
+        let arena = Arena::new(0, None, 4096);
         let a = arena.store(&[1; 13], LIMITED).unwrap();
         let b = arena.store(&[1; 16], LIMITED).unwrap();
         assert_eq!(arena.usage().class_bytes, 32);
@@ -725,7 +697,7 @@ mod tests {
 
     #[test]
     fn out_of_range_reads_are_refused() {
-        let arena = Arena::new(0, None);
+        let arena = Arena::new(0, None, 4096);
         let mut out = vec![0u8; SEGMENT_SIZE + 8];
         assert!(!arena.load(0, 8, &mut out));
         let h = arena.store(&[1; 8], LIMITED).unwrap();

@@ -21,6 +21,7 @@
 
 mod arena;
 mod entry;
+mod segments;
 mod shard;
 mod stats;
 mod worker;
@@ -242,7 +243,7 @@ impl PageStore {
             shard_mask: (shards.len() - 1) as u64,
             shard_shift,
             shards,
-            arena: Arena::new(table_bytes, cfg.mem_limit),
+            arena: Arena::new(table_bytes, cfg.mem_limit, max_segments(pages)),
             table_bytes,
             counters: Counters::default(),
             staged: AtomicU64::new(0),
@@ -802,6 +803,13 @@ impl PageStore {
             pages: self.pages,
         }
     }
+}
+
+/// Most arena segments a store of `pages` pages can need: every page raw, twice over for
+/// free holes, plus a few; the arena refuses to grow past it (`NoMemory`). Its table costs
+/// about 2 B per page only once the arena grows that far.
+fn max_segments(pages: usize) -> usize {
+    (pages.saturating_mul(2 * PAGE_SIZE) / arena::SEGMENT_SIZE).saturating_add(64)
 }
 
 /// The bytes a waiting commit stores in the arena, if any.

