@@ -71,10 +71,18 @@ impl Default for GpuConfig {
 }
 
 impl GpuConfig {
-    /// Default slot shape for a pinned-host-memory budget: slots of the default size, as
-    /// many as fit (at least 3, so copies, kernels and installs of different slots overlap).
-    pub fn for_pinned_budget(bytes: u64) -> Result<Self, GpuError> {
-        let mut cfg = Self::default();
+    /// The ring for a pinned-host-memory budget: slots of `slot_pages` pages, as many as
+    /// fit (at least 3, so copies, kernels and installs of different slots overlap).
+    pub fn for_pinned_budget(bytes: u64, slot_pages: usize) -> Result<Self, GpuError> {
+        let mut cfg = Self {
+            slot_pages,
+            ..Self::default()
+        };
+        if !(1..=MAX_SLOT_PAGES).contains(&slot_pages) {
+            return Err(GpuError::Config(format!(
+                "slot_pages must be 1..={MAX_SLOT_PAGES}, got {slot_pages}"
+            )));
+        }
         let per = Self::pinned_bytes_per_slot(cfg.slot_pages);
         let slots = usize::try_from(bytes / per).unwrap_or(usize::MAX);
         if slots < 3 {
@@ -180,10 +188,15 @@ mod tests {
 
     #[test]
     fn pinned_budget_decides_the_slot_count() {
-        let c = GpuConfig::for_pinned_budget(128 << 20).unwrap();
+        let c = GpuConfig::for_pinned_budget(128 << 20, 2048).unwrap();
         assert_eq!(c.slots, 7, "{c:?}");
         assert!(c.pinned_bytes() <= 128 << 20);
-        assert!(GpuConfig::for_pinned_budget(40 << 20).is_err());
+        assert_eq!(
+            GpuConfig::for_pinned_budget(128 << 20, 1024).unwrap().slots,
+            15
+        );
+        assert!(GpuConfig::for_pinned_budget(40 << 20, 2048).is_err());
+        assert!(GpuConfig::for_pinned_budget(128 << 20, 0).is_err());
         assert_eq!("high".parse::<Parse>().unwrap(), Parse::High);
         let e = "medium".parse::<Parse>().unwrap_err().to_string();
         assert!(e.contains("fast or high"), "{e}");

@@ -79,6 +79,9 @@ pub struct DeviceArgs {
     /// Threads installing the GPU's results into the store (default 4).
     #[arg(long)]
     pub gpu_installers: Option<u64>,
+    /// Pages per slot of the GPU ring (default 2048; the ring holds --gpu-memory of them).
+    #[arg(long)]
+    pub gpu_slot_pages: Option<u64>,
     /// Rewrite this file with the device's Prometheus metrics every 15 s (for
     /// node_exporter's textfile collector; must end in .prom).
     #[arg(long, value_name = "PATH")]
@@ -221,6 +224,9 @@ pub struct BenchArgs {
     /// Threads installing the GPU's results into the store (default 4).
     #[arg(long)]
     pub gpu_installers: Option<u64>,
+    /// Pages per slot of the GPU ring (default 2048).
+    #[arg(long)]
+    pub gpu_slot_pages: Option<u64>,
     /// Print one JSON object per corpus and backend on stdout.
     #[arg(long)]
     pub json: bool,
@@ -241,6 +247,7 @@ impl DeviceArgs {
             gpu_memory: self.gpu_memory.clone(),
             gpu_parse: self.gpu_parse.clone(),
             gpu_installers: self.gpu_installers,
+            gpu_slot_pages: self.gpu_slot_pages,
             metrics_textfile: self.metrics_textfile.clone(),
         }
     }
@@ -271,6 +278,10 @@ impl DeviceArgs {
         opt(
             "--gpu-installers",
             self.gpu_installers.map(|n| n.to_string()),
+        );
+        opt(
+            "--gpu-slot-pages",
+            self.gpu_slot_pages.map(|n| n.to_string()),
         );
         opt(
             "--metrics-textfile",

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use uzram_core::codec::Algorithm;
+use uzram_core::store::MAX_SLOT_PAGES;
 use uzram_gpu::Parse;
 
 use crate::size::{parse_size, SizeError, MAX_SIZE};
@@ -136,7 +137,12 @@ pub struct GpuSettings {
     pub parse: Parse,
     /// Threads that install the GPU's results into the store.
     pub installers: usize,
+    /// Pages per slot of the ring.
+    pub slot_pages: usize,
 }
+
+/// Default pages per slot of the GPU ring.
+pub const DEFAULT_GPU_SLOT_PAGES: usize = 2048;
 
 /// Default installer threads of the GPU ring.
 pub const DEFAULT_GPU_INSTALLERS: usize = 4;
@@ -150,6 +156,7 @@ impl Default for GpuSettings {
             memory: DEFAULT_GPU_MEMORY,
             parse: Parse::Fast,
             installers: DEFAULT_GPU_INSTALLERS,
+            slot_pages: DEFAULT_GPU_SLOT_PAGES,
         }
     }
 }
@@ -348,6 +355,8 @@ pub struct RawDevice {
     pub gpu_parse: Option<String>,
     /// GPU ring installer threads.
     pub gpu_installers: Option<u64>,
+    /// Pages per GPU ring slot.
+    pub gpu_slot_pages: Option<u64>,
     /// Metrics text file.
     pub metrics_textfile: Option<PathBuf>,
 }
@@ -427,14 +436,17 @@ impl RawDevice {
         if let Some(g) = &self.gpus {
             gpu.gpus = GpuSelect::parse(g)?;
         }
+        if let Some(n) = self.gpu_slot_pages {
+            gpu.slot_pages = ranged("gpu-slot-pages", n, 1, MAX_SLOT_PAGES as u64)? as usize;
+        }
         if let Some(m) = &self.gpu_memory {
             gpu.memory = parse_size(m).map_err(|source| ConfigError::Size {
                 what: "gpu-memory",
                 source,
             })?;
-            uzram_gpu::GpuConfig::for_pinned_budget(gpu.memory)
-                .map_err(|e| ConfigError::GpuMemory(e.to_string()))?;
         }
+        uzram_gpu::GpuConfig::for_pinned_budget(gpu.memory, gpu.slot_pages)
+            .map_err(|e| ConfigError::GpuMemory(e.to_string()))?;
         if let Some(p) = &self.gpu_parse {
             gpu.parse = p.parse().map_err(|_| ConfigError::GpuParse(p.clone()))?;
         }
@@ -530,6 +542,7 @@ struct FileConfig {
     gpu_memory: Option<SizeValue>,
     gpu_parse: Option<String>,
     gpu_installers: Option<u64>,
+    gpu_slot_pages: Option<u64>,
 }
 
 /// A config file, validated: the device and its swap settings.
@@ -685,6 +698,7 @@ pub fn parse_config(path: &Path, text: &str, host: Host) -> Result<Plan, ConfigE
         gpu_memory: file.gpu_memory.map(SizeValue::text),
         gpu_parse: file.gpu_parse,
         gpu_installers: file.gpu_installers,
+        gpu_slot_pages: file.gpu_slot_pages,
         metrics_textfile: file.metrics_textfile,
     };
     Ok(Plan::Device(RunConfig {

@@ -50,6 +50,8 @@ pub struct Run {
     pub cpu: Duration,
     /// Page faults of the process over that span.
     pub faults: u64,
+    /// CPU time over that span by thread role (queues, installers, reader, other).
+    pub cpu_by_role: std::collections::BTreeMap<&'static str, u64>,
     /// Read latencies before the writers started, and while they ran, sorted.
     pub idle_reads: Vec<u32>,
     pub busy_reads: Vec<u32>,
@@ -152,78 +154,92 @@ pub fn run(corpus: &[u8], setup: &Setup) -> anyhow::Result<Run> {
             (src, vec![0u8; REQUEST_PAGES * PAGE_SIZE])
         })
         .collect();
-    let (ack, compressed, cpu, faults, busy, reader_ok) = std::thread::scope(|scope| {
-        // Named, so profiles tell the threads apart.
-        let reader = std::thread::Builder::new()
-            .name("bench-reader".into())
-            .spawn_scoped(scope, || -> anyhow::Result<(Vec<u32>, Duration)> {
-                let start = cpu_time(CpuOf::Thread)?;
-                let mut lats = Vec::with_capacity(MAX_BUSY_SAMPLES);
-                let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-                let mut page = vec![0u8; PAGE_SIZE];
-                while !stop.load(Ordering::Relaxed) && lats.len() < MAX_BUSY_SAMPLES {
-                    let (lat, good) = timed_read(s, c, corpus, &mut seed, &mut page);
-                    lats.push(lat);
-                    if !good {
-                        bad_reads.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                Ok((lats, cpu_time(CpuOf::Thread)? - start))
-            })?;
-        let before = usage(CpuOf::Process)?;
-        let t0 = Instant::now();
-        let writers: std::io::Result<Vec<_>> = sources
-            .into_iter()
-            .enumerate()
-            .map(|(q, (mut src, mut scratch))| {
-                let lo = base + q * per;
-                let hi = (base + (q + 1) * per).min(total);
-                std::thread::Builder::new()
-                    .name(format!("bench-queue-{q}"))
-                    .spawn_scoped(scope, move || -> anyhow::Result<()> {
-                        let mut first = lo;
-                        while first < hi {
-                            let n = REQUEST_PAGES.min(hi - first);
-                            write(s, c, first, src.pages_at(base, first, n, &mut scratch))?;
-                            first += n;
+    let (ack, compressed, cpu, faults, cpu_by_role, busy, reader_ok) =
+        std::thread::scope(|scope| {
+            // Named, so profiles tell the threads apart.
+            let reader = std::thread::Builder::new()
+                .name("bench-reader".into())
+                .spawn_scoped(scope, || -> anyhow::Result<(Vec<u32>, Duration)> {
+                    let start = cpu_time(CpuOf::Thread)?;
+                    let mut lats = Vec::with_capacity(MAX_BUSY_SAMPLES);
+                    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+                    let mut page = vec![0u8; PAGE_SIZE];
+                    while !stop.load(Ordering::Relaxed) && lats.len() < MAX_BUSY_SAMPLES {
+                        let (lat, good) = timed_read(s, c, corpus, &mut seed, &mut page);
+                        lats.push(lat);
+                        if !good {
+                            bad_reads.fetch_add(1, Ordering::Relaxed);
                         }
-                        Ok(())
-                    })
-            })
-            .collect();
-        let writers = match writers {
-            Ok(w) => w,
-            Err(e) => {
-                // The reader stops too; the scope then joins every thread it started.
-                stop.store(true, Ordering::Relaxed);
-                return Err(anyhow::Error::new(e).context("starting a writer thread"));
+                    }
+                    Ok((lats, cpu_time(CpuOf::Thread)? - start))
+                })?;
+            let roles_before = super::threads::cpu_by_role();
+            let before = usage(CpuOf::Process)?;
+            let t0 = Instant::now();
+            let writers: std::io::Result<Vec<_>> = sources
+                .into_iter()
+                .enumerate()
+                .map(|(q, (mut src, mut scratch))| {
+                    let lo = base + q * per;
+                    let hi = (base + (q + 1) * per).min(total);
+                    std::thread::Builder::new()
+                        .name(format!("bench-queue-{q}"))
+                        .spawn_scoped(scope, move || -> anyhow::Result<Duration> {
+                            // Its own CPU, measured here: the thread is gone when the run ends.
+                            let start = cpu_time(CpuOf::Thread)?;
+                            let mut first = lo;
+                            while first < hi {
+                                let n = REQUEST_PAGES.min(hi - first);
+                                write(s, c, first, src.pages_at(base, first, n, &mut scratch))?;
+                                first += n;
+                            }
+                            Ok(cpu_time(CpuOf::Thread)? - start)
+                        })
+                })
+                .collect();
+            let writers = match writers {
+                Ok(w) => w,
+                Err(e) => {
+                    // The reader stops too; the scope then joins every thread it started.
+                    stop.store(true, Ordering::Relaxed);
+                    return Err(anyhow::Error::new(e).context("starting a writer thread"));
+                }
+            };
+            let mut result = Ok(());
+            let mut queues_cpu = Duration::ZERO;
+            for w in writers {
+                match w
+                    .join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a writer thread panicked")))
+                {
+                    Ok(cpu) => queues_cpu += cpu,
+                    Err(e) => result = Err(e),
+                }
             }
-        };
-        let mut result = Ok(());
-        for w in writers {
-            let r = w
+            let ack = t0.elapsed();
+            compression.flush();
+            let compressed = t0.elapsed();
+            let after = usage(CpuOf::Process)?;
+            let mut roles = super::threads::delta(&roles_before, &super::threads::cpu_by_role());
+            roles.insert(
+                "queues",
+                u64::try_from(queues_cpu.as_nanos()).unwrap_or(u64::MAX),
+            );
+            stop.store(true, Ordering::Relaxed);
+            let (busy, reader_cpu) = reader
                 .join()
-                .unwrap_or_else(|_| Err(anyhow::anyhow!("a writer thread panicked")));
-            result = result.and(r);
-        }
-        let ack = t0.elapsed();
-        compression.flush();
-        let compressed = t0.elapsed();
-        let after = usage(CpuOf::Process)?;
-        stop.store(true, Ordering::Relaxed);
-        let (busy, reader_cpu) = reader
-            .join()
-            .unwrap_or_else(|_| Err(anyhow::anyhow!("the reader thread panicked")))?;
-        result?;
-        anyhow::Ok((
-            ack,
-            compressed,
-            (after.cpu - before.cpu).saturating_sub(reader_cpu),
-            after.faults - before.faults,
-            busy,
-            bad_reads.load(Ordering::Relaxed) == 0,
-        ))
-    })?;
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the reader thread panicked")))?;
+            result?;
+            anyhow::Ok((
+                ack,
+                compressed,
+                (after.cpu - before.cpu).saturating_sub(reader_cpu),
+                after.faults - before.faults,
+                roles,
+                busy,
+                bad_reads.load(Ordering::Relaxed) == 0,
+            ))
+        })?;
 
     let verified = ok && reader_ok && verify_all(s, c, corpus, base, total, setup.queues)?;
     let stats = store.stats();
@@ -244,6 +260,7 @@ pub fn run(corpus: &[u8], setup: &Setup) -> anyhow::Result<Run> {
         compressed,
         cpu,
         faults,
+        cpu_by_role,
         idle_reads: idle,
         busy_reads: busy,
         orig_bytes: stats.orig_data_size,

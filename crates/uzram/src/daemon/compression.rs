@@ -138,7 +138,7 @@ impl Compression {
 
 /// Opens the GPU ring's slots as configured.
 fn open_gpu(settings: &GpuSettings) -> anyhow::Result<GpuSlots> {
-    let mut cfg = GpuConfig::for_pinned_budget(settings.memory)?;
+    let mut cfg = GpuConfig::for_pinned_budget(settings.memory, settings.slot_pages)?;
     cfg.devices = settings.gpus.ordinals()?;
     cfg.parse = settings.parse;
     Ok(GpuSlots::new(cfg)?)
