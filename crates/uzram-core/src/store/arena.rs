@@ -356,11 +356,7 @@ impl Arena {
         let (Some(words), Some(out)) = (words, out.get_mut(..len)) else {
             return false;
         };
-        let mut chunks = out.chunks_mut(8);
-        for (word, chunk) in words.iter().zip(chunks.by_ref()) {
-            let bytes = word.load(Relaxed).to_le_bytes();
-            chunk.copy_from_slice(&bytes[..chunk.len()]);
-        }
+        words_to_bytes(words, out);
         true
     }
 
@@ -381,11 +377,7 @@ impl Arena {
                 .words(seg)
                 .get(off / 8..(off + data.len()).div_ceil(8));
             if let Some(words) = words {
-                for (word, chunk) in words.iter().zip(data.chunks(8)) {
-                    let mut bytes = [0u8; 8];
-                    bytes[..chunk.len()].copy_from_slice(chunk);
-                    word.store(u64::from_le_bytes(bytes), Relaxed);
-                }
+                bytes_to_words(data, words);
             }
         }
     }
@@ -459,6 +451,43 @@ impl Compaction<'_> {
         let pages = (released * SEGMENT_SIZE / PAGE_SIZE) as u64;
         meta.compacted_pages += pages;
         pages
+    }
+}
+
+/// Stores `data` into `words` (at least `data.len() / 8` rounded up), little-endian.
+/// Whole words first, then the tail: a fixed 8-byte copy per word, never a `memcpy` call.
+fn bytes_to_words(data: &[u8], words: &[AtomicU64]) {
+    let whole = data.chunks_exact(8);
+    let tail = whole.remainder();
+    let mut words = words.iter();
+    // The byte chunks first in each zip: when they run out, no word is taken.
+    for (chunk, word) in whole.zip(words.by_ref()) {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(chunk);
+        word.store(u64::from_le_bytes(b), Relaxed);
+    }
+    if !tail.is_empty() {
+        if let Some(word) = words.next() {
+            let mut b = [0u8; 8];
+            b[..tail.len()].copy_from_slice(tail);
+            word.store(u64::from_le_bytes(b), Relaxed);
+        }
+    }
+}
+
+/// Loads `out.len()` bytes from `words`, little-endian: the inverse of [`bytes_to_words`].
+fn words_to_bytes(words: &[AtomicU64], out: &mut [u8]) {
+    let mut words = words.iter();
+    let mut whole = out.chunks_exact_mut(8);
+    for (chunk, word) in whole.by_ref().zip(words.by_ref()) {
+        chunk.copy_from_slice(&word.load(Relaxed).to_le_bytes());
+    }
+    let tail = whole.into_remainder();
+    if !tail.is_empty() {
+        if let Some(word) = words.next() {
+            let n = tail.len();
+            tail.copy_from_slice(&word.load(Relaxed).to_le_bytes()[..n]);
+        }
     }
 }
 
@@ -693,6 +722,19 @@ mod tests {
         let usage = arena.usage();
         assert!(usage.held_bytes >= usage.segment_bytes + Arena::fixed_bytes());
         let _ = b;
+    }
+
+    #[test]
+    fn objects_of_every_length_round_trip() {
+        let arena = Arena::new(0, None, 4096);
+        let mut kept = Vec::new();
+        for len in 1..=100usize {
+            let data: Vec<u8> = (0..len).map(|i| (i * 31 + len) as u8).collect();
+            kept.push((arena.store(&data, LIMITED).unwrap(), data));
+        }
+        for (h, data) in &kept {
+            assert_eq!(&read(&arena, *h, data.len()), data, "len {}", data.len());
+        }
     }
 
     #[test]
