@@ -485,3 +485,298 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ packed,
         __syncwarp();
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// uzram_lz4_high: a deeper parse for a better ratio (LZ4HC's class), same output contract.
+//
+// One block of HIGH_THREADS (4 warps) per page, grid-stride over the slot's pages:
+//  1. warp 0 builds hash chains over every position (prev[p]: the last earlier position
+//     with the same 4-byte hash), 32 positions at a time;
+//  2. all threads find each position's best match: walk its chain up to HIGH_DEPTH
+//     candidates, compare up to HIGH_CAP bytes, keep the longest (nearest on ties);
+//  3. warp 0 runs a backward price DP over the positions (bytes to encode the rest of the
+//     page): a literal costs 1, a match of length L at p costs 3 + its length extension +
+//     cost[p + L], for L = 4..18 and L = the whole match (lanes try one L each); then it
+//     walks the choices forward and emits the sequences warp-wide.
+// Matches longer than HIGH_CAP are measured in full for the DP (incrementally: a match at p
+// with the offset of the match at p+1 is one byte longer).
+// Shared memory per block: the page, a u16 table that holds the hash heads and then the DP
+// costs, a u16 table that holds the chains and then the choices, and the best matches.
+// ---------------------------------------------------------------------------------------
+
+#ifndef HIGH_DEPTH
+#define HIGH_DEPTH 64u
+#endif
+#define HIGH_CAP 64u
+#define HIGH_THREADS 128u
+#define HIGH_HASH_LOG 11u
+#define NO_POS 0xffffu
+
+__device__ __forceinline__ u32 hash_high(u32 v) {
+    return (v * 2654435761u) >> (32u - HIGH_HASH_LOG);
+}
+
+// Bytes that match from positions a and b (a < b) onward, up to `limit` bytes.
+__device__ __forceinline__ u32 match_len(const u32* words, u32 a, u32 b, u32 limit) {
+    u32 l = 0u;
+    while (l < limit) {
+        const u32 d = read32(words, a + l) ^ read32(words, b + l);
+        if (d != 0u) {
+            l += (u32)(__ffs(d) - 1) >> 3;
+            return l < limit ? l : limit;
+        }
+        l += 4u;
+    }
+    return limit;
+}
+
+extern "C" __global__ void __launch_bounds__(HIGH_THREADS)
+uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
+               u8* __restrict__ packed, u32* __restrict__ meta, u32* __restrict__ ctrl)
+{
+    const u32 npages = ctrl[0];
+    const u32 limit = ctrl[1];
+    u32* const sizes = meta;
+    u32* const offsets = meta + npages;
+    u32* const total = ctrl + 2;
+    __shared__ __align__(16) u32 s_page[PAGE_BYTES / 4u + 4u];
+    __shared__ __align__(16) u16 s_a[PAGE_BYTES + 8u];      // hash heads, then DP costs
+    __shared__ __align__(16) u16 s_b[PAGE_BYTES + 8u];      // chains, then DP choices
+    __shared__ __align__(16) u32 s_best[PAGE_BYTES];        // (len << 16) | offset
+    __shared__ u32 s_flag;
+
+    const u32 tid = threadIdx.x;
+    const u32 warp = tid >> 5;
+    const u32 lane = tid & 31u;
+    const u8* sp = (const u8*)s_page;
+    const u32 cap = limit == 0u ? 0u : (limit > PAGE_BYTES ? PAGE_BYTES : limit) - 1u;
+    const u32 last_start = PAGE_BYTES - MF_LIMIT;
+    const u32 match_end = PAGE_BYTES - LAST_LITERALS;
+    const u32 lower_lanes = (1u << lane) - 1u;
+    const u32 higher_lanes = lane == 31u ? 0u : (FULL_MASK << (lane + 1u));
+
+    for (u32 page = blockIdx.x; page < npages; page += gridDim.x) {
+        const uint4* src = in + (size_t)page * (PAGE_BYTES / 16u);
+        u8* o = scratch + (size_t)page * PAGE_BYTES;
+
+        // Load the page; same-filled test; clear the hash heads.
+        const uint4 first = src[0];
+        bool same = true;
+        uint4* dst = (uint4*)s_page;
+        for (u32 k = tid; k < PAGE_BYTES / 16u; k += HIGH_THREADS) {
+            const uint4 v = src[k];
+            dst[k] = v;
+            same = same && v.x == first.x && v.y == first.y && v.z == first.x && v.w == first.y;
+        }
+        if (tid < 4u) {
+            s_page[PAGE_BYTES / 4u + tid] = 0u;
+        }
+        for (u32 k = tid; k < (1u << HIGH_HASH_LOG); k += HIGH_THREADS) {
+            s_a[k] = NO_POS;
+        }
+        if (tid == 0u) {
+            s_flag = 1u;
+        }
+        __syncthreads();
+        if (!same) {
+            s_flag = 0u;   // any thread may clear it; all write the same value
+        }
+        __syncthreads();
+        if (s_flag != 0u) {
+            if (tid == 0u) {
+                const u32 off = atomicAdd(total, 8u);
+                u8* d = packed + off;
+                const u32 w[2] = {first.x, first.y};
+                for (u32 b = 0; b < 8u; ++b) {
+                    d[b] = (u8)(w[b >> 2] >> ((b & 3u) * 8u));
+                }
+                sizes[page] = SIZE_SAME_FILLED;
+                offsets[page] = off;
+            }
+            __syncthreads();
+            continue;
+        }
+
+        // 1. Hash chains, 32 positions at a time (warp 0).
+        if (warp == 0u) {
+            for (u32 base = 0u; base <= last_start; base += 32u) {
+                const u32 p = base + lane;
+                const bool active = p <= last_start;
+                const u32 h = active ? hash_high(read32(s_page, p)) : (1u << HIGH_HASH_LOG) + lane;
+                const u32 peers = __match_any_sync(FULL_MASK, h);
+                const u32 earlier = peers & lower_lanes;
+                if (active) {
+                    s_b[p] = earlier != 0u ? (u16)(base + (31u - __clz(earlier))) : s_a[h];
+                }
+                __syncwarp();
+                if (active && (peers & higher_lanes) == 0u) {
+                    s_a[h] = (u16)p;
+                }
+                __syncwarp();
+            }
+        }
+        __syncthreads();
+
+        // 2. The best match of every position.
+        for (u32 p = tid; p <= last_start; p += HIGH_THREADS) {
+            const u32 room = match_end - p;
+            const u32 lim = room < HIGH_CAP ? room : HIGH_CAP;
+            u32 best = 0u, boff = 0u;
+            u32 c = s_b[p];
+            for (u32 d = 0u; d < HIGH_DEPTH && c != NO_POS; ++d) {
+                const u32 l = match_len(s_page, c, p, lim);
+                if (l > best) {
+                    best = l;
+                    boff = p - c;
+                    if (l >= lim) {
+                        break;
+                    }
+                }
+                c = s_b[c];
+            }
+            s_best[p] = best >= MIN_MATCH ? ((best << 16) | boff) : 0u;
+        }
+        __syncthreads();
+
+        // 3. Backward price DP and the emission, warp 0.
+        if (warp == 0u) {
+            u16* cost = s_a;     // cost[p]: bytes to encode page[p..]
+            u16* choice = s_b;   // 0: literal; else the match length taken at p
+            if (lane == 0u) {
+                cost[PAGE_BYTES] = 1u;   // the last sequence's token
+            }
+            for (u32 p = last_start + 1u + lane; p < PAGE_BYTES; p += 32u) {
+                cost[p] = (u16)(PAGE_BYTES - p + 1u);
+                choice[p] = 0u;
+            }
+            __syncwarp();
+            u32 run_off = 0u, run_len = 0u;   // the full match at p + 1, for incremental lengths
+            for (int pi = (int)last_start; pi >= 0; --pi) {
+                const u32 p = (u32)pi;
+                const u32 b = s_best[p];
+                const u32 lit = (u32)cost[p + 1u] + 1u;
+                if (b == 0u) {
+                    if (lane == 0u) {
+                        cost[p] = (u16)lit;
+                        choice[p] = 0u;
+                    }
+                    run_len = 0u;
+                    __syncwarp();
+                    continue;
+                }
+                const u32 off = b & 0xffffu;
+                u32 maxl = b >> 16;
+                if (maxl >= HIGH_CAP) {
+                    if (run_len != 0u && run_off == off) {
+                        maxl = run_len + 1u;
+                    } else {
+                        maxl = extend_match(s_page, p + MIN_MATCH, p - off + MIN_MATCH, match_end, lane) - p;
+                    }
+                }
+                run_off = off;
+                run_len = maxl;
+                // Lane i tries L = 4 + i (i < 15); lane 15 the whole match.
+                u32 L = lane < 15u ? MIN_MATCH + lane : (lane == 15u ? maxl : 0u);
+                u32 c = 0xffffffffu;
+                if (L >= MIN_MATCH && L <= maxl && (lane < 15u || maxl > MIN_MATCH + 14u)) {
+                    c = 3u + ext_bytes(L - MIN_MATCH) + (u32)cost[p + L];
+                }
+                // Warp minimum of (cost, L), smaller L on ties.
+                u32 key = c == 0xffffffffu ? 0xffffffffu : ((c << 13) | L);
+                for (u32 s = 16u; s > 0u; s >>= 1) {
+                    const u32 other = __shfl_xor_sync(FULL_MASK, key, s);
+                    key = other < key ? other : key;
+                }
+                if (lane == 0u) {
+                    const u32 mc = key >> 13;
+                    if (key != 0xffffffffu && mc < lit) {
+                        cost[p] = (u16)mc;
+                        choice[p] = (u16)(key & 0x1fffu);
+                    } else {
+                        cost[p] = (u16)lit;
+                        choice[p] = 0u;
+                    }
+                }
+                __syncwarp();
+            }
+
+            // Forward: emit the chosen sequences.
+            u32 anchor = 0u, p = 0u, op = 0u;
+            bool fits = true;
+            while (p <= last_start) {
+                const u32 q = p + lane;
+                const bool m = q <= last_start && choice[q] != 0u;
+                const u32 hits = __ballot_sync(FULL_MASK, m);
+                if (hits == 0u) {
+                    p += 32u;
+                    continue;
+                }
+                const u32 mp = p + (u32)(__ffs(hits) - 1);
+                const u32 mlen = choice[mp];
+                const u32 off = s_best[mp] & 0xffffu;
+                const u32 lit = mp - anchor;
+                const u32 ml = mlen - MIN_MATCH;
+                const u32 need = 1u + ext_bytes(lit) + lit + 2u + ext_bytes(ml);
+                if (op + need > cap) {
+                    fits = false;
+                    break;
+                }
+                if (lane == 0u) {
+                    o[op] = (u8)(((lit < 15u ? lit : 15u) << 4) | (ml < 15u ? ml : 15u));
+                }
+                u32 w = op + 1u;
+                if (lit >= 15u) {
+                    write_ext(o + w, lit, lane);
+                    w += ext_bytes(lit);
+                }
+                for (u32 i = lane; i < lit; i += 32u) {
+                    o[w + i] = sp[anchor + i];
+                }
+                w += lit;
+                if (lane == 0u) {
+                    o[w] = (u8)(off & 0xffu);
+                    o[w + 1u] = (u8)(off >> 8);
+                }
+                w += 2u;
+                if (ml >= 15u) {
+                    write_ext(o + w, ml, lane);
+                }
+                op += need;
+                anchor = mp + mlen;
+                p = anchor;
+                __syncwarp();
+            }
+            if (fits) {
+                const u32 lit = PAGE_BYTES - anchor;
+                const u32 need = 1u + ext_bytes(lit) + lit;
+                if (op + need > cap) {
+                    fits = false;
+                } else {
+                    if (lane == 0u) {
+                        o[op] = (u8)((lit < 15u ? lit : 15u) << 4);
+                    }
+                    u32 w = op + 1u;
+                    if (lit >= 15u) {
+                        write_ext(o + w, lit, lane);
+                        w += ext_bytes(lit);
+                    }
+                    for (u32 i = lane; i < lit; i += 32u) {
+                        o[w + i] = sp[anchor + i];
+                    }
+                    op += need;
+                }
+            }
+            const u32 len = fits ? op : 0u;
+            u32 off = 0u;
+            if (lane == 0u) {
+                off = len != 0u ? atomicAdd(total, len) : 0u;
+                sizes[page] = len;
+                offsets[page] = off;
+            }
+            off = __shfl_sync(FULL_MASK, off, 0);
+            __syncwarp();
+            copy_block(packed + off, o, len, lane);
+        }
+        __syncthreads();
+    }
+}

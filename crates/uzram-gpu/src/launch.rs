@@ -8,8 +8,10 @@ use cudarc::driver::sys::CUdeviceptr;
 use crate::driver::{Gpu, Kernel, Stream};
 use crate::GpuError;
 
-/// Threads per block: one warp, one page at a time.
+/// Threads per block of the fast and verify kernels: one warp, one page at a time.
 pub const BLOCK_THREADS: u32 = 32;
+/// Threads per block of the high kernel: four warps share one page.
+pub const HIGH_BLOCK_THREADS: u32 = 128;
 
 /// Control words the kernels read: pages, raw threshold, packed-bytes counter, unused.
 pub const CTRL_WORDS: usize = 4;
@@ -65,11 +67,15 @@ pub unsafe fn compress(
         (&mut meta as *mut CUdeviceptr).cast(),
         (&mut ctrl as *mut CUdeviceptr).cast(),
     ];
+    let threads = match kernel {
+        Kernel::High => HIGH_BLOCK_THREADS,
+        _ => BLOCK_THREADS,
+    };
     // SAFETY: the function is one of our compression kernels, whose signature is
     // (const uint4*, u8*, u8*, u32*, u32*); `params` points at locals of exactly those
     // sizes that outlive this call (the driver copies them at launch); the caller
     // guarantees the buffers.
-    unsafe { launch(gpu, stream, f, max_pages, &mut params) }
+    unsafe { launch(gpu, stream, f, max_pages, threads, &mut params) }
 }
 
 /// Queues the check-and-export kernel over a grid sized for `max_pages`.
@@ -105,7 +111,7 @@ pub unsafe fn verify(
     // SAFETY: the verify kernel's signature is (const uint4*, const u8*, const u32*,
     // const u32*, u8*, u32*); `params` points at locals of those sizes that outlive this
     // call; the caller guarantees the buffers.
-    unsafe { launch(gpu, stream, f, max_pages, &mut params) }
+    unsafe { launch(gpu, stream, f, max_pages, BLOCK_THREADS, &mut params) }
 }
 
 /// # Safety
@@ -115,21 +121,13 @@ unsafe fn launch(
     stream: &Stream,
     f: cudarc::driver::sys::CUfunction,
     max_pages: u32,
+    threads: u32,
     params: &mut [*mut c_void],
 ) -> Result<(), GpuError> {
     gpu.bind()?;
     // One warp per page; kernels of other slots fill the tail of the last wave.
     let grid = max_pages.clamp(1, 1 << 30);
     // SAFETY: the caller guarantees `params` and the buffers; static shared memory only.
-    unsafe {
-        result::launch_kernel(
-            f,
-            (grid, 1, 1),
-            (BLOCK_THREADS, 1, 1),
-            0,
-            stream.raw(),
-            params,
-        )
-    }
-    .map_err(GpuError::driver("cuLaunchKernel"))
+    unsafe { result::launch_kernel(f, (grid, 1, 1), (threads, 1, 1), 0, stream.raw(), params) }
+        .map_err(GpuError::driver("cuLaunchKernel"))
 }
