@@ -490,22 +490,30 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ packed,
 // uzram_lz4_high: a deeper parse for a better ratio (LZ4HC's class), same output contract.
 //
 // One block of HIGH_THREADS (4 warps) per page, grid-stride over the slot's pages:
-//  1. warp 0 builds hash chains over every position (prev[p]: the last earlier position
+//  1. warp 0 builds hash chains over every position (chain[p]: the last earlier position
 //     with the same 4-byte hash), 32 positions at a time;
 //  2. all threads find each position's best match: walk its chain up to HIGH_DEPTH
-//     candidates, compare up to HIGH_CAP bytes, keep the longest (nearest on ties);
-//  3. warp 0 runs a backward price DP over the positions (bytes to encode the rest of the
-//     page): a literal costs 1, a match of length L at p costs 3 + its length extension +
-//     cost[p + L], for L = 4..18 and L = the whole match (lanes try one L each); then it
-//     walks the choices forward and emits the sequences warp-wide.
-// Matches longer than HIGH_CAP are measured in full for the DP (incrementally: a match at p
-// with the offset of the match at p+1 is one byte longer).
-// Shared memory per block: the page, a u16 table that holds the hash heads and then the DP
-// costs, a u16 table that holds the chains and then the choices, and the best matches.
+//     candidates and keep the longest match (up to HIGH_CAP bytes; nearest on ties). A
+//     candidate can only beat the best length L so far if its 4 bytes ending at byte L
+//     match too: that one word is compared first (LZ4HC's trick), so most candidates cost
+//     one shared-memory load pair. Each thread owns every 128th position and takes one
+//     chain step per loop turn, moving on to its next position as soon as one is done, so
+//     the lanes of a warp stay converged however long their chains are (a loop per
+//     position kept 12 of 32 lanes busy);
+//  3. warp 0 parses greedily, taking the best match at the next position that has one,
+//     with up to HIGH_LAZY lazy steps (as LZ4HC), measuring matches longer than HIGH_CAP
+//     in full, and emits the sequences warp-wide.
+// Shared memory per block is about 24 KiB (the page, the chains, the best offsets, the hash
+// heads and then the best lengths), so about 9 pages share an SM: the serial parse of one
+// page overlaps the others'. (A backward price DP over positions instead of step 3 gained
+// 0.5 % in ratio at a quarter of the speed: docs/gpu-notes.md.)
 // ---------------------------------------------------------------------------------------
 
 #ifndef HIGH_DEPTH
-#define HIGH_DEPTH 64u
+#define HIGH_DEPTH 32u
+#endif
+#ifndef HIGH_LAZY
+#define HIGH_LAZY 2u
 #endif
 #define HIGH_CAP 64u
 #define HIGH_THREADS 128u
@@ -540,10 +548,12 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
     u32* const offsets = meta + npages;
     u32* const total = ctrl + 2;
     __shared__ __align__(16) u32 s_page[PAGE_BYTES / 4u + 4u];
-    __shared__ __align__(16) u16 s_a[PAGE_BYTES + 8u];      // hash heads, then DP costs
-    __shared__ __align__(16) u16 s_b[PAGE_BYTES + 8u];      // chains, then DP choices
-    __shared__ __align__(16) u32 s_best[PAGE_BYTES];        // (len << 16) | offset
+    __shared__ __align__(16) u16 s_link[PAGE_BYTES];        // chains
+    __shared__ __align__(16) u16 s_off[PAGE_BYTES];         // best offsets
+    __shared__ __align__(16) u32 s_small[PAGE_BYTES / 4u];  // hash heads, then best lengths
     __shared__ u32 s_flag;
+    u16* const heads = (u16*)s_small;
+    u8* const lens = (u8*)s_small;
 
     const u32 tid = threadIdx.x;
     const u32 warp = tid >> 5;
@@ -572,7 +582,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
             s_page[PAGE_BYTES / 4u + tid] = 0u;
         }
         for (u32 k = tid; k < (1u << HIGH_HASH_LOG); k += HIGH_THREADS) {
-            s_a[k] = NO_POS;
+            heads[k] = NO_POS;
         }
         if (tid == 0u) {
             s_flag = 1u;
@@ -606,114 +616,110 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                 const u32 peers = __match_any_sync(FULL_MASK, h);
                 const u32 earlier = peers & lower_lanes;
                 if (active) {
-                    s_b[p] = earlier != 0u ? (u16)(base + (31u - __clz(earlier))) : s_a[h];
+                    s_link[p] = earlier != 0u ? (u16)(base + (31u - __clz(earlier))) : heads[h];
                 }
                 __syncwarp();
                 if (active && (peers & higher_lanes) == 0u) {
-                    s_a[h] = (u16)p;
+                    heads[h] = (u16)p;
                 }
                 __syncwarp();
             }
         }
         __syncthreads();
 
-        // 2. The best match of every position.
-        for (u32 p = tid; p <= last_start; p += HIGH_THREADS) {
-            const u32 room = match_end - p;
-            const u32 lim = room < HIGH_CAP ? room : HIGH_CAP;
-            u32 best = 0u, boff = 0u;
-            u32 c = s_b[p];
-            for (u32 d = 0u; d < HIGH_DEPTH && c != NO_POS; ++d) {
-                const u32 l = match_len(s_page, c, p, lim);
-                if (l > best) {
-                    best = l;
-                    boff = p - c;
-                    if (l >= lim) {
-                        break;
+        // 2. The best match of every position: one chain step per thread per turn.
+        {
+            u32 p = tid;
+            u32 c = NO_POS, d = 0u, best = 0u, boff = 0u, tail = 0u, head = 0u, lim = 0u;
+            if (p <= last_start) {
+                const u32 room = match_end - p;
+                lim = room < HIGH_CAP ? room : HIGH_CAP;
+                head = read32(s_page, p);
+                c = s_link[p];
+            }
+            while (__any_sync(FULL_MASK, p <= last_start)) {
+                if (p <= last_start) {
+                    bool done = c == NO_POS || d >= HIGH_DEPTH;
+                    if (!done) {
+                        const bool may = best >= MIN_MATCH ? read32(s_page, c + best - 3u) == tail
+                                                           : read32(s_page, c) == head;
+                        if (may) {
+                            const u32 l = match_len(s_page, c, p, lim);
+                            if (l > best) {
+                                best = l;
+                                boff = p - c;
+                                if (best >= MIN_MATCH) {
+                                    tail = read32(s_page, p + best - 3u);
+                                }
+                            }
+                        }
+                        c = s_link[c];
+                        ++d;
+                        done = best >= lim || c == NO_POS || d >= HIGH_DEPTH;
+                    }
+                    if (done) {
+                        const bool ok = best >= MIN_MATCH;
+                        s_off[p] = ok ? (u16)boff : 0u;
+                        lens[p] = ok ? (u8)best : 0u;
+                        p += HIGH_THREADS;
+                        best = 0u;
+                        boff = 0u;
+                        tail = 0u;
+                        d = 0u;
+                        if (p <= last_start) {
+                            const u32 room = match_end - p;
+                            lim = room < HIGH_CAP ? room : HIGH_CAP;
+                            head = read32(s_page, p);
+                            c = s_link[p];
+                        }
                     }
                 }
-                c = s_b[c];
             }
-            s_best[p] = best >= MIN_MATCH ? ((best << 16) | boff) : 0u;
         }
         __syncthreads();
 
-        // 3. Backward price DP and the emission, warp 0.
+        // 3. The greedy parse and the emission, warp 0.
         if (warp == 0u) {
-            u16* cost = s_a;     // cost[p]: bytes to encode page[p..]
-            u16* choice = s_b;   // 0: literal; else the match length taken at p
-            if (lane == 0u) {
-                cost[PAGE_BYTES] = 1u;   // the last sequence's token
-            }
-            for (u32 p = last_start + 1u + lane; p < PAGE_BYTES; p += 32u) {
-                cost[p] = (u16)(PAGE_BYTES - p + 1u);
-                choice[p] = 0u;
-            }
-            __syncwarp();
-            u32 run_off = 0u, run_len = 0u;   // the full match at p + 1, for incremental lengths
-            for (int pi = (int)last_start; pi >= 0; --pi) {
-                const u32 p = (u32)pi;
-                const u32 b = s_best[p];
-                const u32 lit = (u32)cost[p + 1u] + 1u;
-                if (b == 0u) {
-                    if (lane == 0u) {
-                        cost[p] = (u16)lit;
-                        choice[p] = 0u;
-                    }
-                    run_len = 0u;
-                    __syncwarp();
-                    continue;
-                }
-                const u32 off = b & 0xffffu;
-                u32 maxl = b >> 16;
-                if (maxl >= HIGH_CAP) {
-                    if (run_len != 0u && run_off == off) {
-                        maxl = run_len + 1u;
-                    } else {
-                        maxl = extend_match(s_page, p + MIN_MATCH, p - off + MIN_MATCH, match_end, lane) - p;
-                    }
-                }
-                run_off = off;
-                run_len = maxl;
-                // Lane i tries L = 4 + i (i < 15); lane 15 the whole match.
-                u32 L = lane < 15u ? MIN_MATCH + lane : (lane == 15u ? maxl : 0u);
-                u32 c = 0xffffffffu;
-                if (L >= MIN_MATCH && L <= maxl && (lane < 15u || maxl > MIN_MATCH + 14u)) {
-                    c = 3u + ext_bytes(L - MIN_MATCH) + (u32)cost[p + L];
-                }
-                // Warp minimum of (cost, L), smaller L on ties.
-                u32 key = c == 0xffffffffu ? 0xffffffffu : ((c << 13) | L);
-                for (u32 s = 16u; s > 0u; s >>= 1) {
-                    const u32 other = __shfl_xor_sync(FULL_MASK, key, s);
-                    key = other < key ? other : key;
-                }
-                if (lane == 0u) {
-                    const u32 mc = key >> 13;
-                    if (key != 0xffffffffu && mc < lit) {
-                        cost[p] = (u16)mc;
-                        choice[p] = (u16)(key & 0x1fffu);
-                    } else {
-                        cost[p] = (u16)lit;
-                        choice[p] = 0u;
-                    }
-                }
-                __syncwarp();
-            }
-
-            // Forward: emit the chosen sequences.
             u32 anchor = 0u, p = 0u, op = 0u;
             bool fits = true;
             while (p <= last_start) {
                 const u32 q = p + lane;
-                const bool m = q <= last_start && choice[q] != 0u;
+                const bool m = q <= last_start && lens[q] != 0u;
                 const u32 hits = __ballot_sync(FULL_MASK, m);
                 if (hits == 0u) {
                     p += 32u;
                     continue;
                 }
-                const u32 mp = p + (u32)(__ffs(hits) - 1);
-                const u32 mlen = choice[mp];
-                const u32 off = s_best[mp] & 0xffffu;
+                u32 mp = p + (u32)(__ffs(hits) - 1);
+                u32 off = s_off[mp];
+                u32 mlen = lens[mp];
+                if (mlen >= HIGH_CAP) {
+                    mlen = extend_match(s_page, mp + MIN_MATCH, mp - off + MIN_MATCH, match_end, lane) - mp;
+                }
+                // Lazy steps (as LZ4HC): take the next position's match instead while it
+                // reaches at least two bytes further.
+                for (u32 step = 0u; step < HIGH_LAZY; ++step) {
+                    const u32 q1 = mp + 1u;
+                    if (q1 > last_start || lens[q1] == 0u) {
+                        break;
+                    }
+                    const u32 off1 = s_off[q1];
+                    u32 l1 = lens[q1];
+                    if (l1 >= HIGH_CAP) {
+                        l1 = extend_match(s_page, q1 + MIN_MATCH, q1 - off1 + MIN_MATCH, match_end, lane) - q1;
+                    }
+                    if (l1 <= mlen + 1u) {
+                        break;
+                    }
+                    mp = q1;
+                    off = off1;
+                    mlen = l1;
+                }
+                // Extend it backwards over pending literals.
+                while (mp > anchor && mp > off && sp[mp - 1u] == sp[mp - 1u - off]) {
+                    --mp;
+                    ++mlen;
+                }
                 const u32 lit = mp - anchor;
                 const u32 ml = mlen - MIN_MATCH;
                 const u32 need = 1u + ext_bytes(lit) + lit + 2u + ext_bytes(ml);
