@@ -24,6 +24,8 @@ PC_DEFAULT=$(cat /proc/sys/vm/page-cluster)
 rc=0
 say "bench: device ${SIZE_MIB} MiB, fio runtime ${RUNTIME}s, swap device ${SWAP_MIB} MiB, hog ${HOG} MiB (MemAvailable ${AVAIL} MiB), ${REPS} rep(s), parts ${PARTS}, vm.page-cluster ${PC_DEFAULT}, uzram flags: $(create_flags)${UZ_swap_variants:+, swap variants ${UZ_swap_variants}}"
 
+# what the kernel does on every syscall and context switch here (emulated, so it counts)
+say "bench: CPU mitigations: $(grep -H . /sys/devices/system/cpu/vulnerabilities/* 2>/dev/null | grep -v ':Not affected' | sed 's|.*/||' | tr '\n' ';')"
 while read -r m; do
   grep -q "^$m " /proc/modules || insmod "/lib/modules/$m.ko" || { say "insmod $m failed"; exit 1; }
 done < /lib/modules/load-order
@@ -37,7 +39,7 @@ zram_up() {  # MIB -> DEV=/dev/zram0
   DEV=/dev/zram0
 }
 zram_down() { echo 1 > /sys/block/zram0/reset; }
-uz_up() { uzram_create --size "${1}M" > /dev/null; }
+uz_up() { uzram_create --size "${1}M"; }
 uz_down() { uzram_destroy "$1" > /dev/null; }
 has() { case ",$PARTS," in *",$1,"*) return 0 ;; esac; return 1; }
 
@@ -56,17 +58,34 @@ fio_bench() {
     $3=="seqread-1m"        { out("seqread_1m_MBps", sprintf("%.1f", $7*1024/1e6)) }
   ' /tmp/fio.out
 }
+# vm_counts: the /proc/vmstat counters the swap diagnosis prints
+vm_counts() { awk '$1 ~ /^(pswpin|pswpout|pgmajfault|allocstall_normal|allocstall_movable|pgscan_kswapd|pgscan_direct|pgsteal_kswapd|pgsteal_direct|workingset_refault_anon)$/ {printf "%s=%s ", $1, $2}' /proc/vmstat; }
+# task_cpu PID: the CPU seconds (user + system, all threads) PID has used; empty if it is gone
+task_cpu() { [ -n "$1" ] && awk '{printf "%.2f", ($14 + $15) / 100}' "/proc/$1/stat" 2>/dev/null; }
 # swap_bench REP NAME [SUFFIX]: mkswap + swapon $DEV, the hog (fill + verify), swapoff; wall
-# times as swap_hog_s$SUFFIX and swapoff_s$SUFFIX, and the swap traffic the hog caused.
+# times as swap_hog_s$SUFFIX (and its fill and verify parts) and swapoff_s$SUFFIX. Where the
+# time went, as CPU seconds: the hog's own (faults, direct reclaim, zram's compression),
+# kswapd's, and the daemon's (uzram; its I/O copies in the kernel included); the per-task
+# times are exact, unlike /proc/stat's tick samples, which miss ticks under TCG. The vmstat
+# counters of vm_counts are printed as deltas.
 swap_bench() {
   if ! { mkswap "$DEV" > /dev/null && swapon "$DEV"; }; then say "swapon $DEV failed"; rc=1; return; fi
-  out0=$(awk '/^pswpout/{print $2}' /proc/vmstat); in0=$(awk '/^pswpin/{print $2}' /proc/vmstat)
+  _vm0=$(vm_counts)
+  _kp=$(pidof kswapd0); _k0=$(task_cpu "$_kp")
+  _dp=; [ "$2" = uzram ] && _dp=$(daemon_pid "$DEV"); _d0=$(task_cpu "$_dp")
   t=$(up)
   if ! timeout -s KILL "$IO_TMO" hog "$HOG" 1 > /tmp/hog.out 2>&1; then
     say "hog on $2 failed"; cat /tmp/hog.out; rc=1
   fi
   emit "$1" "$2" "swap_hog_s$3" "$(since "$t")"
-  say "  $2$3: pswpout +$(($(awk '/^pswpout/{print $2}' /proc/vmstat) - out0)) pswpin +$(($(awk '/^pswpin/{print $2}' /proc/vmstat) - in0)) pages"
+  emit "$1" "$2" "swap_fill_s$3" "$(sed -n 's/^hog: filled .* in \([0-9.]*\)s$/\1/p' /tmp/hog.out)"
+  emit "$1" "$2" "swap_verify_s$3" "$(sed -n 's/^hog: verify pass 1 took \([0-9.]*\)s$/\1/p' /tmp/hog.out)"
+  emit "$1" "$2" "swap_hog_cpu_s$3" "$(awk '/^hog: cpu/{printf "%.1f", $3 + $5}' /tmp/hog.out)"
+  [ -z "$_kp" ] || emit "$1" "$2" "swap_kswapd_cpu_s$3" "$(awk -v a="$_k0" -v b="$(task_cpu "$_kp")" 'BEGIN{printf "%.1f", b - a}')"
+  [ -z "$_dp" ] || emit "$1" "$2" "swap_daemon_cpu_s$3" "$(awk -v a="$_d0" -v b="$(task_cpu "$_dp")" 'BEGIN{printf "%.1f", b - a}')"
+  say "  $2$3 vmstat deltas: $(vm_counts | awk -v before="$_vm0" '
+    BEGIN { n = split(before, b, " "); for (i = 1; i <= n; i++) { split(b[i], kv, "="); v[kv[1]] = kv[2] } }
+    { for (i = 1; i <= NF; i++) { split($i, kv, "="); printf "%s +%d ", kv[1], kv[2] - v[kv[1]] } }')"
   t=$(up)
   swapoff "$DEV" || { say "swapoff $DEV failed"; rc=1; }
   emit "$1" "$2" "swapoff_s$3" "$(since "$t")"

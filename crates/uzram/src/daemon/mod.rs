@@ -110,6 +110,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     if let Err(err) = sys::set_io_flusher() {
         tracing::warn!(error = %err, "PR_SET_IO_FLUSHER failed (kernel older than 5.6?)");
     }
+    let (plan, features) = choose_queue_mode(&cfg)?;
     let pages = cfg.size / PAGE_SIZE as u64;
     let mut store_cfg = StoreConfig::new(pages, cfg.algorithm);
     store_cfg.mem_limit = cfg.mem_limit;
@@ -140,7 +141,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
 
     let states = StateDir::default();
     states.create()?;
-    let (ctrl, plan) = add_device(&cfg)?;
+    let (ctrl, plan) = add_device(&cfg, plan, features)?;
     let counters = Arc::new(Counters::new(
         cfg.queues.saturating_mul(plan.threads_per_queue),
     ));
@@ -288,10 +289,10 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Adds the ublk device in the queue mode `cfg` asks for, or with `auto` the fastest one the
-/// driver offers (`UBLK_U_CMD_GET_FEATURES`). Should the driver refuse a mode it advertised,
-/// `auto` falls back to `per-queue`, which every ublk kernel serves.
-fn add_device(cfg: &DeviceConfig) -> anyhow::Result<(UblkCtrl, QueuePlan)> {
+/// The queue mode `cfg` asks for, or with `auto` the fastest one the driver offers
+/// (`UBLK_U_CMD_GET_FEATURES`); decided before any memory is reserved, so that a mode the
+/// kernel lacks is refused at once. Also returns the feature bits.
+fn choose_queue_mode(cfg: &DeviceConfig) -> anyhow::Result<(QueuePlan, Option<u64>)> {
     let features = UblkCtrl::get_features();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let plan = queue_mode::plan(cfg.queue_mode, features, cfg.queues, cfg.depth, cpus)?;
@@ -302,10 +303,21 @@ fn add_device(cfg: &DeviceConfig) -> anyhow::Result<(UblkCtrl, QueuePlan)> {
         threads_per_queue = plan.threads_per_queue,
         "queue mode"
     );
+    Ok((plan, features))
+}
+
+/// Adds the ublk device in `plan`'s mode. Should the driver refuse a mode it advertised, `auto`
+/// falls back to `per-queue`, which every ublk kernel serves.
+fn add_device(
+    cfg: &DeviceConfig,
+    plan: QueuePlan,
+    features: Option<u64>,
+) -> anyhow::Result<(UblkCtrl, QueuePlan)> {
     match build_ctrl(cfg, plan) {
         Ok(ctrl) => Ok((ctrl, plan)),
         Err(err) if cfg.queue_mode == QueueModeChoice::Auto && plan.mode != QueueMode::PerQueue => {
             tracing::warn!(mode = %plan.mode, error = %err, "adding the device failed; trying per-queue");
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
             let plain = queue_mode::plan(
                 QueueModeChoice::Exactly(QueueMode::PerQueue),
                 features,
