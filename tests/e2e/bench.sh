@@ -1,21 +1,34 @@
-# Side-by-side benchmark (issue 3 item 6; printed, not asserted): zram.ko from the same kernel
-# package vs uzram in the same boot, same sizes, same fio jobs (fio/bench.fio) and the same swap
-# hog. Prints "BENCH rep=R dev=D metric=M value=V" lines; scripts/bench-guest tabulates them.
+# Side-by-side benchmark (printed, not asserted): zram.ko from the same kernel package vs uzram
+# in the same boot, same sizes, same fio jobs (fio/bench.fio) and the same swap hog. Each rep
+# runs zram then uzram, so both see the same host load. Prints "BENCH rep=R dev=D metric=M
+# value=V" lines; scripts/bench-guest tabulates them.
 # Kernel args: uzram.reps (default 1), uzram.bench_mib (device size, default 512),
-# uzram.bench_runtime (seconds per time-based fio job, default 10), uzram.hog_mib.
+#   uzram.bench_runtime (seconds per time-based fio job, default 10), uzram.hog_mib,
+#   uzram.bench_parts (fio,swap: what runs, default both),
+#   uzram.page_cluster (vm.page-cluster for every swap run; default: the kernel's, 3),
+#   uzram.swap_variants: more uzram swap runs per rep, each with other settings, to compare:
+#     VARIANT[/VARIANT...], VARIANT = KEY=VALUE[+KEY=VALUE...], KEY one of page_cluster
+#     (vm.page-cluster), max_sectors_kb (the ublk disk's queue/max_sectors_kb), queues, depth,
+#     queue_mode (uzram create flags). Each gives the metric swap_hog_s[VARIANT].
+#   uzram.queue_mode, uzram.queues, uzram.depth: every uzram device (lib.sh create_flags).
 . /e2e/lib.sh
 REPS=${UZ_reps:-1}
 SIZE_MIB=${UZ_bench_mib:-512}
 RUNTIME=${UZ_bench_runtime:-10}
+PARTS=${UZ_bench_parts:-fio,swap}
 AVAIL=$(mem_avail_mib)
 HOG=${UZ_hog_mib:-$((AVAIL * 2))}
 SWAP_MIB=$HOG
+PC_DEFAULT=$(cat /proc/sys/vm/page-cluster)
+[ -z "${UZ_page_cluster:-}" ] || PC_DEFAULT=$UZ_page_cluster
 rc=0
-say "bench: device ${SIZE_MIB} MiB, fio runtime ${RUNTIME}s, swap device ${SWAP_MIB} MiB, hog ${HOG} MiB (MemAvailable ${AVAIL} MiB), ${REPS} rep(s)"
+say "bench: device ${SIZE_MIB} MiB, fio runtime ${RUNTIME}s, swap device ${SWAP_MIB} MiB, hog ${HOG} MiB (MemAvailable ${AVAIL} MiB), ${REPS} rep(s), parts ${PARTS}, vm.page-cluster ${PC_DEFAULT}, uzram flags: $(create_flags)${UZ_swap_variants:+, swap variants ${UZ_swap_variants}}"
 
-for m in $(cat /lib/modules/load-order); do
+# what the kernel does on every syscall and context switch here (emulated, so it counts)
+say "bench: CPU mitigations: $(grep -H . /sys/devices/system/cpu/vulnerabilities/* 2>/dev/null | grep -v ':Not affected' | sed 's|.*/||' | tr '\n' ';')"
+while read -r m; do
   grep -q "^$m " /proc/modules || insmod "/lib/modules/$m.ko" || { say "insmod $m failed"; exit 1; }
-done
+done < /lib/modules/load-order
 [ -e /sys/block/zram0 ] || { say "zram0 missing after insmod zram"; exit 1; }
 
 emit() { echo "BENCH rep=$1 dev=$2 metric=$3 value=$4"; }
@@ -26,41 +39,98 @@ zram_up() {  # MIB -> DEV=/dev/zram0
   DEV=/dev/zram0
 }
 zram_down() { echo 1 > /sys/block/zram0/reset; }
-uz_up() { uzram_create --size "${1}M" > /dev/null; }
+uz_up() { uzram_create --size "${1}M"; }
 uz_down() { uzram_destroy "$1" > /dev/null; }
+has() { case ",$PARTS," in *",$1,"*) return 0 ;; esac; return 1; }
 
-# fio_bench REP NAME: the four jobs of bench.fio on $DEV
+# fio_bench REP NAME: the jobs of bench.fio on $DEV
 fio_bench() {
   if ! fio_job bench.fio DEV="$DEV" SIZE="${SIZE_MIB}M" RUNTIME="$RUNTIME" > /dev/null; then
     say "fio bench on $DEV failed"; tail -20 /tmp/fio.out; rc=1; return
   fi
   awk -F';' -v r="$1" -v d="$2" '
-    $3=="seqwrite-1m"  {printf "BENCH rep=%s dev=%s metric=seqwrite_1m_MBps value=%.1f\n", r, d, $48*1024/1e6}
-    $3=="randwrite-4k" {printf "BENCH rep=%s dev=%s metric=randwrite_4k_iops value=%.0f\n", r, d, $49}
-    $3=="randread-4k"  {printf "BENCH rep=%s dev=%s metric=randread_4k_iops value=%.0f\n", r, d, $8}
-    $3=="seqread-1m"   {printf "BENCH rep=%s dev=%s metric=seqread_1m_MBps value=%.1f\n", r, d, $7*1024/1e6}
+    function out(m, v) { printf "BENCH rep=%s dev=%s metric=%s value=%s\n", r, d, m, v }
+    $3=="seqwrite-1m"       { out("seqwrite_1m_MBps", sprintf("%.1f", $48*1024/1e6)) }
+    $3=="randwrite-4k-qd1"  { out("randwrite_4k_qd1_iops", sprintf("%.0f", $49)) }
+    $3=="randwrite-4k-qd32" { out("randwrite_4k_qd32_iops", sprintf("%.0f", $49)) }
+    $3=="randread-4k-qd1"   { out("randread_4k_qd1_iops", sprintf("%.0f", $8)) }
+    $3=="randread-4k-qd32"  { out("randread_4k_qd32_iops", sprintf("%.0f", $8)) }
+    $3=="seqread-1m"        { out("seqread_1m_MBps", sprintf("%.1f", $7*1024/1e6)) }
   ' /tmp/fio.out
 }
-# swap_bench REP NAME: mkswap + swapon $DEV, the hog (fill + verify), swapoff; wall times
+# vm_counts: the /proc/vmstat counters the swap diagnosis prints
+vm_counts() { awk '$1 ~ /^(pswpin|pswpout|pgmajfault|allocstall_normal|allocstall_movable|pgscan_kswapd|pgscan_direct|pgsteal_kswapd|pgsteal_direct|workingset_refault_anon)$/ {printf "%s=%s ", $1, $2}' /proc/vmstat; }
+# task_cpu PID: the CPU seconds (user + system, all threads) PID has used; empty if it is gone
+task_cpu() { [ -n "$1" ] && awk '{printf "%.2f", ($14 + $15) / 100}' "/proc/$1/stat" 2>/dev/null; }
+# swap_bench REP NAME [SUFFIX]: mkswap + swapon $DEV, the hog (fill + verify), swapoff; wall
+# times as swap_hog_s$SUFFIX (and its fill and verify parts) and swapoff_s$SUFFIX. Where the
+# time went, as CPU seconds: the hog's own (faults, direct reclaim, zram's compression),
+# kswapd's, and the daemon's (uzram; its I/O copies in the kernel included); the per-task
+# times are exact, unlike /proc/stat's tick samples, which miss ticks under TCG. The vmstat
+# counters of vm_counts are printed as deltas.
 swap_bench() {
-  mkswap "$DEV" > /dev/null && swapon "$DEV" || { say "swapon $DEV failed"; rc=1; return; }
+  if ! { mkswap "$DEV" > /dev/null && swapon "$DEV"; }; then say "swapon $DEV failed"; rc=1; return; fi
+  _vm0=$(vm_counts)
+  _kp=$(pidof kswapd0); _k0=$(task_cpu "$_kp")
+  _dp=; [ "$2" = uzram ] && _dp=$(daemon_pid "$DEV"); _d0=$(task_cpu "$_dp")
   t=$(up)
   if ! timeout -s KILL "$IO_TMO" hog "$HOG" 1 > /tmp/hog.out 2>&1; then
     say "hog on $2 failed"; cat /tmp/hog.out; rc=1
   fi
-  emit "$1" "$2" swap_hog_s "$(since "$t")"
+  emit "$1" "$2" "swap_hog_s$3" "$(since "$t")"
+  emit "$1" "$2" "swap_fill_s$3" "$(sed -n 's/^hog: filled .* in \([0-9.]*\)s$/\1/p' /tmp/hog.out)"
+  emit "$1" "$2" "swap_verify_s$3" "$(sed -n 's/^hog: verify pass 1 took \([0-9.]*\)s$/\1/p' /tmp/hog.out)"
+  emit "$1" "$2" "swap_hog_cpu_s$3" "$(awk '/^hog: cpu/{printf "%.1f", $3 + $5}' /tmp/hog.out)"
+  [ -z "$_kp" ] || emit "$1" "$2" "swap_kswapd_cpu_s$3" "$(awk -v a="$_k0" -v b="$(task_cpu "$_kp")" 'BEGIN{printf "%.1f", b - a}')"
+  [ -z "$_dp" ] || emit "$1" "$2" "swap_daemon_cpu_s$3" "$(awk -v a="$_d0" -v b="$(task_cpu "$_dp")" 'BEGIN{printf "%.1f", b - a}')"
+  say "  $2$3 vmstat deltas: $(vm_counts | awk -v before="$_vm0" '
+    BEGIN { n = split(before, b, " "); for (i = 1; i <= n; i++) { split(b[i], kv, "="); v[kv[1]] = kv[2] } }
+    { for (i = 1; i <= NF; i++) { split($i, kv, "="); printf "%s +%d ", kv[1], kv[2] - v[kv[1]] } }')"
   t=$(up)
   swapoff "$DEV" || { say "swapoff $DEV failed"; rc=1; }
-  emit "$1" "$2" swapoff_s "$(since "$t")"
+  emit "$1" "$2" "swapoff_s$3" "$(since "$t")"
+}
+# uz_swap REP VARIANT: a uzram device with VARIANT's settings (see above), its swap run
+uz_swap() {
+  _pc=$PC_DEFAULT; _ms=; _sv_qm=${UZ_queue_mode:-}; _sv_q=${UZ_queues:-}; _sv_d=${UZ_depth:-}
+  for _kv in $(echo "$2" | tr '+' ' '); do
+    case $_kv in
+      page_cluster=*) _pc=${_kv#*=} ;;
+      max_sectors_kb=*) _ms=${_kv#*=} ;;
+      queue_mode=*) UZ_queue_mode=${_kv#*=} ;;
+      queues=*) UZ_queues=${_kv#*=} ;;
+      depth=*) UZ_depth=${_kv#*=} ;;
+      *) say "unknown swap variant setting $_kv"; rc=1; return ;;
+    esac
+  done
+  echo "$_pc" > /proc/sys/vm/page-cluster
+  if uz_up "$SWAP_MIB"; then
+    if [ -n "$_ms" ]; then
+      echo "$_ms" > "/sys/block/${DEV#/dev/}/queue/max_sectors_kb" || { say "max_sectors_kb $_ms refused"; rc=1; }
+    fi
+    say "  uzram swap run${2:+ [$2]}: page-cluster $(cat /proc/sys/vm/page-cluster), max_sectors_kb $(cat "/sys/block/${DEV#/dev/}/queue/max_sectors_kb"), $(create_flags)"
+    swap_bench "$1" uzram "${2:+[$2]}"
+    uz_down "$DEV"
+  else
+    rc=1
+  fi
+  UZ_queue_mode=$_sv_qm; UZ_queues=$_sv_q; UZ_depth=$_sv_d
+  echo "$PC_DEFAULT" > /proc/sys/vm/page-cluster
 }
 
 r=1
 while [ $r -le "$REPS" ]; do
-  zram_up "$SIZE_MIB"; fio_bench $r zram; zram_down
-  uz_up "$SIZE_MIB" && { fio_bench $r uzram; uz_down "$DEV"; } || rc=1
-  zram_up "$SWAP_MIB"; swap_bench $r zram
-  echo "    zram mm_stat after swap: $(cat /sys/block/zram0/mm_stat)"; zram_down
-  uz_up "$SWAP_MIB" && { swap_bench $r uzram; uz_down "$DEV"; } || rc=1
+  if has fio; then
+    zram_up "$SIZE_MIB"; fio_bench $r zram; zram_down
+    if uz_up "$SIZE_MIB"; then fio_bench $r uzram; uz_down "$DEV"; else rc=1; fi
+  fi
+  if has swap; then
+    echo "$PC_DEFAULT" > /proc/sys/vm/page-cluster
+    zram_up "$SWAP_MIB"; swap_bench $r zram
+    echo "    zram mm_stat after swap: $(cat /sys/block/zram0/mm_stat)"; zram_down
+    uz_swap $r ""
+    for v in $(echo "${UZ_swap_variants:-}" | tr '/' ' '); do uz_swap $r "$v"; done
+  fi
   r=$((r + 1))
 done
 exit $rc

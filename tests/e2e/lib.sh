@@ -59,10 +59,20 @@ expect_refused() {
   ok "$_w: rc=$_rc: $_msg"
 }
 
-# uzram_create ARGS...: sets DEV (path printed alone on stdout) or fails the check.
+# Queue settings from the kernel command line, added to every uzram_create: uzram.queue_mode
+# (--queue-mode), uzram.queues, uzram.depth. uzram.expect_queue_mode: the mode `uzram status`
+# must then show (scripts/test checks that each kernel gets the mode it should).
+create_flags() {
+  [ -z "${UZ_queue_mode:-}" ] || printf -- '--queue-mode %s ' "$UZ_queue_mode"
+  [ -z "${UZ_queues:-}" ] || printf -- '--queues %s ' "$UZ_queues"
+  [ -z "${UZ_depth:-}" ] || printf -- '--depth %s ' "$UZ_depth"
+}
+# uzram_create ARGS...: sets DEV (path printed alone on stdout) or fails the check; checks the
+# queue mode against uzram.expect_queue_mode.
 uzram_create() {
   DEV=
-  run_t "$TMO" /tmp/create.out uzram create "$@"
+  # shellcheck disable=SC2046 # create_flags is a list of words
+  run_t "$TMO" /tmp/create.out uzram create "$@" $(create_flags)
   _rc=$?
   _out=$(grep -E '^/dev/ublkb[0-9]+$' /tmp/create.out | head -1)
   if [ $_rc != 0 ] || [ -z "$_out" ] || [ ! -b "$_out" ]; then
@@ -73,7 +83,11 @@ uzram_create() {
     say "  note: create printed more than the path: $(head -c 200 /tmp/create.out | tr '\n' ' ')"
   fi
   DEV=$_out
-  ok "uzram create $* -> $DEV (${RUN_SECS}s)"
+  _m=$(status_str "$DEV" queue_mode)
+  ok "uzram create $* $(create_flags)-> $DEV (${RUN_SECS}s), queue_mode ${_m:-?}, io_threads_per_queue $(stat_field "$DEV" io_threads_per_queue), ring flags $(stat_field "$DEV" queue_ring_setup_flags)"
+  if [ -n "${UZ_expect_queue_mode:-}" ] && [ "$_m" != "$UZ_expect_queue_mode" ]; then
+    fail_check "queue_mode is '$_m', expected '$UZ_expect_queue_mode' on $(uname -r)"
+  fi
 }
 # uzram_destroy DEV: destroy must succeed and the block device must disappear.
 uzram_destroy() {
@@ -92,6 +106,10 @@ stat_field() {
   _v=$(echo "$_j" | sed -n "s/.*\"name\":\"$2\",\"value\":\([0-9][0-9]*\).*/\1/p")
   [ -n "$_v" ] || _v=$(echo "$_j" | sed -n "s/.*\"$2\":\([0-9][0-9]*\).*/\1/p")
   echo "$_v"
+}
+# status_str DEV FIELD: a top-level string of `uzram status DEV --json`.
+status_str() {
+  timeout -s KILL "$TMO" uzram status "$1" --json 2>/dev/null | tr -d ' \n\t' | sed -n "s/.*\"$2\":\"\([^\"]*\)\".*/\1/p"
 }
 # daemon_pid DEV: the process that holds /dev/ublkcN open (the daemon serving DEV).
 daemon_pid() {

@@ -61,6 +61,10 @@ pub struct DeviceArgs {
     /// Depth of each queue.
     #[arg(long)]
     pub depth: Option<u64>,
+    /// How requests reach the daemon: auto (the fastest the kernel offers), batch,
+    /// per-io-daemon or per-queue.
+    #[arg(long)]
+    pub queue_mode: Option<String>,
     /// Most memory the compressed data may use (like zram's mem_limit).
     #[arg(long)]
     pub mem_limit: Option<String>,
@@ -241,6 +245,7 @@ impl DeviceArgs {
             backend: Some(self.backend.clone()),
             queues: self.queues,
             depth: self.depth,
+            queue_mode: self.queue_mode.clone(),
             mem_limit: self.mem_limit.clone(),
             id: self.id,
             gpus: self.gpus.clone(),
@@ -270,6 +275,7 @@ impl DeviceArgs {
         };
         opt("--queues", self.queues.map(|q| q.to_string()));
         opt("--depth", self.depth.map(|d| d.to_string()));
+        opt("--queue-mode", self.queue_mode.clone());
         opt("--mem-limit", self.mem_limit.clone());
         opt("--id", self.id.map(|i| i.to_string()));
         opt("--gpus", self.gpus.clone());

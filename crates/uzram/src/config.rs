@@ -4,7 +4,7 @@
 //! defaults: `zram-size` and `zram-resident-limit` (expressions over `ram`, in MiB),
 //! `host-memory-limit`, `compression-algorithm`, `swap-priority`, `options`, `fs-type`. uzram's
 //! own keys: `size` and `mem-limit` (bytes, or with a K/M/G/T suffix), `backend`, `gpus`,
-//! `gpu-memory`, `gpu-parse`, `gpu-installers`, `queues`, `depth`, `id` and
+//! `gpu-memory`, `gpu-parse`, `gpu-installers`, `queues`, `depth`, `queue-mode`, `id` and
 //! `metrics-textfile`. Unknown keys are errors, so a typo never silently does nothing.
 
 use std::path::{Path, PathBuf};
@@ -14,6 +14,7 @@ use uzram_core::codec::Algorithm;
 use uzram_core::store::MAX_SLOT_PAGES;
 use uzram_gpu::Parse;
 
+use crate::daemon::queue_mode::QueueModeChoice;
 use crate::size::{parse_size, SizeError, MAX_SIZE};
 use crate::sizeexpr::{eval_mib, mib_to_bytes, ExprError};
 
@@ -180,6 +181,9 @@ pub enum ConfigError {
     /// The backend is not cpu, gpu or auto.
     #[error("unknown backend {0:?}: use cpu, gpu or auto")]
     UnknownBackend(String),
+    /// The queue mode is not one uzram knows.
+    #[error("unknown queue mode {0:?}: use {names}", names = QueueModeChoice::NAMES)]
+    UnknownQueueMode(String),
     /// `--backend gpu` where no GPU or driver is usable.
     #[error(
         "the gpu backend is not available: {0}; use --backend cpu, or --backend auto to use \
@@ -308,6 +312,8 @@ pub struct DeviceConfig {
     pub queues: u16,
     /// Depth of each queue.
     pub depth: u16,
+    /// How requests reach the queue threads (`auto`: the fastest the kernel offers).
+    pub queue_mode: QueueModeChoice,
     /// Memory limit in bytes for compressed data, if any.
     pub mem_limit: Option<u64>,
     /// Device id to ask the kernel for; `None` lets it pick.
@@ -343,6 +349,8 @@ pub struct RawDevice {
     pub queues: Option<u64>,
     /// Depth.
     pub depth: Option<u64>,
+    /// Queue mode text.
+    pub queue_mode: Option<String>,
     /// Memory limit text.
     pub mem_limit: Option<String>,
     /// Device id.
@@ -401,6 +409,11 @@ impl RawDevice {
             Some(d) => ranged("depth", d, 1, MAX_DEPTH.into())? as u16,
             None => DEFAULT_DEPTH,
         };
+        let queue_mode = match self.queue_mode.as_deref() {
+            Some(text) => QueueModeChoice::parse(text)
+                .ok_or_else(|| ConfigError::UnknownQueueMode(text.to_string()))?,
+            None => QueueModeChoice::Auto,
+        };
         let mem_limit = self
             .mem_limit
             .as_deref()
@@ -424,6 +437,7 @@ impl RawDevice {
             backend,
             queues,
             depth,
+            queue_mode,
             mem_limit,
             id,
             gpu,
@@ -537,6 +551,7 @@ struct FileConfig {
     fs_type: Option<String>,
     queues: Option<u64>,
     depth: Option<u64>,
+    queue_mode: Option<String>,
     id: Option<u64>,
     gpus: Option<String>,
     gpu_memory: Option<SizeValue>,
@@ -692,6 +707,7 @@ pub fn parse_config(path: &Path, text: &str, host: Host) -> Result<Plan, ConfigE
         backend: file.backend,
         queues: file.queues,
         depth: file.depth,
+        queue_mode: file.queue_mode,
         mem_limit,
         id: file.id,
         gpus: file.gpus,
@@ -1027,5 +1043,24 @@ mod tests {
             parse("size = [1]"),
             Err(ConfigError::Parse { .. })
         ));
+    }
+
+    #[test]
+    fn queue_mode_defaults_to_auto_and_names_are_checked() {
+        use crate::daemon::queue_mode::QueueMode;
+        assert_eq!(
+            parse("size = \"1G\"").unwrap().device.queue_mode,
+            QueueModeChoice::Auto
+        );
+        assert_eq!(
+            parse("size = \"1G\"\nqueue-mode = \"per-io-daemon\"")
+                .unwrap()
+                .device
+                .queue_mode,
+            QueueModeChoice::Exactly(QueueMode::PerIoDaemon)
+        );
+        let err = parse("size = \"1G\"\nqueue-mode = \"turbo\"").unwrap_err();
+        assert!(matches!(err, ConfigError::UnknownQueueMode(_)), "{err}");
+        assert!(err.to_string().contains("per-queue"), "{err}");
     }
 }

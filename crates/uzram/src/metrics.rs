@@ -330,9 +330,10 @@ pub fn render(s: &DeviceStatus) -> String {
         Kind::Gauge,
         "Device settings as labels; the value is always 1.",
         &format!(
-            "{labels},algorithm=\"{}\",backend=\"{}\"",
+            "{labels},algorithm=\"{}\",backend=\"{}\",queue_mode=\"{}\"",
             escape_label(&s.algorithm),
-            escape_label(&s.backend)
+            escape_label(&s.backend),
+            escape_label(&s.queue_mode)
         ),
         "1",
     );
@@ -531,6 +532,7 @@ mod tests {
             backend: "gpu".into(),
             queues: 2,
             depth: 64,
+            queue_mode: "per-queue".into(),
             stats: store
                 .fields()
                 .into_iter()
@@ -559,7 +561,7 @@ mod tests {
             "uzram_mem_used_bytes{device=\"ublkb3\"} 6291456",
             "uzram_pages_read_total{device=\"ublkb3\"} 99",
             "uzram_pool_free_blocks{device=\"ublkb3\"} 10",
-            "uzram_device_info{device=\"ublkb3\",algorithm=\"zstd:3\",backend=\"gpu\"} 1",
+            "uzram_device_info{device=\"ublkb3\",algorithm=\"zstd:3\",backend=\"gpu\",queue_mode=\"per-queue\"} 1",
             // The generic rule: counters, base units, a backend prefix.
             "uzram_backend_batches_total{device=\"ublkb3\"} 4",
             "uzram_backend_seconds_total{device=\"ublkb3\"} 2.5",

@@ -7,6 +7,12 @@ expect_refused "absurd size" 'size|too (large|big)|exceed|memory' uzram create -
 expect_refused "unparsable size" 'size|invalid' uzram create --size 12Q
 expect_refused "unknown algorithm" 'algorithm|foo' uzram create --size 64M --algorithm foo
 expect_refused "gpu backend without a GPU" 'gpu|cuda|nvidia' uzram create --size 64M --backend gpu
+expect_refused "unknown queue mode" 'queue mode.*turbo' uzram create --size 64M --queue-mode turbo
+# a mode asked for by name that the kernel lacks is refused, not silently replaced (6.12)
+if [ "${UZ_expect_queue_mode:-}" = per-queue ]; then
+  expect_refused "batch queue mode without UBLK_F_BATCH_IO" 'UBLK_F_BATCH_IO' uzram create --size 64M --queue-mode batch
+  expect_refused "per-io-daemon without UBLK_F_PER_IO_DAEMON" 'UBLK_F_PER_IO_DAEMON' uzram create --size 64M --queue-mode per-io-daemon
+fi
 expect_refused "status of an unknown device" 'ublkb7|no such|not found|unknown' uzram status /dev/ublkb7
 expect_refused "destroy of an unknown device" 'ublkb7|no such|not found|unknown' uzram destroy /dev/ublkb7
 if su -s /bin/sh nobody -c 'test "$(id -u)" = 65534'; then

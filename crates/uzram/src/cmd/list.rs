@@ -344,6 +344,7 @@ mod tests {
             backend: "cpu".into(),
             queues: 2,
             depth: 128,
+            queue_mode: "per-queue".into(),
             stats: vec![
                 stat("orig_data_size", 12 << 20),
                 stat("compr_data_size", (1 << 20) + (1 << 20) / 5),

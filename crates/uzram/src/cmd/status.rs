@@ -55,6 +55,7 @@ pub fn to_json(s: &DeviceStatus) -> serde_json::Value {
         "backend": s.backend,
         "queues": s.queues,
         "depth": s.depth,
+        "queue_mode": s.queue_mode,
         "stats": map(&s.stats),
         "requests": map(&s.requests),
         "backend_stats": map(&s.backend_stats),
@@ -72,6 +73,7 @@ pub fn render(s: &DeviceStatus) -> String {
     line("backend", s.backend.clone());
     line("queues", s.queues.to_string());
     line("depth", s.depth.to_string());
+    line("queue_mode", s.queue_mode.clone());
     for stat in s.stats.iter().chain(&s.requests).chain(&s.backend_stats) {
         line(&stat.name, stat.value.to_string());
     }
@@ -94,6 +96,7 @@ mod tests {
             backend: "cpu".into(),
             queues: 1,
             depth: 4,
+            queue_mode: "per-queue".into(),
             stats: vec![Stat {
                 name: "orig_data_size".into(),
                 value: 4096,
@@ -112,8 +115,10 @@ mod tests {
         assert_eq!(v["requests"]["read_requests"], 3);
         assert_eq!(v["backend_stats"]["fallback_batches"], 2);
         assert_eq!(v["device"], "/dev/ublkb1");
+        assert_eq!(v["queue_mode"], "per-queue");
         let text = render(&s);
         assert!(text.contains("orig_data_size     4096\n"), "{text}");
         assert!(text.contains("fallback_batches   2\n"), "{text}");
+        assert!(text.contains("queue_mode         per-queue\n"), "{text}");
     }
 }

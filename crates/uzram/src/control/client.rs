@@ -57,6 +57,7 @@ mod tests {
             backend: "cpu".into(),
             queues: 1,
             depth: 8,
+            queue_mode: "per-queue".into(),
             stats: vec![Stat {
                 name: "same_pages".into(),
                 value: 7,

@@ -58,6 +58,9 @@ pub struct DeviceStatus {
     pub queues: u16,
     /// Queue depth.
     pub depth: u16,
+    /// How requests reach the queue threads: `batch`, `per-io-daemon` or `per-queue`.
+    #[serde(default)]
+    pub queue_mode: String,
     /// The store's mm_stat and io_stat fields, in zram's order.
     pub stats: Vec<Stat>,
     /// The daemon's request counters (per operation).
@@ -110,6 +113,7 @@ mod tests {
             backend: "cpu".into(),
             queues: 2,
             depth: 128,
+            queue_mode: "batch".into(),
             stats: vec![Stat {
                 name: "orig_data_size".into(),
                 value: 8192,

@@ -1,13 +1,16 @@
 //! The daemon's lifecycle: lock memory, add the ublk device, serve its queues, publish state,
 //! and on SIGTERM/SIGINT or a control `stop` delete the device and clean up.
 
+mod batch_io;
 pub mod compression;
 pub mod fault_guard;
 pub mod io;
 pub mod notify;
 pub mod pool;
+pub mod queue_mode;
 pub mod queue_tuning;
 pub mod reserve;
+pub mod ring;
 pub mod target;
 
 use std::io::Write;
@@ -28,6 +31,7 @@ use crate::control::proto::{DeviceStatus, Request, Response, Stat};
 use crate::control::state::{DaemonState, StateDir};
 use crate::control::{server, ControlError};
 use crate::sys;
+use queue_mode::{QueueMode, QueueModeChoice, QueuePlan};
 use target::Counters;
 
 /// How the daemon tells its starter that the device is ready (or that it failed).
@@ -109,11 +113,11 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     if let Err(err) = sys::set_io_flusher() {
         tracing::warn!(error = %err, "PR_SET_IO_FLUSHER failed (kernel older than 5.6?)");
     }
+    let (plan, features) = choose_queue_mode(&cfg)?;
     let pages = cfg.size / PAGE_SIZE as u64;
     let mut store_cfg = StoreConfig::new(pages, cfg.algorithm);
     store_cfg.mem_limit = cfg.mem_limit;
     let store = Arc::new(PageStore::new(store_cfg).context("creating the page store")?);
-    let counters = Arc::new(Counters::new(cfg.queues));
     let compression = Arc::new(
         compression::Compression::start(
             store.clone(),
@@ -145,15 +149,10 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
 
     let states = StateDir::default();
     states.create()?;
-    let ctrl = UblkCtrlBuilder::default()
-        .name("uzram")
-        .id(cfg.id.map_or(-1, |id| id as i32))
-        .nr_queues(cfg.queues)
-        .depth(cfg.depth)
-        .io_buf_bytes(target::IO_BUF_BYTES)
-        .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV | UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER)
-        .build()
-        .map_err(|err| add_error(err, cfg.id))?;
+    let (ctrl, plan) = add_device(&cfg, plan, features)?;
+    let counters = Arc::new(Counters::new(
+        cfg.queues.saturating_mul(plan.threads_per_queue),
+    ));
     let id = ctrl.dev_info().dev_id;
     let dev = format!("/dev/ublkb{id}");
     tracing::info!(id, %dev, size = cfg.size, queues = cfg.queues, depth = cfg.depth, "device added");
@@ -191,6 +190,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
             backend: compression.name().to_string(),
             queues: cfg.queues,
             depth: cfg.depth,
+            queue_mode: plan.mode.name().to_string(),
             stats: Vec::new(),
             requests: Vec::new(),
             backend_stats: Vec::new(),
@@ -212,6 +212,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
                 .snapshot()
                 .into_iter()
                 .chain(pool_stats())
+                .chain(queue_stats(plan))
                 .collect(),
             backend_stats: compression.stats(),
             ..template.clone()
@@ -306,7 +307,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     };
     let served = ctrl.run_target(
         tgt_init,
-        target::queue_fn(store.clone(), compression, counters),
+        target::queue_fn(store.clone(), compression, counters, plan),
         on_started,
     );
     states.remove(id);
@@ -333,6 +334,62 @@ fn io_path_thread(name: &str) {
     if let Err(err) = sys::set_thread_nice(pool::IO_NICE) {
         tracing::warn!(thread = name, error = %err, "raising the thread's priority failed");
     }
+}
+
+/// The queue mode `cfg` asks for, or with `auto` the fastest one the driver offers
+/// (`UBLK_U_CMD_GET_FEATURES`); decided before any memory is reserved, so that a mode the
+/// kernel lacks is refused at once. Also returns the feature bits.
+fn choose_queue_mode(cfg: &DeviceConfig) -> anyhow::Result<(QueuePlan, Option<u64>)> {
+    let features = UblkCtrl::get_features();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let plan = queue_mode::plan(cfg.queue_mode, features, cfg.queues, cfg.depth, cpus)?;
+    tracing::info!(
+        features = %features.map_or("none (GET_FEATURES needs Linux 6.5)".into(), |f| format!("{f:#x}")),
+        asked = %cfg.queue_mode,
+        mode = %plan.mode,
+        threads_per_queue = plan.threads_per_queue,
+        "queue mode"
+    );
+    Ok((plan, features))
+}
+
+/// Adds the ublk device in `plan`'s mode. Should the driver refuse a mode it advertised, `auto`
+/// falls back to `per-queue`, which every ublk kernel serves.
+fn add_device(
+    cfg: &DeviceConfig,
+    plan: QueuePlan,
+    features: Option<u64>,
+) -> anyhow::Result<(UblkCtrl, QueuePlan)> {
+    match build_ctrl(cfg, plan) {
+        Ok(ctrl) => Ok((ctrl, plan)),
+        Err(err) if cfg.queue_mode == QueueModeChoice::Auto && plan.mode != QueueMode::PerQueue => {
+            tracing::warn!(mode = %plan.mode, error = %err, "adding the device failed; trying per-queue");
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let plain = queue_mode::plan(
+                QueueModeChoice::Exactly(QueueMode::PerQueue),
+                features,
+                cfg.queues,
+                cfg.depth,
+                cpus,
+            )?;
+            let ctrl = build_ctrl(cfg, plain).map_err(|err| add_error(err, cfg.id))?;
+            Ok((ctrl, plain))
+        }
+        Err(err) => Err(add_error(err, cfg.id)),
+    }
+}
+
+fn build_ctrl(cfg: &DeviceConfig, plan: QueuePlan) -> Result<UblkCtrl, UblkError> {
+    UblkCtrlBuilder::default()
+        .name("uzram")
+        .id(cfg.id.map_or(-1, |id| id as i32))
+        .nr_queues(cfg.queues)
+        .depth(cfg.depth)
+        .io_buf_bytes(target::IO_BUF_BYTES)
+        .ctrl_flags(plan.ctrl_flags)
+        .io_threads_per_queue(plan.threads_per_queue)
+        .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV | UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER)
+        .build()
 }
 
 fn add_error(err: UblkError, id: Option<u32>) -> anyhow::Error {
@@ -397,6 +454,22 @@ pub fn wait_for_path(path: &Path, timeout: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
     true
+}
+
+/// How the queues are served, as numbers for `uzram status` (the mode's name is `queue_mode`).
+fn queue_stats(plan: QueuePlan) -> [Stat; 2] {
+    [
+        Stat {
+            name: "io_threads_per_queue".into(),
+            value: plan.threads_per_queue.into(),
+        },
+        // IORING_SETUP_* bits of the queue threads' rings (0x3100: coop + single issuer +
+        // defer taskrun; see `ring`).
+        Stat {
+            name: "queue_ring_setup_flags".into(),
+            value: ring::setup_flags().into(),
+        },
+    ]
 }
 
 /// The block pool's counters, for `uzram status`.

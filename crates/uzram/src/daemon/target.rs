@@ -1,18 +1,19 @@
-//! ublk glue only: device parameters, per-queue setup and the request loop around
-//! [`super::io::handle`].
+//! ublk glue only: device parameters, per-queue setup, request counters and the per-request
+//! loop around [`super::io::handle_with`] (the batch loop is in `batch_io`).
 
-use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use libublk::helpers::IoBuf;
 use libublk::io::{BufDescList, UblkDev, UblkIOCtx, UblkQueue};
 use libublk::sys;
 use libublk::{BufDesc, UblkIORes};
 use uzram_core::store::PageStore;
-use uzram_core::{PAGE_SHIFT, SECTOR_SHIFT};
+use uzram_core::{PAGE_SHIFT, PAGE_SIZE, SECTOR_SHIFT};
 
 use super::compression::Compression;
 use super::io::{handle_with, Op};
+use super::queue_mode::{QueueMode, QueuePlan};
 use crate::control::proto::Stat;
 
 /// Largest request, in bytes (the size of each tag's I/O buffer). Every buffer is locked in
@@ -69,30 +70,31 @@ struct QueueCounters {
     page_faults: AtomicU64,
 }
 
-/// Per-operation request counters of every queue.
+/// Per-operation request counters of every queue thread.
 pub struct Counters {
     queues: Box<[QueueCounters]>,
 }
 
 impl Counters {
-    /// Counters for `queues` queues.
-    pub fn new(queues: u16) -> Self {
+    /// Counters for `threads` queue threads (queues x threads per queue); thread `k` of queue
+    /// `q` counts in slot `q * threads_per_queue + k`.
+    pub fn new(threads: u16) -> Self {
         Counters {
-            queues: (0..queues.max(1))
+            queues: (0..threads.max(1))
                 .map(|_| QueueCounters::default())
                 .collect(),
         }
     }
 
-    /// Publishes queue `qid`'s page-fault count since it started serving.
-    fn set_faults(&self, qid: u16, faults: u64) {
-        if let Some(q) = self.queues.get(usize::from(qid)) {
+    /// Publishes queue thread `slot`'s page-fault count since it started serving.
+    fn set_faults(&self, slot: u16, faults: u64) {
+        if let Some(q) = self.queues.get(usize::from(slot)) {
             q.page_faults.store(faults, Ordering::Relaxed);
         }
     }
 
-    fn record(&self, qid: u16, op: Op, res: i32) {
-        let Some(q) = self.queues.get(usize::from(qid)) else {
+    fn record(&self, slot: u16, op: Op, res: i32) {
+        let Some(q) = self.queues.get(usize::from(slot)) else {
             return;
         };
         let bump = |c: &AtomicU64, n: u64| {
@@ -149,65 +151,106 @@ impl Counters {
     }
 }
 
-/// Serves queue `qid` until the device stops. Buffers for every tag are allocated (and, with
-/// `UBLK_DEV_F_MLOCK_IO_BUFFER`, locked) before the first request; serving allocates nothing.
-pub fn serve_queue(
-    qid: u16,
-    dev: &UblkDev,
-    store: &PageStore,
-    writer: &Compression,
-    counters: &Counters,
-) {
-    let bufs = Rc::new(dev.alloc_queue_io_bufs());
-    let queue = match UblkQueue::new(qid, dev)
-        .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))))
-    {
+/// One queue thread's request handling: the store, its counters slot and the thread's
+/// page-fault accounting. Both serving loops (per request, batch) go through it.
+pub struct Server<'a> {
+    slot: u16,
+    store: &'a PageStore,
+    writer: &'a Compression,
+    counters: &'a Counters,
+    served: u32,
+    faults_at_start: Option<u64>,
+}
+
+impl<'a> Server<'a> {
+    fn new(
+        slot: u16,
+        store: &'a PageStore,
+        writer: &'a Compression,
+        counters: &'a Counters,
+    ) -> Self {
+        Server {
+            slot,
+            store,
+            writer,
+            counters,
+            served: 0,
+            faults_at_start: None,
+        }
+    }
+
+    /// The thread's setup is done (buffers allocated and locked): from here on it serves swap
+    /// I/O and must never page-fault (see `fault_guard`).
+    pub fn start(&mut self) {
+        super::pool::strict_current_thread();
+        super::fault_guard::prefault_stack();
+        // This queue's own setup allocated after the daemon-wide populate in `serve`.
+        if let Err(err) = super::fault_guard::populate_writable_mappings() {
+            tracing::warn!(slot = self.slot, error = %err, "populating writable memory failed");
+        }
+        if let Err(err) = crate::sys::set_thread_nice(super::pool::IO_NICE) {
+            tracing::warn!(slot = self.slot, error = %err, "raising the queue thread's priority failed");
+        }
+        self.faults_at_start = super::fault_guard::thread_faults();
+    }
+
+    /// Serves one request whose data is in `data` (the tag's I/O buffer); returns its result.
+    pub fn handle(&mut self, iod: &sys::ublksrv_io_desc, data: &mut [u8]) -> i32 {
+        let op = Op::from_ublk(iod.op_flags);
+        let res = handle_with(
+            op,
+            iod.start_sector,
+            iod.nr_sectors,
+            data,
+            self.store,
+            self.writer,
+        );
+        self.counters.record(self.slot, op, res);
+        self.served = self.served.wrapping_add(1);
+        // A syscall, so only now and then.
+        if self.served % FAULT_CHECK_EVERY == 0 {
+            if let (Some(start), Some(now)) =
+                (self.faults_at_start, super::fault_guard::thread_faults())
+            {
+                self.counters
+                    .set_faults(self.slot, now.saturating_sub(start));
+            }
+        }
+        res
+    }
+}
+
+/// `per-queue` and `per-io-daemon`: one FETCH / COMMIT_AND_FETCH uring command per request,
+/// for the tags this thread owns (all of the queue's, or its share under per-io-daemon).
+/// Buffers are allocated (and locked) before the first request; serving allocates nothing.
+fn serve_per_request(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
+    let queue = match UblkQueue::new(qid, dev) {
         Ok(queue) => queue,
         Err(err) => {
             tracing::error!(qid, error = %err, "queue setup failed");
             return;
         }
     };
-    // The codec this thread compresses and decodes with, made now: a failure to allocate
-    // it must stop the queue at start, not fail requests later.
-    if let Err(err) = store.prepare_thread() {
-        tracing::error!(qid, error = %err, "creating the queue's codec failed");
-        return;
-    }
-    // From here on this thread serves swap I/O: it must never page-fault (see `fault_guard`).
-    super::pool::strict_current_thread();
-    super::fault_guard::prefault_stack();
-    // This queue's own setup allocated after the daemon-wide populate in `serve`.
-    if let Err(err) = super::fault_guard::populate_writable_mappings() {
-        tracing::warn!(qid, error = %err, "populating writable memory failed");
-    }
-    if let Err(err) = crate::sys::set_thread_nice(super::pool::IO_NICE) {
-        tracing::warn!(qid, error = %err, "raising the queue thread's priority failed");
-    }
-    let faults_at_start = super::fault_guard::thread_faults();
-    let mut served: u32 = 0;
+    let bufs = own_io_bufs(&queue, dev);
+    let queue = match queue.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))) {
+        Ok(queue) => queue,
+        Err(err) => {
+            tracing::error!(qid, error = %err, "queue setup failed");
+            return;
+        }
+    };
+    server.start();
     let handler = |q: &UblkQueue, tag: u16, _ctx: &UblkIOCtx| {
-        let iod = q.get_iod(tag);
-        let op = Op::from_ublk(iod.op_flags);
         let Some(buf) = bufs.get(usize::from(tag)) else {
             tracing::error!(qid, tag, "request for a tag without a buffer");
             return;
         };
         // SAFETY: `buf` is this tag's I/O buffer, allocated above with `buf.len()` bytes and
         // alive as long as `bufs`. Between delivering request `tag` and our commit below, the
-        // kernel does not touch it and no other code on this single queue thread uses it, so
-        // this is the only reference to its bytes while `handle` runs.
+        // kernel does not touch it and no other code on this thread uses it (tags are not
+        // shared between threads), so this is the only reference to its bytes.
         let data = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr(), buf.len()) };
-        let res = handle_with(op, iod.start_sector, iod.nr_sectors, data, store, writer);
-        counters.record(qid, op, res);
-        served = served.wrapping_add(1);
-        // A syscall, so only now and then.
-        if served % FAULT_CHECK_EVERY == 0 {
-            if let (Some(start), Some(now)) = (faults_at_start, super::fault_guard::thread_faults())
-            {
-                counters.set_faults(qid, now.saturating_sub(start));
-            }
-        }
+        let res = server.handle(q.get_iod(tag), data);
         if let Err(err) = q.complete_io_cmd_unified(
             tag,
             BufDesc::Slice(buf.as_slice()),
@@ -220,13 +263,51 @@ pub fn serve_queue(
     tracing::info!(qid, "queue stopped");
 }
 
-/// A shareable queue function for `UblkCtrl::run_target`.
+/// A buffer per tag, full size for the tags this thread serves. With several threads per
+/// queue the others' tags get a token page: libublk indexes buffers by tag, but registers and
+/// locks only the thread's own (`UblkDev::alloc_queue_io_bufs` would lock nothing more, yet
+/// cost every thread the whole queue's buffers).
+fn own_io_bufs(queue: &UblkQueue<'_>, dev: &UblkDev) -> Vec<IoBuf<u8>> {
+    let full = dev.dev_info.max_io_buf_bytes as usize;
+    (0..dev.dev_info.queue_depth)
+        .map(|tag| IoBuf::new(if queue.owns_tag(tag) { full } else { PAGE_SIZE }))
+        .collect()
+}
+
+/// A shareable queue function for `UblkCtrl::run_target`: sets up the thread's ring and serves
+/// its share of queue `qid` in `plan`'s mode until the device stops.
 pub fn queue_fn(
     store: Arc<PageStore>,
     writer: Arc<Compression>,
     counters: Arc<Counters>,
+    plan: QueuePlan,
 ) -> impl FnOnce(u16, &UblkDev) + Send + Sync + Clone + 'static {
-    move |qid, dev| serve_queue(qid, dev, &store, &writer, &counters)
+    move |qid, dev| {
+        let slot = qid
+            .saturating_mul(plan.threads_per_queue)
+            .saturating_add(libublk::io::io_thread_idx());
+        let (sq, cq) = (u32::from(dev.tgt.sq_depth), u32::from(dev.tgt.cq_depth));
+        match super::ring::init_queue_ring(sq, cq) {
+            Ok(flags) => tracing::debug!(qid, ring = %super::ring::describe(flags), "queue ring"),
+            Err(err) => {
+                tracing::error!(qid, error = %err, "creating the queue's io_uring failed");
+                return;
+            }
+        }
+        // The codec this thread compresses and decodes with, made now: a failure to allocate
+        // it must stop the queue at start, not fail requests later.
+        if let Err(err) = store.prepare_thread() {
+            tracing::error!(qid, error = %err, "creating the queue's codec failed");
+            return;
+        }
+        let mut server = Server::new(slot, &store, &writer, &counters);
+        match plan.mode {
+            QueueMode::Batch => super::batch_io::serve(qid, dev, &mut server),
+            QueueMode::PerIoDaemon | QueueMode::PerQueue => {
+                serve_per_request(qid, dev, &mut server)
+            }
+        }
+    }
 }
 
 #[cfg(test)]

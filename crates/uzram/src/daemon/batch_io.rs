@@ -1,0 +1,104 @@
+//! The `batch` queue mode (`UBLK_F_BATCH_IO`, Linux 7.0): one queue thread fetches requests
+//! in groups through multishot fetch commands and commits their results in groups, through
+//! libublk's `UblkBatchQueue`.
+//!
+//! Per wake-up the thread serves every request of every fetched group, then commits all the
+//! results with one command, where the per-request modes spend a uring command (and its
+//! task-work round trip in the kernel) on each request.
+
+use libublk::io::{
+    UblkBatchBuffers, UblkBatchCompletion, UblkBatchConfig, UblkBatchQueue, UblkDev, UblkQueue,
+};
+use libublk::UblkError;
+
+use super::target::Server;
+
+/// Serves queue `qid` until the device stops; returns after the kernel released every buffer.
+/// Buffers are allocated (and locked) before the first request; serving allocates nothing.
+pub fn serve(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
+    let queue = match UblkQueue::new(qid, dev) {
+        Ok(queue) => queue,
+        Err(err) => {
+            tracing::error!(qid, error = %err, "queue setup failed");
+            return;
+        }
+    };
+    let depth = queue.get_depth() as usize;
+    // One fetch buffer can carry every tag of the queue: a full queue arrives in one CQE.
+    let config = UblkBatchConfig::new()
+        .with_tags_per_fetch_buffer(u16::try_from(depth).unwrap_or(u16::MAX).max(1));
+    let buffers = UblkBatchBuffers::IoBufs(dev.alloc_queue_io_bufs());
+    let mut batch = match UblkBatchQueue::new(&queue, buffers, config) {
+        Ok(batch) => batch,
+        Err(err) => {
+            tracing::error!(qid, error = %err, "batch queue setup failed");
+            return;
+        }
+    };
+    // Every tag is in flight at most once, so this never grows while serving.
+    let mut pending: Vec<UblkBatchCompletion> = Vec::with_capacity(depth);
+    server.start();
+    if let Err(err) = run(&queue, &mut batch, &mut pending, server) {
+        // The queue can serve no more: its requests would hang. Stop the whole device, so
+        // that the kernel fails them (as after a daemon crash) instead.
+        tracing::error!(qid, error = %err, "batch queue failed; stopping the device");
+        if let Err(err) = libublk::ctrl::UblkCtrl::new_simple(dev.dev_info.dev_id as i32)
+            .and_then(|c| c.kill_dev())
+        {
+            tracing::error!(qid, error = %err, "stopping the device failed");
+        }
+        return;
+    }
+    tracing::info!(qid, "queue stopped");
+}
+
+/// The serving loop: handle CQEs, serve fetched requests, commit their results; ends once the
+/// device stopped and the batch transport has shut down.
+fn run(
+    queue: &UblkQueue<'_>,
+    batch: &mut UblkBatchQueue<'_, '_>,
+    pending: &mut Vec<UblkBatchCompletion>,
+    server: &mut Server<'_>,
+) -> Result<(), UblkError> {
+    loop {
+        let mut failed = None;
+        let waited = queue.flush_and_wake_io_tasks(
+            |_user_data, cqe, _is_last| {
+                let served = batch.handle_cqe(cqe, |batch, tags| {
+                    for &tag in tags {
+                        let iod = queue.get_iod(tag);
+                        let res = match batch.io_buf_mut(tag) {
+                            Some(buf) => server.handle(iod, buf.as_mut_slice()),
+                            // A tag the transport did not hand out: fail the request only.
+                            None => -libc::EIO,
+                        };
+                        pending.push(UblkBatchCompletion::new(tag, res));
+                    }
+                    Ok(())
+                });
+                // Ok(false): a CQE of no batch command; this ring carries nothing else.
+                if let Err(err) = served {
+                    failed.get_or_insert(err);
+                }
+            },
+            1,
+        );
+        match waited {
+            Ok(_) => {}
+            // Stopped with nothing left in flight: the transport is done with the buffers.
+            Err(UblkError::QueueIsDown) => return Ok(()),
+            Err(err) => return Err(err),
+        }
+        if let Some(err) = failed {
+            return Err(err);
+        }
+        // Ok(false): every commit slot is in flight; keep the results and retry once one of
+        // them completed (its CQE ends the next wait).
+        if !pending.is_empty() && batch.try_submit_completions(pending)? {
+            pending.clear();
+        }
+        if batch.try_begin_shutdown()? && batch.is_shutdown_complete() {
+            return Ok(());
+        }
+    }
+}
