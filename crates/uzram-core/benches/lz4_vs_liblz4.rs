@@ -11,6 +11,12 @@
 //! cargo bench -p uzram-core --bench lz4_vs_liblz4
 //! UZRAM_CORPUS=a.pages:b.pages.zst UZRAM_BENCH_REPEAT=21 cargo bench -p uzram-core --bench lz4_vs_liblz4
 //! ```
+//! A second table puts the store's whole write path beside the bare codec, same run, same
+//! pages: `PageStore::write` of every page (same-fill check, compress, arena reserve and copy,
+//! table update), overwriting pages already stored as the steady state of a swap device does,
+//! against liblz4's compress pass above (same-fill check, compress, append). Thread-CPU
+//! seconds per GiB; the target is store ≤ 1.2× liblz4.
+//!
 //! Corpora: `UZRAM_CORPUS` (':'-separated; raw `.pages` or zstd `.pages.zst`), else
 //! `../shared/corpus/*.pages.zst` beside the repository, else the checked-in
 //! `testdata/*.slice.pages.zst`.
@@ -20,8 +26,9 @@ use std::os::raw::{c_char, c_int};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use uzram_core::codec::{Lz4Codec, PageCodec};
+use uzram_core::codec::{Algorithm, Lz4Codec, PageCodec};
 use uzram_core::page::{fill_page, same_filled_word, PAGE_SIZE};
+use uzram_core::store::{PageStore, StoreConfig};
 
 /// zram stores a page raw when its compressed form takes at least this many bytes.
 const HUGE_THRESHOLD: usize = uzram_core::store::StoreConfig::DEFAULT_RAW_THRESHOLD;
@@ -272,6 +279,46 @@ fn bench_subset(corpus: &str, subset: &'static str, pages: &[Page], repeat: usiz
     }
 }
 
+/// Thread-CPU seconds per GiB: the store's write path and liblz4's compress pass, runs
+/// interleaved. Returns (store runs, liblz4 runs).
+fn store_vs_codec(pages: &[Page], repeat: usize) -> (Vec<f64>, Vec<f64>) {
+    let store = PageStore::new(StoreConfig::new(pages.len() as u64, Algorithm::Lz4))
+        .expect("creating the store");
+    store.prepare_thread().expect("creating the codec");
+    let gib = (pages.len() * PAGE_SIZE) as f64 / (1u64 << 30) as f64;
+    let mut enc = Encoded {
+        entries: Vec::with_capacity(pages.len()),
+        data: Vec::with_capacity(pages.len() * PAGE_SIZE),
+    };
+    let write_all = |store: &PageStore| {
+        let start = Instant::now();
+        for (i, page) in pages.iter().enumerate() {
+            store.write(i as u64, page).expect("store write");
+        }
+        start.elapsed()
+    };
+    // Warm-up: the first fill grows the arena (in the daemon, from pre-faulted pool blocks).
+    write_all(&store);
+    compress_pass(&mut Liblz4, pages, &mut enc);
+    let (mut st, mut lz) = (Vec::new(), Vec::new());
+    for r in 0..repeat {
+        if r % 2 == 0 {
+            st.push(write_all(&store).as_secs_f64() / gib);
+            lz.push(compress_pass(&mut Liblz4, pages, &mut enc).as_secs_f64() / gib);
+        } else {
+            lz.push(compress_pass(&mut Liblz4, pages, &mut enc).as_secs_f64() / gib);
+            st.push(write_all(&store).as_secs_f64() / gib);
+        }
+    }
+    // Every page reads back.
+    let mut out = [0u8; PAGE_SIZE];
+    for (i, page) in pages.iter().enumerate() {
+        store.read(i as u64, &mut out).expect("store read");
+        assert!(out == *page, "page {i} did not read back");
+    }
+    (st, lz)
+}
+
 fn load_pages(path: &Path) -> Vec<Page> {
     let raw = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     let raw = if path.extension().is_some_and(|e| e == "zst") {
@@ -344,6 +391,7 @@ fn main() {
         repeat
     );
     let mut rows = Vec::new();
+    let mut store_rows = Vec::new();
     for path in corpus_paths() {
         let pages = load_pages(&path);
         let name = path
@@ -366,6 +414,7 @@ fn main() {
             .copied()
             .collect();
         rows.push(bench_subset(&name, "all pages", &pages, repeat));
+        store_rows.push((name.clone(), store_vs_codec(&pages, repeat)));
         rows.push(bench_subset(&name, "codec pages", &codec_pages, repeat));
     }
     let names = ["uzram", "liblz4", "lz4_flex"];
@@ -413,6 +462,15 @@ fn main() {
         println!(
             "{:<12} uzram {:.4}  liblz4 {:.4}  lz4_flex {:.4}  uzram/liblz4 {:.4}x  (stored bytes {} / {} / {})",
             row.corpus, r[0], r[1], r[2], r[0] / r[1], row.sides[0].2, row.sides[1].2, row.sides[2].2
+        );
+    }
+    println!("store write path against the bare codec (thread-CPU s/GiB, median; target store <= 1.2x liblz4):");
+    for (corpus, (mut st, mut lz)) in store_rows {
+        let (m_st, m_lz) = (median(&mut st), median(&mut lz));
+        println!(
+            "{corpus:<12} PageStore::write {m_st:.3}  liblz4 pass {m_lz:.3}  store/liblz4 {:.3}x  (store path {:.3} GB/s per core)",
+            m_st / m_lz,
+            (1u64 << 30) as f64 / m_st / 1e9
         );
     }
 }

@@ -254,3 +254,34 @@ pub fn mknod_block(path: &std::path::Path, rdev: u64, mode: u32) -> io::Result<(
         )
     })
 }
+
+/// This process's resident memory in bytes (`/proc/self/statm`: anonymous, file and shared
+/// memory pages, the block pool's memfd included).
+pub fn resident_bytes() -> io::Result<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm")?;
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unexpected /proc/self/statm"))?;
+    // SAFETY: sysconf only reads a system constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Ok(pages * u64::try_from(page).unwrap_or(4096))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resident_bytes_counts_touched_memory() {
+        let before = resident_bytes().unwrap();
+        let touched = vec![1u8; 32 << 20];
+        let after = resident_bytes().unwrap();
+        assert!(
+            after >= before + (16 << 20),
+            "32 MiB touched, resident {before} -> {after}"
+        );
+        drop(touched);
+    }
+}

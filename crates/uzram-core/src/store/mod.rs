@@ -596,19 +596,35 @@ impl PageStore {
     /// publishing it; after a few tries against such writes it gives up and returns 0.
     pub fn compact(&self) -> u64 {
         for _ in 0..100 {
+            // Room for every object, taken before any lock: allocating under the shard locks
+            // could fault into reclaim that waits for swap writes, which wait for those locks.
+            let mut objects: Vec<Object> = Vec::new();
+            let mut shards = Vec::new();
+            let want = self.arena.usage().objects as usize + 1024;
+            if objects.try_reserve_exact(want).is_err()
+                || shards.try_reserve_exact(self.shards.len()).is_err()
+            {
+                return 0;
+            }
             let mut compaction = self.arena.lock_for_compaction();
-            let mut shards: Vec<_> = self.shards.iter().map(write_lock).collect();
-            let mut objects: Vec<Object> = shards
-                .iter()
-                .enumerate()
-                .flat_map(|(s, shard)| {
-                    shard.stored().map(move |(idx, handle, len)| Object {
+            if compaction.objects() as usize > objects.capacity() {
+                continue;
+            }
+            shards.extend(self.shards.iter().map(write_lock));
+            for (s, shard) in shards.iter().enumerate() {
+                for (idx, handle, len) in shard.stored() {
+                    // Never reached: every stored page is one of the arena's objects, and
+                    // they fit. Growing here would allocate under the locks.
+                    if objects.len() == objects.capacity() {
+                        break;
+                    }
+                    objects.push(Object {
                         handle,
                         len,
                         tag: (idx << self.shard_shift) | s as u64,
-                    })
-                })
-                .collect();
+                    });
+                }
+            }
             if objects.len() as u64 != compaction.objects() {
                 drop(shards);
                 drop(compaction);

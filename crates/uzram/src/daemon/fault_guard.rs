@@ -11,11 +11,29 @@
 /// (codec state lives on the heap), far below the 2 MiB thread stack.
 const STACK_PREFAULT: usize = 512 << 10;
 
+/// Stack the daemon's other I/O-path threads (GPU installers, the compactor) fault in: they
+/// run with 256 KiB stacks (mlockall locks whole stacks), so half of that; their deepest path
+/// (an install or a compaction pass) uses a few KiB.
+const SMALL_STACK_PREFAULT: usize = 128 << 10;
+
 /// Touches `STACK_PREFAULT` bytes of the calling thread's stack so that they are resident and
-/// locked before the thread serves I/O.
+/// locked before the thread serves I/O. Only for threads with a stack of more than that (the
+/// queue threads' 2 MiB); others call [`prefault_small_stack`].
 #[inline(never)]
 pub fn prefault_stack() {
-    let mut frame = [0u8; STACK_PREFAULT];
+    touch_stack::<STACK_PREFAULT>();
+}
+
+/// [`prefault_stack`] for threads started with a 256 KiB stack: touching more than the
+/// stack holds would overflow it (the process aborts).
+#[inline(never)]
+pub fn prefault_small_stack() {
+    touch_stack::<SMALL_STACK_PREFAULT>();
+}
+
+#[inline(always)]
+fn touch_stack<const N: usize>() {
+    let mut frame = [0u8; N];
     for byte in frame.iter_mut().step_by(4096) {
         *byte = 1;
     }
@@ -115,6 +133,9 @@ mod tests {
 
     #[test]
     fn populated_static_takes_no_fault_on_first_write() {
+        let _serial = SERIAL
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         // A page of .bss nobody has written yet: populating must fault it in up front.
         static UNTOUCHED: [std::sync::atomic::AtomicU8; 3 * 4096] =
             [const { std::sync::atomic::AtomicU8::new(0) }; 3 * 4096];
@@ -136,8 +157,38 @@ mod tests {
         );
     }
 
+    /// The tests below that map thread stacks or populate the process's mappings run one at a
+    /// time: a stack mapped or unmapped while /proc/self/maps is read and populated can make
+    /// the populate test see a fault that has nothing to do with the code under test.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    #[test]
+    fn small_prefault_fits_the_small_threads_stack() {
+        let _serial = SERIAL
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // The size `spawn` and the ring's installers use; an overflow aborts the test binary.
+        let faults = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(|| {
+                let start = thread_faults().unwrap();
+                prefault_small_stack();
+                thread_faults().unwrap() - start
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(
+            faults >= 8,
+            "only {faults} faults for 128 KiB of fresh stack"
+        );
+    }
+
     #[test]
     fn prefault_takes_the_stack_faults_up_front() {
+        let _serial = SERIAL
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let (first, second) = std::thread::Builder::new()
             .stack_size(2 << 20)
             .spawn(|| {

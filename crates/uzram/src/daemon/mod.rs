@@ -2,6 +2,7 @@
 //! and on SIGTERM/SIGINT or a control `stop` delete the device and clean up.
 
 mod batch_io;
+mod compactor;
 pub mod compression;
 pub mod fault_guard;
 pub mod io;
@@ -262,6 +263,11 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     })?;
 
     spawn("uzram-pool", move || pool::keep(pool_target))?;
+    let compacted = store.clone();
+    spawn("uzram-compact", move || {
+        io_path_thread("uzram-compact");
+        compactor::keep(compacted)
+    })?;
 
     // Everything set up so far (heap, statics, thread stacks) resident before serving.
     match fault_guard::populate_writable_mappings() {
@@ -328,9 +334,10 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
 /// Set-up for a thread that installs staged pages: like a queue thread, it is on the swap
 /// I/O path, so it must get ENOMEM rather than page-fault into reclaim, and run ahead of
 /// the tasks that wait for swap.
+/// Its threads have 256 KiB stacks (the ring's installers, `spawn`).
 fn io_path_thread(name: &str) {
     pool::strict_current_thread();
-    fault_guard::prefault_stack();
+    fault_guard::prefault_small_stack();
     if let Err(err) = sys::set_thread_nice(pool::IO_NICE) {
         tracing::warn!(thread = name, error = %err, "raising the thread's priority failed");
     }
@@ -473,11 +480,21 @@ fn queue_stats(plan: QueuePlan) -> [Stat; 2] {
 }
 
 /// The block pool's counters, for `uzram status`.
-fn pool_stats() -> [Stat; 2] {
+fn pool_stats() -> [Stat; 4] {
     [
         Stat {
             name: "pool_free_blocks".into(),
             value: pool::free_blocks() as u64,
+        },
+        Stat {
+            name: "pool_released_blocks".into(),
+            value: pool::released_blocks() as u64,
+        },
+        // What the daemon holds (resident, shared memory included), beside the store's
+        // mem_used_total: the difference is reserves, buffers and code.
+        Stat {
+            name: "daemon_rss_bytes".into(),
+            value: sys::resident_bytes().unwrap_or(0),
         },
         Stat {
             name: "pool_refused_blocks".into(),

@@ -19,13 +19,20 @@
 //!   tags) while the pool ran dry, and every write then failed with ENOMEM for minutes in the
 //!   guest, since failed writes free nothing.
 //!
-//! Blocks come from one reserved (PROT_NONE) address range, so `dealloc` knows its own blocks by
-//! address; freed blocks return to the free list and stay committed.
+//! Blocks come from one reserved address range, so `dealloc` knows its own blocks by address;
+//! freed blocks return to the free list. The range maps a memfd (nothing is committed until a
+//! block is first touched) rather than anonymous memory, because the daemon's memory is locked
+//! (mlockall) and a locked anonymous page cannot be given back without unlocking its range,
+//! which splits the mapping once per block; a hole punched into the memfd frees the pages of a
+//! locked mapping and leaves the mapping as it is. So the keeper can return what the store no
+//! longer holds: free blocks beyond the target are punched out ([`trim`]) and refilled first
+//! when the pool needs blocks again.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 /// The block size: the page store's arena segment.
 pub const BLOCK: usize = 64 << 10;
@@ -41,6 +48,12 @@ static FRONTIER: AtomicUsize = AtomicUsize::new(0);
 static FREE_HEAD: AtomicPtr<u8> = AtomicPtr::new(ptr::null_mut());
 static FREE_COUNT: AtomicUsize = AtomicUsize::new(0);
 static LOCK: AtomicBool = AtomicBool::new(false);
+/// The memfd behind the reservation (-1 before `reserve`).
+static MEMFD: AtomicI32 = AtomicI32::new(-1);
+/// Blocks given back to the system (holes punched), cumulative.
+static RELEASED_TOTAL: AtomicUsize = AtomicUsize::new(0);
+/// Blocks given back and not yet refilled: the first that `refill` reuses (keeper only).
+static RELEASED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
 fn lock() {
     while LOCK
@@ -177,71 +190,145 @@ unsafe impl GlobalAlloc for PoolAlloc {
     }
 }
 
-/// Reserves address space for `bytes` of blocks (nothing is committed yet). Once only.
+/// Reserves address space for `bytes` of blocks: a mapping of a memfd that size (nothing is
+/// committed until `refill` touches a block). Once only.
 pub fn reserve(bytes: usize) -> std::io::Result<()> {
     let len = bytes.div_ceil(BLOCK).max(1) * BLOCK;
-    // SAFETY: an anonymous PROT_NONE reservation at an address the kernel picks; no memory of
-    // ours is touched. MAP_NORESERVE: nothing is committed until `refill` maps over it.
+    // SAFETY: memfd_create takes a NUL-terminated name and flags; it touches no memory of ours.
+    let fd = unsafe { libc::memfd_create(c"uzram-pool".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let size =
+        libc::off_t::try_from(len).map_err(|_| std::io::Error::from_raw_os_error(libc::EFBIG))?;
+    // SAFETY: `fd` is the memfd just created; ftruncate sets its size (sparse: no memory yet).
+    if unsafe { libc::ftruncate(fd, size) } != 0 {
+        let err = std::io::Error::last_os_error();
+        // SAFETY: our own fd, closed once.
+        unsafe { libc::close(fd) };
+        return Err(err);
+    }
+    // SAFETY: a new shared mapping of the whole memfd at an address the kernel picks; no memory
+    // of ours is touched. MAP_NORESERVE: nothing is committed until a page is touched (and
+    // mlockall's MCL_ONFAULT locks pages only as they fault in).
     let base = unsafe {
         libc::mmap(
             ptr::null_mut(),
             len,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_NORESERVE,
+            fd,
             0,
         )
     };
     if base == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
+        let err = std::io::Error::last_os_error();
+        // SAFETY: our own fd, closed once.
+        unsafe { libc::close(fd) };
+        return Err(err);
     }
+    MEMFD.store(fd, Ordering::Release);
     FRONTIER.store(base as usize, Ordering::Release);
     LIMIT.store(base as usize + len, Ordering::Release);
     BASE.store(base as usize, Ordering::Release);
     Ok(())
 }
 
-/// Maps up to `blocks` more blocks (populated; locked under mlockall) and frees them into the
-/// pool. Returns how many were added (0 when the reservation is used up or mapping failed).
+/// Touches every page of `block` (faulting it in; mlockall locks it) and frees it into the pool.
+///
+/// # Safety
+/// `block` must be a block of the reservation that nobody uses: never handed out, or given
+/// back by `trim`.
+unsafe fn commit(block: usize) {
+    for page in (block..block + BLOCK).step_by(4096) {
+        // SAFETY: `page` lies in the caller's unused block of our read-write mapping; the
+        // write faults the page in.
+        unsafe { ptr::write_volatile(page as *mut u8, 0) };
+    }
+    // SAFETY: the block is mapped read-write and unused (the caller's contract).
+    unsafe { push(block as *mut u8) };
+}
+
+/// Commits up to `blocks` more blocks (populated; locked under mlockall) and frees them into
+/// the pool: blocks given back by `trim` first, then never-used ones. Returns how many were
+/// added (0 when the reservation is used up).
 pub fn refill(blocks: usize) -> usize {
+    if BASE.load(Ordering::Acquire) == 0 {
+        return 0;
+    }
+    let mut added = 0;
+    while added < blocks {
+        let reused = RELEASED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let Some(block) = reused else { break };
+        // SAFETY: `trim` gave this block back; nobody holds it.
+        unsafe { commit(block) };
+        added += 1;
+    }
     let start = FRONTIER.load(Ordering::Acquire);
     let limit = LIMIT.load(Ordering::Acquire);
-    let n = blocks.min(limit.saturating_sub(start) / BLOCK);
-    if start == 0 || n == 0 {
-        return 0;
-    }
-    // SAFETY: [start, start + n*BLOCK) lies inside our own PROT_NONE reservation and has never
-    // been handed out, so replacing it (MAP_FIXED) affects no live memory.
-    let p = unsafe {
-        libc::mmap(
-            start as *mut libc::c_void,
-            n * BLOCK,
-            libc::PROT_READ | libc::PROT_WRITE,
-            // No MAP_POPULATE: populating holds mmap_lock through reclaim (see
-            // sys::mlock_all); the pages are touched one by one below instead.
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        tracing::warn!(error = %std::io::Error::last_os_error(), "growing the block pool failed");
-        return 0;
-    }
+    let n = (blocks - added).min(limit.saturating_sub(start) / BLOCK);
     FRONTIER.store(start + n * BLOCK, Ordering::Release);
     // Each block goes to the pool as soon as its pages are in: under pressure a page can take
     // long to come, and a queue thread waiting for one block must not wait for all n.
     for i in 0..n {
-        let block = start + i * BLOCK;
-        for page in (block..block + BLOCK).step_by(4096) {
-            // SAFETY: `page` lies in the range just mapped read-write, owned by no one yet;
-            // the write faults the page in (and mlockall's MCL_ONFAULT locks it).
-            unsafe { ptr::write_volatile(page as *mut u8, 0) };
-        }
-        // SAFETY: the block was just mapped read-write and is not yet known to anyone.
-        unsafe { push(block as *mut u8) };
+        // SAFETY: the block lies below the new frontier, in our mapping, and was never handed
+        // out (the frontier only moves forward, on this thread).
+        unsafe { commit(start + i * BLOCK) };
     }
-    n
+    added + n
+}
+
+/// Gives up to `blocks` free blocks back to the system: each is taken off the free list and
+/// its pages are punched out of the memfd, which frees them although they are locked.
+/// Returns how many went back.
+pub fn trim(blocks: usize) -> usize {
+    let fd = MEMFD.load(Ordering::Acquire);
+    let base = BASE.load(Ordering::Acquire);
+    if fd < 0 || base == 0 {
+        return 0;
+    }
+    let mut released = RELEASED.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut done = 0;
+    while done < blocks {
+        let block = pop();
+        if block.is_null() {
+            break;
+        }
+        let offset = block as usize - base;
+        // SAFETY: fallocate on our own memfd, over the byte range of a block we just took off
+        // the free list (nobody references it); the pages read as zeros afterwards.
+        let rc = unsafe {
+            libc::fallocate(
+                fd,
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset as libc::off_t,
+                BLOCK as libc::off_t,
+            )
+        };
+        if rc != 0 {
+            tracing::warn!(error = %std::io::Error::last_os_error(), "giving a pool block back failed");
+            // SAFETY: the block is still mapped, whole and unused: back on the free list.
+            unsafe { push(block) };
+            break;
+        }
+        if released.try_reserve(1).is_err() {
+            // SAFETY: as above; without room to remember it, keep it in the pool.
+            unsafe { push(block) };
+            break;
+        }
+        released.push(block as usize);
+        done += 1;
+    }
+    RELEASED_TOTAL.fetch_add(done, Ordering::Relaxed);
+    done
+}
+
+/// Blocks given back to the system so far (cumulative).
+pub fn released_blocks() -> usize {
+    RELEASED_TOTAL.load(Ordering::Relaxed)
 }
 
 /// Free blocks in the pool.
@@ -264,29 +351,59 @@ pub fn target_blocks(size: u64) -> usize {
 ///
 /// The pool is topped up whenever it is below target. When it nevertheless ran low (a quarter
 /// or less), swap-out outpaced the refills, so the target grows by half, up to
-/// `MAX_GROWTH` times the initial one: blocks stay committed either way, and an empty pool
-/// turns swap writes into ENOMEM until the keeper catches up.
+/// `MAX_GROWTH` times the initial one; after `CALM_AFTER` without running low it is back to
+/// the initial one. Free blocks beyond the target by more than `TRIM_SLACK` for `TRIM_AFTER`
+/// are the store's freed memory: they go back to the system ([`trim`]).
 pub fn keep(initial_target: usize) {
     if let Err(err) = crate::sys::set_thread_nice(IO_NICE) {
         tracing::warn!(error = %err, "raising the pool keeper's priority failed");
     }
     let mut target = initial_target;
+    let mut low_at = Instant::now();
+    let mut excess_since: Option<Instant> = None;
     loop {
         if free_blocks() <= target / 4 {
+            low_at = Instant::now();
             let grown = next_target(target, initial_target);
             if grown > target {
                 tracing::info!(from = target, to = grown, "pool ran low: target raised");
                 target = grown;
             }
+        } else if target > initial_target && low_at.elapsed() >= CALM_AFTER {
+            tracing::info!(
+                from = target,
+                to = initial_target,
+                "pool calm: target back to its start"
+            );
+            target = initial_target;
         }
         while free_blocks() < target {
             if refill(REFILL_BLOCKS.min(target - free_blocks())) == 0 {
                 break;
             }
         }
+        let excess = free_blocks().saturating_sub(target);
+        if excess > TRIM_SLACK {
+            let since = *excess_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= TRIM_AFTER {
+                let n = trim(excess);
+                tracing::debug!(blocks = n, "pool: free blocks given back");
+                excess_since = None;
+            }
+        } else {
+            excess_since = None;
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// Free blocks the pool may hold beyond its target before it gives them back.
+const TRIM_SLACK: usize = 16;
+/// How long free blocks must stay beyond the target before they go back: a burst of
+/// swap-ins followed by swap-outs should reuse them, not fault them in again.
+const TRIM_AFTER: Duration = Duration::from_secs(1);
+/// How long the pool must not run low before a raised target drops back.
+const CALM_AFTER: Duration = Duration::from_secs(3);
 
 /// How many times the initial target the keeper may grow the pool to.
 const MAX_GROWTH: usize = 4;
@@ -328,6 +445,28 @@ mod tests {
         assert!(bytes.iter().all(|b| *b == 0));
         // SAFETY: allocated above with this layout.
         unsafe { PoolAlloc.dealloc(z, layout) };
+        // Free blocks go back to the system and read as zeros when they are refilled,
+        // which reuses them before new ones.
+        let frontier = FRONTIER.load(Ordering::Acquire);
+        let before = released_blocks();
+        let given = trim(2);
+        assert!(given <= 2);
+        assert_eq!(released_blocks(), before + given);
+        let punched: Vec<usize> = RELEASED.lock().unwrap().clone();
+        for &b in &punched {
+            // SAFETY: a released block: mapped, and used by no one until `refill` below.
+            let bytes = unsafe { std::slice::from_raw_parts(b as *const u8, BLOCK) };
+            assert!(
+                bytes.iter().all(|x| *x == 0),
+                "a given-back block kept its bytes"
+            );
+        }
+        assert_eq!(refill(given), given);
+        assert_eq!(
+            FRONTIER.load(Ordering::Acquire),
+            frontier,
+            "refill took new blocks"
+        );
         // Refilling stops at the end of the 16-block reservation.
         let mut added = 0;
         loop {

@@ -1,0 +1,45 @@
+# Scenario h: freed memory goes back. Swap on the device with discard on; a hog of >= 2x the
+# guest's available memory fills it, verifies every word and exits, so every page it had in
+# swap is freed and discarded. 10 s later the daemon's resident memory (the block pool's
+# memfd included) must be at most what it held before the hog (its reserves: pool, buffers,
+# table, code) plus 10 % of its peak. Prints the numbers.
+. /e2e/lib.sh
+begin h_memory_back
+AVAIL=$(mem_avail_mib)
+HOG=${UZ_hog_mib:-$((AVAIL * 2 + 16))}
+rss_kib() { awk -v k="$2" '$1 == k":" {print $2}' "/proc/$1/status"; }
+echo 0 > /proc/sys/vm/compact_unevictable_allowed
+if uzram_create --size "${HOG}M"; then
+  check "mkswap" mkswap "$DEV"
+  check "swapon with discard" swapon -d "$DEV"
+  PID=$(daemon_pid "$DEV")
+  if [ -z "$PID" ]; then
+    fail_check "no daemon holds the device's char device"
+  else
+    r0=$(rss_kib "$PID" VmRSS)
+    say "  daemon $PID before the hog: VmRSS ${r0} KiB; hog ${HOG} MiB"
+    timeout -s KILL "$IO_TMO" hog "$HOG" 1 > /tmp/hog.out 2>&1
+    hrc=$?
+    sed 's/^/    | /' /tmp/hog.out
+    [ $hrc = 0 ] && ok "hog: every word verified" || fail_check "hog rc=$hrc"
+    peak=$(rss_kib "$PID" VmHWM)
+    at_exit=$(rss_kib "$PID" VmRSS)
+    stored_exit=$(stat_field "$DEV" pages_stored)
+    sleep 10
+    r1=$(rss_kib "$PID" VmRSS)
+    stored=$(stat_field "$DEV" pages_stored)
+    say "  daemon VmRSS: before ${r0} KiB, peak (VmHWM) ${peak} KiB, hog gone ${at_exit} KiB, 10 s later ${r1} KiB"
+    say "  pages_stored: hog gone ${stored_exit}, 10 s later ${stored}; mem_used_total $(stat_field "$DEV" mem_used_total), pages_compacted $(stat_field "$DEV" pages_compacted), pool_released_blocks $(stat_field "$DEV" pool_released_blocks), pool_free_blocks $(stat_field "$DEV" pool_free_blocks)"
+    limit=$((r0 + peak / 10))
+    if [ "$r1" -le "$limit" ]; then
+      ok "memory back: ${r1} KiB <= before ${r0} + 10 % of peak ${peak} = ${limit} KiB (gave back $((peak - r1)) KiB)"
+    else
+      fail_check "daemon holds ${r1} KiB, more than before ${r0} + 10 % of peak ${peak} = ${limit} KiB"
+    fi
+    [ $((peak - r0)) -gt $((AVAIL * 1024 / 4)) ] && ok "the store grew by $(((peak - r0) / 1024)) MiB first" \
+      || fail_check "the daemon grew by only $(((peak - r0) / 1024)) MiB: no real fill"
+  fi
+  check "swapoff" swapoff "$DEV"
+  uzram_destroy "$DEV"
+fi
+end
