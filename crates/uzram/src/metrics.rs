@@ -31,7 +31,11 @@ pub const GAUGES: &[&str] = &[
     "same_pages",
     "huge_pages",
     "pages_stored",
+    "staged_pages",
     "pool_free_blocks",
+    "daemon_rss_bytes",
+    "io_threads_per_queue",
+    "queue_ring_setup_flags",
 ];
 
 /// Which part of [`DeviceStatus`] a stat comes from.
@@ -221,6 +225,18 @@ const KNOWN: &[(Group, &str, &str, &str)] = &[
         "pool_free_blocks",
         "uzram_pool_free_blocks",
         "Free 64 KiB blocks in the daemon's pre-faulted block pool.",
+    ),
+    (
+        Group::Requests,
+        "pool_released_blocks",
+        "uzram_pool_released_blocks_total",
+        "Free pool blocks given back to the system (holes punched in the pool's memfd).",
+    ),
+    (
+        Group::Requests,
+        "daemon_rss_bytes",
+        "uzram_daemon_resident_bytes",
+        "Memory the daemon holds: resident pages, the block pool's shared memory included.",
     ),
     (
         Group::Requests,
@@ -521,7 +537,11 @@ mod tests {
             "failed_requests",
             "queue_page_faults",
             "pool_free_blocks",
+            "pool_released_blocks",
+            "daemon_rss_bytes",
             "pool_refused_blocks",
+            "io_threads_per_queue",
+            "queue_ring_setup_flags",
         ];
         DeviceStatus {
             id: 3,
@@ -570,6 +590,11 @@ mod tests {
             "uzram_backend_ring_slot_waits_total{device=\"ublkb3\"} 9",
             "# TYPE uzram_same_pages gauge",
             "# TYPE uzram_failed_reads_total counter",
+            // Amounts and settings are gauges; the pool's give-backs are counted.
+            "# TYPE uzram_daemon_resident_bytes gauge",
+            "# TYPE uzram_io_threads_per_queue gauge",
+            "# TYPE uzram_queue_ring_setup_flags gauge",
+            "# TYPE uzram_pool_released_blocks_total counter",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }

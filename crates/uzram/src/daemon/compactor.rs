@@ -5,7 +5,8 @@
 //! of them may never be: the segments stay, and so does their memory. Compaction slides the
 //! live pages down and releases the emptied segments to the block pool, whose keeper gives
 //! blocks beyond its reserve back to the system (`pool::trim`). zsmalloc does the same from
-//! a shrinker; here a thread checks the holes every second.
+//! a shrinker; here a thread checks the holes every second, once no block has been taken from
+//! the pool for a few seconds (the holes themselves show that the store shrank).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,7 +34,12 @@ pub fn keep(store: Arc<PageStore>) {
     let mut last: Option<Instant> = None;
     loop {
         std::thread::sleep(CHECK_EVERY);
-        if last.is_some_and(|t| t.elapsed() < MIN_INTERVAL) {
+        // Only once the store stopped growing: during a swap-out storm holes are refilled by
+        // new pages anyway, and a stop-the-world pass would stall the queues when they are
+        // needed most.
+        if last.is_some_and(|t| t.elapsed() < MIN_INTERVAL)
+            || super::pool::quiet_for() < super::pool::QUIET_AFTER
+        {
             continue;
         }
         let memory = store.memory();
