@@ -269,29 +269,6 @@ pub fn resident_bytes() -> io::Result<u64> {
     Ok(pages * u64::try_from(page).unwrap_or(4096))
 }
 
-/// MemAvailable and MemTotal from `/proc/meminfo`, in KiB.
-pub fn mem_available_kib() -> io::Result<(u64, u64)> {
-    let info = std::fs::read_to_string("/proc/meminfo")?;
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| {
-                rest.trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-            })
-    };
-    match (field("MemAvailable:"), field("MemTotal:")) {
-        (Some(avail), Some(total)) => Ok((avail, total)),
-        _ => Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "no MemAvailable/MemTotal in /proc/meminfo",
-        )),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,11 +283,5 @@ mod tests {
             "32 MiB touched, resident {before} -> {after}"
         );
         drop(touched);
-    }
-
-    #[test]
-    fn mem_available_is_within_total() {
-        let (avail, total) = mem_available_kib().unwrap();
-        assert!(total > 0 && avail <= total, "{avail} of {total}");
     }
 }

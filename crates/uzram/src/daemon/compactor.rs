@@ -5,8 +5,8 @@
 //! of them may never be: the segments stay, and so does their memory. Compaction slides the
 //! live pages down and releases the emptied segments to the block pool, whose keeper gives
 //! blocks beyond its reserve back to the system (`pool::trim`). zsmalloc does the same from
-//! a shrinker; here a thread checks the holes every second, once no block has been taken from
-//! the pool for a few seconds (the holes themselves show that the store shrank).
+//! a shrinker; here a thread checks every second, and compacts (and lets the pool give memory
+//! back) only once nothing has been written for a few seconds and pages were freed since.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,18 +28,51 @@ pub fn worth_compacting(holes: u64, segments: u64) -> bool {
     holes >= MIN_HOLE_BYTES && holes.saturating_mul(4) >= segments
 }
 
+/// How long no page may have been written before memory goes back.
+const QUIET_AFTER: Duration = Duration::from_secs(3);
+
+/// Whether the store has stopped growing and shrank: no page written for `QUIET_AFTER` and
+/// fewer pages stored than at the last write. A pause in a swap storm (a hog holding its
+/// pages, nothing freed) is not such a time.
+#[derive(Debug)]
+pub struct Shrinking {
+    writes: u64,
+    pages_at_write: u64,
+    since: Instant,
+}
+
+impl Shrinking {
+    pub fn new(writes: u64, pages: u64, now: Instant) -> Self {
+        Shrinking {
+            writes,
+            pages_at_write: pages,
+            since: now,
+        }
+    }
+
+    /// Takes the store's write count and stored pages now; returns whether memory may go back.
+    pub fn update(&mut self, writes: u64, pages: u64, now: Instant) -> bool {
+        if writes != self.writes {
+            *self = Shrinking::new(writes, pages, now);
+            return false;
+        }
+        now.duration_since(self.since) >= QUIET_AFTER && pages < self.pages_at_write
+    }
+}
+
 /// Runs forever on its own thread (set up as an I/O-path thread: it holds the shard locks
-/// that the queue threads wait for, so it must not fault into reclaim meanwhile).
+/// that the queue threads wait for, so it must not fault into reclaim meanwhile). It also
+/// tells the pool keeper when memory may go back (`pool::set_give_back`).
 pub fn keep(store: Arc<PageStore>) {
     let mut last: Option<Instant> = None;
+    let stats = store.stats();
+    let mut shrinking = Shrinking::new(stats.writes, stats.pages_stored, Instant::now());
     loop {
         std::thread::sleep(CHECK_EVERY);
-        // Only once the store stopped growing: during a swap-out storm holes are refilled by
-        // new pages anyway, and a stop-the-world pass would stall the queues when they are
-        // needed most.
-        if last.is_some_and(|t| t.elapsed() < MIN_INTERVAL)
-            || super::pool::quiet_for() < super::pool::QUIET_AFTER
-        {
+        let stats = store.stats();
+        let give_back = shrinking.update(stats.writes, stats.pages_stored, Instant::now());
+        super::pool::set_give_back(give_back);
+        if !give_back || last.is_some_and(|t| t.elapsed() < MIN_INTERVAL) {
             continue;
         }
         let memory = store.memory();
@@ -70,5 +103,18 @@ mod tests {
         assert!(worth_compacting(MIN_HOLE_BYTES, 4 * MIN_HOLE_BYTES));
         assert!(!worth_compacting(MIN_HOLE_BYTES, 4 * MIN_HOLE_BYTES + 1));
         assert!(worth_compacting(1 << 30, 2 << 30));
+    }
+
+    #[test]
+    fn memory_goes_back_only_after_quiet_frees() {
+        let t0 = Instant::now();
+        let mut s = Shrinking::new(100, 500, t0);
+        // A hog holding its pages: no writes, nothing freed.
+        assert!(!s.update(100, 500, t0 + QUIET_AFTER * 2));
+        // Frees, but writes go on (a swap storm reusing slots).
+        assert!(!s.update(150, 400, t0 + QUIET_AFTER * 3));
+        assert!(!s.update(150, 400, t0 + QUIET_AFTER * 3 + QUIET_AFTER / 2));
+        // No writes since, and pages freed: discards after the hog exited.
+        assert!(s.update(150, 100, t0 + QUIET_AFTER * 4 + QUIET_AFTER / 2));
     }
 }

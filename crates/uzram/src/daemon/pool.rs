@@ -100,33 +100,23 @@ fn pop() -> *mut u8 {
         let next = unsafe { head.cast::<*mut u8>().read() };
         FREE_HEAD.store(next, Ordering::Relaxed);
         FREE_COUNT.fetch_sub(1, Ordering::Relaxed);
-        TAKEN.fetch_add(1, Ordering::Relaxed);
     }
     unlock();
     head
 }
 
-/// Blocks the store gave back to the pool so far (freed segments).
-static RETURNED: AtomicUsize = AtomicUsize::new(0);
-/// Blocks taken from the pool so far: the keeper and the compactor watch it to tell a store
-/// that is growing (swap-out under way) from a quiet one.
-static TAKEN: AtomicUsize = AtomicUsize::new(0);
-/// Milliseconds since `QUIET_EPOCH` when the keeper last saw a block taken.
-static LAST_TAKEN_MS: AtomicUsize = AtomicUsize::new(0);
-static QUIET_EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+/// Set while memory may be given back (see [`set_give_back`]).
+static GIVE_BACK: AtomicBool = AtomicBool::new(false);
 
-fn epoch_ms() -> usize {
-    let epoch = QUIET_EPOCH.get_or_init(Instant::now);
-    usize::try_from(epoch.elapsed().as_millis()).unwrap_or(usize::MAX)
-}
-
-/// How long no block has been taken from the pool (as last seen by the keeper, every 5 ms).
-/// Memory is given back only after a quiet spell: during a swap-out storm, blocks handed back
-/// to the system would be wanted again at once, and refilling them under pressure is exactly
-/// what the reserves are there to avoid (a guest run that trimmed mid-storm ran out of memory
-/// and the OOM killer took the hog).
-pub fn quiet_for() -> Duration {
-    Duration::from_millis(epoch_ms().saturating_sub(LAST_TAKEN_MS.load(Ordering::Relaxed)) as u64)
+/// Lets the keeper give memory back (drop a raised target, punch out free blocks beyond it)
+/// or stops it. The compactor decides, because it sees the store: only when no page has been
+/// written for a while and pages were freed since the last write. A pause in a swap storm
+/// is not such a time: blocks given back then are wanted again soon, and refilling them
+/// under pressure is what the reserves exist to avoid (guest runs that gave back whenever no
+/// block had been taken for 3 s had failed writes fill the swap device, and the OOM killer
+/// took the hog).
+pub fn set_give_back(on: bool) {
+    GIVE_BACK.store(on, Ordering::Relaxed);
 }
 
 thread_local! {
@@ -207,7 +197,6 @@ unsafe impl GlobalAlloc for PoolAlloc {
             // SAFETY: `p` came from the pool (it lies in the reservation) and its owner is
             // done with it.
             unsafe { push(p) };
-            RETURNED.fetch_add(1, Ordering::Relaxed);
             return;
         }
         // SAFETY: not a pool block, so System allocated it with this layout.
@@ -376,9 +365,8 @@ pub fn target_blocks(size: u64) -> usize {
 ///
 /// The pool is topped up whenever it is below target. When it nevertheless ran low (a quarter
 /// or less), swap-out outpaced the refills, so the target grows by half, up to
-/// `MAX_GROWTH` times the initial one. Once the pool is quiet (no block taken for
-/// `QUIET_AFTER`) and the store shrank meanwhile or a quarter of the system's memory is
-/// available, the target is back to the initial one, and free blocks beyond it by more
+/// `MAX_GROWTH` times the initial one. While [`set_give_back`] allows it, the target is back
+/// to the initial one, and free blocks beyond it by more
 /// than `TRIM_SLACK` are the store's freed memory: they go back to the system ([`trim`]).
 pub fn keep(initial_target: usize) {
     if let Err(err) = crate::sys::set_thread_nice(IO_NICE) {
@@ -386,33 +374,8 @@ pub fn keep(initial_target: usize) {
     }
     let mut target = initial_target;
     let mut low_at = Instant::now();
-    let mut taken = TAKEN.load(Ordering::Relaxed);
-    LAST_TAKEN_MS.store(epoch_ms(), Ordering::Relaxed);
-    let (mut roomy, mut roomy_checked) = (false, Instant::now());
-    let mut returned_at_take = RETURNED.load(Ordering::Relaxed);
     loop {
-        let now_taken = TAKEN.load(Ordering::Relaxed);
-        if now_taken != taken {
-            taken = now_taken;
-            returned_at_take = RETURNED.load(Ordering::Relaxed);
-            LAST_TAKEN_MS.store(epoch_ms(), Ordering::Relaxed);
-        }
-        let shrank = RETURNED
-            .load(Ordering::Relaxed)
-            .saturating_sub(returned_at_take)
-            > TRIM_SLACK;
-        // Give memory back only when the pool is quiet and either the store shrank since the
-        // last block was taken (it freed segments: its pages were swapped in or discarded)
-        // or the system is not short of memory. A pause in a swap storm is neither: blocks
-        // given back then are wanted again soon, and refilling them under pressure is what
-        // the reserves exist to avoid (a guest run that dropped the raised target in a 5 s
-        // pause of its hog could not refill it in time: failed writes filled the swap device
-        // and the OOM killer took the hog).
-        if roomy_checked.elapsed() >= Duration::from_secs(1) {
-            roomy = memory_is_plentiful();
-            roomy_checked = Instant::now();
-        }
-        let quiet = (roomy || shrank) && quiet_for() >= QUIET_AFTER;
+        let give_back = GIVE_BACK.load(Ordering::Relaxed);
         if free_blocks() <= target / 4 {
             low_at = Instant::now();
             let grown = next_target(target, initial_target);
@@ -420,7 +383,8 @@ pub fn keep(initial_target: usize) {
                 tracing::info!(from = target, to = grown, "pool ran low: target raised");
                 target = grown;
             }
-        } else if target > initial_target && quiet && low_at.elapsed() >= QUIET_AFTER {
+        } else if target > initial_target && give_back && low_at.elapsed() >= Duration::from_secs(1)
+        {
             tracing::info!(
                 from = target,
                 to = initial_target,
@@ -434,7 +398,7 @@ pub fn keep(initial_target: usize) {
             }
         }
         let excess = free_blocks().saturating_sub(target);
-        if excess > TRIM_SLACK && quiet {
+        if excess > TRIM_SLACK && give_back {
             let n = trim(excess);
             tracing::debug!(blocks = n, "pool: free blocks given back");
         }
@@ -442,17 +406,8 @@ pub fn keep(initial_target: usize) {
     }
 }
 
-/// Whether a quarter or more of the system's memory is available (MemAvailable): then
-/// blocks given back can be had again cheaply. Unknown counts as no.
-fn memory_is_plentiful() -> bool {
-    crate::sys::mem_available_kib().is_ok_and(|(avail, total)| avail.saturating_mul(4) >= total)
-}
-
 /// Free blocks the pool may hold beyond its target before it gives them back.
 const TRIM_SLACK: usize = 16;
-/// How long no block must have been taken before a raised target drops back and free blocks
-/// beyond the target go back to the system (see [`quiet_for`]).
-pub const QUIET_AFTER: Duration = Duration::from_secs(3);
 
 /// How many times the initial target the keeper may grow the pool to.
 const MAX_GROWTH: usize = 4;
