@@ -11,7 +11,9 @@
 //! - `per-queue` (every ublk kernel): one thread per queue, one uring command per request.
 //!
 //! `auto` takes `batch` where the kernel has it, then `per-io-daemon` where a queue has CPUs to
-//! spare, else `per-queue` (README, "In the guest", has the measurements behind the order).
+//! spare, else `per-queue`. The order follows what each mode saves per request; the guest's
+//! one same-boot comparison (README, "Swap tuning") found batch and per-queue within 2 % on
+//! the swap hog under TCG, so it is not yet a measured ranking.
 //! A mode asked for by name that the kernel lacks is an error, not a silent fallback.
 
 use std::fmt;
