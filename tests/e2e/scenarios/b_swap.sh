@@ -6,8 +6,8 @@ begin b_swap
 AVAIL=$(mem_avail_mib)
 HOG=${UZ_hog_mib:-$((AVAIL * 2 + 16))}
 # The device holds the hog with a quarter to spare: a device of exactly the hog's size filled
-# up in some 7.3 per-io-daemon runs (pages swapped out again keep a slot while in the swap
-# cache), and the OOM killer then took the hog: a sizing failure, not a lost page.
+# up in two 7.3 per-io-daemon runs (more pages swapped out than the hog has; why those runs
+# needed more slots is not diagnosed), no write had failed, and the OOM killer took the hog.
 SIZE_MIB=${UZ_swap_dev_mib:-$((HOG + HOG / 4))}
 say "  MemAvailable ${AVAIL} MiB -> hog ${HOG} MiB, device ${SIZE_MIB} MiB"
 echo 0 > /proc/sys/vm/compact_unevictable_allowed

@@ -271,16 +271,14 @@ pub fn refill(blocks: usize) -> usize {
         return 0;
     }
     let mut added = 0;
+    let mut released = RELEASED.lock().unwrap_or_else(PoisonError::into_inner);
     while added < blocks {
-        let reused = RELEASED
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
-        let Some(block) = reused else { break };
+        let Some(block) = released.pop() else { break };
         // SAFETY: `trim` gave this block back; nobody holds it.
         unsafe { commit(block) };
         added += 1;
     }
+    drop(released);
     let start = FRONTIER.load(Ordering::Acquire);
     let limit = LIMIT.load(Ordering::Acquire);
     let n = (blocks - added).min(limit.saturating_sub(start) / BLOCK);
@@ -366,8 +364,8 @@ pub fn target_blocks(size: u64) -> usize {
 /// The pool is topped up whenever it is below target. When it nevertheless ran low (a quarter
 /// or less), swap-out outpaced the refills, so the target grows by half, up to
 /// `MAX_GROWTH` times the initial one. While [`set_give_back`] allows it, the target is back
-/// to the initial one, and free blocks beyond it by more
-/// than `TRIM_SLACK` are the store's freed memory: they go back to the system ([`trim`]).
+/// to the initial one, and free blocks beyond it by more than `TRIM_SLACK` are the store's
+/// freed memory: they go back to the system ([`trim`]).
 pub fn keep(initial_target: usize) {
     if let Err(err) = crate::sys::set_thread_nice(IO_NICE) {
         tracing::warn!(error = %err, "raising the pool keeper's priority failed");
