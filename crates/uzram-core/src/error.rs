@@ -49,6 +49,10 @@ pub enum CoreError {
     /// A store was asked for with an invalid configuration.
     #[error("invalid store configuration: {0}")]
     Config(String),
+    /// A store kept across a daemon restart is not one this daemon can serve (its table
+    /// points outside its memory, or objects overlap); nothing of it was used.
+    #[error("the preserved store is damaged: {0}")]
+    Damaged(String),
     /// A batch backend failed; the caller may retry the batch on another backend.
     #[error("batch backend {backend} failed: {reason}")]
     Backend {
@@ -71,7 +75,10 @@ impl CoreError {
                 -EINVAL
             }
             CoreError::MemLimit { .. } | CoreError::NoMemory => -ENOMEM,
-            CoreError::Corrupt { .. } | CoreError::Compress(_) | CoreError::Backend { .. } => -EIO,
+            CoreError::Corrupt { .. }
+            | CoreError::Compress(_)
+            | CoreError::Backend { .. }
+            | CoreError::Damaged(_) => -EIO,
         }
     }
 }

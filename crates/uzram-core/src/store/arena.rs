@@ -18,9 +18,10 @@
 //! each has a lock of its own that only its creation and release take for writing.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::entry::HANDLE_ALIGN;
+use super::persist::SegmentHome;
 use super::segments::{Segment, SegmentTable};
 use crate::page::PAGE_SIZE;
 use crate::CoreError;
@@ -165,12 +166,19 @@ pub(crate) struct Arena {
     /// Memory outside the arena that counts against the limit (the page table).
     base_bytes: u64,
     limit: Option<u64>,
+    /// Where segments come from and are recorded, for a persistent store.
+    home: Option<Arc<dyn SegmentHome>>,
 }
 
 impl Arena {
     /// An empty arena of up to `max_segments` segments. `base_bytes` is memory held
     /// elsewhere that counts against `limit`.
-    pub(crate) fn new(base_bytes: u64, limit: Option<u64>, max_segments: usize) -> Self {
+    pub(crate) fn new(
+        base_bytes: u64,
+        limit: Option<u64>,
+        max_segments: usize,
+        home: Option<Arc<dyn SegmentHome>>,
+    ) -> Self {
         Self {
             meta: Mutex::new(Meta {
                 frontier: 0,
@@ -186,7 +194,92 @@ impl Arena {
             segments: SegmentTable::new(max_segments),
             base_bytes,
             limit,
+            home,
         }
+    }
+
+    /// A zeroed segment: from the home of a persistent store, else from the allocator.
+    fn new_segment(&self) -> Result<Segment, CoreError> {
+        let Some(home) = &self.home else {
+            return new_segment();
+        };
+        let segment = home.alloc().ok_or(CoreError::NoMemory)?;
+        if segment.len() != SEGMENT_SIZE / 8 {
+            return Err(CoreError::NoMemory);
+        }
+        for word in segment.iter() {
+            word.store(0, Relaxed);
+        }
+        Ok(segment)
+    }
+
+    /// Takes over a recovered store's memory: segments `0..n` from the home (dense: the
+    /// arena only ever grows and shrinks at the top) and the live `objects` (`(handle,
+    /// len)`, any order), whose gaps become free holes. Fails, changing nothing that
+    /// matters (the arena is fresh), when an object lies outside the segments or two
+    /// overlap.
+    pub(crate) fn adopt(&self, objects: &mut [(u64, usize)]) -> Result<usize, String> {
+        let Some(home) = &self.home else {
+            return Err("the store has no segment home".into());
+        };
+        let mut meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut n = 0;
+        while n < self.segments.capacity() {
+            let Some(segment) = home.find(n) else { break };
+            if segment.len() != SEGMENT_SIZE / 8 {
+                return Err(format!("segment {n} has {} words", segment.len()));
+            }
+            self.segments
+                .install(n, segment)
+                .map_err(|e| format!("segment {n}: {e}"))?;
+            n += 1;
+        }
+        meta.segments = n;
+        objects.sort_unstable_by_key(|o| o.0);
+        let seg = SEGMENT_SIZE as u64;
+        let mut cursor = 0u64;
+        for &(handle, len) in objects.iter() {
+            let size = (class_of(len) * CLASS_GRANULE) as u64;
+            if handle < cursor {
+                return Err(format!("object at {handle} overlaps the one before it"));
+            }
+            if handle % seg + size > seg || handle / seg >= n as u64 {
+                return Err(format!(
+                    "object at {handle} ({len} bytes) is outside the {n} segments"
+                ));
+            }
+            self.free_range(&mut meta, cursor, handle);
+            meta.objects += 1;
+            meta.class_bytes += size;
+            cursor = handle + size;
+        }
+        meta.frontier = cursor;
+        meta.max_held = self.held(&meta);
+        Ok(n)
+    }
+
+    /// Puts the free space `from..to` onto the free lists, in holes that stay within a
+    /// segment and a class.
+    fn free_range(&self, meta: &mut Meta, mut from: u64, to: u64) {
+        let seg = SEGMENT_SIZE as u64;
+        while from < to {
+            let end = to.min((from / seg + 1) * seg).min(from + PAGE_SIZE as u64);
+            meta.push_free(
+                &self.segments,
+                ((end - from) as usize) / CLASS_GRANULE,
+                from,
+            );
+            from = end;
+        }
+    }
+
+    /// Releases segment `i` (after telling the home, so a crash never leaves it recorded
+    /// with its memory reused).
+    fn release(&self, i: usize) {
+        if let Some(home) = &self.home {
+            home.removed(i);
+        }
+        self.segments.release(i);
     }
 
     fn fixed_bytes() -> u64 {
@@ -275,7 +368,7 @@ impl Arena {
                     Some(segment) => self.grow(&mut meta, segment)?,
                     None => {
                         drop(meta);
-                        fresh = Some(new_segment()?);
+                        fresh = Some(self.new_segment()?);
                         break;
                     }
                 }
@@ -306,7 +399,11 @@ impl Arena {
     /// Adds `segment` and moves the frontier to its start; the old segment's unused tail
     /// goes onto the free lists. The caller checked the limit under the same lock.
     fn grow(&self, meta: &mut Meta, segment: Segment) -> Result<(), CoreError> {
+        let at = segment.as_ptr();
         self.segments.install(meta.segments, segment)?;
+        if let Some(home) = &self.home {
+            home.placed(meta.segments, at);
+        }
         let end = (meta.segments * SEGMENT_SIZE) as u64;
         let tail = (end - meta.frontier) as usize / CLASS_GRANULE;
         if tail > 0 {
@@ -333,8 +430,8 @@ impl Arena {
             meta.objects -= 1;
             meta.class_bytes -= (class * CLASS_GRANULE) as u64;
             if meta.objects == 0 {
-                for i in 0..meta.segments {
-                    self.segments.release(i);
+                for i in (0..meta.segments).rev() {
+                    self.release(i);
                 }
                 meta.clear_free();
                 meta.segments = 0;
@@ -415,10 +512,14 @@ impl Compaction<'_> {
     }
 
     /// Slides every object in `objects` (all live objects; sorted here) down to the
-    /// lowest addresses, rewrites their handles, and releases the segments left empty.
-    /// Returns the pages' worth of memory released. The caller guarantees nothing reads
-    /// the moved objects meanwhile (it holds every shard's write lock).
-    pub(crate) fn run(&mut self, objects: &mut [Object]) -> u64 {
+    /// lowest addresses, calls `moved` with each one's new handle right after moving it
+    /// (before the next move: a crash between two moves leaves every entry pointing at
+    /// whole bytes), and releases the segments left empty. An object whose new place would
+    /// overlap its old one stays where it is (a half-done overlapping copy would leave
+    /// neither copy whole), and the gap before it becomes a free hole. Returns the pages'
+    /// worth of memory released. The caller guarantees nothing reads the moved objects
+    /// meanwhile (it holds every shard's write lock).
+    pub(crate) fn run(&mut self, objects: &mut [Object], mut moved: impl FnMut(&Object)) -> u64 {
         objects.sort_unstable_by_key(|o| o.handle);
         let meta = &mut *self.meta;
         let segments = &self.arena.segments;
@@ -435,16 +536,23 @@ impl Compaction<'_> {
                 meta.push_free(segments, tail, cursor);
                 cursor = next;
             }
-            if cursor != object.handle {
+            if cursor + size > object.handle {
+                if cursor < object.handle {
+                    let hole = ((object.handle - cursor) as usize) / CLASS_GRANULE;
+                    meta.push_free(segments, hole, cursor);
+                }
+                cursor = object.handle;
+            } else {
                 move_words(segments, object.handle, cursor, size);
                 object.handle = cursor;
+                moved(object);
             }
             cursor += size;
         }
         let keep = cursor.div_ceil(seg_size) as usize;
         let released = meta.segments.saturating_sub(keep);
-        for i in keep..meta.segments {
-            segments.release(i);
+        for i in (keep..meta.segments).rev() {
+            self.arena.release(i);
         }
         meta.segments = meta.segments.min(keep);
         meta.frontier = cursor;
@@ -568,7 +676,7 @@ mod tests {
 
     #[test]
     fn stores_and_reads_back() {
-        let arena = Arena::new(0, None, 4096);
+        let arena = Arena::new(0, None, 4096, None);
         let a = arena.store(&[1; 100], LIMITED).unwrap();
         let b = arena.store(&[2; 4096], LIMITED).unwrap();
         let c = arena.store(&[3; 1], LIMITED).unwrap();
@@ -583,7 +691,7 @@ mod tests {
 
     #[test]
     fn freed_space_is_reused_by_the_same_class() {
-        let arena = Arena::new(0, None, 4096);
+        let arena = Arena::new(0, None, 4096, None);
         let keep = arena.store(&[9; 50], LIMITED).unwrap();
         let a = arena.store(&[1; 100], LIMITED).unwrap();
         arena.free(a, 100);
@@ -597,7 +705,7 @@ mod tests {
 
     #[test]
     fn split_hole_serves_smaller_class_and_keeps_remainder() {
-        let arena = Arena::new(0, None, 4096);
+        let arena = Arena::new(0, None, 4096, None);
         // Fill a segment exactly with 4096-byte objects (16 of them).
         let objs: Vec<u64> = (0..SEGMENT_SIZE / PAGE_SIZE)
             .map(|_| arena.store(&[1; 4096], LIMITED).unwrap())
@@ -619,7 +727,7 @@ mod tests {
 
     #[test]
     fn freeing_everything_releases_all_segments() {
-        let arena = Arena::new(0, None, 4096);
+        let arena = Arena::new(0, None, 4096, None);
         let handles: Vec<u64> = (0..100)
             .map(|_| arena.store(&[4; 3000], LIMITED).unwrap())
             .collect();
@@ -647,7 +755,7 @@ mod tests {
             + table.growth_bytes(0)
             + SEGMENT_SIZE as u64
             + 1024;
-        let arena = Arena::new(0, Some(limit), 4096);
+        let arena = Arena::new(0, Some(limit), 4096, None);
         let first = arena.store(&[8; 4096], LIMITED).unwrap();
         let mut stored = 1;
         let err = loop {
@@ -667,7 +775,7 @@ mod tests {
 
     #[test]
     fn compaction_slides_objects_down_and_releases_segments() {
-        let arena = Arena::new(0, None, 4096);
+        let arena = Arena::new(0, None, 4096, None);
         let mut live = Vec::new();
         for i in 0..200u64 {
             let len = 1000 + (i as usize * 37) % 3000;
@@ -691,8 +799,21 @@ mod tests {
             .collect();
         let mut compaction = arena.lock_for_compaction();
         assert_eq!(compaction.objects(), live.len() as u64);
-        let pages = compaction.run(&mut objects);
+        let old: Vec<u64> = objects.iter().map(|o| o.handle).collect();
+        let mut told = Vec::new();
+        let pages = compaction.run(&mut objects, |o| told.push((o.tag, o.handle)));
         drop(compaction);
+        // Every move was reported as it happened, and only moves.
+        let moved: Vec<(u64, u64)> = objects
+            .iter()
+            .zip(&old)
+            .filter(|(o, &h)| o.handle != h)
+            .map(|(o, _)| (o.tag, o.handle))
+            .collect();
+        told.sort_unstable();
+        let mut moved_sorted = moved.clone();
+        moved_sorted.sort_unstable();
+        assert_eq!(told, moved_sorted);
         let after = arena.usage();
         assert!(pages > 0);
         assert_eq!(after.compacted_pages, pages);
@@ -711,8 +832,41 @@ mod tests {
     }
 
     #[test]
+    fn compaction_never_moves_an_object_onto_itself() {
+        // A 16-byte hole before a 4000-byte object: its new place would overlap its old one,
+        // and a crash halfway through that copy would leave neither whole. It stays.
+        let arena = Arena::new(0, None, 4096, None);
+        let a = arena.store(&[1; 16], LIMITED).unwrap();
+        let b = arena.store(&[2; 4000], LIMITED).unwrap();
+        let c = arena.store(&[3; 100], LIMITED).unwrap();
+        arena.free(a, 16);
+        let mut objects = vec![
+            Object {
+                handle: b,
+                len: 4000,
+                tag: 0,
+            },
+            Object {
+                handle: c,
+                len: 100,
+                tag: 1,
+            },
+        ];
+        let mut told = Vec::new();
+        arena
+            .lock_for_compaction()
+            .run(&mut objects, |o| told.push(o.tag));
+        assert_eq!(objects[0].handle, b);
+        assert!(told.is_empty(), "{told:?}");
+        assert_eq!(read(&arena, b, 4000), vec![2; 4000]);
+        assert_eq!(read(&arena, c, 100), vec![3; 100]);
+        // The hole is still usable.
+        assert_eq!(arena.store(&[4; 16], LIMITED).unwrap(), a);
+    }
+
+    #[test]
     fn accounting_tracks_rounding_and_free_space() {
-        let arena = Arena::new(0, None, 4096);
+        let arena = Arena::new(0, None, 4096, None);
         let a = arena.store(&[1; 13], LIMITED).unwrap();
         let b = arena.store(&[1; 16], LIMITED).unwrap();
         assert_eq!(arena.usage().class_bytes, 32);
@@ -726,7 +880,7 @@ mod tests {
 
     #[test]
     fn objects_of_every_length_round_trip() {
-        let arena = Arena::new(0, None, 4096);
+        let arena = Arena::new(0, None, 4096, None);
         let mut kept = Vec::new();
         for len in 1..=100usize {
             let data: Vec<u8> = (0..len).map(|i| (i * 31 + len) as u8).collect();
@@ -739,7 +893,7 @@ mod tests {
 
     #[test]
     fn out_of_range_reads_are_refused() {
-        let arena = Arena::new(0, None, 4096);
+        let arena = Arena::new(0, None, 4096, None);
         let mut out = vec![0u8; SEGMENT_SIZE + 8];
         assert!(!arena.load(0, 8, &mut out));
         let h = arena.store(&[1; 8], LIMITED).unwrap();

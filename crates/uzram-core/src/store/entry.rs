@@ -9,7 +9,9 @@
 //!   stored raw), bits 16..64 the arena offset in 8-byte units;
 //! - `TAG_STAGED`: the page waits, uncompressed, in a batch backend's staging memory: bits
 //!   3..11 hold the slot, bits 11..27 the page's index in it, bits 27..64 the slot's fill
-//!   epoch (so an entry from an earlier fill of the same slot never matches a later one).
+//!   epoch (so an entry from an earlier fill of the same slot never matches a later one);
+//! - `TAG_LOST`: a recovered store found the page staged: its bytes were in the dead
+//!   daemon's staging memory, so reads fail until it is written again.
 //!
 //! The all-zero entry is [`Slot::Empty`], so a fresh table is a zeroed allocation.
 
@@ -22,6 +24,7 @@ const TAG_SAME: u64 = 1;
 const TAG_SAME_EXT: u64 = 2;
 const TAG_STORED: u64 = 3;
 const TAG_STAGED: u64 = 4;
+const TAG_LOST: u64 = 5;
 const LEN_SHIFT: u32 = 3;
 const LEN_MASK: u64 = (1 << 13) - 1;
 const HANDLE_SHIFT: u32 = 16;
@@ -97,6 +100,8 @@ pub(crate) enum Slot {
     },
     /// Uncompressed in a batch backend's staging memory, waiting for its compressed form.
     Staged(StagedAt),
+    /// Staged when the daemon that held the staging memory died (see `persist.rs`).
+    Lost,
 }
 
 /// One page's packed metadata.
@@ -130,7 +135,18 @@ impl Entry {
                     | (u64::from(at.slot) << SLOT_SHIFT)
                     | TAG_STAGED,
             ),
+            Slot::Lost => Entry(TAG_LOST),
         }
+    }
+
+    /// The entry stored as `word` in a table.
+    pub(crate) fn from_word(word: u64) -> Entry {
+        Entry(word)
+    }
+
+    /// The word a table stores for this entry.
+    pub(crate) fn word(self) -> u64 {
+        self.0
     }
 
     /// True when `word` can live inside the entry (its top four bits are all equal).
@@ -152,6 +168,7 @@ impl Entry {
                 index: ((self.0 >> INDEX_SHIFT) & ((1 << INDEX_BITS) - 1)) as u16,
                 epoch: self.0 >> EPOCH_SHIFT,
             }),
+            TAG_LOST => Slot::Lost,
             _ => Slot::Empty,
         }
     }
@@ -186,6 +203,7 @@ mod tests {
             Slot::Staged(StagedAt::new(0, 0, 0).unwrap()),
             Slot::Staged(StagedAt::new(255, 65535, EPOCH_MODULUS - 1).unwrap()),
             Slot::Staged(StagedAt::new(7, 4095, 123_456_789).unwrap()),
+            Slot::Lost,
         ];
         for slot in slots {
             assert_eq!(Entry::pack(slot).slot(), slot, "{slot:?}");

@@ -21,6 +21,7 @@
 
 mod arena;
 mod entry;
+pub mod persist;
 mod segments;
 mod shard;
 mod stats;
@@ -30,11 +31,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 pub use self::entry::{StagedAt, MAX_SLOT_PAGES, MAX_STAGING_SLOTS};
+pub use self::persist::{Persistence, Recovered, SegmentHome, SegmentWords, SEGMENT_BYTES};
 pub use self::stats::{MemoryUsage, Stats};
 
 use self::arena::{Arena, Budget, Object};
-use self::entry::Slot;
-use self::shard::Shard;
+use self::entry::{Entry, Slot};
+use self::shard::{Entries, Shard};
 use self::stats::{Counters, PageCost, PageTotals};
 use crate::codec::Algorithm;
 use crate::page::{fill_page, same_filled_word, PAGE_SIZE};
@@ -175,6 +177,8 @@ pub struct PageStore {
     /// room under it); otherwise the shards' totals count them.
     staged: AtomicU64,
     staging: OnceLock<Arc<dyn StagedPages>>,
+    /// The table and segments live in memory kept across processes (`persist.rs`).
+    persistent: bool,
 }
 
 impl std::fmt::Debug for PageStore {
@@ -194,33 +198,96 @@ impl PageStore {
     /// Builds an empty store. Fails on zero pages, a threshold outside `1..=4096`, or a
     /// memory limit smaller than the page table itself.
     pub fn new(cfg: StoreConfig) -> Result<Self, CoreError> {
-        if cfg.pages == 0 {
-            return Err(CoreError::Config("a store needs at least one page".into()));
-        }
-        if !(1..=PAGE_SIZE).contains(&cfg.raw_threshold) {
-            return Err(CoreError::Config(format!(
-                "raw_threshold {} is outside 1..=4096",
-                cfg.raw_threshold
-            )));
-        }
-        let Ok(pages) = usize::try_from(cfg.pages) else {
-            return Err(CoreError::Config(format!(
-                "{} pages is too many",
-                cfg.pages
-            )));
-        };
-        if pages.checked_mul(PAGE_SIZE).is_none() {
-            return Err(CoreError::Config(format!("{pages} pages is too many")));
-        }
-        let groups = pages.div_ceil(GROUP_PAGES);
-        let shards = groups.next_power_of_two().min(MAX_SHARDS);
-        let shard_shift = shards.trailing_zeros();
-        // Groups come in rows of one group per shard (see `locate`): every shard holds one
-        // group of every row.
-        let rows = groups.div_ceil(shards);
-        let shards: Box<[RwLock<Shard>]> = (0..shards)
-            .map(|_| RwLock::new(Shard::new(rows * GROUP_PAGES)))
+        let layout = Layout::of(&cfg)?;
+        let shards = (0..layout.shards)
+            .map(|_| RwLock::new(Shard::new(layout.shard_len)))
             .collect();
+        Self::build(cfg, layout, shards, None)
+    }
+
+    /// Words of table memory a persistent store of `pages` pages needs
+    /// ([`PageStore::new_persistent`]).
+    pub fn table_len(pages: u64) -> Result<usize, CoreError> {
+        let layout = Layout::of(&StoreConfig::new(pages, Algorithm::Lz4))?;
+        Ok(layout.shards * layout.shard_len)
+    }
+
+    /// Most arena segments a store of `pages` pages can hold: the size of a
+    /// [`SegmentHome`]'s directory.
+    pub fn segment_capacity(pages: u64) -> usize {
+        max_segments(usize::try_from(pages).unwrap_or(usize::MAX))
+    }
+
+    /// Builds an empty store whose table and segments live in `persist` (every entry is
+    /// cleared), so that after this process dies [`PageStore::recover`] can take it over.
+    pub fn new_persistent(cfg: StoreConfig, persist: Persistence) -> Result<Self, CoreError> {
+        let layout = Layout::of(&cfg)?;
+        let mut shards = kept_shards(&layout, persist.table)?;
+        for shard in shards.iter_mut() {
+            shard
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clear();
+        }
+        Self::build(cfg, layout, shards, Some(persist.home))
+    }
+
+    /// Takes over the store a dead process left in `persist` (built there by
+    /// [`PageStore::new_persistent`] with the same `cfg.pages`): the entries as they are,
+    /// the segments from the home; counters, free space and the arena's bookkeeping are
+    /// rebuilt from the entries. Fails with [`CoreError::Damaged`] when the entries do not
+    /// describe a consistent store (an object outside the segments, two that overlap).
+    pub fn recover(cfg: StoreConfig, persist: Persistence) -> Result<(Self, Recovered), CoreError> {
+        let layout = Layout::of(&cfg)?;
+        let shards = kept_shards(&layout, persist.table)?;
+        let store = Self::build(cfg, layout, shards, Some(persist.home))?;
+        let mut found = Recovered::default();
+        let mut objects: Vec<(u64, usize)> = Vec::new();
+        for shard in store.shards.iter() {
+            let mut shard = write_lock(shard);
+            let mut lost = Vec::new();
+            let mut totals = PageTotals::default();
+            for (idx, slot) in shard.slots() {
+                let slot = match slot {
+                    Slot::Staged(_) => {
+                        lost.push(idx);
+                        Slot::Lost
+                    }
+                    Slot::SameExt => {
+                        return Err(CoreError::Damaged(format!(
+                            "entry {idx} names a fill word the old process kept in its own memory"
+                        )))
+                    }
+                    other => other,
+                };
+                if let Some(object) = stored_object(slot) {
+                    objects.push(object);
+                }
+                if !matches!(slot, Slot::Empty | Slot::Lost) {
+                    found.pages_stored += 1;
+                }
+                totals.replace(PageCost::default(), cost_of(slot));
+            }
+            for idx in lost {
+                // Lost needs no side map, so `set` cannot fail.
+                let _ = shard.set(idx, Slot::Lost);
+                found.lost_pages += 1;
+            }
+            shard.totals = totals;
+        }
+        found.segments = store
+            .arena
+            .adopt(&mut objects)
+            .map_err(CoreError::Damaged)?;
+        Ok((store, found))
+    }
+
+    fn build(
+        cfg: StoreConfig,
+        layout: Layout,
+        shards: Box<[RwLock<Shard>]>,
+        home: Option<Arc<dyn SegmentHome>>,
+    ) -> Result<Self, CoreError> {
         // The store struct minus the arena inside it (the arena counts itself).
         let table_bytes = (std::mem::size_of::<Self>() - std::mem::size_of::<Arena>()
             + shards.len() * std::mem::size_of::<RwLock<Shard>>()) as u64
@@ -235,19 +302,21 @@ impl PageStore {
                 )));
             }
         }
+        let persistent = home.is_some();
         Ok(Self {
             pages: cfg.pages,
             algorithm: cfg.algorithm,
             raw_threshold: cfg.raw_threshold,
             mem_limit: cfg.mem_limit,
             shard_mask: (shards.len() - 1) as u64,
-            shard_shift,
+            shard_shift: layout.shards.trailing_zeros(),
             shards,
-            arena: Arena::new(table_bytes, cfg.mem_limit, max_segments(pages)),
+            arena: Arena::new(table_bytes, cfg.mem_limit, max_segments(layout.pages), home),
             table_bytes,
             counters: Counters::default(),
             staged: AtomicU64::new(0),
             staging: OnceLock::new(),
+            persistent,
         })
     }
 
@@ -289,7 +358,7 @@ impl PageStore {
     }
 
     fn write_page(&self, index: u64, page: &[u8; PAGE_SIZE]) -> Result<(), CoreError> {
-        if let Some(word) = same_filled_word(page) {
+        if let Some(word) = same_filled_word(page).filter(|&w| self.keeps_fill(w)) {
             return self.install(index, Payload::Same(word)).map(drop);
         }
         let threshold = self.raw_threshold;
@@ -307,9 +376,40 @@ impl PageStore {
     /// would: for writers that checked for same-filled pages themselves.
     pub fn write_same_filled(&self, page: u64, word: u64) -> Result<(), CoreError> {
         self.check_range(page, 1)?;
-        self.install(page, Payload::Same(word))?;
+        if self.keeps_fill(word) {
+            self.install(page, Payload::Same(word))?;
+        } else {
+            let mut bytes = [0u8; PAGE_SIZE];
+            fill_page(&mut bytes, word);
+            self.write_page(page, &bytes)?;
+        }
         Counters::bump(&self.counters.writes, 1);
         Ok(())
+    }
+
+    /// Whether a page filled with `word` is kept as a fill word: always, except in a
+    /// persistent store for words that do not fit an entry (the side map they would need
+    /// dies with the process), which are compressed like any page.
+    fn keeps_fill(&self, word: u64) -> bool {
+        !self.persistent || Entry::same_fits(word)
+    }
+
+    /// Commits a staged page that turned out to be filled with a word this store does not
+    /// keep as such ([`PageStore::keeps_fill`]): compressed on this thread instead.
+    fn commit_fill_compressed(&self, ticket: Ticket, word: u64) -> Result<CommitState, CoreError> {
+        let mut page = [0u8; PAGE_SIZE];
+        fill_page(&mut page, word);
+        let threshold = self.raw_threshold;
+        worker::with_codec(self.algorithm, |codec, scratch| {
+            let out = &mut scratch[..threshold];
+            let encoded = match codec.compress(&page, out).map_err(CoreError::Compress)? {
+                Some(len) if len > 0 && len < threshold => Encoded::Compressed(&out[..len]),
+                _ => Encoded::Raw(&page),
+            };
+            let mut one = [Commit::new(ticket, encoded)];
+            self.commit(&mut one)?;
+            Ok(one[0].state)
+        })
     }
 
     /// Reads whole pages starting at `first_page` into `out`. Failed requests are counted
@@ -340,6 +440,12 @@ impl PageStore {
                 return Ok(());
             }
             Some(Slot::SameExt) => return Err(corrupt(index, "fill word missing")),
+            Some(Slot::Lost) => {
+                return Err(corrupt(
+                    index,
+                    "lost: it waited uncompressed for the GPU when the old daemon died",
+                ))
+            }
             // Copied out under the shard lock: the staged copy cannot be installed (and its
             // slot reused) before the lock is dropped.
             Some(Slot::Staged(at)) => {
@@ -497,6 +603,13 @@ impl PageStore {
                 }
             }
         }
+        for c in commits.iter_mut() {
+            if let (CommitState::Waiting, Encoded::SameFilled(word)) = (c.state, c.encoded) {
+                if !self.keeps_fill(word) {
+                    c.state = self.commit_fill_compressed(c.ticket, word)?;
+                }
+            }
+        }
         commits.sort_unstable_by_key(|c| self.shard_of(c.ticket.page));
         // Installers run on the swap I/O path: their allocations fail, they never abort.
         let mut lens = try_vec(commits.len())?;
@@ -631,14 +744,12 @@ impl PageStore {
                 std::thread::yield_now();
                 continue;
             }
-            let pages = compaction.run(&mut objects);
-            for object in &objects {
-                let s = (object.tag & self.shard_mask) as usize;
-                if let Some(shard) = shards.get_mut(s) {
-                    shard.rehome(object.tag >> self.shard_shift, object.handle);
+            let (mask, shift) = (self.shard_mask, self.shard_shift);
+            return compaction.run(&mut objects, |object| {
+                if let Some(shard) = shards.get_mut((object.tag & mask) as usize) {
+                    shard.rehome(object.tag >> shift, object.handle);
                 }
-            }
-            return pages;
+            });
         }
         0
     }
@@ -821,6 +932,67 @@ impl PageStore {
     }
 }
 
+/// How a store of some pages splits into shards.
+struct Layout {
+    pages: usize,
+    shards: usize,
+    /// Entries per shard.
+    shard_len: usize,
+}
+
+impl Layout {
+    /// Checks `cfg` (zero pages, a threshold outside `1..=4096`, too many pages) and
+    /// lays it out.
+    fn of(cfg: &StoreConfig) -> Result<Self, CoreError> {
+        if cfg.pages == 0 {
+            return Err(CoreError::Config("a store needs at least one page".into()));
+        }
+        if !(1..=PAGE_SIZE).contains(&cfg.raw_threshold) {
+            return Err(CoreError::Config(format!(
+                "raw_threshold {} is outside 1..=4096",
+                cfg.raw_threshold
+            )));
+        }
+        let Ok(pages) = usize::try_from(cfg.pages) else {
+            return Err(CoreError::Config(format!(
+                "{} pages is too many",
+                cfg.pages
+            )));
+        };
+        if pages.checked_mul(PAGE_SIZE).is_none() {
+            return Err(CoreError::Config(format!("{pages} pages is too many")));
+        }
+        let groups = pages.div_ceil(GROUP_PAGES);
+        let shards = groups.next_power_of_two().min(MAX_SHARDS);
+        // Groups come in rows of one group per shard (see `locate`): every shard holds one
+        // group of every row.
+        let rows = groups.div_ceil(shards);
+        Ok(Self {
+            pages,
+            shards,
+            shard_len: rows * GROUP_PAGES,
+        })
+    }
+}
+
+/// Shards over consecutive parts of a kept table.
+fn kept_shards(
+    layout: &Layout,
+    table: &'static mut [u64],
+) -> Result<Box<[RwLock<Shard>]>, CoreError> {
+    let need = layout.shards * layout.shard_len;
+    if table.len() != need {
+        return Err(CoreError::Config(format!(
+            "the kept page table has {} entries; the store needs {need}",
+            table.len()
+        )));
+    }
+    Ok(table
+        .chunks_mut(layout.shard_len)
+        .map(|part| RwLock::new(Shard::with_entries(Entries::Kept(part))))
+        .collect())
+}
+
 /// Most arena segments a store of `pages` pages can need: every page raw, twice over for
 /// free holes, plus a few; the arena refuses to grow past it (`NoMemory`). Its table costs
 /// about 2 B per page only once the arena grows that far.
@@ -863,7 +1035,7 @@ fn stored(handle: u64, len: usize) -> (Slot, PageCost) {
 
 fn cost_of(slot: Slot) -> PageCost {
     match slot {
-        Slot::Empty => PageCost::default(),
+        Slot::Empty | Slot::Lost => PageCost::default(),
         Slot::Same(_) | Slot::SameExt => same_cost(),
         Slot::Staged(_) => PageCost {
             stored: true,

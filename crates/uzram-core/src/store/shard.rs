@@ -12,22 +12,67 @@ use crate::CoreError;
 /// zero pages the allocator never touched (calloc of new heap memory); then the first write
 /// to each page of the table would allocate memory while a swap write is being served, which
 /// is exactly when there is none. `black_box` hides the value so the writes are not elided.
-fn resident_table(len: usize) -> Vec<Entry> {
-    let mut entries = vec![Entry::EMPTY; len];
-    let per_page = crate::PAGE_SIZE / std::mem::size_of::<Entry>();
+fn resident_table(len: usize) -> Vec<u64> {
+    let empty = Entry::EMPTY.word();
+    let mut entries = vec![empty; len];
+    let per_page = crate::PAGE_SIZE / std::mem::size_of::<u64>();
     for entry in entries.iter_mut().step_by(per_page) {
-        *entry = std::hint::black_box(Entry::EMPTY);
+        *entry = std::hint::black_box(empty);
     }
     if let Some(last) = entries.last_mut() {
-        *last = std::hint::black_box(Entry::EMPTY);
+        *last = std::hint::black_box(empty);
     }
     entries
+}
+
+/// A shard's entries: its own allocation, or a part of a table the caller keeps (a
+/// persistent store, see `persist.rs`).
+#[derive(Debug)]
+pub(crate) enum Entries {
+    Owned(Vec<u64>),
+    Kept(&'static mut [u64]),
+}
+
+impl Entries {
+    fn words(&self) -> &[u64] {
+        match self {
+            Entries::Owned(v) => v,
+            Entries::Kept(s) => s,
+        }
+    }
+
+    fn words_mut(&mut self) -> &mut [u64] {
+        match self {
+            Entries::Owned(v) => v,
+            Entries::Kept(s) => s,
+        }
+    }
+
+    fn get(&self, idx: u64) -> Option<Entry> {
+        self.words()
+            .get(usize::try_from(idx).ok()?)
+            .map(|&w| Entry::from_word(w))
+    }
+
+    /// Sets an entry with one aligned 8-byte store (what a crash can leave: old or new).
+    fn put(&mut self, idx: u64, entry: Entry) -> bool {
+        match usize::try_from(idx)
+            .ok()
+            .and_then(|i| self.words_mut().get_mut(i))
+        {
+            Some(w) => {
+                *w = entry.word();
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// A shard's table; always used behind its `RwLock`.
 #[derive(Debug)]
 pub(crate) struct Shard {
-    entries: Vec<Entry>,
+    entries: Entries,
     /// Fill words that do not fit in an entry, by index within the shard.
     same_ext: HashMap<u64, u64>,
     /// Counts and payload of this shard's pages.
@@ -36,16 +81,39 @@ pub(crate) struct Shard {
 
 impl Shard {
     pub(crate) fn new(len: usize) -> Self {
+        Self::with_entries(Entries::Owned(resident_table(len)))
+    }
+
+    /// A shard over `entries` as they are (a recovered table), with empty totals.
+    pub(crate) fn with_entries(entries: Entries) -> Self {
         Self {
-            entries: resident_table(len),
+            entries,
             same_ext: HashMap::new(),
             totals: PageTotals::default(),
         }
     }
 
+    /// Every entry back to empty, touching each page of the table (see `resident_table`).
+    pub(crate) fn clear(&mut self) {
+        self.entries.words_mut().fill(Entry::EMPTY.word());
+    }
+
     /// Bytes of entries this shard holds.
     pub(crate) fn table_bytes(&self) -> u64 {
-        (self.entries.capacity() * std::mem::size_of::<Entry>()) as u64
+        let len = match &self.entries {
+            Entries::Owned(v) => v.capacity(),
+            Entries::Kept(s) => s.len(),
+        };
+        (len * std::mem::size_of::<Entry>()) as u64
+    }
+
+    /// `(index, slot)` of every entry, as stored (fill words in the side map unresolved).
+    pub(crate) fn slots(&self) -> impl Iterator<Item = (u64, Slot)> + '_ {
+        self.entries
+            .words()
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| (i as u64, Entry::from_word(w).slot()))
     }
 
     /// Bytes held by the side map (capacity × (key, value) + one control byte).
@@ -55,7 +123,7 @@ impl Shard {
 
     /// The page's slot, with a side-map fill word resolved.
     pub(crate) fn get(&self, idx: u64) -> Option<Slot> {
-        let slot = self.entries.get(usize::try_from(idx).ok()?)?.slot();
+        let slot = self.entries.get(idx)?.slot();
         Some(match slot {
             Slot::SameExt => Slot::Same(self.same_ext.get(&idx).copied().unwrap_or_default()),
             other => other,
@@ -64,10 +132,9 @@ impl Shard {
 
     /// True if the page is staged exactly at `at` (same slot, index and fill epoch).
     pub(crate) fn is_staged_at(&self, idx: u64, at: StagedAt) -> bool {
-        usize::try_from(idx)
-            .ok()
-            .and_then(|i| self.entries.get(i))
-            .is_some_and(|e| *e == Entry::pack(Slot::Staged(at)))
+        self.entries
+            .get(idx)
+            .is_some_and(|e| e == Entry::pack(Slot::Staged(at)))
     }
 
     /// Stores `slot` for the page and returns the old slot (resolved); `Ok(None)` if the
@@ -89,36 +156,25 @@ impl Shard {
         if old.is_same_ext() && !slot.is_same_ext() {
             self.same_ext.remove(&idx);
         }
-        let Some(entry) = usize::try_from(idx)
-            .ok()
-            .and_then(|i| self.entries.get_mut(i))
-        else {
+        if !self.entries.put(idx, Entry::pack(slot)) {
             return Ok(None);
-        };
-        *entry = Entry::pack(slot);
+        }
         Ok(Some(old))
     }
 
     /// `(index, handle, len)` of every page whose bytes are in the arena.
     pub(crate) fn stored(&self) -> impl Iterator<Item = (u64, u64, u16)> + '_ {
-        self.entries
-            .iter()
-            .enumerate()
-            .filter_map(|(i, e)| match e.slot() {
-                Slot::Stored { handle, len } => Some((i as u64, handle, len)),
-                _ => None,
-            })
+        self.slots().filter_map(|(i, slot)| match slot {
+            Slot::Stored { handle, len } => Some((i, handle, len)),
+            _ => None,
+        })
     }
 
     /// Points a stored page at its new place after compaction moved its bytes.
     pub(crate) fn rehome(&mut self, idx: u64, handle: u64) {
-        if let Some(entry) = usize::try_from(idx)
-            .ok()
-            .and_then(|i| self.entries.get_mut(i))
-        {
-            if let Slot::Stored { len, .. } = entry.slot() {
-                *entry = Entry::pack(Slot::Stored { handle, len });
-            }
+        if let Some(Slot::Stored { len, .. }) = self.entries.get(idx).map(Entry::slot) {
+            self.entries
+                .put(idx, Entry::pack(Slot::Stored { handle, len }));
         }
     }
 }
