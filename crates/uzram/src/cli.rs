@@ -18,6 +18,9 @@ pub enum Command {
     Create(CreateArgs),
     /// Stop a device's daemon and delete the device (refused while it is in use).
     Destroy(DestroyArgs),
+    /// Start a new daemon for a device whose daemon died: it takes over the device and the
+    /// pages kept in shared memory, and the paused I/O goes on.
+    Recover(RecoverArgs),
     /// List devices, with zramctl's columns and flags.
     List(ListArgs),
     /// Show one device's mm_stat and io_stat counters (also as JSON or Prometheus metrics).
@@ -26,8 +29,9 @@ pub enum Command {
     Run(RunArgs),
     /// mkswap + swapon the device started from a config file (systemd ExecStartPost).
     SwapOn(ConfigArg),
-    /// swapoff the device started from a config file (systemd ExecStop).
-    SwapOff(ConfigArg),
+    /// swapoff the device started from a config file (systemd ExecStop); during a restart
+    /// of --unit, hand the device over to the next daemon instead (swap stays on).
+    SwapOff(SwapOffArgs),
     /// Check a config file and say what it makes on this host (the unit's ExecCondition):
     /// exit 0 when a device is made, 1 when none is (host-memory-limit, a size of 0), 255
     /// when the file is invalid.
@@ -111,6 +115,15 @@ pub struct DaemonArgs {
     /// The log file `create` opened; renamed to `<id>.log` once the id is known.
     #[arg(long)]
     pub log: Option<PathBuf>,
+    /// Take over device N, whose daemon died (what `uzram recover` starts).
+    #[arg(long, value_name = "N")]
+    pub recover: Option<u32>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RecoverArgs {
+    /// The device: /dev/ublkbN, ublkbN or N.
+    pub device: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -171,6 +184,16 @@ pub struct ConfigArg {
     /// The TOML config file the device was started from.
     #[arg(long)]
     pub config: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SwapOffArgs {
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// The systemd unit this runs for (%n): when systemd is restarting it, the daemon hands
+    /// the device over to the next one instead of swapping off.
+    #[arg(long)]
+    pub unit: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]

@@ -65,6 +65,7 @@ fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Create(args) => cmd::create::run(args),
         Command::Destroy(args) => cmd::destroy::run(args),
+        Command::Recover(args) => cmd::recover::run(args),
         Command::List(args) => cmd::list::run(args),
         Command::Status(args) => cmd::status::run(args),
         Command::Run(args) => cmd::run::run(args),

@@ -45,7 +45,7 @@ fn help_lists_the_commands() {
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     for cmd in [
-        "create", "destroy", "list", "status", "run", "swap-on", "swap-off", "bench",
+        "create", "destroy", "recover", "list", "status", "run", "swap-on", "swap-off", "bench",
     ] {
         assert!(text.contains(cmd), "help lacks {cmd}: {text}");
     }
@@ -130,6 +130,8 @@ fn bad_settings_are_refused() {
         "depth must be between",
     );
     refused(&["status", "ublkc3"], "invalid device");
+    refused(&["recover", "ublkc3"], "invalid device");
+    refused(&["recover"], "required");
     refused(&["destroy"], "required");
     refused(&["destroy", "1", "--all"], "cannot be used with");
 }

@@ -26,11 +26,18 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
             config,
             config_path: None,
             log: None,
+            recover: None,
+            create_args: Some(args.device.to_args()),
         };
         daemon::serve(launch, Arc::new(Reporter::new(Readiness::Stdout)))?;
         return Ok(ExitCode::SUCCESS);
     }
+    start_detached(args.device.to_args())
+}
 
+/// Starts `uzram daemon ARGS` detached, waits until it serves and prints the device path;
+/// on failure shows its message and the end of its log.
+pub(super) fn start_detached(daemon_args: Vec<String>) -> anyhow::Result<ExitCode> {
     let states = StateDir::default();
     states.create()?;
     let log_path = states
@@ -47,7 +54,7 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
     let exe = std::env::current_exe().context("finding the uzram binary")?;
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("daemon")
-        .args(args.device.to_args())
+        .args(daemon_args)
         .arg("--ready-fd")
         .arg(ready_tx.as_raw_fd().to_string())
         .arg("--log")
@@ -124,6 +131,8 @@ pub fn daemon(args: DaemonArgs) -> anyhow::Result<ExitCode> {
             config,
             config_path: None,
             log: args.log.clone(),
+            recover: args.recover,
+            create_args: Some(args.device.to_args()),
         };
         daemon::serve(launch, reporter.clone())
     })();

@@ -9,9 +9,11 @@ use libublk::ctrl::UblkCtrl;
 
 use super::{probe, Probe};
 use crate::cli::DestroyArgs;
+use crate::control::anchor;
 use crate::control::client;
 use crate::control::proto::{Request, Response};
 use crate::control::state::{DaemonState, StateDir};
+use crate::daemon::region;
 use crate::devname::{dev_path, parse_device};
 use crate::inuse::in_use;
 use crate::sys;
@@ -57,15 +59,19 @@ fn destroy(states: &StateDir, state: &DaemonState) -> anyhow::Result<()> {
     if let Some(reason) = in_use(&dev) {
         anyhow::bail!("{reason}");
     }
-    match probe(states, state) {
-        Probe::Live(_) => stop_live(states, state, &dev),
-        Probe::Stale(why) => {
-            eprintln!("uzram: {dev}: {why}; deleting the device directly");
-            delete_orphan(state.id)?;
-            states.remove(state.id);
-            Ok(())
-        }
+    let why = match probe(states, state) {
+        Probe::Live(_) => return stop_live(states, state, &dev),
+        Probe::Orphan => "its daemon died (the device waits for uzram recover)".to_string(),
+        Probe::Stale(why) => why,
+    };
+    eprintln!("uzram: {dev}: {why}; deleting the device directly");
+    delete_orphan(state.id)?;
+    if let Some(shm) = state.store_shm.filter(|&shm| region::exists(shm)) {
+        region::remove(shm);
     }
+    anchor::remove(state.id);
+    states.remove(state.id);
+    Ok(())
 }
 
 fn stop_live(states: &StateDir, state: &DaemonState, dev: &str) -> anyhow::Result<()> {

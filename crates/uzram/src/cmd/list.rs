@@ -303,6 +303,14 @@ pub fn run(args: ListArgs) -> anyhow::Result<ExitCode> {
     for state in states.list()? {
         match probe(&states, &state) {
             Probe::Live(s) => rows.push(Row::from_status(&s, mount_column(&s.dev))),
+            Probe::Orphan => {
+                eprintln!(
+                    "uzram: {}: its daemon died; I/O is paused and the pages are kept: run uzram recover {}",
+                    state.dev, state.id
+                );
+                let s = super::orphan_status(&state);
+                rows.push(Row::from_status(&s, mount_column(&s.dev)));
+            }
             Probe::Stale(why) => eprintln!(
                 "uzram: {}: {why} (stale state): run uzram destroy {} to clean up",
                 state.dev, state.id

@@ -5,6 +5,7 @@ pub mod create;
 pub mod destroy;
 pub mod docs;
 pub mod list;
+pub mod recover;
 pub mod run;
 pub mod status;
 pub mod swap;
@@ -40,14 +41,41 @@ pub fn require_module() -> anyhow::Result<()> {
 pub enum Probe {
     /// It answered with its status.
     Live(Box<DeviceStatus>),
+    /// Its daemon died and the device waits, I/O paused, for `uzram recover`.
+    Orphan,
     /// Its state file is there but the daemon is gone or does not answer.
     Stale(String),
 }
 
+/// What is known of a device whose daemon died (`Probe::Orphan`): its settings, no counters
+/// (they died with the daemon; the pages did not), and `queue_mode` saying what to do.
+pub fn orphan_status(state: &DaemonState) -> DeviceStatus {
+    DeviceStatus {
+        id: state.id,
+        dev: state.dev.clone(),
+        pid: state.pid,
+        size: state.size,
+        algorithm: state.algorithm.clone(),
+        backend: state.backend.clone(),
+        queues: 0,
+        depth: 0,
+        queue_mode: ORPHAN_MODE.to_string(),
+        stats: Vec::new(),
+        requests: Vec::new(),
+        backend_stats: Vec::new(),
+    }
+}
+
+/// The `queue_mode` of a device whose daemon died.
+pub const ORPHAN_MODE: &str = "none: daemon gone, I/O paused, pages kept; run uzram recover";
+
 /// Asks the daemon of `state` for its status.
 pub fn probe(states: &StateDir, state: &DaemonState) -> Probe {
     if !sys::pid_alive(state.pid) {
-        return Probe::Stale(format!("daemon pid {} is gone", state.pid));
+        return match recover::check_orphan(state.id) {
+            Ok(_) => Probe::Orphan,
+            Err(_) => Probe::Stale(format!("daemon pid {} is gone", state.pid)),
+        };
     }
     match client::request(
         &states.socket_path(state.id),

@@ -12,10 +12,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     super::require_root()?;
     super::require_module()?;
     let config_path = std::fs::canonicalize(&args.config).unwrap_or(args.config);
+    let orphan = super::recover::orphan_of_config(&config_path);
+    if let Some(state) = &orphan {
+        tracing::info!(id = state.id, config = %config_path.display(), "this config's device lost its daemon: recovering it");
+        super::recover::make_room(state);
+    }
+    let recover = orphan.map(|s| s.id);
     let launch = Launch {
         config: cfg.device,
         config_path: Some(config_path),
         log: None,
+        recover,
+        create_args: None,
     };
     daemon::serve(launch, Arc::new(Reporter::new(Readiness::Systemd)))?;
     Ok(ExitCode::SUCCESS)

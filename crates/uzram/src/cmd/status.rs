@@ -21,6 +21,13 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     };
     let status = match probe(&states, &state) {
         Probe::Live(s) => s,
+        Probe::Orphan => {
+            eprintln!(
+                "uzram: {}: its daemon died; I/O is paused and the pages are kept: run uzram recover {id}",
+                state.dev
+            );
+            Box::new(super::orphan_status(&state))
+        }
         Probe::Stale(why) => anyhow::bail!(
             "{}: {why} (stale state): run uzram destroy {id} to clean up",
             state.dev

@@ -7,8 +7,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::cli::ConfigArg;
+use crate::cli::{ConfigArg, SwapOffArgs};
 use crate::config::{load_config, load_device_config, Plan};
+use crate::control::client;
+use crate::control::proto::{Request, Response};
 use crate::control::state::StateDir;
 use crate::inuse::is_active_swap;
 
@@ -42,6 +44,12 @@ pub fn on(args: ConfigArg) -> anyhow::Result<ExitCode> {
     let cfg = load_device_config(&args.config)?;
     super::require_root()?;
     let dev = device_for(&args.config)?;
+    if is_swap(&dev)? {
+        // A daemon that recovered the device after a crash: swap never went off, and mkswap
+        // would wipe every page in it.
+        eprintln!("uzram: {dev} is already active swap (a recovered device): nothing to do");
+        return Ok(ExitCode::SUCCESS);
+    }
     exec(Command::new("mkswap").arg(&dev))?;
     // Through /dev/zram-uzram/ublkbN, the path systemd skips when it picks a hibernation
     // device (hibernate.rs); the daemon made it, this only repairs a missing one.
@@ -67,12 +75,26 @@ pub fn on(args: ConfigArg) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn off(args: ConfigArg) -> anyhow::Result<ExitCode> {
+pub fn off(off_args: SwapOffArgs) -> anyhow::Result<ExitCode> {
+    let args = off_args.config;
     if let Plan::Skip(_) = load_config(&args.config)? {
         // No device was made from this file here: nothing to deactivate.
         return Ok(ExitCode::SUCCESS);
     }
     super::require_root()?;
+    let canonical = std::fs::canonicalize(&args.config).unwrap_or_else(|_| args.config.clone());
+    if let Some(orphan) = super::recover::orphan_of_config(&canonical) {
+        // The daemon died (systemd runs ExecStop after a crash too): swapoff would wait for
+        // a server that is not there. Swap stays on; the restarted daemon recovers the device.
+        eprintln!(
+            "uzram: {}: its daemon died; swap stays on for the restarted daemon to recover",
+            orphan.dev
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(unit) = off_args.unit.as_deref().filter(|u| restarting(u)) {
+        return hand_off(&canonical, unit);
+    }
     let dev = device_for(&args.config)?;
     if !is_swap(&dev)? {
         return Ok(ExitCode::SUCCESS);
@@ -102,4 +124,63 @@ const SWAPOFF_WAIT: Duration = Duration::from_secs(14 * 60);
 
 fn is_swap(dev: &str) -> anyhow::Result<bool> {
     is_active_swap(dev).context("reading /proc/swaps")
+}
+
+/// Whether systemd is running a restart job for `unit` (this is then its ExecStop).
+fn restarting(unit: &str) -> bool {
+    let Ok(out) = Command::new("systemctl")
+        .args(["list-jobs", "--no-legend", "--no-pager"])
+        .output()
+    else {
+        return false;
+    };
+    String::from_utf8_lossy(&out.stdout).lines().any(|line| {
+        let mut words = line.split_whitespace().skip(1);
+        words.next() == Some(unit) && matches!(words.next(), Some("restart" | "try-restart"))
+    })
+}
+
+/// A planned restart: the daemon exits leaving the device (I/O paused) and its store to the
+/// daemon systemd starts next, which takes both over; swap stays on and nothing is swapped in.
+fn hand_off(config: &Path, unit: &str) -> anyhow::Result<ExitCode> {
+    let states = StateDir::default();
+    let Some(state) = states
+        .list()?
+        .into_iter()
+        .find(|s| s.config.as_deref() == Some(config) && crate::sys::pid_alive(s.pid))
+    else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    if state.store_shm.is_none() {
+        anyhow::bail!(
+            "{}: its daemon keeps no store to hand over; stop and start {unit} instead",
+            state.dev
+        );
+    }
+    match client::request(
+        &states.socket_path(state.id),
+        &Request::Handoff,
+        Duration::from_secs(5),
+    ) {
+        Ok(Response::HandingOff) => {}
+        Ok(other) => anyhow::bail!("{}: the daemon refused the handoff: {other:?}", state.dev),
+        // It may exit before its answer is out; whether it exits is what counts (below).
+        Err(err) => tracing::debug!(error = %err, "no answer to the handoff request"),
+    }
+    let start = Instant::now();
+    while crate::sys::pid_alive(state.pid) {
+        if start.elapsed() > Duration::from_secs(10) {
+            anyhow::bail!(
+                "{}: daemon pid {} did not exit for the handoff",
+                state.dev,
+                state.pid
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "uzram: {unit} restarts: {} handed over to the next daemon; swap stays on",
+        state.dev
+    );
+    Ok(ExitCode::SUCCESS)
 }

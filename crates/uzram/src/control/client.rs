@@ -83,6 +83,7 @@ mod tests {
                     tx.send(()).unwrap();
                     Response::Stopping
                 }
+                Request::Handoff => Response::HandingOff,
             })
         });
         let t = Duration::from_secs(5);
@@ -95,6 +96,10 @@ mod tests {
             Response::Stopping
         );
         rx.recv_timeout(t).unwrap();
+        assert_eq!(
+            request(&path, &Request::Handoff, t).unwrap(),
+            Response::HandingOff
+        );
 
         // Garbage gets an error reply, and the server keeps serving.
         let mut raw = UnixStream::connect(&path).unwrap();

@@ -4,7 +4,11 @@
 //! - `<id>.json`: a small state file (pid, device, size, algorithm, backend);
 //! - `<id>.sock`: a unix socket speaking line-delimited JSON ([`proto`]) for status and stop;
 //! - `<id>.log`: its log, when started detached by `uzram create`.
+//!
+//! and, for recovery after a crash, a copy of the state in memory that is never swapped
+//! ([`anchor`]).
 
+pub mod anchor;
 pub mod client;
 pub mod proto;
 pub mod server;

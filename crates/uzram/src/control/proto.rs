@@ -13,6 +13,9 @@ pub enum Request {
     Status,
     /// Stop serving and delete the device.
     Stop,
+    /// Exit at once and leave the device, its I/O paused, and the store to a new daemon (a
+    /// planned restart: `systemctl restart` of the unit).
+    Handoff,
 }
 
 /// What a daemon answers.
@@ -23,6 +26,8 @@ pub enum Response {
     Status(DeviceStatus),
     /// The daemon is stopping; the device disappears shortly.
     Stopping,
+    /// The daemon exits now and leaves the device to a new one.
+    HandingOff,
     /// The request was not understood.
     Error {
         /// Why.

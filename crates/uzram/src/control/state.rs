@@ -29,6 +29,13 @@ pub struct DaemonState {
     pub mem_limit: Option<u64>,
     /// The config file the daemon was started from (`uzram run`), if any.
     pub config: Option<PathBuf>,
+    /// The SysV shared memory segment that holds the device's store (`uzram recover`).
+    #[serde(default)]
+    pub store_shm: Option<i32>,
+    /// The device arguments of a daemon made by `uzram create` (`uzram recover` starts the
+    /// same daemon again).
+    #[serde(default)]
+    pub create_args: Option<Vec<String>>,
 }
 
 /// A directory of daemon state files.
@@ -167,6 +174,8 @@ mod tests {
             backend: "cpu".into(),
             mem_limit: None,
             config: None,
+            store_shm: Some(id as i32),
+            create_args: Some(vec!["--size".into(), "1M".into()]),
         };
         sd.write(&mk(10)).unwrap();
         sd.write(&mk(2)).unwrap();

@@ -4,14 +4,18 @@
 mod batch_io;
 mod compactor;
 pub mod compression;
+#[cfg(test)]
+mod crash_tests;
 pub mod fault_guard;
 pub mod io;
 pub mod notify;
 pub mod pool;
 pub mod queue_mode;
 pub mod queue_tuning;
+pub mod region;
 pub mod reserve;
 pub mod ring;
+mod store_memory;
 pub mod target;
 
 use std::io::Write;
@@ -24,10 +28,9 @@ use anyhow::Context;
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::UblkDev;
 use libublk::{UblkError, UblkFlags};
-use uzram_core::store::{PageStore, StoreConfig};
-use uzram_core::PAGE_SIZE;
 
 use crate::config::DeviceConfig;
+use crate::control::anchor;
 use crate::control::proto::{DeviceStatus, Request, Response, Stat};
 use crate::control::state::{DaemonState, StateDir};
 use crate::control::{server, ControlError};
@@ -96,6 +99,11 @@ pub struct Launch {
     pub config_path: Option<PathBuf>,
     /// The log file `create` opened for us, renamed to `<id>.log` once the id is known.
     pub log: Option<PathBuf>,
+    /// Take over device N, whose daemon died, and the store it left (`uzram recover`).
+    pub recover: Option<u32>,
+    /// The `uzram daemon` device arguments (`uzram create`), published so that `uzram
+    /// recover` can start the same daemon again.
+    pub create_args: Option<Vec<String>>,
 }
 
 /// Serves one device until it is stopped. Returns after the device is deleted.
@@ -115,10 +123,24 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         tracing::warn!(error = %err, "PR_SET_IO_FLUSHER failed (kernel older than 5.6?)");
     }
     let (plan, features) = choose_queue_mode(&cfg)?;
-    let pages = cfg.size / PAGE_SIZE as u64;
-    let mut store_cfg = StoreConfig::new(pages, cfg.algorithm);
-    store_cfg.mem_limit = cfg.mem_limit;
-    let store = Arc::new(PageStore::new(store_cfg).context("creating the page store")?);
+    let states = StateDir::default();
+    states.create()?;
+    // Arena segments: the pool, over the blocks of the store's shared memory. A recovery
+    // takes it over first: it frees memory for what follows (`store_memory::recover`).
+    let (store, mut region) = match launch.recover {
+        None => store_memory::create(&cfg)?,
+        Some(id) => {
+            // The recovery record, not the state file: see `control::anchor`.
+            let old = anchor::read(id)
+                .with_context(|| format!("/dev/ublkb{id} has no recovery record"))?;
+            let shm = old.store_shm.with_context(|| {
+                format!("/dev/ublkb{id} was made by a daemon that kept no store to recover")
+            })?;
+            store_memory::recover(&cfg, shm)?
+        }
+    };
+    // Small allocations: a pre-grown heap that is never trimmed.
+    reserve::grow(8 << 20);
     let compression = Arc::new(
         compression::Compression::start(
             store.clone(),
@@ -128,16 +150,10 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         )
         .context("setting up the compression backend")?,
     );
-    // Small allocations: a pre-grown heap that is never trimmed. Arena segments: the pool.
-    reserve::grow(8 << 20);
     let pool_target = pool::target_blocks(cfg.size);
-    pool::reserve(
-        usize::try_from(cfg.size)
-            .unwrap_or(usize::MAX)
-            .saturating_add(64 << 20),
-    )
-    .context("reserving address space for the block pool")?;
-    while pool::free_blocks() < pool_target {
+    // A recovery serves with the pool it adopted: refilling now could wait for reclaim,
+    // which waits for this device. The keeper refills once the device serves.
+    while launch.recover.is_none() && pool::free_blocks() < pool_target {
         if pool::refill(pool_target - pool::free_blocks()) == 0 {
             anyhow::bail!("could not fill the block pool: not enough memory");
         }
@@ -148,9 +164,10 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         "memory reserves ready"
     );
 
-    let states = StateDir::default();
-    states.create()?;
-    let (ctrl, plan) = add_device(&cfg, plan, features)?;
+    let (ctrl, plan) = match launch.recover {
+        None => add_device(&cfg, plan, features)?,
+        Some(id) => reattach_device(&cfg, id, plan)?,
+    };
     let counters = Arc::new(Counters::new(
         cfg.queues.saturating_mul(plan.threads_per_queue),
     ));
@@ -162,8 +179,14 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
             tracing::warn!(error = %err, "renaming the log file failed");
         }
     }
-    // The kernel just gave us this id, so any files published under it are stale.
-    states.remove(id);
+    region.set_device(id);
+    if launch.recover.is_some() {
+        // The dead daemon's socket; its state file stays until ours replaces it.
+        let _ = std::fs::remove_file(states.socket_path(id));
+    } else {
+        // The kernel just gave us this id, so any files published under it are stale.
+        states.remove(id);
+    }
 
     let state = DaemonState {
         pid: std::process::id(),
@@ -174,6 +197,8 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         backend: compression.name().to_string(),
         mem_limit: cfg.mem_limit,
         config: launch.config_path.clone(),
+        store_shm: Some(region.id()),
+        create_args: launch.create_args.clone(),
     };
     let (stop_tx, stop_rx) = mpsc::channel::<&'static str>();
     let textfile = cfg
@@ -231,6 +256,12 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
                     }
                     Response::Stopping
                 }
+                Request::Handoff => {
+                    if let Ok(tx) = stop_tx.lock() {
+                        let _ = tx.send(HANDOFF);
+                    }
+                    Response::HandingOff
+                }
             })
         })?;
     }
@@ -249,6 +280,15 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let stopper_dev = dev.clone();
     spawn("uzram-stopper", move || {
         let Ok(why) = stop_rx.recv() else { return };
+        if why == HANDOFF {
+            // Exactly what a crash leaves, on purpose: the kernel holds the device and its
+            // I/O for the next daemon (requests we had taken are reissued to it) and the store
+            // stays in shared memory. Nothing else of ours may run: no device deletion, no
+            // removal of the state the next daemon reads.
+            tracing::info!("handing the device over to the next daemon; exiting");
+            // SAFETY: _exit ends the process at once; it touches no memory of ours.
+            unsafe { libc::_exit(0) };
+        }
         tracing::info!(why, "stopping the device");
         wait_until_not_swap(&stopper_dev);
         if let Err(err) = notify::notify("STOPPING=1") {
@@ -286,6 +326,9 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         Ok(())
     };
     let ready_states = states.clone();
+    // A recovery gave the room back before we started: commit it again once we serve (off
+    // the I/O path: under pressure it waits for reclaim, which needs the device served).
+    let room = launch.recover.map(|_| region.room());
     let ready_reporter = reporter.clone();
     let alias_rdev = Arc::new(std::sync::OnceLock::new());
     let started_alias_rdev = alias_rdev.clone();
@@ -305,10 +348,19 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
             }
         }
         queue_tuning::tune(state.id);
+        if let Err(err) = anchor::write(&state) {
+            tracing::error!(error = %err, "publishing the recovery record failed: after a crash this device cannot be recovered");
+        }
         if let Err(err) = ready_states.write(&state) {
             tracing::error!(error = %err, "publishing state failed");
         }
         tracing::info!(dev = %state.dev, "serving");
+        if let Some((start, len)) = room {
+            let _ = std::thread::Builder::new()
+                .name("uzram-room".into())
+                .stack_size(256 << 10)
+                .spawn(move || region::commit_room_at(start, len));
+        }
         ready_reporter.ready(state.id, &state.dev);
     };
     let served = ctrl.run_target(
@@ -326,10 +378,16 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     if let Err(err) = ctrl.del_dev() {
         tracing::debug!(error = %err, "del_dev after stop");
     }
+    // The device is gone, so is the store's reason to outlive us.
+    region::remove(region.id());
+    anchor::remove(id);
     served.map_err(|err| anyhow::anyhow!("serving the device failed: {err}"))?;
     tracing::info!(id, "device deleted; daemon exits");
     Ok(())
 }
+
+/// What the stop channel carries for a planned restart ([`Request::Handoff`]).
+const HANDOFF: &str = "handoff";
 
 /// Set-up for a thread that installs staged pages: like a queue thread, it is on the swap
 /// I/O path, so it must get ENOMEM rather than page-fault into reclaim, and run ahead of
@@ -386,6 +444,12 @@ fn add_device(
     }
 }
 
+/// `UBLK_F_*` flags every device gets: when its daemon dies the device stays, its I/O queued,
+/// until a new daemon takes over (`uzram recover`), and requests the dead one had taken are
+/// issued again to the new one (swap writes and reads may be repeated; nothing is lost).
+const RECOVERY_FLAGS: u64 =
+    (libublk::sys::UBLK_F_USER_RECOVERY | libublk::sys::UBLK_F_USER_RECOVERY_REISSUE) as u64;
+
 fn build_ctrl(cfg: &DeviceConfig, plan: QueuePlan) -> Result<UblkCtrl, UblkError> {
     UblkCtrlBuilder::default()
         .name("uzram")
@@ -393,10 +457,73 @@ fn build_ctrl(cfg: &DeviceConfig, plan: QueuePlan) -> Result<UblkCtrl, UblkError
         .nr_queues(cfg.queues)
         .depth(cfg.depth)
         .io_buf_bytes(target::IO_BUF_BYTES)
-        .ctrl_flags(plan.ctrl_flags)
+        .ctrl_flags(plan.ctrl_flags | RECOVERY_FLAGS)
         .io_threads_per_queue(plan.threads_per_queue)
         .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV | UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER)
         .build()
+}
+
+/// Takes over device `id`, quiesced since its daemon died: the queue mode is the one the
+/// device was made with, and the driver hands the queued and reissued requests to our queues
+/// once they serve (`START_USER_RECOVERY` here, `END_USER_RECOVERY` when started).
+fn reattach_device(
+    cfg: &DeviceConfig,
+    id: u32,
+    plan: QueuePlan,
+) -> anyhow::Result<(UblkCtrl, QueuePlan)> {
+    // libublk reads its device file first; the old one may be in swap on this very device
+    if let Err(err) = anchor::restore_ublk_json(id) {
+        tracing::warn!(error = %err, "restoring libublk's device file failed");
+    }
+    let probe = UblkCtrl::new_simple(id as i32)
+        .map_err(|e| anyhow::anyhow!("opening /dev/ublkc{id}: {e} ({e:?})"))?;
+    let info = probe.dev_info();
+    if u32::from(info.state) != libublk::sys::UBLK_S_DEV_QUIESCED {
+        anyhow::bail!(
+            "/dev/ublkb{id} is not waiting for a new daemon (ublk state {}); only a device whose daemon died can be recovered",
+            info.state
+        );
+    }
+    if info.flags & RECOVERY_FLAGS == 0 {
+        anyhow::bail!("/dev/ublkb{id} was made without user recovery");
+    }
+    drop(probe);
+    let batch = info.flags & u64::from(libublk::sys::UBLK_F_BATCH_IO) != 0;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let plan = match (batch, plan.mode) {
+        (true, QueueMode::Batch) | (false, QueueMode::PerQueue | QueueMode::PerIoDaemon) => plan,
+        (true, _) => queue_mode::plan(
+            QueueModeChoice::Exactly(QueueMode::Batch),
+            Some(info.flags),
+            info.nr_hw_queues,
+            info.queue_depth,
+            cpus,
+        )?,
+        (false, _) => queue_mode::plan(
+            QueueModeChoice::Exactly(QueueMode::PerQueue),
+            None,
+            info.nr_hw_queues,
+            info.queue_depth,
+            cpus,
+        )?,
+    };
+    let ctrl = UblkCtrlBuilder::default()
+        .name("uzram")
+        .id(id as i32)
+        .nr_queues(info.nr_hw_queues)
+        .depth(info.queue_depth)
+        .io_buf_bytes(target::IO_BUF_BYTES)
+        // what we asked for at add time: the kernel reports more (7.x sets flags of its own,
+        // such as UBLK_F_PER_IO_DAEMON, that libublk refuses as input)
+        .ctrl_flags(plan.ctrl_flags | RECOVERY_FLAGS)
+        .io_threads_per_queue(plan.threads_per_queue)
+        .dev_flags(UblkFlags::UBLK_DEV_F_RECOVER_DEV | UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER)
+        .build()
+        .map_err(|e| anyhow::anyhow!("opening /dev/ublkb{id} for recovery: {e} ({e:?})"))?;
+    ctrl.start_user_recover()
+        .map_err(|e| anyhow::anyhow!("START_USER_RECOVERY on /dev/ublkb{id}: {e} ({e:?})"))?;
+    let _ = cfg;
+    Ok((ctrl, plan))
 }
 
 fn add_error(err: UblkError, id: Option<u32>) -> anyhow::Error {

@@ -19,18 +19,16 @@
 //!   tags) while the pool ran dry, and every write then failed with ENOMEM for minutes in the
 //!   guest, since failed writes free nothing.
 //!
-//! Blocks come from one reserved address range, so `dealloc` knows its own blocks by address;
-//! freed blocks return to the free list. The range maps a memfd (nothing is committed until a
-//! block is first touched) rather than anonymous memory, because the daemon's memory is locked
-//! (mlockall) and a locked anonymous page cannot be given back without unlocking its range,
-//! which splits the mapping once per block; a hole punched into the memfd frees the pages of a
-//! locked mapping and leaves the mapping as it is. So the keeper can return what the store no
-//! longer holds: free blocks beyond the target are punched out ([`trim`]) and refilled first
-//! when the pool needs blocks again.
+//! Blocks come from one address range, so `dealloc` knows its own blocks by address; freed
+//! blocks return to the free list. The range is the blocks of the device's store region
+//! (`region.rs`: shared memory that outlives the daemon, nothing committed until a block is
+//! first touched, kept resident by `SHM_LOCK` rather than mlock). Shared memory lets the
+//! keeper return what the store no longer holds: free blocks beyond the target are punched out
+//! (`MADV_REMOVE`, [`trim`]) and refilled first when the pool needs blocks again.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -48,8 +46,6 @@ static FRONTIER: AtomicUsize = AtomicUsize::new(0);
 static FREE_HEAD: AtomicPtr<u8> = AtomicPtr::new(ptr::null_mut());
 static FREE_COUNT: AtomicUsize = AtomicUsize::new(0);
 static LOCK: AtomicBool = AtomicBool::new(false);
-/// The memfd behind the reservation (-1 before `reserve`).
-static MEMFD: AtomicI32 = AtomicI32::new(-1);
 /// Blocks given back to the system (holes punched), cumulative.
 static RELEASED_TOTAL: AtomicUsize = AtomicUsize::new(0);
 /// Blocks given back and not yet refilled: the first that `refill` reuses (keeper only).
@@ -90,6 +86,13 @@ unsafe fn push(block: *mut u8) {
     FREE_HEAD.store(block, Ordering::Relaxed);
     FREE_COUNT.fetch_add(1, Ordering::Relaxed);
     unlock();
+}
+
+/// A free block for the page store's arena, or null when the pool has none. Never falls back
+/// to the system allocator: the store's segments must lie in the region to outlive the
+/// daemon.
+pub fn take() -> *mut u8 {
+    pop()
 }
 
 fn pop() -> *mut u8 {
@@ -204,47 +207,128 @@ unsafe impl GlobalAlloc for PoolAlloc {
     }
 }
 
-/// Reserves address space for `bytes` of blocks: a mapping of a memfd that size (nothing is
-/// committed until `refill` touches a block). Once only.
-pub fn reserve(bytes: usize) -> std::io::Result<()> {
-    let len = bytes.div_ceil(BLOCK).max(1) * BLOCK;
-    // SAFETY: memfd_create takes a NUL-terminated name and flags; it touches no memory of ours.
-    let fd = unsafe { libc::memfd_create(c"uzram-pool".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
+/// Serves blocks from `len` bytes at `base` (a whole number of blocks of shared memory
+/// that this process never unmaps and does not mlock; nothing in it used yet). Once only.
+pub fn init(base: usize, len: usize) {
+    init_with(base, len, &[]);
+}
+
+/// [`init`] for a range whose blocks `used` (block numbers) hold a recovered store: those
+/// stay out of the pool. Of the others, blocks whose pages are all still in memory (the old
+/// daemon's free pool: `SHM_LOCK` kept them) go straight onto the free list, so a recovery
+/// needs no new memory for them: it may run while memory is exhausted and every reclaim
+/// waits for this very device. The rest are given back to the system (their pages read as
+/// zeros) and refilled first. Returns how many blocks were adopted.
+pub fn init_with(base: usize, len: usize, used: &[usize]) -> usize {
+    let blocks = len / BLOCK;
+    let mut in_use = vec![false; blocks];
+    for &b in used {
+        if let Some(u) = in_use.get_mut(b) {
+            *u = true;
+        }
+    }
+    let residency = block_residency(base, blocks);
+    let top = (0..blocks)
+        .rev()
+        .find(|&b| in_use[b] || residency[b] != Resident::None)
+        .map_or(0, |b| b + 1);
+    let mut released = RELEASED.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut adopted = 0;
+    for b in (0..top).rev().filter(|&b| !in_use[b]) {
+        let block = base + b * BLOCK;
+        if residency[b] == Resident::All {
+            // SAFETY: a block of our mapping that no arena segment holds (the directory says
+            // so), whose pages are all in memory: free and ours.
+            unsafe { push(block as *mut u8) };
+            adopted += 1;
+        } else if punch(block).is_ok() {
+            released.push(block);
+        }
+    }
+    drop(released);
+    if top < blocks {
+        // Never touched, or given back already: made sure of in one call.
+        // SAFETY: MADV_REMOVE on the part of our own shared mapping past every used or
+        // resident block; nothing references it.
+        let rest = unsafe {
+            libc::madvise(
+                (base + top * BLOCK) as *mut libc::c_void,
+                (blocks - top) * BLOCK,
+                libc::MADV_REMOVE,
+            )
+        };
+        if rest != 0 {
+            tracing::warn!(error = %std::io::Error::last_os_error(), "giving back the old daemon's free blocks failed");
+        }
+    }
+    FRONTIER.store(base + top * BLOCK, Ordering::Release);
+    LIMIT.store(base + blocks * BLOCK, Ordering::Release);
+    BASE.store(base, Ordering::Release);
+    adopted
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resident {
+    None,
+    Some,
+    All,
+}
+
+/// How much of each of `blocks` blocks at `base` is in memory (`mincore`; all `None` if it
+/// fails, which only costs refills).
+fn block_residency(base: usize, blocks: usize) -> Vec<Resident> {
+    const PAGES: usize = BLOCK / 4096;
+    let mut vec = vec![0u8; blocks * PAGES];
+    if blocks == 0 {
+        return Vec::new();
+    }
+    // SAFETY: mincore reads the page tables of our own mapping of blocks * BLOCK bytes and
+    // writes one byte a page into `vec`, which has exactly that many.
+    let rc = unsafe { libc::mincore(base as *mut libc::c_void, blocks * BLOCK, vec.as_mut_ptr()) };
+    if rc != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "mincore over the store's blocks failed: free blocks are refilled, not adopted");
+        return vec![Resident::None; blocks];
+    }
+    vec.chunks(PAGES)
+        .map(|c| match c.iter().filter(|&&v| v & 1 != 0).count() {
+            0 => Resident::None,
+            n if n == PAGES => Resident::All,
+            _ => Resident::Some,
+        })
+        .collect()
+}
+
+/// Gives the pages of `block` back to the system; they read as zeros afterwards.
+fn punch(block: usize) -> std::io::Result<()> {
+    // SAFETY: MADV_REMOVE frees the backing pages of a block of our own shared mapping that
+    // nobody references; the mapping stays.
+    if unsafe { libc::madvise(block as *mut libc::c_void, BLOCK, libc::MADV_REMOVE) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    let size =
-        libc::off_t::try_from(len).map_err(|_| std::io::Error::from_raw_os_error(libc::EFBIG))?;
-    // SAFETY: `fd` is the memfd just created; ftruncate sets its size (sparse: no memory yet).
-    if unsafe { libc::ftruncate(fd, size) } != 0 {
-        let err = std::io::Error::last_os_error();
-        // SAFETY: our own fd, closed once.
-        unsafe { libc::close(fd) };
-        return Err(err);
-    }
-    // SAFETY: a new shared mapping of the whole memfd at an address the kernel picks; no memory
-    // of ours is touched. MAP_NORESERVE: nothing is committed until a page is touched (and
-    // mlockall's MCL_ONFAULT locks pages only as they fault in).
+    Ok(())
+}
+
+/// Maps `bytes` of anonymous shared memory and serves blocks from it: for tests that have no
+/// store region.
+#[cfg(test)]
+pub fn reserve(bytes: usize) -> std::io::Result<()> {
+    let len = bytes.div_ceil(BLOCK).max(1) * BLOCK;
+    // SAFETY: a new shared anonymous mapping at an address the kernel picks; no memory of
+    // ours is touched. MAP_NORESERVE: nothing is committed until a page is touched.
     let base = unsafe {
         libc::mmap(
             ptr::null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_NORESERVE,
-            fd,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
             0,
         )
     };
     if base == libc::MAP_FAILED {
-        let err = std::io::Error::last_os_error();
-        // SAFETY: our own fd, closed once.
-        unsafe { libc::close(fd) };
-        return Err(err);
+        return Err(std::io::Error::last_os_error());
     }
-    MEMFD.store(fd, Ordering::Release);
-    FRONTIER.store(base as usize, Ordering::Release);
-    LIMIT.store(base as usize + len, Ordering::Release);
-    BASE.store(base as usize, Ordering::Release);
+    init(base as usize, len);
     Ok(())
 }
 
@@ -294,12 +378,9 @@ pub fn refill(blocks: usize) -> usize {
 }
 
 /// Gives up to `blocks` free blocks back to the system: each is taken off the free list and
-/// its pages are punched out of the memfd, which frees them although they are locked.
-/// Returns how many went back.
+/// its pages are punched out of the shared memory. Returns how many went back.
 pub fn trim(blocks: usize) -> usize {
-    let fd = MEMFD.load(Ordering::Acquire);
-    let base = BASE.load(Ordering::Acquire);
-    if fd < 0 || base == 0 {
+    if BASE.load(Ordering::Acquire) == 0 {
         return 0;
     }
     let mut released = RELEASED.lock().unwrap_or_else(PoisonError::into_inner);
@@ -309,19 +390,9 @@ pub fn trim(blocks: usize) -> usize {
         if block.is_null() {
             break;
         }
-        let offset = block as usize - base;
-        // SAFETY: fallocate on our own memfd, over the byte range of a block we just took off
-        // the free list (nobody references it); the pages read as zeros afterwards.
-        let rc = unsafe {
-            libc::fallocate(
-                fd,
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                offset as libc::off_t,
-                BLOCK as libc::off_t,
-            )
-        };
-        if rc != 0 {
-            tracing::warn!(error = %std::io::Error::last_os_error(), "giving a pool block back failed");
+        let rc = punch(block as usize);
+        if let Err(err) = rc {
+            tracing::warn!(error = %err, "giving a pool block back failed");
             // SAFETY: the block is still mapped, whole and unused: back on the free list.
             unsafe { push(block) };
             break;

@@ -1,0 +1,130 @@
+//! `uzram recover DEV`: a new daemon for a device whose daemon died. The device waits with
+//! its I/O paused (ublk user recovery) and its pages in shared memory (`daemon/region.rs`);
+//! the new daemon takes both over and the paused I/O goes on. `uzram run` does the same by
+//! itself when its config's device lost its daemon, so a unit that restarts on failure
+//! recovers.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use libublk::ctrl::UblkCtrl;
+
+use crate::cli::RecoverArgs;
+use crate::control::anchor;
+use crate::control::state::DaemonState;
+use crate::daemon::region;
+use crate::devname::{dev_path, parse_device};
+use crate::sys;
+
+pub fn run(args: RecoverArgs) -> anyhow::Result<ExitCode> {
+    let id = parse_device(&args.device).map_err(anyhow::Error::msg)?;
+    super::require_root()?;
+    super::require_module()?;
+    let dev = dev_path(id);
+    let state =
+        wait_orphan(id).map_err(|why| anyhow::anyhow!("{dev} cannot be recovered: {why}"))?;
+    if let Some(config) = &state.config {
+        anyhow::bail!(
+            "{dev} was started from {}: start it the same way again (its systemd unit, or uzram run --config {}), which recovers it",
+            config.display(),
+            config.display()
+        );
+    }
+    let Some(mut daemon_args) = state.create_args.clone() else {
+        anyhow::bail!("{dev}: its daemon did not publish how it was created");
+    };
+    daemon_args.extend(["--recover".to_string(), id.to_string()]);
+    make_room(&state);
+    super::create::start_detached(daemon_args)
+}
+
+/// Gives the recovery room of `state`'s store back to the system, so that the new daemon
+/// can start when memory ran out with the old one dead (see `daemon::region`). Failing that
+/// only warns: with memory to spare the daemon starts anyway.
+pub fn make_room(state: &DaemonState) {
+    let Some(shm) = state.store_shm else { return };
+    match region::release_room(shm) {
+        Ok(bytes) => {
+            tracing::info!(dev = %state.dev, bytes, "the store's recovery room is free for the new daemon")
+        }
+        Err(err) => {
+            tracing::warn!(dev = %state.dev, error = %err, "giving back the store's recovery room failed")
+        }
+    }
+}
+
+/// The recovery record of device `id` when the device waits for a new daemon: its daemon is
+/// gone, the kernel holds the device quiesced, and its store is still in shared memory.
+/// Otherwise why not. Reads nothing that can be in swap (`control::anchor`).
+pub fn check_orphan(id: u32) -> Result<DaemonState, String> {
+    if !Path::new(&format!("/sys/class/ublk-char/ublkc{id}")).exists() {
+        return Err("no such device in the kernel".into());
+    }
+    let Some(state) = anchor::read(id) else {
+        return Err(
+            "it has no recovery record (not a uzram device, or its daemon never served)".into(),
+        );
+    };
+    if sys::pid_alive(state.pid) {
+        return Err(format!("its daemon (pid {}) is running", state.pid));
+    }
+    let Some(shm) = state.store_shm else {
+        return Err("its daemon kept no store in shared memory".into());
+    };
+    if !region::exists(shm) {
+        return Err(format!("its store (shared memory segment {shm}) is gone"));
+    }
+    // libublk reads its device file first; the old one may be in swap on this device
+    if let Err(err) = anchor::restore_ublk_json(id) {
+        tracing::warn!(error = %err, "restoring libublk's device file failed");
+    }
+    let ctrl = UblkCtrl::new_simple(id as i32)
+        .map_err(|e| format!("opening its ublk control device: {e}"))?;
+    let st = u32::from(ctrl.dev_info().state);
+    if st != libublk::sys::UBLK_S_DEV_QUIESCED {
+        return Err(format!("{NOT_QUIESCED} (ublk state {st})"));
+    }
+    Ok(state)
+}
+
+const NOT_QUIESCED: &str = "the kernel does not hold it for recovery";
+
+/// [`check_orphan`], given up to 30 s for the kernel to quiesce the device: it does so a
+/// moment after the daemon is gone (6.12's monitor notices within 5 s).
+fn wait_orphan(id: u32) -> Result<DaemonState, String> {
+    let start = std::time::Instant::now();
+    loop {
+        match check_orphan(id) {
+            Err(why)
+                if why.starts_with(NOT_QUIESCED)
+                    && start.elapsed() < std::time::Duration::from_secs(30) =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            done => return done,
+        }
+    }
+}
+
+/// The device started from `config` whose daemon died and that waits for a new one. The
+/// kernel quiesces a device a moment after its daemon is gone (on older kernels a monitor
+/// notices within seconds): a device whose daemon is gone but whose store is still there is
+/// given up to 30 s to get there, since making a second device instead would leave the
+/// first one's swap pages stranded.
+pub fn orphan_of_config(config: &Path) -> Option<DaemonState> {
+    let state = anchor::device_ids()
+        .into_iter()
+        .filter_map(anchor::read)
+        .find(|s| {
+            s.config.as_deref() == Some(config)
+                && !sys::pid_alive(s.pid)
+                && s.store_shm.is_some_and(region::exists)
+        })?;
+    match wait_orphan(state.id) {
+        Ok(state) => Some(state),
+        Err(why) => {
+            tracing::warn!(dev = %state.dev, why, "a device of this config lost its daemon but cannot be recovered");
+            None
+        }
+    }
+}

@@ -1,0 +1,491 @@
+//! The memory a device's page store lives in: one SysV shared memory segment that outlives
+//! the daemon, so a new daemon can take the store over after a crash or for an upgrade.
+//!
+//! Why SysV shared memory (docs/recovery.md has the comparison): a segment stays in the
+//! kernel with no process attached and needs no file descriptor passed on, so `uzram
+//! recover` works for devices made by `uzram create` as well as under systemd; and
+//! `SHM_LOCK` keeps its pages unevictable while no daemon runs. That matters: this device
+//! is the highest-priority swap, so store pages swapped out while its server is dead could
+//! only come back through the dead server. (A memfd kept in systemd's fd store is locked
+//! only while some process maps it with mlock.)
+//!
+//! Layout, in 64 KiB units: a header page, the page table (8 bytes a page), the segment
+//! directory (4 bytes an arena segment: the block it lives in, plus one; 0 for none), the
+//! recovery room, then the blocks the pool hands out.
+//!
+//! The recovery room ([`ROOM`] bytes, committed and never used) is memory a recovery gives
+//! back to the system before the new daemon allocates anything ([`release_room`]). A daemon
+//! that dies when memory has run out leaves a system in which every reclaim waits for this
+//! device, so nothing else would free a page, and the new daemon could not start (seen in
+//! the guest: it waited in reclaim until `uzram recover` gave up). The new daemon commits
+//! the room again once it serves. The header says where each part is, so a daemon refuses
+//! a segment whose layout it does not know.
+//!
+//! The header, table and directory are mlocked (populated up front); the blocks are not
+//! (`MADV_REMOVE`, which gives freed blocks back, refuses locked mappings): `SHM_LOCK` keeps
+//! their pages resident.
+
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use uzram_core::store::{SegmentHome, SegmentWords, SEGMENT_BYTES};
+
+use super::pool;
+
+const MAGIC: [u8; 8] = *b"UZRAMST1";
+const VERSION: u32 = 2;
+/// Bytes of the recovery room (see the module docs): enough for a new daemon's heap
+/// reserve, stacks and rings before it serves.
+pub const ROOM: usize = 24 << 20;
+const UNIT: usize = pool::BLOCK;
+
+/// What a region starts with.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Header {
+    magic: [u8; 8],
+    version: u32,
+    /// The ublk device id once the device exists (`u32::MAX` before).
+    device: u32,
+    pages: u64,
+    table_off: u64,
+    table_len: u64,
+    dir_off: u64,
+    dir_len: u64,
+    blocks_off: u64,
+    len: u64,
+    /// The store's codec, NUL-padded (compressed bytes are only readable with it).
+    algorithm: [u8; 32],
+    room_off: u64,
+    room_len: u64,
+}
+
+/// Why a region could not be made or taken over.
+#[derive(Debug, thiserror::Error)]
+pub enum RegionError {
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    Sys {
+        /// The call and its purpose.
+        what: &'static str,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The segment is not a store this daemon can take over.
+    #[error("shared memory segment {id} is not a uzram store this daemon can serve: {why}")]
+    Foreign {
+        /// The segment id.
+        id: i32,
+        /// What did not match.
+        why: String,
+    },
+}
+
+fn sys(what: &'static str) -> impl FnOnce(std::io::Error) -> RegionError {
+    move |source| RegionError::Sys { what, source }
+}
+
+/// An attached region; see the module docs. Never detached: the store in it lives as long as
+/// the process.
+#[derive(Debug)]
+pub struct Region {
+    id: i32,
+    base: usize,
+    header: Header,
+}
+
+/// Sizes of a store's parts, for [`Region::create`].
+#[derive(Debug, Clone, Copy)]
+pub struct Sizes {
+    /// Device pages.
+    pub pages: u64,
+    /// Page table words (`PageStore::table_len`).
+    pub table_len: usize,
+    /// Directory entries (`PageStore::segment_capacity`).
+    pub dir_len: usize,
+    /// Bytes of blocks for the pool.
+    pub block_bytes: usize,
+}
+
+impl Region {
+    /// Makes a new locked segment for a store of `sizes` with `algorithm`. Nothing in it is
+    /// committed until touched.
+    pub fn create(sizes: Sizes, algorithm: &str) -> Result<Region, RegionError> {
+        let units = |bytes: usize| bytes.div_ceil(UNIT) * UNIT;
+        let table_off = UNIT;
+        let dir_off = table_off + units(sizes.table_len * 8);
+        let room_off = dir_off + units(sizes.dir_len * 4);
+        let blocks_off = room_off + ROOM;
+        let len = blocks_off + units(sizes.block_bytes);
+        let mut name = [0u8; 32];
+        let n = algorithm.len().min(name.len());
+        name[..n].copy_from_slice(&algorithm.as_bytes()[..n]);
+        let header = Header {
+            magic: MAGIC,
+            version: VERSION,
+            device: u32::MAX,
+            pages: sizes.pages,
+            table_off: table_off as u64,
+            table_len: sizes.table_len as u64,
+            dir_off: dir_off as u64,
+            dir_len: sizes.dir_len as u64,
+            blocks_off: blocks_off as u64,
+            len: len as u64,
+            algorithm: name,
+            room_off: room_off as u64,
+            room_len: ROOM as u64,
+        };
+        // SAFETY: shmget takes no pointers. IPC_PRIVATE: a new segment only we know the id of;
+        // SHM_NORESERVE: no swap space is reserved (nothing is committed until touched).
+        let id = unsafe {
+            libc::shmget(
+                libc::IPC_PRIVATE,
+                len,
+                libc::IPC_CREAT | libc::IPC_EXCL | libc::SHM_NORESERVE | 0o600,
+            )
+        };
+        if id < 0 {
+            return Err(sys("shmget (creating the store's shared memory)")(
+                std::io::Error::last_os_error(),
+            ));
+        }
+        let region = Self::map(id).inspect_err(|_| remove(id))?;
+        // SAFETY: the header page lies in our fresh read-write mapping, nobody else uses it.
+        unsafe { ptr::write_volatile(region.base as *mut Header, header) };
+        let region = Region { header, ..region };
+        region.lock_parts();
+        region.commit_room();
+        Ok(region)
+    }
+
+    /// Takes over segment `id` left by an earlier daemon: attaches it and checks its header.
+    pub fn attach(id: i32) -> Result<Region, RegionError> {
+        let region = Self::map(id)?;
+        let mut stat = std::mem::MaybeUninit::<libc::shmid_ds>::zeroed();
+        // SAFETY: IPC_STAT writes one shmid_ds into our buffer.
+        if unsafe { libc::shmctl(id, libc::IPC_STAT, stat.as_mut_ptr()) } != 0 {
+            return Err(sys("shmctl IPC_STAT")(std::io::Error::last_os_error()));
+        }
+        // SAFETY: IPC_STAT succeeded, so the struct is initialized.
+        let size = unsafe { stat.assume_init() }.shm_segsz;
+        if size < UNIT {
+            return Err(foreign(id, format!("only {size} bytes")));
+        }
+        // SAFETY: the segment is at least one unit long, so the header lies in the mapping.
+        let header = unsafe { ptr::read_volatile(region.base as *const Header) };
+        let fits = |off: u64, len: u64| off.checked_add(len).is_some_and(|end| end <= size as u64);
+        if header.magic != MAGIC {
+            return Err(foreign(id, "no uzram store header".into()));
+        }
+        if header.version != VERSION {
+            return Err(foreign(id, format!("layout version {}", header.version)));
+        }
+        if header.len != size as u64
+            || !fits(header.table_off, header.table_len * 8)
+            || !fits(header.dir_off, header.dir_len * 4)
+            || !fits(header.blocks_off, 0)
+            || !fits(header.room_off, header.room_len)
+            || header.room_off + header.room_len > header.blocks_off
+            || header.room_off % 4096 != 0
+            || header.table_off % 8 != 0
+            || header.dir_off % 4 != 0
+            || header.blocks_off % UNIT as u64 != 0
+        {
+            return Err(foreign(id, "its layout does not fit its size".into()));
+        }
+        let region = Region { header, ..region };
+        region.lock_parts();
+        Ok(region)
+    }
+
+    fn map(id: i32) -> Result<Region, RegionError> {
+        // SAFETY: SHM_LOCK changes the segment's paging only; it needs CAP_IPC_LOCK (root).
+        if unsafe { libc::shmctl(id, libc::SHM_LOCK, ptr::null_mut()) } != 0 {
+            return Err(sys("shmctl SHM_LOCK (keeping the store resident)")(
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: shmat maps the segment at an address the kernel picks; no memory of ours is
+        // touched.
+        let base = unsafe { libc::shmat(id, ptr::null(), 0) };
+        if base as isize == -1 {
+            return Err(sys("shmat (mapping the store)")(
+                std::io::Error::last_os_error(),
+            ));
+        }
+        let mut stat = std::mem::MaybeUninit::<libc::shmid_ds>::zeroed();
+        // SAFETY: IPC_STAT writes one shmid_ds into our buffer.
+        let len = if unsafe { libc::shmctl(id, libc::IPC_STAT, stat.as_mut_ptr()) } == 0 {
+            // SAFETY: IPC_STAT succeeded.
+            unsafe { stat.assume_init() }.shm_segsz
+        } else {
+            0
+        };
+        Ok(Region {
+            id,
+            base: base as usize,
+            header: Header {
+                magic: [0; 8],
+                version: 0,
+                device: u32::MAX,
+                pages: 0,
+                table_off: 0,
+                table_len: 0,
+                dir_off: 0,
+                dir_len: 0,
+                blocks_off: 0,
+                len: len as u64,
+                algorithm: [0; 32],
+                room_off: 0,
+                room_len: 0,
+            },
+        })
+    }
+
+    /// Header, page table and directory: populated and locked now, since queue threads write
+    /// them and a page fault there under memory pressure can deadlock the device (mlock
+    /// faults every page in; touching them from Rust is not enough: an atomic add of 0 is
+    /// compiled to a load). Blocks: unlocked (mlockall locked the new mapping), since
+    /// `MADV_REMOVE`, which gives freed blocks back, refuses locked mappings; `SHM_LOCK` keeps
+    /// them resident, and the pool faults them in before handing them out.
+    fn lock_parts(&self) {
+        let meta = self.header.room_off as usize;
+        // SAFETY: mlock and munlock only change the paging of ranges of our own mapping.
+        if unsafe { libc::mlock(self.base as *const libc::c_void, meta) } != 0 {
+            tracing::warn!(error = %std::io::Error::last_os_error(), "locking the store's page table failed");
+        }
+        // the room and the blocks, which follow it
+        let start = self.base + self.header.room_off as usize;
+        let len = self.header.len as usize - self.header.room_off as usize;
+        // SAFETY: as above.
+        if unsafe { libc::munlock(start as *const libc::c_void, len) } != 0 {
+            tracing::warn!(error = %std::io::Error::last_os_error(), "unlocking the store's blocks failed: freed blocks cannot go back");
+        }
+    }
+
+    /// Faults in the recovery room (again, after a recovery gave it back). `SHM_LOCK` keeps
+    /// it resident from then on. Under memory pressure this waits for reclaim: call it off
+    /// the I/O path.
+    pub fn commit_room(&self) {
+        commit_room_at(
+            self.base + self.header.room_off as usize,
+            self.header.room_len as usize,
+        );
+    }
+
+    /// The recovery room's address range.
+    pub fn room(&self) -> (usize, usize) {
+        (
+            self.base + self.header.room_off as usize,
+            self.header.room_len as usize,
+        )
+    }
+
+    /// The segment's id (what `uzram recover` attaches to).
+    pub fn id(&self) -> i32 {
+        self.id
+    }
+
+    /// Device pages the store in it has.
+    pub fn pages(&self) -> u64 {
+        self.header.pages
+    }
+
+    /// The store's codec, as written at creation.
+    pub fn algorithm(&self) -> String {
+        let end = self.header.algorithm.iter().position(|&b| b == 0);
+        String::from_utf8_lossy(&self.header.algorithm[..end.unwrap_or(32)]).into_owned()
+    }
+
+    /// Records the device id (once the kernel gave it).
+    pub fn set_device(&mut self, id: u32) {
+        self.header.device = id;
+        // SAFETY: the header lies at the start of our mapping.
+        unsafe { ptr::write_volatile(self.base as *mut Header, self.header) };
+    }
+
+    /// The page table. Call once: the store owns it from then on.
+    pub fn take_table(&self) -> &'static mut [u64] {
+        // SAFETY: `attach`/`create` checked that the table lies in the mapping (8-aligned);
+        // the mapping is never detached, and this is its only handle.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                (self.base + self.header.table_off as usize) as *mut u64,
+                self.header.table_len as usize,
+            )
+        }
+    }
+
+    fn dir(&self) -> &'static [AtomicU32] {
+        // SAFETY: the directory lies in the mapping (checked), 4-aligned, and is only ever
+        // accessed atomically; the mapping is never detached.
+        unsafe {
+            std::slice::from_raw_parts(
+                (self.base + self.header.dir_off as usize) as *const AtomicU32,
+                self.header.dir_len as usize,
+            )
+        }
+    }
+
+    /// The blocks' address range.
+    pub fn blocks(&self) -> (usize, usize) {
+        let start = self.base + self.header.blocks_off as usize;
+        (start, self.base + self.header.len as usize - start)
+    }
+
+    /// Blocks the directory names (block numbers from the start of the blocks).
+    pub fn used_blocks(&self) -> Vec<usize> {
+        let blocks = self.blocks().1 / UNIT;
+        self.dir()
+            .iter()
+            .map(|d| d.load(Ordering::Acquire) as usize)
+            .filter(|&b| b > 0 && b <= blocks)
+            .map(|b| b - 1)
+            .collect()
+    }
+
+    /// The segment home over this region's directory and blocks.
+    pub fn home(&self) -> Home {
+        let (start, len) = self.blocks();
+        Home {
+            dir: self.dir(),
+            start,
+            blocks: len / UNIT,
+        }
+    }
+}
+
+/// Faults in `len` bytes at `start`, a range of a region's recovery room.
+pub fn commit_room_at(start: usize, len: usize) {
+    for page in (start..start + len).step_by(4096) {
+        // SAFETY: `page` lies in the recovery room of our read-write mapping, which nothing
+        // else uses; the write faults the page in.
+        unsafe { ptr::write_volatile(page as *mut u8, 1) };
+    }
+}
+
+/// Gives the recovery room of segment `id` back to the system: the first step of a recovery,
+/// before anything else allocates (see the module docs). Returns the bytes given back.
+pub fn release_room(id: i32) -> Result<usize, RegionError> {
+    // SAFETY: shmat maps the segment where the kernel picks; none of our memory is touched.
+    let base = unsafe { libc::shmat(id, ptr::null(), 0) };
+    if base as isize == -1 {
+        return Err(sys("shmat (the store, for its recovery room)")(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    let size = segment_size(id);
+    let result = if size < UNIT {
+        Err(foreign(id, format!("only {size} bytes")))
+    } else {
+        // SAFETY: the segment is at least one unit long, so the header lies in the mapping.
+        let header = unsafe { ptr::read_volatile(base as *const Header) };
+        let end = header.room_off.checked_add(header.room_len);
+        if header.magic != MAGIC || header.version != VERSION {
+            Err(foreign(id, "no uzram store header of this version".into()))
+        } else if !end.is_some_and(|end| end <= size as u64) || header.room_off % 4096 != 0 {
+            Err(foreign(id, "its recovery room does not fit".into()))
+        } else {
+            // SAFETY: MADV_REMOVE frees the pages of the room, a range of our own shared
+            // mapping (checked to lie in it) that no daemon uses.
+            let rc = unsafe {
+                libc::madvise(
+                    (base as usize + header.room_off as usize) as *mut libc::c_void,
+                    header.room_len as usize,
+                    libc::MADV_REMOVE,
+                )
+            };
+            if rc == 0 {
+                Ok(header.room_len as usize)
+            } else {
+                Err(sys("madvise MADV_REMOVE (the recovery room)")(
+                    std::io::Error::last_os_error(),
+                ))
+            }
+        }
+    };
+    // SAFETY: detaches the mapping made above; nothing refers to it.
+    unsafe { libc::shmdt(base) };
+    result
+}
+
+fn segment_size(id: i32) -> usize {
+    let mut stat = std::mem::MaybeUninit::<libc::shmid_ds>::zeroed();
+    // SAFETY: IPC_STAT writes one shmid_ds into our buffer.
+    if unsafe { libc::shmctl(id, libc::IPC_STAT, stat.as_mut_ptr()) } != 0 {
+        return 0;
+    }
+    // SAFETY: IPC_STAT succeeded, so the struct is initialized.
+    unsafe { stat.assume_init() }.shm_segsz
+}
+
+fn foreign(id: i32, why: String) -> RegionError {
+    RegionError::Foreign { id, why }
+}
+
+/// Marks segment `id` for removal: it goes once no process has it attached (at once when
+/// none has). For a deleted device's store.
+pub fn remove(id: i32) {
+    // SAFETY: IPC_RMID takes no buffer.
+    if unsafe { libc::shmctl(id, libc::IPC_RMID, ptr::null_mut()) } != 0 {
+        tracing::warn!(id, error = %std::io::Error::last_os_error(), "removing the store's shared memory failed");
+    }
+}
+
+/// Whether segment `id` exists.
+pub fn exists(id: i32) -> bool {
+    let mut stat = std::mem::MaybeUninit::<libc::shmid_ds>::zeroed();
+    // SAFETY: IPC_STAT writes one shmid_ds into our buffer.
+    unsafe { libc::shmctl(id, libc::IPC_STAT, stat.as_mut_ptr()) == 0 }
+}
+
+/// Segments of the store come from the pool (whose blocks are this region's) and are
+/// recorded in the region's directory.
+#[derive(Debug)]
+pub struct Home {
+    dir: &'static [AtomicU32],
+    start: usize,
+    blocks: usize,
+}
+
+impl Home {
+    fn words(at: usize) -> SegmentWords {
+        let words = ptr::slice_from_raw_parts_mut(at as *mut AtomicU64, SEGMENT_BYTES / 8);
+        // SAFETY: `at` is a whole pool block of this region (SEGMENT_BYTES, page-aligned,
+        // initialized shared memory) owned by the store from now on; the global allocator
+        // (PoolAlloc) takes it back as a pool block when the store drops the box.
+        unsafe { Box::from_raw(words) }
+    }
+}
+
+impl SegmentHome for Home {
+    fn alloc(&self) -> Option<SegmentWords> {
+        let block = NonNull::new(pool::take())?;
+        Some(Self::words(block.as_ptr() as usize))
+    }
+
+    fn placed(&self, index: usize, at: *const AtomicU64) {
+        let at = at as usize;
+        let block = at.wrapping_sub(self.start) / UNIT;
+        match self.dir.get(index) {
+            Some(d) if at >= self.start && block < self.blocks => {
+                d.store(block as u32 + 1, Ordering::Release)
+            }
+            _ => tracing::error!(
+                index,
+                "an arena segment outside the store's shared memory: it will not survive a restart"
+            ),
+        }
+    }
+
+    fn removed(&self, index: usize) {
+        if let Some(d) = self.dir.get(index) {
+            d.store(0, Ordering::Release);
+        }
+    }
+
+    fn find(&self, index: usize) -> Option<SegmentWords> {
+        let block = self.dir.get(index)?.load(Ordering::Acquire) as usize;
+        (block > 0 && block <= self.blocks).then(|| Self::words(self.start + (block - 1) * UNIT))
+    }
+}

@@ -1,0 +1,100 @@
+//! The device's page store in its region (`region.rs`): a new one, or the one a dead daemon
+//! left behind, with the block pool over the region's blocks.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use uzram_core::store::{PageStore, Persistence, StoreConfig};
+use uzram_core::PAGE_SIZE;
+
+use super::pool;
+use super::region::{Region, Sizes};
+use crate::config::DeviceConfig;
+
+/// Bytes of pool blocks beyond the device size: room for holes and for 64 KiB allocations
+/// that are not the store's.
+const SLACK: usize = 64 << 20;
+
+fn store_config(cfg: &DeviceConfig) -> StoreConfig {
+    let mut store_cfg = StoreConfig::new(cfg.size / PAGE_SIZE as u64, cfg.algorithm);
+    store_cfg.mem_limit = cfg.mem_limit;
+    store_cfg
+}
+
+/// A new, empty store in a new region, and the pool serving the region's blocks.
+pub fn create(cfg: &DeviceConfig) -> anyhow::Result<(Arc<PageStore>, Region)> {
+    let store_cfg = store_config(cfg);
+    let sizes = Sizes {
+        pages: store_cfg.pages,
+        table_len: PageStore::table_len(store_cfg.pages).context("sizing the page table")?,
+        dir_len: PageStore::segment_capacity(store_cfg.pages),
+        block_bytes: usize::try_from(cfg.size)
+            .unwrap_or(usize::MAX)
+            .saturating_add(SLACK),
+    };
+    let region = Region::create(sizes, &cfg.algorithm.to_string())
+        .context("creating the store's shared memory")?;
+    let (start, len) = region.blocks();
+    pool::init(start, len);
+    let persist = Persistence {
+        table: region.take_table(),
+        home: Arc::new(region.home()),
+    };
+    let store = PageStore::new_persistent(store_cfg, persist).context("creating the page store")?;
+    Ok((Arc::new(store), region))
+}
+
+/// The store a dead daemon left in shared memory segment `shm`, taken over: refused, changing
+/// nothing, when it is not a store of this device's size and codec or is damaged.
+pub fn recover(cfg: &DeviceConfig, shm: i32) -> anyhow::Result<(Arc<PageStore>, Region)> {
+    let store_cfg = store_config(cfg);
+    let region = Region::attach(shm).context("taking over the store's shared memory")?;
+    if region.pages() != store_cfg.pages {
+        anyhow::bail!(
+            "the preserved store has {} pages; this device has {}",
+            region.pages(),
+            store_cfg.pages
+        );
+    }
+    let algorithm = cfg.algorithm.to_string();
+    if region.algorithm() != algorithm {
+        anyhow::bail!(
+            "the preserved store is compressed with {}, not {algorithm}",
+            region.algorithm()
+        );
+    }
+    let mut used = region.used_blocks();
+    used.sort_unstable();
+    if let Some(w) = used.windows(2).find(|w| w[0] == w[1]) {
+        anyhow::bail!(
+            "the preserved store is damaged: block {} holds two arena segments",
+            w[0]
+        );
+    }
+    let (start, len) = region.blocks();
+    let adopted = pool::init_with(start, len, &used);
+    tracing::info!(
+        adopted_bytes = adopted * pool::BLOCK,
+        "the old daemon's free blocks are the new pool"
+    );
+    let persist = Persistence {
+        table: region.take_table(),
+        home: Arc::new(region.home()),
+    };
+    let (store, found) =
+        PageStore::recover(store_cfg, persist).context("taking over the preserved page store")?;
+    tracing::info!(
+        shm,
+        pages_stored = found.pages_stored,
+        segments = found.segments,
+        lost_pages = found.lost_pages,
+        "store recovered"
+    );
+    if found.lost_pages > 0 {
+        tracing::error!(
+            lost_pages = found.lost_pages,
+            "pages that waited for the GPU when the old daemon died are lost: reading them fails until they are written again"
+        );
+    }
+    Ok((Arc::new(store), region))
+}
