@@ -132,3 +132,39 @@ fio_job() {
   cat /tmp/fio.out
   return $_frc
 }
+
+# hog_swap_device: swap (with discard) on a new device sized for a hog of 2x the memory that
+# is available once the daemon runs; sets DEV, AVAIL0 (MiB available before the daemon),
+# AVAIL (with it), HOG and SIZE_MIB, or fails the check.
+# - The hog is sized against what is available once the daemon runs: its pre-faulted reserves
+#   (a 64 MiB block pool, stacks, heap headroom) are memory the hog cannot have. Sized before,
+#   the hog's compressed pages plus those reserves left a few MiB, and the OOM killer took the
+#   hog at its first swap-ins (two CI runs on 6.12).
+# - The device holds the largest such hog with a quarter to spare: a device of exactly the
+#   hog's size filled up in two 7.3 per-io-daemon runs (more pages swapped out than the hog
+#   has), no write had failed, and the OOM killer took the hog.
+# - Discard, as `uzram swap-on` and the unit swap (zram-generator's default): without it a
+#   ublk device never hears of freed swap slots, so the store keeps their stale pages until the
+#   slot is written again; with more slots than the hog needs those grew the daemon by 130 MiB
+#   in a verify pass (OOM on 6.12).
+# - vm.compact_unevictable_allowed=0: see scenario b's queue_page_faults check.
+hog_swap_device() {
+  AVAIL0=$(mem_avail_mib)
+  SIZE_MIB=${UZ_swap_dev_mib:-$(((AVAIL0 * 2 + 16) * 5 / 4))}
+  echo 0 > /proc/sys/vm/compact_unevictable_allowed
+  uzram_create --size "${SIZE_MIB}M" || return 1
+  AVAIL=$(mem_avail_mib)
+  HOG=${UZ_hog_mib:-$((AVAIL * 2 + 16))}
+  say "  MemAvailable ${AVAIL0} MiB before the daemon, ${AVAIL} MiB with it -> hog ${HOG} MiB, device ${SIZE_MIB} MiB"
+  check "mkswap" mkswap "$DEV" && check "swapon --discard" swapon -d "$DEV"
+  return 0
+}
+# wait_holding PID OUT: until the hog PID, writing to OUT, has filled its memory (or died).
+wait_holding() {
+  _i=0
+  while ! grep -q 'holding' "$2"; do
+    kill -0 "$1" 2>/dev/null || break
+    _i=$((_i + 1)); [ $_i -gt $((IO_TMO * 10)) ] && break
+    usleep 100000
+  done
+}

@@ -73,6 +73,32 @@ int main(int argc, char **argv)
 		snprintf(path, sizeof(path), "/proc/%s/comm", p->d_name);
 		if (read_line(path, comm, sizeof(comm)) || strncmp(comm, argv[2], strlen(argv[2])))
 			continue;
+		char cmd[256] = "?";
+		snprintf(path, sizeof(path), "/proc/%s/cmdline", p->d_name);
+		FILE *cf = fopen(path, "r");
+		if (cf) {
+			size_t n = fread(cmd, 1, sizeof(cmd) - 1, cf);
+			for (size_t i = 0; i < n; i++)
+				if (!cmd[i])
+					cmd[i] = ' ';
+			cmd[n] = 0;
+			fclose(cf);
+		}
+		printf("hangwatch: pid %s: %s\n", p->d_name, cmd);
+		/* open files: a read of a file whose pages are in swap blocks like a page fault */
+		snprintf(path, sizeof(path), "/proc/%s/fd", p->d_name);
+		DIR *fds = opendir(path);
+		while (fds && (t = readdir(fds))) {
+			char target[300];
+			if (t->d_name[0] == '.')
+				continue;
+			snprintf(path, sizeof(path), "/proc/%s/fd/%s", p->d_name, t->d_name);
+			ssize_t n = readlink(path, target, sizeof(target) - 1);
+			target[n < 0 ? 0 : n] = 0;
+			printf("hangwatch:   fd %s -> %s\n", t->d_name, target);
+		}
+		if (fds)
+			closedir(fds);
 		snprintf(path, sizeof(path), "/proc/%s/task", p->d_name);
 		DIR *tasks = opendir(path);
 		while (tasks && (t = readdir(tasks))) {

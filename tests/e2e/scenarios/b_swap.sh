@@ -3,17 +3,7 @@
 # compressed data (0 < compr_data_size < orig_data_size) while the hog's pages are swapped out.
 . /e2e/lib.sh
 begin b_swap
-AVAIL=$(mem_avail_mib)
-HOG=${UZ_hog_mib:-$((AVAIL * 2 + 16))}
-# The device holds the hog with a quarter to spare: a device of exactly the hog's size filled
-# up in two 7.3 per-io-daemon runs (more pages swapped out than the hog has; why those runs
-# needed more slots is not diagnosed), no write had failed, and the OOM killer took the hog.
-SIZE_MIB=${UZ_swap_dev_mib:-$((HOG + HOG / 4))}
-say "  MemAvailable ${AVAIL} MiB -> hog ${HOG} MiB, device ${SIZE_MIB} MiB"
-echo 0 > /proc/sys/vm/compact_unevictable_allowed
-if uzram_create --size "${SIZE_MIB}M"; then
-  check "mkswap" mkswap "$DEV"
-  check "swapon" swapon "$DEV"
+if hog_swap_device; then
   cat /proc/swaps
   out0=$(awk '/pswpout/{print $2}' /proc/vmstat)
   t0=$(up)
@@ -24,12 +14,7 @@ if uzram_create --size "${SIZE_MIB}M"; then
   : > /tmp/hog.out
   timeout -s KILL "$IO_TMO" hog "$HOG" 1 5 > /tmp/hog.out 2>&1 &
   HPID=$!
-  i=0
-  while ! grep -q 'holding' /tmp/hog.out; do
-    kill -0 $HPID 2>/dev/null || break
-    i=$((i + 1)); [ $i -gt $((IO_TMO * 10)) ] && break
-    usleep 100000
-  done
+  wait_holding $HPID /tmp/hog.out
   orig=$(stat_field "$DEV" orig_data_size)
   compr=$(stat_field "$DEV" compr_data_size)
   say "  while swapped out: orig_data_size=$orig compr_data_size=$compr"

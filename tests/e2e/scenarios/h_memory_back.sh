@@ -1,17 +1,14 @@
 # Scenario h: freed memory goes back. Swap on the device with discard on; a hog of >= 2x the
 # guest's available memory fills it, verifies every word and exits, so every page it had in
 # swap is freed and discarded. 10 s later the daemon's resident memory (the block pool's
-# memfd included) must be at most what it held before the hog (its reserves: pool, buffers,
+# shared memory included) must be at most what it held before the hog (its reserves: pool, buffers,
 # table, code) plus 10 % of its peak. Prints the numbers.
 . /e2e/lib.sh
 begin h_memory_back
-AVAIL=$(mem_avail_mib)
-HOG=${UZ_hog_mib:-$((AVAIL * 2 + 16))}
 rss_kib() { awk -v k="$2" '$1 == k":" {print $2}' "/proc/$1/status"; }
-echo 0 > /proc/sys/vm/compact_unevictable_allowed
-if uzram_create --size "${HOG}M"; then
-  check "mkswap" mkswap "$DEV"
-  check "swapon with discard" swapon -d "$DEV"
+# the device and the hog as in scenario b (lib.sh says why: a device of exactly the hog's size
+# filled up, and the OOM killer took the hog)
+if hog_swap_device; then
   PID=$(daemon_pid "$DEV")
   if [ -z "$PID" ]; then
     fail_check "no daemon holds the device's char device"

@@ -1,0 +1,58 @@
+# Scenario r: daemon crashes under swap. A hog of >= 2x the memory available (with the daemon
+# running) goes through swap on the device; its daemon is killed (-9) twice and `uzram recover`
+# starts a new one each time:
+#   1. while the hog still fills, once a quarter of it went out to swap (kill during writes);
+#   2. in the hog's verification pass, once a third of it came back in.
+# Every word must verify, the hog must live, and the kernel must log no I/O error for the
+# device. The I/O pause of each crash (kill until the new daemon serves) is printed.
+# The kill and the recovery are run by crashkill, started before the kill and locked in memory:
+# this shell's own pages may be in swap on the device, and it would wait for them with
+# everything else (see tests/e2e/hog/crashkill.c).
+. /e2e/lib.sh
+begin r_recover
+swap_errors() { dmesg | grep -ciE 'error.*ublkb|ublkb.*error|swap-device'; }
+# crash WHAT COUNTER DELTA: kill the device's daemon once /proc/vmstat COUNTER grew by DELTA
+# pages (from now), then `uzram recover`; checks the result. Runs in the background until
+# `crash_done`.
+crash() {
+  CW=$1
+  # (to the console: a file's new page would need memory, which is what may have run out)
+  timeout -s KILL "$IO_TMO" crashkill "$2" "$3" "$(daemon_pid "$DEV")" 0 uzram recover "$DEV" > /dev/console 2>&1 &
+  CPID=$!
+}
+crash_done() {
+  wait $CPID
+  _rc=$?
+  [ $_rc = 0 ] && ok "$CW: killed, recovered (crashkill's line above has the pause)" \
+    || { fail_check "$CW: crashkill/uzram recover rc=$_rc"; tail -n 20 /run/uzram/*.log; }
+  kill -0 $HPID 2>/dev/null && ok "$CW: the hog is alive" || say "  $CW: the hog is no longer running"
+  say "  $CW: $(tail -1 /tmp/hog.out)"
+}
+if hog_swap_device; then
+  e0=$(swap_errors)
+  PAGES=$((HOG * 256))
+  # if the hog makes no progress for WATCH s, print the daemon's threads and blocked tasks
+  hangwatch "${UZ_hangwatch_secs:-400}" uzram &
+  WPID=$!
+  : > /tmp/hog.out
+  crash "kill during the fill" pswpout $((PAGES / 4))
+  timeout -s KILL "$IO_TMO" hog "$HOG" 1 2 > /tmp/hog.out 2>&1 &
+  HPID=$!
+  crash_done
+  wait_holding $HPID /tmp/hog.out
+  crash "kill during verification" pswpin $((PAGES / 3))
+  crash_done
+  wait $HPID
+  hrc=$?
+  kill $WPID 2>/dev/null
+  sed 's/^/    | /' /tmp/hog.out
+  [ $hrc = 0 ] && ok "hog: every word verified across both crashes" || fail_check "hog rc=$hrc"
+  grep -q ' 0 bad words' /tmp/hog.out || fail_check "hog reported bad words"
+  e1=$(swap_errors)
+  [ "$e1" = "$e0" ] && ok "no I/O error for the device in the kernel log" \
+    || { fail_check "$((e1 - e0)) new kernel log lines about the device"; dmesg | grep -iE 'error.*ublkb|ublkb.*error|swap-device' | tail -5; }
+  timeout -s KILL "$TMO" uzram status "$DEV" | grep -E 'pid|queue_mode|pages_stored|failed' | sed 's/^/    | /'
+  check "swapoff" swapoff "$DEV"
+  uzram_destroy "$DEV"
+fi
+end
