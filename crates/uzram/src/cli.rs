@@ -48,6 +48,17 @@ pub enum Command {
     Bench(BenchArgs),
 }
 
+impl Command {
+    /// Whether this command runs a device's daemon in this process.
+    pub fn serves_a_device(&self) -> bool {
+        match self {
+            Command::Run(_) | Command::Daemon(_) => true,
+            Command::Create(args) => args.foreground,
+            _ => false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct DeviceArgs {
     /// Device size: bytes or with a K, M, G or T suffix (rounded up to whole 4 KiB pages).

@@ -326,8 +326,8 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         Ok(())
     };
     let ready_states = states.clone();
-    // A recovery gave the room back before we started: commit it again once we serve (off
-    // the I/O path: under pressure it waits for reclaim, which needs the device served).
+    // A recovery gave the room back before we started: commit it again once we serve and
+    // memory allows (off the I/O path; see `commit_room_when_spare`).
     let room = launch.recover.map(|_| region.room());
     let ready_reporter = reporter.clone();
     let alias_rdev = Arc::new(std::sync::OnceLock::new());
@@ -359,7 +359,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
             let _ = std::thread::Builder::new()
                 .name("uzram-room".into())
                 .stack_size(256 << 10)
-                .spawn(move || region::commit_room_at(start, len));
+                .spawn(move || region::commit_room_when_spare(start, len));
         }
         ready_reporter.ready(state.id, &state.dev);
     };

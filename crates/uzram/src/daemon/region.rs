@@ -355,6 +355,28 @@ impl Region {
     }
 }
 
+/// Commits the recovery room at `start` (`len` bytes) once the system has memory to spare
+/// (MemAvailable at least three rooms), checking every second: right after a recovery the
+/// swap storm that may have caused it is likely still on, and 24 MiB more at that moment got
+/// the hog OOM-killed in the 7.3 guest. Until then a second crash has no room to start in.
+pub fn commit_room_when_spare(start: usize, len: usize) {
+    loop {
+        if mem_available_bytes().is_some_and(|avail| avail >= 3 * len as u64) {
+            commit_room_at(start, len);
+            tracing::info!(bytes = len, "recovery room committed again");
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+}
+
+fn mem_available_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// Faults in `len` bytes at `start`, a range of a region's recovery room.
 pub fn commit_room_at(start: usize, len: usize) {
     for page in (start..start + len).step_by(4096) {
