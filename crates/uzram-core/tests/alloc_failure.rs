@@ -1,10 +1,14 @@
 //! Allocation failures on the I/O path become errors for one request, never an abort, and
 //! the store keeps serving once memory is back. A global allocator that refuses chosen
 //! allocations stands in for a daemon whose reserves ran out.
+//!
+//! The refusal is process-wide, so this file has its own `main` (`harness = false`): libtest
+//! reports results from another thread while the next test runs, and one of those reports
+//! once allocated inside a refusal window and aborted the run.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use uzram_core::batch::{FaultPlan, HostSlots, Ring, RingConfig};
@@ -65,14 +69,6 @@ unsafe impl GlobalAlloc for Refusing {
 #[global_allocator]
 static ALLOC: Refusing = Refusing;
 
-/// The failing window is process-wide: each test holds this for its whole run, so no other
-/// test allocates while one refuses.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 struct Failing;
 
 /// Refuses allocations of `from` bytes or more until the guard drops (hold [`serial`]).
@@ -100,9 +96,7 @@ fn noise(seed: u64) -> [u8; PAGE_SIZE] {
     page
 }
 
-#[test]
 fn an_arena_that_cannot_grow_fails_the_write_with_enomem() {
-    let _serial = serial();
     let store = PageStore::new(StoreConfig::new(64, Algorithm::Lz4)).unwrap();
     store.prepare_thread().unwrap();
     let page = noise(1);
@@ -123,9 +117,7 @@ fn an_arena_that_cannot_grow_fails_the_write_with_enomem() {
     assert_eq!(out, page);
 }
 
-#[test]
 fn a_fill_word_without_room_in_the_side_map_fails_with_enomem() {
-    let _serial = serial();
     let store = PageStore::new(StoreConfig::new(64, Algorithm::Lz4)).unwrap();
     store.prepare_thread().unwrap();
     // A fill word that does not fit an entry goes to the side map, whose first insert
@@ -143,9 +135,7 @@ fn a_fill_word_without_room_in_the_side_map_fails_with_enomem() {
     assert_eq!(out, page);
 }
 
-#[test]
 fn a_codec_that_cannot_be_made_fails_at_start_not_on_a_request() {
-    let _serial = serial();
     let store = PageStore::new(StoreConfig::new(8, Algorithm::Lz4)).unwrap();
     // A fresh thread: its codec does not exist yet. LZ4's position table is 16 KiB.
     let refused = std::thread::spawn(move || {
@@ -161,9 +151,7 @@ fn a_codec_that_cannot_be_made_fails_at_start_not_on_a_request() {
     assert!(refused.is_ok(), "the thread panicked");
 }
 
-#[test]
 fn a_ring_that_cannot_get_its_buffers_does_not_start() {
-    let _serial = serial();
     let store = Arc::new(PageStore::new(StoreConfig::new(64, Algorithm::Lz4)).unwrap());
     let host = Arc::new(HostSlots::new(Algorithm::Lz4, 2, 16));
     let err = {
@@ -174,9 +162,7 @@ fn a_ring_that_cannot_get_its_buffers_does_not_start() {
     assert!(matches!(err, CoreError::NoMemory), "{err}");
 }
 
-#[test]
 fn installs_wait_for_memory_and_lose_nothing() {
-    let _serial = serial();
     let store = Arc::new(PageStore::new(StoreConfig::new(256, Algorithm::Lz4)).unwrap());
     let host = Arc::new(HostSlots::with_faults(
         Algorithm::Lz4,
@@ -218,4 +204,44 @@ fn installs_wait_for_memory_and_lose_nothing() {
         store.read(i as u64, &mut out).unwrap();
         assert!(out == *p, "page {i} after the installs");
     }
+}
+
+/// Runs each case in turn on this thread; nothing else allocates while one refuses.
+fn main() {
+    let cases: [(&str, fn()); 5] = [
+        (
+            "an_arena_that_cannot_grow_fails_the_write_with_enomem",
+            an_arena_that_cannot_grow_fails_the_write_with_enomem,
+        ),
+        (
+            "a_fill_word_without_room_in_the_side_map_fails_with_enomem",
+            a_fill_word_without_room_in_the_side_map_fails_with_enomem,
+        ),
+        (
+            "a_codec_that_cannot_be_made_fails_at_start_not_on_a_request",
+            a_codec_that_cannot_be_made_fails_at_start_not_on_a_request,
+        ),
+        (
+            "a_ring_that_cannot_get_its_buffers_does_not_start",
+            a_ring_that_cannot_get_its_buffers_does_not_start,
+        ),
+        (
+            "installs_wait_for_memory_and_lose_nothing",
+            installs_wait_for_memory_and_lose_nothing,
+        ),
+    ];
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let mut ran = 0;
+    for (name, case) in cases {
+        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        case();
+        println!("test {name} ... ok");
+        ran += 1;
+    }
+    println!("alloc_failure: {ran} passed");
 }
