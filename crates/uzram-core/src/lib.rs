@@ -9,13 +9,20 @@
 //!   staging memory compressed whole, by a GPU in `uzram-gpu`) and the [`batch::Ring`]
 //!   that stages written pages into those slots and installs the results.
 //!
-//! The crate is safe Rust. The one exception is the fast LZ4 decoder behind the `unsafe-lz4`
-//! feature (`codec/lz4/decode_fast.rs`): without the feature the whole crate is
-//! `forbid(unsafe_code)`, and with it every other module still denies `unsafe` (the pattern
-//! lz4_flex uses for its safe and unsafe decoders).
+//! The crate is safe Rust. The two exceptions sit behind features, each in one module: the
+//! fast LZ4 decoder (`unsafe-lz4`, `codec/lz4/decode_fast.rs`) and the streaming copy into
+//! staging memory (`unsafe-stream`, `page/stream.rs`). Without both features the whole
+//! crate is `forbid(unsafe_code)`; with them every other module still denies `unsafe` (the
+//! pattern lz4_flex uses for its safe and unsafe decoders).
 
-#![cfg_attr(not(feature = "unsafe-lz4"), forbid(unsafe_code))]
-#![cfg_attr(feature = "unsafe-lz4", deny(unsafe_code))]
+#![cfg_attr(
+    not(any(feature = "unsafe-lz4", feature = "unsafe-stream")),
+    forbid(unsafe_code)
+)]
+#![cfg_attr(
+    any(feature = "unsafe-lz4", feature = "unsafe-stream"),
+    deny(unsafe_code)
+)]
 
 pub mod batch;
 pub mod codec;

@@ -1,6 +1,9 @@
 //! Page geometry and same-filled page detection.
 
 mod same_fill;
+mod stream;
+
+pub use stream::{page_to_words_streaming, stream_fence};
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 

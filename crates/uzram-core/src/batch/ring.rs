@@ -27,7 +27,9 @@ use std::time::{Duration, Instant};
 
 use super::{BackendError, BackendMemory, FailureKind, PageResult, SlotBackend, SlotOutput};
 use crate::codec::PageCodec;
-use crate::page::{page_to_words, same_filled_word, words_to_page, PAGE_SIZE, PAGE_WORDS};
+use crate::page::{
+    page_to_words_streaming, same_filled_word, stream_fence, words_to_page, PAGE_SIZE, PAGE_WORDS,
+};
 use crate::store::{
     Commit, CommitState, Encoded, PageStore, StagedAt, StagedPages, Ticket, MAX_SLOT_PAGES,
     MAX_STAGING_SLOTS,
@@ -606,13 +608,16 @@ impl Shared {
                 .try_into()
                 .map_err(|_| CoreError::Unaligned { len: data.len() })?;
             if let Some(words) = self.staging.words(lease.slot, index) {
-                page_to_words(bytes, words);
+                // The device reads these words next, not this CPU.
+                page_to_words_streaming(bytes, words);
             }
             book.pages[index].store(page, Ordering::Relaxed);
             let at = StagedAt::new(lease.slot, index, lease.epoch)
                 .ok_or_else(|| CoreError::Config("staging slot out of range".into()))?;
             items[j] = (page, at);
         }
+        // The copies land before the entries that point at them are published.
+        stream_fence();
         let result = self.store.stage_many(&items[..pages.len()]);
         match &result {
             Ok(()) => bump(&self.counters.staged_pages, pages.len() as u64),
