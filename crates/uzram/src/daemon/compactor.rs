@@ -32,31 +32,48 @@ pub fn worth_compacting(holes: u64, segments: u64) -> bool {
 const QUIET_AFTER: Duration = Duration::from_secs(3);
 
 /// Whether the store has stopped growing and shrank: no page written for `QUIET_AFTER` and
-/// fewer pages stored than at the last write. A pause in a swap storm (a hog holding its
-/// pages, nothing freed) is not such a time.
+/// fewer pages stored than at its peak since writes last resumed after memory went back. A
+/// pause in a swap storm (a hog holding its pages, nothing freed) is not such a time.
+///
+/// The peak, not the count at the last write: the store is sampled once a second, and when
+/// the last writes and the frees that follow (a hog exiting, its slots discarded) fall into
+/// the same second, the count at the last write already has the frees in it, and memory
+/// would never go back (seen once in scenario h).
 #[derive(Debug)]
 pub struct Shrinking {
     writes: u64,
-    pages_at_write: u64,
+    peak: u64,
     since: Instant,
+    gave_back: bool,
 }
 
 impl Shrinking {
     pub fn new(writes: u64, pages: u64, now: Instant) -> Self {
         Shrinking {
             writes,
-            pages_at_write: pages,
+            peak: pages,
             since: now,
+            gave_back: false,
         }
     }
 
     /// Takes the store's write count and stored pages now; returns whether memory may go back.
     pub fn update(&mut self, writes: u64, pages: u64, now: Instant) -> bool {
         if writes != self.writes {
-            *self = Shrinking::new(writes, pages, now);
+            if self.gave_back {
+                // Writes resumed after memory went back: a new period, measured from here.
+                *self = Shrinking::new(writes, pages, now);
+            } else {
+                self.writes = writes;
+                self.since = now;
+                self.peak = self.peak.max(pages);
+            }
             return false;
         }
-        now.duration_since(self.since) >= QUIET_AFTER && pages < self.pages_at_write
+        self.peak = self.peak.max(pages);
+        let give_back = now.duration_since(self.since) >= QUIET_AFTER && pages < self.peak;
+        self.gave_back |= give_back;
+        give_back
     }
 }
 
@@ -116,5 +133,19 @@ mod tests {
         assert!(!s.update(150, 400, t0 + QUIET_AFTER * 3 + QUIET_AFTER / 2));
         // No writes since, and pages freed: discards after the hog exited.
         assert!(s.update(150, 100, t0 + QUIET_AFTER * 4 + QUIET_AFTER / 2));
+        // Writes resume after memory went back: the new period's peak is measured afresh, so
+        // the next hold (nothing freed since the writes resumed) gives nothing back.
+        assert!(!s.update(200, 300, t0 + QUIET_AFTER * 5));
+        assert!(!s.update(200, 300, t0 + QUIET_AFTER * 7));
+    }
+
+    #[test]
+    fn frees_in_the_same_second_as_the_last_write_still_count() {
+        let t0 = Instant::now();
+        let mut s = Shrinking::new(100, 500, t0);
+        // One sample sees the hog's last writes and its exit's discards together.
+        assert!(!s.update(120, 20, t0 + CHECK_EVERY));
+        assert!(!s.update(120, 20, t0 + CHECK_EVERY * 2));
+        assert!(s.update(120, 20, t0 + CHECK_EVERY + QUIET_AFTER));
     }
 }
