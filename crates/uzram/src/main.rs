@@ -29,15 +29,13 @@ fn main() -> ExitCode {
     // the guest: a queue thread stuck faulting in such a heap under memory pressure).
     let malloc_configured = daemon::reserve::configure_malloc();
     let cli = cli::Cli::parse();
-    if cli.command.serves_a_device() {
-        // Before any thread exists too, so that every thread inherits it, the log writer's
-        // included: a daemon thread whose reclaim queues swap writes can wait for its own
-        // device forever. After a kill -9 under memory pressure (7.3 guest), the dying
-        // daemon's log thread allocated in do_exit, reclaimed into a swap write to the very
-        // device, and the process never died, so no recovery could start. `serve` reports a
-        // failure.
-        let _ = sys::set_io_flusher();
-    }
+    // Before any thread exists too, so that every thread inherits it, the log writer's
+    // included: a daemon thread whose reclaim queues swap writes can wait for its own device
+    // forever. After a kill -9 under memory pressure (7.3 guest), the dying daemon's log
+    // thread allocated in do_exit, reclaimed into a swap write to the very device, and the
+    // process never died, so no recovery could start. Every `daemon::serve` runs under one of
+    // these commands.
+    let io_flusher = cli.command.serves_a_device().then(sys::set_io_flusher);
     // Log lines go through a bounded queue to a writer thread, and are dropped when it is
     // full: a queue thread must never block on a log write. The daemon's log file lives on
     // tmpfs (/run), whose pages can be swapped out to the daemon's own device; a queue
@@ -60,6 +58,9 @@ fn main() -> ExitCode {
         .init();
     if !malloc_configured {
         tracing::warn!("mallopt failed: memory headroom may not hold under pressure");
+    }
+    if let Some(Err(err)) = io_flusher {
+        tracing::warn!(error = %err, "PR_SET_IO_FLUSHER failed (kernel older than 5.6?)");
     }
     match run(cli) {
         Ok(code) => code,

@@ -255,6 +255,36 @@ pub fn mknod_block(path: &std::path::Path, rdev: u64, mode: u32) -> io::Result<(
     })
 }
 
+/// The size in bytes of SysV shared memory segment `id` (`IPC_STAT`); an error when there is
+/// no such segment.
+pub fn shm_size(id: i32) -> io::Result<usize> {
+    let mut stat = std::mem::MaybeUninit::<libc::shmid_ds>::zeroed();
+    // SAFETY: IPC_STAT writes one shmid_ds into our buffer.
+    if unsafe { libc::shmctl(id, libc::IPC_STAT, stat.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: IPC_STAT succeeded, so the struct is initialized.
+    Ok(unsafe { stat.assume_init() }.shm_segsz)
+}
+
+/// Keeps segment `id` resident (`SHM_LOCK`; needs CAP_IPC_LOCK).
+pub fn shm_lock(id: i32) -> io::Result<()> {
+    // SAFETY: SHM_LOCK changes the segment's paging only and takes no buffer.
+    if unsafe { libc::shmctl(id, libc::SHM_LOCK, std::ptr::null_mut()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Marks segment `id` for removal (`IPC_RMID`): it goes once no process has it attached.
+pub fn shm_remove(id: i32) -> io::Result<()> {
+    // SAFETY: IPC_RMID takes no buffer.
+    if unsafe { libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// This process's resident memory in bytes (`/proc/self/statm`: anonymous, file and shared
 /// memory pages, the block pool's memfd included).
 pub fn resident_bytes() -> io::Result<u64> {

@@ -304,10 +304,7 @@ pub fn run(args: ListArgs) -> anyhow::Result<ExitCode> {
         match probe(&states, &state) {
             Probe::Live(s) => rows.push(Row::from_status(&s, mount_column(&s.dev))),
             Probe::Orphan => {
-                eprintln!(
-                    "uzram: {}: its daemon died; I/O is paused and the pages are kept: run uzram recover {}",
-                    state.dev, state.id
-                );
+                super::warn_orphan(&state);
                 let s = super::orphan_status(&state);
                 rows.push(Row::from_status(&s, mount_column(&s.dev)));
             }

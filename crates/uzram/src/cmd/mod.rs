@@ -66,6 +66,14 @@ pub fn orphan_status(state: &DaemonState) -> DeviceStatus {
     }
 }
 
+/// Tells the user that `state`'s daemon died and what to do (`list` and `status`).
+pub fn warn_orphan(state: &DaemonState) {
+    eprintln!(
+        "uzram: {}: its daemon died; I/O is paused and the pages are kept: run uzram recover {}",
+        state.dev, state.id
+    );
+}
+
 /// The `queue_mode` of a device whose daemon died.
 pub const ORPHAN_MODE: &str = "none: daemon gone, I/O paused, pages kept; run uzram recover";
 

@@ -7,8 +7,6 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use libublk::ctrl::UblkCtrl;
-
 use crate::cli::RecoverArgs;
 use crate::control::anchor;
 use crate::control::state::DaemonState;
@@ -74,20 +72,9 @@ pub fn check_orphan(id: u32) -> Result<DaemonState, String> {
     if !region::exists(shm) {
         return Err(format!("its store (shared memory segment {shm}) is gone"));
     }
-    // libublk reads its device file first; the old one may be in swap on this device
-    if let Err(err) = anchor::restore_ublk_json(id) {
-        tracing::warn!(error = %err, "restoring libublk's device file failed");
-    }
-    let ctrl = UblkCtrl::new_simple(id as i32)
-        .map_err(|e| format!("opening its ublk control device: {e}"))?;
-    let st = u32::from(ctrl.dev_info().state);
-    if st != libublk::sys::UBLK_S_DEV_QUIESCED {
-        return Err(format!("{NOT_QUIESCED} (ublk state {st})"));
-    }
+    crate::daemon::quiesced_info(id)?;
     Ok(state)
 }
-
-const NOT_QUIESCED: &str = "the kernel does not hold it for recovery";
 
 /// [`check_orphan`], given up to 30 s for the kernel to quiesce the device: it does so a
 /// moment after the daemon is gone (6.12's monitor notices within 5 s).
@@ -96,7 +83,7 @@ fn wait_orphan(id: u32) -> Result<DaemonState, String> {
     loop {
         match check_orphan(id) {
             Err(why)
-                if why.starts_with(NOT_QUIESCED)
+                if why.starts_with(crate::daemon::NOT_QUIESCED)
                     && start.elapsed() < std::time::Duration::from_secs(30) =>
             {
                 std::thread::sleep(std::time::Duration::from_millis(100));

@@ -22,10 +22,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let status = match probe(&states, &state) {
         Probe::Live(s) => s,
         Probe::Orphan => {
-            eprintln!(
-                "uzram: {}: its daemon died; I/O is paused and the pages are kept: run uzram recover {id}",
-                state.dev
-            );
+            super::warn_orphan(&state);
             Box::new(super::orphan_status(&state))
         }
         Probe::Stale(why) => anyhow::bail!(

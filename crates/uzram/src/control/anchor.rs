@@ -82,13 +82,7 @@ fn segment(id: u32, create: bool) -> Option<i32> {
 }
 
 fn segment_size(shm: i32) -> usize {
-    let mut stat = std::mem::MaybeUninit::<libc::shmid_ds>::zeroed();
-    // SAFETY: IPC_STAT writes one shmid_ds into our buffer.
-    if unsafe { libc::shmctl(shm, libc::IPC_STAT, stat.as_mut_ptr()) } != 0 {
-        return 0;
-    }
-    // SAFETY: IPC_STAT succeeded, so the struct is initialized.
-    unsafe { stat.assume_init() }.shm_segsz
+    crate::sys::shm_size(shm).unwrap_or(0)
 }
 
 /// Publishes `state` as the recovery record of its device (made, or overwritten), with
@@ -118,10 +112,10 @@ pub fn write(state: &DaemonState) -> Result<(), ControlError> {
             source: std::io::Error::other("a smaller segment of another program has this key"),
         });
     }
-    // SAFETY: SHM_LOCK changes the segment's paging only (needs CAP_IPC_LOCK: root).
-    if unsafe { libc::shmctl(shm, libc::SHM_LOCK, ptr::null_mut()) } != 0 {
-        return Err(sys_err("shmctl SHM_LOCK (the recovery record)"));
-    }
+    crate::sys::shm_lock(shm).map_err(|source| ControlError::Io {
+        what: "shmctl SHM_LOCK (the recovery record)".into(),
+        source,
+    })?;
     let map = Mapped::attach(shm, false).ok_or_else(|| sys_err("shmat (the recovery record)"))?;
     // SAFETY: the mapping is LEN bytes (checked) and ours while attached; the length goes in
     // last, so a record cut short by a crash reads as none.
@@ -185,9 +179,8 @@ pub fn restore_ublk_json(id: u32) -> Result<(), ControlError> {
 /// Removes the recovery record of device `id` (its device is gone).
 pub fn remove(id: u32) {
     if let Some(shm) = segment(id, false) {
-        // SAFETY: IPC_RMID takes no buffer.
-        if unsafe { libc::shmctl(shm, libc::IPC_RMID, ptr::null_mut()) } != 0 {
-            tracing::warn!(id, error = %std::io::Error::last_os_error(), "removing the recovery record failed");
+        if let Err(error) = crate::sys::shm_remove(shm) {
+            tracing::warn!(id, %error, "removing the recovery record failed");
         }
     }
 }

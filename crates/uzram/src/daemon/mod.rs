@@ -119,9 +119,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     if let Err(err) = sys::protect_from_oom_killer() {
         tracing::warn!(error = %err, "setting oom_score_adj to -1000 failed: the OOM killer may pick the daemon");
     }
-    if let Err(err) = sys::set_io_flusher() {
-        tracing::warn!(error = %err, "PR_SET_IO_FLUSHER failed (kernel older than 5.6?)");
-    }
+    // PR_SET_IO_FLUSHER was set in `main`, before any thread existed (see there).
     let (plan, features) = choose_queue_mode(&cfg)?;
     let states = StateDir::default();
     states.create()?;
@@ -166,7 +164,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
 
     let (ctrl, plan) = match launch.recover {
         None => add_device(&cfg, plan, features)?,
-        Some(id) => reattach_device(&cfg, id, plan)?,
+        Some(id) => reattach_device(id, plan)?,
     };
     let counters = Arc::new(Counters::new(
         cfg.queues.saturating_mul(plan.threads_per_queue),
@@ -451,43 +449,71 @@ const RECOVERY_FLAGS: u64 =
     (libublk::sys::UBLK_F_USER_RECOVERY | libublk::sys::UBLK_F_USER_RECOVERY_REISSUE) as u64;
 
 fn build_ctrl(cfg: &DeviceConfig, plan: QueuePlan) -> Result<UblkCtrl, UblkError> {
+    ctrl_builder(
+        cfg.id.map_or(-1, |id| id as i32),
+        cfg.queues,
+        cfg.depth,
+        plan,
+        UblkFlags::UBLK_DEV_F_ADD_DEV,
+    )
+    .build()
+}
+
+/// The control device as every uzram device gets it: new (`UBLK_DEV_F_ADD_DEV`) or taken
+/// over (`UBLK_DEV_F_RECOVER_DEV`), always with recovery and locked I/O buffers.
+fn ctrl_builder(
+    id: i32,
+    queues: u16,
+    depth: u16,
+    plan: QueuePlan,
+    how: UblkFlags,
+) -> UblkCtrlBuilder<'static> {
     UblkCtrlBuilder::default()
         .name("uzram")
-        .id(cfg.id.map_or(-1, |id| id as i32))
-        .nr_queues(cfg.queues)
-        .depth(cfg.depth)
+        .id(id)
+        .nr_queues(queues)
+        .depth(depth)
         .io_buf_bytes(target::IO_BUF_BYTES)
+        // What we ask for at add time, also when taking over: the kernel reports more (7.x
+        // sets flags of its own, such as UBLK_F_PER_IO_DAEMON, that libublk refuses as input).
         .ctrl_flags(plan.ctrl_flags | RECOVERY_FLAGS)
         .io_threads_per_queue(plan.threads_per_queue)
-        .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV | UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER)
-        .build()
+        .dev_flags(how | UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER)
+}
+
+/// How a device that cannot be taken over is described (`uzram recover` waits while it
+/// says this: the kernel quiesces a device a moment after its daemon is gone).
+pub const NOT_QUIESCED: &str = "the kernel does not hold it for recovery";
+
+/// Device `id`'s ublk info when the kernel holds it quiesced for a new daemon; otherwise
+/// why not. Restores libublk's device file first, which libublk reads and which may have
+/// been in swap on this very device (`control::anchor`).
+pub fn quiesced_info(id: u32) -> Result<libublk::sys::ublksrv_ctrl_dev_info, String> {
+    if let Err(err) = anchor::restore_ublk_json(id) {
+        tracing::warn!(error = %err, "restoring libublk's device file failed");
+    }
+    let ctrl = UblkCtrl::new_simple(id as i32)
+        .map_err(|e| format!("opening its ublk control device: {e} ({e:?})"))?;
+    let info = ctrl.dev_info();
+    let st = u32::from(info.state);
+    if st != libublk::sys::UBLK_S_DEV_QUIESCED {
+        return Err(format!("{NOT_QUIESCED} (ublk state {st})"));
+    }
+    Ok(info)
 }
 
 /// Takes over device `id`, quiesced since its daemon died: the queue mode is the one the
 /// device was made with, and the driver hands the queued and reissued requests to our queues
 /// once they serve (`START_USER_RECOVERY` here, `END_USER_RECOVERY` when started).
-fn reattach_device(
-    cfg: &DeviceConfig,
-    id: u32,
-    plan: QueuePlan,
-) -> anyhow::Result<(UblkCtrl, QueuePlan)> {
-    // libublk reads its device file first; the old one may be in swap on this very device
-    if let Err(err) = anchor::restore_ublk_json(id) {
-        tracing::warn!(error = %err, "restoring libublk's device file failed");
-    }
-    let probe = UblkCtrl::new_simple(id as i32)
-        .map_err(|e| anyhow::anyhow!("opening /dev/ublkc{id}: {e} ({e:?})"))?;
-    let info = probe.dev_info();
-    if u32::from(info.state) != libublk::sys::UBLK_S_DEV_QUIESCED {
-        anyhow::bail!(
-            "/dev/ublkb{id} is not waiting for a new daemon (ublk state {}); only a device whose daemon died can be recovered",
-            info.state
-        );
-    }
+fn reattach_device(id: u32, plan: QueuePlan) -> anyhow::Result<(UblkCtrl, QueuePlan)> {
+    let info = quiesced_info(id).map_err(|why| {
+        anyhow::anyhow!(
+            "/dev/ublkb{id} cannot be taken over: {why}; only a device whose daemon died can be recovered"
+        )
+    })?;
     if info.flags & RECOVERY_FLAGS == 0 {
         anyhow::bail!("/dev/ublkb{id} was made without user recovery");
     }
-    drop(probe);
     let batch = info.flags & u64::from(libublk::sys::UBLK_F_BATCH_IO) != 0;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let plan = match (batch, plan.mode) {
@@ -507,22 +533,17 @@ fn reattach_device(
             cpus,
         )?,
     };
-    let ctrl = UblkCtrlBuilder::default()
-        .name("uzram")
-        .id(id as i32)
-        .nr_queues(info.nr_hw_queues)
-        .depth(info.queue_depth)
-        .io_buf_bytes(target::IO_BUF_BYTES)
-        // what we asked for at add time: the kernel reports more (7.x sets flags of its own,
-        // such as UBLK_F_PER_IO_DAEMON, that libublk refuses as input)
-        .ctrl_flags(plan.ctrl_flags | RECOVERY_FLAGS)
-        .io_threads_per_queue(plan.threads_per_queue)
-        .dev_flags(UblkFlags::UBLK_DEV_F_RECOVER_DEV | UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER)
-        .build()
-        .map_err(|e| anyhow::anyhow!("opening /dev/ublkb{id} for recovery: {e} ({e:?})"))?;
+    let ctrl = ctrl_builder(
+        id as i32,
+        info.nr_hw_queues,
+        info.queue_depth,
+        plan,
+        UblkFlags::UBLK_DEV_F_RECOVER_DEV,
+    )
+    .build()
+    .map_err(|e| anyhow::anyhow!("opening /dev/ublkb{id} for recovery: {e} ({e:?})"))?;
     ctrl.start_user_recover()
         .map_err(|e| anyhow::anyhow!("START_USER_RECOVERY on /dev/ublkb{id}: {e} ({e:?})"))?;
-    let _ = cfg;
     Ok((ctrl, plan))
 }
 

@@ -241,24 +241,15 @@ pub fn init_with(base: usize, len: usize, used: &[usize]) -> usize {
             // so), whose pages are all in memory: free and ours.
             unsafe { push(block as *mut u8) };
             adopted += 1;
-        } else if punch(block).is_ok() {
+        } else if punch(block, BLOCK).is_ok() {
             released.push(block);
         }
     }
     drop(released);
     if top < blocks {
         // Never touched, or given back already: made sure of in one call.
-        // SAFETY: MADV_REMOVE on the part of our own shared mapping past every used or
-        // resident block; nothing references it.
-        let rest = unsafe {
-            libc::madvise(
-                (base + top * BLOCK) as *mut libc::c_void,
-                (blocks - top) * BLOCK,
-                libc::MADV_REMOVE,
-            )
-        };
-        if rest != 0 {
-            tracing::warn!(error = %std::io::Error::last_os_error(), "giving back the old daemon's free blocks failed");
+        if let Err(err) = punch(base + top * BLOCK, (blocks - top) * BLOCK) {
+            tracing::warn!(error = %err, "giving back the old daemon's free blocks failed");
         }
     }
     FRONTIER.store(base + top * BLOCK, Ordering::Release);
@@ -298,11 +289,12 @@ fn block_residency(base: usize, blocks: usize) -> Vec<Resident> {
         .collect()
 }
 
-/// Gives the pages of `block` back to the system; they read as zeros afterwards.
-fn punch(block: usize) -> std::io::Result<()> {
-    // SAFETY: MADV_REMOVE frees the backing pages of a block of our own shared mapping that
-    // nobody references; the mapping stays.
-    if unsafe { libc::madvise(block as *mut libc::c_void, BLOCK, libc::MADV_REMOVE) } != 0 {
+/// Gives the pages of `len` bytes of blocks at `start` back to the system; they read as
+/// zeros afterwards.
+fn punch(start: usize, len: usize) -> std::io::Result<()> {
+    // SAFETY: MADV_REMOVE frees the backing pages of whole blocks of our own shared mapping
+    // that nobody references (callers pass free blocks only); the mapping stays.
+    if unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_REMOVE) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
@@ -390,7 +382,7 @@ pub fn trim(blocks: usize) -> usize {
         if block.is_null() {
             break;
         }
-        let rc = punch(block as usize);
+        let rc = punch(block as usize, BLOCK);
         if let Err(err) = rc {
             tracing::warn!(error = %err, "giving a pool block back failed");
             // SAFETY: the block is still mapped, whole and unused: back on the free list.

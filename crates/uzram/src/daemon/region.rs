@@ -161,13 +161,7 @@ impl Region {
     /// Takes over segment `id` left by an earlier daemon: attaches it and checks its header.
     pub fn attach(id: i32) -> Result<Region, RegionError> {
         let region = Self::map(id)?;
-        let mut stat = std::mem::MaybeUninit::<libc::shmid_ds>::zeroed();
-        // SAFETY: IPC_STAT writes one shmid_ds into our buffer.
-        if unsafe { libc::shmctl(id, libc::IPC_STAT, stat.as_mut_ptr()) } != 0 {
-            return Err(sys("shmctl IPC_STAT")(std::io::Error::last_os_error()));
-        }
-        // SAFETY: IPC_STAT succeeded, so the struct is initialized.
-        let size = unsafe { stat.assume_init() }.shm_segsz;
+        let size = crate::sys::shm_size(id).map_err(sys("shmctl IPC_STAT"))?;
         if size < UNIT {
             return Err(foreign(id, format!("only {size} bytes")));
         }
@@ -199,12 +193,7 @@ impl Region {
     }
 
     fn map(id: i32) -> Result<Region, RegionError> {
-        // SAFETY: SHM_LOCK changes the segment's paging only; it needs CAP_IPC_LOCK (root).
-        if unsafe { libc::shmctl(id, libc::SHM_LOCK, ptr::null_mut()) } != 0 {
-            return Err(sys("shmctl SHM_LOCK (keeping the store resident)")(
-                std::io::Error::last_os_error(),
-            ));
-        }
+        crate::sys::shm_lock(id).map_err(sys("shmctl SHM_LOCK (keeping the store resident)"))?;
         // SAFETY: shmat maps the segment at an address the kernel picks; no memory of ours is
         // touched.
         let base = unsafe { libc::shmat(id, ptr::null(), 0) };
@@ -213,14 +202,7 @@ impl Region {
                 std::io::Error::last_os_error(),
             ));
         }
-        let mut stat = std::mem::MaybeUninit::<libc::shmid_ds>::zeroed();
-        // SAFETY: IPC_STAT writes one shmid_ds into our buffer.
-        let len = if unsafe { libc::shmctl(id, libc::IPC_STAT, stat.as_mut_ptr()) } == 0 {
-            // SAFETY: IPC_STAT succeeded.
-            unsafe { stat.assume_init() }.shm_segsz
-        } else {
-            0
-        };
+        let len = crate::sys::shm_size(id).unwrap_or(0);
         Ok(Region {
             id,
             base: base as usize,
@@ -267,10 +249,8 @@ impl Region {
     /// it resident from then on. Under memory pressure this waits for reclaim: call it off
     /// the I/O path.
     pub fn commit_room(&self) {
-        commit_room_at(
-            self.base + self.header.room_off as usize,
-            self.header.room_len as usize,
-        );
+        let (start, len) = self.room();
+        commit_room_at(start, len);
     }
 
     /// The recovery room's address range.
@@ -396,7 +376,7 @@ pub fn release_room(id: i32) -> Result<usize, RegionError> {
             std::io::Error::last_os_error(),
         ));
     }
-    let size = segment_size(id);
+    let size = crate::sys::shm_size(id).unwrap_or(0);
     let result = if size < UNIT {
         Err(foreign(id, format!("only {size} bytes")))
     } else {
@@ -431,16 +411,6 @@ pub fn release_room(id: i32) -> Result<usize, RegionError> {
     result
 }
 
-fn segment_size(id: i32) -> usize {
-    let mut stat = std::mem::MaybeUninit::<libc::shmid_ds>::zeroed();
-    // SAFETY: IPC_STAT writes one shmid_ds into our buffer.
-    if unsafe { libc::shmctl(id, libc::IPC_STAT, stat.as_mut_ptr()) } != 0 {
-        return 0;
-    }
-    // SAFETY: IPC_STAT succeeded, so the struct is initialized.
-    unsafe { stat.assume_init() }.shm_segsz
-}
-
 fn foreign(id: i32, why: String) -> RegionError {
     RegionError::Foreign { id, why }
 }
@@ -448,17 +418,14 @@ fn foreign(id: i32, why: String) -> RegionError {
 /// Marks segment `id` for removal: it goes once no process has it attached (at once when
 /// none has). For a deleted device's store.
 pub fn remove(id: i32) {
-    // SAFETY: IPC_RMID takes no buffer.
-    if unsafe { libc::shmctl(id, libc::IPC_RMID, ptr::null_mut()) } != 0 {
-        tracing::warn!(id, error = %std::io::Error::last_os_error(), "removing the store's shared memory failed");
+    if let Err(error) = crate::sys::shm_remove(id) {
+        tracing::warn!(id, %error, "removing the store's shared memory failed");
     }
 }
 
 /// Whether segment `id` exists.
 pub fn exists(id: i32) -> bool {
-    let mut stat = std::mem::MaybeUninit::<libc::shmid_ds>::zeroed();
-    // SAFETY: IPC_STAT writes one shmid_ds into our buffer.
-    unsafe { libc::shmctl(id, libc::IPC_STAT, stat.as_mut_ptr()) == 0 }
+    crate::sys::shm_size(id).is_ok()
 }
 
 /// Segments of the store come from the pool (whose blocks are this region's) and are
