@@ -43,6 +43,10 @@ pub enum Command {
     /// Internal: the detached daemon that `create` starts.
     #[command(hide = true)]
     Daemon(DaemonArgs),
+    /// Internal: started by `uzram run` outside its unit; takes the device over if that
+    /// daemon dies (docs/recovery.md).
+    #[command(hide = true)]
+    Standby(StandbyArgs),
     /// Drive the daemon's request handler with a corpus from several threads, as ublk queue
     /// threads do, while one thread times reads; report speed, CPU, memory, read latency.
     Bench(BenchArgs),
@@ -52,7 +56,7 @@ impl Command {
     /// Whether this command runs a device's daemon in this process.
     pub fn serves_a_device(&self) -> bool {
         match self {
-            Command::Run(_) | Command::Daemon(_) => true,
+            Command::Run(_) | Command::Daemon(_) | Command::Standby(_) => true,
             Command::Create(args) => args.foreground,
             _ => false,
         }
@@ -188,6 +192,22 @@ pub struct RunArgs {
     /// TOML config file (see systemd/uzram.toml.example).
     #[arg(long)]
     pub config: PathBuf,
+    /// Take the device over from the running daemon of this config and serve it until the
+    /// next `uzram run --config` of the same file takes it over in turn. A planned
+    /// `systemctl restart` starts one outside the unit (docs/recovery.md), so that the device
+    /// is never left without a daemon while systemd itself may wait on it.
+    #[arg(long)]
+    pub bridge: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StandbyArgs {
+    /// The config file of the daemon stood by for.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// The daemon's pid.
+    #[arg(long)]
+    pub pid: u32,
 }
 
 #[derive(Debug, clap::Args)]

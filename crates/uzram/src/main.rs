@@ -86,6 +86,7 @@ fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         Command::Completions(args) => cmd::docs::completions(args),
         Command::Man(args) => cmd::docs::man(args),
         Command::Daemon(args) => cmd::create::daemon(args),
+        Command::Standby(args) => cmd::run::standby(args),
         Command::Bench(args) => bench::run(args),
     }
 }

@@ -101,7 +101,20 @@ pub fn pid_alive(pid: u32) -> bool {
     }
     // SAFETY: signal 0 only checks for existence and permission; nothing is delivered.
     let ret = unsafe { libc::kill(pid, 0) };
-    ret == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    let exists = ret == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    // An exited process stays a zombie until its parent reaps it, and a daemon's parent is
+    // systemd, which may itself wait on the paused device: a zombie is not alive.
+    exists && !is_zombie(pid)
+}
+
+fn is_zombie(pid: libc::pid_t) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // "pid (comm) S ...": comm may hold spaces and parentheses; the state follows the last ')'.
+    stat.rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next())
+        .is_some_and(|state| state == "Z" || state == "X")
 }
 
 /// The set of signals that stop a daemon: SIGTERM and SIGINT.
@@ -299,8 +312,78 @@ pub fn resident_bytes() -> io::Result<u64> {
     Ok(pages * u64::try_from(page).unwrap_or(4096))
 }
 
+/// Takes an exclusive `flock` on `file` without waiting: `Ok(false)` when another process
+/// holds it. The kernel drops the lock when the holder exits, however it exits.
+pub fn try_lock_exclusive(file: &std::fs::File) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor we own; it touches no memory.
+    match check(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Waits until process `pid` has exited (a pidfd that becomes readable). Returns at once
+/// when it is already gone.
+pub fn wait_for_exit(pid: u32) -> io::Result<()> {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return Ok(());
+    };
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        let e = io::Error::last_os_error();
+        return if e.raw_os_error() == Some(libc::ESRCH) {
+            Ok(())
+        } else {
+            Err(e)
+        };
+    }
+    // SAFETY: pidfd_open returned a fresh descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let mut pfd = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd, owned by this frame, for the duration of the call.
+        match check(unsafe { libc::poll(&mut pfd, 1, -1) }) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Sends SIGKILL to `pid`.
+pub fn kill_now(pid: u32) -> io::Result<()> {
+    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
+    // SAFETY: kill only sends a signal.
+    check(unsafe { libc::kill(pid, libc::SIGKILL) })
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_zombie_is_not_alive() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // exited, not yet reaped
+        let start = std::time::Instant::now();
+        while pid_alive(pid) {
+            assert!(start.elapsed().as_secs() < 10, "pid {pid} still alive");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(
+            std::fs::metadata(format!("/proc/{pid}")).is_ok(),
+            "the zombie is still there"
+        );
+        child.wait().unwrap();
+        assert!(pid_alive(std::process::id()), "this process is alive");
+    }
+
     use super::*;
 
     #[test]

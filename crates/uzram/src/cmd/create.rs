@@ -28,6 +28,10 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
             log: None,
             recover: None,
             create_args: Some(args.device.to_args()),
+            bridge: false,
+            paused_since: None,
+            lock: None,
+            standby: false,
         };
         daemon::serve(launch, Arc::new(Reporter::new(Readiness::Stdout)))?;
         return Ok(ExitCode::SUCCESS);
@@ -133,6 +137,10 @@ pub fn daemon(args: DaemonArgs) -> anyhow::Result<ExitCode> {
             log: args.log.clone(),
             recover: args.recover,
             create_args: Some(args.device.to_args()),
+            bridge: false,
+            paused_since: None,
+            lock: None,
+            standby: false,
         };
         daemon::serve(launch, reporter.clone())
     })();

@@ -4,6 +4,7 @@ pub mod check;
 pub mod create;
 pub mod destroy;
 pub mod docs;
+pub mod handover;
 pub mod list;
 pub mod recover;
 pub mod run;

@@ -78,7 +78,7 @@ pub fn check_orphan(id: u32) -> Result<DaemonState, String> {
 
 /// [`check_orphan`], given up to 30 s for the kernel to quiesce the device: it does so a
 /// moment after the daemon is gone (6.12's monitor notices within 5 s).
-fn wait_orphan(id: u32) -> Result<DaemonState, String> {
+pub fn wait_orphan(id: u32) -> Result<DaemonState, String> {
     let start = std::time::Instant::now();
     loop {
         match check_orphan(id) {
@@ -93,25 +93,15 @@ fn wait_orphan(id: u32) -> Result<DaemonState, String> {
     }
 }
 
-/// The device started from `config` whose daemon died and that waits for a new one. The
-/// kernel quiesces a device a moment after its daemon is gone (on older kernels a monitor
-/// notices within seconds): a device whose daemon is gone but whose store is still there is
-/// given up to 30 s to get there, since making a second device instead would leave the
-/// first one's swap pages stranded.
-pub fn orphan_of_config(config: &Path) -> Option<DaemonState> {
-    let state = anchor::device_ids()
+/// The recovery record of the device started from `config` whose daemon is gone and whose
+/// store is still there; the device may not be quiesced yet ([`wait_orphan`]).
+pub fn dead_record_of_config(config: &Path) -> Option<DaemonState> {
+    anchor::device_ids()
         .into_iter()
         .filter_map(anchor::read)
         .find(|s| {
             s.config.as_deref() == Some(config)
                 && !sys::pid_alive(s.pid)
                 && s.store_shm.is_some_and(region::exists)
-        })?;
-    match wait_orphan(state.id) {
-        Ok(state) => Some(state),
-        Err(why) => {
-            tracing::warn!(dev = %state.dev, why, "a device of this config lost its daemon but cannot be recovered");
-            None
-        }
-    }
+        })
 }

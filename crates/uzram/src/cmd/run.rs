@@ -1,29 +1,156 @@
-//! `uzram run --config FILE`: serve in the foreground for systemd (`Type=notify`).
+//! `uzram run --config FILE`: serve in the foreground for systemd (`Type=notify`); and
+//! `uzram standby`, which takes the device over when that daemon dies (`handover`).
 
+use std::fs::File;
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use crate::cli::RunArgs;
+use crate::cli::{RunArgs, StandbyArgs};
 use crate::config::load_device_config;
+use crate::control::state::{DaemonState, StateDir};
 use crate::daemon::{self, Launch, Readiness, Reporter};
+use crate::sys;
+
+/// How long `uzram run` waits for another daemon that is taking the device over (a standby
+/// after a crash) to serve, so that it can take the device from it.
+const OTHER_TAKEOVER_WAIT: Duration = Duration::from_secs(60);
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let cfg = load_device_config(&args.config)?;
     super::require_root()?;
     super::require_module()?;
     let config_path = std::fs::canonicalize(&args.config).unwrap_or(args.config);
-    let orphan = super::recover::orphan_of_config(&config_path);
-    if let Some(state) = &orphan {
-        tracing::info!(id = state.id, config = %config_path.display(), "this config's device lost its daemon: recovering it");
-        super::recover::make_room(state);
+    let states = StateDir::default();
+    states.create()?;
+    // A bridge takes the device from the unit's daemon; the unit's next daemon takes it from
+    // a bridge (`handover`).
+    let from = (!args.bridge).then_some(true);
+    let mut paused_since = None;
+    let start = Instant::now();
+    let orphan = loop {
+        match super::handover::live_daemon(&states, &config_path, from) {
+            Some(live) => {
+                // The device pauses once the other daemon is gone: nothing of ours may be
+                // swapped out to it from here on (memory not yet touched is locked as it is
+                // faulted in).
+                sys::mlock_all().map_err(|e| anyhow::anyhow!("mlockall: {e}"))?;
+                tracing::info!(dev = %live.dev, pid = live.pid, bridge = live.bridge, "taking the device over from its running daemon");
+                paused_since = Some(Instant::now());
+                super::handover::request(&live)?;
+            }
+            None if args.bridge && paused_since.is_none() => anyhow::bail!(
+                "no running daemon was started from {}: nothing to bridge",
+                config_path.display()
+            ),
+            None => {}
+        }
+        match take_orphan(&states, &config_path)? {
+            Taken::Orphan(state, lock) => break Some((state, lock)),
+            Taken::Nothing => break None,
+            Taken::Busy(dev) if start.elapsed() < OTHER_TAKEOVER_WAIT => {
+                if paused_since.is_none() {
+                    tracing::info!(%dev, "another daemon is taking the device over; this one takes it from that one once it serves");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Taken::Busy(dev) => anyhow::bail!(
+                "{dev}: another daemon has been taking the device over for {} s",
+                OTHER_TAKEOVER_WAIT.as_secs()
+            ),
+        }
+    };
+    if args.bridge && orphan.is_none() {
+        anyhow::bail!(
+            "the device of {} was handed over but cannot be taken over: see the log above",
+            config_path.display()
+        );
     }
-    let recover = orphan.map(|s| s.id);
+    let (recover, lock) = match orphan {
+        Some((state, lock)) => {
+            tracing::info!(id = state.id, config = %config_path.display(), "this config's device lost its daemon: recovering it");
+            super::recover::make_room(&state);
+            (Some(state.id), Some(lock))
+        }
+        None => (None, None),
+    };
     let launch = Launch {
         config: cfg.device,
         config_path: Some(config_path),
         log: None,
         recover,
         create_args: None,
+        bridge: args.bridge,
+        paused_since,
+        lock,
+        standby: !args.bridge,
+    };
+    daemon::serve(launch, Arc::new(Reporter::new(Readiness::Systemd)))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `take_orphan` found.
+enum Taken {
+    /// The config's device waits for a daemon, and this process now holds its lock.
+    Orphan(DaemonState, File),
+    /// No device of this config waits for a daemon.
+    Nothing,
+    /// One does, but another process holds its lock (it is taking the device over).
+    Busy(String),
+}
+
+/// Locks the device of `config` whose daemon died, then waits for the kernel to hold it for
+/// recovery. The lock comes first: while another daemon adopts the store, the device stops
+/// looking quiesced, and waiting for that would only time out.
+fn take_orphan(states: &StateDir, config: &Path) -> anyhow::Result<Taken> {
+    let Some(dead) = super::recover::dead_record_of_config(config) else {
+        return Ok(Taken::Nothing);
+    };
+    let Some(lock) = states.try_lock(dead.id)? else {
+        return Ok(Taken::Busy(dead.dev));
+    };
+    match super::recover::wait_orphan(dead.id) {
+        Ok(state) => Ok(Taken::Orphan(state, lock)),
+        Err(why) => {
+            tracing::warn!(dev = %dead.dev, why, "a device of this config lost its daemon but cannot be recovered");
+            Ok(Taken::Nothing)
+        }
+    }
+}
+
+/// `uzram standby --config FILE --pid PID`: started by the unit's daemon (PID) in a scope of
+/// its own, it waits for that daemon to exit. If the daemon died leaving its device paused,
+/// the standby takes the device over at once, as a bridge, until the unit's next daemon takes
+/// it from there: a crash then never waits for systemd to start a daemon, which it cannot do
+/// while its own pages are in swap on the paused device.
+pub fn standby(args: StandbyArgs) -> anyhow::Result<ExitCode> {
+    let cfg = load_device_config(&args.config)?;
+    super::require_root()?;
+    let config_path = std::fs::canonicalize(&args.config).unwrap_or(args.config);
+    // What it has touched so far stays in RAM; the rest is locked as it is touched.
+    sys::mlock_all().map_err(|e| anyhow::anyhow!("mlockall: {e}"))?;
+    sys::wait_for_exit(args.pid)
+        .map_err(|e| anyhow::anyhow!("waiting for pid {}: {e}", args.pid))?;
+    let since = Instant::now();
+    let states = StateDir::default();
+    let (state, lock) = match take_orphan(&states, &config_path)? {
+        Taken::Orphan(state, lock) => (state, lock),
+        // A normal stop (the device is gone) or a takeover by another daemon.
+        Taken::Nothing | Taken::Busy(_) => return Ok(ExitCode::SUCCESS),
+    };
+    tracing::warn!(dev = %state.dev, pid = args.pid, "the device's daemon died: the standby takes the device over until the unit's next daemon does");
+    super::recover::make_room(&state);
+    let launch = Launch {
+        config: cfg.device,
+        config_path: Some(config_path),
+        log: None,
+        recover: Some(state.id),
+        create_args: None,
+        bridge: true,
+        paused_since: Some(since),
+        lock: Some(lock),
+        standby: false,
     };
     daemon::serve(launch, Arc::new(Reporter::new(Readiness::Systemd)))?;
     Ok(ExitCode::SUCCESS)

@@ -9,8 +9,6 @@ use anyhow::Context;
 
 use crate::cli::{ConfigArg, SwapOffArgs};
 use crate::config::{load_config, load_device_config, Plan};
-use crate::control::client;
-use crate::control::proto::{Request, Response};
 use crate::control::state::StateDir;
 use crate::inuse::is_active_swap;
 
@@ -83,12 +81,23 @@ pub fn off(off_args: SwapOffArgs) -> anyhow::Result<ExitCode> {
     }
     super::require_root()?;
     let canonical = std::fs::canonicalize(&args.config).unwrap_or_else(|_| args.config.clone());
-    if let Some(orphan) = super::recover::orphan_of_config(&canonical) {
+    if let Some(orphan) = super::recover::dead_record_of_config(&canonical) {
         // The daemon died (systemd runs ExecStop after a crash too): swapoff would wait for
-        // a server that is not there. Swap stays on; the restarted daemon recovers the device.
+        // a server that is not there. Swap stays on; its standby or the restarted daemon
+        // recovers the device.
         eprintln!(
-            "uzram: {}: its daemon died; swap stays on for the restarted daemon to recover",
+            "uzram: {}: its daemon died; swap stays on for the next daemon to recover",
             orphan.dev
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let states = StateDir::default();
+    if let Some(bridge) = super::handover::live_daemon(&states, &canonical, Some(true)) {
+        // The daemon died and its standby took the device over: the unit's next daemon
+        // takes it from there, with swap on.
+        eprintln!(
+            "uzram: {}: served by a bridge daemon (pid {}) until the next daemon takes it over; swap stays on",
+            bridge.dev, bridge.pid
         );
         return Ok(ExitCode::SUCCESS);
     }
@@ -140,47 +149,12 @@ fn restarting(unit: &str) -> bool {
     })
 }
 
-/// A planned restart: the daemon exits leaving the device (I/O paused) and its store to the
-/// daemon systemd starts next, which takes both over; swap stays on and nothing is swapped in.
+/// A planned restart: the device goes, through a bridge daemon, to the daemon systemd
+/// starts next (`handover`); swap stays on and nothing is swapped in.
 fn hand_off(config: &Path, unit: &str) -> anyhow::Result<ExitCode> {
-    let states = StateDir::default();
-    let Some(state) = states
-        .list()?
-        .into_iter()
-        .find(|s| s.config.as_deref() == Some(config) && crate::sys::pid_alive(s.pid))
-    else {
+    let Some(old) = super::handover::live_daemon(&StateDir::default(), config, Some(false)) else {
         return Ok(ExitCode::SUCCESS);
     };
-    if state.store_shm.is_none() {
-        anyhow::bail!(
-            "{}: its daemon keeps no store to hand over; stop and start {unit} instead",
-            state.dev
-        );
-    }
-    match client::request(
-        &states.socket_path(state.id),
-        &Request::Handoff,
-        Duration::from_secs(5),
-    ) {
-        Ok(Response::HandingOff) => {}
-        Ok(other) => anyhow::bail!("{}: the daemon refused the handoff: {other:?}", state.dev),
-        // It may exit before its answer is out; whether it exits is what counts (below).
-        Err(err) => tracing::debug!(error = %err, "no answer to the handoff request"),
-    }
-    let start = Instant::now();
-    while crate::sys::pid_alive(state.pid) {
-        if start.elapsed() > Duration::from_secs(10) {
-            anyhow::bail!(
-                "{}: daemon pid {} did not exit for the handoff",
-                state.dev,
-                state.pid
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    eprintln!(
-        "uzram: {unit} restarts: {} handed over to the next daemon; swap stays on",
-        state.dev
-    );
+    super::handover::restart_through_bridge(config, unit, &old)?;
     Ok(ExitCode::SUCCESS)
 }

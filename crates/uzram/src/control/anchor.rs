@@ -232,6 +232,7 @@ mod tests {
             config: Some("/etc/uzram/swap0.toml".into()),
             store_shm: Some(17),
             create_args: None,
+            bridge: false,
         };
         write(&state).unwrap();
         assert_eq!(read(id), Some(state.clone()));

@@ -36,6 +36,10 @@ pub struct DaemonState {
     /// same daemon again).
     #[serde(default)]
     pub create_args: Option<Vec<String>>,
+    /// A planned restart's bridge (`uzram run --bridge`): it took the device over from the
+    /// unit's daemon and serves it until the unit's next daemon takes it over in turn.
+    #[serde(default)]
+    pub bridge: bool,
 }
 
 /// A directory of daemon state files.
@@ -89,6 +93,25 @@ impl StateDir {
     /// `<id>.log`.
     pub fn log_path(&self, id: u32) -> PathBuf {
         self.dir.join(format!("{id}.log"))
+    }
+
+    /// Locks device `id` for this process (`<id>.lock`): a daemon holds it while it serves
+    /// or takes the device over, so that two daemons never adopt one store. `Ok(None)` when
+    /// another process holds it. The file stays (removing it would let a later locker lock
+    /// a different file than a waiting one).
+    pub fn try_lock(&self, id: u32) -> Result<Option<std::fs::File>, ControlError> {
+        let path = self.dir.join(format!("{id}.lock"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io_err(format!("opening {}", path.display())))?;
+        match crate::sys::try_lock_exclusive(&file) {
+            Ok(true) => Ok(Some(file)),
+            Ok(false) => Ok(None),
+            Err(e) => Err(io_err(format!("locking {}", path.display()))(e)),
+        }
     }
 
     /// Writes `<id>.json` atomically (temporary file + rename).
@@ -176,6 +199,7 @@ mod tests {
             config: None,
             store_shm: Some(id as i32),
             create_args: Some(vec!["--size".into(), "1M".into()]),
+            bridge: id == 2,
         };
         sd.write(&mk(10)).unwrap();
         sd.write(&mk(2)).unwrap();
@@ -185,6 +209,18 @@ mod tests {
         assert_eq!(ids, vec![2, 10]);
         assert_eq!(sd.read(10).unwrap(), Some(mk(10)));
         assert!(sd.read(7).is_err());
+        let held = sd.try_lock(10).unwrap();
+        assert!(held.is_some(), "a free device lock is taken");
+        // flock locks belong to open file descriptions: a second open is a second locker
+        assert!(
+            sd.try_lock(10).unwrap().is_none(),
+            "a held device lock is refused"
+        );
+        drop(held);
+        assert!(
+            sd.try_lock(10).unwrap().is_some(),
+            "a released device lock is free again"
+        );
         sd.remove(10);
         assert_eq!(sd.read(10).unwrap(), None);
         std::fs::remove_dir_all(&dir).unwrap();

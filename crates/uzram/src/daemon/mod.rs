@@ -15,6 +15,7 @@ pub mod queue_tuning;
 pub mod region;
 pub mod reserve;
 pub mod ring;
+mod standby;
 mod store_memory;
 pub mod target;
 
@@ -104,6 +105,18 @@ pub struct Launch {
     /// The `uzram daemon` device arguments (`uzram create`), published so that `uzram
     /// recover` can start the same daemon again.
     pub create_args: Option<Vec<String>>,
+    /// Published as [`DaemonState::bridge`]: serving for a planned restart until the unit's
+    /// next daemon takes over (`uzram run --bridge`).
+    pub bridge: bool,
+    /// When the device stopped being served: the handover this daemon asked for (the log
+    /// says how long I/O was paused once it serves).
+    pub paused_since: Option<std::time::Instant>,
+    /// The device's lock (`StateDir::try_lock`), when the caller took it before handing a
+    /// recovery here; otherwise `serve` takes it.
+    pub lock: Option<std::fs::File>,
+    /// Start a standby outside the unit that takes the device over if this daemon dies
+    /// (`uzram standby`; `uzram run` under systemd).
+    pub standby: bool,
 }
 
 /// Serves one device until it is stopped. Returns after the device is deleted.
@@ -125,6 +138,14 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     states.create()?;
     // Arena segments: the pool, over the blocks of the store's shared memory. A recovery
     // takes it over first: it frees memory for what follows (`store_memory::recover`).
+    // Two daemons must never adopt one store: whoever recovers holds the device's lock.
+    let mut lock = launch.lock;
+    if let (None, Some(id)) = (&lock, launch.recover) {
+        lock =
+            Some(states.try_lock(id)?.with_context(|| {
+                format!("/dev/ublkb{id} is being taken over by another daemon")
+            })?);
+    }
     let (store, mut region) = match launch.recover {
         None => store_memory::create(&cfg)?,
         Some(id) => {
@@ -178,6 +199,15 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         }
     }
     region.set_device(id);
+    if lock.is_none() {
+        match states.try_lock(id) {
+            Ok(Some(l)) => lock = Some(l),
+            Ok(None) => tracing::warn!(id, "another process holds the new device's lock"),
+            Err(err) => tracing::warn!(id, error = %err, "locking the device failed"),
+        }
+    }
+    // Held until the process exits, however it exits.
+    let _lock = lock;
     if launch.recover.is_some() {
         // The dead daemon's socket; its state file stays until ours replaces it.
         let _ = std::fs::remove_file(states.socket_path(id));
@@ -197,6 +227,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         config: launch.config_path.clone(),
         store_shm: Some(region.id()),
         create_args: launch.create_args.clone(),
+        bridge: launch.bridge,
     };
     let (stop_tx, stop_rx) = mpsc::channel::<&'static str>();
     let textfile = cfg
@@ -276,9 +307,16 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         }
     })?;
     let stopper_dev = dev.clone();
+    let standby_pid = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let stopper_standby = standby_pid.clone();
     spawn("uzram-stopper", move || {
         let Ok(why) = stop_rx.recv() else { return };
         if why == HANDOFF {
+            // The daemon taking over is already running: our standby must not race it.
+            let standby = stopper_standby.load(std::sync::atomic::Ordering::Acquire);
+            if standby != 0 {
+                let _ = sys::kill_now(standby);
+            }
             // Exactly what a crash leaves, on purpose: the kernel holds the device and its
             // I/O for the next daemon (requests we had taken are reissued to it) and the store
             // stays in shared memory. Nothing else of ours may run: no device deletion, no
@@ -328,6 +366,8 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     // memory allows (off the I/O path; see `commit_room_when_spare`).
     let room = launch.recover.map(|_| region.room());
     let ready_reporter = reporter.clone();
+    let want_standby = launch.standby && launch.config_path.is_some();
+    let started_standby = standby_pid.clone();
     let alias_rdev = Arc::new(std::sync::OnceLock::new());
     let started_alias_rdev = alias_rdev.clone();
     let on_started = move |_ctrl: &UblkCtrl| {
@@ -352,12 +392,20 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         if let Err(err) = ready_states.write(&state) {
             tracing::error!(error = %err, "publishing state failed");
         }
-        tracing::info!(dev = %state.dev, "serving");
+        match launch.paused_since {
+            Some(t) => {
+                tracing::info!(dev = %state.dev, paused_ms = t.elapsed().as_millis() as u64, "serving (taken over; I/O was paused for paused_ms)")
+            }
+            None => tracing::info!(dev = %state.dev, "serving"),
+        }
         if let Some((start, len)) = room {
             let _ = std::thread::Builder::new()
                 .name("uzram-room".into())
                 .stack_size(256 << 10)
                 .spawn(move || region::commit_room_when_spare(start, len));
+        }
+        if want_standby {
+            standby::start(&state, &started_standby);
         }
         ready_reporter.ready(state.id, &state.dev);
     };
