@@ -29,6 +29,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let from = (!args.bridge).then_some(true);
     let mut paused_since = None;
     let start = Instant::now();
+    let mut told = false;
     let orphan = loop {
         match super::handover::live_daemon(&states, &config_path, from) {
             Some(live) => {
@@ -50,7 +51,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             Taken::Orphan(state, lock) => break Some((state, lock)),
             Taken::Nothing => break None,
             Taken::Busy(dev) if start.elapsed() < OTHER_TAKEOVER_WAIT => {
-                if paused_since.is_none() {
+                if !told {
+                    told = true;
                     tracing::info!(%dev, "another daemon is taking the device over; this one takes it from that one once it serves");
                 }
                 std::thread::sleep(Duration::from_millis(20));

@@ -590,8 +590,18 @@ fn reattach_device(id: u32, plan: QueuePlan) -> anyhow::Result<(UblkCtrl, QueueP
     )
     .build()
     .map_err(|e| anyhow::anyhow!("opening /dev/ublkb{id} for recovery: {e} ({e:?})"))?;
-    ctrl.start_user_recover()
-        .map_err(|e| anyhow::anyhow!("START_USER_RECOVERY on /dev/ublkb{id}: {e} ({e:?})"))?;
+    ctrl.start_user_recover().map_err(|e| {
+        let why = if matches!(e, UblkError::UringIOError(code) if code == -libc::EINVAL) {
+            // 6.12 refuses once a recovery has started and its daemon died before every queue
+            // was served again (no queue is ready, and only a ready one allows a new start).
+            ": the kernel refuses to recover this device again (a daemon that was recovering it \
+             died half-way); its pages cannot be served any more: stop what uses it and \
+             reboot, or `uzram destroy` it"
+        } else {
+            ""
+        };
+        anyhow::anyhow!("START_USER_RECOVERY on /dev/ublkb{id}: {e} ({e:?}){why}")
+    })?;
     Ok((ctrl, plan))
 }
 

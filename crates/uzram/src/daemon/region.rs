@@ -388,15 +388,14 @@ pub fn release_room(id: i32) -> Result<usize, RegionError> {
         } else if !end.is_some_and(|end| end <= size as u64) || header.room_off % 4096 != 0 {
             Err(foreign(id, "its recovery room does not fit".into()))
         } else {
+            let room = (base as usize + header.room_off as usize) as *mut libc::c_void;
+            // A caller under mlockall(MCL_FUTURE) (a takeover locks itself first) mapped the
+            // segment locked, and madvise refuses locked pages: unlock the room first.
+            // SAFETY: munlock only changes the paging policy of a range of our own mapping.
+            unsafe { libc::munlock(room, header.room_len as usize) };
             // SAFETY: MADV_REMOVE frees the pages of the room, a range of our own shared
             // mapping (checked to lie in it) that no daemon uses.
-            let rc = unsafe {
-                libc::madvise(
-                    (base as usize + header.room_off as usize) as *mut libc::c_void,
-                    header.room_len as usize,
-                    libc::MADV_REMOVE,
-                )
-            };
+            let rc = unsafe { libc::madvise(room, header.room_len as usize, libc::MADV_REMOVE) };
             if rc == 0 {
                 Ok(header.room_len as usize)
             } else {
