@@ -113,3 +113,42 @@ fn slots_spread_over_every_gpu() {
     let c = common::check(&data, 3625, &results);
     assert_eq!(c.mismatches, 0);
 }
+
+/// A handover drains the ring: with writers going on, afterwards no page is staged (only the
+/// dying process could read it), slots in flight finished on the GPU, and every page reads
+/// back with its last write.
+#[test]
+fn a_drain_leaves_no_page_staged_on_the_gpu() {
+    let Some(slots) = common::gpu(4, 256, common::parses()[0], true) else {
+        return;
+    };
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let store = Arc::new(PageStore::new(StoreConfig::new(2 * n, Algorithm::Lz4)).expect("store"));
+    let ring = Ring::start(store.clone(), Arc::new(slots), RingConfig::default()).expect("ring");
+    std::thread::scope(|s| {
+        for half in 0..2u64 {
+            let (ring, data) = (&ring, &data);
+            s.spawn(move || {
+                for _ in 0..4 {
+                    for (i, req) in data.chunks(16 * PAGE_SIZE).enumerate() {
+                        ring.write(half * n + 16 * i as u64, req).expect("write");
+                    }
+                }
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let start = std::time::Instant::now();
+        assert!(ring.drain(std::time::Duration::from_secs(30)), "drain timed out");
+        eprintln!("drained in {:?}; ring {:?}", start.elapsed(), ring.stats());
+        assert_eq!(store.stats().staged_pages, 0, "pages staged after the drain");
+    });
+    let stats = ring.stats();
+    assert_eq!(store.stats().staged_pages, 0);
+    assert!(stats.slots_submitted > 0, "nothing went to the GPU: {stats:?}");
+    let mut expect = data.clone();
+    expect.extend_from_slice(&data);
+    let mut back = vec![0u8; expect.len()];
+    store.read(0, &mut back).expect("read");
+    assert!(back == expect, "a page does not hold its last write");
+}

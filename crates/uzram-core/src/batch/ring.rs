@@ -284,6 +284,8 @@ struct Shared {
     /// Flushers: a slot was freed.
     idle: Condvar,
     retired: AtomicBool,
+    /// No more leases: writes are compressed inline while the slots empty ([`Ring::drain`]).
+    draining: AtomicBool,
     failures_in_row: AtomicU32,
     counters: Counters,
 }
@@ -366,6 +368,7 @@ impl Ring {
             work: Condvar::new(),
             idle: Condvar::new(),
             retired: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             failures_in_row: AtomicU32::new(0),
             counters: Counters::default(),
             cfg,
@@ -445,6 +448,12 @@ impl Ring {
     /// Waits until every page written before this call has been installed (submitting a
     /// partly filled slot at once instead of after its delay).
     pub fn flush(&self) {
+        self.flush_within(Duration::MAX);
+    }
+
+    /// [`Ring::flush`], giving up after `within`.
+    fn flush_within(&self, within: Duration) {
+        let start = Instant::now();
         let sh = &*self.shared;
         let mut st = sh.lock();
         let mut submit = None;
@@ -468,6 +477,7 @@ impl Ring {
         while epochs
             .iter()
             .any(|&(s, e)| st.slots[s].phase != Phase::Free && sh.epoch(s) == e)
+            && start.elapsed() < within
         {
             st = sh
                 .idle
@@ -531,6 +541,33 @@ impl Ring {
     }
 
     /// True once the backend was retired (every write is compressed on the CPU).
+    /// Stops staging and installs everything staged, so that no page lives only in this
+    /// process's staging memory (a handover: the next daemon cannot read it). Writes from
+    /// then on are compressed inline on the CPU (counted as overflow); slots already
+    /// submitted finish on the backend. Leases taken before the call are filled, submitted
+    /// and installed. False when slots still held pages after `within` (a hung device).
+    pub fn drain(&self, within: Duration) -> bool {
+        let sh = &*self.shared;
+        sh.draining.store(true, Ordering::Release);
+        let start = Instant::now();
+        loop {
+            if start.elapsed() > within {
+                return false;
+            }
+            self.flush_within(within.saturating_sub(start.elapsed()));
+            let st = sh.lock();
+            if st
+                .slots
+                .iter()
+                .all(|s| s.phase == Phase::Free || (s.filled == 0 && s.writers == 0))
+            {
+                return true;
+            }
+            drop(st);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     pub fn is_retired(&self) -> bool {
         self.shared.retired.load(Ordering::Relaxed)
     }
@@ -633,7 +670,7 @@ impl Shared {
     /// Leases up to `want` indices of the open slot (opening a free one if needed).
     /// `None`: the backend is retired, the ring is stopping, or every slot is busy.
     fn reserve(&self, want: usize) -> Option<Lease> {
-        if self.retired.load(Ordering::Relaxed) {
+        if self.retired.load(Ordering::Relaxed) || self.draining.load(Ordering::Acquire) {
             return None;
         }
         let mut st = self.lock();

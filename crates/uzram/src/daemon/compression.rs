@@ -107,6 +107,13 @@ impl Compression {
         }
     }
 
+    /// Stops staging and installs every staged page (before a handover, whose next daemon
+    /// cannot read this process's pinned staging); later writes are compressed on the CPU.
+    /// `None` without a ring; else whether it emptied within `within`.
+    pub fn drain(&self, within: std::time::Duration) -> Option<bool> {
+        self.ring.as_ref().map(|r| r.drain(within))
+    }
+
     /// Memory the backend holds besides the store (fixed from the start).
     pub fn memory(&self) -> BackendMemory {
         self.ring.as_ref().map(Ring::memory).unwrap_or_default()

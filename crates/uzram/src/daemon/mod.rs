@@ -309,6 +309,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let stopper_dev = dev.clone();
     let standby_pid = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let stopper_standby = standby_pid.clone();
+    let stopper_compression = compression.clone();
     spawn("uzram-stopper", move || {
         let Ok(why) = stop_rx.recv() else { return };
         if why == HANDOFF {
@@ -316,6 +317,20 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
             let standby = stopper_standby.load(std::sync::atomic::Ordering::Acquire);
             if standby != 0 {
                 let _ = sys::kill_now(standby);
+            }
+            // Pages staged for the GPU live only in our pinned memory: install them first
+            // (bounded: a hung GPU must not stop the handover).
+            let start = std::time::Instant::now();
+            match stopper_compression.drain(HANDOFF_DRAIN) {
+                Some(true) => tracing::info!(
+                    ms = start.elapsed().as_millis() as u64,
+                    "staged pages installed for the handover"
+                ),
+                Some(false) => tracing::error!(
+                    secs = HANDOFF_DRAIN.as_secs(),
+                    "the GPU did not finish its slots: pages still staged are lost to the next daemon"
+                ),
+                None => {}
             }
             // Exactly what a crash leaves, on purpose: the kernel holds the device and its
             // I/O for the next daemon (requests we had taken are reissued to it) and the store
@@ -434,6 +449,10 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
 
 /// What the stop channel carries for a planned restart ([`Request::Handoff`]).
 const HANDOFF: &str = "handoff";
+
+/// How long a handover waits for staged pages to be installed (the handover's requester
+/// gives the daemon 10 s to exit).
+const HANDOFF_DRAIN: Duration = Duration::from_secs(5);
 
 /// Set-up for a thread that installs staged pages: like a queue thread, it is on the swap
 /// I/O path, so it must get ENOMEM rather than page-fault into reclaim, and run ahead of

@@ -337,6 +337,42 @@ fn a_result_that_breaks_the_contract_retires_the_backend() {
 }
 
 #[test]
+fn a_drain_leaves_no_page_in_staging_while_writes_go_on() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let slow = FaultPlan {
+        delay: Duration::from_millis(5),
+        ..FaultPlan::default()
+    };
+    let (store, ring) = ring_with(2 * n, host(4, 64, slow), RingConfig::default());
+    std::thread::scope(|s| {
+        // Two writers, one per half of the device, each writing the data twice over.
+        for half in 0..2u64 {
+            let (ring, data) = (&ring, &data);
+            s.spawn(move || {
+                for _ in 0..2 {
+                    write_all(ring, half * n, data);
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_millis(10));
+        assert!(ring.drain(Duration::from_secs(30)), "drain timed out");
+        // What the writers stage from now on would be a page only this process holds.
+        assert_eq!(
+            store.stats().staged_pages,
+            0,
+            "staged pages left after the drain"
+        );
+    });
+    assert_eq!(store.stats().staged_pages, 0);
+    let s = ring.stats();
+    assert!(s.staged_pages > 0 && s.overflow_pages > 0, "{s:?}");
+    let mut expect = data.clone();
+    expect.extend_from_slice(&data);
+    assert_reads(&store, &expect);
+}
+
+#[test]
 fn partly_filled_slots_are_submitted_after_the_delay() {
     let data = pages();
     let (store, ring) = ring_with(
