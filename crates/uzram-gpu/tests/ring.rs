@@ -139,13 +139,23 @@ fn a_drain_leaves_no_page_staged_on_the_gpu() {
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
         let start = std::time::Instant::now();
-        assert!(ring.drain(std::time::Duration::from_secs(30)), "drain timed out");
+        assert!(
+            ring.drain(std::time::Duration::from_secs(30)),
+            "drain timed out"
+        );
         eprintln!("drained in {:?}; ring {:?}", start.elapsed(), ring.stats());
-        assert_eq!(store.stats().staged_pages, 0, "pages staged after the drain");
+        assert_eq!(
+            store.stats().staged_pages,
+            0,
+            "pages staged after the drain"
+        );
     });
     let stats = ring.stats();
     assert_eq!(store.stats().staged_pages, 0);
-    assert!(stats.slots_submitted > 0, "nothing went to the GPU: {stats:?}");
+    assert!(
+        stats.slots_submitted > 0,
+        "nothing went to the GPU: {stats:?}"
+    );
     let mut expect = data.clone();
     expect.extend_from_slice(&data);
     let mut back = vec![0u8; expect.len()];

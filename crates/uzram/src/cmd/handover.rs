@@ -149,6 +149,13 @@ fn wait_for_bridge(config: &Path, old: &DaemonState, mut child: Child) -> Bridge
             return Bridge::Failed(format!("exited ({status})"));
         }
         if start.elapsed() > BRIDGE_WAIT {
+            if sys::pid_alive(old.pid) {
+                // It never asked for the handover: stop it, so that it cannot race the
+                // direct one that follows. (Once the old daemon is gone it holds the device's
+                // lock, and the next daemon takes the device from it.)
+                let _ = child.kill();
+                let _ = child.wait();
+            }
             return Bridge::Failed(format!(
                 "did not serve the device within {} s",
                 BRIDGE_WAIT.as_secs()
