@@ -366,6 +366,8 @@ pub fn kill_now(pid: u32) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn a_zombie_is_not_alive() {
         let mut child = std::process::Command::new("true").spawn().unwrap();
@@ -383,8 +385,6 @@ mod tests {
         child.wait().unwrap();
         assert!(pid_alive(std::process::id()), "this process is alive");
     }
-
-    use super::*;
 
     #[test]
     fn resident_bytes_counts_touched_memory() {

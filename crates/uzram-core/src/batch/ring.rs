@@ -540,7 +540,6 @@ impl Ring {
         m
     }
 
-    /// True once the backend was retired (every write is compressed on the CPU).
     /// Stops staging and installs everything staged, so that no page lives only in this
     /// process's staging memory (a handover: the next daemon cannot read it). Writes from
     /// then on are compressed inline on the CPU (counted as overflow); slots already
@@ -568,6 +567,7 @@ impl Ring {
         }
     }
 
+    /// True once the backend was retired (every write is compressed on the CPU).
     pub fn is_retired(&self) -> bool {
         self.shared.retired.load(Ordering::Relaxed)
     }
@@ -668,7 +668,8 @@ impl Shared {
     }
 
     /// Leases up to `want` indices of the open slot (opening a free one if needed).
-    /// `None`: the backend is retired, the ring is stopping, or every slot is busy.
+    /// `None`: the backend is retired, the ring is draining or stopping, or every slot is
+    /// busy.
     fn reserve(&self, want: usize) -> Option<Lease> {
         if self.retired.load(Ordering::Relaxed) || self.draining.load(Ordering::Acquire) {
             return None;

@@ -31,7 +31,6 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
             bridge: false,
             paused_since: None,
             lock: None,
-            standby: false,
         };
         daemon::serve(launch, Arc::new(Reporter::new(Readiness::Stdout)))?;
         return Ok(ExitCode::SUCCESS);
@@ -140,7 +139,6 @@ pub fn daemon(args: DaemonArgs) -> anyhow::Result<ExitCode> {
             bridge: false,
             paused_since: None,
             lock: None,
-            standby: false,
         };
         daemon::serve(launch, reporter.clone())
     })();

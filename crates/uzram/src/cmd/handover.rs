@@ -10,13 +10,15 @@
 //! from the old daemon; systemd stops the unit and starts the new `uzram run` while the
 //! bridge serves; the new daemon takes the device from the bridge.
 
+use std::ffi::OsStr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use crate::control::client;
 use crate::control::proto::{Request, Response};
 use crate::control::state::{DaemonState, StateDir};
+use crate::daemon::standby::spawn_in_scope;
 use crate::sys;
 
 /// How long a daemon gets to exit after a handover request.
@@ -28,9 +30,17 @@ const BRIDGE_WAIT: Duration = Duration::from_secs(60);
 /// The running daemon of the device started from `config` (canonical path) whose
 /// [`DaemonState::bridge`] is `bridge` (`None`: either), newest first.
 pub fn live_daemon(states: &StateDir, config: &Path, bridge: Option<bool>) -> Option<DaemonState> {
+    newest_live(states.list().ok()?, config, bridge)
+}
+
+/// [`live_daemon`] among `states`. A daemon killed without cleanup leaves its state behind:
+/// only a live one counts, and of several (a restart racing a stale file) the newest.
+pub fn newest_live(
+    states: Vec<DaemonState>,
+    config: &Path,
+    bridge: Option<bool>,
+) -> Option<DaemonState> {
     states
-        .list()
-        .ok()?
         .into_iter()
         .filter(|s| {
             s.config.as_deref() == Some(config)
@@ -111,24 +121,19 @@ pub fn restart_through_bridge(config: &Path, unit: &str, old: &DaemonState) -> a
     }
 }
 
-/// `uzram run --config CONFIG --bridge` in a transient scope of its own: processes left in
+/// `uzram run --bridge --config CONFIG` in a transient scope of its own: processes left in
 /// the unit's cgroup are killed before the unit starts again.
-fn start_bridge(config: &Path, unit: &str) -> anyhow::Result<Child> {
-    let exe = std::env::current_exe()?;
-    let child = Command::new("systemd-run")
-        .args(["--scope", "--quiet", "--collect"])
-        .arg(format!(
-            "--description=uzram bridge daemon for {unit} (planned restart)"
-        ))
-        .arg("--")
-        .arg(exe)
-        .args(["run", "--bridge", "--config"])
-        .arg(config)
-        // Its readiness is its published state, not an sd_notify to the unit it leaves.
-        .env_remove("NOTIFY_SOCKET")
-        .stdin(Stdio::null())
-        .spawn()?;
-    Ok(child)
+fn start_bridge(config: &Path, unit: &str) -> std::io::Result<Child> {
+    let args = [
+        OsStr::new("run"),
+        OsStr::new("--bridge"),
+        OsStr::new("--config"),
+        config.as_os_str(),
+    ];
+    spawn_in_scope(
+        &format!("uzram bridge daemon for {unit} (planned restart)"),
+        args,
+    )
 }
 
 enum Bridge {
@@ -172,16 +177,10 @@ mod tests {
     fn state(id: u32, pid: u32, config: &str, bridge: bool) -> DaemonState {
         DaemonState {
             pid,
-            id,
-            dev: format!("/dev/ublkb{id}"),
-            size: 1 << 20,
-            algorithm: "lz4".into(),
-            backend: "cpu".into(),
-            mem_limit: None,
             config: Some(config.into()),
             store_shm: Some(1),
-            create_args: None,
             bridge,
+            ..DaemonState::example(id)
         }
     }
 

@@ -69,24 +69,37 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             config_path.display()
         );
     }
+    if let Some((state, _)) = &orphan {
+        tracing::info!(id = state.id, config = %config_path.display(), "this config's device lost its daemon: recovering it");
+    }
+    serve_config(cfg.device, config_path, orphan, args.bridge, paused_since)
+}
+
+/// Serves the device of the config at `config_path` (canonical): the `orphan` this process
+/// locked, after giving its recovery room back, or else a new device.
+fn serve_config(
+    config: crate::config::DeviceConfig,
+    config_path: std::path::PathBuf,
+    orphan: Option<(DaemonState, File)>,
+    bridge: bool,
+    paused_since: Option<Instant>,
+) -> anyhow::Result<ExitCode> {
     let (recover, lock) = match orphan {
         Some((state, lock)) => {
-            tracing::info!(id = state.id, config = %config_path.display(), "this config's device lost its daemon: recovering it");
             super::recover::make_room(&state);
             (Some(state.id), Some(lock))
         }
         None => (None, None),
     };
     let launch = Launch {
-        config: cfg.device,
+        config,
         config_path: Some(config_path),
         log: None,
         recover,
         create_args: None,
-        bridge: args.bridge,
+        bridge,
         paused_since,
         lock,
-        standby: !args.bridge,
     };
     daemon::serve(launch, Arc::new(Reporter::new(Readiness::Systemd)))?;
     Ok(ExitCode::SUCCESS)
@@ -142,18 +155,11 @@ pub fn standby(args: StandbyArgs) -> anyhow::Result<ExitCode> {
         Taken::Nothing | Taken::Busy(_) => return Ok(ExitCode::SUCCESS),
     };
     tracing::warn!(dev = %state.dev, pid = args.pid, "the device's daemon died: the standby takes the device over until the unit's next daemon does");
-    super::recover::make_room(&state);
-    let launch = Launch {
-        config: cfg.device,
-        config_path: Some(config_path),
-        log: None,
-        recover: Some(state.id),
-        create_args: None,
-        bridge: true,
-        paused_since: Some(since),
-        lock: Some(lock),
-        standby: false,
-    };
-    daemon::serve(launch, Arc::new(Reporter::new(Readiness::Systemd)))?;
-    Ok(ExitCode::SUCCESS)
+    serve_config(
+        cfg.device,
+        config_path,
+        Some((state, lock)),
+        true,
+        Some(since),
+    )
 }

@@ -14,13 +14,7 @@ use crate::inuse::is_active_swap;
 
 fn device_for(config: &Path) -> anyhow::Result<String> {
     let want = std::fs::canonicalize(config).unwrap_or_else(|_| config.to_path_buf());
-    // A daemon killed without cleanup leaves its state behind: only a live one counts, and
-    // of several (a restart racing a stale file) the newest.
-    StateDir::default()
-        .list()?
-        .into_iter()
-        .filter(|s| s.config.as_deref() == Some(want.as_path()) && crate::sys::pid_alive(s.pid))
-        .max_by_key(|s| s.id)
+    super::handover::newest_live(StateDir::default().list()?, &want, None)
         .map(|s| s.dev)
         .with_context(|| {
             format!(
@@ -102,7 +96,7 @@ pub fn off(off_args: SwapOffArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(unit) = off_args.unit.as_deref().filter(|u| restarting(u)) {
-        return hand_off(&canonical, unit);
+        return hand_off(&states, &canonical, unit);
     }
     let dev = device_for(&args.config)?;
     if !is_swap(&dev)? {
@@ -151,8 +145,8 @@ fn restarting(unit: &str) -> bool {
 
 /// A planned restart: the device goes, through a bridge daemon, to the daemon systemd
 /// starts next (`handover`); swap stays on and nothing is swapped in.
-fn hand_off(config: &Path, unit: &str) -> anyhow::Result<ExitCode> {
-    let Some(old) = super::handover::live_daemon(&StateDir::default(), config, Some(false)) else {
+fn hand_off(states: &StateDir, config: &Path, unit: &str) -> anyhow::Result<ExitCode> {
+    let Some(old) = super::handover::live_daemon(states, config, Some(false)) else {
         return Ok(ExitCode::SUCCESS);
     };
     super::handover::restart_through_bridge(config, unit, &old)?;

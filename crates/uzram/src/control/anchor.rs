@@ -223,16 +223,10 @@ mod tests {
         let id = (1 << 20) - 7;
         let mut state = DaemonState {
             pid: 4242,
-            id,
-            dev: format!("/dev/ublkb{id}"),
             size: 1 << 30,
-            algorithm: "lz4".into(),
-            backend: "cpu".into(),
-            mem_limit: None,
             config: Some("/etc/uzram/swap0.toml".into()),
             store_shm: Some(17),
-            create_args: None,
-            bridge: false,
+            ..DaemonState::example(id)
         };
         write(&state).unwrap();
         assert_eq!(read(id), Some(state.clone()));

@@ -42,6 +42,26 @@ pub struct DaemonState {
     pub bridge: bool,
 }
 
+#[cfg(test)]
+impl DaemonState {
+    /// A record of device `id` for tests: 1 MiB, lz4 on the CPU, no config, no store.
+    pub fn example(id: u32) -> Self {
+        DaemonState {
+            pid: 0,
+            id,
+            dev: format!("/dev/ublkb{id}"),
+            size: 1 << 20,
+            algorithm: "lz4".into(),
+            backend: "cpu".into(),
+            mem_limit: None,
+            config: None,
+            store_shm: None,
+            create_args: None,
+            bridge: false,
+        }
+    }
+}
+
 /// A directory of daemon state files.
 #[derive(Debug, Clone)]
 pub struct StateDir {
@@ -190,16 +210,10 @@ mod tests {
         assert_eq!(mode & 0o777, 0o700);
         let mk = |id| DaemonState {
             pid: 100 + id,
-            id,
-            dev: format!("/dev/ublkb{id}"),
-            size: 1 << 20,
-            algorithm: "lz4".into(),
-            backend: "cpu".into(),
-            mem_limit: None,
-            config: None,
             store_shm: Some(id as i32),
             create_args: Some(vec!["--size".into(), "1M".into()]),
             bridge: id == 2,
+            ..DaemonState::example(id)
         };
         sd.write(&mk(10)).unwrap();
         sd.write(&mk(2)).unwrap();

@@ -15,7 +15,7 @@ pub mod queue_tuning;
 pub mod region;
 pub mod reserve;
 pub mod ring;
-mod standby;
+pub mod standby;
 mod store_memory;
 pub mod target;
 
@@ -114,9 +114,6 @@ pub struct Launch {
     /// The device's lock (`StateDir::try_lock`), when the caller took it before handing a
     /// recovery here; otherwise `serve` takes it.
     pub lock: Option<std::fs::File>,
-    /// Start a standby outside the unit that takes the device over if this daemon dies
-    /// (`uzram standby`; `uzram run` under systemd).
-    pub standby: bool,
 }
 
 /// Serves one device until it is stopped. Returns after the device is deleted.
@@ -136,8 +133,6 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let (plan, features) = choose_queue_mode(&cfg)?;
     let states = StateDir::default();
     states.create()?;
-    // Arena segments: the pool, over the blocks of the store's shared memory. A recovery
-    // takes it over first: it frees memory for what follows (`store_memory::recover`).
     // Two daemons must never adopt one store: whoever recovers holds the device's lock.
     let mut lock = launch.lock;
     if let (None, Some(id)) = (&lock, launch.recover) {
@@ -146,6 +141,8 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
                 format!("/dev/ublkb{id} is being taken over by another daemon")
             })?);
     }
+    // Arena segments: the pool, over the blocks of the store's shared memory. A recovery
+    // takes it over first: it frees memory for what follows (`store_memory::recover`).
     let (store, mut region) = match launch.recover {
         None => store_memory::create(&cfg)?,
         Some(id) => {
@@ -381,7 +378,9 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     // memory allows (off the I/O path; see `commit_room_when_spare`).
     let room = launch.recover.map(|_| region.room());
     let ready_reporter = reporter.clone();
-    let want_standby = launch.standby && launch.config_path.is_some();
+    // A config's daemon (`uzram run`, not a bridge) gets a standby outside its unit that
+    // takes the device over if it dies (`uzram standby`).
+    let want_standby = !launch.bridge && launch.config_path.is_some();
     let started_standby = standby_pid.clone();
     let alias_rdev = Arc::new(std::sync::OnceLock::new());
     let started_alias_rdev = alias_rdev.clone();

@@ -2,31 +2,45 @@
 //! that takes the device over the moment this daemon dies, so that a crash never waits for
 //! systemd, whose own pages may be in swap on the paused device (docs/recovery.md).
 
-use std::process::{Command, Stdio};
+use std::ffi::OsStr;
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::control::state::DaemonState;
 
-/// Starts the standby for `state`'s device in a transient scope (processes left in the
-/// unit's cgroup are killed when it stops after a crash) and puts its pid in `pid`. Without
+/// Runs this binary with `args` in a transient scope of its own (`systemd-run --scope`):
+/// processes left in a unit's cgroup are killed when it stops, and the standby and a
+/// restart's bridge must outlive the unit's daemon. Their readiness is their published
+/// state, not an sd_notify to the unit they leave.
+pub fn spawn_in_scope<I, S>(description: &str, args: I) -> std::io::Result<Child>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    Command::new("systemd-run")
+        .args(["--scope", "--quiet", "--collect"])
+        .arg(format!("--description={description}"))
+        .arg("--")
+        .arg(std::env::current_exe()?)
+        .args(args)
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::null())
+        .spawn()
+}
+
+/// Starts the standby for `state`'s device and puts its pid in `pid`. Without
 /// `systemd-run` there is none, and the log says what that means.
 pub fn start(state: &DaemonState, pid: &AtomicU32) {
     let Some(config) = &state.config else { return };
-    let exe = match std::env::current_exe() {
-        Ok(exe) => exe,
-        Err(err) => return warn_none(&err.to_string()),
-    };
-    let spawned = Command::new("systemd-run")
-        .args(["--scope", "--quiet", "--collect"])
-        .arg(format!("--description=uzram standby for {}", state.dev))
-        .arg("--")
-        .arg(exe)
-        .args(["standby", "--pid", &state.pid.to_string(), "--config"])
-        .arg(config)
-        .env_remove("NOTIFY_SOCKET")
-        .stdin(Stdio::null())
-        .spawn();
-    match spawned {
+    let daemon_pid = state.pid.to_string();
+    let args = [
+        OsStr::new("standby"),
+        OsStr::new("--pid"),
+        OsStr::new(&daemon_pid),
+        OsStr::new("--config"),
+        config.as_os_str(),
+    ];
+    match spawn_in_scope(&format!("uzram standby for {}", state.dev), args) {
         Ok(mut child) => {
             pid.store(child.id(), Ordering::Release);
             tracing::info!(pid = child.id(), "standby started");
@@ -38,13 +52,9 @@ pub fn start(state: &DaemonState, pid: &AtomicU32) {
                     let _ = child.wait();
                 });
         }
-        Err(err) => warn_none(&err.to_string()),
+        Err(err) => tracing::warn!(
+            error = %err,
+            "no standby (systemd-run failed): after a crash the device waits for systemd to restart the daemon"
+        ),
     }
-}
-
-fn warn_none(why: &str) {
-    tracing::warn!(
-        error = why,
-        "no standby (systemd-run failed): after a crash the device waits for systemd to restart the daemon"
-    );
 }
