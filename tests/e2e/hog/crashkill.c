@@ -6,7 +6,9 @@
  * recovery) and waits for it. Prints one line:
  *   crashkill: COUNTER +N at the kill; pid gone after A s; CMD rc R after B s; pause P s
  * where the pause runs from the kill until CMD returned (CMD returns once the device serves).
- * Exit status: CMD's, or 2 on bad usage or when PID never went away.
+ * Exit status: CMD's, or 2 on bad usage or when PID never went away, or 3 when COUNTER stood
+ * still for STALL_S seconds before it grew by DELTA (the load ended or died: no kill, and no
+ * wait until the scenario's time runs out).
  *
  * Why a resident helper: the swap scenario's shell had its own pages in swap on the very device
  * whose daemon it killed, so it blocked on them and never ran the recovery. This one is locked
@@ -25,6 +27,8 @@
 #include <unistd.h>
 
 extern char **environ;
+
+#define STALL_S 120
 
 static double now(void)
 {
@@ -77,10 +81,20 @@ int main(int argc, char **argv)
 		fprintf(stderr, "crashkill: no counter %s in /proc/vmstat\n", counter);
 		return 2;
 	}
-	long long v = start;
+	long long v = start, seen = start;
+	double moved = now();
 	while (v - start < delta) {
 		pause_ms(20);
 		v = vmstat(counter);
+		if (v != seen) {
+			seen = v;
+			moved = now();
+		} else if (now() - moved > STALL_S) {
+			printf("crashkill: %s stood still at +%lld of %lld for %d s (the load ended?): pid %d not killed\n",
+			       counter, v - start, delta, STALL_S, (int)pid);
+			fflush(stdout);
+			return 3;
+		}
 	}
 	double t0 = now();
 	if (kill(pid, SIGKILL) != 0) {

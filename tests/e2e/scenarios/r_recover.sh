@@ -25,7 +25,8 @@ crash_done() {
   _rc=$?
   [ $_rc = 0 ] && ok "$CW: killed, recovered (crashkill's line above has the pause)" \
     || { fail_check "$CW: crashkill/uzram recover rc=$_rc"; tail -n 20 /run/uzram/*.log; }
-  kill -0 $HPID 2>/dev/null && ok "$CW: the hog is alive" || say "  $CW: the hog is no longer running"
+  kill -0 $HPID 2>/dev/null && ok "$CW: the hog is alive" \
+    || { say "  $CW: the hog is no longer running"; dmesg | grep -iE 'out of memory|oom-kill|killed process' | tail -3 | sed 's/^/    dmesg| /'; }
   say "  $CW: $(tail -1 /tmp/hog.out)"
 }
 if hog_swap_device; then
