@@ -15,6 +15,7 @@
  * in memory and started before the kill; CMD is started with posix_spawn (no copy of this
  * process) from a file system that is never swapped.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <spawn.h>
@@ -29,6 +30,61 @@
 extern char **environ;
 
 #define STALL_S 120
+/* CMD still running this long after the kill: print where uzram's threads are */
+#define DUMP_S 30
+
+/* Prints FILE's lines (at most 4 KiB) with PREFIX. */
+static void cat_file(const char *prefix, const char *file)
+{
+	char buf[4096];
+	FILE *f = fopen(file, "r");
+
+	if (!f)
+		return;
+	while (fgets(buf, sizeof(buf), f))
+		printf("%s%s", prefix, buf);
+	fclose(f);
+}
+
+/* Every uzram thread's state and kernel stack, and the memory counters: why CMD is slow. */
+static void dump_state(void)
+{
+	char path[300], prefix[64], comm[64];
+	DIR *proc = opendir("/proc");
+	struct dirent *p;
+
+	printf("crashkill: the recovery is still running after %d s; uzram's threads:\n", DUMP_S);
+	while (proc && (p = readdir(proc))) {
+		if (p->d_name[0] < '1' || p->d_name[0] > '9' || strlen(p->d_name) > 20)
+			continue;
+		snprintf(path, sizeof(path), "/proc/%s/comm", p->d_name);
+		FILE *f = fopen(path, "r");
+		if (!f)
+			continue;
+		int is_uzram = fgets(comm, sizeof(comm), f) && strncmp(comm, "uzram", 5) == 0;
+		fclose(f);
+		if (!is_uzram)
+			continue;
+		snprintf(path, sizeof(path), "/proc/%s/task", p->d_name);
+		DIR *tasks = opendir(path);
+		struct dirent *t;
+		while (tasks && (t = readdir(tasks))) {
+			if (t->d_name[0] == '.' || strlen(t->d_name) > 20)
+				continue;
+			snprintf(prefix, sizeof(prefix), "crashkill:  %s/%s ", p->d_name, t->d_name);
+			snprintf(path, sizeof(path), "/proc/%s/task/%s/stat", p->d_name, t->d_name);
+			cat_file(prefix, path);
+			snprintf(path, sizeof(path), "/proc/%s/task/%s/stack", p->d_name, t->d_name);
+			cat_file(prefix, path);
+		}
+		if (tasks)
+			closedir(tasks);
+	}
+	if (proc)
+		closedir(proc);
+	cat_file("crashkill:  ", "/proc/meminfo");
+	fflush(stdout);
+}
 
 static double now(void)
 {
@@ -120,8 +176,17 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	int status = 0;
-	while (waitpid(child, &status, 0) < 0 && errno == EINTR)
-		;
+	int dumped = 0;
+	for (;;) {
+		pid_t r = waitpid(child, &status, WNOHANG);
+		if (r == child || (r < 0 && errno != EINTR))
+			break;
+		if (!dumped && now() - t0 > DUMP_S) {
+			dumped = 1;
+			dump_state();
+		}
+		pause_ms(20);
+	}
 	double done = now() - t0;
 	int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 	printf("crashkill: %s +%lld at the kill; pid %d gone after %.2f s; %s rc %d after %.2f s; pause %.2f s\n",

@@ -83,8 +83,16 @@ pub(super) fn start_detached(daemon_args: Vec<String>) -> anyhow::Result<ExitCod
         Ok(Err(err)) => return Err(err).context("reading the daemon's readiness pipe"),
         Err(_) => {
             let _ = child.kill();
+            // Reaped if it goes within 5 s; a daemon stuck in the kernel may not.
+            for _ in 0..50 {
+                if !matches!(child.try_wait(), Ok(None)) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            show_log_tail(&log_path);
             anyhow::bail!(
-                "the daemon did not report within {}s; see {}",
+                "the daemon did not report within {}s and was killed; its log: {}",
                 START_TIMEOUT.as_secs(),
                 log_path.display()
             );
@@ -101,21 +109,26 @@ pub(super) fn start_detached(daemon_args: Vec<String>) -> anyhow::Result<ExitCod
     }
     // Failed: reap the daemon, show its message and the end of its log.
     let status = child.wait().ok();
-    let mut tail = String::new();
-    if let Ok(mut f) = std::fs::File::open(&log_path) {
-        let _ = f.read_to_string(&mut tail);
-    }
+    show_log_tail(&log_path);
     let _ = std::fs::remove_file(&log_path);
-    let tail: Vec<&str> = tail.lines().rev().take(10).collect();
-    for l in tail.iter().rev() {
-        eprintln!("uzram: daemon log: {l}");
-    }
     match line.strip_prefix("ERROR ") {
         Some(msg) => anyhow::bail!("{msg}"),
         None => anyhow::bail!(
             "the daemon exited ({}) before the device was ready",
             status.map_or("unknown status".to_string(), |s| s.to_string())
         ),
+    }
+}
+
+/// Prints the last lines of a daemon's log to stderr.
+fn show_log_tail(log_path: &std::path::Path) {
+    let mut tail = String::new();
+    if let Ok(mut f) = std::fs::File::open(log_path) {
+        let _ = f.read_to_string(&mut tail);
+    }
+    let tail: Vec<&str> = tail.lines().rev().take(10).collect();
+    for l in tail.iter().rev() {
+        eprintln!("uzram: daemon log: {l}");
     }
 }
 
