@@ -31,7 +31,7 @@ extern char **environ;
 
 #define STALL_S 120
 /* CMD still running this long after the kill: print where uzram's threads are */
-#define DUMP_S 30
+#define DUMP_S 5
 
 /* Prints FILE's lines (at most 4 KiB) with PREFIX. */
 static void cat_file(const char *prefix, const char *file)

@@ -374,8 +374,8 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         Ok(())
     };
     let ready_states = states.clone();
-    // A recovery gave the room back before we started: commit it again once we serve and
-    // memory allows (off the I/O path; see `commit_room_when_spare`).
+    // A recovery gave the room back before we started: commit it again once we serve (off
+    // the I/O path; see `commit_room_soon`).
     let room = launch.recover.map(|_| region.room());
     let ready_reporter = reporter.clone();
     // A config's daemon (`uzram run`, not a bridge) gets a standby outside its unit that
@@ -416,7 +416,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
             let _ = std::thread::Builder::new()
                 .name("uzram-room".into())
                 .stack_size(256 << 10)
-                .spawn(move || region::commit_room_when_spare(start, len));
+                .spawn(move || region::commit_room_soon(start, len));
         }
         if want_standby {
             standby::start(&state, &started_standby);

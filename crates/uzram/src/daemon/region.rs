@@ -335,26 +335,28 @@ impl Region {
     }
 }
 
-/// Commits the recovery room at `start` (`len` bytes) once the system has memory to spare
-/// (MemAvailable at least three rooms), checking every second: right after a recovery the
-/// swap storm that may have caused it is likely still on, and 24 MiB more at that moment got
-/// the hog OOM-killed in the 7.3 guest. Until then a second crash has no room to start in.
-pub fn commit_room_when_spare(start: usize, len: usize) {
-    loop {
-        if mem_available_bytes().is_some_and(|avail| avail >= 3 * len as u64) {
-            commit_room_at(start, len);
-            tracing::info!(bytes = len, "recovery room committed again");
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_secs(1));
+/// Commits the recovery room at `start` (`len` bytes) again after a recovery, a MiB at a
+/// time with a short pause between, so the reclaim it may cause (swap-out to this device,
+/// which serves by now) is spread out. It does not wait for memory to spare: after a
+/// crash under a swap storm the storm goes on, and MemAvailable stayed under the three
+/// rooms the first version waited for, so a second crash found no room and its new daemon
+/// waited in reclaim until `uzram recover` gave up (scenario r on 6.12: it hung in 2 of 5
+/// runs, and took 15 s in a third).
+pub fn commit_room_soon(start: usize, len: usize) {
+    const STEP: usize = 1 << 20;
+    let t = std::time::Instant::now();
+    let mut at = start;
+    while at < start + len {
+        let n = STEP.min(start + len - at);
+        commit_room_at(at, n);
+        at += n;
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
-}
-
-fn mem_available_bytes() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    tracing::info!(
+        bytes = len,
+        ms = t.elapsed().as_millis() as u64,
+        "recovery room committed again"
+    );
 }
 
 /// Faults in `len` bytes at `start`, a range of a region's recovery room.
