@@ -233,3 +233,27 @@ proptest! {
         }
     }
 }
+
+/// zram's raw rule through `compress_below`: a block only when it is shorter than the limit,
+/// the same block `compress` gives, and `None` (store raw) otherwise, at every limit.
+#[test]
+fn compress_below_keeps_only_blocks_shorter_than_the_limit() {
+    let mut codec = Lz4Codec::new();
+    let mut out = vec![0u8; PAGE_SIZE];
+    for page in all_test_pages().iter().take(200) {
+        let full = compress(&mut codec, page, PAGE_SIZE);
+        for limit in [1, 64, 1000, BUDGET, 3625, PAGE_SIZE, PAGE_SIZE + 100] {
+            let got = codec
+                .compress_below(page, &mut out, limit)
+                .expect("lz4 compress never errors");
+            let want = full
+                .as_ref()
+                .filter(|b| !b.is_empty() && b.len() < limit.min(PAGE_SIZE));
+            match (got, want) {
+                (Some(n), Some(b)) => assert_eq!(&out[..n], &b[..], "limit {limit}"),
+                (None, None) => {}
+                (g, w) => panic!("limit {limit}: got {g:?}, want {:?}", w.map(|b| b.len())),
+            }
+        }
+    }
+}

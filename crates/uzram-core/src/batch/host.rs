@@ -142,8 +142,8 @@ impl HostSlots {
                 out.packed.extend_from_slice(&word.to_le_bytes());
                 SIZE_SAME_FILLED
             } else {
-                match codec.compress(&page, &mut block[..limit.min(PAGE_SIZE)]) {
-                    Ok(Some(len)) if len > 0 && len < limit => {
+                match codec.compress_below(&page, &mut block, limit) {
+                    Ok(Some(len)) => {
                         let n = self.compressed.fetch_add(1, Ordering::Relaxed) + 1;
                         let reject =
                             self.faults.reject_every > 0 && n % self.faults.reject_every == 0;

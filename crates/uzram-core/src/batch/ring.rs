@@ -1030,9 +1030,9 @@ impl Installer<'_> {
         match self
             .tools
             .codec
-            .compress(page, &mut self.tools.scratch[..limit])
+            .compress_below(page, &mut self.tools.scratch[..], limit)
         {
-            Ok(Some(len)) if len > 0 && len < limit => {
+            Ok(Some(len)) => {
                 page[..len].copy_from_slice(&self.tools.scratch[..len]);
                 Plan::Buf { buf, len }
             }

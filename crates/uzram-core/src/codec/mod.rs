@@ -125,4 +125,19 @@ pub trait PageCodec: Send {
     /// Decodes `src` into `page`. Fails, never panics, on corrupt or truncated input and
     /// never writes outside `page`; input that does not decode to exactly one page is an error.
     fn decompress(&mut self, src: &[u8], page: &mut [u8; PAGE_SIZE]) -> Result<(), CodecError>;
+
+    /// Compresses `page` under zram's rule for raw storage: `Ok(Some(len))`, the block in
+    /// `out[..len]`, when it is shorter than `limit` bytes; `Ok(None)` when the page is to
+    /// be stored raw. `out` should hold `limit` bytes (at most a page is used).
+    fn compress_below(
+        &mut self,
+        page: &[u8; PAGE_SIZE],
+        out: &mut [u8],
+        limit: usize,
+    ) -> Result<Option<usize>, CodecError> {
+        let limit = limit.min(PAGE_SIZE).min(out.len());
+        Ok(self
+            .compress(page, &mut out[..limit])?
+            .filter(|&len| len > 0 && len < limit))
+    }
 }

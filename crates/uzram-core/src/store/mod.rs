@@ -363,10 +363,12 @@ impl PageStore {
         }
         let threshold = self.raw_threshold;
         worker::with_codec(self.algorithm, |codec, scratch| {
-            let out = &mut scratch[..threshold];
-            let payload = match codec.compress(page, out).map_err(CoreError::Compress)? {
-                Some(len) if len > 0 && len < threshold => Payload::Bytes(&out[..len]),
-                _ => Payload::Bytes(page),
+            let payload = match codec
+                .compress_below(page, scratch, threshold)
+                .map_err(CoreError::Compress)?
+            {
+                Some(len) => Payload::Bytes(&scratch[..len]),
+                None => Payload::Bytes(page),
             };
             self.install(index, payload).map(drop)
         })
@@ -401,10 +403,12 @@ impl PageStore {
         fill_page(&mut page, word);
         let threshold = self.raw_threshold;
         worker::with_codec(self.algorithm, |codec, scratch| {
-            let out = &mut scratch[..threshold];
-            let encoded = match codec.compress(&page, out).map_err(CoreError::Compress)? {
-                Some(len) if len > 0 && len < threshold => Encoded::Compressed(&out[..len]),
-                _ => Encoded::Raw(&page),
+            let encoded = match codec
+                .compress_below(&page, scratch, threshold)
+                .map_err(CoreError::Compress)?
+            {
+                Some(len) => Encoded::Compressed(&scratch[..len]),
+                None => Encoded::Raw(&page),
             };
             let mut one = [Commit::new(ticket, encoded)];
             self.commit(&mut one)?;
