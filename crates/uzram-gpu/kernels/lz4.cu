@@ -535,6 +535,9 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ packed,
 #ifndef HIGH_INHERIT
 #define HIGH_INHERIT 4u
 #endif
+// A position inherits HIGH_CAP ("at least this long: measure it in full") from a sample up to
+// HIGH_SAMPLE - 1 bytes back, and the parse trusts its first MIN_MATCH bytes.
+static_assert(HIGH_SAMPLE - 1u + MIN_MATCH <= HIGH_CAP, "an inherited HIGH_CAP must still cover MIN_MATCH bytes");
 #define HIGH_THREADS 128u
 #define HIGH_HASH_LOG 11u
 #define NO_POS 0xffffu
