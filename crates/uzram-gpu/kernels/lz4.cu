@@ -537,6 +537,7 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ packed,
 #endif
 // A position inherits HIGH_CAP ("at least this long: measure it in full") from a sample up to
 // HIGH_SAMPLE - 1 bytes back, and the parse trusts its first MIN_MATCH bytes.
+static_assert((HIGH_SAMPLE & (HIGH_SAMPLE - 1u)) == 0u, "HIGH_SAMPLE must be a power of two (a sample is p & ~(HIGH_SAMPLE - 1))");
 static_assert(HIGH_SAMPLE - 1u + MIN_MATCH <= HIGH_CAP, "an inherited HIGH_CAP must still cover MIN_MATCH bytes");
 #define HIGH_THREADS 128u
 #define HIGH_HASH_LOG 11u

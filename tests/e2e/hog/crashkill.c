@@ -33,7 +33,7 @@ extern char **environ;
 /* CMD still running this long after the kill: print where uzram's threads are */
 #define DUMP_S 5
 
-/* Prints FILE's lines (at most 4 KiB) with PREFIX. */
+/* Prints FILE's lines, each with PREFIX. */
 static void cat_file(const char *prefix, const char *file)
 {
 	char buf[4096];

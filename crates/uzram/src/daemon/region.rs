@@ -345,11 +345,9 @@ impl Region {
 pub fn commit_room_soon(start: usize, len: usize) {
     const STEP: usize = 1 << 20;
     let t = std::time::Instant::now();
-    let mut at = start;
-    while at < start + len {
-        let n = STEP.min(start + len - at);
-        commit_room_at(at, n);
-        at += n;
+    let end = start + len;
+    for at in (start..end).step_by(STEP) {
+        commit_room_at(at, STEP.min(end - at));
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     tracing::info!(
