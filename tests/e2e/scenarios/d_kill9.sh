@@ -1,14 +1,18 @@
 # Scenario d: kill -9 of a daemon, then `uzram recover`. With ublk user recovery the device
 # stays, its I/O paused, and the store stays in shared memory: I/O in flight at the kill must
 # finish once a new daemon took over, with every byte right; `uzram list` and `uzram status`
-# show the device while its daemon is gone; `uzram destroy` deletes such a device without
-# hanging, and its shared memory goes with it.
+# show the device while its daemon is gone; the new daemon's counters go on from the dead
+# one's; `uzram destroy` deletes such a device without hanging, and its shared memory goes
+# with it.
 . /e2e/lib.sh
 begin d_kill9
 shm_segments() { tail -n +2 /proc/sysvipc/shm | wc -l; }
 wait_gone() { _i=0; while kill -0 "$1" 2>/dev/null && [ $_i -lt 100 ]; do _i=$((_i + 1)); usleep 100000; done; ! kill -0 "$1" 2>/dev/null; }
 if uzram_create --size 64M; then
   check "fio write 0..16M" fio_job region.fio DEV="$DEV" OFFSET=0 LEN=16M VONLY=0
+  # The daemon saves its counts for the next one every second.
+  sleep 2
+  W1=$(stat_field "$DEV" write_requests)
   PID=$(daemon_pid "$DEV")
   if [ -z "$PID" ]; then
     fail_check "no process holds /dev/ublkc${DEV#/dev/ublkb} open"
@@ -41,6 +45,10 @@ if uzram_create --size 64M; then
     check "fio verify 16M..64M (in flight at the kill)" fio_job region.fio DEV="$DEV" OFFSET=16M LEN=48M VONLY=1
     PID2=$(daemon_pid "$DEV")
     [ -n "$PID2" ] && [ "$PID2" != "$PID" ] && ok "new daemon $PID2 serves $DEV" || fail_check "no new daemon serves $DEV"
+    W2=$(stat_field "$DEV" write_requests)
+    [ -n "$W1" ] && [ "$W1" -gt 0 ] && [ -n "$W2" ] && [ "$W2" -gt "$W1" ] \
+      && ok "write_requests went on from the dead daemon's: $W1 before the kill, $W2 now" \
+      || fail_check "write_requests did not go on across the crash: '$W1' before, '$W2' after"
     # A second kill, and the orphan destroyed instead of recovered.
     kill -9 "$PID2"; wait_gone "$PID2"
     run_t "$TMO" /tmp/d.out uzram destroy "$DEV"; rc=$?

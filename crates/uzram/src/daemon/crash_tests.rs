@@ -1,6 +1,6 @@
 //! A store killed at a random instant is one a new process can serve: a child process writes,
 //! discards and compacts a store in shared memory until it is SIGKILLed; a second child takes
-//! the store over and checks every page. The children are this test binary itself, run with
+//! the store over and checks every page (and the counts the first one carried over). The children are this test binary itself, run with
 //! `UZRAM_CRASH_CHILD` set (each needs a process of its own: the pool is process-global).
 
 use std::io::{BufRead, BufReader};
@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use uzram_core::store::PageStore;
 use uzram_core::PAGE_SIZE;
 
-use super::{pool, region, store_memory};
+use super::{carry, pool, region, store_memory};
 use crate::config::{DeviceConfig, RawDevice};
+use crate::control::proto::Stat;
 
 const PAGES: u64 = 2048;
 const ENV: &str = "UZRAM_CRASH_CHILD";
@@ -102,14 +103,21 @@ fn writer() {
         compacted.compact();
         std::thread::sleep(Duration::from_millis(2));
     });
+    let mut writes = 0;
     for gen in 1u64.. {
         for page in 0..PAGES {
             if (page + gen) % 7 == 0 {
                 let _ = store.discard(page, 1);
             } else {
                 write_retrying(&store, page, &content(page, gen));
+                writes += 1;
             }
         }
+        // What the daemon's carry thread does every second.
+        carry::Carry::new(region.carried_counters()).save(&[Stat {
+            name: "writes".into(),
+            value: writes,
+        }]);
         if gen == 2 {
             println!("ROUNDS 2");
         }
@@ -118,8 +126,15 @@ fn writer() {
 
 /// Child: takes the store over and checks every page, then compacts, writes and checks again.
 fn verifier(shm: i32) {
-    let (store, _region): (Arc<PageStore>, _) =
+    let (store, region): (Arc<PageStore>, _) =
         store_memory::recover(&config(), shm).expect("the killed writer's store is recoverable");
+    // The counts it saved after each round (two at least) are there for the next daemon.
+    let carried = carry::Carry::new(region.carried_counters()).load();
+    let writes = carried.get("writes").copied().unwrap_or(0);
+    assert!(
+        writes >= 2 * (PAGES - PAGES / 7 - 1),
+        "carried writes {writes}: {carried:?}"
+    );
     std::thread::spawn(|| pool::keep(64));
     let verify = |what: &str| {
         let mut buf = vec![0u8; PAGE_SIZE];

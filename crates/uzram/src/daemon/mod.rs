@@ -2,6 +2,7 @@
 //! and on SIGTERM/SIGINT or a control `stop` delete the device and clean up.
 
 mod batch_io;
+mod carry;
 mod compactor;
 pub mod compression;
 #[cfg(test)]
@@ -232,6 +233,8 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         .clone()
         .map(|path| Arc::new(crate::metrics::Textfile::new(path)));
     let listener = server::bind(&states.socket_path(id))?;
+    // The status snapshot, for the stopper's last save of the carried counters.
+    let carry_out;
     {
         let template = DeviceStatus {
             id,
@@ -250,8 +253,17 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         let (store, counters, stop_tx) = (store.clone(), counters.clone(), stop_tx.clone());
         let compression = compression.clone();
         let stop_tx = Mutex::new(stop_tx);
-        let snapshot = Arc::new(move || DeviceStatus {
-            stats: store
+        // Counts the daemons before us left (nothing for a new device).
+        let carried_in = carry::Carry::new(region.carried_counters()).load();
+        if !carried_in.is_empty() {
+            tracing::info!(
+                writes = carried_in.get("write_requests").copied().unwrap_or(0),
+                reads = carried_in.get("read_requests").copied().unwrap_or(0),
+                "counters go on from the last daemon's"
+            );
+        }
+        let snapshot = Arc::new(move || {
+            let mut stats: Vec<Stat> = store
                 .stats()
                 .fields()
                 .into_iter()
@@ -259,20 +271,29 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
                     name: name.to_string(),
                     value,
                 })
-                .collect(),
-            requests: counters
-                .snapshot()
-                .into_iter()
-                .chain(pool_stats())
-                .chain(queue_stats(plan))
-                .collect(),
-            backend_stats: compression.stats(),
-            ..template.clone()
+                .collect();
+            let mut requests = counters.snapshot();
+            carry::add_base(&mut stats, &carried_in);
+            carry::add_base(&mut requests, &carried_in);
+            requests.extend(pool_stats().into_iter().chain(queue_stats(plan)));
+            DeviceStatus {
+                stats,
+                requests,
+                backend_stats: compression.stats(),
+                ..template.clone()
+            }
         });
+        carry_out = snapshot.clone();
         if let Some(file) = textfile.clone() {
             let snapshot = snapshot.clone();
             spawn("uzram-metrics", move || file.keep_writing(|| snapshot()))?;
         }
+        let (saved, table) = (snapshot.clone(), region.carried_counters());
+        spawn("uzram-carry", move || loop {
+            std::thread::sleep(CARRY_EVERY);
+            let s = saved();
+            carry::Carry::new(table).save(s.stats.iter().chain(&s.requests));
+        })?;
         spawn("uzram-control", move || {
             server::serve(listener, move |req| match req {
                 Request::Status => Response::Status(snapshot()),
@@ -307,6 +328,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let standby_pid = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let stopper_standby = standby_pid.clone();
     let stopper_compression = compression.clone();
+    let stopper_carry = (carry_out, region.carried_counters());
     spawn("uzram-stopper", move || {
         let Ok(why) = stop_rx.recv() else { return };
         if why == HANDOFF {
@@ -329,6 +351,9 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
                 ),
                 None => {}
             }
+            // The next daemon's counters go on from ours as they are now.
+            let s = (stopper_carry.0)();
+            carry::Carry::new(stopper_carry.1).save(s.stats.iter().chain(&s.requests));
             // Exactly what a crash leaves, on purpose: the kernel holds the device and its
             // I/O for the next daemon (requests we had taken are reissued to it) and the store
             // stays in shared memory. Nothing else of ours may run: no device deletion, no
@@ -452,6 +477,9 @@ const HANDOFF: &str = "handoff";
 /// How long a handover waits for staged pages to be installed (the handover's requester
 /// gives the daemon 10 s to exit).
 const HANDOFF_DRAIN: Duration = Duration::from_secs(5);
+/// How often the carried counters are saved for the next daemon (`carry.rs`): what a crash
+/// can lose of them.
+const CARRY_EVERY: Duration = Duration::from_secs(1);
 
 /// Set-up for a thread that installs staged pages: like a queue thread, it is on the swap
 /// I/O path, so it must get ENOMEM rather than page-fault into reclaim, and run ahead of

@@ -9,9 +9,10 @@
 //! only come back through the dead server. (A memfd kept in systemd's fd store is locked
 //! only while some process maps it with mlock.)
 //!
-//! Layout, in 64 KiB units: a header page, the page table (8 bytes a page), the segment
-//! directory (4 bytes an arena segment: the block it lives in, plus one; 0 for none), the
-//! recovery room, then the blocks the pool hands out.
+//! Layout, in 64 KiB units: a header unit (the header, then the carried counters of
+//! `carry.rs`), the page table (8 bytes a page), the segment directory (4 bytes an arena
+//! segment: the block it lives in, plus one; 0 for none), the recovery room, then the
+//! blocks the pool hands out.
 //!
 //! The recovery room ([`ROOM`] bytes, committed and never used) is memory a recovery gives
 //! back to the system before the new daemon allocates anything ([`release_room`]). A daemon
@@ -38,6 +39,11 @@ const VERSION: u32 = 2;
 /// reserve, stacks and rings before it serves.
 pub const ROOM: usize = 24 << 20;
 const UNIT: usize = pool::BLOCK;
+/// Where the carried counters (`carry.rs`) live: in the header's unit, after the header.
+const CARRY_OFF: usize = 4096;
+const _: () = assert!(
+    std::mem::size_of::<Header>() <= CARRY_OFF && CARRY_OFF + super::carry::WORDS * 8 <= UNIT
+);
 
 /// What a region starts with.
 #[repr(C)]
@@ -282,6 +288,19 @@ impl Region {
         self.header.device = id;
         // SAFETY: the header lies at the start of our mapping.
         unsafe { ptr::write_volatile(self.base as *mut Header, self.header) };
+    }
+
+    /// The carried counters' words (`carry.rs`), in the header's unit.
+    pub fn carried_counters(&self) -> &'static [AtomicU64] {
+        // SAFETY: the header's unit lies in the mapping (`create` made it, `attach` checked
+        // the segment is at least a unit long); the words are 8-aligned (the mapping is
+        // page-aligned), only ever accessed atomically, and the mapping is never detached.
+        unsafe {
+            std::slice::from_raw_parts(
+                (self.base + CARRY_OFF) as *const AtomicU64,
+                super::carry::WORDS,
+            )
+        }
     }
 
     /// The page table. Call once: the store owns it from then on.
