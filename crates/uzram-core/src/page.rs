@@ -3,7 +3,6 @@
 mod same_fill;
 mod stream;
 
-pub(crate) use stream::bytes_to_words_streaming;
 pub use stream::{page_to_words_streaming, stream_fence};
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -52,27 +51,5 @@ pub fn page_to_words(page: &[u8; PAGE_SIZE], words: &[AtomicU64]) {
 pub fn words_to_page(words: &[AtomicU64], page: &mut [u8; PAGE_SIZE]) {
     for (w, chunk) in words.iter().zip(page.chunks_exact_mut(8)) {
         chunk.copy_from_slice(&w.load(Relaxed).to_le_bytes());
-    }
-}
-
-/// Stores `data` into `words` as little-endian words with relaxed stores, the last one
-/// zero-padded; stores what fits when `words` is short. Whole words first, then the tail:
-/// a fixed 8-byte copy per word, never a `memcpy` call.
-pub(crate) fn bytes_to_words(data: &[u8], words: &[AtomicU64]) {
-    let whole = data.chunks_exact(8);
-    let tail = whole.remainder();
-    let mut words = words.iter();
-    // The byte chunks first in each zip: when they run out, no word is taken.
-    for (chunk, word) in whole.zip(words.by_ref()) {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(chunk);
-        word.store(u64::from_le_bytes(b), Relaxed);
-    }
-    if !tail.is_empty() {
-        if let Some(word) = words.next() {
-            let mut b = [0u8; 8];
-            b[..tail.len()].copy_from_slice(tail);
-            word.store(u64::from_le_bytes(b), Relaxed);
-        }
     }
 }

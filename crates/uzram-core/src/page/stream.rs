@@ -1,8 +1,6 @@
-//! Copying into memory the CPU does not read again soon (pages into staging that a device
-//! reads next, compressed bytes into the arena): with non-temporal stores on x86_64 under
-//! the `unsafe-stream` feature (SSE2 intrinsics, the crate's second and last `unsafe`
-//! module), else with the same relaxed word stores as [`super::page_to_words`] and
-//! [`super::bytes_to_words`].
+//! Copying pages into staging memory that a device reads next: with non-temporal stores on
+//! x86_64 under the `unsafe-stream` feature (SSE2 intrinsics, the crate's second and last
+//! `unsafe` module), else with the same relaxed word stores as [`super::page_to_words`].
 
 #![cfg_attr(feature = "unsafe-stream", allow(unsafe_code))]
 
@@ -41,39 +39,6 @@ pub fn page_to_words_streaming(page: &[u8; PAGE_SIZE], words: &[AtomicU64]) {
         // races with these plain stores.
         unsafe { _mm_stream_si128(dst.add(i), _mm_loadu_si128(src.add(i))) };
     }
-}
-
-/// [`super::bytes_to_words`] with non-temporal stores for the whole words: for arena
-/// memory that an installer fills and nobody reads until the page is published (and then
-/// seldom soon), so the copy neither reads the destination's lines in first nor evicts the
-/// installer's working set. Call [`stream_fence`] before publishing.
-///
-/// Nothing may read or write the words it stores while this runs (arena space belongs to
-/// one writer between its allocation and its publication).
-#[cfg(all(target_arch = "x86_64", feature = "unsafe-stream"))]
-#[inline]
-pub(crate) fn bytes_to_words_streaming(data: &[u8], words: &[AtomicU64]) {
-    use std::arch::x86_64::_mm_stream_si64;
-
-    let whole = data.len() / 8;
-    for (chunk, word) in data.chunks_exact(8).zip(words) {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(chunk);
-        // SAFETY: SSE2 (movnti) is part of x86_64; `word` is an `AtomicU64`, so its address
-        // is 8-byte aligned and valid for an 8-byte store, and atomics allow writes through
-        // a shared reference. The caller guarantees that no other access races with it.
-        unsafe { _mm_stream_si64(word.as_ptr().cast::<i64>(), i64::from_le_bytes(b)) };
-    }
-    if let (Some(tail), Some(rest)) = (data.get(whole * 8..), words.get(whole..)) {
-        super::bytes_to_words(tail, rest);
-    }
-}
-
-/// Without streaming stores: [`super::bytes_to_words`].
-#[cfg(not(all(target_arch = "x86_64", feature = "unsafe-stream")))]
-#[inline]
-pub(crate) fn bytes_to_words_streaming(data: &[u8], words: &[AtomicU64]) {
-    super::bytes_to_words(data, words);
 }
 
 /// Without streaming stores: [`super::page_to_words`].
@@ -119,38 +84,5 @@ mod tests {
         }
         // A destination shorter than a page gets what fits, no panic.
         page_to_words_streaming(&page, &words[..3]);
-    }
-
-    #[test]
-    fn streamed_bytes_read_back_zero_padded() {
-        let data: Vec<u8> = (0..100u32).map(|i| (i * 7 + 3) as u8).collect();
-        for len in [0, 1, 7, 8, 9, 63, 64, 65, 100] {
-            let words: Vec<AtomicU64> = (0..14).map(|_| AtomicU64::new(u64::MAX)).collect();
-            bytes_to_words_streaming(&data[..len], &words);
-            stream_fence();
-            let back: Vec<u8> = words
-                .iter()
-                .flat_map(|w| w.load(std::sync::atomic::Ordering::Relaxed).to_le_bytes())
-                .collect();
-            assert_eq!(&back[..len], &data[..len], "{len} bytes");
-            let padded = len.div_ceil(8) * 8;
-            assert!(
-                back[len..padded].iter().all(|&b| b == 0),
-                "{len}: tail padding"
-            );
-            assert!(
-                back[padded..].iter().all(|&b| b == 0xff),
-                "{len}: words past the data"
-            );
-        }
-        // A destination shorter than the data gets what fits, no panic.
-        let short: Vec<AtomicU64> = (0..2).map(|_| AtomicU64::new(0)).collect();
-        bytes_to_words_streaming(&data, &short);
-        assert_eq!(
-            short[1]
-                .load(std::sync::atomic::Ordering::Relaxed)
-                .to_le_bytes(),
-            data[8..16]
-        );
     }
 }

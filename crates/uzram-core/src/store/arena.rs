@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use super::entry::HANDLE_ALIGN;
 use super::persist::SegmentHome;
 use super::segments::{Segment, SegmentTable};
-use crate::page::{bytes_to_words_streaming, stream_fence, PAGE_SIZE};
+use crate::page::PAGE_SIZE;
 use crate::CoreError;
 
 /// Bytes per segment: the unit in which the arena takes memory from the system.
@@ -474,11 +474,9 @@ impl Arena {
                 .words(seg)
                 .get(off / 8..(off + data.len()).div_ceil(8));
             if let Some(words) = words {
-                bytes_to_words_streaming(data, words);
+                bytes_to_words(data, words);
             }
         }
-        // The streamed bytes land before the entries that name them are published.
-        stream_fence();
     }
 }
 
@@ -564,7 +562,28 @@ impl Compaction<'_> {
     }
 }
 
-/// Loads `out.len()` bytes from `words`, little-endian: the inverse of [`crate::page::bytes_to_words`].
+/// Stores `data` into `words` (at least `data.len() / 8` rounded up), little-endian.
+/// Whole words first, then the tail: a fixed 8-byte copy per word, never a `memcpy` call.
+fn bytes_to_words(data: &[u8], words: &[AtomicU64]) {
+    let whole = data.chunks_exact(8);
+    let tail = whole.remainder();
+    let mut words = words.iter();
+    // The byte chunks first in each zip: when they run out, no word is taken.
+    for (chunk, word) in whole.zip(words.by_ref()) {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(chunk);
+        word.store(u64::from_le_bytes(b), Relaxed);
+    }
+    if !tail.is_empty() {
+        if let Some(word) = words.next() {
+            let mut b = [0u8; 8];
+            b[..tail.len()].copy_from_slice(tail);
+            word.store(u64::from_le_bytes(b), Relaxed);
+        }
+    }
+}
+
+/// Loads `out.len()` bytes from `words`, little-endian: the inverse of [`bytes_to_words`].
 fn words_to_bytes(words: &[AtomicU64], out: &mut [u8]) {
     let mut words = words.iter();
     let mut whole = out.chunks_exact_mut(8);
