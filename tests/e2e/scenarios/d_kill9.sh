@@ -45,12 +45,18 @@ if uzram_create --size 64M; then
     check "fio verify 16M..64M (in flight at the kill)" fio_job region.fio DEV="$DEV" OFFSET=16M LEN=48M VONLY=1
     PID2=$(daemon_pid "$DEV")
     [ -n "$PID2" ] && [ "$PID2" != "$PID" ] && ok "new daemon $PID2 serves $DEV" || fail_check "no new daemon serves $DEV"
+    # A second kill with no I/O in flight: the next daemon's count is exactly this one's.
+    sleep 2
     W2=$(stat_field "$DEV" write_requests)
-    [ -n "$W1" ] && [ "$W1" -gt 0 ] && [ -n "$W2" ] && [ "$W2" -gt "$W1" ] \
-      && ok "write_requests went on from the dead daemon's: $W1 before the kill, $W2 now" \
-      || fail_check "write_requests did not go on across the crash: '$W1' before, '$W2' after"
-    # A second kill, and the orphan destroyed instead of recovered.
     kill -9 "$PID2"; wait_gone "$PID2"
+    check "uzram recover $DEV (again, nothing in flight)" uzram recover "$DEV"
+    W3=$(stat_field "$DEV" write_requests)
+    [ -n "$W1" ] && [ "$W1" -gt 0 ] && [ -n "$W2" ] && [ "$W2" -gt "$W1" ] && [ "$W3" = "$W2" ] \
+      && ok "write_requests go on across daemons: $W1 before the first kill, $W2 before the second, $W3 after it" \
+      || fail_check "write_requests did not go on across the crashes: '$W1', then '$W2', then '$W3'"
+    PID3=$(daemon_pid "$DEV")
+    # A third kill, and the orphan destroyed instead of recovered.
+    kill -9 "$PID3"; wait_gone "$PID3"
     run_t "$TMO" /tmp/d.out uzram destroy "$DEV"; rc=$?
     [ $rc = 0 ] && ok "uzram destroy of a device whose daemon died (${RUN_SECS}s)" \
       || fail_check "uzram destroy: rc=$rc in ${RUN_SECS}s: $(tr '\n' ' ' < /tmp/d.out | head -c 300)"
