@@ -17,15 +17,9 @@ SIZE_MIB=${UZ_bench_mib:-512}
 RUNTIME=${UZ_bench_runtime:-10}
 PARTS=${UZ_bench_parts:-fio,swap}
 AVAIL=$(mem_avail_mib)
-HOG=${UZ_hog_mib:-$((AVAIL * 2))}
-# The swap device has a quarter to spare, as in scenario b (lib.sh hog_swap_device): sized
-# exactly to the hog, it filled up on 7.3 (page-cluster 5, batch mode) and the OOM killer
-# took the hog, then init.
-SWAP_MIB=$((HOG * 5 / 4))
 PC_DEFAULT=$(cat /proc/sys/vm/page-cluster)
 [ -z "${UZ_page_cluster:-}" ] || PC_DEFAULT=$UZ_page_cluster
 rc=0
-say "bench: device ${SIZE_MIB} MiB, fio runtime ${RUNTIME}s, swap device ${SWAP_MIB} MiB, hog ${HOG} MiB (MemAvailable ${AVAIL} MiB), ${REPS} rep(s), parts ${PARTS}, vm.page-cluster ${PC_DEFAULT}, uzram flags: $(create_flags)${UZ_swap_variants:+, swap variants ${UZ_swap_variants}}"
 
 # what the kernel does on every syscall and context switch here (emulated, so it counts)
 say "bench: CPU mitigations: $(grep -H . /sys/devices/system/cpu/vulnerabilities/* 2>/dev/null | grep -v ':Not affected' | sed 's|.*/||' | tr '\n' ';')"
@@ -33,6 +27,22 @@ while read -r m; do
   grep -q "^$m " /proc/modules || insmod "/lib/modules/$m.ko" || { say "insmod $m failed"; exit 1; }
 done < /lib/modules/load-order
 [ -e /sys/block/zram0 ] || { say "zram0 missing after insmod zram"; exit 1; }
+
+# The hog: twice what is available while a uzram device of the swap size runs (its
+# pre-faulted block pool and recovery room are memory the hog cannot have), the same hog for
+# zram and uzram. Sized before the daemon ran, uzram's runs on 7.3 (page-cluster 5) ran out
+# of memory in the verify pass, and the OOM killer took the hog, then init. The swap device
+# has a quarter to spare, as in scenario b (lib.sh hog_swap_device).
+HOG=${UZ_hog_mib:-$((AVAIL * 2))}
+case ",$PARTS," in
+  *,swap,*)
+    if [ -z "${UZ_hog_mib:-}" ] && uzram_create --size "$((HOG * 5 / 4))M" > /dev/null; then
+      HOG=$(($(mem_avail_mib) * 2))
+      uzram_destroy "$DEV" > /dev/null
+    fi ;;
+esac
+SWAP_MIB=$((HOG * 5 / 4))
+say "bench: device ${SIZE_MIB} MiB, fio runtime ${RUNTIME}s, swap device ${SWAP_MIB} MiB, hog ${HOG} MiB (MemAvailable ${AVAIL} MiB without a daemon), ${REPS} rep(s), parts ${PARTS}, vm.page-cluster ${PC_DEFAULT}, uzram flags: $(create_flags)${UZ_swap_variants:+, swap variants ${UZ_swap_variants}}"
 
 emit() { echo "BENCH rep=$1 dev=$2 metric=$3 value=$4"; }
 zram_up() {  # MIB -> DEV=/dev/zram0
