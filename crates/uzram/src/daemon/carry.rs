@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::control::proto::Stat;
+use crate::control::proto::{DeviceStatus, Stat};
 
 /// Slots in the table.
 pub const SLOTS: usize = 64;
@@ -126,6 +126,13 @@ impl<'a> Carry<'a> {
             }
             slot[3].store(stat.value, Ordering::Relaxed);
         }
+    }
+}
+
+impl Carry<'_> {
+    /// [`Carry::save`] of a status report's counters (`stats` and `requests`).
+    pub fn save_status(&self, status: &DeviceStatus) {
+        self.save(status.stats.iter().chain(&status.requests));
     }
 }
 

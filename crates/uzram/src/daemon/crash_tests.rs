@@ -1,7 +1,8 @@
 //! A store killed at a random instant is one a new process can serve: a child process writes,
 //! discards and compacts a store in shared memory until it is SIGKILLed; a second child takes
-//! the store over and checks every page (and the counts the first one carried over). The children are this test binary itself, run with
-//! `UZRAM_CRASH_CHILD` set (each needs a process of its own: the pool is process-global).
+//! the store over and checks every page (and the counts the first one carried over). The
+//! children are this test binary itself, run with `UZRAM_CRASH_CHILD` set (each needs a
+//! process of its own: the pool is process-global).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

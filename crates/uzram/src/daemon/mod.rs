@@ -233,8 +233,9 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         .clone()
         .map(|path| Arc::new(crate::metrics::Textfile::new(path)));
     let listener = server::bind(&states.socket_path(id))?;
-    // The status snapshot, for the stopper's last save of the carried counters.
-    let carry_out;
+    // Saves the counts for the next daemon (`carry.rs`): once a second, and once more by the
+    // stopper at a handover.
+    let save_counts: Arc<dyn Fn() + Send + Sync>;
     {
         let template = DeviceStatus {
             id,
@@ -283,16 +284,16 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
                 ..template.clone()
             }
         });
-        carry_out = snapshot.clone();
         if let Some(file) = textfile.clone() {
             let snapshot = snapshot.clone();
             spawn("uzram-metrics", move || file.keep_writing(|| snapshot()))?;
         }
-        let (saved, table) = (snapshot.clone(), region.carried_counters());
+        let (counted, table) = (snapshot.clone(), region.carried_counters());
+        save_counts = Arc::new(move || carry::Carry::new(table).save_status(&counted()));
+        let save = save_counts.clone();
         spawn("uzram-carry", move || loop {
             std::thread::sleep(CARRY_EVERY);
-            let s = saved();
-            carry::Carry::new(table).save(s.stats.iter().chain(&s.requests));
+            save();
         })?;
         spawn("uzram-control", move || {
             server::serve(listener, move |req| match req {
@@ -328,7 +329,6 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let standby_pid = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let stopper_standby = standby_pid.clone();
     let stopper_compression = compression.clone();
-    let stopper_carry = (carry_out, region.carried_counters());
     spawn("uzram-stopper", move || {
         let Ok(why) = stop_rx.recv() else { return };
         if why == HANDOFF {
@@ -352,8 +352,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
                 None => {}
             }
             // The next daemon's counters go on from ours as they are now.
-            let s = (stopper_carry.0)();
-            carry::Carry::new(stopper_carry.1).save(s.stats.iter().chain(&s.requests));
+            save_counts();
             // Exactly what a crash leaves, on purpose: the kernel holds the device and its
             // I/O for the next daemon (requests we had taken are reissued to it) and the store
             // stays in shared memory. Nothing else of ours may run: no device deletion, no
