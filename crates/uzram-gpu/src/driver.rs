@@ -284,37 +284,86 @@ impl Drop for HostBuf {
 
 /// Pinned host memory seen from Rust only as atomic words: the staging of a slot, which
 /// writer threads fill, reader threads copy from and the device reads (by DMA) without
-/// any lock among them.
+/// any lock among them. Allocated by the driver, or memory the caller keeps (a shared
+/// memory segment that outlives the process) registered with it.
 #[derive(Debug)]
 pub struct PinnedWords {
-    buf: HostBuf,
+    mem: Pinned,
+}
+
+#[derive(Debug)]
+enum Pinned {
+    Own(HostBuf),
+    Registered {
+        words: &'static [AtomicU64],
+        gpu: Arc<Gpu>,
+    },
 }
 
 impl PinnedWords {
     /// `words` zeroed pinned words.
     pub fn new(gpu: &Arc<Gpu>, words: usize) -> Result<Self, GpuError> {
         Ok(Self {
-            buf: HostBuf::new(gpu, words * 8)?,
+            mem: Pinned::Own(HostBuf::new(gpu, words * 8)?),
+        })
+    }
+
+    /// The caller's `words`, page-locked and registered with `gpu`'s context
+    /// (`cuMemHostRegister`) until this value is dropped. They must start on a page.
+    pub fn register(gpu: &Arc<Gpu>, words: &'static [AtomicU64]) -> Result<Self, GpuError> {
+        if words.as_ptr() as usize % 4096 != 0 {
+            return Err(GpuError::Config(
+                "staging to register must start on a page".into(),
+            ));
+        }
+        gpu.bind()?;
+        // SAFETY: the range is `words`, memory of this process that lives for the rest of
+        // it ('static); flags 0: page-locked for this context, not mapped. The device only
+        // reads it (copies queued after the writes were made).
+        unsafe {
+            sys::cuMemHostRegister_v2(
+                words.as_ptr() as *mut c_void,
+                std::mem::size_of_val(words),
+                0,
+            )
+        }
+        .result()
+        .map_err(GpuError::driver("cuMemHostRegister"))?;
+        Ok(Self {
+            mem: Pinned::Registered {
+                words,
+                gpu: gpu.clone(),
+            },
         })
     }
 
     /// The words.
     pub fn words(&self) -> &[AtomicU64] {
-        // SAFETY: cuMemHostAlloc returns page-aligned memory of `len` bytes owned by `buf`,
-        // which lives as long as `self`; AtomicU64 has the size and alignment of u64, and
-        // this type hands out no non-atomic view of the bytes, so every access from Rust is
-        // atomic. The device only reads them (copies queued after the writes were made).
-        unsafe { std::slice::from_raw_parts(self.buf.ptr.cast::<AtomicU64>(), self.buf.len / 8) }
+        match &self.mem {
+            // SAFETY: cuMemHostAlloc returns page-aligned memory of `len` bytes owned by
+            // `buf`, which lives as long as `self`; AtomicU64 has the size and alignment of
+            // u64, and this type hands out no non-atomic view of the bytes, so every access
+            // from Rust is atomic. The device only reads them.
+            Pinned::Own(buf) => unsafe {
+                std::slice::from_raw_parts(buf.ptr.cast::<AtomicU64>(), buf.len / 8)
+            },
+            Pinned::Registered { words, .. } => words,
+        }
+    }
+
+    /// Whether the words are the caller's (registered), not the driver's.
+    pub fn is_registered(&self) -> bool {
+        matches!(self.mem, Pinned::Registered { .. })
     }
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.buf.len
+        std::mem::size_of_val(self.words())
     }
 
     /// True for an empty buffer.
     pub fn is_empty(&self) -> bool {
-        self.buf.len == 0
+        self.len() == 0
     }
 
     /// The first `len` bytes as the source of a host-to-device copy.
@@ -323,7 +372,22 @@ impl PinnedWords {
     /// The caller queues only device reads of these bytes (a copy to the device), and must
     /// not hold the returned pointer past the buffer's life.
     pub unsafe fn as_copy_source(&self) -> *const u8 {
-        self.buf.ptr
+        self.words().as_ptr().cast()
+    }
+}
+
+impl Drop for PinnedWords {
+    fn drop(&mut self) {
+        if let Pinned::Registered { words, gpu } = &self.mem {
+            if gpu.bind().is_ok() {
+                // SAFETY: registered in `register` with this context; owners drop staging
+                // only after the streams that read it were synchronized.
+                let rc = unsafe { sys::cuMemHostUnregister(words.as_ptr() as *mut c_void) };
+                if let Err(e) = rc.result() {
+                    warn!(error = %e, "cuMemHostUnregister failed");
+                }
+            }
+        }
     }
 }
 

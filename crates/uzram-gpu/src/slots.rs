@@ -74,15 +74,30 @@ impl Drop for SlotDev {
 #[derive(Debug)]
 struct GpuSlot {
     gpu: Arc<Gpu>,
-    staging: PinnedWords,
+    // Dropped before the staging: it waits for device work that reads the staging.
     dev: Mutex<SlotDev>,
+    staging: PinnedWords,
 }
 
 impl GpuSlot {
-    fn new(gpu: &Arc<Gpu>, cfg: &GpuConfig) -> Result<Self, GpuError> {
+    /// A slot whose staging is `input` (registered with the GPU), or allocated pinned memory.
+    fn new(
+        gpu: &Arc<Gpu>,
+        cfg: &GpuConfig,
+        input: Option<&'static [AtomicU64]>,
+    ) -> Result<Self, GpuError> {
         let pages = cfg.slot_pages;
         let bytes = pages * PAGE_SIZE;
-        let staging = PinnedWords::new(gpu, pages * PAGE_WORDS)?;
+        let staging = match input {
+            Some(words) if words.len() == pages * PAGE_WORDS => PinnedWords::register(gpu, words)?,
+            Some(words) => {
+                return Err(GpuError::Config(format!(
+                    "{} staging words for a slot of {pages} pages",
+                    words.len()
+                )))
+            }
+            None => PinnedWords::new(gpu, pages * PAGE_WORDS)?,
+        };
         let dev = [
             DevBuf::new(gpu, bytes)?,
             DevBuf::new(gpu, bytes)?,
@@ -192,23 +207,47 @@ impl GpuSlots {
     /// Opens the configured GPUs (with the embedded kernels) and allocates every slot.
     /// Errors of kind [`crate::ErrorKind::Unavailable`] mean: use the CPU.
     pub fn new(config: GpuConfig) -> Result<Self, GpuError> {
+        Self::on(Self::open(&config)?, config)
+    }
+
+    /// The configured GPUs, opened with the embedded kernels.
+    pub fn open(config: &GpuConfig) -> Result<Vec<Arc<Gpu>>, GpuError> {
         config.validate()?;
-        let gpus = config
-            .devices
-            .iter()
-            .map(|&d| Gpu::open(d))
-            .collect::<Result<Vec<_>, _>>()?;
-        Self::on(gpus, config)
+        config.devices.iter().map(|&d| Gpu::open(d)).collect()
     }
 
     /// Slots on GPUs opened by the caller (e.g. with another build of the kernels).
     pub fn on(gpus: Vec<Arc<Gpu>>, config: GpuConfig) -> Result<Self, GpuError> {
+        Self::on_over(gpus, config, None)
+    }
+
+    /// [`GpuSlots::on`], with the slots' staging in `inputs` (slot after slot,
+    /// `slot_pages * PAGE_WORDS` words each, starting on a page): memory the caller keeps,
+    /// such as a shared memory segment that outlives the process, registered with the GPUs
+    /// for as long as the slots live. `None`: pinned memory of the driver's.
+    pub fn on_over(
+        gpus: Vec<Arc<Gpu>>,
+        config: GpuConfig,
+        inputs: Option<&'static [AtomicU64]>,
+    ) -> Result<Self, GpuError> {
         config.validate()?;
         if gpus.is_empty() {
             return Err(GpuError::Config("no GPU to put slots on".into()));
         }
+        let per = config.slot_pages * PAGE_WORDS;
+        if let Some(words) = inputs.filter(|w| w.len() != config.slots * per) {
+            return Err(GpuError::Config(format!(
+                "{} staging words for {} slots of {} pages",
+                words.len(),
+                config.slots,
+                config.slot_pages
+            )));
+        }
         let slots = (0..config.slots)
-            .map(|s| GpuSlot::new(&gpus[s % gpus.len()], &config))
+            .map(|s| {
+                let input = inputs.and_then(|w| w.get(s * per..(s + 1) * per));
+                GpuSlot::new(&gpus[s % gpus.len()], &config, input)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             slots: slots.into_boxed_slice(),
@@ -225,6 +264,11 @@ impl GpuSlots {
     /// The configuration.
     pub fn config(&self) -> &GpuConfig {
         &self.config
+    }
+
+    /// Whether the slots' staging is the caller's memory ([`GpuSlots::on_over`]).
+    pub fn staging_is_registered(&self) -> bool {
+        self.slots.iter().all(|s| s.staging.is_registered())
     }
 
     /// The GPUs' names, e.g. "NVIDIA H200".
@@ -418,6 +462,10 @@ impl SlotBackend for GpuSlots {
             ("gpu_packed_bytes", s.packed_bytes),
             ("gpu_busy_us", s.busy_us),
             ("gpu_pinned_bytes", self.config.pinned_bytes()),
+            (
+                "gpu_staging_registered",
+                u64::from(self.staging_is_registered()),
+            ),
             ("gpu_device_bytes", self.config.device_bytes()),
         ]
     }

@@ -26,68 +26,92 @@ fn ring_on_the_gpu_keeps_the_latest_write() {
         let Some(slots) = common::gpu(4, 256, parse, true) else {
             return;
         };
-        let data = pages();
-        let n = (data.len() / PAGE_SIZE) as u64;
-        let store = Arc::new(PageStore::new(StoreConfig::new(n, Algorithm::Lz4)).expect("store"));
-        let cfg = RingConfig {
-            spot_check_every: 1,
-            ..RingConfig::default()
-        };
-        let ring = Ring::start(store.clone(), Arc::new(slots), cfg).expect("ring");
-        // Four writers, as four queue threads, each on its own quarter.
-        let per = (n as usize).div_ceil(4);
-        std::thread::scope(|s| {
-            for t in 0..4 {
-                let (ring, data) = (&ring, &data);
-                s.spawn(move || {
-                    let end = ((t + 1) * per).min(n as usize);
-                    for first in (t * per..end).step_by(16) {
-                        let count = 16.min(end - first);
-                        ring.write(
-                            first as u64,
-                            &data[first * PAGE_SIZE..(first + count) * PAGE_SIZE],
-                        )
-                        .expect("write");
-                    }
-                });
-            }
-        });
-        // Overwrite every 3rd page with the page after it, discard every 11th, while the
-        // first slots may still be on the GPU.
-        let mut expect = data.clone();
-        for p in (0..n as usize - 1).step_by(3) {
-            let next = data[(p + 1) * PAGE_SIZE..(p + 2) * PAGE_SIZE].to_vec();
-            ring.write(p as u64, &next).expect("overwrite");
-            expect[p * PAGE_SIZE..(p + 1) * PAGE_SIZE].copy_from_slice(&next);
-        }
-        for p in (0..n as usize).step_by(11) {
-            store.discard(p as u64, 1).unwrap();
-            expect[p * PAGE_SIZE..(p + 1) * PAGE_SIZE].fill(0);
-        }
-        let mut back = vec![0u8; data.len()];
-        store.read(0, &mut back).expect("read while staged");
-        assert!(back == expect, "a page does not hold its last write");
-        ring.flush();
-        let stats = ring.stats();
-        eprintln!(
-            "{}: ring {stats:?}; gpu {:?}",
-            parse.name(),
-            ring.backend_stats()
-        );
-        assert!(
-            stats.slots_submitted > 0 && stats.installed_pages > 0,
-            "{stats:?}"
-        );
-        assert_eq!(stats.backend_failures, 0, "{stats:?}");
-        assert_eq!(stats.rejected_pages, 0, "{stats:?}");
-        assert_eq!(stats.spot_check_failures, 0, "{stats:?}");
-        assert_eq!(stats.cpu_pages, 0, "{stats:?}");
-        assert_eq!(stats.retired, 0, "{stats:?}");
-        assert_eq!(store.stats().staged_pages, 0);
-        store.read(0, &mut back).expect("read");
-        assert!(back == expect, "a page does not hold its last write");
-        ring.shutdown();
+        keeps_the_latest_write(slots, None, parse.name());
     }
+}
+
+/// As the daemon runs it: the staging in memory of its own (a shared memory segment that
+/// outlives it) registered with the GPU, and the ring's books there too.
+#[test]
+fn ring_over_registered_staging_keeps_the_latest_write() {
+    for parse in common::parses() {
+        let inputs = common::kept_words(4 * 256 * uzram_core::PAGE_WORDS);
+        let Some(slots) = common::gpu_over(4, 256, parse, inputs) else {
+            return;
+        };
+        assert!(slots.staging_is_registered());
+        let books = common::kept_words(uzram_core::batch::book_words(4, 256));
+        keeps_the_latest_write(slots, Some(books), parse.name());
+    }
+}
+
+fn keeps_the_latest_write(
+    slots: uzram_gpu::GpuSlots,
+    books: Option<&'static [std::sync::atomic::AtomicU64]>,
+    what: &str,
+) {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let store = Arc::new(PageStore::new(StoreConfig::new(n, Algorithm::Lz4)).expect("store"));
+    let cfg = RingConfig {
+        spot_check_every: 1,
+        books,
+        ..RingConfig::default()
+    };
+    let ring = Ring::start(store.clone(), Arc::new(slots), cfg).expect("ring");
+    // Four writers, as four queue threads, each on its own quarter.
+    let per = (n as usize).div_ceil(4);
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (ring, data) = (&ring, &data);
+            s.spawn(move || {
+                let end = ((t + 1) * per).min(n as usize);
+                for first in (t * per..end).step_by(16) {
+                    let count = 16.min(end - first);
+                    ring.write(
+                        first as u64,
+                        &data[first * PAGE_SIZE..(first + count) * PAGE_SIZE],
+                    )
+                    .expect("write");
+                }
+            });
+        }
+    });
+    // Overwrite every 3rd page with the page after it, discard every 11th, while the
+    // first slots may still be on the GPU.
+    let mut expect = data.clone();
+    for p in (0..n as usize - 1).step_by(3) {
+        let next = data[(p + 1) * PAGE_SIZE..(p + 2) * PAGE_SIZE].to_vec();
+        ring.write(p as u64, &next).expect("overwrite");
+        expect[p * PAGE_SIZE..(p + 1) * PAGE_SIZE].copy_from_slice(&next);
+    }
+    for p in (0..n as usize).step_by(11) {
+        store.discard(p as u64, 1).unwrap();
+        expect[p * PAGE_SIZE..(p + 1) * PAGE_SIZE].fill(0);
+    }
+    let mut back = vec![0u8; data.len()];
+    store.read(0, &mut back).expect("read while staged");
+    assert!(back == expect, "a page does not hold its last write");
+    ring.flush();
+    let stats = ring.stats();
+    eprintln!(
+        "{what} (kept books: {}): ring {stats:?}; gpu {:?}",
+        books.is_some(),
+        ring.backend_stats()
+    );
+    assert!(
+        stats.slots_submitted > 0 && stats.installed_pages > 0,
+        "{stats:?}"
+    );
+    assert_eq!(stats.backend_failures, 0, "{stats:?}");
+    assert_eq!(stats.rejected_pages, 0, "{stats:?}");
+    assert_eq!(stats.spot_check_failures, 0, "{stats:?}");
+    assert_eq!(stats.cpu_pages, 0, "{stats:?}");
+    assert_eq!(stats.retired, 0, "{stats:?}");
+    assert_eq!(store.stats().staged_pages, 0);
+    store.read(0, &mut back).expect("read");
+    assert!(back == expect, "a page does not hold its last write");
+    ring.shutdown();
 }
 
 #[test]

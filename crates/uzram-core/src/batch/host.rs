@@ -8,9 +8,11 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use super::layout::{meta_bytes, SIZE_RAW, SIZE_REJECTED, SIZE_SAME_FILLED};
+use super::staging::Words;
 use super::{BackendError, BackendMemory, FailureKind, SlotBackend, SlotOutput};
 use crate::codec::{Algorithm, PageCodec};
 use crate::page::{same_filled_word, words_to_page, PAGE_SIZE, PAGE_WORDS};
+use crate::CoreError;
 
 /// Which calls of one kind fail: the `from`-th (counting from 0) and the `count - 1`
 /// after it.
@@ -56,8 +58,10 @@ struct Output {
 /// Slots in ordinary memory, compressed on the CPU at `submit`.
 pub struct HostSlots {
     algorithm: Algorithm,
+    slots: usize,
     slot_pages: usize,
-    inputs: Box<[Box<[AtomicU64]>]>,
+    /// Slot after slot, `slot_pages * PAGE_WORDS` words each.
+    inputs: Words,
     outputs: Box<[Mutex<Output>]>,
     codec: Mutex<Box<dyn PageCodec>>,
     faults: FaultPlan,
@@ -70,7 +74,8 @@ impl std::fmt::Debug for HostSlots {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HostSlots")
             .field("algorithm", &self.algorithm)
-            .field("slots", &self.inputs.len())
+            .field("slots", &self.slots)
+            .field("kept_inputs", &matches!(self.inputs, Words::Kept(_)))
             .field("slot_pages", &self.slot_pages)
             .field("faults", &self.faults)
             .finish_non_exhaustive()
@@ -90,16 +95,52 @@ impl HostSlots {
         slot_pages: usize,
         faults: FaultPlan,
     ) -> Self {
+        Self::with_inputs(
+            algorithm,
+            slots,
+            slot_pages,
+            Words::zeroed(slots * slot_pages * PAGE_WORDS),
+            faults,
+        )
+    }
+
+    /// As [`HostSlots::with_faults`], with the slots' inputs in memory the caller keeps
+    /// (slot after slot, `slot_pages * PAGE_WORDS` words each): what a GPU backend does
+    /// with staging that outlives the process, for tests of that on any machine.
+    pub fn over(
+        algorithm: Algorithm,
+        slots: usize,
+        slot_pages: usize,
+        inputs: &'static [AtomicU64],
+        faults: FaultPlan,
+    ) -> Result<Self, CoreError> {
+        if inputs.len() != slots * slot_pages * PAGE_WORDS {
+            return Err(CoreError::Config(format!(
+                "{} input words for {slots} slots of {slot_pages} pages",
+                inputs.len()
+            )));
+        }
+        Ok(Self::with_inputs(
+            algorithm,
+            slots,
+            slot_pages,
+            Words::Kept(inputs),
+            faults,
+        ))
+    }
+
+    fn with_inputs(
+        algorithm: Algorithm,
+        slots: usize,
+        slot_pages: usize,
+        inputs: Words,
+        faults: FaultPlan,
+    ) -> Self {
         Self {
             algorithm,
+            slots,
             slot_pages,
-            inputs: (0..slots)
-                .map(|_| {
-                    (0..slot_pages * PAGE_WORDS)
-                        .map(|_| AtomicU64::new(0))
-                        .collect()
-                })
-                .collect(),
+            inputs,
             outputs: (0..slots).map(|_| Mutex::new(Output::default())).collect(),
             codec: Mutex::new(algorithm.codec()),
             faults,
@@ -126,7 +167,7 @@ impl HostSlots {
 
     /// Compresses the slot's first `pages` pages into `out`.
     fn compress(&self, slot: usize, pages: usize, limit: usize, out: &mut Output) {
-        let input = &self.inputs[slot];
+        let input = self.input(slot);
         out.pages = pages;
         out.limit = limit;
         out.meta.clear();
@@ -184,7 +225,7 @@ impl SlotBackend for HostSlots {
     }
 
     fn slots(&self) -> usize {
-        self.inputs.len()
+        self.slots
     }
 
     fn slot_pages(&self) -> usize {
@@ -192,7 +233,10 @@ impl SlotBackend for HostSlots {
     }
 
     fn input(&self, slot: usize) -> &[AtomicU64] {
-        self.inputs.get(slot).map_or(&[], |b| &b[..])
+        let per = self.slot_pages * PAGE_WORDS;
+        self.inputs
+            .get(slot * per..(slot + 1) * per)
+            .unwrap_or_default()
     }
 
     fn submit(&self, slot: usize, pages: usize, limit: usize) -> Result<(), BackendError> {
@@ -232,7 +276,7 @@ impl SlotBackend for HostSlots {
 
     fn memory(&self) -> BackendMemory {
         BackendMemory {
-            host_bytes: (self.inputs.len() * self.slot_pages * PAGE_SIZE * 2) as u64,
+            host_bytes: (self.slots * self.slot_pages * PAGE_SIZE * 2) as u64,
             ..BackendMemory::default()
         }
     }

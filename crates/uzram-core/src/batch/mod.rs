@@ -14,12 +14,14 @@
 mod host;
 mod layout;
 mod ring;
+mod staging;
 
 use std::sync::atomic::AtomicU64;
 
 pub use host::{FailAt, FaultPlan, HostSlots};
 pub use layout::{meta_bytes, PageResult, SlotOutput, SIZE_RAW, SIZE_REJECTED, SIZE_SAME_FILLED};
 pub use ring::{Ring, RingConfig, RingStats, ThreadHook};
+pub use staging::{book_words, StagedCopy, Words};
 
 use crate::codec::Algorithm;
 

@@ -25,6 +25,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::staging::{book_words, read_checked, Books, Words, NO_PAGE};
 use super::{BackendError, BackendMemory, FailureKind, PageResult, SlotBackend, SlotOutput};
 use crate::codec::PageCodec;
 use crate::page::{
@@ -53,6 +54,12 @@ pub struct RingConfig {
     pub max_failures: u32,
     /// Run on every thread the ring starts.
     pub on_thread_start: Option<ThreadHook>,
+    /// Where the slots' books live ([`super::book_words`] words): `None`, in the ring; or
+    /// in memory the caller keeps beyond the process, which (with a backend whose inputs
+    /// are kept too) lets a later process recover the pages staged when this one died
+    /// ([`super::StagedCopy`]). The caller must have recovered them before: the ring
+    /// starts by forgetting every page the books name.
+    pub books: Option<&'static [AtomicU64]>,
 }
 
 impl Default for RingConfig {
@@ -63,6 +70,7 @@ impl Default for RingConfig {
             spot_check_every: 64,
             max_failures: 8,
             on_thread_start: None,
+            books: None,
         }
     }
 }
@@ -74,6 +82,7 @@ impl std::fmt::Debug for RingConfig {
             .field("installers", &self.installers)
             .field("spot_check_every", &self.spot_check_every)
             .field("max_failures", &self.max_failures)
+            .field("kept_books", &self.books.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -173,8 +182,6 @@ fn bump(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
-/// Marks an index of a slot that holds no staged page.
-const NO_PAGE: u64 = u64::MAX;
 /// Most pages an installer commits at a time.
 const CHUNK: usize = 1024;
 /// Page buffers of an installer, for pages it stores raw or compresses itself: a chunk
@@ -183,20 +190,20 @@ const BUFS: usize = 256;
 /// Most pages of one request a writer handles at a time.
 const RUN: usize = 64;
 
-/// A slot's page numbers and fill epoch, readable without the state lock.
-struct Book {
-    epoch: AtomicU64,
-    pages: Box<[AtomicU64]>,
-}
-
 /// The staging memory as the store reads it: the backend's inputs, checked against the
 /// books. Shared by the ring and the store (it holds no reference to either).
 struct Staging {
     backend: Arc<dyn SlotBackend>,
-    books: Box<[Book]>,
+    books: Words,
+    slots: usize,
+    slot_pages: usize,
 }
 
 impl Staging {
+    fn books(&self) -> Books<'_> {
+        Books::new(&self.books, self.slots, self.slot_pages)
+    }
+
     fn words(&self, slot: usize, index: usize) -> Option<&[AtomicU64]> {
         self.backend
             .input(slot)
@@ -205,25 +212,18 @@ impl Staging {
 
     /// The ticket of the page staged at `index` of `slot` in its current fill, if any.
     fn ticket(&self, slot: usize, index: usize) -> Option<Ticket> {
-        let book = self.books.get(slot)?;
-        let page = book.pages.get(index)?.load(Ordering::Relaxed);
-        let at = StagedAt::new(slot, index, book.epoch.load(Ordering::Relaxed))?;
-        (page != NO_PAGE).then_some(Ticket { page, at })
+        self.books().ticket(slot, index)
     }
 }
 
 impl StagedPages for Staging {
     fn read_staged(&self, page: u64, at: StagedAt, out: &mut [u8; PAGE_SIZE]) -> bool {
-        if self.ticket(at.slot(), at.index()) != Some(Ticket { page, at }) {
-            return false;
-        }
-        match self.words(at.slot(), at.index()) {
-            Some(words) => {
-                words_to_page(words, out);
-                true
-            }
-            None => false,
-        }
+        read_checked(
+            &self.books(),
+            self.backend.input(at.slot()),
+            Ticket { page, at },
+            out,
+        )
     }
 }
 
@@ -300,7 +300,7 @@ impl std::fmt::Debug for Ring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ring")
             .field("backend", &self.shared.staging.backend.name())
-            .field("slots", &self.shared.staging.books.len())
+            .field("slots", &self.shared.staging.slots)
             .field("slot_pages", &self.shared.slot_pages)
             .field("cfg", &self.shared.cfg)
             .finish_non_exhaustive()
@@ -337,13 +337,24 @@ impl Ring {
         if cfg.installers == 0 {
             return Err(CoreError::Config("a ring needs an installer thread".into()));
         }
-        let books = (0..slots)
-            .map(|_| Book {
-                epoch: AtomicU64::new(0),
-                pages: (0..slot_pages).map(|_| AtomicU64::new(NO_PAGE)).collect(),
-            })
-            .collect();
-        let staging = Arc::new(Staging { backend, books });
+        let books = match cfg.books {
+            Some(kept) if kept.len() == book_words(slots, slot_pages) => Words::Kept(kept),
+            Some(kept) => {
+                return Err(CoreError::Config(format!(
+                    "{} words of books for {slots} slots of {slot_pages} pages; they need {}",
+                    kept.len(),
+                    book_words(slots, slot_pages)
+                )))
+            }
+            None => Words::zeroed(book_words(slots, slot_pages)),
+        };
+        let staging = Arc::new(Staging {
+            backend,
+            books,
+            slots,
+            slot_pages,
+        });
+        staging.books().clear_pages();
         store.attach_staging(staging.clone())?;
         let shared = Arc::new(Shared {
             limit: store.raw_threshold(),
@@ -536,7 +547,7 @@ impl Ring {
     pub fn memory(&self) -> BackendMemory {
         let mut m = self.shared.staging.backend.memory();
         m.host_bytes += (self.shared.cfg.installers * BUFS * PAGE_SIZE) as u64
-            + (self.shared.staging.books.len() * self.shared.slot_pages * 8) as u64;
+            + (self.shared.staging.books.len() * 8) as u64;
         m
     }
 
@@ -604,7 +615,10 @@ impl Shared {
     }
 
     fn epoch(&self, slot: usize) -> u64 {
-        self.staging.books[slot].epoch.load(Ordering::Relaxed)
+        self.staging
+            .books()
+            .epoch(slot)
+            .map_or(0, |e| e.load(Ordering::Relaxed))
     }
 
     /// Copies the pages of `run` (page number, offset in `data`) into leased slots and
@@ -637,7 +651,12 @@ impl Shared {
     /// Copies `pages` (at most [`RUN`]) into the lease and stages them, all or nothing:
     /// after a failure the lease is left empty (its indices name no page).
     fn fill(&self, lease: &Lease, pages: &[(u64, usize)], data: &[u8]) -> Result<(), CoreError> {
-        let book = &self.staging.books[lease.slot];
+        let books = self.staging.books();
+        let book_page = |index: usize, page: u64| {
+            if let Some(w) = books.page(lease.slot, index) {
+                w.store(page, Ordering::Relaxed);
+            }
+        };
         let mut items = [(0u64, StagedAt::default()); RUN];
         for (j, &(page, offset)) in pages.iter().enumerate() {
             let index = lease.base + j;
@@ -648,7 +667,7 @@ impl Shared {
                 // The device reads these words next, not this CPU.
                 page_to_words_streaming(bytes, words);
             }
-            book.pages[index].store(page, Ordering::Relaxed);
+            book_page(index, page);
             let at = StagedAt::new(lease.slot, index, lease.epoch)
                 .ok_or_else(|| CoreError::Config("staging slot out of range".into()))?;
             items[j] = (page, at);
@@ -660,7 +679,7 @@ impl Shared {
             Ok(()) => bump(&self.counters.staged_pages, pages.len() as u64),
             Err(_) => {
                 for j in 0..pages.len() {
-                    book.pages[lease.base + j].store(NO_PAGE, Ordering::Relaxed);
+                    book_page(lease.base + j, NO_PAGE);
                 }
             }
         }
@@ -687,9 +706,9 @@ impl Shared {
                     filled: 0,
                     writers: 0,
                 };
-                self.staging.books[slot]
-                    .epoch
-                    .fetch_add(1, Ordering::Relaxed);
+                if let Some(epoch) = self.staging.books().epoch(slot) {
+                    epoch.fetch_add(1, Ordering::Relaxed);
+                }
                 st.open = Some(slot);
                 st.opened = None;
                 slot

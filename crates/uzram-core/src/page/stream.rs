@@ -48,8 +48,8 @@ pub fn page_to_words_streaming(page: &[u8; PAGE_SIZE], words: &[AtomicU64]) {
     super::page_to_words(page, words);
 }
 
-/// Orders [`page_to_words_streaming`]'s stores before every later store of this thread
-/// (such as the lock release that publishes the page).
+/// Orders [`page_to_words_streaming`]'s stores, and every other store before it, before
+/// every later store of this thread (such as the entry that publishes the page).
 #[inline]
 pub fn stream_fence() {
     #[cfg(all(target_arch = "x86_64", feature = "unsafe-stream"))]
@@ -57,7 +57,8 @@ pub fn stream_fence() {
     unsafe {
         std::arch::x86_64::_mm_sfence();
     }
-    #[cfg(not(all(target_arch = "x86_64", feature = "unsafe-stream")))]
+    // Ordinary stores too (a staged page's book word before its entry): for the compiler,
+    // as `sfence` is not a fence to it; on x86 this emits no instruction.
     std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
 }
 

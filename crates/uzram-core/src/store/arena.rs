@@ -253,7 +253,12 @@ impl Arena {
             meta.class_bytes += size;
             cursor = handle + size;
         }
-        meta.frontier = cursor;
+        // The space after the last object is free too. The frontier goes to the end: it
+        // only ever lies in the last segment, whose tail `grow` frees as one hole (a
+        // frontier segments before the end made that hole larger than any class).
+        let end = n as u64 * seg;
+        self.free_range(&mut meta, cursor, end);
+        meta.frontier = end;
         meta.max_held = self.held(&meta);
         Ok(n)
     }
@@ -667,6 +672,51 @@ mod tests {
     use super::*;
 
     const LIMITED: Budget = Budget::Limited { reserved: 0 };
+
+    /// A home that finds `found` segments (zeroed: adopting reads no object's bytes).
+    #[derive(Debug)]
+    struct FoundHome {
+        found: usize,
+    }
+
+    impl SegmentHome for FoundHome {
+        fn alloc(&self) -> Option<super::super::SegmentWords> {
+            new_segment().ok()
+        }
+        fn placed(&self, _: usize, _: *const AtomicU64) {}
+        fn removed(&self, _: usize) {}
+        fn find(&self, index: usize) -> Option<super::super::SegmentWords> {
+            (index < self.found).then(|| new_segment().ok()).flatten()
+        }
+    }
+
+    #[test]
+    fn an_adopted_arena_with_empty_segments_at_the_end_grows() {
+        // Three segments, one object in the first: the other two are free space.
+        let arena = Arena::new(0, None, 16, Some(Arc::new(FoundHome { found: 3 })));
+        assert_eq!(arena.adopt(&mut [(0, 100)]), Ok(3));
+        let before = arena.usage();
+        assert_eq!(before.segment_bytes, 3 * SEGMENT_SIZE as u64);
+        assert_eq!(
+            before.free_bytes,
+            3 * SEGMENT_SIZE as u64 - (class_of(100) * CLASS_GRANULE) as u64
+        );
+        // Pages until the free space is used up and the arena grows.
+        let page = [7u8; PAGE_SIZE];
+        let mut handles = Vec::new();
+        for _ in 0..(4 * SEGMENT_SIZE / PAGE_SIZE) {
+            handles.push(arena.store(&page, LIMITED).unwrap());
+        }
+        assert_eq!(arena.usage().segment_bytes, 5 * SEGMENT_SIZE as u64);
+        let mut sorted = handles.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), handles.len(), "an object handed out twice");
+        assert!(sorted.windows(2).all(|w| w[1] - w[0] >= PAGE_SIZE as u64));
+        for h in handles {
+            assert_eq!(read(&arena, h, PAGE_SIZE), page);
+        }
+    }
 
     fn read(arena: &Arena, handle: u64, len: usize) -> Vec<u8> {
         let mut out = vec![0u8; len];

@@ -237,21 +237,30 @@ impl PageStore {
     /// the segments from the home; counters, free space and the arena's bookkeeping are
     /// rebuilt from the entries. Fails with [`CoreError::Damaged`] when the entries do not
     /// describe a consistent store (an object outside the segments, two that overlap).
-    pub fn recover(cfg: StoreConfig, persist: Persistence) -> Result<(Self, Recovered), CoreError> {
+    ///
+    /// Pages the dead process had staged (written, waiting for their compressed form) are
+    /// read from `staged` (the staging it left, e.g. [`crate::batch::StagedCopy`]),
+    /// compressed on this thread and installed; the ones it does not hold (or all, without
+    /// it) become lost: reads of them fail until they are written again.
+    pub fn recover(
+        cfg: StoreConfig,
+        persist: Persistence,
+        staged: Option<&dyn StagedPages>,
+    ) -> Result<(Self, Recovered), CoreError> {
         let layout = Layout::of(&cfg)?;
         let shards = kept_shards(&layout, persist.table)?;
         let store = Self::build(cfg, layout, shards, Some(persist.home))?;
         let mut found = Recovered::default();
         let mut objects: Vec<(u64, usize)> = Vec::new();
-        for shard in store.shards.iter() {
+        let mut waiting: Vec<(u64, StagedAt)> = Vec::new();
+        for (s, shard) in store.shards.iter().enumerate() {
             let mut shard = write_lock(shard);
-            let mut lost = Vec::new();
             let mut totals = PageTotals::default();
             for (idx, slot) in shard.slots() {
                 let slot = match slot {
-                    Slot::Staged(_) => {
-                        lost.push(idx);
-                        Slot::Lost
+                    Slot::Staged(at) => {
+                        waiting.push((store.page_at(s, idx), at));
+                        slot
                     }
                     Slot::SameExt => {
                         return Err(CoreError::Damaged(format!(
@@ -263,15 +272,10 @@ impl PageStore {
                 if let Some(object) = stored_object(slot) {
                     objects.push(object);
                 }
-                if !matches!(slot, Slot::Empty | Slot::Lost) {
+                if !matches!(slot, Slot::Empty | Slot::Lost | Slot::Staged(_)) {
                     found.pages_stored += 1;
                 }
                 totals.replace(PageCost::default(), cost_of(slot));
-            }
-            for idx in lost {
-                // Lost needs no side map, so `set` cannot fail.
-                let _ = shard.set(idx, Slot::Lost);
-                found.lost_pages += 1;
             }
             shard.totals = totals;
         }
@@ -279,7 +283,37 @@ impl PageStore {
             .arena
             .adopt(&mut objects)
             .map_err(CoreError::Damaged)?;
+        if store.mem_limit.is_some() {
+            store.staged.store(waiting.len() as u64, Ordering::Relaxed);
+        }
+        let mut page = [0u8; PAGE_SIZE];
+        for (index, at) in waiting {
+            let copied = staged.is_some_and(|s| s.read_staged(index, at, &mut page));
+            // A crash from here on finds the staging as it was: the next recovery redoes
+            // what this one did not finish.
+            let settled = copied && store.write_page(index, &page).is_ok();
+            if settled {
+                found.settled_pages += 1;
+                found.pages_stored += 1;
+            } else {
+                store.lose_staged(index);
+                found.lost_pages += 1;
+            }
+        }
         Ok((store, found))
+    }
+
+    /// Marks a page whose staged copy is gone as lost.
+    fn lose_staged(&self, index: u64) {
+        let (shard, idx) = self.locate(index);
+        let mut shard = write_lock(shard);
+        // Lost needs no side map, so `set` cannot fail.
+        if let Ok(Some(old)) = shard.set(idx, Slot::Lost) {
+            shard.totals.replace(cost_of(old), PageCost::default());
+            if self.mem_limit.is_some() && matches!(old, Slot::Staged(_)) {
+                self.staged.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
     }
 
     fn build(
@@ -901,6 +935,16 @@ impl PageStore {
             &self.shards[self.shard_of(index)],
             (row << GROUP_SHIFT) | within,
         )
+    }
+
+    /// The page at `idx` of shard `shard`: the inverse of [`PageStore::locate`].
+    fn page_at(&self, shard: usize, idx: u64) -> u64 {
+        let row = idx >> GROUP_SHIFT;
+        let within = idx & (GROUP_PAGES as u64 - 1);
+        let rotate = row.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (63 - self.shard_shift) >> 1;
+        let low = (shard as u64).wrapping_sub(rotate) & self.shard_mask;
+        let group = (row << self.shard_shift) | low;
+        (group << GROUP_SHIFT) | within
     }
 
     fn shard_of(&self, index: u64) -> usize {

@@ -14,7 +14,8 @@
 //! Everything else (free lists, counters, the frontier) is rebuilt from the entries by
 //! [`PageStore::recover`](super::PageStore::recover). Fill words that do not fit an entry are
 //! not kept in the side map (which lives in the process): such pages are compressed.
-//! Pages that were staged for a GPU are lost with the staging memory: they become
+//! Pages that were staged (for a GPU) are recovered from the staging the dead process left
+//! when the caller kept it too ([`crate::batch::StagedCopy`]); otherwise they become
 //! [`Slot::Lost`](super::entry::Slot) and fail reads until written again.
 
 use std::fmt::Debug;
@@ -59,8 +60,11 @@ pub struct Persistence {
 pub struct Recovered {
     /// Pages that hold data (stored or same-filled).
     pub pages_stored: u64,
-    /// Pages that were staged for a GPU when the old process died: their content is gone
-    /// and reads of them fail until they are written again.
+    /// Pages that were staged when the old process died, read from its staging and
+    /// installed.
+    pub settled_pages: u64,
+    /// Pages that were staged when the old process died and whose staged copy was not
+    /// there: their content is gone and reads of them fail until they are written again.
     pub lost_pages: u64,
     /// Arena segments taken over.
     pub segments: usize,

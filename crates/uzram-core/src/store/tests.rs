@@ -570,6 +570,7 @@ fn pages_map_one_to_one_onto_shard_entries() {
                 .position(|x| std::ptr::eq(x, shard))
                 .unwrap();
             assert_eq!(s, store.shard_of(p));
+            assert_eq!(store.page_at(s, idx), p, "{pages}: page {p}");
             assert!(read_lock(shard).get(idx).is_some(), "{pages}: page {p}");
             assert!(seen.insert((s, idx)), "{pages}: page {p} collides");
         }

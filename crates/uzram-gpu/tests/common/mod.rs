@@ -30,6 +30,43 @@ pub fn gpu(slots: usize, slot_pages: usize, parse: Parse, graphs: bool) -> Optio
     }
 }
 
+/// [`gpu`], with the slots' staging in `inputs`, registered with the GPU ([`GpuSlots::on_over`]).
+pub fn gpu_over(
+    slots: usize,
+    slot_pages: usize,
+    parse: Parse,
+    inputs: &'static [std::sync::atomic::AtomicU64],
+) -> Option<GpuSlots> {
+    let cfg = GpuConfig {
+        slots,
+        slot_pages,
+        parse,
+        ..GpuConfig::default()
+    };
+    let gpus = match GpuSlots::open(&cfg) {
+        Ok(g) => g,
+        Err(e) if e.kind() == ErrorKind::Unavailable => {
+            eprintln!("skipping: no CUDA driver or GPU: {e}");
+            return None;
+        }
+        Err(e) => panic!("GPU present but it failed to open: {e}"),
+    };
+    Some(GpuSlots::on_over(gpus, cfg, Some(inputs)).expect("slots over registered staging"))
+}
+
+/// `n` zeroed words starting on a page, for the rest of the process: staging memory of the
+/// caller's, as the daemon's shared memory segment is.
+pub fn kept_words(n: usize) -> &'static [std::sync::atomic::AtomicU64] {
+    let layout = std::alloc::Layout::from_size_align(n.max(1) * 8, 4096).expect("layout");
+    // SAFETY: a non-zero size; the memory is never freed (leaked for the process), zeroed
+    // words are valid AtomicU64s, and the slice covers exactly the allocation.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout);
+        assert!(!p.is_null(), "out of memory");
+        std::slice::from_raw_parts(p.cast::<std::sync::atomic::AtomicU64>(), n)
+    }
+}
+
 /// The parses the loaded kernels have (`high` once it exists).
 pub fn parses() -> Vec<Parse> {
     let mut v = vec![Parse::Fast];

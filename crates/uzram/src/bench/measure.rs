@@ -11,7 +11,7 @@ use uzram_core::codec::Algorithm;
 use uzram_core::{PageStore, StoreConfig, PAGE_SIZE};
 
 use crate::config::{Backend, GpuSettings};
-use crate::daemon::compression::Compression;
+use crate::daemon::compression::{Compression, StagingHome};
 use crate::daemon::io::{handle_with, Op};
 use crate::sys::{cpu_time, usage, CpuOf};
 
@@ -114,8 +114,14 @@ pub fn run(corpus: &[u8], setup: &Setup) -> anyhow::Result<Run> {
     let mut cfg = StoreConfig::new(total as u64, setup.algorithm);
     cfg.raw_threshold = setup.raw_threshold;
     let store = Arc::new(PageStore::new(cfg)?);
-    let compression = Compression::start(store.clone(), setup.backend, &setup.gpu, None)
-        .with_context(|| format!("starting the {} backend", setup.backend.name()))?;
+    let compression = Compression::start(
+        store.clone(),
+        setup.backend,
+        &setup.gpu,
+        None,
+        StagingHome::Scratch,
+    )
+    .with_context(|| format!("starting the {} backend", setup.backend.name()))?;
     let c = &compression;
     let s = &*store;
 

@@ -6,6 +6,10 @@
 //! page copy it back out of the slot; installer threads put the checked results into the
 //! store while other slots are on the GPU (uzram-core's `Ring`). A failing GPU is retired
 //! and the CPU takes over, losing nothing.
+//!
+//! The daemon keeps the ring's staging (slot inputs and books) in a shared memory segment
+//! that the store's region records (`staging.rs`), so that the pages waiting there survive
+//! a crash of the daemon: the next one installs them when it takes the store over.
 
 use std::sync::Arc;
 
@@ -17,6 +21,8 @@ use uzram_core::CoreError;
 use uzram_gpu::{GpuConfig, GpuSlots};
 
 use super::io::PageWriter;
+use super::region::Region;
+use super::staging::{self, Staging};
 use crate::config::{Backend, GpuSettings};
 use crate::control::proto::Stat;
 
@@ -24,10 +30,87 @@ use crate::control::proto::Stat;
 pub struct Compression {
     store: Arc<PageStore>,
     ring: Option<Ring>,
+    /// Whether the ring's staging outlives the process (kept in a shared memory segment).
+    staging_kept: bool,
+}
+
+/// Where the GPU ring's staging lives. Where no segment can be made, or the GPU cannot use
+/// one, the staging is the GPU driver's pinned memory (with a warning), whose pages a crash
+/// loses.
+#[derive(Debug)]
+pub enum StagingHome<'a> {
+    /// In a shared memory segment of its own that goes with the process: the benchmark,
+    /// which so runs the daemon's memory path.
+    Scratch,
+    /// In a segment the store's region records, from which a later daemon installs the
+    /// pages staged when this one died; `found` is the segment a dead daemon left (its
+    /// pages already installed), reused when its shape fits.
+    Region {
+        /// The store's region.
+        region: &'a Region,
+        /// The old daemon's staging.
+        found: Option<Staging>,
+    },
+}
+
+impl StagingHome<'_> {
+    /// The segment for a ring of `slots` slots of `slot_pages` pages, recorded in the
+    /// region for a later daemon.
+    fn segment(&mut self, slots: usize, slot_pages: usize) -> anyhow::Result<Staging> {
+        match self {
+            Self::Scratch => Staging::create(slots, slot_pages, true)
+                .context("creating the GPU staging's shared memory"),
+            Self::Region { region, found } => {
+                if let Some(old) = found.take() {
+                    if old.shape() == (slots, slot_pages) {
+                        return Ok(old);
+                    }
+                    // SAFETY: its pages were installed by the store's recovery, which holds
+                    // nothing of it; no ring or GPU was given its memory.
+                    unsafe { old.detach() };
+                }
+                // The old segment (of another shape, or one that could not be attached).
+                if let Some(id) = region.staging() {
+                    region.set_staging(None);
+                    staging::remove(id);
+                }
+                let made = Staging::create(slots, slot_pages, false)
+                    .context("creating the GPU staging's shared memory")?;
+                region.set_staging(Some(made.id()));
+                Ok(made)
+            }
+        }
+    }
+
+    /// No staging after all (the CPU compresses, or the GPU could not use the segment):
+    /// the region records none, and a segment made or found goes. Nothing may use
+    /// `segment`'s memory any more.
+    fn forget(&mut self, segment: Option<Staging>) {
+        if let Self::Region { region, found } = self {
+            let recorded = region.staging();
+            if let Some(id) = recorded {
+                region.set_staging(None);
+                staging::remove(id);
+            }
+            if let Some(old) = found.take() {
+                if Some(old.id()) != recorded {
+                    staging::remove(old.id());
+                }
+                // SAFETY: its pages were installed by the store's recovery, which holds
+                // nothing of it; no ring or GPU was given its memory.
+                unsafe { old.detach() };
+            }
+        }
+        if let Some(segment) = segment {
+            // SAFETY: the caller gave up the segment's memory (the GPU slots that
+            // registered it are gone); it was marked for removal above or when made.
+            unsafe { segment.detach() };
+        }
+    }
 }
 
 /// Why `auto` compresses on the CPU, or `None` when it uses a GPU.
-fn auto_on_cpu(algorithm: Algorithm, gpu: &Result<GpuSlots, anyhow::Error>) -> Option<String> {
+fn auto_on_cpu<T>(algorithm: Algorithm, gpu: &Result<T, anyhow::Error>) -> Option<String> {
     if algorithm != Algorithm::Lz4 {
         return Some(format!("the GPU compresses lz4, this device {algorithm}"));
     }
@@ -37,46 +120,84 @@ fn auto_on_cpu(algorithm: Algorithm, gpu: &Result<GpuSlots, anyhow::Error>) -> O
 impl Compression {
     /// Sets up the backend asked for. `gpu` fails when no GPU ring can start; `auto` then
     /// compresses on the CPU (and says why in the log). `hook` runs first on every thread
-    /// the ring starts.
+    /// the ring starts; `home` says where the ring's staging lives.
     pub fn start(
         store: Arc<PageStore>,
         asked: Backend,
         settings: &GpuSettings,
         hook: Option<ThreadHook>,
+        mut home: StagingHome<'_>,
     ) -> anyhow::Result<Self> {
         let algorithm = store.algorithm();
-        let slots = match asked {
-            Backend::Cpu => return Ok(Self::cpu(store)),
+        let opened = match asked {
+            Backend::Cpu => None,
             Backend::Gpu if algorithm != Algorithm::Lz4 => {
                 anyhow::bail!("the gpu backend compresses lz4 only: use --algorithm lz4 with --backend gpu")
             }
-            Backend::Gpu => open_gpu(settings).context(
+            Backend::Gpu => Some(open_gpus(settings).context(
                 "opening the GPU for --backend gpu (use --backend cpu, or auto to use a GPU only where one works)",
-            )?,
+            )?),
             Backend::Auto => {
                 let gpu = if algorithm == Algorithm::Lz4 {
-                    open_gpu(settings)
+                    open_gpus(settings)
                 } else {
                     Err(anyhow::anyhow!("not tried"))
                 };
-                if let Some(why) = auto_on_cpu(algorithm, &gpu) {
-                    tracing::info!(why, "backend auto compresses on the CPU");
-                    return Ok(Self::cpu(store));
+                match auto_on_cpu(algorithm, &gpu) {
+                    Some(why) => {
+                        tracing::info!(why, "backend auto compresses on the CPU");
+                        None
+                    }
+                    None => Some(gpu?),
                 }
-                gpu?
             }
         };
+        let Some((gpus, gpu_cfg)) = opened else {
+            home.forget(None);
+            return Ok(Self::cpu(store));
+        };
+        let segment = match home.segment(gpu_cfg.slots, gpu_cfg.slot_pages) {
+            Ok(segment) => Some(segment),
+            Err(error) => {
+                tracing::warn!(error = format!("{error:#}"), "no shared memory for the GPU staging: staging in the driver's pinned memory, whose pages a crash of this daemon loses");
+                home.forget(None);
+                None
+            }
+        };
+        let inputs = segment.as_ref().map(Staging::inputs);
+        let slots = match GpuSlots::on_over(gpus.clone(), gpu_cfg.clone(), inputs) {
+            Ok(slots) => slots,
+            Err(error) if inputs.is_some() => {
+                tracing::warn!(%error, "the GPU cannot use shared memory for staging: staging in its own pinned memory, whose pages a crash of this daemon loses");
+                home.forget(segment);
+                return Self::start_ring(store, GpuSlots::on(gpus, gpu_cfg)?, settings, hook, None);
+            }
+            Err(error) => return Err(error.into()),
+        };
+        let books = segment.as_ref().map(Staging::books);
+        Self::start_ring(store, slots, settings, hook, books)
+    }
+
+    fn start_ring(
+        store: Arc<PageStore>,
+        slots: GpuSlots,
+        settings: &GpuSettings,
+        hook: Option<ThreadHook>,
+        books: Option<&'static [std::sync::atomic::AtomicU64]>,
+    ) -> anyhow::Result<Self> {
         tracing::info!(
             gpus = ?slots.device_names(),
             slots = slots.config().slots,
             slot_pages = slots.config().slot_pages,
             parse = slots.config().parse.name(),
             pinned_bytes = slots.config().pinned_bytes(),
+            staging_kept = books.is_some(),
             "compressing writes on the GPU"
         );
         let cfg = RingConfig {
             on_thread_start: hook,
             installers: settings.installers,
+            books,
             ..RingConfig::default()
         };
         let ring =
@@ -84,11 +205,16 @@ impl Compression {
         Ok(Self {
             store,
             ring: Some(ring),
+            staging_kept: books.is_some(),
         })
     }
 
     fn cpu(store: Arc<PageStore>) -> Self {
-        Self { store, ring: None }
+        Self {
+            store,
+            ring: None,
+            staging_kept: false,
+        }
     }
 
     /// The backend that serves writes: `cpu` or `gpu`.
@@ -107,11 +233,17 @@ impl Compression {
         }
     }
 
-    /// Stops staging and installs every staged page (before a handover, whose next daemon
-    /// cannot read this process's pinned staging); later writes are compressed on the CPU.
-    /// `None` without a ring; else whether it emptied within `within`.
+    /// Stops staging and installs every staged page (before a handover: the next daemon
+    /// would have to install them before it serves, on the CPU, or could not read them at
+    /// all from this process's own pinned staging); later writes are compressed on the
+    /// CPU. `None` without a ring; else whether it emptied within `within`.
     pub fn drain(&self, within: std::time::Duration) -> Option<bool> {
         self.ring.as_ref().map(|r| r.drain(within))
+    }
+
+    /// Whether the ring's staging is in shared memory a later daemon recovers pages from.
+    pub fn staging_kept(&self) -> bool {
+        self.staging_kept
     }
 
     /// Memory the backend holds besides the store (fixed from the start).
@@ -134,6 +266,7 @@ impl Compression {
                 ("ring_pinned_host_bytes", m.pinned_host_bytes),
                 ("ring_host_bytes", m.host_bytes),
                 ("ring_device_bytes", m.device_bytes),
+                ("ring_staging_kept", u64::from(self.staging_kept)),
             ])
             .map(|(name, value)| Stat {
                 name: name.to_string(),
@@ -143,12 +276,12 @@ impl Compression {
     }
 }
 
-/// Opens the GPU ring's slots as configured.
-fn open_gpu(settings: &GpuSettings) -> anyhow::Result<GpuSlots> {
+/// Opens the configured GPUs, and the ring's shape for them.
+fn open_gpus(settings: &GpuSettings) -> anyhow::Result<(Vec<Arc<uzram_gpu::Gpu>>, GpuConfig)> {
     let mut cfg = GpuConfig::for_pinned_budget(settings.memory, settings.slot_pages)?;
     cfg.devices = settings.gpus.ordinals()?;
     cfg.parse = settings.parse;
-    Ok(GpuSlots::new(cfg)?)
+    Ok((GpuSlots::open(&cfg)?, cfg))
 }
 
 impl PageWriter for Compression {
@@ -184,7 +317,14 @@ mod tests {
     #[test]
     fn cpu_writes_through_the_store() {
         let s = store(Algorithm::Lz4);
-        let c = Compression::start(s.clone(), Backend::Cpu, &GpuSettings::default(), None).unwrap();
+        let c = Compression::start(
+            s.clone(),
+            Backend::Cpu,
+            &GpuSettings::default(),
+            None,
+            StagingHome::Scratch,
+        )
+        .unwrap();
         assert_eq!(c.name(), "cpu");
         assert!(c.stats().is_empty());
         assert_eq!(c.memory(), BackendMemory::default());
@@ -194,12 +334,18 @@ mod tests {
     #[test]
     fn auto_with_zstd_starts_on_the_cpu_with_or_without_a_gpu() {
         let s = store(Algorithm::Zstd { level: 1 });
-        let c = Compression::start(s.clone(), Backend::Auto, &GpuSettings::default(), None)
-            .expect("auto with zstd must start");
+        let c = Compression::start(
+            s.clone(),
+            Backend::Auto,
+            &GpuSettings::default(),
+            None,
+            StagingHome::Scratch,
+        )
+        .expect("auto with zstd must start");
         assert_eq!(c.name(), "cpu");
         round_trip(&s, &c);
         assert!(
-            auto_on_cpu(Algorithm::Zstd { level: 3 }, &Err(anyhow::anyhow!("x")))
+            auto_on_cpu::<()>(Algorithm::Zstd { level: 3 }, &Err(anyhow::anyhow!("x")))
                 .unwrap()
                 .contains("lz4")
         );
@@ -212,8 +358,14 @@ mod tests {
             return;
         }
         let s = store(Algorithm::Lz4);
-        let c =
-            Compression::start(s.clone(), Backend::Auto, &GpuSettings::default(), None).unwrap();
+        let c = Compression::start(
+            s.clone(),
+            Backend::Auto,
+            &GpuSettings::default(),
+            None,
+            StagingHome::Scratch,
+        )
+        .unwrap();
         assert_eq!(c.name(), "cpu");
         round_trip(&s, &c);
     }
@@ -225,6 +377,7 @@ mod tests {
             Backend::Gpu,
             &GpuSettings::default(),
             None,
+            StagingHome::Scratch,
         )
         .err()
         .expect("zstd on the GPU");
@@ -238,6 +391,7 @@ mod tests {
             Backend::Gpu,
             &GpuSettings::default(),
             None,
+            StagingHome::Scratch,
         )
         .err()
         .expect("no GPU here");

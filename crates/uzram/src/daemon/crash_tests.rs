@@ -3,15 +3,22 @@
 //! the store over and checks every page (and the counts the first one carried over). The
 //! children are this test binary itself, run with `UZRAM_CRASH_CHILD` set (each needs a
 //! process of its own: the pool is process-global).
+//!
+//! The same with a ring staging the writes (as the GPU backend does) in a staging segment of
+//! shared memory, over a slow slot backend so that many pages wait in staging when the kill
+//! comes: the second child installs them from there, and not one page is lost.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use uzram_core::batch::{FaultPlan, HostSlots, Ring, RingConfig};
+use uzram_core::codec::Algorithm;
 use uzram_core::store::PageStore;
 use uzram_core::PAGE_SIZE;
 
+use super::staging::Staging;
 use super::{carry, pool, region, store_memory};
 use crate::config::{DeviceConfig, RawDevice};
 use crate::control::proto::Stat;
@@ -87,9 +94,15 @@ fn write_retrying(store: &PageStore, page: u64, bytes: &[u8]) {
     }
 }
 
+/// Staging slots of the ring writer, and pages per slot.
+const RING_SLOTS: usize = 4;
+const RING_SLOT_PAGES: usize = 64;
+
 /// Child: writes generations of every page (discarding some) with compaction running
-/// beside, forever; prints the segment id first.
-fn writer() {
+/// beside, forever; prints the segment id first. With `ring`, the writes go through a ring
+/// whose staging is a shared memory segment the store's region records, over host slots
+/// that take 20 ms to complete a slot.
+fn writer(ring: bool) {
     let (store, region) = match store_memory::create(&config()) {
         Ok(made) => made,
         Err(err) => {
@@ -99,6 +112,36 @@ fn writer() {
     };
     println!("SHM {}", region.id());
     std::thread::spawn(|| pool::keep(64));
+    let ring = ring.then(|| {
+        let staging = Staging::create(RING_SLOTS, RING_SLOT_PAGES, false).expect("staging");
+        region.set_staging(Some(staging.id()));
+        let slow = FaultPlan {
+            delay: Duration::from_millis(20),
+            ..FaultPlan::default()
+        };
+        let backend = HostSlots::over(
+            Algorithm::Lz4,
+            RING_SLOTS,
+            RING_SLOT_PAGES,
+            staging.inputs(),
+            slow,
+        )
+        .expect("host slots over the staging");
+        let cfg = RingConfig {
+            books: Some(staging.books()),
+            installers: 2,
+            ..RingConfig::default()
+        };
+        Ring::start(store.clone(), Arc::new(backend), cfg).expect("the ring")
+    });
+    let write = |page: u64, bytes: &[u8]| match &ring {
+        Some(ring) => {
+            while ring.write(page, bytes).is_err() {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        None => write_retrying(&store, page, bytes),
+    };
     let compacted = store.clone();
     std::thread::spawn(move || loop {
         compacted.compact();
@@ -110,7 +153,7 @@ fn writer() {
             if (page + gen) % 7 == 0 {
                 let _ = store.discard(page, 1);
             } else {
-                write_retrying(&store, page, &content(page, gen));
+                write(page, &content(page, gen));
                 writes += 1;
             }
         }
@@ -127,8 +170,13 @@ fn writer() {
 
 /// Child: takes the store over and checks every page, then compacts, writes and checks again.
 fn verifier(shm: i32) {
-    let (store, region): (Arc<PageStore>, _) =
+    let taken =
         store_memory::recover(&config(), shm).expect("the killed writer's store is recoverable");
+    let (store, region) = (taken.store, taken.region);
+    println!(
+        "STAGED installed {} lost {}",
+        taken.found.settled_pages, taken.found.lost_pages
+    );
     // The counts it saved after each round (two at least) are there for the next daemon.
     let carried = carry::Carry::new(region.carried_counters()).load();
     let writes = carried.get("writes").copied().unwrap_or(0);
@@ -164,7 +212,8 @@ fn verifier(shm: i32) {
 #[ignore = "a child process of crash_at_random_instants_loses_nothing"]
 fn crash_child() {
     match std::env::var(ENV).as_deref() {
-        Ok("writer") => writer(),
+        Ok("writer") => writer(false),
+        Ok("ring-writer") => writer(true),
         Ok("verifier") => verifier(
             std::env::var(SHM_ENV)
                 .ok()
@@ -190,8 +239,27 @@ fn child(mode: &str) -> Command {
 
 #[test]
 fn crash_at_random_instants_loses_nothing() {
+    let staged = crash_rounds("writer");
+    assert_eq!(staged, (0, 0), "no ring, nothing staged");
+}
+
+#[test]
+fn crash_with_pages_in_staging_loses_nothing() {
+    let (installed, lost) = crash_rounds("ring-writer");
+    eprintln!("staged pages installed by the verifiers: {installed}, lost: {lost}");
+    assert_eq!(lost, 0, "staged pages lost");
+    if installed != u64::MAX {
+        assert!(installed > 0, "no round found a page in staging to install");
+    }
+}
+
+/// Three rounds of: start a writer of `mode`, kill it, verify its store in a new process.
+/// Returns the staged pages the verifiers installed and lost, in all (`u64::MAX` installed
+/// when skipped).
+fn crash_rounds(mode: &str) -> (u64, u64) {
+    let (mut installed, mut lost) = (0, 0);
     for (round, delay_ms) in [37u64, 151, 409].into_iter().enumerate() {
-        let mut writer = child("writer")
+        let mut writer = child(mode)
             .stdout(Stdio::piped())
             .spawn()
             .expect("starting the writer");
@@ -203,7 +271,7 @@ fn crash_at_random_instants_loses_nothing() {
             if let Some((_, reason)) = line.split_once("SKIP ") {
                 let _ = writer.wait();
                 eprintln!("skipped: no locked shared memory here ({reason})");
-                return;
+                return (u64::MAX, 0);
             }
             if let Some((_, id)) = line.split_once("SHM ") {
                 shm = id.trim().parse::<i32>().ok();
@@ -234,5 +302,18 @@ fn crash_at_random_instants_loses_nothing() {
             text,
             String::from_utf8_lossy(&out.stderr)
         );
+        let counts: Vec<u64> = text
+            .lines()
+            .find_map(|l| l.split_once("STAGED "))
+            .map(|(_, rest)| {
+                rest.split_whitespace()
+                    .filter_map(|w| w.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(counts.len(), 2, "round {round}: {text}");
+        installed += counts[0];
+        lost += counts[1];
     }
+    (installed, lost)
 }

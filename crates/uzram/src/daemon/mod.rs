@@ -16,6 +16,7 @@ pub mod queue_tuning;
 pub mod region;
 pub mod reserve;
 pub mod ring;
+pub mod staging;
 pub mod standby;
 mod store_memory;
 pub mod target;
@@ -144,8 +145,11 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     }
     // Arena segments: the pool, over the blocks of the store's shared memory. A recovery
     // takes it over first: it frees memory for what follows (`store_memory::recover`).
-    let (store, mut region) = match launch.recover {
-        None => store_memory::create(&cfg)?,
+    let (store, mut region, found_staging) = match launch.recover {
+        None => {
+            let (store, region) = store_memory::create(&cfg)?;
+            (store, region, None)
+        }
         Some(id) => {
             // The recovery record, not the state file: see `control::anchor`.
             let old = anchor::read(id)
@@ -153,7 +157,23 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
             let shm = old.store_shm.with_context(|| {
                 format!("/dev/ublkb{id} was made by a daemon that kept no store to recover")
             })?;
-            store_memory::recover(&cfg, shm)?
+            let taken = store_memory::recover(&cfg, shm)?;
+            let found = taken.found;
+            tracing::info!(
+                shm,
+                pages_stored = found.pages_stored,
+                segments = found.segments,
+                staged_pages_installed = found.settled_pages,
+                lost_pages = found.lost_pages,
+                "store recovered"
+            );
+            if found.lost_pages > 0 {
+                tracing::error!(
+                    lost_pages = found.lost_pages,
+                    "pages that waited for the GPU when the old daemon died are lost (their staging was not there): reading them fails until they are written again"
+                );
+            }
+            (taken.store, taken.region, taken.staging)
         }
     };
     // Small allocations: a pre-grown heap that is never trimmed.
@@ -164,6 +184,10 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
             cfg.backend,
             &cfg.gpu,
             Some(Arc::new(io_path_thread)),
+            compression::StagingHome::Region {
+                region: &region,
+                found: found_staging,
+            },
         )
         .context("setting up the compression backend")?,
     );
@@ -337,13 +361,18 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
             if standby != 0 {
                 let _ = sys::kill_now(standby);
             }
-            // Pages staged for the GPU live only in our pinned memory: install them first
-            // (bounded: a hung GPU must not stop the handover).
+            // Pages staged for the GPU are installed first, while we still serve: the next
+            // daemon would install them on the CPU before it serves (or, from staging in our
+            // own pinned memory, lose them). Bounded: a hung GPU must not stop the handover.
             let start = std::time::Instant::now();
             match stopper_compression.drain(HANDOFF_DRAIN) {
                 Some(true) => tracing::info!(
                     ms = start.elapsed().as_millis() as u64,
                     "staged pages installed for the handover"
+                ),
+                Some(false) if stopper_compression.staging_kept() => tracing::warn!(
+                    secs = HANDOFF_DRAIN.as_secs(),
+                    "the GPU did not finish its slots: the next daemon installs the pages still staged"
                 ),
                 Some(false) => tracing::error!(
                     secs = HANDOFF_DRAIN.as_secs(),

@@ -39,10 +39,17 @@ const VERSION: u32 = 2;
 /// reserve, stacks and rings before it serves.
 pub const ROOM: usize = 24 << 20;
 const UNIT: usize = pool::BLOCK;
+/// Where the id of the device's GPU staging segment (`staging.rs`) is recorded: a word in
+/// the header's unit after the header, [`STAGING_TAG`] above the id (0: none; a region of
+/// an older daemon has 0 there).
+const STAGING_OFF: usize = 2048;
+const STAGING_TAG: u64 = 0x5354_4147 << 32;
 /// Where the carried counters (`carry.rs`) live: in the header's unit, after the header.
 const CARRY_OFF: usize = 4096;
 const _: () = assert!(
-    std::mem::size_of::<Header>() <= CARRY_OFF && CARRY_OFF + super::carry::WORDS * 8 <= UNIT
+    std::mem::size_of::<Header>() <= STAGING_OFF
+        && STAGING_OFF + 8 <= CARRY_OFF
+        && CARRY_OFF + super::carry::WORDS * 8 <= UNIT
 );
 
 /// What a region starts with.
@@ -290,6 +297,23 @@ impl Region {
         unsafe { ptr::write_volatile(self.base as *mut Header, self.header) };
     }
 
+    fn staging_word(&self) -> &AtomicU64 {
+        // SAFETY: the header's unit lies in the mapping (see `carried_counters`); the word is
+        // 8-aligned, only ever accessed atomically, and the mapping is never detached.
+        unsafe { &*((self.base + STAGING_OFF) as *const AtomicU64) }
+    }
+
+    /// The device's GPU staging segment, if it has one (`staging.rs`).
+    pub fn staging(&self) -> Option<i32> {
+        staging_id(self.staging_word().load(Ordering::Acquire))
+    }
+
+    /// Records the device's GPU staging segment (`None`: it has none).
+    pub fn set_staging(&self, id: Option<i32>) {
+        let word = id.map_or(0, |id| STAGING_TAG | u64::from(id as u32));
+        self.staging_word().store(word, Ordering::Release);
+    }
+
     /// The carried counters' words (`carry.rs`), in the header's unit.
     pub fn carried_counters(&self) -> &'static [AtomicU64] {
         // SAFETY: the header's unit lies in the mapping (`create` made it, `attach` checked
@@ -433,9 +457,32 @@ fn foreign(id: i32, why: String) -> RegionError {
     RegionError::Foreign { id, why }
 }
 
-/// Marks segment `id` for removal: it goes once no process has it attached (at once when
-/// none has). For a deleted device's store.
+fn staging_id(word: u64) -> Option<i32> {
+    (word & 0xffff_ffff_0000_0000 == STAGING_TAG).then_some(word as u32 as i32)
+}
+
+/// Marks segment `id` for removal, and the GPU staging segment it records: they go once no
+/// process has them attached (at once when none has). For a deleted device's store.
 pub fn remove(id: i32) {
+    // SAFETY: shmat maps the segment read-only where the kernel picks; none of our memory is
+    // touched.
+    let base = unsafe { libc::shmat(id, ptr::null(), libc::SHM_RDONLY) };
+    if base as isize != -1 {
+        let size = crate::sys::shm_size(id).unwrap_or(0);
+        if size >= UNIT {
+            // SAFETY: the segment is at least a unit long, so the word lies in the mapping.
+            let header = unsafe { ptr::read_volatile(base as *const Header) };
+            // SAFETY: as above; 8-aligned (the mapping is page-aligned).
+            let word = unsafe { ptr::read_volatile((base as usize + STAGING_OFF) as *const u64) };
+            if header.magic == MAGIC {
+                if let Some(staging) = staging_id(word) {
+                    super::staging::remove(staging);
+                }
+            }
+        }
+        // SAFETY: detaches the mapping made above; nothing refers to it.
+        unsafe { libc::shmdt(base) };
+    }
     if let Err(error) = crate::sys::shm_remove(id) {
         tracing::warn!(id, %error, "removing the store's shared memory failed");
     }

@@ -4,11 +4,12 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use uzram_core::store::{PageStore, Persistence, StoreConfig};
+use uzram_core::store::{PageStore, Persistence, Recovered, StoreConfig};
 use uzram_core::PAGE_SIZE;
 
 use super::pool;
 use super::region::{Region, Sizes};
+use super::staging::Staging;
 use crate::config::DeviceConfig;
 
 /// Bytes of pool blocks beyond the device size: room for holes and for 64 KiB allocations
@@ -44,9 +45,23 @@ pub fn create(cfg: &DeviceConfig) -> anyhow::Result<(Arc<PageStore>, Region)> {
     Ok((Arc::new(store), region))
 }
 
+/// A store taken over from a dead daemon.
+#[derive(Debug)]
+pub struct Taken {
+    /// The store.
+    pub store: Arc<PageStore>,
+    /// Its region.
+    pub region: Region,
+    /// The dead daemon's GPU staging, its pages installed: the new ring may reuse it.
+    pub staging: Option<Staging>,
+    /// What the recovery found.
+    pub found: Recovered,
+}
+
 /// The store a dead daemon left in shared memory segment `shm`, taken over: refused, changing
-/// nothing, when it is not a store of this device's size and codec or is damaged.
-pub fn recover(cfg: &DeviceConfig, shm: i32) -> anyhow::Result<(Arc<PageStore>, Region)> {
+/// nothing, when it is not a store of this device's size and codec or is damaged. Pages it
+/// had staged for the GPU are read from its staging segment and installed.
+pub fn recover(cfg: &DeviceConfig, shm: i32) -> anyhow::Result<Taken> {
     let store_cfg = store_config(cfg);
     let region = Region::attach(shm).context("taking over the store's shared memory")?;
     if region.pages() != store_cfg.pages {
@@ -81,20 +96,25 @@ pub fn recover(cfg: &DeviceConfig, shm: i32) -> anyhow::Result<(Arc<PageStore>, 
         table: region.take_table(),
         home: Arc::new(region.home()),
     };
-    let (store, found) =
-        PageStore::recover(store_cfg, persist).context("taking over the preserved page store")?;
-    tracing::info!(
-        shm,
-        pages_stored = found.pages_stored,
-        segments = found.segments,
-        lost_pages = found.lost_pages,
-        "store recovered"
-    );
-    if found.lost_pages > 0 {
-        tracing::error!(
-            lost_pages = found.lost_pages,
-            "pages that waited for the GPU when the old daemon died are lost: reading them fails until they are written again"
-        );
-    }
-    Ok((Arc::new(store), region))
+    let staging = region.staging().and_then(|id| match Staging::attach(id) {
+        Ok(staging) => Some(staging),
+        Err(error) => {
+            tracing::error!(id, %error, "the old daemon's GPU staging cannot be taken over");
+            None
+        }
+    });
+    let copy = staging.as_ref().and_then(Staging::copy);
+    let (store, found) = PageStore::recover(
+        store_cfg,
+        persist,
+        copy.as_ref()
+            .map(|c| c as &dyn uzram_core::store::StagedPages),
+    )
+    .context("taking over the preserved page store")?;
+    Ok(Taken {
+        store: Arc::new(store),
+        region,
+        staging,
+        found,
+    })
 }
