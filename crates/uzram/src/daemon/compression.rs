@@ -331,6 +331,44 @@ mod tests {
         round_trip(&s, &c);
     }
 
+    /// A daemon that compresses on the CPU after one that staged for the GPU (a config
+    /// changed to `backend = "cpu"`, or a GPU gone) removes the old staging: nothing would
+    /// ever use its locked memory again.
+    #[test]
+    fn a_cpu_daemon_removes_the_staging_a_gpu_daemon_left() {
+        let sizes = crate::daemon::region::Sizes {
+            pages: 16,
+            table_len: 16,
+            dir_len: 4,
+            block_bytes: 64 << 10,
+        };
+        let region = match Region::create(sizes, "lz4") {
+            Ok(r) => r,
+            Err(e) => {
+                println!("SKIP: no locked shared memory here: {e}");
+                return;
+            }
+        };
+        let old = Staging::create(2, 4, false).expect("a staging segment");
+        let id = old.id();
+        region.set_staging(Some(id));
+        let home = StagingHome::Region {
+            region: &region,
+            found: Some(old),
+        };
+        let s = store(Algorithm::Lz4);
+        let c = Compression::start(s.clone(), Backend::Cpu, &GpuSettings::default(), None, home)
+            .unwrap();
+        assert_eq!(c.name(), "cpu");
+        assert!(!c.staging_kept());
+        assert_eq!(region.staging(), None, "the region still names the staging");
+        assert!(
+            !crate::daemon::region::exists(id),
+            "the old staging segment is still there"
+        );
+        round_trip(&s, &c);
+    }
+
     #[test]
     fn auto_with_zstd_starts_on_the_cpu_with_or_without_a_gpu() {
         let s = store(Algorithm::Zstd { level: 1 });

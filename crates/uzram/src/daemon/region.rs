@@ -543,3 +543,40 @@ impl SegmentHome for Home {
         (block > 0 && block <= self.blocks).then(|| Self::words(self.start + (block - 1) * UNIT))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::staging::Staging;
+
+    #[test]
+    fn removing_a_store_removes_its_staging() {
+        let sizes = Sizes {
+            pages: 16,
+            table_len: 16,
+            dir_len: 4,
+            block_bytes: UNIT,
+        };
+        let region = match Region::create(sizes, "lz4") {
+            Ok(r) => r,
+            // Containers without CAP_IPC_LOCK cannot lock segments.
+            Err(e) => {
+                println!("SKIP: {e}");
+                return;
+            }
+        };
+        assert_eq!(region.staging(), None, "a new store has no staging");
+        let staging = Staging::create(1, 1, false).expect("a staging segment");
+        let id = staging.id();
+        region.set_staging(Some(id));
+        assert_eq!(region.staging(), Some(id));
+        assert_eq!(Region::attach(region.id()).unwrap().staging(), Some(id));
+        // SAFETY: nothing uses the segment's memory.
+        unsafe { staging.detach() };
+        assert!(exists(id));
+        remove(region.id());
+        assert!(!exists(id), "the staging segment outlived its store");
+        region.set_staging(None);
+        assert_eq!(region.staging(), None);
+    }
+}
