@@ -46,14 +46,23 @@ if uzram_create --size 64M; then
     PID2=$(daemon_pid "$DEV")
     [ -n "$PID2" ] && [ "$PID2" != "$PID" ] && ok "new daemon $PID2 serves $DEV" || fail_check "no new daemon serves $DEV"
     # A second kill with no I/O in flight: the next daemon's count is exactly this one's.
+    # Half the device discarded first, so the store holds less than its peak: the peak
+    # (mem_used_max) goes on too, not from what the next daemon finds.
+    check "blkdiscard 0..32M" blkdiscard -o 0 -l $((32 * 1048576)) "$DEV"
     sleep 2
     W2=$(stat_field "$DEV" write_requests)
+    M2=$(stat_field "$DEV" mem_used_max)
+    U2=$(stat_field "$DEV" mem_used_total)
     kill -9 "$PID2"; wait_gone "$PID2"
     check "uzram recover $DEV (again, nothing in flight)" uzram recover "$DEV"
     W3=$(stat_field "$DEV" write_requests)
+    M3=$(stat_field "$DEV" mem_used_max)
     [ -n "$W1" ] && [ "$W1" -gt 0 ] && [ -n "$W2" ] && [ "$W2" -gt "$W1" ] && [ "$W3" = "$W2" ] \
       && ok "write_requests go on across daemons: $W1 before the first kill, $W2 before the second, $W3 after it" \
       || fail_check "write_requests did not go on across the crashes: '$W1', then '$W2', then '$W3'"
+    [ -n "$M2" ] && [ -n "$U2" ] && [ "$M2" -gt "$U2" ] && [ "$M3" = "$M2" ] \
+      && ok "mem_used_max goes on across daemons: $M2 before the kill (holding $U2), $M3 after it" \
+      || fail_check "mem_used_max did not go on: '$M2' (holding '$U2') before the kill, '$M3' after it"
     PID3=$(daemon_pid "$DEV")
     # A third kill, and the orphan destroyed instead of recovered.
     kill -9 "$PID3"; wait_gone "$PID3"

@@ -1,6 +1,7 @@
 //! Cumulative counters that go on across daemons: zram's `io_stat` counts, the request
 //! counts and `pages_compacted` start where the last daemon of the device left them, after
-//! a crash as after a planned handover, instead of at zero.
+//! a crash as after a planned handover, instead of at zero; `mem_used_max`, a peak, goes on
+//! from the highest any daemon of the device saw.
 //!
 //! The store's gauges (pages, bytes, memory) are rebuilt from the store itself; the counts
 //! are not in it. So each daemon writes its totals (its own counts plus what it carried
@@ -24,8 +25,11 @@ pub const SLOTS: usize = 64;
 pub const WORDS: usize = SLOTS * 4;
 const NAME_BYTES: usize = 24;
 
-/// The counters that are carried: counts since the device was made. Gauges and per-daemon
-/// figures (pool, queue faults, backend) are not.
+/// The peaks that are carried: the next daemon reports the larger of its own and this.
+const PEAKS: &[&str] = &["mem_used_max"];
+
+/// The counters that are carried: counts since the device was made, which the next daemon
+/// adds to its own. Gauges and per-daemon figures (pool, queue faults, backend) are not.
 const CARRIED: &[&str] = &[
     // store (zram's io_stat and mm_stat's pages_compacted)
     "failed_reads",
@@ -48,7 +52,7 @@ const CARRIED: &[&str] = &[
 
 /// Whether `name` is carried from one daemon to the next.
 pub fn is_carried(name: &str) -> bool {
-    CARRIED.contains(&name)
+    CARRIED.contains(&name) || PEAKS.contains(&name)
 }
 
 /// The table over its words (the region's, or any others in tests).
@@ -136,11 +140,16 @@ impl Carry<'_> {
     }
 }
 
-/// Adds the carried-in `base` to the carried counters among `stats`.
+/// Adds the carried-in `base` to the carried counters among `stats` (for a peak: keeps the
+/// larger).
 pub fn add_base(stats: &mut [Stat], base: &HashMap<String, u64>) {
     for stat in stats.iter_mut() {
-        if let Some(b) = base.get(&stat.name) {
-            stat.value = stat.value.saturating_add(*b);
+        if let Some(&b) = base.get(&stat.name) {
+            stat.value = if PEAKS.contains(&stat.name.as_str()) {
+                stat.value.max(b)
+            } else {
+                stat.value.saturating_add(b)
+            };
         }
     }
 }
@@ -186,6 +195,22 @@ mod tests {
         assert_eq!(now[1].value, 8192, "a gauge stays as measured");
         Carry::new(&words).save(&now);
         assert_eq!(Carry::new(&words).load()["writes"], 15);
+    }
+
+    #[test]
+    fn a_peak_goes_on_from_the_highest_any_daemon_saw() {
+        let words = table();
+        Carry::new(&words).save(&[stat("mem_used_max", 900)]);
+        let base = Carry::new(&words).load();
+        // A new daemon that has seen less reports the old peak, not the sum.
+        let mut now = vec![stat("mem_used_max", 300)];
+        add_base(&mut now, &base);
+        assert_eq!(now[0].value, 900);
+        Carry::new(&words).save(&now);
+        // One that has seen more reports its own.
+        let mut later = vec![stat("mem_used_max", 1200)];
+        add_base(&mut later, &Carry::new(&words).load());
+        assert_eq!(later[0].value, 1200);
     }
 
     #[test]
