@@ -379,13 +379,18 @@ impl PinnedWords {
 impl Drop for PinnedWords {
     fn drop(&mut self) {
         if let Pinned::Registered { words, gpu } = &self.mem {
-            if gpu.bind().is_ok() {
-                // SAFETY: registered in `register` with this context; owners drop staging
-                // only after the streams that read it were synchronized.
-                let rc = unsafe { sys::cuMemHostUnregister(words.as_ptr() as *mut c_void) };
-                if let Err(e) = rc.result() {
-                    warn!(error = %e, "cuMemHostUnregister failed");
+            match gpu.bind() {
+                Ok(()) => {
+                    // SAFETY: registered in `register` with this context; owners drop
+                    // staging only after the streams that read it were synchronized.
+                    let rc = unsafe { sys::cuMemHostUnregister(words.as_ptr() as *mut c_void) };
+                    if let Err(e) = rc.result() {
+                        warn!(error = %e, "cuMemHostUnregister failed");
+                    }
                 }
+                // No work of ours reads it (the slot's streams were synchronized); the
+                // driver keeps the pages pinned until the context goes.
+                Err(e) => warn!(error = %e, "staging left registered: its GPU context is gone"),
             }
         }
     }

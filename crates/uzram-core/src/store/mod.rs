@@ -287,11 +287,20 @@ impl PageStore {
             store.staged.store(waiting.len() as u64, Ordering::Relaxed);
         }
         let mut page = [0u8; PAGE_SIZE];
+        let mut compacted = false;
         for (index, at) in waiting {
             let copied = staged.is_some_and(|s| s.read_staged(index, at, &mut page));
             // A crash from here on finds the staging as it was: the next recovery redoes
             // what this one did not finish.
-            let settled = copied && store.write_page(index, &page).is_ok();
+            let mut settled = copied && store.install_recovered(Ticket { page: index, at }, &page);
+            if copied && !settled && !compacted {
+                // No segment to be had (the adopted pool ran dry): the dead process's holes
+                // give whole segments back without asking the system for memory, which
+                // could wait on this very device.
+                compacted = true;
+                store.compact();
+                settled = store.install_recovered(Ticket { page: index, at }, &page);
+            }
             if settled {
                 found.settled_pages += 1;
                 found.pages_stored += 1;
@@ -301,6 +310,29 @@ impl PageStore {
             }
         }
         Ok((store, found))
+    }
+
+    /// Installs a staged page recovered from a dead process's staging, as its installer
+    /// would have (room under the memory limit was taken when it was staged). False when
+    /// it could not be installed (no memory, or a corrupt entry).
+    fn install_recovered(&self, ticket: Ticket, page: &[u8; PAGE_SIZE]) -> bool {
+        let threshold = self.raw_threshold;
+        let result = worker::with_codec(self.algorithm, |codec, scratch| {
+            let encoded = match same_filled_word(page).filter(|&w| self.keeps_fill(w)) {
+                Some(word) => Encoded::SameFilled(word),
+                None => match codec
+                    .compress_below(page, scratch, threshold)
+                    .map_err(CoreError::Compress)?
+                {
+                    Some(len) => Encoded::Compressed(&scratch[..len]),
+                    None => Encoded::Raw(page),
+                },
+            };
+            let mut commits = [Commit::new(ticket, encoded)];
+            self.commit(&mut commits)?;
+            Ok(commits[0].state == CommitState::Installed)
+        });
+        result.unwrap_or(false)
     }
 
     /// Marks a page whose staged copy is gone as lost.

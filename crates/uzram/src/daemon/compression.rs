@@ -165,14 +165,26 @@ impl Compression {
             }
         };
         let inputs = segment.as_ref().map(Staging::inputs);
-        let slots = match GpuSlots::on_over(gpus.clone(), gpu_cfg.clone(), inputs) {
-            Ok(slots) => slots,
+        let (slots, segment) = match GpuSlots::on_over(gpus.clone(), gpu_cfg.clone(), inputs) {
+            Ok(slots) => (Ok(slots), segment),
             Err(error) if inputs.is_some() => {
-                tracing::warn!(%error, "the GPU cannot use shared memory for staging: staging in its own pinned memory, whose pages a crash of this daemon loses");
+                tracing::warn!(%error, "the GPU slots could not be set up over shared memory: trying them in the driver's pinned memory, whose staged pages a crash of this daemon loses");
                 home.forget(segment);
-                return Self::start_ring(store, GpuSlots::on(gpus, gpu_cfg)?, settings, hook, None);
+                (GpuSlots::on(gpus, gpu_cfg), None)
             }
-            Err(error) => return Err(error.into()),
+            Err(error) => (Err(error), segment),
+        };
+        let slots = match slots {
+            Ok(slots) => slots,
+            Err(error) if asked == Backend::Auto => {
+                tracing::info!(why = %error, "backend auto compresses on the CPU");
+                home.forget(segment);
+                return Ok(Self::cpu(store));
+            }
+            Err(error) => {
+                home.forget(segment);
+                return Err(error.into());
+            }
         };
         let books = segment.as_ref().map(Staging::books);
         Self::start_ring(store, slots, settings, hook, books)

@@ -176,6 +176,9 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
             (taken.store, taken.region, taken.staging)
         }
     };
+    // A new store's shared memory (and GPU staging) goes again if the device never comes
+    // to exist: nothing else would ever find it.
+    let mut unborn = UnbornStore(launch.recover.is_none().then(|| region.id()));
     // Small allocations: a pre-grown heap that is never trimmed.
     reserve::grow(8 << 20);
     let compression = Arc::new(
@@ -209,6 +212,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         None => add_device(&cfg, plan, features)?,
         Some(id) => reattach_device(id, plan)?,
     };
+    unborn.0 = None;
     let counters = Arc::new(Counters::new(
         cfg.queues.saturating_mul(plan.threads_per_queue),
     ));
@@ -536,6 +540,18 @@ fn choose_queue_mode(cfg: &DeviceConfig) -> anyhow::Result<(QueuePlan, Option<u6
         "queue mode"
     );
     Ok((plan, features))
+}
+
+/// The shared memory of a store made for a device that does not exist yet: removed when
+/// dropped still holding its id (the daemon failed before the device was added).
+struct UnbornStore(Option<i32>);
+
+impl Drop for UnbornStore {
+    fn drop(&mut self) {
+        if let Some(id) = self.0 {
+            region::remove(id);
+        }
+    }
 }
 
 /// Adds the ublk device in `plan`'s mode. Should the driver refuse a mode it advertised, `auto`

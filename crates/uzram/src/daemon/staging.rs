@@ -56,20 +56,61 @@ fn foreign(id: i32, why: String) -> RegionError {
     RegionError::Foreign { id, why }
 }
 
-fn layout(slots: usize, slot_pages: usize) -> Header {
-    let up = |n: usize, to: usize| n.div_ceil(to) * to;
+/// The layout of a segment for `slots` slots of `slot_pages` pages (`None`: too large).
+fn layout(slots: usize, slot_pages: usize) -> Option<Header> {
+    let books = slot_pages
+        .checked_add(1)?
+        .checked_mul(slots)?
+        .checked_mul(8)?;
     let books_off = HEADER;
-    let inputs_off = up(books_off + book_words(slots, slot_pages) * 8, ALIGN);
-    let len = inputs_off + slots * slot_pages * PAGE_WORDS * 8;
-    Header {
+    let inputs_off = books_off
+        .checked_add(books)?
+        .checked_next_multiple_of(ALIGN)?;
+    let inputs = slots.checked_mul(slot_pages)?.checked_mul(PAGE_WORDS * 8)?;
+    Some(Header {
         magic: MAGIC,
         version: VERSION,
-        slots: slots as u32,
+        slots: u32::try_from(slots).ok()?,
         slot_pages: slot_pages as u64,
         books_off: books_off as u64,
         inputs_off: inputs_off as u64,
-        len: len as u64,
+        len: inputs_off.checked_add(inputs)? as u64,
+    })
+}
+
+/// The header of segment `id`, read through a read-only mapping dropped at once (nothing
+/// about the segment changes), when it is a uzram staging segment of this version whose
+/// layout fits its size.
+fn header_of(id: i32) -> Result<Header, RegionError> {
+    let size = crate::sys::shm_size(id).map_err(sys("shmctl IPC_STAT (the GPU staging)"))?;
+    if size < HEADER {
+        return Err(foreign(id, format!("only {size} bytes")));
     }
+    // SAFETY: shmat maps the segment read-only where the kernel picks; no memory of ours is
+    // touched.
+    let base = unsafe { libc::shmat(id, ptr::null(), libc::SHM_RDONLY) };
+    if base as isize == -1 {
+        return Err(sys("shmat (reading the GPU staging's header)")(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: the segment is at least a header page long.
+    let header = unsafe { ptr::read_volatile(base as *const Header) };
+    // SAFETY: detaches the mapping made above; nothing refers to it.
+    unsafe { libc::shmdt(base) };
+    if header.magic != MAGIC || header.version != VERSION {
+        return Err(foreign(
+            id,
+            "no uzram staging header of this version".into(),
+        ));
+    }
+    let shape = usize::try_from(header.slot_pages)
+        .ok()
+        .and_then(|pages| layout(header.slots as usize, pages));
+    if shape != Some(header) || header.len != size as u64 {
+        return Err(foreign(id, "its layout does not fit its size".into()));
+    }
+    Ok(header)
 }
 
 impl Staging {
@@ -77,7 +118,10 @@ impl Staging {
     /// `scratch`, it is already marked for removal: it goes when this process does (a
     /// benchmark's, which no later process recovers).
     pub fn create(slots: usize, slot_pages: usize, scratch: bool) -> Result<Staging, RegionError> {
-        let header = layout(slots, slot_pages);
+        let header = layout(slots, slot_pages).ok_or_else(|| RegionError::Sys {
+            what: "sizing the GPU staging",
+            source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        })?;
         let len = header.len as usize;
         // SAFETY: shmget takes no pointers. IPC_PRIVATE: a new segment only we know the id of.
         let id = unsafe {
@@ -101,32 +145,32 @@ impl Staging {
             Ok(staging)
         });
         if scratch || made.is_err() {
-            remove(id);
+            remove_ours(id);
         }
         made
     }
 
-    /// Takes over segment `id`, the staging of a daemon that is gone.
+    /// Takes over segment `id`, the staging of a daemon that is gone. A segment that is not
+    /// one is left as it was.
     pub fn attach(id: i32) -> Result<Staging, RegionError> {
-        let size = crate::sys::shm_size(id).map_err(sys("shmctl IPC_STAT (the GPU staging)"))?;
-        if size < HEADER {
-            return Err(foreign(id, format!("only {size} bytes")));
-        }
+        let header = header_of(id)?;
         let base = Self::map(id)?;
-        // SAFETY: the segment is at least a header page long.
-        let header = unsafe { ptr::read_volatile(base as *const Header) };
-        let shape = layout(header.slots as usize, header.slot_pages as usize);
-        if header.magic != MAGIC || header.version != VERSION {
+        // The header again, through our mapping: what the slices below rely on.
+        // SAFETY: the segment is at least a header page long (checked above).
+        if unsafe { ptr::read_volatile(base as *const Header) } != header {
+            // SAFETY: our own mapping, made above; nothing refers to it.
+            unsafe { libc::shmdt(base as *const libc::c_void) };
             return Err(foreign(
                 id,
-                "no uzram staging header of this version".into(),
+                "its header changed while it was taken over".into(),
             ));
         }
-        if header.slot_pages > u64::from(u32::MAX) || shape != header || header.len != size as u64 {
-            return Err(foreign(id, "its layout does not fit its size".into()));
-        }
         let staging = Staging { id, base, header };
-        staging.populate()?;
+        if let Err(e) = staging.populate() {
+            // SAFETY: `staging` handed out no slice of its memory yet.
+            unsafe { staging.detach() };
+            return Err(e);
+        }
         Ok(staging)
     }
 
@@ -207,8 +251,17 @@ impl Staging {
     }
 }
 
-/// Marks staging segment `id` for removal (it goes once no process has it attached).
+/// Marks staging segment `id` (as a store records it) for removal: it goes once no process
+/// has it attached. A segment that is not a uzram staging segment (the id was freed and
+/// reused) is left alone.
 pub fn remove(id: i32) {
+    match header_of(id) {
+        Ok(_) => remove_ours(id),
+        Err(error) => tracing::warn!(id, %error, "not removing the recorded GPU staging"),
+    }
+}
+
+fn remove_ours(id: i32) {
     if let Err(error) = crate::sys::shm_remove(id) {
         tracing::warn!(id, %error, "removing the GPU staging's shared memory failed");
     }
@@ -247,16 +300,19 @@ mod tests {
     }
 
     #[test]
-    fn a_store_segment_is_not_staging() {
+    fn another_segment_is_neither_taken_over_nor_removed() {
+        // A segment of someone else's under a recorded id (freed and reused).
         // SAFETY: shmget takes no pointers.
         let id = unsafe { libc::shmget(libc::IPC_PRIVATE, 65536, libc::IPC_CREAT | 0o600) };
         assert!(id >= 0);
         let err = Staging::attach(id).unwrap_err();
+        assert!(err.to_string().contains("no uzram staging header"), "{err}");
         remove(id);
         assert!(
-            err.to_string().contains("no uzram staging header")
-                || err.to_string().contains("SHM_LOCK"),
-            "{err}"
+            crate::sys::shm_size(id).is_ok(),
+            "someone else's segment was removed"
         );
+        remove_ours(id);
+        assert!(crate::sys::shm_size(id).is_err());
     }
 }
