@@ -280,6 +280,23 @@ pub fn shm_size(id: i32) -> io::Result<usize> {
     Ok(unsafe { stat.assume_init() }.shm_segsz)
 }
 
+/// A new private SysV shared memory segment of `len` bytes (only we know its id), with no
+/// swap space reserved: nothing is committed until touched.
+pub fn shm_create(len: usize) -> io::Result<i32> {
+    // SAFETY: shmget takes no pointers.
+    let id = unsafe {
+        libc::shmget(
+            libc::IPC_PRIVATE,
+            len,
+            libc::IPC_CREAT | libc::IPC_EXCL | libc::SHM_NORESERVE | 0o600,
+        )
+    };
+    if id < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(id)
+}
+
 /// Keeps segment `id` resident (`SHM_LOCK`; needs CAP_IPC_LOCK).
 pub fn shm_lock(id: i32) -> io::Result<()> {
     // SAFETY: SHM_LOCK changes the segment's paging only and takes no buffer.

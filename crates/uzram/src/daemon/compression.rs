@@ -316,6 +316,17 @@ mod tests {
         Arc::new(PageStore::new(StoreConfig::new(64, algorithm)).unwrap())
     }
 
+    /// The backend asked for, with defaults, staging (if any) in a scratch segment.
+    fn start(s: Arc<PageStore>, asked: Backend) -> anyhow::Result<Compression> {
+        Compression::start(
+            s,
+            asked,
+            &GpuSettings::default(),
+            None,
+            StagingHome::Scratch,
+        )
+    }
+
     fn round_trip(s: &Arc<PageStore>, c: &Compression) {
         let mut buf = b"uzram ".repeat(4096 * 2 / 6 + 1);
         buf.truncate(8192);
@@ -329,14 +340,7 @@ mod tests {
     #[test]
     fn cpu_writes_through_the_store() {
         let s = store(Algorithm::Lz4);
-        let c = Compression::start(
-            s.clone(),
-            Backend::Cpu,
-            &GpuSettings::default(),
-            None,
-            StagingHome::Scratch,
-        )
-        .unwrap();
+        let c = start(s.clone(), Backend::Cpu).unwrap();
         assert_eq!(c.name(), "cpu");
         assert!(c.stats().is_empty());
         assert_eq!(c.memory(), BackendMemory::default());
@@ -384,14 +388,7 @@ mod tests {
     #[test]
     fn auto_with_zstd_starts_on_the_cpu_with_or_without_a_gpu() {
         let s = store(Algorithm::Zstd { level: 1 });
-        let c = Compression::start(
-            s.clone(),
-            Backend::Auto,
-            &GpuSettings::default(),
-            None,
-            StagingHome::Scratch,
-        )
-        .expect("auto with zstd must start");
+        let c = start(s.clone(), Backend::Auto).expect("auto with zstd must start");
         assert_eq!(c.name(), "cpu");
         round_trip(&s, &c);
         assert!(
@@ -408,43 +405,24 @@ mod tests {
             return;
         }
         let s = store(Algorithm::Lz4);
-        let c = Compression::start(
-            s.clone(),
-            Backend::Auto,
-            &GpuSettings::default(),
-            None,
-            StagingHome::Scratch,
-        )
-        .unwrap();
+        let c = start(s.clone(), Backend::Auto).unwrap();
         assert_eq!(c.name(), "cpu");
         round_trip(&s, &c);
     }
 
     #[test]
     fn gpu_without_a_gpu_or_with_zstd_is_a_clear_error() {
-        let err = Compression::start(
-            store(Algorithm::Zstd { level: 1 }),
-            Backend::Gpu,
-            &GpuSettings::default(),
-            None,
-            StagingHome::Scratch,
-        )
-        .err()
-        .expect("zstd on the GPU");
+        let err = start(store(Algorithm::Zstd { level: 1 }), Backend::Gpu)
+            .err()
+            .expect("zstd on the GPU");
         assert!(format!("{err:#}").contains("lz4 only"), "{err:#}");
         if uzram_gpu::gpu_available() {
             eprintln!("skipping the no-GPU case: this machine has a GPU");
             return;
         }
-        let err = Compression::start(
-            store(Algorithm::Lz4),
-            Backend::Gpu,
-            &GpuSettings::default(),
-            None,
-            StagingHome::Scratch,
-        )
-        .err()
-        .expect("no GPU here");
+        let err = start(store(Algorithm::Lz4), Backend::Gpu)
+            .err()
+            .expect("no GPU here");
         let text = format!("{err:#}");
         assert!(text.contains("--backend cpu"), "{text}");
     }

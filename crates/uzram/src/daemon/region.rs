@@ -148,20 +148,8 @@ impl Region {
             room_off: room_off as u64,
             room_len: ROOM as u64,
         };
-        // SAFETY: shmget takes no pointers. IPC_PRIVATE: a new segment only we know the id of;
-        // SHM_NORESERVE: no swap space is reserved (nothing is committed until touched).
-        let id = unsafe {
-            libc::shmget(
-                libc::IPC_PRIVATE,
-                len,
-                libc::IPC_CREAT | libc::IPC_EXCL | libc::SHM_NORESERVE | 0o600,
-            )
-        };
-        if id < 0 {
-            return Err(sys("shmget (creating the store's shared memory)")(
-                std::io::Error::last_os_error(),
-            ));
-        }
+        let id = crate::sys::shm_create(len)
+            .map_err(sys("shmget (creating the store's shared memory)"))?;
         let region = Self::map(id).inspect_err(|_| remove(id))?;
         // SAFETY: the header page lies in our fresh read-write mapping, nobody else uses it.
         unsafe { ptr::write_volatile(region.base as *mut Header, header) };

@@ -123,19 +123,8 @@ impl Staging {
             source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
         })?;
         let len = header.len as usize;
-        // SAFETY: shmget takes no pointers. IPC_PRIVATE: a new segment only we know the id of.
-        let id = unsafe {
-            libc::shmget(
-                libc::IPC_PRIVATE,
-                len,
-                libc::IPC_CREAT | libc::IPC_EXCL | libc::SHM_NORESERVE | 0o600,
-            )
-        };
-        if id < 0 {
-            return Err(sys("shmget (creating the GPU staging's shared memory)")(
-                std::io::Error::last_os_error(),
-            ));
-        }
+        let id = crate::sys::shm_create(len)
+            .map_err(sys("shmget (creating the GPU staging's shared memory)"))?;
         let made = Self::map(id).and_then(|base| {
             // SAFETY: the header page lies in our fresh read-write mapping; nobody else
             // knows the segment yet.
