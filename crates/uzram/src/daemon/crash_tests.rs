@@ -6,7 +6,9 @@
 //!
 //! The same with a ring staging the writes (as the GPU backend does) in a staging segment of
 //! shared memory, over a slow slot backend so that many pages wait in staging when the kill
-//! comes: the second child installs them from there, and not one page is lost.
+//! comes: the second child installs them from there, and not one page is lost. And, where
+//! there is a GPU (`scripts/gpu-check` runs it), with the daemon's own GPU backend
+//! (`Compression` with `backend = "gpu"`, staging in the store's region).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -18,9 +20,11 @@ use uzram_core::codec::Algorithm;
 use uzram_core::store::PageStore;
 use uzram_core::PAGE_SIZE;
 
+use super::compression::{Compression, StagingHome};
+use super::io::PageWriter;
 use super::staging::Staging;
 use super::{carry, pool, region, store_memory};
-use crate::config::{DeviceConfig, RawDevice};
+use crate::config::{Backend, DeviceConfig, RawDevice};
 use crate::control::proto::Stat;
 
 const PAGES: u64 = 2048;
@@ -98,11 +102,21 @@ fn write_retrying(store: &PageStore, page: u64, bytes: &[u8]) {
 const RING_SLOTS: usize = 4;
 const RING_SLOT_PAGES: usize = 64;
 
+/// How a writer child writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// `PageStore::write`.
+    Store,
+    /// A ring over host slots that take 20 ms a slot, staging in a segment the store's
+    /// region records.
+    HostRing,
+    /// The daemon's GPU backend (`Compression`, staging in the store's region).
+    Gpu,
+}
+
 /// Child: writes generations of every page (discarding some) with compaction running
-/// beside, forever; prints the segment id first. With `ring`, the writes go through a ring
-/// whose staging is a shared memory segment the store's region records, over host slots
-/// that take 20 ms to complete a slot.
-fn writer(ring: bool) {
+/// beside, forever; prints the segment id first.
+fn writer(via: Via) {
     let (store, region) = match store_memory::create(&config()) {
         Ok(made) => made,
         Err(err) => {
@@ -112,7 +126,25 @@ fn writer(ring: bool) {
     };
     println!("SHM {}", region.id());
     std::thread::spawn(|| pool::keep(64));
-    let ring = ring.then(|| {
+    let gpu = (via == Via::Gpu).then(|| {
+        let cfg = config();
+        let home = StagingHome::Region {
+            region: &region,
+            found: None,
+        };
+        match Compression::start(store.clone(), Backend::Gpu, &cfg.gpu, None, home) {
+            Ok(c) if c.staging_kept() => c,
+            Ok(_) => {
+                println!("SKIP the GPU backend did not keep its staging in shared memory");
+                std::process::exit(0);
+            }
+            Err(err) => {
+                println!("SKIP {err:#}");
+                std::process::exit(0);
+            }
+        }
+    });
+    let ring = (via == Via::HostRing).then(|| {
         let staging = Staging::create(RING_SLOTS, RING_SLOT_PAGES, false).expect("staging");
         region.set_staging(Some(staging.id()));
         let slow = FaultPlan {
@@ -134,13 +166,18 @@ fn writer(ring: bool) {
         };
         Ring::start(store.clone(), Arc::new(backend), cfg).expect("the ring")
     });
-    let write = |page: u64, bytes: &[u8]| match &ring {
-        Some(ring) => {
+    let write = |page: u64, bytes: &[u8]| match (&ring, &gpu) {
+        (Some(ring), _) => {
             while ring.write(page, bytes).is_err() {
                 std::thread::sleep(Duration::from_micros(200));
             }
         }
-        None => write_retrying(&store, page, bytes),
+        (_, Some(gpu)) => {
+            while gpu.write_pages(page, bytes).is_err() {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        _ => write_retrying(&store, page, bytes),
     };
     let compacted = store.clone();
     std::thread::spawn(move || loop {
@@ -170,8 +207,10 @@ fn writer(ring: bool) {
 
 /// Child: takes the store over and checks every page, then compacts, writes and checks again.
 fn verifier(shm: i32) {
+    let t = Instant::now();
     let taken =
         store_memory::recover(&config(), shm).expect("the killed writer's store is recoverable");
+    println!("RECOVERED in {:?}", t.elapsed());
     let (store, region) = (taken.store, taken.region);
     println!(
         "STAGED installed {} lost {}",
@@ -212,8 +251,9 @@ fn verifier(shm: i32) {
 #[ignore = "a child process of crash_at_random_instants_loses_nothing"]
 fn crash_child() {
     match std::env::var(ENV).as_deref() {
-        Ok("writer") => writer(false),
-        Ok("ring-writer") => writer(true),
+        Ok("writer") => writer(Via::Store),
+        Ok("ring-writer") => writer(Via::HostRing),
+        Ok("gpu-writer") => writer(Via::Gpu),
         Ok("verifier") => verifier(
             std::env::var(SHM_ENV)
                 .ok()
@@ -246,6 +286,22 @@ fn crash_at_random_instants_loses_nothing() {
 #[test]
 fn crash_with_pages_in_staging_loses_nothing() {
     let (installed, lost) = crash_rounds("ring-writer");
+    eprintln!("staged pages installed by the verifiers: {installed}, lost: {lost}");
+    assert_eq!(lost, 0, "staged pages lost");
+    if installed != u64::MAX {
+        assert!(installed > 0, "no round found a page in staging to install");
+    }
+}
+
+/// The daemon's GPU backend killed while it writes: its staged pages are installed by the
+/// next process. Skips without a GPU.
+#[test]
+fn crash_on_the_gpu_loses_nothing() {
+    if !uzram_gpu::gpu_available() {
+        eprintln!("skipping: no GPU here");
+        return;
+    }
+    let (installed, lost) = crash_rounds("gpu-writer");
     eprintln!("staged pages installed by the verifiers: {installed}, lost: {lost}");
     assert_eq!(lost, 0, "staged pages lost");
     if installed != u64::MAX {
@@ -312,6 +368,14 @@ fn crash_rounds(mode: &str) -> (u64, u64) {
             })
             .unwrap_or_default();
         assert_eq!(counts.len(), 2, "round {round}: {text}");
+        let took = text
+            .lines()
+            .find_map(|l| l.split_once("RECOVERED in "))
+            .map_or("?", |(_, d)| d.trim());
+        eprintln!(
+            "{mode} round {round}: recovered in {took}, {} staged pages installed, {} lost",
+            counts[0], counts[1]
+        );
         installed += counts[0];
         lost += counts[1];
     }
