@@ -49,6 +49,20 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         match take_orphan(&states, &config_path)? {
             Taken::Orphan(state, lock) => break Some((state, lock)),
+            // The daemon we asked to hand over has gone, yet its device does not show as
+            // waiting (seen once in the guest, cause unknown): a new device now would leave
+            // that one, and whatever is in swap on it, without a daemon. Look again.
+            Taken::Nothing if paused_since.is_some() && start.elapsed() < OTHER_TAKEOVER_WAIT => {
+                if !told {
+                    told = true;
+                    tracing::warn!("the device handed over does not show as waiting for a daemon yet; looking again");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Taken::Nothing if paused_since.is_some() => anyhow::bail!(
+                "the device of {} was handed over but never showed as waiting for a daemon",
+                config_path.display()
+            ),
             Taken::Nothing => break None,
             Taken::Busy(dev) if start.elapsed() < OTHER_TAKEOVER_WAIT => {
                 if !told {
