@@ -88,14 +88,9 @@ impl GpuSlot {
     ) -> Result<Self, GpuError> {
         let pages = cfg.slot_pages;
         let bytes = pages * PAGE_SIZE;
+        // `on_over` hands each slot exactly its pages' words.
         let staging = match input {
-            Some(words) if words.len() == pages * PAGE_WORDS => PinnedWords::register(gpu, words)?,
-            Some(words) => {
-                return Err(GpuError::Config(format!(
-                    "{} staging words for a slot of {pages} pages",
-                    words.len()
-                )))
-            }
+            Some(words) => PinnedWords::register(gpu, words)?,
             None => PinnedWords::new(gpu, pages * PAGE_WORDS)?,
         };
         let dev = [

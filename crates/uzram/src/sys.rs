@@ -297,6 +297,31 @@ pub fn shm_create(len: usize) -> io::Result<i32> {
     Ok(id)
 }
 
+/// A `T` read at byte `offset` of segment `id`, through a read-only mapping dropped at once
+/// (nothing about the segment changes). Fails when the segment is too short for it.
+/// `T` must be plain data that any bytes make valid (integers, arrays and structs of them).
+pub fn shm_peek<T: Copy>(id: i32, offset: usize) -> io::Result<T> {
+    let size = shm_size(id)?;
+    let fits = offset
+        .checked_add(std::mem::size_of::<T>())
+        .is_some_and(|end| end <= size);
+    if !fits || offset % std::mem::align_of::<T>() != 0 {
+        return Err(io::Error::from(io::ErrorKind::InvalidData));
+    }
+    // SAFETY: shmat maps the segment read-only where the kernel picks; none of our memory
+    // is touched.
+    let base = unsafe { libc::shmat(id, std::ptr::null(), libc::SHM_RDONLY) };
+    if base as isize == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the value lies inside the mapping (checked against the segment's size) and is
+    // aligned (the mapping is page-aligned); callers read plain data that any bytes make.
+    let value = unsafe { std::ptr::read_volatile((base as usize + offset) as *const T) };
+    // SAFETY: detaches the mapping made above; nothing refers to it.
+    unsafe { libc::shmdt(base) };
+    Ok(value)
+}
+
 /// Keeps segment `id` resident (`SHM_LOCK`; needs CAP_IPC_LOCK).
 pub fn shm_lock(id: i32) -> io::Result<()> {
     // SAFETY: SHM_LOCK changes the segment's paging only and takes no buffer.

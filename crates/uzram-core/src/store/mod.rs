@@ -316,23 +316,15 @@ impl PageStore {
     /// would have (room under the memory limit was taken when it was staged). False when
     /// it could not be installed (no memory, or a corrupt entry).
     fn install_recovered(&self, ticket: Ticket, page: &[u8; PAGE_SIZE]) -> bool {
-        let threshold = self.raw_threshold;
-        let result = worker::with_codec(self.algorithm, |codec, scratch| {
-            let encoded = match same_filled_word(page).filter(|&w| self.keeps_fill(w)) {
-                Some(word) => Encoded::SameFilled(word),
-                None => match codec
-                    .compress_below(page, scratch, threshold)
-                    .map_err(CoreError::Compress)?
-                {
-                    Some(len) => Encoded::Compressed(&scratch[..len]),
-                    None => Encoded::Raw(page),
-                },
-            };
-            let mut commits = [Commit::new(ticket, encoded)];
-            self.commit(&mut commits)?;
-            Ok(commits[0].state == CommitState::Installed)
-        });
-        result.unwrap_or(false)
+        let kept_fill = same_filled_word(page).filter(|&w| self.keeps_fill(w));
+        let state = match kept_fill {
+            Some(word) => {
+                let mut commits = [Commit::new(ticket, Encoded::SameFilled(word))];
+                self.commit(&mut commits).map(|()| commits[0].state)
+            }
+            None => self.commit_encoded(ticket, page),
+        };
+        state.is_ok_and(|s| s == CommitState::Installed)
     }
 
     /// Marks a page whose staged copy is gone as lost.
@@ -467,14 +459,24 @@ impl PageStore {
     fn commit_fill_compressed(&self, ticket: Ticket, word: u64) -> Result<CommitState, CoreError> {
         let mut page = [0u8; PAGE_SIZE];
         fill_page(&mut page, word);
+        self.commit_encoded(ticket, &page)
+    }
+
+    /// Commits `ticket`'s page from its bytes, compressed on this thread (raw when it does
+    /// not compress below the threshold).
+    fn commit_encoded(
+        &self,
+        ticket: Ticket,
+        page: &[u8; PAGE_SIZE],
+    ) -> Result<CommitState, CoreError> {
         let threshold = self.raw_threshold;
         worker::with_codec(self.algorithm, |codec, scratch| {
             let encoded = match codec
-                .compress_below(&page, scratch, threshold)
+                .compress_below(page, scratch, threshold)
                 .map_err(CoreError::Compress)?
             {
                 Some(len) => Encoded::Compressed(&scratch[..len]),
-                None => Encoded::Raw(&page),
+                None => Encoded::Raw(page),
             };
             let mut one = [Commit::new(ticket, encoded)];
             self.commit(&mut one)?;
@@ -973,8 +975,7 @@ impl PageStore {
     fn page_at(&self, shard: usize, idx: u64) -> u64 {
         let row = idx >> GROUP_SHIFT;
         let within = idx & (GROUP_PAGES as u64 - 1);
-        let rotate = row.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (63 - self.shard_shift) >> 1;
-        let low = (shard as u64).wrapping_sub(rotate) & self.shard_mask;
+        let low = (shard as u64).wrapping_sub(self.row_rotation(row)) & self.shard_mask;
         let group = (row << self.shard_shift) | low;
         (group << GROUP_SHIFT) | within
     }
@@ -982,9 +983,13 @@ impl PageStore {
     fn shard_of(&self, index: u64) -> usize {
         let group = index >> GROUP_SHIFT;
         let row = group >> self.shard_shift;
-        // Fibonacci hashing: the top bits of row × 2^64/φ.
-        let rotate = row.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (63 - self.shard_shift) >> 1;
-        (group.wrapping_add(rotate) & self.shard_mask) as usize
+        (group.wrapping_add(self.row_rotation(row)) & self.shard_mask) as usize
+    }
+
+    /// How far a row of groups is rotated across the shards. Fibonacci hashing: the top
+    /// bits of row × 2^64/φ.
+    fn row_rotation(&self, row: u64) -> u64 {
+        row.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (63 - self.shard_shift) >> 1
     }
 
     fn check_buffer(&self, first: u64, len: usize) -> Result<u64, CoreError> {

@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use uzram_core::batch::{FaultPlan, HostSlots, Ring, RingConfig};
 use uzram_core::codec::Algorithm;
-use uzram_core::store::PageStore;
 use uzram_core::PAGE_SIZE;
 
 use super::compression::{Compression, StagingHome};
@@ -91,9 +90,9 @@ fn check(page: u64, bytes: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-fn write_retrying(store: &PageStore, page: u64, bytes: &[u8]) {
+fn write_retrying(writer: &dyn PageWriter, page: u64, bytes: &[u8]) {
     // The pool may be empty for a moment (the keeper refills it): NoMemory, retried.
-    while store.write(page, bytes).is_err() {
+    while writer.write_pages(page, bytes).is_err() {
         std::thread::sleep(Duration::from_micros(200));
     }
 }
@@ -166,19 +165,12 @@ fn writer(via: Via) {
         };
         Ring::start(store.clone(), Arc::new(backend), cfg).expect("the ring")
     });
-    let write = |page: u64, bytes: &[u8]| match (&ring, &gpu) {
-        (Some(ring), _) => {
-            while ring.write(page, bytes).is_err() {
-                std::thread::sleep(Duration::from_micros(200));
-            }
-        }
-        (_, Some(gpu)) => {
-            while gpu.write_pages(page, bytes).is_err() {
-                std::thread::sleep(Duration::from_micros(200));
-            }
-        }
-        _ => write_retrying(&store, page, bytes),
+    let writer: &dyn PageWriter = match (&ring, &gpu) {
+        (Some(ring), _) => ring,
+        (_, Some(gpu)) => gpu,
+        _ => &*store,
     };
+    let write = |page: u64, bytes: &[u8]| write_retrying(writer, page, bytes);
     let compacted = store.clone();
     std::thread::spawn(move || loop {
         compacted.compact();
@@ -241,7 +233,7 @@ fn verifier(shm: i32) {
     store.compact();
     verify("after compaction");
     for page in 0..PAGES {
-        write_retrying(&store, page, &content(page, 1_000_000 + page));
+        write_retrying(&*store, page, &content(page, 1_000_000 + page));
     }
     verify("after new writes");
     println!("VERIFIED {held}");

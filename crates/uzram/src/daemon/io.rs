@@ -63,14 +63,20 @@ pub fn handle(
     handle_with(op, start_sector, nr_sectors, buf, store, store)
 }
 
-/// Where WRITE data goes: the store itself (compress inline), or a write batcher in front of
-/// it (compress on a GPU). Reads, discards and counters always go to the store.
+/// Where WRITE data goes: the store itself (compress inline), or a ring of staging slots in
+/// front of it (compress on a GPU). Reads, discards and counters always go to the store.
 pub trait PageWriter {
     /// Stores whole pages starting at `first_page`.
     fn write_pages(&self, first_page: u64, data: &[u8]) -> Result<(), CoreError>;
 }
 
 impl PageWriter for PageStore {
+    fn write_pages(&self, first_page: u64, data: &[u8]) -> Result<(), CoreError> {
+        self.write(first_page, data)
+    }
+}
+
+impl PageWriter for uzram_core::batch::Ring {
     fn write_pages(&self, first_page: u64, data: &[u8]) -> Result<(), CoreError> {
         self.write(first_page, data)
     }

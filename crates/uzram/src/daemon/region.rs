@@ -452,24 +452,15 @@ fn staging_id(word: u64) -> Option<i32> {
 /// Marks segment `id` for removal, and the GPU staging segment it records: they go once no
 /// process has them attached (at once when none has). For a deleted device's store.
 pub fn remove(id: i32) {
-    // SAFETY: shmat maps the segment read-only where the kernel picks; none of our memory is
-    // touched.
-    let base = unsafe { libc::shmat(id, ptr::null(), libc::SHM_RDONLY) };
-    if base as isize != -1 {
-        let size = crate::sys::shm_size(id).unwrap_or(0);
-        if size >= UNIT {
-            // SAFETY: the segment is at least a unit long, so the word lies in the mapping.
-            let header = unsafe { ptr::read_volatile(base as *const Header) };
-            // SAFETY: as above; 8-aligned (the mapping is page-aligned).
-            let word = unsafe { ptr::read_volatile((base as usize + STAGING_OFF) as *const u64) };
-            if header.magic == MAGIC {
-                if let Some(staging) = staging_id(word) {
-                    super::staging::remove(staging);
-                }
-            }
+    let is_store = crate::sys::shm_size(id).is_ok_and(|size| size >= UNIT)
+        && crate::sys::shm_peek::<Header>(id, 0).is_ok_and(|h| h.magic == MAGIC);
+    if is_store {
+        if let Some(staging) = crate::sys::shm_peek::<u64>(id, STAGING_OFF)
+            .ok()
+            .and_then(staging_id)
+        {
+            super::staging::remove(staging);
         }
-        // SAFETY: detaches the mapping made above; nothing refers to it.
-        unsafe { libc::shmdt(base) };
     }
     if let Err(error) = crate::sys::shm_remove(id) {
         tracing::warn!(id, %error, "removing the store's shared memory failed");

@@ -86,18 +86,8 @@ fn header_of(id: i32) -> Result<Header, RegionError> {
     if size < HEADER {
         return Err(foreign(id, format!("only {size} bytes")));
     }
-    // SAFETY: shmat maps the segment read-only where the kernel picks; no memory of ours is
-    // touched.
-    let base = unsafe { libc::shmat(id, ptr::null(), libc::SHM_RDONLY) };
-    if base as isize == -1 {
-        return Err(sys("shmat (reading the GPU staging's header)")(
-            std::io::Error::last_os_error(),
-        ));
-    }
-    // SAFETY: the segment is at least a header page long.
-    let header = unsafe { ptr::read_volatile(base as *const Header) };
-    // SAFETY: detaches the mapping made above; nothing refers to it.
-    unsafe { libc::shmdt(base) };
+    let header: Header =
+        crate::sys::shm_peek(id, 0).map_err(sys("shmat (reading the GPU staging's header)"))?;
     if header.magic != MAGIC || header.version != VERSION {
         return Err(foreign(
             id,
