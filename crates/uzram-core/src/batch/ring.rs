@@ -9,10 +9,12 @@
 //!
 //! - **One copy in.** A write copies each page (that is not same-filled) into the slot and
 //!   completes; reads of a staged page copy it back out of the slot.
-//! - **No waiting, no loss.** When every slot is busy, or the backend was retired, the
-//!   writer compresses inline on the CPU (counted). A slot the backend fails on is
-//!   compressed on the CPU by an installer. A slot is only freed once every page in it was
-//!   installed or found stale, so the staged copy is always there while an entry names it.
+//! - **Bounded waits, no loss.** When every slot is busy, a writer waits at most
+//!   `slot_wait` for one to be freed (once, until a slot is freed again, if none was);
+//!   then, or when the backend was retired, it compresses inline on the CPU (counted). A
+//!   slot the backend fails on is compressed on the CPU by an installer. A slot is only
+//!   freed once every page in it was installed or found stale, so the staged copy is
+//!   always there while an entry names it.
 //! - **Trust, then verify.** The backend proves its blocks (a GPU decodes and compares them
 //!   on the device); a page it rejects goes to the CPU. On top, every `spot_check_every`-th
 //!   compressed page is decoded on the CPU before it is installed; a mismatch retires the
@@ -46,6 +48,13 @@ pub type ThreadHook = Arc<dyn Fn(&str) + Send + Sync>;
 pub struct RingConfig {
     /// Longest the first page of a partly filled slot waits before the slot is submitted.
     pub max_delay: Duration,
+    /// Longest a writer that finds every slot busy waits for one to be freed before it
+    /// compresses its pages inline. Compressing inline costs the CPU several times what the
+    /// slot path does; a short wait while the installers catch up costs nothing. A wait
+    /// that ends with no slot freed marks the ring stalled, and writers compress inline at
+    /// once until a slot is freed again (a wedged device slows each writer once, not every
+    /// write). Zero: never wait.
+    pub slot_wait: Duration,
     /// Installer threads.
     pub installers: usize,
     /// Decode every n-th compressed page on the CPU before installing it (0: never).
@@ -66,6 +75,7 @@ impl Default for RingConfig {
     fn default() -> Self {
         Self {
             max_delay: Duration::from_millis(2),
+            slot_wait: Duration::from_millis(2),
             installers: 4,
             spot_check_every: 64,
             max_failures: 8,
@@ -96,6 +106,10 @@ pub struct RingStats {
     pub same_filled_pages: u64,
     /// Pages compressed inline because every slot was busy.
     pub overflow_pages: u64,
+    /// Times a writer found every slot busy and waited for one ([`RingConfig::slot_wait`]).
+    pub slot_waits: u64,
+    /// Waits that ended with no slot freed (the ring then counts as stalled).
+    pub slot_wait_timeouts: u64,
     /// Pages compressed inline because the backend was retired.
     pub retired_pages: u64,
     /// Slots handed to the backend.
@@ -137,6 +151,8 @@ impl RingStats {
             ("ring_staged_pages", self.staged_pages),
             ("ring_same_filled_pages", self.same_filled_pages),
             ("ring_overflow_pages", self.overflow_pages),
+            ("ring_slot_waits", self.slot_waits),
+            ("ring_slot_wait_timeouts", self.slot_wait_timeouts),
             ("ring_retired_pages", self.retired_pages),
             ("ring_slots_submitted", self.slots_submitted),
             ("ring_slots_installed", self.slots_installed),
@@ -162,6 +178,8 @@ struct Counters {
     staged_pages: AtomicU64,
     same_filled_pages: AtomicU64,
     overflow_pages: AtomicU64,
+    slot_waits: AtomicU64,
+    slot_wait_timeouts: AtomicU64,
     retired_pages: AtomicU64,
     slots_submitted: AtomicU64,
     slots_installed: AtomicU64,
@@ -262,6 +280,8 @@ struct State {
     slots: Vec<SlotState>,
     queue: VecDeque<Job>,
     stop: bool,
+    /// A writer's wait for a free slot ended with none freed; cleared when one is.
+    stalled: bool,
 }
 
 /// Pages `base..base + count` of `slot`, leased to one writer.
@@ -375,6 +395,7 @@ impl Ring {
                 ],
                 queue: VecDeque::with_capacity(slots),
                 stop: false,
+                stalled: false,
             }),
             work: Condvar::new(),
             idle: Condvar::new(),
@@ -513,6 +534,8 @@ impl Ring {
             staged_pages: g(&c.staged_pages),
             same_filled_pages: g(&c.same_filled_pages),
             overflow_pages: g(&c.overflow_pages),
+            slot_waits: g(&c.slot_waits),
+            slot_wait_timeouts: g(&c.slot_wait_timeouts),
             retired_pages: g(&c.retired_pages),
             slots_submitted: g(&c.slots_submitted),
             slots_installed: g(&c.slots_installed),
@@ -663,9 +686,14 @@ impl Shared {
             let bytes: &[u8; PAGE_SIZE] = data[offset..offset + PAGE_SIZE]
                 .try_into()
                 .map_err(|_| CoreError::Unaligned { len: data.len() })?;
+            // The run's next page, fetched into cache while this one is copied.
+            let next = pages
+                .get(j + 1)
+                .and_then(|&(_, o)| data.get(o..o + PAGE_SIZE))
+                .and_then(|b| b.try_into().ok());
             if let Some(words) = self.staging.words(lease.slot, index) {
                 // The device reads these words next, not this CPU.
-                page_to_words_streaming(bytes, words);
+                page_to_words_streaming(bytes, next, words);
             }
             book_page(index, page);
             let at = StagedAt::new(lease.slot, index, lease.epoch)
@@ -688,14 +716,36 @@ impl Shared {
 
     /// Leases up to `want` indices of the open slot (opening a free one if needed).
     /// `None`: the backend is retired, the ring is draining or stopping, or every slot is
-    /// busy.
+    /// busy (after waiting up to [`RingConfig::slot_wait`] for one, unless stalled).
     fn reserve(&self, want: usize) -> Option<Lease> {
         if self.retired.load(Ordering::Relaxed) || self.draining.load(Ordering::Acquire) {
             return None;
         }
         let mut st = self.lock();
-        if st.stop {
-            return None;
+        let mut waited = false;
+        loop {
+            let closed =
+                self.retired.load(Ordering::Relaxed) || self.draining.load(Ordering::Acquire);
+            if st.stop || closed {
+                return None;
+            }
+            if st.open.is_some() || !st.free.is_empty() {
+                break;
+            }
+            if waited || st.stalled || self.cfg.slot_wait.is_zero() {
+                return None;
+            }
+            bump(&self.counters.slot_waits, 1);
+            let (guard, timeout) = self
+                .idle
+                .wait_timeout(st, self.cfg.slot_wait)
+                .unwrap_or_else(PoisonError::into_inner);
+            st = guard;
+            waited = true;
+            if timeout.timed_out() && st.open.is_none() && st.free.is_empty() {
+                bump(&self.counters.slot_wait_timeouts, 1);
+                st.stalled = true;
+            }
         }
         let slot = match st.open {
             Some(slot) => slot,
@@ -828,6 +878,7 @@ impl Shared {
             writers: 0,
         };
         st.free.push(slot);
+        st.stalled = false;
         drop(st);
         self.idle.notify_all();
     }

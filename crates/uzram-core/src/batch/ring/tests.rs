@@ -135,7 +135,7 @@ fn staged_pages_are_read_from_the_slot_and_overwrites_win() {
 }
 
 #[test]
-fn a_full_ring_compresses_inline_and_never_waits() {
+fn a_full_ring_compresses_inline_after_one_bounded_wait() {
     let data = pages();
     let n = (data.len() / PAGE_SIZE) as u64;
     let slow = FaultPlan {
@@ -150,6 +150,46 @@ fn a_full_ring_compresses_inline_and_never_waits() {
     // Two slots of 16 pages on a device that takes 50 ms a slot: most pages went inline.
     assert!(s.overflow_pages > s.staged_pages, "{s:?}");
     assert!(took < Duration::from_secs(5), "writers waited {took:?}");
+    // A wait that found no slot marks the ring stalled: the writer waits again only after
+    // a slot was freed, not on every write.
+    assert!(s.slot_wait_timeouts >= 1, "{s:?}");
+    assert!(s.slot_waits <= s.slots_installed + 1, "{s:?}");
+    ring.flush();
+    assert_reads(&store, &data);
+}
+
+#[test]
+fn a_writer_waits_for_a_slot_instead_of_compressing_inline() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let slow = FaultPlan {
+        delay: Duration::from_millis(5),
+        ..FaultPlan::default()
+    };
+    let cfg = RingConfig {
+        slot_wait: Duration::from_secs(2),
+        ..RingConfig::default()
+    };
+    let (store, ring) = ring_with(n, host(2, 16, slow.clone()), cfg);
+    write_all(&ring, 0, &data);
+    let s = ring.stats();
+    // Every slot was busy many times, and each time a slot came free within the wait.
+    assert!(s.slot_waits > 0, "{s:?}");
+    assert_eq!(s.slot_wait_timeouts, 0, "{s:?}");
+    assert_eq!(s.overflow_pages, 0, "{s:?}");
+    ring.flush();
+    assert_reads(&store, &data);
+
+    // Without the wait, the same writes compress pages inline.
+    let none = RingConfig {
+        slot_wait: Duration::ZERO,
+        ..RingConfig::default()
+    };
+    let (store, ring) = ring_with(n, host(2, 16, slow), none);
+    write_all(&ring, 0, &data);
+    let s = ring.stats();
+    assert!(s.overflow_pages > 0, "{s:?}");
+    assert_eq!(s.slot_waits, 0, "{s:?}");
     ring.flush();
     assert_reads(&store, &data);
 }
