@@ -102,6 +102,10 @@ pub struct DeviceArgs {
     /// Threads installing the GPU's results into the store (default 4).
     #[arg(long)]
     pub gpu_installers: Option<u64>,
+    /// Longest a queue thread waits for a free GPU ring slot before compressing on the CPU,
+    /// in µs (default 2000; 0: never waits).
+    #[arg(long, value_name = "US")]
+    pub gpu_slot_wait_us: Option<u64>,
     /// Pages per slot of the GPU ring (default 2048; the ring holds --gpu-memory of them).
     #[arg(long)]
     pub gpu_slot_pages: Option<u64>,
@@ -282,6 +286,10 @@ pub struct BenchArgs {
     /// Threads installing the GPU's results into the store (default 4).
     #[arg(long)]
     pub gpu_installers: Option<u64>,
+    /// Longest a queue thread waits for a free GPU ring slot before compressing on the CPU,
+    /// in µs (default 2000; 0: never waits).
+    #[arg(long, value_name = "US")]
+    pub gpu_slot_wait_us: Option<u64>,
     /// Pages per slot of the GPU ring (default 2048).
     #[arg(long)]
     pub gpu_slot_pages: Option<u64>,
@@ -306,6 +314,7 @@ impl DeviceArgs {
             gpu_memory: self.gpu_memory.clone(),
             gpu_parse: self.gpu_parse.clone(),
             gpu_installers: self.gpu_installers,
+            gpu_slot_wait_us: self.gpu_slot_wait_us,
             gpu_slot_pages: self.gpu_slot_pages,
             metrics_textfile: self.metrics_textfile.clone(),
         }
@@ -338,6 +347,10 @@ impl DeviceArgs {
         opt(
             "--gpu-installers",
             self.gpu_installers.map(|n| n.to_string()),
+        );
+        opt(
+            "--gpu-slot-wait-us",
+            self.gpu_slot_wait_us.map(|n| n.to_string()),
         );
         opt(
             "--gpu-slot-pages",

@@ -4,7 +4,7 @@
 //! defaults: `zram-size` and `zram-resident-limit` (expressions over `ram`, in MiB),
 //! `host-memory-limit`, `compression-algorithm`, `swap-priority`, `options`, `fs-type`. uzram's
 //! own keys: `size` and `mem-limit` (bytes, or with a K/M/G/T suffix), `backend`, `gpus`,
-//! `gpu-memory`, `gpu-parse`, `gpu-installers`, `queues`, `depth`, `queue-mode`, `id` and
+//! `gpu-memory`, `gpu-parse`, `gpu-installers`, `gpu-slot-wait-us`, `queues`, `depth`, `queue-mode`, `id` and
 //! `metrics-textfile`. Unknown keys are errors, so a typo never silently does nothing.
 
 use std::path::{Path, PathBuf};
@@ -140,6 +140,9 @@ pub struct GpuSettings {
     pub installers: usize,
     /// Pages per slot of the ring.
     pub slot_pages: usize,
+    /// Longest a queue thread that finds every slot busy waits for one before it
+    /// compresses on the CPU, in microseconds (0: never waits).
+    pub slot_wait_us: u64,
 }
 
 /// Default pages per slot of the GPU ring.
@@ -150,6 +153,14 @@ pub const DEFAULT_GPU_INSTALLERS: usize = 4;
 /// Most installer threads of the GPU ring.
 pub const MAX_GPU_INSTALLERS: u64 = 64;
 
+/// Default wait for a free slot of the GPU ring, µs: about a slot's install time. Waiting
+/// costs no CPU; compressing on the CPU instead costs several times the GPU path's CPU per
+/// page (docs/gpu-notes.md, runs 34-35). A waiting queue thread holds back the other
+/// requests of its queue, hence the cap.
+pub const DEFAULT_GPU_SLOT_WAIT_US: u64 = 2000;
+/// Longest allowed wait for a free slot, µs.
+pub const MAX_GPU_SLOT_WAIT_US: u64 = 100_000;
+
 impl Default for GpuSettings {
     fn default() -> Self {
         Self {
@@ -158,6 +169,7 @@ impl Default for GpuSettings {
             parse: Parse::Fast,
             installers: DEFAULT_GPU_INSTALLERS,
             slot_pages: DEFAULT_GPU_SLOT_PAGES,
+            slot_wait_us: DEFAULT_GPU_SLOT_WAIT_US,
         }
     }
 }
@@ -363,6 +375,8 @@ pub struct RawDevice {
     pub gpu_parse: Option<String>,
     /// GPU ring installer threads.
     pub gpu_installers: Option<u64>,
+    /// Wait for a free GPU ring slot, µs.
+    pub gpu_slot_wait_us: Option<u64>,
     /// Pages per GPU ring slot.
     pub gpu_slot_pages: Option<u64>,
     /// Metrics text file.
@@ -467,6 +481,9 @@ impl RawDevice {
         if let Some(n) = self.gpu_installers {
             gpu.installers = ranged("gpu-installers", n, 1, MAX_GPU_INSTALLERS)? as usize;
         }
+        if let Some(us) = self.gpu_slot_wait_us {
+            gpu.slot_wait_us = ranged("gpu-slot-wait-us", us, 0, MAX_GPU_SLOT_WAIT_US)?;
+        }
         Ok(gpu)
     }
 }
@@ -557,6 +574,7 @@ struct FileConfig {
     gpu_memory: Option<SizeValue>,
     gpu_parse: Option<String>,
     gpu_installers: Option<u64>,
+    gpu_slot_wait_us: Option<u64>,
     gpu_slot_pages: Option<u64>,
 }
 
@@ -714,6 +732,7 @@ pub fn parse_config(path: &Path, text: &str, host: Host) -> Result<Plan, ConfigE
         gpu_memory: file.gpu_memory.map(SizeValue::text),
         gpu_parse: file.gpu_parse,
         gpu_installers: file.gpu_installers,
+        gpu_slot_wait_us: file.gpu_slot_wait_us,
         gpu_slot_pages: file.gpu_slot_pages,
         metrics_textfile: file.metrics_textfile,
     };
@@ -789,6 +808,7 @@ mod tests {
             gpu-memory = "256M"
             gpu-parse = "high"
             gpu-installers = 6
+            gpu-slot-wait-us = 500
             metrics-textfile = "/var/lib/node_exporter/textfile_collector/uzram-swap0.prom"
             "#,
         )
@@ -797,6 +817,7 @@ mod tests {
         assert_eq!(cfg.device.gpu.memory, 256 << 20);
         assert_eq!(cfg.device.gpu.parse, Parse::High);
         assert_eq!(cfg.device.gpu.installers, 6);
+        assert_eq!(cfg.device.gpu.slot_wait_us, 500);
         assert_eq!(cfg.device.size, 8 << 30);
         assert_eq!(cfg.device.algorithm, Algorithm::Zstd { level: 3 });
         assert_eq!(cfg.device.backend, Backend::Auto);
@@ -1009,6 +1030,17 @@ mod tests {
             parse("size = \"1G\"\ngpu-memory = \"16M\""),
             Err(ConfigError::GpuMemory(_))
         ));
+        let err = parse("size = \"1G\"\ngpu-slot-wait-us = 100001").unwrap_err();
+        assert!(matches!(err, ConfigError::OutOfRange { .. }), "{err}");
+        assert!(err.to_string().contains("gpu-slot-wait-us"), "{err}");
+        assert_eq!(
+            parse("size = \"1G\"\ngpu-slot-wait-us = 0")
+                .unwrap()
+                .device
+                .gpu
+                .slot_wait_us,
+            0
+        );
     }
 
     #[test]

@@ -101,6 +101,7 @@ fn gpu_settings(args: &BenchArgs) -> anyhow::Result<GpuSettings> {
         gpu_memory: args.gpu_memory.clone(),
         gpu_parse: args.gpu_parse.clone(),
         gpu_installers: args.gpu_installers,
+        gpu_slot_wait_us: args.gpu_slot_wait_us,
         gpu_slot_pages: args.gpu_slot_pages,
         ..RawDevice::default()
     };

@@ -209,6 +209,7 @@ impl Compression {
         let cfg = RingConfig {
             on_thread_start: hook,
             installers: settings.installers,
+            slot_wait: std::time::Duration::from_micros(settings.slot_wait_us),
             books,
             ..RingConfig::default()
         };
