@@ -21,9 +21,11 @@
 //! `../shared/corpus/*.pages.zst` beside the repository, else the checked-in
 //! `testdata/*.slice.pages.zst`.
 
+mod support;
+
 use std::hint::black_box;
 use std::os::raw::{c_char, c_int};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use uzram_core::codec::{Algorithm, Lz4Codec, PageCodec};
@@ -341,30 +343,6 @@ fn load_pages(path: &Path) -> Vec<Page> {
         .collect()
 }
 
-fn corpus_paths() -> Vec<PathBuf> {
-    if let Ok(list) = std::env::var("UZRAM_CORPUS") {
-        return list
-            .split(':')
-            .filter(|s| !s.is_empty())
-            .map(PathBuf::from)
-            .collect();
-    }
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let names = ["python-heap", "mixed-swap"];
-    let shared: Vec<PathBuf> = names
-        .iter()
-        .map(|n| repo.join(format!("../shared/corpus/{n}.pages.zst")))
-        .collect();
-    if shared.iter().all(|p| p.exists()) {
-        return shared;
-    }
-    println!("../shared/corpus not found: using the checked-in testdata slices (2 MiB each)");
-    names
-        .iter()
-        .map(|n| repo.join(format!("testdata/{n}.slice.pages.zst")))
-        .collect()
-}
-
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -392,7 +370,7 @@ fn main() {
     );
     let mut rows = Vec::new();
     let mut store_rows = Vec::new();
-    for path in corpus_paths() {
+    for path in support::corpus_paths() {
         let pages = load_pages(&path);
         let name = path
             .file_name()

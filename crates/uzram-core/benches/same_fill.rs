@@ -21,8 +21,10 @@
 //! GB/s is bytes checked per thread-CPU-second (the machine is shared), median of the
 //! interleaved runs, best in brackets.
 
+mod support;
+
 use std::hint::black_box;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use uzram_core::page::{fill_page, same_filled_word, PAGE_SIZE};
@@ -255,30 +257,6 @@ fn load_pages(path: &Path) -> Vec<Page> {
         .collect()
 }
 
-fn corpus_paths() -> Vec<PathBuf> {
-    if let Ok(list) = std::env::var("UZRAM_CORPUS") {
-        return list
-            .split(':')
-            .filter(|s| !s.is_empty())
-            .map(PathBuf::from)
-            .collect();
-    }
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let names = ["python-heap", "mixed-swap"];
-    let shared: Vec<PathBuf> = names
-        .iter()
-        .map(|n| repo.join(format!("../shared/corpus/{n}.pages.zst")))
-        .collect();
-    if shared.iter().all(|p| p.exists()) {
-        return shared;
-    }
-    println!("../shared/corpus not found: using the checked-in testdata slices (2 MiB each)");
-    names
-        .iter()
-        .map(|n| repo.join(format!("testdata/{n}.slice.pages.zst")))
-        .collect()
-}
-
 /// One pass of `v` over `pages`, repeated until at least 64 MiB were checked (so hot sets
 /// are timed over more than a few microseconds); returns GB/s per thread-CPU-second.
 fn pass(v: Variant, pages: &[Page]) -> f64 {
@@ -338,7 +316,7 @@ fn main() {
     );
 
     let mut sets: Vec<(String, Vec<Page>)> = Vec::new();
-    for path in corpus_paths() {
+    for path in support::corpus_paths() {
         let name = path
             .file_name()
             .and_then(|n| n.to_str())

@@ -23,8 +23,10 @@
 //! Reported: GB/s per thread-CPU-second (median of the rounds, best in brackets), which is
 //! what a queue thread's CPU per GiB is the inverse of; and the wall GB/s of all threads.
 
+mod support;
+
 use std::hint::black_box;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::Barrier;
 use std::time::Duration;
@@ -143,30 +145,6 @@ fn thread_cpu() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-fn corpus_paths() -> Vec<PathBuf> {
-    if let Ok(list) = std::env::var("UZRAM_CORPUS") {
-        return list
-            .split(':')
-            .filter(|s| !s.is_empty())
-            .map(PathBuf::from)
-            .collect();
-    }
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let names = ["python-heap", "mixed-swap"];
-    let shared: Vec<PathBuf> = names
-        .iter()
-        .map(|n| repo.join(format!("../shared/corpus/{n}.pages.zst")))
-        .collect();
-    if shared.iter().all(|p| p.exists()) {
-        return shared;
-    }
-    println!("../shared/corpus not found: using the checked-in testdata slices");
-    names
-        .iter()
-        .map(|n| repo.join(format!("testdata/{n}.slice.pages.zst")))
-        .collect()
-}
-
 fn load(path: &Path) -> Vec<u8> {
     let raw = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     zstd::stream::decode_all(&raw[..]).unwrap_or_else(|e| panic!("zstd -d {}: {e}", path.display()))
@@ -218,7 +196,10 @@ fn main() {
     let threads = env_usize("UZRAM_BENCH_THREADS", 4).max(1);
     let total = env_usize("UZRAM_BENCH_MIB", 1024) << 20;
     let repeat = env_usize("UZRAM_BENCH_REPEAT", 5).max(1);
-    let corpus: Vec<u8> = corpus_paths().iter().flat_map(|p| load(p)).collect();
+    let corpus: Vec<u8> = support::corpus_paths()
+        .iter()
+        .flat_map(|p| load(p))
+        .collect();
     assert!(corpus.len() >= PAGE_SIZE, "empty corpus");
     let per_thread = total / threads / (REQUEST_PAGES * PAGE_SIZE) * (REQUEST_PAGES * PAGE_SIZE);
     let src: Vec<u8> = corpus
