@@ -96,12 +96,24 @@ pub fn wait_orphan(id: u32) -> Result<DaemonState, String> {
 /// The recovery record of the device started from `config` whose daemon is gone and whose
 /// store is still there; the device may not be quiesced yet ([`wait_orphan`]).
 pub fn dead_record_of_config(config: &Path) -> Option<DaemonState> {
+    record_of_config(config, false)
+}
+
+/// The recovery record of the device started from `config` whose store is still there and
+/// whose daemon process still exists: serving, starting, or killed and not yet gone (a
+/// killed daemon's threads can take a while to exit, and until they have, its device does
+/// not wait for a new daemon).
+pub fn running_record_of_config(config: &Path) -> Option<DaemonState> {
+    record_of_config(config, true)
+}
+
+fn record_of_config(config: &Path, alive: bool) -> Option<DaemonState> {
     anchor::device_ids()
         .into_iter()
         .filter_map(anchor::read)
         .find(|s| {
             s.config.as_deref() == Some(config)
-                && !sys::pid_alive(s.pid)
+                && sys::pid_alive(s.pid) == alive
                 && s.store_shm.is_some_and(region::exists)
         })
 }

@@ -125,7 +125,8 @@ enum Taken {
     Orphan(DaemonState, File),
     /// No device of this config waits for a daemon.
     Nothing,
-    /// One does, but another process holds its lock (it is taking the device over).
+    /// One does, but another process holds its lock (it is taking the device over), or the
+    /// device's daemon process has not exited yet.
     Busy(String),
 }
 
@@ -134,6 +135,14 @@ enum Taken {
 /// looking quiesced, and waiting for that would only time out.
 fn take_orphan(states: &StateDir, config: &Path) -> anyhow::Result<Taken> {
     let Some(dead) = super::recover::dead_record_of_config(config) else {
+        // A daemon of this config that does not serve as a live one (the caller asked
+        // first) but whose process is still there: most likely killed and still exiting.
+        // Its device waits for a daemon once it is gone; a new device now would leave that
+        // one, and whatever is in swap on it, without a daemon (seen in the guest: a standby
+        // killed right after it took the device over).
+        if let Some(running) = super::recover::running_record_of_config(config) {
+            return Ok(Taken::Busy(running.dev));
+        }
         return Ok(Taken::Nothing);
     };
     let Some(lock) = states.try_lock(dead.id)? else {
