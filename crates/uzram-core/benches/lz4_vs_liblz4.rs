@@ -25,8 +25,9 @@ mod support;
 
 use std::hint::black_box;
 use std::os::raw::{c_char, c_int};
-use std::path::Path;
 use std::time::Duration;
+
+use support::Instant;
 
 use uzram_core::codec::{Algorithm, Lz4Codec, PageCodec};
 use uzram_core::page::{fill_page, same_filled_word, PAGE_SIZE};
@@ -112,27 +113,6 @@ impl Side for Lz4Flex {
     }
     fn decompress(&mut self, src: &[u8], page: &mut Page) -> bool {
         matches!(lz4_flex::block::decompress_into(src, page), Ok(PAGE_SIZE))
-    }
-}
-
-/// CPU time this thread has used. Timing passes by it, not by the wall clock, keeps other
-/// processes on a shared machine out of the numbers (they still share caches).
-#[derive(Clone, Copy)]
-struct Instant(Duration);
-
-impl Instant {
-    fn now() -> Self {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID is supported
-        // on every Linux this runs on (failure leaves `ts` zero, which only spoils a number).
-        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-        Instant(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
-    }
-    fn elapsed(&self) -> Duration {
-        Self::now().0.saturating_sub(self.0)
     }
 }
 
@@ -321,28 +301,6 @@ fn store_vs_codec(pages: &[Page], repeat: usize) -> (Vec<f64>, Vec<f64>) {
     (st, lz)
 }
 
-fn load_pages(path: &Path) -> Vec<Page> {
-    let raw = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let raw = if path.extension().is_some_and(|e| e == "zst") {
-        zstd::stream::decode_all(&raw[..])
-            .unwrap_or_else(|e| panic!("zstd -d {}: {e}", path.display()))
-    } else {
-        raw
-    };
-    assert!(
-        raw.len() % PAGE_SIZE == 0,
-        "{}: not whole pages",
-        path.display()
-    );
-    raw.chunks_exact(PAGE_SIZE)
-        .map(|c| {
-            let mut p = [0u8; PAGE_SIZE];
-            p.copy_from_slice(c);
-            p
-        })
-        .collect()
-}
-
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -371,7 +329,7 @@ fn main() {
     let mut rows = Vec::new();
     let mut store_rows = Vec::new();
     for path in support::corpus_paths() {
-        let pages = load_pages(&path);
+        let pages = support::load_pages(&path);
         let name = path
             .file_name()
             .and_then(|n| n.to_str())

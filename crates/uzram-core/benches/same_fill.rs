@@ -24,8 +24,8 @@
 mod support;
 
 use std::hint::black_box;
-use std::path::Path;
-use std::time::Duration;
+
+use support::Instant;
 
 use uzram_core::page::{fill_page, same_filled_word, PAGE_SIZE};
 
@@ -186,26 +186,6 @@ mod x86 {
     }
 }
 
-/// CPU time this thread has used (other processes on the shared machine stay out of it).
-#[derive(Clone, Copy)]
-struct Instant(Duration);
-
-impl Instant {
-    fn now() -> Self {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID exists on every
-        // Linux this runs on (a failure leaves `ts` zero, which only spoils a number).
-        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-        Instant(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
-    }
-    fn elapsed(&self) -> Duration {
-        Self::now().0.saturating_sub(self.0)
-    }
-}
-
 /// A small xorshift generator: the adversarial pages need no more.
 struct Rng(u64);
 
@@ -233,28 +213,6 @@ fn last_word_differs(mut pages: Vec<Page>) -> Vec<Page> {
         p[PAGE_SIZE - 1] ^= 0x5a;
     }
     pages
-}
-
-fn load_pages(path: &Path) -> Vec<Page> {
-    let raw = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let raw = if path.extension().is_some_and(|e| e == "zst") {
-        zstd::stream::decode_all(&raw[..])
-            .unwrap_or_else(|e| panic!("zstd -d {}: {e}", path.display()))
-    } else {
-        raw
-    };
-    assert!(
-        raw.len() % PAGE_SIZE == 0,
-        "{}: not whole pages",
-        path.display()
-    );
-    raw.chunks_exact(PAGE_SIZE)
-        .map(|c| {
-            let mut p = [0u8; PAGE_SIZE];
-            p.copy_from_slice(c);
-            p
-        })
-        .collect()
 }
 
 /// One pass of `v` over `pages`, repeated until at least 64 MiB were checked (so hot sets
@@ -323,7 +281,7 @@ fn main() {
             .and_then(|n| n.split('.').next())
             .unwrap_or("corpus")
             .to_string();
-        sets.push((name, load_pages(&path)));
+        sets.push((name, support::load_pages(&path)));
     }
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for (label, n) in [("hot, 256 KiB", 64), ("cold, 64 MiB", 16384)] {

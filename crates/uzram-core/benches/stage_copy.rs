@@ -26,7 +26,6 @@
 mod support;
 
 use std::hint::black_box;
-use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::Barrier;
 use std::time::Duration;
@@ -134,22 +133,6 @@ mod x86 {
     }
 }
 
-/// CPU time of the calling thread.
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
-fn load(path: &Path) -> Vec<u8> {
-    let raw = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    zstd::stream::decode_all(&raw[..]).unwrap_or_else(|e| panic!("zstd -d {}: {e}", path.display()))
-}
-
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -161,7 +144,7 @@ fn env_usize(name: &str, default: usize) -> usize {
 fn pass(v: Variant, src: &[u8], staging: &[AtomicU64]) -> Duration {
     let slots = staging.len() / PAGE_WORDS;
     let mut at = 0;
-    let t = thread_cpu();
+    let t = support::Instant::now();
     let mut same = 0usize;
     for req in src.chunks_exact(REQUEST_PAGES * PAGE_SIZE) {
         let mut run = [0usize; REQUEST_PAGES];
@@ -185,7 +168,7 @@ fn pass(v: Variant, src: &[u8], staging: &[AtomicU64]) -> Duration {
         stream_fence();
     }
     black_box(same);
-    thread_cpu() - t
+    t.elapsed()
 }
 
 fn main() {
@@ -198,7 +181,7 @@ fn main() {
     let repeat = env_usize("UZRAM_BENCH_REPEAT", 5).max(1);
     let corpus: Vec<u8> = support::corpus_paths()
         .iter()
-        .flat_map(|p| load(p))
+        .flat_map(|p| support::read_corpus(p))
         .collect();
     assert!(corpus.len() >= PAGE_SIZE, "empty corpus");
     let per_thread = total / threads / (REQUEST_PAGES * PAGE_SIZE) * (REQUEST_PAGES * PAGE_SIZE);
