@@ -9,18 +9,27 @@
 //!   staging memory compressed whole, by a GPU in `uzram-gpu`) and the [`batch::Ring`]
 //!   that stages written pages into those slots and installs the results.
 //!
-//! The crate is safe Rust. The two exceptions sit behind features, each in one module: the
-//! fast LZ4 decoder (`unsafe-lz4`, `codec/lz4/decode_fast.rs`) and the streaming copy into
-//! staging memory (`unsafe-stream`, `page/stream.rs`). Without both features the whole
+//! The crate is safe Rust. The three exceptions sit behind features, each in one module:
+//! the fast LZ4 decoder (`unsafe-lz4`, `codec/lz4/decode_fast.rs`), the streaming copy into
+//! staging memory (`unsafe-stream`, `page/stream.rs`), and the arena's zeroed allocation
+//! and object copy (`unsafe-arena`, `store/words.rs`). Without the three features the whole
 //! crate is `forbid(unsafe_code)`; with them every other module still denies `unsafe` (the
 //! pattern lz4_flex uses for its safe and unsafe decoders).
 
 #![cfg_attr(
-    not(any(feature = "unsafe-lz4", feature = "unsafe-stream")),
+    not(any(
+        feature = "unsafe-lz4",
+        feature = "unsafe-stream",
+        feature = "unsafe-arena"
+    )),
     forbid(unsafe_code)
 )]
 #![cfg_attr(
-    any(feature = "unsafe-lz4", feature = "unsafe-stream"),
+    any(
+        feature = "unsafe-lz4",
+        feature = "unsafe-stream",
+        feature = "unsafe-arena"
+    ),
     deny(unsafe_code)
 )]
 

@@ -244,6 +244,18 @@ const KNOWN: &[(Group, &str, &str, &str)] = &[
         "uzram_pool_refused_blocks_total",
         "Block requests the empty pool refused (each one failed a write with ENOMEM).",
     ),
+    (
+        Group::Requests,
+        "pool_waited_takes",
+        "uzram_pool_waited_takes_total",
+        "New arena segments that found the pool empty and waited for its keeper.",
+    ),
+    (
+        Group::Requests,
+        "pool_take_timeouts",
+        "uzram_pool_take_timeouts_total",
+        "Waits for the pool keeper that ended with no block (each one failed a write with ENOMEM).",
+    ),
 ];
 
 fn kind_of(stat: &str) -> Kind {
@@ -540,6 +552,8 @@ mod tests {
             "pool_released_blocks",
             "daemon_rss_bytes",
             "pool_refused_blocks",
+            "pool_waited_takes",
+            "pool_take_timeouts",
             "io_threads_per_queue",
             "queue_ring_setup_flags",
         ];

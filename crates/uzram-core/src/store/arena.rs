@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use super::entry::HANDLE_ALIGN;
 use super::persist::SegmentHome;
 use super::segments::{Segment, SegmentTable};
+use super::words;
 use crate::page::PAGE_SIZE;
 use crate::CoreError;
 
@@ -198,7 +199,7 @@ impl Arena {
         }
     }
 
-    /// A zeroed segment: from the home of a persistent store, else from the allocator.
+    /// A new segment: from the home of a persistent store, else zeroed from the allocator.
     fn new_segment(&self) -> Result<Segment, CoreError> {
         let Some(home) = &self.home else {
             return new_segment();
@@ -207,9 +208,9 @@ impl Arena {
         if segment.len() != SEGMENT_SIZE / 8 {
             return Err(CoreError::NoMemory);
         }
-        for word in segment.iter() {
-            word.store(0, Relaxed);
-        }
+        // Not zeroed: a home's memory is initialized (an earlier object's bytes at worst),
+        // and nothing reads a word of a segment that no object has written (compaction moves
+        // an object's padding words too, unread). Zeroing cost a pass over every new segment.
         Ok(segment)
     }
 
@@ -479,7 +480,7 @@ impl Arena {
                 .words(seg)
                 .get(off / 8..(off + data.len()).div_ceil(8));
             if let Some(words) = words {
-                bytes_to_words(data, words);
+                words::store_bytes(data, words);
             }
         }
     }
@@ -567,28 +568,7 @@ impl Compaction<'_> {
     }
 }
 
-/// Stores `data` into `words` (at least `data.len() / 8` rounded up), little-endian.
-/// Whole words first, then the tail: a fixed 8-byte copy per word, never a `memcpy` call.
-fn bytes_to_words(data: &[u8], words: &[AtomicU64]) {
-    let whole = data.chunks_exact(8);
-    let tail = whole.remainder();
-    let mut words = words.iter();
-    // The byte chunks first in each zip: when they run out, no word is taken.
-    for (chunk, word) in whole.zip(words.by_ref()) {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(chunk);
-        word.store(u64::from_le_bytes(b), Relaxed);
-    }
-    if !tail.is_empty() {
-        if let Some(word) = words.next() {
-            let mut b = [0u8; 8];
-            b[..tail.len()].copy_from_slice(tail);
-            word.store(u64::from_le_bytes(b), Relaxed);
-        }
-    }
-}
-
-/// Loads `out.len()` bytes from `words`, little-endian: the inverse of [`bytes_to_words`].
+/// Loads `out.len()` bytes from `words`, little-endian: the inverse of [`words::store_bytes`].
 fn words_to_bytes(words: &[AtomicU64], out: &mut [u8]) {
     let mut words = words.iter();
     let mut whole = out.chunks_exact_mut(8);
@@ -652,12 +632,7 @@ fn get_word(segments: &SegmentTable, handle: u64) -> Option<u64> {
 /// that serve swap I/O once its reserve is empty, and that must become an error for one
 /// write, never an abort.
 fn new_segment() -> Result<Segment, CoreError> {
-    let mut words: Vec<AtomicU64> = Vec::new();
-    words
-        .try_reserve_exact(SEGMENT_SIZE / 8)
-        .map_err(|_| CoreError::NoMemory)?;
-    words.extend((0..SEGMENT_SIZE / 8).map(|_| AtomicU64::new(0)));
-    Ok(words.into_boxed_slice())
+    words::zeroed(SEGMENT_SIZE / 8).ok_or(CoreError::NoMemory)
 }
 
 fn split(handle: u64) -> (usize, usize) {

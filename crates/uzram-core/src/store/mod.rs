@@ -25,6 +25,7 @@ pub mod persist;
 mod segments;
 mod shard;
 mod stats;
+mod words;
 mod worker;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -747,6 +748,9 @@ impl PageStore {
         };
         let (shard, _) = self.locate(first.ticket.page);
         let mut shard = write_lock(shard);
+        // One update of the shared count per group: it is a cache line every writer and
+        // installer touches.
+        let mut settled = 0u64;
         for (c, prepared) in group.iter_mut().zip(slots.iter_mut()) {
             let Some((slot, cost)) = prepared.take() else {
                 continue;
@@ -760,15 +764,17 @@ impl PageStore {
             match shard.set(idx, slot) {
                 Ok(Some(old)) => {
                     shard.totals.replace(cost_of(old), cost);
-                    if self.mem_limit.is_some() {
-                        self.staged.fetch_sub(1, Ordering::Relaxed);
-                    }
+                    settled += 1;
                     c.state = CommitState::Installed;
                 }
                 // Out of range cannot happen (checked by `commit`); a fill word with no
                 // room in the side map keeps the staged copy, still right, for a retry.
                 Ok(None) | Err(_) => unused.push(slot),
             }
+        }
+        drop(shard);
+        if self.mem_limit.is_some() && settled > 0 {
+            self.staged.fetch_sub(settled, Ordering::Relaxed);
         }
     }
 

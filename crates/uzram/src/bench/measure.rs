@@ -10,9 +10,11 @@ use anyhow::{bail, Context};
 use uzram_core::codec::Algorithm;
 use uzram_core::{PageStore, StoreConfig, PAGE_SIZE};
 
+use super::memory::StoreMemory;
 use crate::config::{Backend, GpuSettings};
 use crate::daemon::compression::{Compression, StagingHome};
 use crate::daemon::io::{handle_with, Op};
+use crate::daemon::pool;
 use crate::sys::{cpu_time, usage, CpuOf};
 
 /// Pages per write request: 64 KiB, a typical swap-out request.
@@ -106,14 +108,15 @@ fn next(x: &mut u64) -> u64 {
 }
 
 /// One run over `corpus` (whole pages).
-pub fn run(corpus: &[u8], setup: &Setup) -> anyhow::Result<Run> {
+pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result<Run> {
     let cpages = corpus.len() / PAGE_SIZE;
     // Device layout: the corpus once (the pages the reader reads), then the ingest region.
     let base = cpages;
     let total = base + setup.pages;
     let mut cfg = StoreConfig::new(total as u64, setup.algorithm);
     cfg.raw_threshold = setup.raw_threshold;
-    let store = Arc::new(PageStore::new(cfg)?);
+    let pool_before = pool::take_waits();
+    let store = Arc::new(memory.store(cfg)?);
     let compression = Compression::start(
         store.clone(),
         setup.backend,
@@ -249,11 +252,23 @@ pub fn run(corpus: &[u8], setup: &Setup) -> anyhow::Result<Run> {
 
     let verified = ok && reader_ok && verify_all(s, c, corpus, base, total, setup.queues)?;
     let stats = store.stats();
-    let memory = compression.memory();
+    let backend_memory = compression.memory();
+    let (waits, timeouts) = pool::take_waits();
     let backend_stats = compression
         .stats()
         .into_iter()
         .map(|st| (st.name, st.value))
+        // The store's new segments that waited for the pool keeper during this run.
+        .chain([
+            (
+                "pool_waited_takes".to_string(),
+                (waits - pool_before.0) as u64,
+            ),
+            (
+                "pool_take_timeouts".to_string(),
+                (timeouts - pool_before.1) as u64,
+            ),
+        ])
         .collect();
     let backend = compression.name();
     drop(compression);
@@ -272,8 +287,8 @@ pub fn run(corpus: &[u8], setup: &Setup) -> anyhow::Result<Run> {
         orig_bytes: stats.orig_data_size,
         mem_used: stats.mem_used_total,
         compr_bytes: stats.compr_data_size,
-        backend_pinned: memory.pinned_host_bytes,
-        backend_device: memory.device_bytes,
+        backend_pinned: backend_memory.pinned_host_bytes,
+        backend_device: backend_memory.device_bytes,
         backend_stats,
         verified,
     })

@@ -1,8 +1,9 @@
 //! `uzram bench`: the write path a user runs, measured, with every backend asked for side
 //! by side in one invocation (`--backend cpu,gpu`).
 //!
-//! Each run sets up a store and its compression backend exactly as the daemon does
-//! (`daemon::compression::Compression::start`), then `--queues` threads send 64 KiB writes
+//! Each run sets up a store and its compression backend exactly as the daemon does (the
+//! store in locked shared memory over the block pool, `memory.rs`; the backend by
+//! `daemon::compression::Compression::start`), then `--queues` threads send 64 KiB writes
 //! through the daemon's own request handler (`daemon::io::handle_with`), as ublk queue
 //! threads do, while one more thread times random 4 KiB reads of pages written before.
 //! Reported per corpus and backend, medians over `--repeat` runs:
@@ -13,6 +14,7 @@
 //! - orig ÷ mem_used, and a check of every page.
 
 mod measure;
+mod memory;
 mod report;
 mod threads;
 
@@ -44,11 +46,21 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         "--total must give every queue at least one 64 KiB request"
     );
     let gpu = gpu_settings(&args)?;
+    let corpora = args
+        .corpus
+        .iter()
+        .map(|path| Ok((corpus_name(path), load_corpus(path)?)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    // Each run's device: the corpus once (the reader's pages), then the ingest region.
+    let most = corpora
+        .iter()
+        .map(|(_, c)| (c.len() / PAGE_SIZE + pages) as u64)
+        .max()
+        .unwrap_or(0);
+    let memory = memory::StoreMemory::new(most, &algorithm.to_string())?;
     let mut all_verified = true;
     let mut reports = Vec::new();
-    for path in &args.corpus {
-        let corpus = load_corpus(path)?;
-        let name = corpus_name(path);
+    for (name, corpus) in &corpora {
         for &backend in &backends {
             let setup = measure::Setup {
                 algorithm,
@@ -60,12 +72,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 warmup: args.warmup,
             };
             for _ in 0..args.warmup {
-                measure::run(&corpus, &setup)?;
+                measure::run(corpus, &setup, &memory)?;
             }
             let runs = (0..args.repeat)
-                .map(|_| measure::run(&corpus, &setup))
+                .map(|_| measure::run(corpus, &setup, &memory))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            let r = report::Report::new(&name, backend, &setup, &runs);
+            let r = report::Report::new(name, backend, &setup, &runs);
             all_verified &= r.verified;
             if args.json {
                 println!("{}", serde_json::to_string(&r)?);

@@ -33,7 +33,8 @@ pub struct Report {
     pub cpu_s_per_gib: f64,
     /// Page faults of the process per GiB ingested (median): memory the store took.
     pub faults_per_gib: f64,
-    /// CPU-seconds per GiB by thread role (queues, installers, reader, other), medians.
+    /// CPU-seconds per GiB by thread role (queues, installers, the pool keeper, reader, other),
+    /// medians.
     pub cpu_s_per_gib_by_role: BTreeMap<String, f64>,
     pub read_idle_p50_us: f64,
     pub read_idle_p99_us: f64,
@@ -89,7 +90,7 @@ impl Report {
             compressed_s: m(&|r| r.compressed.as_secs_f64()),
             cpu_s_per_gib: m(&|r| r.cpu.as_secs_f64() / (bytes as f64 / (1u64 << 30) as f64)),
             faults_per_gib: m(&|r| r.faults as f64 / (bytes as f64 / (1u64 << 30) as f64)),
-            cpu_s_per_gib_by_role: ["queues", "installers", "reader", "other"]
+            cpu_s_per_gib_by_role: ["queues", "installers", "keeper", "reader", "other"]
                 .iter()
                 .map(|role| {
                     let per_gib = m(&|r| {

@@ -18,7 +18,7 @@ pub mod reserve;
 pub mod ring;
 pub mod staging;
 pub mod standby;
-mod store_memory;
+pub mod store_memory;
 pub mod target;
 
 use std::io::Write;
@@ -776,7 +776,8 @@ fn queue_stats(plan: QueuePlan) -> [Stat; 2] {
 }
 
 /// The block pool's counters, for `uzram status`.
-fn pool_stats() -> [Stat; 4] {
+fn pool_stats() -> [Stat; 6] {
+    let (waits, timeouts) = pool::take_waits();
     [
         Stat {
             name: "pool_free_blocks".into(),
@@ -795,6 +796,14 @@ fn pool_stats() -> [Stat; 4] {
         Stat {
             name: "pool_refused_blocks".into(),
             value: pool::refused_blocks() as u64,
+        },
+        Stat {
+            name: "pool_waited_takes".into(),
+            value: waits as u64,
+        },
+        Stat {
+            name: "pool_take_timeouts".into(),
+            value: timeouts as u64,
         },
     ]
 }

@@ -29,7 +29,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 /// The block size: the page store's arena segment.
@@ -50,6 +50,15 @@ static LOCK: AtomicBool = AtomicBool::new(false);
 static RELEASED_TOTAL: AtomicUsize = AtomicUsize::new(0);
 /// Blocks given back and not yet refilled: the first that `refill` reuses (keeper only).
 static RELEASED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+/// The keeper thread, woken by [`take_within`] when the pool runs dry.
+static KEEPER: OnceLock<std::thread::Thread> = OnceLock::new();
+static TAKE_WAITS: AtomicUsize = AtomicUsize::new(0);
+static TAKE_TIMEOUTS: AtomicUsize = AtomicUsize::new(0);
+/// Whether `MADV_POPULATE_WRITE` works here (Linux 5.14+); cleared at its first refusal.
+static POPULATE: AtomicBool = AtomicBool::new(true);
+/// Linux 5.14's `MADV_POPULATE_WRITE` (not in the libc crate): faults a range in, writable,
+/// in one call.
+const MADV_POPULATE_WRITE: libc::c_int = 23;
 
 fn lock() {
     while LOCK
@@ -88,11 +97,47 @@ unsafe fn push(block: *mut u8) {
     unlock();
 }
 
-/// A free block for the page store's arena, or null when the pool has none. Never falls back
-/// to the system allocator: the store's segments must lie in the region to outlive the
-/// daemon.
-pub fn take() -> *mut u8 {
-    pop()
+/// A free block for the page store's arena, or null when the pool has none after waiting up
+/// to `wait` for the keeper (woken at once). Never falls back to the system allocator: the
+/// store's segments must lie in the region to outlive the daemon.
+///
+/// Why: a GPU swap-out burst grows the store faster than the keeper faults blocks in (about
+/// 6 GB/s of compressed pages against its 1-2 GB/s, docs/gpu-notes.md run 40). Failing the
+/// write then turned a burst into swap write errors; a short wait slows the burst to the
+/// keeper's pace instead. Bounded, because when memory is truly gone the keeper's refill can
+/// itself wait for swap writes, which wait here: the write then fails after `wait`, as it
+/// did at once before.
+pub fn take_within(wait: Duration) -> *mut u8 {
+    let block = pop();
+    if !block.is_null() || BASE.load(Ordering::Acquire) == 0 {
+        return block;
+    }
+    TAKE_WAITS.fetch_add(1, Ordering::Relaxed);
+    let deadline = Instant::now() + wait;
+    let mut nap = Duration::from_micros(20);
+    loop {
+        if let Some(keeper) = KEEPER.get() {
+            keeper.unpark();
+        }
+        std::thread::sleep(nap.min(deadline.saturating_duration_since(Instant::now())));
+        let block = pop();
+        if !block.is_null() {
+            return block;
+        }
+        if Instant::now() >= deadline {
+            TAKE_TIMEOUTS.fetch_add(1, Ordering::Relaxed);
+            return block;
+        }
+        nap = (nap * 2).min(Duration::from_millis(1));
+    }
+}
+
+/// Takes that found the pool empty and waited, and those of them that gave up: cumulative.
+pub fn take_waits() -> (usize, usize) {
+    (
+        TAKE_WAITS.load(Ordering::Relaxed),
+        TAKE_TIMEOUTS.load(Ordering::Relaxed),
+    )
 }
 
 fn pop() -> *mut u8 {
@@ -330,6 +375,21 @@ pub fn reserve(bytes: usize) -> std::io::Result<()> {
 /// `block` must be a block of the reservation that nobody uses: never handed out, or given
 /// back by `trim`.
 unsafe fn commit(block: usize) {
+    // One call per block instead of a fault per page: a fifth to a third less of the keeper's
+    // CPU per block (docs/gpu-notes.md run 41).
+    if POPULATE.load(Ordering::Relaxed) {
+        // SAFETY: the block is whole, mapped read-write and unused (the caller's contract);
+        // populating writes nothing visible (the pages read as zeros either way).
+        let rc = unsafe { libc::madvise(block as *mut libc::c_void, BLOCK, MADV_POPULATE_WRITE) };
+        if rc == 0 {
+            // SAFETY: as below.
+            unsafe { push(block as *mut u8) };
+            return;
+        }
+        if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+            POPULATE.store(false, Ordering::Relaxed);
+        }
+    }
     for page in (block..block + BLOCK).step_by(4096) {
         // SAFETY: `page` lies in the caller's unused block of our read-write mapping; the
         // write faults the page in.
@@ -433,6 +493,7 @@ pub fn keep(initial_target: usize) {
     if let Err(err) = crate::sys::set_thread_nice(IO_NICE) {
         tracing::warn!(error = %err, "raising the pool keeper's priority failed");
     }
+    let _ = KEEPER.set(std::thread::current());
     let mut target = initial_target;
     let mut low_at = Instant::now();
     loop {
@@ -463,7 +524,7 @@ pub fn keep(initial_target: usize) {
             let n = trim(excess);
             tracing::debug!(blocks = n, "pool: free blocks given back");
         }
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::park_timeout(Duration::from_millis(5));
     }
 }
 
@@ -484,11 +545,62 @@ fn next_target(target: usize, initial: usize) -> usize {
 mod tests {
     use super::*;
 
+    /// The tests' one reservation (the pool is set up once per process), and a lock that runs
+    /// them one at a time: each counts or empties the free list.
+    fn test_pool() -> std::sync::MutexGuard<'static, ()> {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        static SERIAL: Mutex<()> = Mutex::new(());
+        ONCE.call_once(|| reserve(256 * BLOCK).unwrap());
+        SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    #[test]
+    fn a_take_from_an_empty_pool_waits_for_the_next_free_block() {
+        let _serial = test_pool();
+        // Empty the pool (other tests may give blocks back meanwhile: the take then returns
+        // sooner, and the assertions still hold).
+        let mut held = Vec::new();
+        loop {
+            let p = pop();
+            if p.is_null() {
+                break;
+            }
+            held.push(p as usize);
+        }
+        if held.is_empty() {
+            assert_eq!(refill(1), 1);
+            held.push(pop() as usize);
+        }
+        let (waits, _) = take_waits();
+        let give = held.pop().unwrap();
+        let giver = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            // SAFETY: a free pool block this test took off the list and nobody else uses.
+            unsafe { push(give as *mut u8) };
+        });
+        let p = take_within(Duration::from_secs(5));
+        assert!(
+            !p.is_null(),
+            "no block within 5 s though one was freed after 30 ms"
+        );
+        assert!(
+            take_waits().0 > waits,
+            "an empty pool's take did not count a wait"
+        );
+        giver.join().unwrap();
+        // SAFETY: `p` and the held blocks are free pool blocks nobody else uses.
+        unsafe { push(p) };
+        for b in held {
+            // SAFETY: as above.
+            unsafe { push(b as *mut u8) };
+        }
+    }
+
     #[test]
     fn pool_serves_and_takes_back_blocks() {
         // The test binary's global allocator is PoolAlloc too, so other tests may borrow
         // blocks concurrently; every assertion below holds regardless.
-        reserve(16 * BLOCK).unwrap();
+        let _serial = test_pool();
         assert_eq!(refill(8), 8);
         let layout = Layout::from_size_align(BLOCK, 4096).unwrap();
         // SAFETY: a valid non-zero layout; the block is freed with the same layout below.
@@ -532,7 +644,8 @@ mod tests {
             frontier,
             "refill took new blocks"
         );
-        // Refilling stops at the end of the 16-block reservation.
+        // Refilling stops at the end of the reservation.
+        let left = (LIMIT.load(Ordering::Acquire) - FRONTIER.load(Ordering::Acquire)) / BLOCK;
         let mut added = 0;
         loop {
             let n = refill(4);
@@ -541,7 +654,7 @@ mod tests {
             }
             added += n;
         }
-        assert_eq!(added, 8);
+        assert_eq!(added, left);
         // Other sizes never come from the pool.
         let small = Layout::from_size_align(BLOCK / 2, 8).unwrap();
         // SAFETY: valid layout, freed right away with it.

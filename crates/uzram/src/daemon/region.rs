@@ -28,6 +28,7 @@
 
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 
 use uzram_core::store::{SegmentHome, SegmentWords, SEGMENT_BYTES};
 
@@ -472,6 +473,10 @@ pub fn exists(id: i32) -> bool {
     crate::sys::shm_size(id).is_ok()
 }
 
+/// Longest a new arena segment waits for the pool keeper before the write that needs it fails
+/// with `NoMemory` (see `pool::take_within`).
+const ALLOC_WAIT: Duration = Duration::from_millis(100);
+
 /// Segments of the store come from the pool (whose blocks are this region's) and are
 /// recorded in the region's directory.
 #[derive(Debug)]
@@ -493,7 +498,7 @@ impl Home {
 
 impl SegmentHome for Home {
     fn alloc(&self) -> Option<SegmentWords> {
-        let block = NonNull::new(pool::take())?;
+        let block = NonNull::new(pool::take_within(ALLOC_WAIT))?;
         Some(Self::words(block.as_ptr() as usize))
     }
 

@@ -25,24 +25,44 @@ fn store_config(cfg: &DeviceConfig) -> StoreConfig {
 /// A new, empty store in a new region, and the pool serving the region's blocks.
 pub fn create(cfg: &DeviceConfig) -> anyhow::Result<(Arc<PageStore>, Region)> {
     let store_cfg = store_config(cfg);
+    let region = new_region(store_cfg.pages, &cfg.algorithm.to_string())?;
+    let (start, len) = region.blocks();
+    pool::init(start, len);
+    let store = new_store(store_cfg, &region)?;
+    Ok((Arc::new(store), region))
+}
+
+/// A new region for a store of up to `pages` pages: its table, its directory, and blocks
+/// for every page stored raw plus slack.
+pub fn new_region(pages: u64, algorithm: &str) -> anyhow::Result<Region> {
     let sizes = Sizes {
-        pages: store_cfg.pages,
-        table_len: PageStore::table_len(store_cfg.pages).context("sizing the page table")?,
-        dir_len: PageStore::segment_capacity(store_cfg.pages),
-        block_bytes: usize::try_from(cfg.size)
+        pages,
+        table_len: PageStore::table_len(pages).context("sizing the page table")?,
+        dir_len: PageStore::segment_capacity(pages),
+        block_bytes: usize::try_from(pages.saturating_mul(PAGE_SIZE as u64))
             .unwrap_or(usize::MAX)
             .saturating_add(SLACK),
     };
-    let region = Region::create(sizes, &cfg.algorithm.to_string())
-        .context("creating the store's shared memory")?;
-    let (start, len) = region.blocks();
-    pool::init(start, len);
+    Region::create(sizes, algorithm).context("creating the store's shared memory")
+}
+
+/// A new, empty store of `store_cfg.pages` (at most the region's) over `region`'s table and
+/// blocks, which the pool serves. The store before it in the region must be gone.
+pub fn new_store(store_cfg: StoreConfig, region: &Region) -> anyhow::Result<PageStore> {
+    let len = PageStore::table_len(store_cfg.pages).context("sizing the page table")?;
+    let table = region.take_table();
+    let have = table.len();
+    let Some(table) = table.get_mut(..len) else {
+        anyhow::bail!(
+            "a store of {} pages needs {len} table entries; the region has {have}",
+            store_cfg.pages
+        );
+    };
     let persist = Persistence {
-        table: region.take_table(),
+        table,
         home: Arc::new(region.home()),
     };
-    let store = PageStore::new_persistent(store_cfg, persist).context("creating the page store")?;
-    Ok((Arc::new(store), region))
+    PageStore::new_persistent(store_cfg, persist).context("creating the page store")
 }
 
 /// A store taken over from a dead daemon.
@@ -117,4 +137,39 @@ pub fn recover(cfg: &DeviceConfig, shm: i32) -> anyhow::Result<Taken> {
         staging,
         found,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uzram_core::codec::Algorithm;
+
+    #[test]
+    fn a_region_holds_any_store_up_to_its_size_and_refuses_a_larger_one() {
+        let region = match new_region(4096, "lz4") {
+            Ok(r) => r,
+            // Containers without CAP_IPC_LOCK cannot lock segments.
+            Err(e) => {
+                println!("SKIP: {e:#}");
+                return;
+            }
+        };
+        crate::daemon::region::remove(region.id());
+        for pages in [4096, 1000, 4096] {
+            let store = new_store(StoreConfig::new(pages, Algorithm::Lz4), &region)
+                .expect("a store that fits");
+            assert_eq!(store.pages(), pages);
+            // A fresh store in the table the one before used starts empty.
+            let mut back = [1u8; PAGE_SIZE];
+            store.read(999, &mut back).unwrap();
+            assert_eq!(back, [0u8; PAGE_SIZE]);
+            // A same-filled page needs no arena segment (no pool in this test).
+            store.write(999, &[7u8; PAGE_SIZE]).unwrap();
+            store.read(999, &mut back).unwrap();
+            assert_eq!(back, [7u8; PAGE_SIZE]);
+        }
+        let err = new_store(StoreConfig::new(1 << 20, Algorithm::Lz4), &region)
+            .expect_err("a store larger than the region");
+        assert!(format!("{err:#}").contains("the region has"), "{err:#}");
+    }
 }

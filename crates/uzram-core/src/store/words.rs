@@ -1,0 +1,130 @@
+//! The arena's two bulk operations on its words: a new zeroed segment, and an object's bytes
+//! copied in. Under the `unsafe-arena` feature (little-endian targets) they are the
+//! allocator's `calloc` and `memcpy`; without it, safe Rust with the same results.
+//!
+//! Why: on the GPU write path the installers' CPU per GiB is half the path's, and run 34's
+//! profile (docs/gpu-notes.md) found most of it in these two: a `memset` of every new
+//! segment, even where the allocator hands out memory the kernel has just zeroed, and a copy
+//! of each compressed page that relaxed atomic stores hold to 8 bytes an instruction. Run 39
+//! measures the change on the path a user runs.
+
+#![cfg_attr(feature = "unsafe-arena", allow(unsafe_code))]
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Whether the fast versions apply: memory bytes equal a word's little-endian bytes only on
+/// little-endian targets.
+const FAST: bool = cfg!(all(feature = "unsafe-arena", target_endian = "little"));
+
+/// `n` zeroed words, or `None` when the allocator has no memory to give: never an abort
+/// (the arena grows on threads that serve swap I/O).
+pub(super) fn zeroed(n: usize) -> Option<Box<[AtomicU64]>> {
+    #[cfg(feature = "unsafe-arena")]
+    if n > 0 {
+        let layout = std::alloc::Layout::array::<AtomicU64>(n).ok()?;
+        // SAFETY: `layout` has a non-zero size (n > 0, checked above).
+        let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<AtomicU64>();
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: `p` is a new allocation with the layout a `Box<[AtomicU64]>` of `n` words
+        // is freed with (`Layout::array::<AtomicU64>(n)`), owned by nothing else; all-zero
+        // bytes are a valid `AtomicU64` (it has the representation of a `u64`).
+        return Some(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n)) });
+    }
+    let mut words: Vec<AtomicU64> = Vec::new();
+    words.try_reserve_exact(n).ok()?;
+    words.extend((0..n).map(|_| AtomicU64::new(0)));
+    Some(words.into_boxed_slice())
+}
+
+/// Stores `data` into `words` (at least `data.len() / 8` rounded up; what does not fit is
+/// left out), little-endian, the last word padded with zeros.
+///
+/// Nothing may read or write these words while this runs: the arena hands the space to one
+/// writer, who publishes it (under a shard lock) only afterwards.
+pub(super) fn store_bytes(data: &[u8], words: &[AtomicU64]) {
+    let whole = data.len() / 8;
+    if FAST && words.len() >= data.len().div_ceil(8) {
+        copy_whole(&data[..whole * 8], &words[..whole]);
+    } else {
+        for (chunk, word) in data.chunks_exact(8).zip(words) {
+            word.store(u64::from_le_bytes(word_bytes(chunk)), Relaxed);
+        }
+    }
+    let tail = &data[whole * 8..];
+    if let (false, Some(word)) = (tail.is_empty(), words.get(whole)) {
+        word.store(u64::from_le_bytes(word_bytes(tail)), Relaxed);
+    }
+}
+
+/// Up to 8 bytes, zero-padded.
+fn word_bytes(chunk: &[u8]) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    b[..chunk.len()].copy_from_slice(chunk);
+    b
+}
+
+/// `bytes` (exactly `words.len() * 8`) into `words`, with one `memcpy`.
+#[cfg(feature = "unsafe-arena")]
+fn copy_whole(bytes: &[u8], words: &[AtomicU64]) {
+    debug_assert_eq!(bytes.len(), words.len() * 8);
+    let n = bytes.len().min(words.len() * 8);
+    // SAFETY: both ranges are `n` bytes long and do not overlap (`bytes` is not arena
+    // memory borrowed as words); `AtomicU64` has interior mutability, so writing through a
+    // pointer from a shared reference is allowed, and the caller guarantees that no other
+    // access races with these plain stores (see `store_bytes`).
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), words.as_ptr().cast::<u8>().cast_mut(), n)
+    };
+}
+
+#[cfg(not(feature = "unsafe-arena"))]
+fn copy_whole(bytes: &[u8], words: &[AtomicU64]) {
+    for (chunk, word) in bytes.chunks_exact(8).zip(words) {
+        word.store(u64::from_le_bytes(word_bytes(chunk)), Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(words: &[AtomicU64]) -> Vec<u8> {
+        words
+            .iter()
+            .flat_map(|w| w.load(Relaxed).to_le_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn zeroed_words_are_zero_and_as_many_as_asked() {
+        for n in [0, 1, 8192] {
+            let words = zeroed(n).expect("memory");
+            assert_eq!(words.len(), n);
+            assert!(words.iter().all(|w| w.load(Relaxed) == 0));
+        }
+    }
+
+    #[test]
+    fn stored_bytes_read_back_with_a_zero_padded_tail() {
+        let data: Vec<u8> = (0..200u32).map(|i| (i * 37 + 11) as u8).collect();
+        for len in [0, 1, 7, 8, 9, 64, 199, 200] {
+            let words: Vec<AtomicU64> = (0..26).map(|_| AtomicU64::new(u64::MAX)).collect();
+            store_bytes(&data[..len], &words);
+            let back = read(&words);
+            assert_eq!(&back[..len], &data[..len], "len {len}");
+            let padded = len.div_ceil(8) * 8;
+            assert!(back[len..padded].iter().all(|&b| b == 0), "len {len} tail");
+            assert!(back[padded..].iter().all(|&b| b == 0xff), "len {len} past");
+        }
+    }
+
+    #[test]
+    fn too_few_words_take_what_fits() {
+        let data = [0xabu8; 30];
+        let words: Vec<AtomicU64> = (0..2).map(|_| AtomicU64::new(0)).collect();
+        store_bytes(&data, &words);
+        assert_eq!(read(&words), vec![0xab; 16]);
+    }
+}
