@@ -4,8 +4,8 @@
 //! defaults: `zram-size` and `zram-resident-limit` (expressions over `ram`, in MiB),
 //! `host-memory-limit`, `compression-algorithm`, `swap-priority`, `options`, `fs-type`. uzram's
 //! own keys: `size` and `mem-limit` (bytes, or with a K/M/G/T suffix), `backend`, `gpus`,
-//! `gpu-memory`, `gpu-parse`, `gpu-installers`, `gpu-slot-wait-us`, `queues`, `depth`, `queue-mode`, `id` and
-//! `metrics-textfile`. Unknown keys are errors, so a typo never silently does nothing.
+//! `gpu-memory`, `gpu-parse`, `gpu-installers`, `gpu-slot-wait-us`, `queues`, `depth`,
+//! `queue-mode`, `id` and `metrics-textfile`. Unknown keys are errors, so a typo never silently does nothing.
 
 use std::path::{Path, PathBuf};
 

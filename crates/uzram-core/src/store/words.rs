@@ -12,10 +12,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-/// Whether the fast versions apply: memory bytes equal a word's little-endian bytes only on
-/// little-endian targets.
-const FAST: bool = cfg!(all(feature = "unsafe-arena", target_endian = "little"));
-
 /// `n` zeroed words, or `None` when the allocator has no memory to give: never an abort
 /// (the arena grows on threads that serve swap I/O).
 pub(super) fn zeroed(n: usize) -> Option<Box<[AtomicU64]>> {
@@ -45,13 +41,8 @@ pub(super) fn zeroed(n: usize) -> Option<Box<[AtomicU64]>> {
 /// writer, who publishes it (under a shard lock) only afterwards.
 pub(super) fn store_bytes(data: &[u8], words: &[AtomicU64]) {
     let whole = data.len() / 8;
-    if FAST && words.len() >= data.len().div_ceil(8) {
-        copy_whole(&data[..whole * 8], &words[..whole]);
-    } else {
-        for (chunk, word) in data.chunks_exact(8).zip(words) {
-            word.store(u64::from_le_bytes(word_bytes(chunk)), Relaxed);
-        }
-    }
+    let fits = whole.min(words.len());
+    copy_whole(&data[..fits * 8], &words[..fits]);
     let tail = &data[whole * 8..];
     if let (false, Some(word)) = (tail.is_empty(), words.get(whole)) {
         word.store(u64::from_le_bytes(word_bytes(tail)), Relaxed);
@@ -65,8 +56,9 @@ fn word_bytes(chunk: &[u8]) -> [u8; 8] {
     b
 }
 
-/// `bytes` (exactly `words.len() * 8`) into `words`, with one `memcpy`.
-#[cfg(feature = "unsafe-arena")]
+/// `bytes` (exactly `words.len() * 8`) into `words`, with one `memcpy` (memory bytes equal a
+/// word's little-endian bytes only on little-endian targets).
+#[cfg(all(feature = "unsafe-arena", target_endian = "little"))]
 fn copy_whole(bytes: &[u8], words: &[AtomicU64]) {
     debug_assert_eq!(bytes.len(), words.len() * 8);
     let n = bytes.len().min(words.len() * 8);
@@ -79,7 +71,8 @@ fn copy_whole(bytes: &[u8], words: &[AtomicU64]) {
     };
 }
 
-#[cfg(not(feature = "unsafe-arena"))]
+/// `bytes` (exactly `words.len() * 8`) into `words`, word by word.
+#[cfg(not(all(feature = "unsafe-arena", target_endian = "little")))]
 fn copy_whole(bytes: &[u8], words: &[AtomicU64]) {
     for (chunk, word) in bytes.chunks_exact(8).zip(words) {
         word.store(u64::from_le_bytes(word_bytes(chunk)), Relaxed);

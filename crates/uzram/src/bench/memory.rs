@@ -35,10 +35,8 @@ impl StoreMemory {
         let (start, len) = region.blocks();
         pool::init(start, len);
         let target = pool::target_blocks(pages.saturating_mul(uzram_core::PAGE_SIZE as u64));
-        while pool::free_blocks() < target {
-            if pool::refill(target - pool::free_blocks()) == 0 {
-                anyhow::bail!("could not fill the block pool: not enough memory");
-            }
+        if !pool::fill_to(target) {
+            anyhow::bail!("could not fill the block pool: not enough memory");
         }
         std::thread::Builder::new()
             .name("uzram-pool".into())

@@ -197,10 +197,8 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let pool_target = pool::target_blocks(cfg.size);
     // A recovery serves with the pool it adopted: refilling now could wait for reclaim,
     // which waits for this device. The keeper refills once the device serves.
-    while launch.recover.is_none() && pool::free_blocks() < pool_target {
-        if pool::refill(pool_target - pool::free_blocks()) == 0 {
-            anyhow::bail!("could not fill the block pool: not enough memory");
-        }
+    if launch.recover.is_none() && !pool::fill_to(pool_target) {
+        anyhow::bail!("could not fill the block pool: not enough memory");
     }
     tracing::info!(
         pool_bytes = pool::free_blocks() * pool::BLOCK,

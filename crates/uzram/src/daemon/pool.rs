@@ -429,6 +429,17 @@ pub fn refill(blocks: usize) -> usize {
     added + n
 }
 
+/// Refills the pool until it holds `target` free blocks; `false` when the reservation or the
+/// system ran out first.
+pub fn fill_to(target: usize) -> bool {
+    while free_blocks() < target {
+        if refill(target - free_blocks()) == 0 {
+            return false;
+        }
+    }
+    true
+}
+
 /// Gives up to `blocks` free blocks back to the system: each is taken off the free list and
 /// its pages are punched out of the shared memory. Returns how many went back.
 pub fn trim(blocks: usize) -> usize {
