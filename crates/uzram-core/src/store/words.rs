@@ -45,15 +45,22 @@ pub(super) fn store_bytes(data: &[u8], words: &[AtomicU64]) {
     copy_whole(&data[..fits * 8], &words[..fits]);
     let tail = &data[whole * 8..];
     if let (false, Some(word)) = (tail.is_empty(), words.get(whole)) {
-        word.store(u64::from_le_bytes(word_bytes(tail)), Relaxed);
+        word.store(tail_word(tail), Relaxed);
     }
 }
 
-/// Up to 8 bytes, zero-padded.
-fn word_bytes(chunk: &[u8]) -> [u8; 8] {
-    let mut b = [0u8; 8];
-    b[..chunk.len()].copy_from_slice(chunk);
-    b
+/// Up to 8 bytes as a little-endian word, zero-padded, assembled in a register.
+///
+/// Why not `u64::from_le_bytes` of a zeroed `[u8; 8]` with the bytes copied in: the copy
+/// writes that stack buffer with narrow stores, the 8-byte load that follows cannot be
+/// forwarded from them, and it waits until every older store has left the core, among them
+/// the whole object just copied into cold arena lines. Run 42 (docs/gpu-notes.md) found
+/// 28-44 % of the installers' time on the instruction after that load.
+fn tail_word(chunk: &[u8]) -> u64 {
+    chunk
+        .iter()
+        .rev()
+        .fold(0, |word, &b| (word << 8) | u64::from(b))
 }
 
 /// `bytes` (exactly `words.len() * 8`) into `words`, with one `memcpy` (memory bytes equal a
@@ -75,7 +82,8 @@ fn copy_whole(bytes: &[u8], words: &[AtomicU64]) {
 #[cfg(not(all(feature = "unsafe-arena", target_endian = "little")))]
 fn copy_whole(bytes: &[u8], words: &[AtomicU64]) {
     for (chunk, word) in bytes.chunks_exact(8).zip(words) {
-        word.store(u64::from_le_bytes(word_bytes(chunk)), Relaxed);
+        let bytes: Result<[u8; 8], _> = chunk.try_into();
+        word.store(bytes.map_or(0, u64::from_le_bytes), Relaxed);
     }
 }
 
