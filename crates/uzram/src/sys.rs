@@ -107,6 +107,24 @@ pub fn pid_alive(pid: u32) -> bool {
     exists && !is_zombie(pid)
 }
 
+/// When process `pid` started, in clock ticks after boot (`/proc/<pid>/stat`, field 22).
+/// A pid alone names a process only until it exits: the kernel hands it out again.
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) S ppid ...": comm may hold spaces and parentheses, so fields are counted
+    // from the last ')': the state is field 3, the start time field 22.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
+/// True when `pid` is alive and, if `started` is known, is the process that started then
+/// (not a later one that was given the same pid).
+pub fn process_alive(pid: u32, started: Option<u64>) -> bool {
+    // A stat that cannot be read right after the pid was seen alive: it has just exited,
+    // which the next check sees.
+    pid_alive(pid) && started.map_or(true, |t| start_ticks(pid).map_or(true, |now| now == t))
+}
+
 fn is_zombie(pid: libc::pid_t) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return false;
@@ -409,6 +427,32 @@ pub fn kill_now(pid: u32) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_is_told_apart_from_a_later_one_with_its_pid() {
+        let me = std::process::id();
+        let started = start_ticks(me).expect("this process's start time");
+        assert!(process_alive(me, Some(started)));
+        assert!(process_alive(me, None), "a record without a start time");
+        assert!(
+            !process_alive(me, Some(started + 1)),
+            "the same pid, started at another time, is another process"
+        );
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let (pid, child_started) = (child.id(), start_ticks(child.id()));
+        assert!(
+            child_started.is_some_and(|t| t >= started),
+            "{child_started:?}"
+        );
+        assert!(process_alive(pid, child_started));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!process_alive(pid, child_started), "a reaped child");
+        assert_eq!(start_ticks(0), None);
+    }
 
     #[test]
     fn a_zombie_is_not_alive() {

@@ -16,7 +16,6 @@ use crate::control::state::{DaemonState, StateDir};
 use crate::daemon::region;
 use crate::devname::{dev_path, parse_device};
 use crate::inuse::in_use;
-use crate::sys;
 
 /// How long to wait for a daemon to delete its device.
 const STOP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -84,7 +83,7 @@ fn stop_live(states: &StateDir, state: &DaemonState, dev: &str) -> anyhow::Resul
         other => anyhow::bail!("{dev}: daemon refused to stop: {other:?}"),
     }
     let start = Instant::now();
-    while sys::pid_alive(state.pid) || Path::new(dev).exists() {
+    while state.daemon_alive() || Path::new(dev).exists() {
         if start.elapsed() > STOP_TIMEOUT {
             anyhow::bail!(
                 "{dev}: daemon pid {} did not finish within {}s",

@@ -19,7 +19,6 @@ use crate::control::client;
 use crate::control::proto::{Request, Response};
 use crate::control::state::{DaemonState, StateDir};
 use crate::daemon::standby::spawn_in_scope;
-use crate::sys;
 
 /// How long a daemon gets to exit after a handover request.
 const EXIT_WAIT: Duration = Duration::from_secs(10);
@@ -45,7 +44,7 @@ pub fn newest_live(
         .filter(|s| {
             s.config.as_deref() == Some(config)
                 && bridge.map_or(true, |b| s.bridge == b)
-                && sys::pid_alive(s.pid)
+                && s.daemon_alive()
         })
         .max_by_key(|s| s.id)
 }
@@ -66,7 +65,7 @@ pub fn request(state: &DaemonState) -> anyhow::Result<()> {
         Err(err) => tracing::debug!(error = %err, "no answer to the handoff request"),
     }
     let start = Instant::now();
-    while sys::pid_alive(state.pid) {
+    while state.daemon_alive() {
         if start.elapsed() > EXIT_WAIT {
             anyhow::bail!(
                 "{}: daemon pid {} did not exit for the handoff",
@@ -102,7 +101,7 @@ pub fn restart_through_bridge(config: &Path, unit: &str, old: &DaemonState) -> a
             );
             Ok(())
         }
-        Bridge::Failed(why) if sys::pid_alive(old.pid) => {
+        Bridge::Failed(why) if old.daemon_alive() => {
             eprintln!(
                 "uzram: {}: the bridge daemon {why}; handing over directly",
                 old.dev
@@ -145,7 +144,7 @@ fn wait_for_bridge(config: &Path, old: &DaemonState, mut child: Child) -> Bridge
     let states = StateDir::default();
     let start = Instant::now();
     loop {
-        if !sys::pid_alive(old.pid) {
+        if !old.daemon_alive() {
             if let Some(bridge) = live_daemon(&states, config, Some(true)) {
                 return Bridge::Serving(bridge.pid);
             }
@@ -154,7 +153,7 @@ fn wait_for_bridge(config: &Path, old: &DaemonState, mut child: Child) -> Bridge
             return Bridge::Failed(format!("exited ({status})"));
         }
         if start.elapsed() > BRIDGE_WAIT {
-            if sys::pid_alive(old.pid) {
+            if old.daemon_alive() {
                 // It never asked for the handover: stop it, so that it cannot race the
                 // direct one that follows. (Once the old daemon is gone it holds the device's
                 // lock, and the next daemon takes the device from it.)
@@ -190,11 +189,21 @@ mod tests {
         let states = StateDir::new(&dir);
         states.create().unwrap();
         let me = std::process::id();
-        // pid 0 is never a live daemon (pid_alive refuses it)
+        let started = crate::sys::start_ticks(me);
+        // pid 0 is never a live daemon (pid_alive refuses it); device 4's daemon had this
+        // process's pid but started at another time: the pid was reused, that daemon is gone.
         for s in [
             state(1, me, "/etc/uzram/a.toml", false),
             state(2, 0, "/etc/uzram/a.toml", true),
             state(3, me, "/etc/uzram/b.toml", true),
+            DaemonState {
+                started: started.map(|t| t + 1),
+                ..state(4, me, "/etc/uzram/d.toml", false)
+            },
+            DaemonState {
+                started,
+                ..state(5, me, "/etc/uzram/e.toml", false)
+            },
         ] {
             states.write(&s).unwrap();
         }
@@ -212,6 +221,15 @@ mod tests {
         assert_eq!(
             live_daemon(&states, Path::new("/etc/uzram/c.toml"), None),
             None
+        );
+        assert_eq!(
+            live_daemon(&states, Path::new("/etc/uzram/d.toml"), None),
+            None,
+            "a reused pid is not the daemon"
+        );
+        assert_eq!(
+            live_daemon(&states, Path::new("/etc/uzram/e.toml"), None).map(|s| s.id),
+            Some(5)
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -80,7 +80,7 @@ pub const ORPHAN_MODE: &str = "none: daemon gone, I/O paused, pages kept; run uz
 
 /// Asks the daemon of `state` for its status.
 pub fn probe(states: &StateDir, state: &DaemonState) -> Probe {
-    if !sys::pid_alive(state.pid) {
+    if !state.daemon_alive() {
         return match recover::check_orphan(state.id) {
             Ok(_) => Probe::Orphan,
             Err(_) => Probe::Stale(format!("daemon pid {} is gone", state.pid)),

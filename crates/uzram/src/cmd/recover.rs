@@ -12,7 +12,6 @@ use crate::control::anchor;
 use crate::control::state::DaemonState;
 use crate::daemon::region;
 use crate::devname::{dev_path, parse_device};
-use crate::sys;
 
 pub fn run(args: RecoverArgs) -> anyhow::Result<ExitCode> {
     let id = parse_device(&args.device).map_err(anyhow::Error::msg)?;
@@ -63,7 +62,7 @@ pub fn check_orphan(id: u32) -> Result<DaemonState, String> {
             "it has no recovery record (not a uzram device, or its daemon never served)".into(),
         );
     };
-    if sys::pid_alive(state.pid) {
+    if state.daemon_alive() {
         return Err(format!("its daemon (pid {}) is running", state.pid));
     }
     let Some(shm) = state.store_shm else {
@@ -113,7 +112,7 @@ fn record_of_config(config: &Path, alive: bool) -> Option<DaemonState> {
         .filter_map(anchor::read)
         .find(|s| {
             s.config.as_deref() == Some(config)
-                && sys::pid_alive(s.pid) == alive
+                && s.daemon_alive() == alive
                 && s.store_shm.is_some_and(region::exists)
         })
 }

@@ -223,6 +223,7 @@ mod tests {
         let id = (1 << 20) - 7;
         let mut state = DaemonState {
             pid: 4242,
+            started: Some(7),
             size: 1 << 30,
             config: Some("/etc/uzram/swap0.toml".into()),
             store_shm: Some(17),

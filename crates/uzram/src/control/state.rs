@@ -15,6 +15,10 @@ pub const RUN_DIR: &str = "/run/uzram";
 pub struct DaemonState {
     /// The daemon's pid.
     pub pid: u32,
+    /// When the daemon started (`sys::start_ticks`): with the pid it names the daemon even
+    /// after the pid is reused. Records from before this field have none.
+    #[serde(default)]
+    pub started: Option<u64>,
     /// Device id N.
     pub id: u32,
     /// `/dev/ublkbN`.
@@ -42,12 +46,21 @@ pub struct DaemonState {
     pub bridge: bool,
 }
 
+impl DaemonState {
+    /// Whether the daemon of this record still runs: its pid is alive, and where the record
+    /// has its start time, that process started then (a reused pid is someone else).
+    pub fn daemon_alive(&self) -> bool {
+        crate::sys::process_alive(self.pid, self.started)
+    }
+}
+
 #[cfg(test)]
 impl DaemonState {
     /// A record of device `id` for tests: 1 MiB, lz4 on the CPU, no config, no store.
     pub fn example(id: u32) -> Self {
         DaemonState {
             pid: 0,
+            started: None,
             id,
             dev: format!("/dev/ublkb{id}"),
             size: 1 << 20,
@@ -210,6 +223,7 @@ mod tests {
         assert_eq!(mode & 0o777, 0o700);
         let mk = |id| DaemonState {
             pid: 100 + id,
+            started: Some(1000 + u64::from(id)),
             store_shm: Some(id as i32),
             create_args: Some(vec!["--size".into(), "1M".into()]),
             bridge: id == 2,
@@ -238,5 +252,14 @@ mod tests {
         sd.remove(10);
         assert_eq!(sd.read(10).unwrap(), None);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_record_from_before_the_start_time_reads_without_one() {
+        let mut json = serde_json::to_value(DaemonState::example(3)).unwrap();
+        json.as_object_mut().unwrap().remove("started");
+        let old: DaemonState = serde_json::from_value(json).unwrap();
+        assert_eq!(old, DaemonState::example(3));
+        assert_eq!(old.started, None);
     }
 }

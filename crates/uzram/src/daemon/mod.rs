@@ -242,6 +242,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
 
     let state = DaemonState {
         pid: std::process::id(),
+        started: crate::sys::start_ticks(std::process::id()),
         id,
         dev: dev.clone(),
         size: cfg.size,
