@@ -12,7 +12,9 @@
 //!   reclaim (a spin lock around a pointer swap), and falls back to the system allocator when
 //!   the pool is empty or not set up;
 //! - a keeper thread ([`keep`]) maps more blocks (touched page by page, locked by mlockall)
-//!   whenever the pool is below its target, a target that grows when the pool ran low. Like
+//!   whenever the pool is below its target, a target that grows when the pool ran low. On
+//!   machines with many CPUs, filler threads ([`filler_count`]) share the work when the pool
+//!   is far below its target. Like
 //!   the queue threads it is an I/O flusher: its reclaim takes pages whose swap-out is done
 //!   (clean, freed without I/O) and never queues swap writes of its own behind the queue
 //!   threads. When it was not, it sat in its own reclaim's swap writes (waiting for bios and
@@ -52,6 +54,11 @@ static RELEASED_TOTAL: AtomicUsize = AtomicUsize::new(0);
 static RELEASED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 /// The keeper thread, woken by [`take_within`] when the pool runs dry.
 static KEEPER: OnceLock<std::thread::Thread> = OnceLock::new();
+/// Threads that help the keeper fault blocks in when the pool is far below its target
+/// ([`fill`]); none on small machines.
+static FILLERS: OnceLock<Vec<std::thread::Thread>> = OnceLock::new();
+/// The keeper's current target, which the fillers fill to.
+static TARGET: AtomicUsize = AtomicUsize::new(0);
 static TAKE_WAITS: AtomicUsize = AtomicUsize::new(0);
 static TAKE_TIMEOUTS: AtomicUsize = AtomicUsize::new(0);
 /// Whether `MADV_POPULATE_WRITE` works here (Linux 5.14+); cleared at its first refusal.
@@ -119,6 +126,7 @@ pub fn take_within(wait: Duration) -> *mut u8 {
         if let Some(keeper) = KEEPER.get() {
             keeper.unpark();
         }
+        wake_fillers();
         std::thread::sleep(nap.min(deadline.saturating_duration_since(Instant::now())));
         let block = pop();
         if !block.is_null() {
@@ -401,29 +409,41 @@ unsafe fn commit(block: usize) {
 
 /// Commits up to `blocks` more blocks (populated; locked under mlockall) and frees them into
 /// the pool: blocks given back by `trim` first, then never-used ones. Returns how many were
-/// added (0 when the reservation is used up).
+/// added (0 when the reservation is used up). The keeper and the fillers run it at once:
+/// each block is claimed by one of them before its pages are faulted in.
 pub fn refill(blocks: usize) -> usize {
     if BASE.load(Ordering::Acquire) == 0 {
         return 0;
     }
     let mut added = 0;
-    let mut released = RELEASED.lock().unwrap_or_else(PoisonError::into_inner);
     while added < blocks {
-        let Some(block) = released.pop() else { break };
-        // SAFETY: `trim` gave this block back; nobody holds it.
+        // One at a time, and faulted in outside the lock, so that fillers share the work.
+        let block = RELEASED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let Some(block) = block else { break };
+        // SAFETY: `trim` gave this block back and it was taken off the list above; nobody
+        // holds it.
         unsafe { commit(block) };
         added += 1;
     }
-    drop(released);
-    let start = FRONTIER.load(Ordering::Acquire);
+    let want = blocks - added;
     let limit = LIMIT.load(Ordering::Acquire);
-    let n = (blocks - added).min(limit.saturating_sub(start) / BLOCK);
-    FRONTIER.store(start + n * BLOCK, Ordering::Release);
+    let take = |frontier: usize| want.min(limit.saturating_sub(frontier) / BLOCK);
+    let Ok(start) = FRONTIER.fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| {
+        let n = take(f);
+        (n > 0).then_some(f + n * BLOCK)
+    }) else {
+        return added;
+    };
+    let n = take(start);
     // Each block goes to the pool as soon as its pages are in: under pressure a page can take
     // long to come, and a queue thread waiting for one block must not wait for all n.
     for i in 0..n {
-        // SAFETY: the block lies below the new frontier, in our mapping, and was never handed
-        // out (the frontier only moves forward, on this thread).
+        // SAFETY: the block lies in the range this call moved the frontier over, in our
+        // mapping, and was never handed out (the frontier only moves forward, and each range
+        // is claimed by one caller).
         unsafe { commit(start + i * BLOCK) };
     }
     added + n
@@ -505,6 +525,8 @@ pub fn keep(initial_target: usize) {
         tracing::warn!(error = %err, "raising the pool keeper's priority failed");
     }
     let _ = KEEPER.set(std::thread::current());
+    TARGET.store(initial_target, Ordering::Relaxed);
+    let _ = FILLERS.set(start_fillers(filler_count()));
     let mut target = initial_target;
     let mut low_at = Instant::now();
     loop {
@@ -525,6 +547,10 @@ pub fn keep(initial_target: usize) {
             );
             target = initial_target;
         }
+        TARGET.store(target, Ordering::Relaxed);
+        if free_blocks() < target / 2 {
+            wake_fillers();
+        }
         while free_blocks() < target {
             if refill(REFILL_BLOCKS.min(target - free_blocks())) == 0 {
                 break;
@@ -536,6 +562,63 @@ pub fn keep(initial_target: usize) {
             tracing::debug!(blocks = n, "pool: free blocks given back");
         }
         std::thread::park_timeout(Duration::from_millis(5));
+    }
+}
+
+/// Fillers for this machine: one per four CPUs beyond the first four, at most two.
+///
+/// Why: one keeper faults blocks in at about 2.3 GB/s of blocks per CPU-second (shared
+/// memory pages cleared and charged one by one), and a GPU swap-out burst into a fresh device
+/// grows the store at about 6 GB/s: the burst ran at the keeper's pace, with thousands of
+/// segments waiting for a block. Measured on 16 CPUs (docs/gpu-notes.md, runs 44-45), 0, 1,
+/// 2 and 3 fillers ran a cold GPU burst at 5.0, 7.6, 8.8 and 10.1 GB/s, but each filler
+/// makes every fault dearer (the faults contend in the kernel): the process's CPU per GiB
+/// went 0.69, 0.68, 0.72, 0.75. Two is the knee. A small machine (the 2-CPU guest) keeps
+/// the single keeper.
+fn filler_count() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cpus.saturating_sub(4) / 4).min(2)
+}
+
+/// Starts `n` fillers; those that cannot be started are left out (the keeper fills alone).
+fn start_fillers(n: usize) -> Vec<std::thread::Thread> {
+    (0..n)
+        .filter_map(|i| {
+            std::thread::Builder::new()
+                .name(format!("uzram-pool-fill-{i}"))
+                .stack_size(64 << 10)
+                .spawn(fill)
+                .map_err(|err| tracing::warn!(error = %err, "starting a pool filler failed"))
+                .ok()
+                .map(|h| h.thread().clone())
+        })
+        .collect()
+}
+
+/// A filler: woken by the keeper (or by a take that found the pool empty), it refills until
+/// the pool reaches the keeper's target, a few blocks at a time so that the fillers and
+/// the keeper share the deficit.
+fn fill() {
+    if let Err(err) = crate::sys::set_thread_nice(IO_NICE) {
+        tracing::warn!(error = %err, "raising a pool filler's priority failed");
+    }
+    loop {
+        std::thread::park_timeout(Duration::from_millis(100));
+        while free_blocks() < TARGET.load(Ordering::Relaxed) {
+            if refill(FILL_STEP) == 0 {
+                break;
+            }
+        }
+    }
+}
+
+/// Blocks a filler commits per turn (512 KiB).
+const FILL_STEP: usize = 8;
+
+/// Wakes the fillers.
+fn wake_fillers() {
+    for filler in FILLERS.get().into_iter().flatten() {
+        filler.unpark();
     }
 }
 
@@ -603,6 +686,58 @@ mod tests {
         unsafe { push(p) };
         for b in held {
             // SAFETY: as above.
+            unsafe { push(b as *mut u8) };
+        }
+    }
+
+    #[test]
+    fn blocks_refilled_by_several_threads_at_once_are_each_handed_out_once() {
+        let _serial = test_pool();
+        // Take every free block; give some back to the system, so that the refills below
+        // take given-back blocks as well as new ones (while the reservation lasts).
+        let mut held = Vec::new();
+        loop {
+            let p = pop();
+            if p.is_null() {
+                break;
+            }
+            held.push(p as usize);
+        }
+        for &b in held.iter().take(16) {
+            // SAFETY: a free pool block this test took off the list and nobody else uses.
+            unsafe { push(b as *mut u8) };
+        }
+        let given = trim(16);
+        held.retain(|b| !RELEASED.lock().unwrap().contains(b));
+        let added: usize = std::thread::scope(|s| {
+            let refills: Vec<_> = (0..4).map(|_| s.spawn(|| refill(6))).collect();
+            refills.into_iter().map(|r| r.join().unwrap()).sum()
+        });
+        assert!(
+            added >= given,
+            "{added} blocks refilled, {given} were given back"
+        );
+        let mut got = Vec::new();
+        while got.len() < added {
+            // Other tests borrow blocks through the global allocator meanwhile, so a few may
+            // be missing here; none may come twice.
+            let p = pop();
+            if p.is_null() {
+                break;
+            }
+            got.push(p as usize);
+        }
+        let mut all: Vec<usize> = got.iter().chain(&held).copied().collect();
+        all.sort_unstable();
+        let n = all.len();
+        all.dedup();
+        assert_eq!(all.len(), n, "a block was handed out twice");
+        let base = BASE.load(Ordering::Acquire);
+        assert!(all
+            .iter()
+            .all(|&b| owns(b as *mut u8) && (b - base) % BLOCK == 0));
+        for b in got.into_iter().chain(held) {
+            // SAFETY: free pool blocks this test took off the list and nobody else uses.
             unsafe { push(b as *mut u8) };
         }
     }
