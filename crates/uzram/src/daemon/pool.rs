@@ -648,19 +648,19 @@ mod tests {
         SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Empties the free list (other tests may give blocks back meanwhile).
+    fn take_every_free_block() -> Vec<usize> {
+        std::iter::from_fn(|| Some(pop()).filter(|p| !p.is_null()))
+            .map(|p| p as usize)
+            .collect()
+    }
+
     #[test]
     fn a_take_from_an_empty_pool_waits_for_the_next_free_block() {
         let _serial = test_pool();
         // Empty the pool (other tests may give blocks back meanwhile: the take then returns
         // sooner, and the assertions still hold).
-        let mut held = Vec::new();
-        loop {
-            let p = pop();
-            if p.is_null() {
-                break;
-            }
-            held.push(p as usize);
-        }
+        let mut held = take_every_free_block();
         if held.is_empty() {
             assert_eq!(refill(1), 1);
             held.push(pop() as usize);
@@ -695,14 +695,7 @@ mod tests {
         let _serial = test_pool();
         // Take every free block; give some back to the system, so that the refills below
         // take given-back blocks as well as new ones (while the reservation lasts).
-        let mut held = Vec::new();
-        loop {
-            let p = pop();
-            if p.is_null() {
-                break;
-            }
-            held.push(p as usize);
-        }
+        let mut held = take_every_free_block();
         for &b in held.iter().take(16) {
             // SAFETY: a free pool block this test took off the list and nobody else uses.
             unsafe { push(b as *mut u8) };
