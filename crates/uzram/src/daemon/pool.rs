@@ -586,7 +586,9 @@ fn start_fillers(n: usize) -> Vec<std::thread::Thread> {
         .filter_map(|i| {
             std::thread::Builder::new()
                 .name(format!("uzram-pool-fill-{i}"))
-                .stack_size(64 << 10)
+                // Locked whole by mlockall, like every daemon thread's: small, with room
+                // for a warning's formatting.
+                .stack_size(128 << 10)
                 .spawn(fill)
                 .map_err(|err| tracing::warn!(error = %err, "starting a pool filler failed"))
                 .ok()
