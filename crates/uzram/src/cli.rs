@@ -212,6 +212,10 @@ pub struct StandbyArgs {
     /// The daemon's pid.
     #[arg(long)]
     pub pid: u32,
+    /// The daemon's start time (clock ticks after boot, `/proc/PID/stat`): a process that
+    /// was given the pid after the daemon died is not taken for it.
+    #[arg(long)]
+    pub started: Option<u64>,
 }
 
 #[derive(Debug, clap::Args)]

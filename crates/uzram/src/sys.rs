@@ -384,9 +384,11 @@ pub fn try_lock_exclusive(file: &std::fs::File) -> io::Result<bool> {
     }
 }
 
-/// Waits until process `pid` has exited (a pidfd that becomes readable). Returns at once
-/// when it is already gone.
-pub fn wait_for_exit(pid: u32) -> io::Result<()> {
+/// Waits until process `pid`, started at `started` (see [`start_ticks`]) if given, has
+/// exited (a pidfd that becomes readable). Returns at once when it is already gone, also when
+/// its pid now names a process that started at another time.
+pub fn wait_for_exit(pid: u32, started: Option<u64>) -> io::Result<()> {
+    let raw = pid;
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return Ok(());
     };
@@ -402,6 +404,11 @@ pub fn wait_for_exit(pid: u32) -> io::Result<()> {
     }
     // SAFETY: pidfd_open returned a fresh descriptor that nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // Checked after the pidfd is open: a start time that still matches means the pidfd names
+    // that process (it started before the pidfd was opened and still runs).
+    if started.is_some_and(|t| start_ticks(raw).is_some_and(|now| now != t)) {
+        return Ok(());
+    }
     let mut pfd = libc::pollfd {
         fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
         events: libc::POLLIN,
@@ -448,7 +455,16 @@ mod tests {
             "{child_started:?}"
         );
         assert!(process_alive(pid, child_started));
+        // A process alive under the pid but with another start time is waited for not at
+        // all (this call would block for 5 s on the child otherwise).
+        let t = std::time::Instant::now();
+        wait_for_exit(pid, child_started.map(|s| s + 1)).unwrap();
+        assert!(
+            t.elapsed().as_secs() < 4,
+            "waited for a process that is not the one named"
+        );
         child.kill().unwrap();
+        wait_for_exit(pid, child_started).unwrap();
         child.wait().unwrap();
         assert!(!process_alive(pid, child_started), "a reaped child");
         assert_eq!(start_ticks(0), None);

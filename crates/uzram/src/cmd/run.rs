@@ -168,7 +168,7 @@ pub fn standby(args: StandbyArgs) -> anyhow::Result<ExitCode> {
     let config_path = std::fs::canonicalize(&args.config).unwrap_or(args.config);
     // What it has touched so far stays in RAM; the rest is locked as it is touched.
     sys::mlock_all().map_err(|e| anyhow::anyhow!("mlockall: {e}"))?;
-    sys::wait_for_exit(args.pid)
+    sys::wait_for_exit(args.pid, args.started)
         .map_err(|e| anyhow::anyhow!("waiting for pid {}: {e}", args.pid))?;
     let since = Instant::now();
     let states = StateDir::default();

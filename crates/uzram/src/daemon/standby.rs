@@ -33,13 +33,17 @@ where
 pub fn start(state: &DaemonState, pid: &AtomicU32) {
     let Some(config) = &state.config else { return };
     let daemon_pid = state.pid.to_string();
-    let args = [
+    let started = state.started.map(|t| t.to_string());
+    let mut args = vec![
         OsStr::new("standby"),
         OsStr::new("--pid"),
         OsStr::new(&daemon_pid),
         OsStr::new("--config"),
         config.as_os_str(),
     ];
+    if let Some(started) = &started {
+        args.extend([OsStr::new("--started"), OsStr::new(started)]);
+    }
     match spawn_in_scope(&format!("uzram standby for {}", state.dev), args) {
         Ok(mut child) => {
             pid.store(child.id(), Ordering::Release);
