@@ -109,6 +109,9 @@ pub fn pid_alive(pid: u32) -> bool {
 
 /// When process `pid` started, in clock ticks after boot (`/proc/<pid>/stat`, field 22).
 /// A pid alone names a process only until it exits: the kernel hands it out again.
+///
+/// `/proc` must be the caller's pid namespace (as for the root daemon and the CLI): in
+/// another one a live daemon's pid would name some other process or none.
 pub fn start_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // "pid (comm) S ppid ...": comm may hold spaces and parentheses, so fields are counted
@@ -120,8 +123,9 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
 /// True when `pid` is alive and, if `started` is known, is the process that started then
 /// (not a later one that was given the same pid).
 pub fn process_alive(pid: u32, started: Option<u64>) -> bool {
-    // A stat that cannot be read right after the pid was seen alive: it has just exited,
-    // which the next check sees.
+    // A stat that cannot be read right after the pid was seen alive: it has most likely just
+    // exited. Taken for alive all the same, the safe answer: a caller that sees a live
+    // daemon waits or refuses, one that sees a dead one takes its device over.
     pid_alive(pid) && started.map_or(true, |t| start_ticks(pid).map_or(true, |now| now == t))
 }
 
@@ -396,7 +400,9 @@ pub fn wait_for_exit(pid: u32, started: Option<u64>) -> io::Result<()> {
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     if fd < 0 {
         let e = io::Error::last_os_error();
-        return if e.raw_os_error() == Some(libc::ESRCH) {
+        // ESRCH: no such process. EINVAL: the pid is now a thread of another process, which
+        // can only be a reuse.
+        return if e.raw_os_error() == Some(libc::ESRCH) || !process_alive(raw, started) {
             Ok(())
         } else {
             Err(e)

@@ -256,10 +256,21 @@ mod tests {
 
     #[test]
     fn a_record_from_before_the_start_time_reads_without_one() {
-        let mut json = serde_json::to_value(DaemonState::example(3)).unwrap();
+        let now = DaemonState {
+            started: Some(12345),
+            ..DaemonState::example(3)
+        };
+        let mut json = serde_json::to_value(&now).unwrap();
+        assert_eq!(json["started"], 12345);
         json.as_object_mut().unwrap().remove("started");
         let old: DaemonState = serde_json::from_value(json).unwrap();
-        assert_eq!(old, DaemonState::example(3));
         assert_eq!(old.started, None);
+        assert_eq!(
+            old,
+            DaemonState {
+                started: None,
+                ..now
+            }
+        );
     }
 }

@@ -43,14 +43,14 @@ const REFILL_BLOCKS: usize = 64;
 
 static BASE: AtomicUsize = AtomicUsize::new(0);
 static LIMIT: AtomicUsize = AtomicUsize::new(0);
-/// Next never-mapped address in the reservation (keeper thread only).
+/// Next never-mapped address in the reservation (moved forward by `refill`, atomically).
 static FRONTIER: AtomicUsize = AtomicUsize::new(0);
 static FREE_HEAD: AtomicPtr<u8> = AtomicPtr::new(ptr::null_mut());
 static FREE_COUNT: AtomicUsize = AtomicUsize::new(0);
 static LOCK: AtomicBool = AtomicBool::new(false);
 /// Blocks given back to the system (holes punched), cumulative.
 static RELEASED_TOTAL: AtomicUsize = AtomicUsize::new(0);
-/// Blocks given back and not yet refilled: the first that `refill` reuses (keeper only).
+/// Blocks given back and not yet refilled: the first that `refill` reuses.
 static RELEASED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 /// The keeper thread, woken by [`take_within`] when the pool runs dry.
 static KEEPER: OnceLock<std::thread::Thread> = OnceLock::new();
@@ -526,7 +526,6 @@ pub fn keep(initial_target: usize) {
     }
     let _ = KEEPER.set(std::thread::current());
     TARGET.store(initial_target, Ordering::Relaxed);
-    let _ = FILLERS.set(start_fillers(filler_count()));
     let mut target = initial_target;
     let mut low_at = Instant::now();
     loop {
@@ -551,11 +550,16 @@ pub fn keep(initial_target: usize) {
         if free_blocks() < target / 2 {
             wake_fillers();
         }
-        while free_blocks() < target {
-            if refill(REFILL_BLOCKS.min(target - free_blocks())) == 0 {
+        loop {
+            // Fillers add blocks meanwhile: the deficit is read once per turn.
+            let deficit = target.saturating_sub(free_blocks());
+            if deficit == 0 || refill(REFILL_BLOCKS.min(deficit)) == 0 {
                 break;
             }
         }
+        // After the first fill, not before: starting threads (stacks that mlockall faults
+        // in) under memory pressure must not delay the blocks a starting daemon needs.
+        FILLERS.get_or_init(|| start_fillers(filler_count()));
         let excess = free_blocks().saturating_sub(target);
         if excess > TRIM_SLACK && give_back {
             let n = trim(excess);
@@ -599,13 +603,14 @@ fn start_fillers(n: usize) -> Vec<std::thread::Thread> {
 
 /// A filler: woken by the keeper (or by a take that found the pool empty), it refills until
 /// the pool reaches the keeper's target, a few blocks at a time so that the fillers and
-/// the keeper share the deficit.
+/// the keeper share the deficit. It sleeps otherwise: small top-ups are the keeper's alone.
 fn fill() {
     if let Err(err) = crate::sys::set_thread_nice(IO_NICE) {
         tracing::warn!(error = %err, "raising a pool filler's priority failed");
     }
     loop {
-        std::thread::park_timeout(Duration::from_millis(100));
+        // An unpark before this park is not lost: it returns at once.
+        std::thread::park();
         while free_blocks() < TARGET.load(Ordering::Relaxed) {
             if refill(FILL_STEP) == 0 {
                 break;
@@ -698,19 +703,25 @@ mod tests {
         // Take every free block; give some back to the system, so that the refills below
         // take given-back blocks as well as new ones (while the reservation lasts).
         let mut held = take_every_free_block();
-        for &b in held.iter().take(16) {
-            // SAFETY: a free pool block this test took off the list and nobody else uses.
-            unsafe { push(b as *mut u8) };
+        // Given back straight from the blocks held here (not through the free list, where
+        // other tests' allocations could take them meanwhile).
+        let given = held.len().min(16);
+        for b in held.drain(..given) {
+            punch(b, BLOCK).unwrap();
+            RELEASED.lock().unwrap().push(b);
         }
-        let given = trim(16);
-        held.retain(|b| !RELEASED.lock().unwrap().contains(b));
+        let released = RELEASED.lock().unwrap().len();
+        let left = (LIMIT.load(Ordering::Acquire) - FRONTIER.load(Ordering::Acquire)) / BLOCK;
         let added: usize = std::thread::scope(|s| {
             let refills: Vec<_> = (0..4).map(|_| s.spawn(|| refill(6))).collect();
             refills.into_iter().map(|r| r.join().unwrap()).sum()
         });
-        assert!(
-            added >= given,
-            "{added} blocks refilled, {given} were given back"
+        // Nothing else refills in this process, so the four calls took exactly this many:
+        // the given-back blocks first, then new ones while the reservation lasted.
+        assert_eq!(
+            added,
+            (released + left).min(24),
+            "{given} given back, {left} new left"
         );
         let mut got = Vec::new();
         while got.len() < added {
