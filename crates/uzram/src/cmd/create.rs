@@ -29,7 +29,7 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
             recover: None,
             create_args: Some(args.device.to_args()),
             bridge: false,
-            paused_since: None,
+            pause: None,
             lock: None,
         };
         daemon::serve(launch, Arc::new(Reporter::new(Readiness::Stdout)))?;
@@ -150,7 +150,7 @@ pub fn daemon(args: DaemonArgs) -> anyhow::Result<ExitCode> {
             recover: args.recover,
             create_args: Some(args.device.to_args()),
             bridge: false,
-            paused_since: None,
+            pause: None,
             lock: None,
         };
         daemon::serve(launch, reporter.clone())

@@ -85,7 +85,9 @@ pub fn wait_orphan(id: u32) -> Result<DaemonState, String> {
                 if why.starts_with(crate::daemon::NOT_QUIESCED)
                     && start.elapsed() < std::time::Duration::from_secs(30) =>
             {
-                std::thread::sleep(std::time::Duration::from_millis(100));
+                // The device's I/O is paused until it is taken over: look often (100 ms
+                // naps added up to 100 ms to every takeover).
+                std::thread::sleep(std::time::Duration::from_millis(5));
             }
             done => return done,
         }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use crate::cli::{RunArgs, StandbyArgs};
 use crate::config::load_device_config;
 use crate::control::state::{DaemonState, StateDir};
+use crate::daemon::pause::PauseClock;
 use crate::daemon::{self, Launch, Readiness, Reporter};
 use crate::sys;
 
@@ -27,7 +28,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // A bridge takes the device from the unit's daemon; the unit's next daemon takes it from
     // a bridge (`handover`).
     let from = (!args.bridge).then_some(true);
-    let mut paused_since = None;
+    let mut pause: Option<PauseClock> = None;
     let start = Instant::now();
     let mut told = false;
     let orphan = loop {
@@ -37,11 +38,25 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 // swapped out to it from here on (memory not yet touched is locked as it is
                 // faulted in).
                 sys::mlock_all().map_err(|e| anyhow::anyhow!("mlockall: {e}"))?;
+                if pause.is_none() {
+                    // While the old daemon still serves: its room first (memory for what
+                    // follows; it is committed again once we serve), then what needs no
+                    // pause.
+                    super::recover::make_room(&live);
+                    daemon::prepare_takeover(&cfg.device);
+                }
                 tracing::info!(dev = %live.dev, pid = live.pid, bridge = live.bridge, "taking the device over from its running daemon");
-                paused_since = Some(Instant::now());
-                super::handover::request(&live)?;
+                let mut clock = PauseClock::now();
+                if let Err(err) = super::handover::request(&live) {
+                    if let Some(shm) = live.store_shm {
+                        crate::daemon::region::restore_room(shm);
+                    }
+                    return Err(err);
+                }
+                clock.step("old daemon exits");
+                pause = Some(clock);
             }
-            None if args.bridge && paused_since.is_none() => anyhow::bail!(
+            None if args.bridge && pause.is_none() => anyhow::bail!(
                 "no running daemon was started from {}: nothing to bridge",
                 config_path.display()
             ),
@@ -52,14 +67,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             // The daemon we asked to hand over has gone, yet its device does not show as
             // waiting (seen once in the guest, cause unknown): a new device now would leave
             // that one, and whatever is in swap on it, without a daemon. Look again.
-            Taken::Nothing if paused_since.is_some() && start.elapsed() < OTHER_TAKEOVER_WAIT => {
+            Taken::Nothing if pause.is_some() && start.elapsed() < OTHER_TAKEOVER_WAIT => {
                 if !told {
                     told = true;
                     tracing::warn!("the device handed over does not show as waiting for a daemon yet; looking again");
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            Taken::Nothing if paused_since.is_some() => anyhow::bail!(
+            Taken::Nothing if pause.is_some() => anyhow::bail!(
                 "the device of {} was handed over but never showed as waiting for a daemon",
                 config_path.display()
             ),
@@ -83,10 +98,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             config_path.display()
         );
     }
+    if let Some(p) = pause.as_mut() {
+        p.step("find the device");
+    }
     if let Some((state, _)) = &orphan {
         tracing::info!(id = state.id, config = %config_path.display(), "this config's device lost its daemon: recovering it");
     }
-    serve_config(cfg.device, config_path, orphan, args.bridge, paused_since)
+    serve_config(cfg.device, config_path, orphan, args.bridge, pause)
 }
 
 /// Serves the device of the config at `config_path` (canonical): the `orphan` this process
@@ -96,11 +114,14 @@ fn serve_config(
     config_path: std::path::PathBuf,
     orphan: Option<(DaemonState, File)>,
     bridge: bool,
-    paused_since: Option<Instant>,
+    mut pause: Option<PauseClock>,
 ) -> anyhow::Result<ExitCode> {
     let (recover, lock) = match orphan {
         Some((state, lock)) => {
             super::recover::make_room(&state);
+            if let Some(p) = pause.as_mut() {
+                p.step("room");
+            }
             (Some(state.id), Some(lock))
         }
         None => (None, None),
@@ -112,7 +133,7 @@ fn serve_config(
         recover,
         create_args: None,
         bridge,
-        paused_since,
+        pause,
         lock,
     };
     daemon::serve(launch, Arc::new(Reporter::new(Readiness::Systemd)))?;
@@ -170,19 +191,20 @@ pub fn standby(args: StandbyArgs) -> anyhow::Result<ExitCode> {
     sys::mlock_all().map_err(|e| anyhow::anyhow!("mlockall: {e}"))?;
     sys::wait_for_exit(args.pid, args.started)
         .map_err(|e| anyhow::anyhow!("waiting for pid {}: {e}", args.pid))?;
-    let since = Instant::now();
+    let mut pause = PauseClock::now();
     let states = StateDir::default();
     let (state, lock) = match take_orphan(&states, &config_path)? {
         Taken::Orphan(state, lock) => (state, lock),
         // A normal stop (the device is gone) or a takeover by another daemon.
         Taken::Nothing | Taken::Busy(_) => return Ok(ExitCode::SUCCESS),
     };
+    pause.step("find the device");
     tracing::warn!(dev = %state.dev, pid = args.pid, "the device's daemon died: the standby takes the device over until the unit's next daemon does");
     serve_config(
         cfg.device,
         config_path,
         Some((state, lock)),
         true,
-        Some(since),
+        Some(pause),
     )
 }

@@ -27,7 +27,7 @@ pub fn serve(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
     // One fetch buffer can carry every tag of the queue: a full queue arrives in one CQE.
     let config = UblkBatchConfig::new()
         .with_tags_per_fetch_buffer(u16::try_from(depth).unwrap_or(u16::MAX).max(1));
-    let buffers = UblkBatchBuffers::IoBufs(dev.alloc_queue_io_bufs());
+    let buffers = UblkBatchBuffers::IoBufs(super::target::queue_io_bufs(dev));
     let mut batch = match UblkBatchQueue::new(&queue, buffers, config) {
         Ok(batch) => batch,
         Err(err) => {

@@ -200,10 +200,17 @@ fn writer(via: Via) {
 /// Child: takes the store over and checks every page, then compacts, writes and checks again.
 fn verifier(shm: i32) {
     let t = Instant::now();
-    let taken =
-        store_memory::recover(&config(), shm).expect("the killed writer's store is recoverable");
+    let taken = store_memory::recover(&config(), shm, &mut |_| {})
+        .expect("the killed writer's store is recoverable");
     println!("RECOVERED in {:?}", t.elapsed());
     let (store, region) = (taken.store, taken.region);
+    assert!(
+        region.block_states().is_some(),
+        "a new store keeps its blocks' states"
+    );
+    // What the recovery adopted as in memory is, and what it took as empty is.
+    let lies = pool::states_that_lie();
+    assert!(lies.is_empty(), "recorded block states that lie: {lies:?}");
     println!(
         "STAGED installed {} lost {}",
         taken.found.settled_pages, taken.found.lost_pages

@@ -10,6 +10,7 @@ mod crash_tests;
 pub mod fault_guard;
 pub mod io;
 pub mod notify;
+pub mod pause;
 pub mod pool;
 pub mod queue_mode;
 pub mod queue_tuning;
@@ -110,9 +111,10 @@ pub struct Launch {
     /// Published as [`DaemonState::bridge`]: serving for a planned restart until the unit's
     /// next daemon takes over (`uzram run --bridge`).
     pub bridge: bool,
-    /// When the device stopped being served: the handover this daemon asked for (the log
-    /// says how long I/O was paused once it serves).
-    pub paused_since: Option<std::time::Instant>,
+    /// When the device stopped being served, and the steps of the takeover so far: the
+    /// handover this daemon asked for, or the crash its standby saw (the log says how long
+    /// I/O was paused, and where the time went, once it serves).
+    pub pause: Option<pause::PauseClock>,
     /// The device's lock (`StateDir::try_lock`), when the caller took it before handing a
     /// recovery here; otherwise `serve` takes it.
     pub lock: Option<std::fs::File>,
@@ -121,6 +123,12 @@ pub struct Launch {
 /// Serves one device until it is stopped. Returns after the device is deleted.
 pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let cfg = launch.config;
+    let mut pause = launch.pause;
+    let mut step = |name: &'static str| {
+        if let Some(p) = pause.as_mut() {
+            p.step(name);
+        }
+    };
     if let Some(path) = &cfg.metrics_textfile {
         crate::metrics::check_textfile_dir(path).map_err(anyhow::Error::msg)?;
     }
@@ -131,8 +139,10 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     if let Err(err) = sys::protect_from_oom_killer() {
         tracing::warn!(error = %err, "setting oom_score_adj to -1000 failed: the OOM killer may pick the daemon");
     }
+    step("mlock");
     // PR_SET_IO_FLUSHER was set in `main`, before any thread existed (see there).
     let (plan, features) = choose_queue_mode(&cfg)?;
+    step("queue mode");
     let states = StateDir::default();
     states.create()?;
     // Two daemons must never adopt one store: whoever recovers holds the device's lock.
@@ -157,7 +167,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
             let shm = old.store_shm.with_context(|| {
                 format!("/dev/ublkb{id} was made by a daemon that kept no store to recover")
             })?;
-            let taken = store_memory::recover(&cfg, shm)?;
+            let taken = store_memory::recover(&cfg, shm, &mut step)?;
             let found = taken.found;
             tracing::info!(
                 shm,
@@ -180,7 +190,8 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     // to exist: nothing else would ever find it.
     let mut unborn = UnbornStore(launch.recover.is_none().then(|| region.id()));
     // Small allocations: a pre-grown heap that is never trimmed.
-    reserve::grow(8 << 20);
+    reserve::grow_once(HEAP_RESERVE);
+    step("heap");
     let compression = Arc::new(
         compression::Compression::start(
             store.clone(),
@@ -194,6 +205,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         )
         .context("setting up the compression backend")?,
     );
+    step("backend");
     let pool_target = pool::target_blocks(cfg.size);
     // A recovery serves with the pool it adopted: refilling now could wait for reclaim,
     // which waits for this device. The keeper refills once the device serves.
@@ -210,6 +222,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         None => add_device(&cfg, plan, features)?,
         Some(id) => reattach_device(id, plan)?,
     };
+    step("start recovery");
     unborn.0 = None;
     let counters = Arc::new(Counters::new(
         cfg.queues.saturating_mul(plan.threads_per_queue),
@@ -413,6 +426,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         compactor::keep(compacted)
     })?;
 
+    step("threads");
     // Everything set up so far (heap, statics, thread stacks) resident before serving.
     match fault_guard::populate_writable_mappings() {
         Ok(done) => tracing::info!(
@@ -423,6 +437,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         ),
         Err(err) => tracing::warn!(error = %err, "populating writable memory failed"),
     }
+    step("populate");
     let size = cfg.size;
     let tgt_init = move |dev: &mut UblkDev| {
         dev.tgt.dev_size = size;
@@ -441,6 +456,11 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let alias_rdev = Arc::new(std::sync::OnceLock::new());
     let started_alias_rdev = alias_rdev.clone();
     let on_started = move |_ctrl: &UblkCtrl| {
+        // END_USER_RECOVERY has returned: the device serves again.
+        if let Some(p) = pause.as_mut() {
+            p.step("queues");
+        }
+        target::drop_stashed_io_bufs();
         if !wait_for_path(Path::new(&state.dev), Duration::from_secs(10)) {
             tracing::warn!(dev = %state.dev, "block device node did not appear");
         }
@@ -462,9 +482,10 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         if let Err(err) = ready_states.write(&state) {
             tracing::error!(error = %err, "publishing state failed");
         }
-        match launch.paused_since {
-            Some(t) => {
-                tracing::info!(dev = %state.dev, paused_ms = t.elapsed().as_millis() as u64, "serving (taken over; I/O was paused for paused_ms)")
+        match &pause {
+            // The pause ended when the queues were served again (above), not now.
+            Some(p) => {
+                tracing::info!(dev = %state.dev, paused_ms = p.total().as_millis() as u64, steps = %p, "serving (taken over; I/O was paused for paused_ms: steps in ms)")
             }
             None => tracing::info!(dev = %state.dev, "serving"),
         }
@@ -500,6 +521,25 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     served.map_err(|err| anyhow::anyhow!("serving the device failed: {err}"))?;
     tracing::info!(id, "device deleted; daemon exits");
     Ok(())
+}
+
+/// Heap grown at start for the daemon's small allocations (`reserve.rs`).
+const HEAP_RESERVE: usize = 8 << 20;
+
+/// What a daemon that takes a device over from a running daemon (a planned restart) does
+/// before it asks for the handover: the work that does not need the old daemon gone, out of
+/// the pause in which the device serves nothing. The heap reserve, and the queues' I/O
+/// buffers, locked (in the TCG guest these took 40-120 ms and 140-280 ms of each takeover's
+/// pause). The caller has locked its memory (`mlockall`) already.
+pub fn prepare_takeover(cfg: &DeviceConfig) {
+    let tags = usize::from(cfg.queues) * usize::from(cfg.depth);
+    let stashed = target::stash_io_bufs(tags);
+    reserve::grow_once(HEAP_RESERVE);
+    tracing::debug!(
+        stashed,
+        tags,
+        "I/O buffers and heap ready before the handover"
+    );
 }
 
 /// What the stop channel carries for a planned restart ([`Request::Handoff`]).

@@ -30,7 +30,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -66,6 +66,52 @@ static POPULATE: AtomicBool = AtomicBool::new(true);
 /// Linux 5.14's `MADV_POPULATE_WRITE` (not in the libc crate): faults a range in, writable,
 /// in one call.
 const MADV_POPULATE_WRITE: libc::c_int = 23;
+
+/// Whether a block's pages are in memory, kept in the store's region (a byte a block,
+/// `region.rs`) so that a recovery adopts the old daemon's free blocks that are still in
+/// memory without asking the kernel page by page. Changed before a block's pages are
+/// faulted in or punched out and again after, so a crash in between leaves `Changing`, never
+/// a state that claims more than is true.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum BlockState {
+    /// No page of the block is in memory (never touched, or punched out).
+    Empty = 0,
+    /// Every page of the block is in memory (`SHM_LOCK` keeps them there).
+    Filled = 1,
+    /// Being faulted in or punched out when its daemon died: anything in between.
+    Changing = 2,
+}
+
+/// The region's block states and the address of the block the first one describes (null:
+/// none are kept, as for a region of layout 2 or a test's anonymous reservation).
+static STATES: AtomicPtr<AtomicU8> = AtomicPtr::new(ptr::null_mut());
+static STATES_LEN: AtomicUsize = AtomicUsize::new(0);
+static STATES_BASE: AtomicUsize = AtomicUsize::new(0);
+
+fn set_states(base: usize, states: Option<&'static [AtomicU8]>) {
+    let (p, len) = states.map_or((ptr::null_mut(), 0), |s| (s.as_ptr().cast_mut(), s.len()));
+    STATES_BASE.store(base, Ordering::Relaxed);
+    STATES_LEN.store(len, Ordering::Relaxed);
+    STATES.store(p, Ordering::Release);
+}
+
+/// Records `state` for the block at address `block` (nothing when no states are kept).
+fn mark(block: usize, state: BlockState) {
+    let states = STATES.load(Ordering::Acquire);
+    if states.is_null() {
+        return;
+    }
+    let Some(i) = block.checked_sub(STATES_BASE.load(Ordering::Relaxed)) else {
+        return;
+    };
+    let i = i / BLOCK;
+    if i < STATES_LEN.load(Ordering::Relaxed) {
+        // SAFETY: `set_states` published a slice of STATES_LEN bytes of the region, which is
+        // never unmapped; `i` is within it.
+        unsafe { (*states.add(i)).store(state as u8, Ordering::Release) };
+    }
+}
 
 fn lock() {
     while LOCK
@@ -261,9 +307,10 @@ unsafe impl GlobalAlloc for PoolAlloc {
 }
 
 /// Serves blocks from `len` bytes at `base` (a whole number of blocks of shared memory
-/// that this process never unmaps and does not mlock; nothing in it used yet). Once only.
-pub fn init(base: usize, len: usize) {
-    init_with(base, len, &[]);
+/// that this process never unmaps and does not mlock; nothing in it used yet), recording
+/// each block's [`BlockState`] in `states` when given. Once only.
+pub fn init(base: usize, len: usize, states: Option<&'static [AtomicU8]>) {
+    init_with(base, len, &[], states);
 }
 
 /// [`init`] for a range whose blocks `used` (block numbers) hold a recovered store: those
@@ -272,7 +319,16 @@ pub fn init(base: usize, len: usize) {
 /// needs no new memory for them: it may run while memory is exhausted and every reclaim
 /// waits for this very device. The rest are given back to the system (their pages read as
 /// zeros) and refilled first. Returns how many blocks were adopted.
-pub fn init_with(base: usize, len: usize, used: &[usize]) -> usize {
+///
+/// Which blocks are in memory, `states` says when given (the old daemon kept them, see
+/// [`BlockState`]); without them the kernel is asked (`mincore`, page by page: slow for a
+/// large device).
+pub fn init_with(
+    base: usize,
+    len: usize,
+    used: &[usize],
+    states: Option<&'static [AtomicU8]>,
+) -> usize {
     let blocks = len / BLOCK;
     let mut in_use = vec![false; blocks];
     for &b in used {
@@ -280,7 +336,12 @@ pub fn init_with(base: usize, len: usize, used: &[usize]) -> usize {
             *u = true;
         }
     }
-    let residency = block_residency(base, blocks);
+    let states = states.filter(|s| s.len() == blocks);
+    set_states(base, states);
+    let residency = match states {
+        Some(states) => recorded_residency(states),
+        None => block_residency(base, blocks),
+    };
     let top = (0..blocks)
         .rev()
         .find(|&b| in_use[b] || residency[b] != Resident::None)
@@ -294,12 +355,17 @@ pub fn init_with(base: usize, len: usize, used: &[usize]) -> usize {
             // so), whose pages are all in memory: free and ours.
             unsafe { push(block as *mut u8) };
             adopted += 1;
+        } else if residency[b] == Resident::None && states.is_some() {
+            // Recorded empty: nothing to give back.
+            released.push(block);
         } else if punch(block, BLOCK).is_ok() {
+            mark(block, BlockState::Empty);
             released.push(block);
         }
     }
     drop(released);
-    if top < blocks {
+    // Recorded states say the blocks above `top` are empty; otherwise make sure.
+    if top < blocks && states.is_none() {
         // Never touched, or given back already: made sure of in one call.
         if let Err(err) = punch(base + top * BLOCK, (blocks - top) * BLOCK) {
             tracing::warn!(error = %err, "giving back the old daemon's free blocks failed");
@@ -316,6 +382,18 @@ enum Resident {
     None,
     Some,
     All,
+}
+
+/// How much of each block is in memory, as its recorded state says.
+fn recorded_residency(states: &[AtomicU8]) -> Vec<Resident> {
+    states
+        .iter()
+        .map(|s| match s.load(Ordering::Acquire) {
+            x if x == BlockState::Empty as u8 => Resident::None,
+            x if x == BlockState::Filled as u8 => Resident::All,
+            _ => Resident::Some,
+        })
+        .collect()
 }
 
 /// How much of each of `blocks` blocks at `base` is in memory (`mincore`; all `None` if it
@@ -338,6 +416,32 @@ fn block_residency(base: usize, blocks: usize) -> Vec<Resident> {
             0 => Resident::None,
             n if n == PAGES => Resident::All,
             _ => Resident::Some,
+        })
+        .collect()
+}
+
+/// Blocks whose recorded state claims what the kernel does not hold: `Filled` with a page
+/// not in memory, or `Empty` with one in memory (block number, recorded, found). For tests:
+/// a recovery adopts what the states say.
+#[cfg(test)]
+pub fn states_that_lie() -> Vec<(usize, u8, String)> {
+    let states = STATES.load(Ordering::Acquire);
+    if states.is_null() {
+        return Vec::new();
+    }
+    let len = STATES_LEN.load(Ordering::Relaxed);
+    // SAFETY: as in `mark`.
+    let states = unsafe { std::slice::from_raw_parts(states.cast_const(), len) };
+    let found = block_residency(STATES_BASE.load(Ordering::Relaxed), len);
+    states
+        .iter()
+        .zip(found)
+        .enumerate()
+        .filter_map(|(b, (s, found))| {
+            let s = s.load(Ordering::Acquire);
+            let lie = (s == BlockState::Filled as u8 && found != Resident::All)
+                || (s == BlockState::Empty as u8 && found != Resident::None);
+            lie.then(|| (b, s, format!("{found:?}")))
         })
         .collect()
 }
@@ -373,7 +477,7 @@ pub fn reserve(bytes: usize) -> std::io::Result<()> {
     if base == libc::MAP_FAILED {
         return Err(std::io::Error::last_os_error());
     }
-    init(base as usize, len);
+    init(base as usize, len, None);
     Ok(())
 }
 
@@ -383,6 +487,7 @@ pub fn reserve(bytes: usize) -> std::io::Result<()> {
 /// `block` must be a block of the reservation that nobody uses: never handed out, or given
 /// back by `trim`.
 unsafe fn commit(block: usize) {
+    mark(block, BlockState::Changing);
     // One call per block instead of a fault per page: a fifth to a third less of the keeper's
     // CPU per block (docs/gpu-notes.md run 41).
     if POPULATE.load(Ordering::Relaxed) {
@@ -390,6 +495,7 @@ unsafe fn commit(block: usize) {
         // populating writes nothing visible (the pages read as zeros either way).
         let rc = unsafe { libc::madvise(block as *mut libc::c_void, BLOCK, MADV_POPULATE_WRITE) };
         if rc == 0 {
+            mark(block, BlockState::Filled);
             // SAFETY: as below.
             unsafe { push(block as *mut u8) };
             return;
@@ -403,6 +509,7 @@ unsafe fn commit(block: usize) {
         // write faults the page in.
         unsafe { ptr::write_volatile(page as *mut u8, 0) };
     }
+    mark(block, BlockState::Filled);
     // SAFETY: the block is mapped read-write and unused (the caller's contract).
     unsafe { push(block as *mut u8) };
 }
@@ -473,13 +580,16 @@ pub fn trim(blocks: usize) -> usize {
         if block.is_null() {
             break;
         }
+        mark(block as usize, BlockState::Changing);
         let rc = punch(block as usize, BLOCK);
         if let Err(err) = rc {
             tracing::warn!(error = %err, "giving a pool block back failed");
+            // Left `Changing`: a recovery that finds it free punches it again.
             // SAFETY: the block is still mapped, whole and unused: back on the free list.
             unsafe { push(block) };
             break;
         }
+        mark(block as usize, BlockState::Empty);
         if released.try_reserve(1).is_err() {
             // SAFETY: as above; without room to remember it, keep it in the pool.
             unsafe { push(block) };

@@ -11,8 +11,14 @@
 //!
 //! Layout, in 64 KiB units: a header unit (the header, then the carried counters of
 //! `carry.rs`), the page table (8 bytes a page), the segment directory (4 bytes an arena
-//! segment: the block it lives in, plus one; 0 for none), the recovery room, then the
-//! blocks the pool hands out.
+//! segment: the block it lives in, plus one; 0 for none), the block states (a byte a block:
+//! whether its pages are in memory, `pool::BlockState`; since layout 3), the recovery room,
+//! then the blocks the pool hands out.
+//!
+//! The block states let a recovery find the old daemon's free blocks that are still in
+//! memory without asking the kernel page by page: `mincore` over the blocks took ~30 ms per
+//! 1.3 GiB of device on a 2-core host and 120-240 ms of a 1.2 GiB device's takeover pause
+//! in the TCG guest. A layout 2 region (no states) is still taken over, with `mincore`.
 //!
 //! The recovery room ([`ROOM`] bytes, committed and never used) is memory a recovery gives
 //! back to the system before the new daemon allocates anything ([`release_room`]). A daemon
@@ -27,7 +33,7 @@
 //! their pages resident.
 
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::time::Duration;
 
 use uzram_core::store::{SegmentHome, SegmentWords, SEGMENT_BYTES};
@@ -35,7 +41,9 @@ use uzram_core::store::{SegmentHome, SegmentWords, SEGMENT_BYTES};
 use super::pool;
 
 const MAGIC: [u8; 8] = *b"UZRAMST1";
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
+/// The layout before the block states: still taken over (its free blocks found by `mincore`).
+const VERSION_NO_STATES: u32 = 2;
 /// Bytes of the recovery room (see the module docs): enough for a new daemon's heap
 /// reserve, stacks and rings before it serves.
 pub const ROOM: usize = 24 << 20;
@@ -72,6 +80,10 @@ struct Header {
     algorithm: [u8; 32],
     room_off: u64,
     room_len: u64,
+    /// The block states (layout 3; 0 and 0 in layout 2, whose header ended before them, in
+    /// the unit's zeroed bytes).
+    states_off: u64,
+    states_len: u64,
 }
 
 /// Why a region could not be made or taken over.
@@ -128,9 +140,11 @@ impl Region {
         let units = |bytes: usize| bytes.div_ceil(UNIT) * UNIT;
         let table_off = UNIT;
         let dir_off = table_off + units(sizes.table_len * 8);
-        let room_off = dir_off + units(sizes.dir_len * 4);
+        let states_off = dir_off + units(sizes.dir_len * 4);
+        let blocks = sizes.block_bytes.div_ceil(UNIT);
+        let room_off = states_off + units(blocks);
         let blocks_off = room_off + ROOM;
-        let len = blocks_off + units(sizes.block_bytes);
+        let len = blocks_off + blocks * UNIT;
         let mut name = [0u8; 32];
         let n = algorithm.len().min(name.len());
         name[..n].copy_from_slice(&algorithm.as_bytes()[..n]);
@@ -148,6 +162,8 @@ impl Region {
             algorithm: name,
             room_off: room_off as u64,
             room_len: ROOM as u64,
+            states_off: states_off as u64,
+            states_len: blocks as u64,
         };
         let id = crate::sys::shm_create(len)
             .map_err(sys("shmget (creating the store's shared memory)"))?;
@@ -173,8 +189,20 @@ impl Region {
         if header.magic != MAGIC {
             return Err(foreign(id, "no uzram store header".into()));
         }
-        if header.version != VERSION {
+        if header.version != VERSION && header.version != VERSION_NO_STATES {
             return Err(foreign(id, format!("layout version {}", header.version)));
+        }
+        let blocks = (header.len.saturating_sub(header.blocks_off)) / UNIT as u64;
+        let states_ok = match header.version {
+            VERSION => {
+                header.states_len == blocks
+                    && fits(header.states_off, header.states_len)
+                    && header.states_off + header.states_len <= header.room_off
+            }
+            _ => header.states_off == 0 && header.states_len == 0,
+        };
+        if !states_ok {
+            return Err(foreign(id, "its block states do not fit its blocks".into()));
         }
         if header.len != size as u64
             || !fits(header.table_off, header.table_len * 8)
@@ -222,6 +250,8 @@ impl Region {
                 algorithm: [0; 32],
                 room_off: 0,
                 room_len: 0,
+                states_off: 0,
+                states_len: 0,
             },
         })
     }
@@ -339,6 +369,22 @@ impl Region {
         }
     }
 
+    /// A byte per block (`pool::BlockState`), for regions of layout 3; `None` for one of
+    /// layout 2.
+    pub fn block_states(&self) -> Option<&'static [AtomicU8]> {
+        if self.header.states_len == 0 {
+            return None;
+        }
+        // SAFETY: `attach`/`create` checked that the states lie in the mapping, before the
+        // room; bytes are only ever accessed atomically; the mapping is never detached.
+        Some(unsafe {
+            std::slice::from_raw_parts(
+                (self.base + self.header.states_off as usize) as *const AtomicU8,
+                self.header.states_len as usize,
+            )
+        })
+    }
+
     /// The blocks' address range.
     pub fn blocks(&self) -> (usize, usize) {
         let start = self.base + self.header.blocks_off as usize;
@@ -398,6 +444,35 @@ pub fn commit_room_at(start: usize, len: usize) {
     }
 }
 
+/// Commits the recovery room of segment `id` again, after [`release_room`] for a handover
+/// that then failed (its daemon serves on, and needs its room for the next takeover).
+pub fn restore_room(id: i32) {
+    // SAFETY: shmat maps the segment where the kernel picks; none of our memory is touched.
+    let base = unsafe { libc::shmat(id, ptr::null(), 0) };
+    if base as isize == -1 {
+        tracing::warn!(id, error = %std::io::Error::last_os_error(), "the store's recovery room stays given back");
+        return;
+    }
+    let size = crate::sys::shm_size(id).unwrap_or(0) as u64;
+    // SAFETY: a segment at least a unit long holds the header at its start.
+    let header =
+        (size >= UNIT as u64).then(|| unsafe { ptr::read_volatile(base as *const Header) });
+    match header {
+        Some(h)
+            if h.magic == MAGIC
+                && h.room_off % 4096 == 0
+                && h.room_off
+                    .checked_add(h.room_len)
+                    .is_some_and(|end| end <= size) =>
+        {
+            commit_room_at(base as usize + h.room_off as usize, h.room_len as usize)
+        }
+        _ => tracing::warn!(id, "not a uzram store: its room is left alone"),
+    }
+    // SAFETY: detaches the mapping made above; nothing refers to it.
+    unsafe { libc::shmdt(base) };
+}
+
 /// Gives the recovery room of segment `id` back to the system: the first step of a recovery,
 /// before anything else allocates (see the module docs). Returns the bytes given back.
 pub fn release_room(id: i32) -> Result<usize, RegionError> {
@@ -415,7 +490,9 @@ pub fn release_room(id: i32) -> Result<usize, RegionError> {
         // SAFETY: the segment is at least one unit long, so the header lies in the mapping.
         let header = unsafe { ptr::read_volatile(base as *const Header) };
         let end = header.room_off.checked_add(header.room_len);
-        if header.magic != MAGIC || header.version != VERSION {
+        if header.magic != MAGIC
+            || (header.version != VERSION && header.version != VERSION_NO_STATES)
+        {
             Err(foreign(id, "no uzram store header of this version".into()))
         } else if !end.is_some_and(|end| end <= size as u64) || header.room_off % 4096 != 0 {
             Err(foreign(id, "its recovery room does not fit".into()))
@@ -562,5 +639,52 @@ mod tests {
         assert!(!exists(id), "the staging segment outlived its store");
         region.set_staging(None);
         assert_eq!(region.staging(), None);
+    }
+
+    #[test]
+    fn a_region_keeps_a_state_per_block_and_one_of_layout_2_is_still_taken_over() {
+        let sizes = Sizes {
+            pages: 16,
+            table_len: 16,
+            dir_len: 4,
+            block_bytes: 3 * UNIT,
+        };
+        let region = match Region::create(sizes, "lz4") {
+            Ok(r) => r,
+            Err(e) => {
+                println!("SKIP: {e}");
+                return;
+            }
+        };
+        let states = region.block_states().expect("layout 3 keeps block states");
+        assert_eq!(states.len(), 3);
+        assert!(states.iter().all(|s| s.load(Ordering::Relaxed) == 0));
+        states[1].store(1, Ordering::Relaxed);
+        let again = Region::attach(region.id()).expect("taken over");
+        assert_eq!(again.block_states().unwrap()[1].load(Ordering::Relaxed), 1);
+
+        // A layout 2 header (what the daemon before this one wrote) has no states.
+        let old = Header {
+            version: VERSION_NO_STATES,
+            states_off: 0,
+            states_len: 0,
+            ..region.header
+        };
+        // SAFETY: the header lies at the start of our mapping; nothing else uses it.
+        unsafe { ptr::write_volatile(region.base as *mut Header, old) };
+        let v2 = Region::attach(region.id()).expect("a layout 2 region is taken over");
+        assert!(v2.block_states().is_none());
+        assert_eq!(v2.blocks().1, region.blocks().1);
+
+        // States that do not cover the blocks are refused.
+        let bad = Header {
+            states_len: 2,
+            ..region.header
+        };
+        // SAFETY: as above.
+        unsafe { ptr::write_volatile(region.base as *mut Header, bad) };
+        let err = Region::attach(region.id()).expect_err("states for 2 of 3 blocks");
+        assert!(err.to_string().contains("block states"), "{err}");
+        remove(region.id());
     }
 }

@@ -32,6 +32,16 @@ pub fn headroom() -> usize {
     unsafe { libc::mallinfo2() }.keepcost
 }
 
+/// [`grow`], once per process: a daemon taking a device over from a running one grows its
+/// heap before it asks for the handover (`daemon::prepare_takeover`), and `serve` then has
+/// nothing left to do.
+pub fn grow_once(bytes: usize) {
+    static GROWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !GROWN.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        grow(bytes);
+    }
+}
+
 /// Grows the heap's free top by about `bytes`: allocate in steps, then free (the heap is never
 /// trimmed, so the memory stays, faulted in and locked).
 pub fn grow(bytes: usize) {

@@ -27,7 +27,7 @@ pub fn create(cfg: &DeviceConfig) -> anyhow::Result<(Arc<PageStore>, Region)> {
     let store_cfg = store_config(cfg);
     let region = new_region(store_cfg.pages, &cfg.algorithm.to_string())?;
     let (start, len) = region.blocks();
-    pool::init(start, len);
+    pool::init(start, len, region.block_states());
     let store = new_store(store_cfg, &region)?;
     Ok((Arc::new(store), region))
 }
@@ -80,10 +80,16 @@ pub struct Taken {
 
 /// The store a dead daemon left in shared memory segment `shm`, taken over: refused, changing
 /// nothing, when it is not a store of this device's size and codec or is damaged. Pages it
-/// had staged for the GPU are read from its staging segment and installed.
-pub fn recover(cfg: &DeviceConfig, shm: i32) -> anyhow::Result<Taken> {
+/// had staged for the GPU are read from its staging segment and installed. `step` is told
+/// when each part is done (`daemon::pause`).
+pub fn recover(
+    cfg: &DeviceConfig,
+    shm: i32,
+    step: &mut dyn FnMut(&'static str),
+) -> anyhow::Result<Taken> {
     let store_cfg = store_config(cfg);
     let region = Region::attach(shm).context("taking over the store's shared memory")?;
+    step("store: attach");
     if region.pages() != store_cfg.pages {
         anyhow::bail!(
             "the preserved store has {} pages; this device has {}",
@@ -107,7 +113,8 @@ pub fn recover(cfg: &DeviceConfig, shm: i32) -> anyhow::Result<Taken> {
         );
     }
     let (start, len) = region.blocks();
-    let adopted = pool::init_with(start, len, &used);
+    let adopted = pool::init_with(start, len, &used, region.block_states());
+    step("store: blocks");
     tracing::info!(
         adopted_bytes = adopted * pool::BLOCK,
         "the old daemon's free blocks are the new pool"
@@ -131,6 +138,7 @@ pub fn recover(cfg: &DeviceConfig, shm: i32) -> anyhow::Result<Taken> {
             .map(|c| c as &dyn uzram_core::store::StagedPages),
     )
     .context("taking over the preserved page store")?;
+    step("store: entries");
     Ok(Taken {
         store: Arc::new(store),
         region,

@@ -1,0 +1,87 @@
+//! Where a takeover's I/O pause goes. The device serves nothing from the moment its old
+//! daemon stops until the new one serves its queues; the log line that ends the pause names
+//! each step's share, so a slow takeover says what to look at.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+/// The steps of one takeover, timed from when the device stopped being served.
+#[derive(Debug, Clone)]
+pub struct PauseClock {
+    since: Instant,
+    last: Instant,
+    steps: Vec<(&'static str, Duration)>,
+}
+
+impl PauseClock {
+    /// A pause that began at `since`.
+    pub fn since(since: Instant) -> Self {
+        PauseClock {
+            since,
+            last: since,
+            steps: Vec::new(),
+        }
+    }
+
+    /// A pause that begins now.
+    pub fn now() -> Self {
+        Self::since(Instant::now())
+    }
+
+    /// `step` ended now: it took the time since the previous step ended.
+    pub fn step(&mut self, step: &'static str) {
+        let now = Instant::now();
+        self.steps
+            .push((step, now.saturating_duration_since(self.last)));
+        self.last = now;
+    }
+
+    /// From the start of the pause to the end of the last step.
+    pub fn total(&self) -> Duration {
+        self.last.saturating_duration_since(self.since)
+    }
+}
+
+/// `step ms, step ms, …`, largest first.
+impl fmt::Display for PauseClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut steps = self.steps.clone();
+        steps.sort_by_key(|s| std::cmp::Reverse(s.1));
+        for (i, (name, took)) in steps.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{name} {}", took.as_millis())?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_takes_the_time_since_the_step_before() {
+        let mut clock = PauseClock::since(Instant::now() - Duration::from_millis(50));
+        clock.step("wait");
+        std::thread::sleep(Duration::from_millis(20));
+        clock.step("store");
+        assert!(clock.steps[0].1 >= Duration::from_millis(50));
+        assert!(clock.steps[1].1 >= Duration::from_millis(20));
+        let sum: Duration = clock.steps.iter().map(|s| s.1).sum();
+        assert_eq!(sum, clock.total());
+    }
+
+    #[test]
+    fn the_line_lists_the_largest_step_first() {
+        let mut clock = PauseClock::now();
+        clock.steps = vec![
+            ("store", Duration::from_millis(5)),
+            ("queues", Duration::from_millis(300)),
+            ("wait", Duration::from_millis(40)),
+        ];
+        let line = clock.to_string();
+        assert_eq!(line, "queues 300, wait 40, store 5");
+    }
+}
