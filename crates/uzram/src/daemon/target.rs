@@ -365,6 +365,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn queue_threads_take_the_stashed_buffers_first_and_only_full_sized_ones() {
+        let stashed = stash_io_bufs(2);
+        let len = || STASH.lock().unwrap().len();
+        assert_eq!(len(), stashed);
+        if stashed == 0 {
+            println!("SKIP: mlock refused here");
+            return;
+        }
+        let first = STASH.lock().unwrap().last().map(|b| b.as_ptr() as usize);
+        let small = io_buf(PAGE_SIZE);
+        assert_eq!(len(), stashed, "a token page is never a stashed buffer");
+        let full = io_buf(IO_BUF_BYTES as usize);
+        assert_eq!(Some(full.as_ptr() as usize), first);
+        assert_eq!(len(), stashed - 1);
+        drop((small, full));
+        drop_stashed_io_bufs();
+        assert_eq!(len(), 0);
+        assert!(io_buf(IO_BUF_BYTES as usize).len() == IO_BUF_BYTES as usize);
+    }
+
+    #[test]
     fn params_advertise_4k_blocks_and_discard() {
         let p = params(8 << 30);
         assert_eq!(p.basic.logical_bs_shift, 12);
