@@ -27,7 +27,7 @@ impl StoreMemory {
     /// daemon's target for a device of that size, and the keeper started. Once per process
     /// (the pool is the global allocator's).
     pub fn new(pages: u64, algorithm: &str) -> anyhow::Result<Self> {
-        let region = store_memory::new_region(pages, algorithm).context(
+        let region = store_memory::new_region(pages, algorithm, region::MIN_ROOM).context(
             "the bench keeps pages in locked shared memory, as the daemon does; run it as root \
              (or with CAP_IPC_LOCK), with kernel.shmmax and kernel.shmall large enough for --total",
         )?;

@@ -56,9 +56,14 @@ mod tests {
     #[test]
     fn this_thread_is_counted_under_its_role() {
         let before = cpu_by_role();
+        // Busy for 50 ms: /proc counts CPU time in clock ticks (10 ms), and a fixed number
+        // of iterations took less than one in a release build.
+        let start = std::time::Instant::now();
         let mut x = 0u64;
-        for i in 0..2_000_000u64 {
-            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+        while start.elapsed() < std::time::Duration::from_millis(50) {
+            for i in 0..10_000u64 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+            }
         }
         let after = cpu_by_role();
         let d = delta(&before, &after);

@@ -358,6 +358,7 @@ mod tests {
             table_len: 16,
             dir_len: 4,
             block_bytes: 64 << 10,
+            room: crate::daemon::region::MIN_ROOM,
         };
         let region = match Region::create(sizes, "lz4") {
             Ok(r) => r,

@@ -524,7 +524,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
 }
 
 /// Heap grown at start for the daemon's small allocations (`reserve.rs`).
-const HEAP_RESERVE: usize = 8 << 20;
+pub(crate) const HEAP_RESERVE: usize = 8 << 20;
 
 /// What a daemon that takes a device over from a running daemon (a planned restart) does
 /// before it asks for the handover: the work that does not need the old daemon gone, out of

@@ -20,7 +20,7 @@
 //! 1.3 GiB of device on a 2-core host and 120-240 ms of a 1.2 GiB device's takeover pause
 //! in the TCG guest. A layout 2 region (no states) is still taken over, with `mincore`.
 //!
-//! The recovery room ([`ROOM`] bytes, committed and never used) is memory a recovery gives
+//! The recovery room ([`room_bytes`], committed and never used) is memory a recovery gives
 //! back to the system before the new daemon allocates anything ([`release_room`]). A daemon
 //! that dies when memory has run out leaves a system in which every reclaim waits for this
 //! device, so nothing else would free a page, and the new daemon could not start (seen in
@@ -44,9 +44,21 @@ const MAGIC: [u8; 8] = *b"UZRAMST1";
 const VERSION: u32 = 3;
 /// The layout before the block states: still taken over (its free blocks found by `mincore`).
 const VERSION_NO_STATES: u32 = 2;
-/// Bytes of the recovery room (see the module docs): enough for a new daemon's heap
-/// reserve, stacks and rings before it serves.
-pub const ROOM: usize = 24 << 20;
+/// The smallest recovery room (see the module docs): a new daemon's heap reserve, stacks
+/// and rings before it serves, with two queues' I/O buffers (what the 24 MiB of every room
+/// was sized for until it grew with the queues: [`room_bytes`]).
+pub const MIN_ROOM: usize = 24 << 20;
+
+/// The recovery room for a device of `queues` queues of `depth` tags: the heap reserve plus
+/// every tag's locked I/O buffer (what a new daemon allocates before it serves), at least
+/// [`MIN_ROOM`]. A fixed 24 MiB fell 16 MiB short of that with four queues at the default
+/// depth.
+pub fn room_bytes(queues: u16, depth: u16) -> usize {
+    let buffers = usize::from(queues) * usize::from(depth) * super::target::IO_BUF_BYTES as usize;
+    (super::HEAP_RESERVE + buffers)
+        .max(MIN_ROOM)
+        .next_multiple_of(UNIT)
+}
 const UNIT: usize = pool::BLOCK;
 /// Where the id of the device's GPU staging segment (`staging.rs`) is recorded: a word in
 /// the header's unit after the header, [`STAGING_TAG`] above the id (0: none; a region of
@@ -131,6 +143,8 @@ pub struct Sizes {
     pub dir_len: usize,
     /// Bytes of blocks for the pool.
     pub block_bytes: usize,
+    /// Bytes of the recovery room ([`room_bytes`]), a whole number of units.
+    pub room: usize,
 }
 
 impl Region {
@@ -143,7 +157,7 @@ impl Region {
         let states_off = dir_off + units(sizes.dir_len * 4);
         let blocks = sizes.block_bytes.div_ceil(UNIT);
         let room_off = states_off + units(blocks);
-        let blocks_off = room_off + ROOM;
+        let blocks_off = room_off + sizes.room;
         let len = blocks_off + blocks * UNIT;
         let mut name = [0u8; 32];
         let n = algorithm.len().min(name.len());
@@ -161,7 +175,7 @@ impl Region {
             len: len as u64,
             algorithm: name,
             room_off: room_off as u64,
-            room_len: ROOM as u64,
+            room_len: sizes.room as u64,
             states_off: states_off as u64,
             states_len: blocks as u64,
         };
@@ -617,6 +631,7 @@ mod tests {
             table_len: 16,
             dir_len: 4,
             block_bytes: UNIT,
+            room: MIN_ROOM,
         };
         let region = match Region::create(sizes, "lz4") {
             Ok(r) => r,
@@ -648,6 +663,7 @@ mod tests {
             table_len: 16,
             dir_len: 4,
             block_bytes: 3 * UNIT,
+            room: MIN_ROOM,
         };
         let region = match Region::create(sizes, "lz4") {
             Ok(r) => r,
@@ -686,5 +702,18 @@ mod tests {
         let err = Region::attach(region.id()).expect_err("states for 2 of 3 blocks");
         assert!(err.to_string().contains("block states"), "{err}");
         remove(region.id());
+    }
+
+    #[test]
+    fn the_room_holds_the_heap_reserve_and_every_tags_buffer() {
+        assert_eq!(room_bytes(1, 64), MIN_ROOM);
+        assert_eq!(
+            room_bytes(2, 64),
+            MIN_ROOM,
+            "the guest's two queues: as before"
+        );
+        assert_eq!(room_bytes(4, 64), (8 << 20) + (32 << 20));
+        assert_eq!(room_bytes(4, 64) % UNIT, 0);
+        assert!(room_bytes(u16::MAX, u16::MAX) > MIN_ROOM);
     }
 }

@@ -25,7 +25,8 @@ fn store_config(cfg: &DeviceConfig) -> StoreConfig {
 /// A new, empty store in a new region, and the pool serving the region's blocks.
 pub fn create(cfg: &DeviceConfig) -> anyhow::Result<(Arc<PageStore>, Region)> {
     let store_cfg = store_config(cfg);
-    let region = new_region(store_cfg.pages, &cfg.algorithm.to_string())?;
+    let room = super::region::room_bytes(cfg.queues, cfg.depth);
+    let region = new_region(store_cfg.pages, &cfg.algorithm.to_string(), room)?;
     let (start, len) = region.blocks();
     pool::init(start, len, region.block_states());
     let store = new_store(store_cfg, &region)?;
@@ -33,8 +34,9 @@ pub fn create(cfg: &DeviceConfig) -> anyhow::Result<(Arc<PageStore>, Region)> {
 }
 
 /// A new region for a store of up to `pages` pages: its table, its directory, and blocks
-/// for every page stored raw plus slack.
-pub fn new_region(pages: u64, algorithm: &str) -> anyhow::Result<Region> {
+/// for every page stored raw plus slack, and a recovery room of `room` bytes
+/// (`region::room_bytes`).
+pub fn new_region(pages: u64, algorithm: &str, room: usize) -> anyhow::Result<Region> {
     let sizes = Sizes {
         pages,
         table_len: PageStore::table_len(pages).context("sizing the page table")?,
@@ -42,6 +44,7 @@ pub fn new_region(pages: u64, algorithm: &str) -> anyhow::Result<Region> {
         block_bytes: usize::try_from(pages.saturating_mul(PAGE_SIZE as u64))
             .unwrap_or(usize::MAX)
             .saturating_add(SLACK),
+        room,
     };
     Region::create(sizes, algorithm).context("creating the store's shared memory")
 }
@@ -154,7 +157,7 @@ mod tests {
 
     #[test]
     fn a_region_holds_any_store_up_to_its_size_and_refuses_a_larger_one() {
-        let region = match new_region(4096, "lz4") {
+        let region = match new_region(4096, "lz4", crate::daemon::region::MIN_ROOM) {
             Ok(r) => r,
             // Containers without CAP_IPC_LOCK cannot lock segments.
             Err(e) => {
