@@ -624,22 +624,25 @@ mod tests {
     use super::*;
     use crate::daemon::staging::Staging;
 
-    #[test]
-    fn removing_a_store_removes_its_staging() {
+    /// A region of 16 pages and `blocks` blocks; `None` (printed) where segments cannot be
+    /// locked (containers without CAP_IPC_LOCK).
+    fn small_region(blocks: usize) -> Option<Region> {
         let sizes = Sizes {
             pages: 16,
             table_len: 16,
             dir_len: 4,
-            block_bytes: UNIT,
+            block_bytes: blocks * UNIT,
             room: MIN_ROOM,
         };
-        let region = match Region::create(sizes, "lz4") {
-            Ok(r) => r,
-            // Containers without CAP_IPC_LOCK cannot lock segments.
-            Err(e) => {
-                println!("SKIP: {e}");
-                return;
-            }
+        Region::create(sizes, "lz4")
+            .inspect_err(|e| println!("SKIP: {e}"))
+            .ok()
+    }
+
+    #[test]
+    fn removing_a_store_removes_its_staging() {
+        let Some(region) = small_region(1) else {
+            return;
         };
         assert_eq!(region.staging(), None, "a new store has no staging");
         let staging = Staging::create(1, 1, false).expect("a staging segment");
@@ -658,19 +661,8 @@ mod tests {
 
     #[test]
     fn a_region_keeps_a_state_per_block_and_one_of_layout_2_is_still_taken_over() {
-        let sizes = Sizes {
-            pages: 16,
-            table_len: 16,
-            dir_len: 4,
-            block_bytes: 3 * UNIT,
-            room: MIN_ROOM,
-        };
-        let region = match Region::create(sizes, "lz4") {
-            Ok(r) => r,
-            Err(e) => {
-                println!("SKIP: {e}");
-                return;
-            }
+        let Some(region) = small_region(3) else {
+            return;
         };
         let states = region.block_states().expect("layout 3 keeps block states");
         assert_eq!(states.len(), 3);
