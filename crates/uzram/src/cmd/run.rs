@@ -189,6 +189,10 @@ pub fn standby(args: StandbyArgs) -> anyhow::Result<ExitCode> {
     let config_path = std::fs::canonicalize(&args.config).unwrap_or(args.config);
     // What it has touched so far stays in RAM; the rest is locked as it is touched.
     sys::mlock_all().map_err(|e| anyhow::anyhow!("mlockall: {e}"))?;
+    // The code a takeover runs is not faulted in from a swap device that waits for it.
+    if let Err(err) = crate::daemon::fault_guard::populate_file_code() {
+        tracing::warn!(error = %err, "populating the binary's code failed");
+    }
     sys::wait_for_exit(args.pid, args.started)
         .map_err(|e| anyhow::anyhow!("waiting for pid {}: {e}", args.pid))?;
     let mut pause = PauseClock::now();

@@ -427,6 +427,11 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     })?;
 
     step("threads");
+    // The binary's code resident and locked before serving (`populate_file_code`).
+    match fault_guard::populate_file_code() {
+        Ok(bytes) => tracing::info!(bytes, "code populated"),
+        Err(err) => tracing::warn!(error = %err, "populating the binary's code failed"),
+    }
     // Everything set up so far (heap, statics, thread stacks) resident before serving.
     match fault_guard::populate_writable_mappings() {
         Ok(done) => tracing::info!(
@@ -532,6 +537,7 @@ pub(crate) const HEAP_RESERVE: usize = 8 << 20;
 /// buffers, locked (in the TCG guest these took 40-120 ms and 140-280 ms of each takeover's
 /// pause). The caller has locked its memory (`mlockall`) already.
 pub fn prepare_takeover(cfg: &DeviceConfig) {
+    let _ = fault_guard::populate_file_code();
     let tags = usize::from(cfg.queues) * usize::from(cfg.depth);
     let stashed = target::stash_io_bufs(tags);
     reserve::grow_once(HEAP_RESERVE);
