@@ -461,35 +461,42 @@ pub fn commit_room_at(start: usize, len: usize) {
 /// Commits the recovery room of segment `id` again, after [`release_room`] for a handover
 /// that then failed (its daemon serves on, and needs its room for the next takeover).
 pub fn restore_room(id: i32) {
-    // SAFETY: shmat maps the segment where the kernel picks; none of our memory is touched.
-    let base = unsafe { libc::shmat(id, ptr::null(), 0) };
-    if base as isize == -1 {
-        tracing::warn!(id, error = %std::io::Error::last_os_error(), "the store's recovery room stays given back");
-        return;
+    let restored = with_room(id, |room, len| {
+        commit_room_at(room, len);
+        Ok(len)
+    });
+    if let Err(err) = restored {
+        tracing::warn!(id, error = %err, "the store's recovery room stays given back");
     }
-    let size = crate::sys::shm_size(id).unwrap_or(0) as u64;
-    // SAFETY: a segment at least a unit long holds the header at its start.
-    let header =
-        (size >= UNIT as u64).then(|| unsafe { ptr::read_volatile(base as *const Header) });
-    match header {
-        Some(h)
-            if h.magic == MAGIC
-                && h.room_off % 4096 == 0
-                && h.room_off
-                    .checked_add(h.room_len)
-                    .is_some_and(|end| end <= size) =>
-        {
-            commit_room_at(base as usize + h.room_off as usize, h.room_len as usize)
-        }
-        _ => tracing::warn!(id, "not a uzram store: its room is left alone"),
-    }
-    // SAFETY: detaches the mapping made above; nothing refers to it.
-    unsafe { libc::shmdt(base) };
 }
 
 /// Gives the recovery room of segment `id` back to the system: the first step of a recovery,
 /// before anything else allocates (see the module docs). Returns the bytes given back.
 pub fn release_room(id: i32) -> Result<usize, RegionError> {
+    with_room(id, |room, len| {
+        let room = room as *mut libc::c_void;
+        // A caller under mlockall(MCL_FUTURE) (a takeover locks itself first) mapped the
+        // segment locked, and madvise refuses locked pages: unlock the room first.
+        // SAFETY: munlock only changes the paging policy of a range of our own mapping.
+        unsafe { libc::munlock(room, len) };
+        // SAFETY: MADV_REMOVE frees the pages of the room, a range of our own shared
+        // mapping (checked to lie in it) that no daemon uses.
+        if unsafe { libc::madvise(room, len, libc::MADV_REMOVE) } == 0 {
+            Ok(len)
+        } else {
+            Err(sys("madvise MADV_REMOVE (the recovery room)")(
+                std::io::Error::last_os_error(),
+            ))
+        }
+    })
+}
+
+/// Maps segment `id` for as long as `f` runs and hands it the recovery room's address and
+/// length, once the header is checked to be a store's whose room lies in the segment.
+fn with_room(
+    id: i32,
+    f: impl FnOnce(usize, usize) -> Result<usize, RegionError>,
+) -> Result<usize, RegionError> {
     // SAFETY: shmat maps the segment where the kernel picks; none of our memory is touched.
     let base = unsafe { libc::shmat(id, ptr::null(), 0) };
     if base as isize == -1 {
@@ -511,21 +518,10 @@ pub fn release_room(id: i32) -> Result<usize, RegionError> {
         } else if !end.is_some_and(|end| end <= size as u64) || header.room_off % 4096 != 0 {
             Err(foreign(id, "its recovery room does not fit".into()))
         } else {
-            let room = (base as usize + header.room_off as usize) as *mut libc::c_void;
-            // A caller under mlockall(MCL_FUTURE) (a takeover locks itself first) mapped the
-            // segment locked, and madvise refuses locked pages: unlock the room first.
-            // SAFETY: munlock only changes the paging policy of a range of our own mapping.
-            unsafe { libc::munlock(room, header.room_len as usize) };
-            // SAFETY: MADV_REMOVE frees the pages of the room, a range of our own shared
-            // mapping (checked to lie in it) that no daemon uses.
-            let rc = unsafe { libc::madvise(room, header.room_len as usize, libc::MADV_REMOVE) };
-            if rc == 0 {
-                Ok(header.room_len as usize)
-            } else {
-                Err(sys("madvise MADV_REMOVE (the recovery room)")(
-                    std::io::Error::last_os_error(),
-                ))
-            }
+            f(
+                base as usize + header.room_off as usize,
+                header.room_len as usize,
+            )
         }
     };
     // SAFETY: detaches the mapping made above; nothing refers to it.
@@ -707,5 +703,27 @@ mod tests {
         assert_eq!(room_bytes(4, 64), (8 << 20) + (32 << 20));
         assert_eq!(room_bytes(4, 64) % UNIT, 0);
         assert!(room_bytes(u16::MAX, u16::MAX) > MIN_ROOM);
+    }
+
+    #[test]
+    fn a_room_given_back_for_a_failed_handover_is_committed_again() {
+        let Some(region) = small_region(1) else {
+            return;
+        };
+        let (room, len) = region.room();
+        let resident = || {
+            let mut pages = vec![0u8; len / 4096];
+            // SAFETY: mincore reads the page tables of our own mapping of the room and writes
+            // one byte a page into `pages`, which has exactly that many.
+            let rc = unsafe { libc::mincore(room as *mut libc::c_void, len, pages.as_mut_ptr()) };
+            assert_eq!(rc, 0);
+            pages.iter().filter(|&&p| p & 1 != 0).count()
+        };
+        assert_eq!(resident(), len / 4096, "a new store's room is committed");
+        assert_eq!(release_room(region.id()).unwrap(), len);
+        assert_eq!(resident(), 0, "given back");
+        restore_room(region.id());
+        assert_eq!(resident(), len / 4096, "committed again");
+        remove(region.id());
     }
 }
