@@ -41,14 +41,14 @@ fn touch_stack<const N: usize>() {
     std::hint::black_box(&mut frame);
 }
 
-/// What [`populate_writable_mappings`] did.
+/// What [`populate_writable_mappings`] or [`populate_file_code`] did.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Populated {
     /// Mappings populated.
     pub mappings: usize,
     /// Their bytes.
     pub bytes: u64,
-    /// Writable mappings the kernel refused to populate (special mappings).
+    /// Mappings the kernel refused to populate (special mappings).
     pub refused: usize,
 }
 
@@ -59,16 +59,44 @@ pub struct Populated {
 /// registration) would otherwise fault on a queue thread. Call once setup is done, before
 /// serving; reserved (`PROT_NONE`) ranges are left alone.
 pub fn populate_writable_mappings() -> std::io::Result<Populated> {
+    // MADV_POPULATE_WRITE on writable mappings: a write fault that changes no byte.
+    populate(private_writable_range, libc::MADV_POPULATE_WRITE)
+}
+
+/// Read-faults every page of the process's read-only file mappings (the binary's code and
+/// constants; a dynamic build's libraries too) with `MADV_POPULATE_READ`, so that they are
+/// resident and locked (`MCL_ONFAULT` locks a page once it is mapped). Without it, code that
+/// first runs under memory pressure (an error path, a log line's formatting) faults: from
+/// disk on a real host, but from swap where the binary lives on tmpfs, and that swap can be
+/// this very device. Seen in the 7.3 guest (tmpfs root): two queue threads in `D` state in
+/// `shmem_swapin_folio`, and the device hung.
+///
+/// Once per process (those mappings never change, and they stay locked): a later call, such
+/// as `serve`'s after a takeover prepared before its pause, populates nothing.
+pub fn populate_file_code() -> std::io::Result<Populated> {
+    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if DONE.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(Populated::default());
+    }
+    let done = populate(private_read_only_file_range, libc::MADV_POPULATE_READ)?;
+    DONE.store(true, std::sync::atomic::Ordering::Relaxed);
+    Ok(done)
+}
+
+/// Applies `advice` (a populating one, which changes no byte) to every mapping of the
+/// process that `select` picks from its /proc/self/maps line.
+fn populate(
+    select: fn(&str) -> Option<(usize, usize)>,
+    advice: libc::c_int,
+) -> std::io::Result<Populated> {
     let maps = std::fs::read_to_string("/proc/self/maps")?;
     let mut done = Populated::default();
-    for (start, end) in maps.lines().filter_map(private_writable_range) {
+    for (start, end) in maps.lines().filter_map(select) {
         let len = end - start;
         // SAFETY: [start, end) is a mapping of this process as listed in /proc/self/maps;
-        // MADV_POPULATE_WRITE only faults its pages in (writable, so a write fault that
-        // changes no byte), which cannot invalidate any reference.
-        let rc =
-            unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) };
-        if rc == 0 {
+        // populating only faults its pages in, which changes no byte and cannot invalidate
+        // any reference.
+        if unsafe { libc::madvise(start as *mut libc::c_void, len, advice) } == 0 {
             done.mappings += 1;
             done.bytes += len as u64;
         } else {
@@ -78,58 +106,30 @@ pub fn populate_writable_mappings() -> std::io::Result<Populated> {
     Ok(done)
 }
 
-/// Read-faults every page of the process's read-only file mappings (the binary's code and
-/// constants; a dynamic build's libraries too) with `MADV_POPULATE_READ`, so that they are
-/// resident and locked (`MCL_ONFAULT` locks a page once it is mapped). Without it, code that
-/// first runs under memory pressure (an error path, a log line's formatting) faults: from
-/// disk on a real host, but from swap where the binary lives on tmpfs, and that swap can be
-/// this very device. Seen in the 7.3 guest (tmpfs root): two queue threads in `D` state in
-/// `shmem_swapin_folio`, and the device hung. Returns the bytes populated.
-pub fn populate_file_code() -> std::io::Result<u64> {
-    let maps = std::fs::read_to_string("/proc/self/maps")?;
-    let mut bytes = 0;
-    for (start, end) in maps.lines().filter_map(private_read_only_file_range) {
-        let len = end - start;
-        // SAFETY: [start, end) is a mapping of this process as listed in /proc/self/maps;
-        // MADV_POPULATE_READ only faults its pages in, which changes no byte and cannot
-        // invalidate any reference.
-        if unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_POPULATE_READ) } == 0
-        {
-            bytes += len as u64;
-        }
-    }
-    Ok(bytes)
+/// A /proc/self/maps line's address range, permissions and path ("" when anonymous).
+fn mapping(line: &str) -> Option<(usize, usize, &str, &str)> {
+    let mut fields = line.split_whitespace();
+    let range = fields.next()?;
+    let perms = fields.next()?;
+    let path = fields.nth(3).unwrap_or("");
+    let (start, end) = range.split_once('-')?;
+    let start = usize::from_str_radix(start, 16).ok()?;
+    let end = usize::from_str_radix(end, 16).ok()?;
+    (end > start).then_some((start, end, perms, path))
 }
 
 /// The address range of a /proc/self/maps line whose mapping is private, readable, not
 /// writable and backed by a file (a path), or `None`.
 fn private_read_only_file_range(line: &str) -> Option<(usize, usize)> {
-    let mut fields = line.split_whitespace();
-    let range = fields.next()?;
-    let perms = fields.next()?;
-    let path = fields.nth(3)?;
+    let (start, end, perms, path) = mapping(line)?;
     let read_only_private = perms.starts_with('r') && !perms.contains('w') && perms.ends_with('p');
-    if !(read_only_private && path.starts_with('/')) {
-        return None;
-    }
-    let (start, end) = range.split_once('-')?;
-    let start = usize::from_str_radix(start, 16).ok()?;
-    let end = usize::from_str_radix(end, 16).ok()?;
-    (end > start).then_some((start, end))
+    (read_only_private && path.starts_with('/')).then_some((start, end))
 }
 
 /// The address range of a /proc/self/maps line whose mapping is private and writable.
 fn private_writable_range(line: &str) -> Option<(usize, usize)> {
-    let mut fields = line.split_whitespace();
-    let range = fields.next()?;
-    let perms = fields.next()?;
-    if !(perms.contains('w') && perms.ends_with('p')) {
-        return None;
-    }
-    let (start, end) = range.split_once('-')?;
-    let start = usize::from_str_radix(start, 16).ok()?;
-    let end = usize::from_str_radix(end, 16).ok()?;
-    (end > start).then_some((start, end))
+    let (start, end, perms, _) = mapping(line)?;
+    (perms.contains('w') && perms.ends_with('p')).then_some((start, end))
 }
 
 /// Page faults (minor and major) the calling thread has taken so far, or `None` where
@@ -191,7 +191,8 @@ mod tests {
             assert_eq!(private_read_only_file_range(other), None, "{other}");
         }
         // This test binary's own code is such a mapping.
-        assert!(populate_file_code().unwrap() > 0);
+        let code = populate(private_read_only_file_range, libc::MADV_POPULATE_READ).unwrap();
+        assert!(code.mappings > 0 && code.bytes > 0, "{code:?}");
     }
 
     #[test]

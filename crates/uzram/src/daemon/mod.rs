@@ -429,7 +429,12 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     step("threads");
     // The binary's code resident and locked before serving (`populate_file_code`).
     match fault_guard::populate_file_code() {
-        Ok(bytes) => tracing::info!(bytes, "code populated"),
+        Ok(done) => tracing::info!(
+            mappings = done.mappings,
+            bytes = done.bytes,
+            refused = done.refused,
+            "code populated (0 bytes: done already)"
+        ),
         Err(err) => tracing::warn!(error = %err, "populating the binary's code failed"),
     }
     // Everything set up so far (heap, statics, thread stacks) resident before serving.
