@@ -38,10 +38,18 @@ pub fn run(args: RecoverArgs) -> anyhow::Result<ExitCode> {
 /// Gives the recovery room of `state`'s store back to the system, so that the new daemon
 /// can start when memory ran out with the old one dead (see `daemon::region`). Failing that
 /// only warns: with memory to spare the daemon starts anyway.
+///
+/// Once per segment and process: a takeover that gave the room back before it asked for the
+/// handover (`uzram run`) does not map the segment again inside the pause.
 pub fn make_room(state: &DaemonState) {
+    static GIVEN_BACK: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(-1);
     let Some(shm) = state.store_shm else { return };
+    if GIVEN_BACK.load(std::sync::atomic::Ordering::Relaxed) == i64::from(shm) {
+        return;
+    }
     match region::release_room(shm) {
         Ok(bytes) => {
+            GIVEN_BACK.store(i64::from(shm), std::sync::atomic::Ordering::Relaxed);
             tracing::info!(dev = %state.dev, bytes, "the store's recovery room is free for the new daemon")
         }
         Err(err) => {

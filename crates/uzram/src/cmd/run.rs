@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::cli::{RunArgs, StandbyArgs};
 use crate::config::load_device_config;
 use crate::control::state::{DaemonState, StateDir};
-use crate::daemon::pause::PauseClock;
+use crate::daemon::pause::{self, PauseClock};
 use crate::daemon::{self, Launch, Readiness, Reporter};
 use crate::sys;
 
@@ -98,9 +98,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             config_path.display()
         );
     }
-    if let Some(p) = pause.as_mut() {
-        p.step("find the device");
-    }
+    pause::step(&mut pause, "find the device");
     if let Some((state, _)) = &orphan {
         tracing::info!(id = state.id, config = %config_path.display(), "this config's device lost its daemon: recovering it");
     }
@@ -119,9 +117,7 @@ fn serve_config(
     let (recover, lock) = match orphan {
         Some((state, lock)) => {
             super::recover::make_room(&state);
-            if let Some(p) = pause.as_mut() {
-                p.step("room");
-            }
+            pause::step(&mut pause, "room");
             (Some(state.id), Some(lock))
         }
         None => (None, None),

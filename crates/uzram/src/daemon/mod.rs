@@ -124,11 +124,7 @@ pub struct Launch {
 pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let cfg = launch.config;
     let mut pause = launch.pause;
-    let mut step = |name: &'static str| {
-        if let Some(p) = pause.as_mut() {
-            p.step(name);
-        }
-    };
+    let mut step = |name: &'static str| pause::step(&mut pause, name);
     if let Some(path) = &cfg.metrics_textfile {
         crate::metrics::check_textfile_dir(path).map_err(anyhow::Error::msg)?;
     }
@@ -467,9 +463,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let started_alias_rdev = alias_rdev.clone();
     let on_started = move |_ctrl: &UblkCtrl| {
         // END_USER_RECOVERY has returned: the device serves again.
-        if let Some(p) = pause.as_mut() {
-            p.step("queues");
-        }
+        pause::step(&mut pause, "queues");
         target::drop_stashed_io_bufs();
         if !wait_for_path(Path::new(&state.dev), Duration::from_secs(10)) {
             tracing::warn!(dev = %state.dev, "block device node did not appear");

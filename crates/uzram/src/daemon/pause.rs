@@ -42,6 +42,13 @@ impl PauseClock {
     }
 }
 
+/// [`PauseClock::step`] when there is a pause (a takeover); nothing for a new device.
+pub fn step(pause: &mut Option<PauseClock>, name: &'static str) {
+    if let Some(p) = pause {
+        p.step(name);
+    }
+}
+
 /// `step ms, step ms, …`, largest first.
 impl fmt::Display for PauseClock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
