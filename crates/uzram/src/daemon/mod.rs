@@ -423,25 +423,21 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     })?;
 
     step("threads");
-    // The binary's code resident and locked before serving (`populate_file_code`).
-    match fault_guard::populate_file_code() {
-        Ok(done) => tracing::info!(
-            mappings = done.mappings,
-            bytes = done.bytes,
-            refused = done.refused,
-            "code populated (0 bytes: done already)"
-        ),
-        Err(err) => tracing::warn!(error = %err, "populating the binary's code failed"),
-    }
-    // Everything set up so far (heap, statics, thread stacks) resident before serving.
-    match fault_guard::populate_writable_mappings() {
-        Ok(done) => tracing::info!(
-            mappings = done.mappings,
-            bytes = done.bytes,
-            refused = done.refused,
-            "writable memory populated"
-        ),
-        Err(err) => tracing::warn!(error = %err, "populating writable memory failed"),
+    // The binary's code (`populate_file_code`), and everything set up so far (heap,
+    // statics, thread stacks), resident and locked before serving.
+    for (what, populated) in [
+        ("the binary's code", fault_guard::populate_file_code()),
+        ("writable memory", fault_guard::populate_writable_mappings()),
+    ] {
+        match populated {
+            Ok(done) => tracing::info!(
+                mappings = done.mappings,
+                bytes = done.bytes,
+                refused = done.refused,
+                "{what} populated (the code only once per process)"
+            ),
+            Err(err) => tracing::warn!(error = %err, "populating {what} failed"),
+        }
     }
     step("populate");
     let size = cfg.size;
