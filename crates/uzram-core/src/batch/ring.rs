@@ -202,8 +202,9 @@ fn bump(c: &AtomicU64, n: u64) {
 
 /// Most pages an installer commits at a time.
 const CHUNK: usize = 1024;
-/// Page buffers of an installer, for pages it stores raw or compresses itself: a chunk
-/// ends early when they are used up.
+/// Page buffers of an installer, for pages it compresses itself (the backend could not, or
+/// its result was refused): a chunk ends early when they are used up. Pages the backend
+/// found incompressible need none: they are stored from their staged words.
 const BUFS: usize = 256;
 /// Most pages of one request a writer handles at a time.
 const RUN: usize = 64;
@@ -939,6 +940,8 @@ enum Plan {
     Same(u64),
     /// The backend's block for this index of the slot.
     Block(usize),
+    /// This index of the slot, stored raw from its staged words.
+    Staged(usize),
     /// `len` bytes of installer buffer `buf` (`len == PAGE_SIZE`: the raw page).
     Buf {
         buf: usize,
@@ -1022,7 +1025,7 @@ impl Installer<'_> {
         let mut index = 0;
         while index < job.pages {
             index = self.plan_chunk(job.slot, index, job.pages, out);
-            self.commit_chunk(out);
+            self.commit_chunk(job.slot, out);
         }
     }
 
@@ -1051,14 +1054,8 @@ impl Installer<'_> {
                 Some(Ok(PageResult::Compressed(block))) => self
                     .spot_check(slot, index, block)
                     .then_some(Plan::Block(index)),
-                Some(Ok(PageResult::Raw)) => {
-                    self.load(slot, index, next_buf);
-                    next_buf += 1;
-                    Some(Plan::Buf {
-                        buf: next_buf - 1,
-                        len: PAGE_SIZE,
-                    })
-                }
+                // Stored from the slot's own copy: no bounce through a buffer.
+                Some(Ok(PageResult::Raw)) => Some(Plan::Staged(index)),
                 Some(Ok(PageResult::Rejected)) => {
                     bump(&self.sh.counters.rejected_pages, 1);
                     None
@@ -1150,7 +1147,7 @@ impl Installer<'_> {
 
     /// Installs the planned chunk, retrying while the allocator has no memory (the staged
     /// copies are the only ones: they are never given up).
-    fn commit_chunk(&mut self, out: Option<&SlotOutput<'_>>) {
+    fn commit_chunk(&mut self, slot: usize, out: Option<&SlotOutput<'_>>) {
         let mut commits: Vec<Commit<'_>> = Vec::new();
         let mut backoff = Duration::from_micros(100);
         while commits.try_reserve_exact(self.tools.plan.len()).is_err() {
@@ -1162,6 +1159,10 @@ impl Installer<'_> {
                 Plan::Block(index) => match out.map(|o| o.page(index)) {
                     Some(Ok(PageResult::Compressed(block))) => Encoded::Compressed(block),
                     _ => continue,
+                },
+                Plan::Staged(index) => match self.sh.staging.words(slot, index) {
+                    Some(words) => Encoded::RawWords(words),
+                    None => continue,
                 },
                 Plan::Buf { buf, len } if len == PAGE_SIZE => Encoded::Raw(&self.tools.bufs[buf]),
                 Plan::Buf { buf, len } => Encoded::Compressed(&self.tools.bufs[buf][..len]),

@@ -24,6 +24,7 @@ use super::entry::HANDLE_ALIGN;
 use super::persist::SegmentHome;
 use super::segments::{Segment, SegmentTable};
 use super::words;
+use super::ObjectBytes;
 use crate::page::PAGE_SIZE;
 use crate::CoreError;
 
@@ -467,20 +468,22 @@ impl Arena {
     /// space until the caller publishes it under a shard lock (whose release orders
     /// these stores before any reader's loads).
     pub(crate) fn write(&self, handle: u64, data: &[u8]) {
-        self.write_many(std::iter::once((handle, data)));
+        self.write_many(std::iter::once((handle, ObjectBytes::Bytes(data))));
     }
 
     /// [`Arena::write`] for several objects, locking each segment once per run of
     /// objects in it.
-    pub(crate) fn write_many<'d>(&self, objects: impl IntoIterator<Item = (u64, &'d [u8])>) {
+    pub(crate) fn write_many<'d>(&self, objects: impl IntoIterator<Item = (u64, ObjectBytes<'d>)>) {
         let mut cursor = self.segments.cursor();
         for (handle, data) in objects {
             let (seg, off) = split(handle);
             let words = cursor
                 .words(seg)
                 .get(off / 8..(off + data.len()).div_ceil(8));
-            if let Some(words) = words {
-                words::store_bytes(data, words);
+            match (words, data) {
+                (Some(words), ObjectBytes::Bytes(bytes)) => words::store_bytes(bytes, words),
+                (Some(words), ObjectBytes::Words(from)) => words::store_words(from, words),
+                (None, _) => {}
             }
         }
     }

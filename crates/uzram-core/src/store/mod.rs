@@ -40,7 +40,7 @@ use self::entry::{Entry, Slot};
 use self::shard::{Entries, Shard};
 use self::stats::{Counters, PageCost, PageTotals};
 use crate::codec::Algorithm;
-use crate::page::{fill_page, same_filled_word, PAGE_SIZE};
+use crate::page::{fill_page, same_filled_word, PAGE_SIZE, PAGE_WORDS};
 use crate::CoreError;
 
 /// Most lock stripes a store uses.
@@ -101,7 +101,7 @@ pub struct Ticket {
 }
 
 /// What a staged page became, for [`PageStore::commit`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub enum Encoded<'a> {
     /// The page is one `u64` word repeated; no payload is stored.
     SameFilled(u64),
@@ -109,6 +109,27 @@ pub enum Encoded<'a> {
     Compressed(&'a [u8]),
     /// The page did not compress below the threshold: these are its bytes.
     Raw(&'a [u8; PAGE_SIZE]),
+    /// The page did not compress below the threshold, and these [`PAGE_WORDS`] words (the
+    /// staging slot's copy, little-endian) are its bytes: stored raw straight from them,
+    /// with no bounce through a page buffer. Nothing may write them during the commit.
+    RawWords(&'a [AtomicU64]),
+}
+
+/// An object's bytes on their way into the arena.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ObjectBytes<'a> {
+    Bytes(&'a [u8]),
+    /// Little-endian words: `len() * 8` bytes.
+    Words(&'a [AtomicU64]),
+}
+
+impl ObjectBytes<'_> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            ObjectBytes::Bytes(b) => b.len(),
+            ObjectBytes::Words(w) => w.len() * 8,
+        }
+    }
 }
 
 /// How one [`Commit`] ended.
@@ -666,14 +687,22 @@ impl PageStore {
     pub fn commit(&self, commits: &mut [Commit<'_>]) -> Result<(), CoreError> {
         for c in commits.iter() {
             self.check_range(c.ticket.page, 1)?;
-            if let Encoded::Compressed(bytes) = c.encoded {
-                if bytes.is_empty() || bytes.len() >= PAGE_SIZE {
+            match c.encoded {
+                Encoded::Compressed(bytes) if bytes.is_empty() || bytes.len() >= PAGE_SIZE => {
                     return Err(CoreError::Config(format!(
                         "page {}: a compressed result of {} bytes",
                         c.ticket.page,
                         bytes.len()
                     )));
                 }
+                Encoded::RawWords(words) if words.len() != PAGE_WORDS => {
+                    return Err(CoreError::Config(format!(
+                        "page {}: a raw page of {} words",
+                        c.ticket.page,
+                        words.len()
+                    )));
+                }
+                _ => {}
             }
         }
         for c in commits.iter_mut() {
@@ -683,14 +712,11 @@ impl PageStore {
                 }
             }
         }
-        commits.sort_unstable_by_key(|c| self.shard_of(c.ticket.page));
         // Installers run on the swap I/O path: their allocations fail, they never abort.
+        // Space is taken and filled in the caller's order (a slot's, in which the backend
+        // packed its results): both sides of the copies are then read and written in order.
         let mut lens = try_vec(commits.len())?;
-        lens.extend(commits.iter().filter_map(|c| match (c.state, c.encoded) {
-            (CommitState::Waiting, Encoded::Compressed(b)) => Some(b.len()),
-            (CommitState::Waiting, Encoded::Raw(_)) => Some(PAGE_SIZE),
-            _ => None,
-        }));
+        lens.extend(commits.iter().filter_map(|c| payload(c).map(|p| p.len())));
         let mut handles = try_vec(lens.len())?;
         handles.resize(lens.len(), 0u64);
         let mut slots = try_vec(commits.len())?;
@@ -704,27 +730,21 @@ impl PageStore {
                 .zip(commits.iter().filter_map(payload)),
         );
         let mut next = handles.iter();
-        slots.extend(commits.iter().map(|c| {
-            match (c.state, c.encoded) {
-                (CommitState::Waiting, Encoded::SameFilled(word)) => {
-                    Some((Slot::Same(word), same_cost()))
-                }
-                _ => payload(c)
-                    .map(|bytes| stored(next.next().copied().unwrap_or_default(), bytes.len())),
+        slots.extend(commits.iter().map(|c| match (c.state, c.encoded) {
+            (CommitState::Waiting, Encoded::SameFilled(word)) => {
+                Some((Slot::Same(word), same_cost()))
             }
+            _ => payload(c).map(|p| stored(next.next().copied().unwrap_or_default(), p.len())),
         }));
+        let (order, shards) = self.shard_order(commits)?;
         let mut start = 0;
-        while start < commits.len() {
-            let shard = self.shard_of(commits[start].ticket.page);
-            let end = commits[start..]
+        while start < order.len() {
+            let shard = shards[order[start] as usize];
+            let end = order[start..]
                 .iter()
-                .position(|c| self.shard_of(c.ticket.page) != shard)
-                .map_or(commits.len(), |n| start + n);
-            self.commit_shard(
-                &mut commits[start..end],
-                &mut slots[start..end],
-                &mut unused,
-            );
+                .position(|&i| shards[i as usize] != shard)
+                .map_or(order.len(), |n| start + n);
+            self.commit_shard(commits, &mut slots, &order[start..end], &mut unused);
             start = end;
         }
         self.arena
@@ -735,15 +755,43 @@ impl PageStore {
         Ok(())
     }
 
-    /// Swaps in the prepared slots of one shard's commits under its write lock; slots that
-    /// are not installed go to `unused` (their arena room is freed by the caller).
+    /// The indices of `commits` grouped by shard, so that each shard is locked once, and
+    /// each commit's shard. A counting sort: an installer's chunk is a thousand pages over
+    /// every shard, and a comparison sort of it took 7 % of the installers' time (run 52,
+    /// docs/gpu-notes.md).
+    fn shard_order(&self, commits: &[Commit<'_>]) -> Result<(Vec<u32>, Vec<u32>), CoreError> {
+        let mut starts = try_vec::<u32>(self.shards.len() + 1)?;
+        starts.resize(self.shards.len() + 1, 0);
+        let mut shards = try_vec::<u32>(commits.len())?;
+        for c in commits {
+            let shard = self.shard_of(c.ticket.page);
+            shards.push(shard as u32);
+            starts[shard + 1] += 1;
+        }
+        for i in 1..starts.len() {
+            starts[i] += starts[i - 1];
+        }
+        let mut order = try_vec::<u32>(commits.len())?;
+        order.resize(commits.len(), 0);
+        for (i, &shard) in shards.iter().enumerate() {
+            let at = &mut starts[shard as usize];
+            order[*at as usize] = i as u32;
+            *at += 1;
+        }
+        Ok((order, shards))
+    }
+
+    /// Swaps in the prepared slots of one shard's commits (`group`: their indices) under
+    /// its write lock; slots that are not installed go to `unused` (their arena room is
+    /// freed by the caller).
     fn commit_shard(
         &self,
-        group: &mut [Commit<'_>],
+        commits: &mut [Commit<'_>],
         slots: &mut [Option<(Slot, PageCost)>],
+        group: &[u32],
         unused: &mut Vec<Slot>,
     ) {
-        let Some(first) = group.first() else {
+        let Some(first) = group.first().and_then(|&i| commits.get(i as usize)) else {
             return;
         };
         let (shard, _) = self.locate(first.ticket.page);
@@ -751,7 +799,12 @@ impl PageStore {
         // One update of the shared count per group: it is a cache line every writer and
         // installer touches.
         let mut settled = 0u64;
-        for (c, prepared) in group.iter_mut().zip(slots.iter_mut()) {
+        for &i in group {
+            let (Some(c), Some(prepared)) =
+                (commits.get_mut(i as usize), slots.get_mut(i as usize))
+            else {
+                continue;
+            };
             let Some((slot, cost)) = prepared.take() else {
                 continue;
             };
@@ -1092,10 +1145,11 @@ fn max_segments(pages: usize) -> usize {
 }
 
 /// The bytes a waiting commit stores in the arena, if any.
-fn payload<'a>(c: &Commit<'a>) -> Option<&'a [u8]> {
+fn payload<'a>(c: &Commit<'a>) -> Option<ObjectBytes<'a>> {
     match (c.state, c.encoded) {
-        (CommitState::Waiting, Encoded::Compressed(bytes)) => Some(bytes),
-        (CommitState::Waiting, Encoded::Raw(page)) => Some(&page[..]),
+        (CommitState::Waiting, Encoded::Compressed(bytes)) => Some(ObjectBytes::Bytes(bytes)),
+        (CommitState::Waiting, Encoded::Raw(page)) => Some(ObjectBytes::Bytes(&page[..])),
+        (CommitState::Waiting, Encoded::RawWords(words)) => Some(ObjectBytes::Words(words)),
         _ => None,
     }
 }

@@ -598,3 +598,38 @@ fn a_request_is_one_shard_and_distant_regions_are_not_in_lockstep() {
         .count();
     assert!(same < 8, "{same} of {steps} steps in lockstep");
 }
+
+#[test]
+fn a_commits_shard_order_is_a_stable_permutation_with_each_shard_once() {
+    let store = store(1 << 16);
+    assert!(store.shards.len() > 1, "the test needs several shards");
+    // Pages spread over every shard, interleaved.
+    let commits: Vec<Commit<'_>> = (0..3000u64)
+        .map(|i| {
+            let ticket = Ticket {
+                page: (i * 7919) % (1 << 16),
+                at: at(0, 0, 1),
+            };
+            Commit::new(ticket, Encoded::SameFilled(i))
+        })
+        .collect();
+    let (order, shards) = store.shard_order(&commits).unwrap();
+    for (c, &shard) in commits.iter().zip(&shards) {
+        assert_eq!(shard as usize, store.shard_of(c.ticket.page));
+    }
+    let mut sorted = order.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..3000).collect::<Vec<u32>>(), "not a permutation");
+    let mut runs: Vec<u32> = order.iter().map(|&i| shards[i as usize]).collect();
+    runs.dedup();
+    let mut distinct = runs.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(runs.len(), distinct.len(), "a shard in two runs: {runs:?}");
+    for pair in order.windows(2) {
+        let (a, b) = (pair[0] as usize, pair[1] as usize);
+        if shards[a] == shards[b] {
+            assert!(a < b, "the caller's order within a shard is lost");
+        }
+    }
+}

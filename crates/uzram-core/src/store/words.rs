@@ -49,6 +49,34 @@ pub(super) fn store_bytes(data: &[u8], words: &[AtomicU64]) {
     }
 }
 
+/// Copies the words of `from` into `words` (as many as both have).
+///
+/// Nothing may write `from` or touch `words` while this runs: `words` as in [`store_bytes`];
+/// `from` is a staging slot's copy of a page, which its ring writes only while no
+/// installer holds the slot.
+pub(super) fn store_words(from: &[AtomicU64], words: &[AtomicU64]) {
+    let n = from.len().min(words.len());
+    copy_words(&from[..n], &words[..n]);
+}
+
+#[cfg(feature = "unsafe-arena")]
+fn copy_words(from: &[AtomicU64], words: &[AtomicU64]) {
+    debug_assert_eq!(from.len(), words.len());
+    let n = from.len().min(words.len());
+    // SAFETY: both ranges hold `n` words and do not overlap (`from` is not arena space
+    // handed to this writer); `AtomicU64` has the representation of `u64` and interior
+    // mutability, so reading and writing through pointers from shared references is
+    // allowed, and the caller guarantees no store to either races with this copy.
+    unsafe { std::ptr::copy_nonoverlapping(from.as_ptr(), words.as_ptr().cast_mut(), n) };
+}
+
+#[cfg(not(feature = "unsafe-arena"))]
+fn copy_words(from: &[AtomicU64], words: &[AtomicU64]) {
+    for (f, w) in from.iter().zip(words) {
+        w.store(f.load(Relaxed), Relaxed);
+    }
+}
+
 /// Up to 8 bytes as a little-endian word, zero-padded, assembled in a register.
 ///
 /// Why not `u64::from_le_bytes` of a zeroed `[u8; 8]` with the bytes copied in: the copy
@@ -118,6 +146,21 @@ mod tests {
             let padded = len.div_ceil(8) * 8;
             assert!(back[len..padded].iter().all(|&b| b == 0), "len {len} tail");
             assert!(back[padded..].iter().all(|&b| b == 0xff), "len {len} past");
+        }
+    }
+
+    #[test]
+    fn stored_words_read_back_and_stop_where_either_side_ends() {
+        let from: Vec<AtomicU64> = (0..5u64)
+            .map(|i| AtomicU64::new(i * 0x0101_0101_0101_0101 + 7))
+            .collect();
+        for n in [0, 3, 5, 8] {
+            let words: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(u64::MAX)).collect();
+            store_words(&from, &words);
+            for (i, w) in words.iter().enumerate() {
+                let want = from.get(i).map_or(u64::MAX, |f| f.load(Relaxed));
+                assert_eq!(w.load(Relaxed), want, "n {n} word {i}");
+            }
         }
     }
 

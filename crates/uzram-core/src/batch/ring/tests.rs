@@ -503,9 +503,9 @@ fn start_checks_the_backend() {
 }
 
 #[test]
-fn slots_of_raw_pages_are_installed_a_buffer_load_at_a_time() {
-    // Incompressible pages are stored raw from the installer's buffers: a slot of 1000 of
-    // them takes several chunks.
+fn slots_of_raw_pages_are_stored_straight_from_the_staged_words() {
+    // Incompressible pages are stored raw from the slot's words, not through the
+    // installer's buffers (of which there are fewer than the slot's 1000 pages).
     let mut x = 0x1234_5678_9abc_def1u64;
     let data: Vec<u8> = (0..1000 * PAGE_SIZE)
         .map(|_| {
