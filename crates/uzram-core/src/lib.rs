@@ -10,9 +10,10 @@
 //!   that stages written pages into those slots and installs the results.
 //!
 //! The crate is safe Rust. The three exceptions sit behind features, each in one module:
-//! the fast LZ4 decoder (`unsafe-lz4`, `codec/lz4/decode_fast.rs`), the streaming copy into
-//! staging memory (`unsafe-stream`, `page/stream.rs`), and the arena's zeroed allocation
-//! and object copy (`unsafe-arena`, `store/words.rs`). Without the three features the whole
+//! the fast LZ4 decoder (`unsafe-lz4`, `codec/lz4/decode_fast.rs`), the streaming copies
+//! into staging memory and arena lines (`unsafe-stream`, `page/stream.rs`), and the arena's
+//! zeroed allocation and object copy (`unsafe-arena`, `store/words.rs`, which streams with
+//! both features on x86_64). Without the three features the whole
 //! crate is `forbid(unsafe_code)`; with them every other module still denies `unsafe` (the
 //! pattern lz4_flex uses for its safe and unsafe decoders).
 

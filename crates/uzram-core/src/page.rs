@@ -3,6 +3,8 @@
 mod same_fill;
 mod stream;
 
+#[cfg(all(target_arch = "x86_64", feature = "unsafe-stream"))]
+pub use stream::{bytes_to_words_streaming, words_to_words_streaming};
 pub use stream::{page_to_words_streaming, stream_fence};
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

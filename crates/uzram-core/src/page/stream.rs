@@ -1,6 +1,7 @@
-//! Copying pages into staging memory that a device reads next: with non-temporal stores on
-//! x86_64 under the `unsafe-stream` feature (SSE2 intrinsics, the crate's second and last
-//! `unsafe` module), else with the same relaxed word stores as [`super::page_to_words`].
+//! Copying into memory the CPU does not read soon: pages into staging that a device reads
+//! next, and (through the arena) compressed pages into the store. With non-temporal stores
+//! on x86_64 under the `unsafe-stream` feature (SSE2 intrinsics), else with the same
+//! relaxed word stores as [`super::page_to_words`].
 
 #![cfg_attr(feature = "unsafe-stream", allow(unsafe_code))]
 
@@ -69,7 +70,74 @@ pub fn page_to_words_streaming(
     super::page_to_words(page, words);
 }
 
-/// Orders [`page_to_words_streaming`]'s stores, and every other store before it, before
+/// Copies `n` bytes from `src` to `dst`: the 64-byte lines wholly inside the destination
+/// with streaming stores, the partial lines at either end with plain ones (a line written
+/// partly by streaming stores is flushed piecemeal, which made run 29's word-by-word
+/// streaming copy slower than plain stores).
+///
+/// # Safety
+/// `src` is readable and `dst` writable for `n` bytes, the ranges do not overlap, and no
+/// other access races with these plain loads and stores.
+#[cfg(all(target_arch = "x86_64", feature = "unsafe-stream"))]
+unsafe fn copy_lines_streaming(src: *const u8, dst: *mut u8, n: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+
+    let head = (dst as usize).wrapping_neg() & 63;
+    if n < head + 64 {
+        // SAFETY: the caller's contract, for `n` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
+        return;
+    }
+    let lines = (n - head) / 64;
+    let done = head + lines * 64;
+    // SAFETY: `head` and the `n - done` bytes after `done` lie inside the caller's `n`
+    // bytes; every line starts at `dst + head + 64 * l`, 64-byte aligned (so each 16-byte
+    // store is aligned, as `_mm_stream_si128` needs) and ends at or before `dst + done`;
+    // the loads are unaligned. SSE2 is part of x86_64.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src, dst, head);
+        let (s, d) = (src.add(head), dst.add(head).cast::<__m128i>());
+        for i in 0..lines * 4 {
+            _mm_stream_si128(d.add(i), _mm_loadu_si128(s.add(i * 16).cast()));
+        }
+        std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), n - done);
+    }
+}
+
+/// Copies `bytes` (at most `words.len() * 8` of them) into the start of `words` for memory
+/// the CPU will not read soon (the arena, from the installers): whole lines with streaming
+/// stores, as [`copy_lines_streaming`]. Call [`stream_fence`] before publishing them.
+///
+/// Nothing may read or write those words while this runs (the arena hands new space to
+/// one writer, who publishes it under a shard lock only afterwards).
+#[cfg(all(target_arch = "x86_64", feature = "unsafe-stream"))]
+pub fn bytes_to_words_streaming(bytes: &[u8], words: &[AtomicU64]) {
+    let n = bytes.len().min(words.len() * 8);
+    // SAFETY: `n` bytes of both; `bytes` is not arena memory (it is borrowed immutably
+    // while `words` is written through interior mutability, so they cannot be the same
+    // memory); the caller guarantees that no other access races with these stores.
+    unsafe { copy_lines_streaming(bytes.as_ptr(), words.as_ptr().cast::<u8>().cast_mut(), n) };
+}
+
+/// [`bytes_to_words_streaming`] from words (a staging slot's copy of a page) rather than
+/// bytes; nothing may write `from` meanwhile.
+#[cfg(all(target_arch = "x86_64", feature = "unsafe-stream"))]
+pub fn words_to_words_streaming(from: &[AtomicU64], words: &[AtomicU64]) {
+    let n = from.len().min(words.len()) * 8;
+    // SAFETY: `n` bytes of both, which are different memory (the caller copies staging
+    // into new arena space); `AtomicU64` has the representation of `u64`, and the caller
+    // guarantees that no store races with these plain loads and stores.
+    unsafe {
+        copy_lines_streaming(
+            from.as_ptr().cast::<u8>(),
+            words.as_ptr().cast::<u8>().cast_mut(),
+            n,
+        )
+    };
+}
+
+/// Orders [`page_to_words_streaming`]'s (and the other streaming copies') stores, and every
+/// other store before them, before
 /// every later store of this thread (such as the entry that publishes the page).
 #[inline]
 pub fn stream_fence() {
@@ -106,5 +174,52 @@ mod tests {
         }
         // A destination shorter than a page gets what fits, no panic.
         page_to_words_streaming(&page, None, &words[..3]);
+    }
+
+    #[cfg(all(target_arch = "x86_64", feature = "unsafe-stream"))]
+    #[test]
+    fn line_streamed_copies_are_exact_at_every_offset_and_length() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let src: Vec<u8> = (0..PAGE_SIZE + 64)
+            .map(|i| (i * 131 + i / 5) as u8)
+            .collect();
+        let src_words: Vec<AtomicU64> = src
+            .chunks_exact(8)
+            .map(|c| AtomicU64::new(u64::from_le_bytes(c.try_into().unwrap())))
+            .collect();
+        let dst: Vec<AtomicU64> = (0..PAGE_WORDS + 24).map(|_| AtomicU64::new(0)).collect();
+        let bytes_of = |w: &[AtomicU64]| -> Vec<u8> {
+            w.iter()
+                .flat_map(|w| w.load(Relaxed).to_le_bytes())
+                .collect()
+        };
+        // Destinations at every word offset within a line, lengths around line multiples.
+        for offset in 0..8 {
+            for len in [0, 8, 56, 64, 72, 120, 128, 136, 1704, 4096] {
+                for w in &dst {
+                    w.store(u64::MAX, Relaxed);
+                }
+                let out = &dst[offset..offset + len / 8];
+                bytes_to_words_streaming(&src[..len], out);
+                stream_fence();
+                assert_eq!(
+                    bytes_of(out),
+                    &src[..len],
+                    "bytes offset {offset} len {len}"
+                );
+                let past = bytes_of(&dst[offset + len / 8..]);
+                assert!(
+                    past.iter().all(|&b| b == 0xff),
+                    "bytes past offset {offset} len {len}"
+                );
+                words_to_words_streaming(&src_words[1..1 + len / 8], out);
+                stream_fence();
+                assert_eq!(
+                    bytes_of(out),
+                    &src[8..8 + len],
+                    "words offset {offset} len {len}"
+                );
+            }
+        }
     }
 }

@@ -486,6 +486,9 @@ impl Arena {
                 (None, _) => {}
             }
         }
+        // The copies may use streaming stores: they land before the entries that publish
+        // these objects (stored after this returns, under a shard lock).
+        crate::page::stream_fence();
     }
 }
 

@@ -59,7 +59,21 @@ pub(super) fn store_words(from: &[AtomicU64], words: &[AtomicU64]) {
     copy_words(&from[..n], &words[..n]);
 }
 
-#[cfg(feature = "unsafe-arena")]
+/// Whole lines with streaming stores (run 54, docs/gpu-notes.md): no read for ownership of
+/// the arena's cold lines. The arena fences before anything publishes them.
+#[cfg(all(
+    feature = "unsafe-arena",
+    target_arch = "x86_64",
+    feature = "unsafe-stream"
+))]
+fn copy_words(from: &[AtomicU64], words: &[AtomicU64]) {
+    crate::page::words_to_words_streaming(from, words);
+}
+
+#[cfg(all(
+    feature = "unsafe-arena",
+    not(all(target_arch = "x86_64", feature = "unsafe-stream"))
+))]
 fn copy_words(from: &[AtomicU64], words: &[AtomicU64]) {
     debug_assert_eq!(from.len(), words.len());
     let n = from.len().min(words.len());
@@ -91,9 +105,26 @@ fn tail_word(chunk: &[u8]) -> u64 {
         .fold(0, |word, &b| (word << 8) | u64::from(b))
 }
 
-/// `bytes` (exactly `words.len() * 8`) into `words`, with one `memcpy` (memory bytes equal a
-/// word's little-endian bytes only on little-endian targets).
-#[cfg(all(feature = "unsafe-arena", target_endian = "little"))]
+/// `bytes` (exactly `words.len() * 8`) into `words`: whole lines with streaming stores, as
+/// [`copy_words`] (memory bytes equal a word's little-endian bytes only on little-endian
+/// targets).
+#[cfg(all(
+    feature = "unsafe-arena",
+    target_endian = "little",
+    target_arch = "x86_64",
+    feature = "unsafe-stream"
+))]
+fn copy_whole(bytes: &[u8], words: &[AtomicU64]) {
+    debug_assert_eq!(bytes.len(), words.len() * 8);
+    crate::page::bytes_to_words_streaming(bytes, words);
+}
+
+/// `bytes` (exactly `words.len() * 8`) into `words`, with one `memcpy`.
+#[cfg(all(
+    feature = "unsafe-arena",
+    target_endian = "little",
+    not(all(target_arch = "x86_64", feature = "unsafe-stream"))
+))]
 fn copy_whole(bytes: &[u8], words: &[AtomicU64]) {
     debug_assert_eq!(bytes.len(), words.len() * 8);
     let n = bytes.len().min(words.len() * 8);
