@@ -91,6 +91,12 @@ struct Meta {
     max_held: u64,
     /// Pages' worth of segments released by compaction (cumulative).
     compacted_pages: u64,
+    /// Free ranges an adoption found and has not put on the free lists yet
+    /// ([`Arena::link_adopted_holes`]), and their bytes. Linking a hole writes into it: in a
+    /// process that has just attached the store's memory, that is a page fault per hole,
+    /// thousands of them, which a recovery should not spend while I/O waits.
+    adopted_holes: Vec<(u64, u64)>,
+    adopted_hole_bytes: u64,
 }
 
 impl Meta {
@@ -123,6 +129,8 @@ impl Meta {
         self.free = [NONE; CLASSES];
         self.nonempty = [0; BITMAP_WORDS];
         self.free_bytes = 0;
+        self.adopted_holes = Vec::new();
+        self.adopted_hole_bytes = 0;
     }
 
     /// Room for an object of `class` without growing: a hole of that class, the frontier
@@ -192,6 +200,8 @@ impl Arena {
                 free_bytes: 0,
                 max_held: 0,
                 compacted_pages: 0,
+                adopted_holes: Vec::new(),
+                adopted_hole_bytes: 0,
             }),
             segments: SegmentTable::new(max_segments),
             base_bytes,
@@ -250,7 +260,7 @@ impl Arena {
                     "object at {handle} ({len} bytes) is outside the {n} segments"
                 ));
             }
-            self.free_range(&mut meta, cursor, handle);
+            self.adopt_hole(&mut meta, cursor, handle);
             meta.objects += 1;
             meta.class_bytes += size;
             cursor = handle + size;
@@ -259,10 +269,43 @@ impl Arena {
         // only ever lies in the last segment, whose tail `grow` frees as one hole (a
         // frontier segments before the end made that hole larger than any class).
         let end = n as u64 * seg;
-        self.free_range(&mut meta, cursor, end);
+        self.adopt_hole(&mut meta, cursor, end);
         meta.frontier = end;
         meta.max_held = self.held(&meta);
         Ok(n)
+    }
+
+    /// Notes the free space `from..to` for [`Arena::link_adopted_holes`], or (with no memory
+    /// for the note) puts it on the free lists at once.
+    fn adopt_hole(&self, meta: &mut Meta, from: u64, to: u64) {
+        if from >= to {
+            return;
+        }
+        if meta.adopted_holes.try_reserve(1).is_ok() {
+            meta.adopted_holes.push((from, to));
+            meta.adopted_hole_bytes += to - from;
+        } else {
+            self.free_range(meta, from, to);
+        }
+    }
+
+    /// Puts up to `max` of the free ranges [`Arena::adopt`] found onto the free lists (until
+    /// then the arena grows rather than fill them). True while some are left.
+    pub(crate) fn link_adopted_holes(&self, max: usize) -> bool {
+        let mut meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
+        for _ in 0..max {
+            let Some((from, to)) = meta.adopted_holes.pop() else {
+                break;
+            };
+            meta.adopted_hole_bytes -= to - from;
+            self.free_range(&mut meta, from, to);
+        }
+        if meta.adopted_holes.is_empty() {
+            // Its memory back, not only its length.
+            meta.adopted_holes = Vec::new();
+            return false;
+        }
+        true
     }
 
     /// Puts the free space `from..to` onto the free lists, in holes that stay within a
@@ -307,7 +350,7 @@ impl Arena {
             segment_bytes: (meta.segments * SEGMENT_SIZE) as u64,
             objects: meta.objects,
             class_bytes: meta.class_bytes,
-            free_bytes: meta.free_bytes,
+            free_bytes: meta.free_bytes + meta.adopted_hole_bytes,
             compacted_pages: meta.compacted_pages,
         }
     }
@@ -676,6 +719,7 @@ mod tests {
         // Three segments, one object in the first: the other two are free space.
         let arena = Arena::new(0, None, 16, Some(Arc::new(FoundHome { found: 3 })));
         assert_eq!(arena.adopt(&mut [(0, 100)]), Ok(3));
+        while arena.link_adopted_holes(64) {}
         let before = arena.usage();
         assert_eq!(before.segment_bytes, 3 * SEGMENT_SIZE as u64);
         assert_eq!(
@@ -697,6 +741,53 @@ mod tests {
         for h in handles {
             assert_eq!(read(&arena, h, PAGE_SIZE), page);
         }
+    }
+
+    #[test]
+    fn an_adopted_arenas_holes_are_filled_only_once_linked_and_counted_free_all_along() {
+        // Two segments; objects at 0 and 4096: holes after each, and the second segment.
+        let arena = Arena::new(0, None, 16, Some(Arc::new(FoundHome { found: 2 })));
+        assert_eq!(arena.adopt(&mut [(4096, 100), (0, 100)]), Ok(2));
+        let used = 2 * (class_of(100) * CLASS_GRANULE) as u64;
+        let free = 2 * SEGMENT_SIZE as u64 - used;
+        assert_eq!(arena.usage().free_bytes, free);
+        // Not linked yet: a new object grows the arena instead of filling a hole.
+        let first = arena.store(&[1; 100], LIMITED).unwrap();
+        assert!(
+            first >= 2 * SEGMENT_SIZE as u64,
+            "filled an unlinked hole at {first}"
+        );
+        assert_eq!(arena.usage().segment_bytes, 3 * SEGMENT_SIZE as u64);
+        // Linked a few at a time: the holes take the next objects, and the free bytes are
+        // what they were (the third segment's rest is its frontier, not a hole).
+        while arena.link_adopted_holes(1) {}
+        assert!(!arena.link_adopted_holes(1));
+        assert_eq!(arena.usage().free_bytes, free);
+        // A segment's worth of pages: the third segment's frontier takes 15, a linked
+        // hole the rest, and the arena does not grow.
+        let page = [2u8; PAGE_SIZE];
+        let handles: Vec<u64> = (0..SEGMENT_SIZE / PAGE_SIZE)
+            .map(|_| arena.store(&page, LIMITED).unwrap())
+            .collect();
+        assert_eq!(arena.usage().segment_bytes, 3 * SEGMENT_SIZE as u64);
+        let low: Vec<u64> = handles
+            .iter()
+            .copied()
+            .filter(|&h| h < 2 * SEGMENT_SIZE as u64)
+            .collect();
+        assert!(!low.is_empty(), "no linked hole was used: {handles:?}");
+        let object = (class_of(100) * CLASS_GRANULE) as u64;
+        for &h in &low {
+            let clear = |at: u64| h + PAGE_SIZE as u64 <= at || h >= at + object;
+            assert!(
+                clear(0) && clear(4096),
+                "a page at {h} overlaps an adopted object"
+            );
+        }
+        for h in handles {
+            assert_eq!(read(&arena, h, PAGE_SIZE), page);
+        }
+        assert_eq!(read(&arena, first, 100), vec![1; 100]);
     }
 
     fn read(arena: &Arena, handle: u64, len: usize) -> Vec<u8> {

@@ -204,6 +204,8 @@ fn verifier(shm: i32) {
         .expect("the killed writer's store is recoverable");
     println!("RECOVERED in {:?}", t.elapsed());
     let (store, region) = (taken.store, taken.region);
+    // As the daemon does once it serves.
+    store.link_adopted_holes();
     assert!(
         region.block_states().is_some(),
         "a new store keeps its blocks' states"

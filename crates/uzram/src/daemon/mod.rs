@@ -455,6 +455,8 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     // takes the device over if it dies (`uzram standby`).
     let want_standby = !launch.bridge && launch.config_path.is_some();
     let started_standby = standby_pid.clone();
+    // A recovery's store, to link its holes once it serves (below).
+    let mut holes_store = launch.recover.map(|_| store.clone());
     let alias_rdev = Arc::new(std::sync::OnceLock::new());
     let started_alias_rdev = alias_rdev.clone();
     let on_started = move |_ctrl: &UblkCtrl| {
@@ -494,6 +496,14 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
                 .name("uzram-room".into())
                 .stack_size(256 << 10)
                 .spawn(move || region::commit_room_soon(start, len));
+        }
+        if let Some(holes) = holes_store.take() {
+            // The recovery left the holes between the old daemon's pages off the free
+            // lists (`PageStore::link_adopted_holes`): linked now, with I/O running.
+            let _ = std::thread::Builder::new()
+                .name("uzram-holes".into())
+                .stack_size(256 << 10)
+                .spawn(move || holes.link_adopted_holes());
         }
         if want_standby {
             standby::start(&state, &started_standby);
