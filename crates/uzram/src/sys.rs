@@ -392,9 +392,21 @@ pub fn try_lock_exclusive(file: &std::fs::File) -> io::Result<bool> {
 /// exited (a pidfd that becomes readable). Returns at once when it is already gone, also when
 /// its pid now names a process that started at another time.
 pub fn wait_for_exit(pid: u32, started: Option<u64>) -> io::Result<()> {
+    wait_for_exit_within(pid, started, None).map(drop)
+}
+
+/// [`wait_for_exit`], giving up after `within` (`None`: never). True once the process is
+/// gone: every thread of it, not only the one whose pid it is (a thread group leader that
+/// exits first shows as a zombie while its other threads still hold the process's files and
+/// memory).
+pub fn wait_for_exit_within(
+    pid: u32,
+    started: Option<u64>,
+    within: Option<std::time::Duration>,
+) -> io::Result<bool> {
     let raw = pid;
     let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return Ok(());
+        return Ok(true);
     };
     // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
@@ -403,7 +415,7 @@ pub fn wait_for_exit(pid: u32, started: Option<u64>) -> io::Result<()> {
         // ESRCH: no such process. EINVAL: the pid is now a thread of another process, which
         // can only be a reuse.
         return if e.raw_os_error() == Some(libc::ESRCH) || !process_alive(raw, started) {
-            Ok(())
+            Ok(true)
         } else {
             Err(e)
         };
@@ -413,19 +425,30 @@ pub fn wait_for_exit(pid: u32, started: Option<u64>) -> io::Result<()> {
     // Checked after the pidfd is open: a start time that still matches means the pidfd names
     // that process (it started before the pidfd was opened and still runs).
     if started.is_some_and(|t| start_ticks(raw).is_some_and(|now| now != t)) {
-        return Ok(());
+        return Ok(true);
     }
     let mut pfd = libc::pollfd {
         fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
         events: libc::POLLIN,
         revents: 0,
     };
+    let deadline = within.map(|w| std::time::Instant::now() + w);
     loop {
+        let timeout = deadline.map_or(-1, |d| {
+            let left = d.saturating_duration_since(std::time::Instant::now());
+            i32::try_from(left.as_millis()).unwrap_or(i32::MAX)
+        });
         // SAFETY: one valid pollfd, owned by this frame, for the duration of the call.
-        match check(unsafe { libc::poll(&mut pfd, 1, -1) }) {
-            Ok(()) => return Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
+        let ready = unsafe { libc::poll(&mut pfd, 1, timeout) };
+        match ready {
+            0 => return Ok(false),
+            n if n > 0 => return Ok(true),
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
         }
     }
 }
@@ -474,6 +497,66 @@ mod tests {
         child.wait().unwrap();
         assert!(!process_alive(pid, child_started), "a reaped child");
         assert_eq!(start_ticks(0), None);
+    }
+
+    #[test]
+    fn waiting_for_a_process_gives_up_in_time_and_sees_it_go() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let (pid, started) = (child.id(), start_ticks(child.id()));
+        let t = std::time::Instant::now();
+        let within = Some(std::time::Duration::from_millis(100));
+        assert!(!wait_for_exit_within(pid, started, within).unwrap());
+        assert!(
+            t.elapsed().as_millis() >= 90,
+            "gave up early: {:?}",
+            t.elapsed()
+        );
+        assert!(
+            t.elapsed().as_secs() < 3,
+            "did not give up: {:?}",
+            t.elapsed()
+        );
+        child.kill().unwrap();
+        let within = Some(std::time::Duration::from_secs(5));
+        assert!(
+            wait_for_exit_within(pid, started, within).unwrap(),
+            "a killed child"
+        );
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn a_process_whose_first_thread_exited_is_waited_for_until_its_last_thread_ends() {
+        // The leader thread ends (and shows as a zombie) while another thread runs on for a
+        // second: as a daemon's main thread can end before its I/O threads.
+        let script = "import ctypes, os, threading, time\n\
+threading.Thread(target=lambda: (time.sleep(1.0), os._exit(0))).start()\n\
+ctypes.CDLL(None).pthread_exit(None)\n";
+        let Ok(mut child) = std::process::Command::new("python3")
+            .args(["-c", script])
+            .spawn()
+        else {
+            println!("SKIP: no python3 to make a process whose first thread exits early");
+            return;
+        };
+        let pid = child.id();
+        let t = std::time::Instant::now();
+        while pid_alive(pid) {
+            assert!(t.elapsed().as_secs() < 5, "the leader never turned zombie");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let zombie_after = t.elapsed();
+        let within = Some(std::time::Duration::from_secs(10));
+        assert!(wait_for_exit_within(pid, None, within).unwrap());
+        assert!(
+            t.elapsed() >= zombie_after + std::time::Duration::from_millis(300),
+            "returned while the second thread still ran ({zombie_after:?} -> {:?})",
+            t.elapsed()
+        );
+        child.wait().unwrap();
     }
 
     #[test]

@@ -64,16 +64,27 @@ pub fn request(state: &DaemonState) -> anyhow::Result<()> {
         // It may exit before its answer is out; whether it exits is what counts (below).
         Err(err) => tracing::debug!(error = %err, "no answer to the handoff request"),
     }
-    let start = Instant::now();
-    while state.daemon_alive() {
-        if start.elapsed() > EXIT_WAIT {
-            anyhow::bail!(
-                "{}: daemon pid {} did not exit for the handoff",
-                state.dev,
-                state.pid
-            );
+    // Gone means every thread gone: its leader turns zombie first, while the others still
+    // hold its files, the device's lock among them (a guest run saw the next daemon take
+    // that for another daemon taking the device over).
+    let gone = match crate::sys::wait_for_exit_within(state.pid, state.started, Some(EXIT_WAIT)) {
+        Ok(gone) => gone,
+        // No pidfds (before Linux 5.3): watch the process instead.
+        Err(err) => {
+            tracing::debug!(error = %err, "no pidfd for the old daemon; polling");
+            let start = Instant::now();
+            while state.daemon_alive() && start.elapsed() <= EXIT_WAIT {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            !state.daemon_alive()
         }
-        std::thread::sleep(Duration::from_millis(5));
+    };
+    if !gone {
+        anyhow::bail!(
+            "{}: daemon pid {} did not exit for the handoff",
+            state.dev,
+            state.pid
+        );
     }
     Ok(())
 }

@@ -32,7 +32,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let start = Instant::now();
     let mut told = false;
     let orphan = loop {
-        match super::handover::live_daemon(&states, &config_path, from) {
+        // Once the old daemon has gone the device is paused, and the state files are on
+        // tmpfs, whose pages may be in swap on it: never read them again (a guest run
+        // blocked for good in that read).
+        let live = match pause {
+            None => super::handover::live_daemon(&states, &config_path, from),
+            Some(_) => None,
+        };
+        match live {
             Some(live) => {
                 // The device pauses once the other daemon is gone: nothing of ours may be
                 // swapped out to it from here on (memory not yet touched is locked as it is
