@@ -103,8 +103,10 @@ pub fn pid_alive(pid: u32) -> bool {
     let ret = unsafe { libc::kill(pid, 0) };
     let exists = ret == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
     // An exited process stays a zombie until its parent reaps it, and a daemon's parent is
-    // systemd, which may itself wait on the paused device: a zombie is not alive.
-    exists && !is_zombie(pid)
+    // systemd, which may itself wait on the paused device: a zombie is not alive. But only
+    // once its last thread has gone: a leader that exits first shows as a zombie while the
+    // other threads still hold the process's files (the device's lock among them).
+    exists && !has_exited(pid)
 }
 
 /// When process `pid` started, in clock ticks after boot (`/proc/<pid>/stat`, field 22).
@@ -129,14 +131,22 @@ pub fn process_alive(pid: u32, started: Option<u64>) -> bool {
     pid_alive(pid) && started.map_or(true, |t| start_ticks(pid).map_or(true, |now| now == t))
 }
 
-fn is_zombie(pid: libc::pid_t) -> bool {
+/// A zombie (or dead) process with no thread left but the exited leader.
+fn has_exited(pid: libc::pid_t) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return false;
     };
-    // "pid (comm) S ...": comm may hold spaces and parentheses; the state follows the last ')'.
-    stat.rfind(')')
-        .and_then(|i| stat[i + 1..].split_whitespace().next())
-        .is_some_and(|state| state == "Z" || state == "X")
+    // "pid (comm) S ...": comm may hold spaces and parentheses, so fields are counted from
+    // the last ')': the state is field 3, the thread count field 20.
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+        return false;
+    };
+    let mut fields = rest.split_whitespace();
+    let zombie = fields
+        .next()
+        .is_some_and(|state| state == "Z" || state == "X");
+    let threads: Option<u64> = fields.nth(20 - 4).and_then(|n| n.parse().ok());
+    zombie && threads.is_some_and(|n| n <= 1)
 }
 
 /// The set of signals that stop a daemon: SIGTERM and SIGINT.
@@ -543,18 +553,31 @@ ctypes.CDLL(None).pthread_exit(None)\n";
             return;
         };
         let pid = child.id();
+        let state = || {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            stat.rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().next().map(str::to_owned))
+        };
         let t = std::time::Instant::now();
-        while pid_alive(pid) {
+        while state().as_deref() != Some("Z") {
             assert!(t.elapsed().as_secs() < 5, "the leader never turned zombie");
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         let zombie_after = t.elapsed();
+        assert!(
+            pid_alive(pid),
+            "a process whose leader is a zombie but whose other thread runs is alive"
+        );
         let within = Some(std::time::Duration::from_secs(10));
         assert!(wait_for_exit_within(pid, None, within).unwrap());
         assert!(
             t.elapsed() >= zombie_after + std::time::Duration::from_millis(300),
             "returned while the second thread still ran ({zombie_after:?} -> {:?})",
             t.elapsed()
+        );
+        assert!(
+            !pid_alive(pid),
+            "every thread gone, not yet reaped: not alive"
         );
         child.wait().unwrap();
     }
