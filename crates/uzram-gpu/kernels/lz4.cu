@@ -118,6 +118,38 @@ __device__ __forceinline__ void copy_block(u8* dst, const u8* src, u32 len, u32 
     }
 }
 
+// Copies a checked `len`-byte block from shared memory `src` (16-byte aligned, a word of
+// slack after it) to the host's mapped buffer at `dst` (any alignment), warp-wide: 16 bytes
+// per lane where the destination's 16-byte chunk lies inside the block, single bytes at the
+// two ends (neighbouring blocks own the other bytes there). These stores cross PCIe, where
+// every transaction costs: 16-byte stores send a quarter of the 4-byte ones.
+__device__ __forceinline__ void export_block(u8* dst, const u32* src, u32 len, u32 lane) {
+    const u32 mis = (u32)((size_t)dst & 15u);
+    uint4* d4 = (uint4*)(dst - mis);
+    const u8* s8 = (const u8*)src;
+    const u32 chunks = (mis + len + 15u) >> 4;
+    for (u32 j = lane; j < chunks; j += 32u) {
+        const int start = (int)(j * 16u) - (int)mis;   // block byte at this chunk's byte 0
+        if (start >= 0 && (u32)start + 16u <= len) {
+            const u32 i = (u32)start >> 2;
+            const u32 sh = ((u32)start & 3u) * 8u;
+            uint4 v;
+            v.x = __funnelshift_r(src[i], src[i + 1u], sh);
+            v.y = __funnelshift_r(src[i + 1u], src[i + 2u], sh);
+            v.z = __funnelshift_r(src[i + 2u], src[i + 3u], sh);
+            v.w = __funnelshift_r(src[i + 3u], src[i + 4u], sh);
+            d4[j] = v;
+        } else {
+            for (u32 b = 0; b < 16u; ++b) {
+                const int idx = start + (int)b;
+                if (idx >= 0 && (u32)idx < len) {
+                    ((u8*)d4)[j * 16u + b] = s8[idx];
+                }
+            }
+        }
+    }
+}
+
 // One past the end of the match that continues from position s against r (s > r), stopping
 // at `limit`; warp-wide, 128 bytes per step (4 per lane).
 __device__ __forceinline__ u32 extend_match(const u32* words, u32 s, u32 r, u32 limit, u32 lane) {
@@ -482,7 +514,7 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ packed,
             }
             __syncwarp();
             if (block_matches(s_blk, size, (const u8*)s_page, lane)) {
-                copy_block(out_packed + off, (const u8*)s_blk, size, lane);
+                export_block(out_packed + off, s_blk, size, lane);
             } else {
                 result = SIZE_REJECTED;
             }
