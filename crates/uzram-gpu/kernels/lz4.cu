@@ -92,6 +92,17 @@ __device__ __forceinline__ void write_ext(u8* o, u32 n, u32 lane) {
     }
 }
 
+// Writes the bytes of the `width`-byte destination chunk `d` that lie inside a `len`-byte
+// block whose byte `start` belongs at d[0] (neighbouring blocks own the others).
+__device__ __forceinline__ void copy_edge(u8* d, const u8* src, int start, u32 width, u32 len) {
+    for (u32 b = 0; b < width; ++b) {
+        const int idx = start + (int)b;
+        if (idx >= 0 && (u32)idx < len) {
+            d[b] = src[idx];
+        }
+    }
+}
+
 // Copies this warp's `len`-byte block from its page slot `src` (16-byte aligned) to `dst`
 // (any alignment), warp-wide: whole 4-byte words where the destination word lies inside the
 // block, single bytes at the two ends (neighbouring blocks own the other bytes there).
@@ -108,12 +119,7 @@ __device__ __forceinline__ void copy_block(u8* dst, const u8* src, u32 len, u32 
             const u32 s = (u32)start;
             dw[j] = __funnelshift_r(sw[s >> 2], sw[(s >> 2) + 1u], (s & 3u) * 8u);
         } else {
-            for (u32 b = 0; b < 4u; ++b) {
-                const int idx = start + (int)b;
-                if (idx >= 0 && (u32)idx < len) {
-                    ((u8*)dw)[j * 4u + b] = src[idx];
-                }
-            }
+            copy_edge((u8*)dw + j * 4u, src, start, 4u, len);
         }
     }
 }
@@ -140,12 +146,7 @@ __device__ __forceinline__ void export_block(u8* dst, const u32* src, u32 len, u
             v.w = __funnelshift_r(src[i + 3u], src[i + 4u], sh);
             d4[j] = v;
         } else {
-            for (u32 b = 0; b < 16u; ++b) {
-                const int idx = start + (int)b;
-                if (idx >= 0 && (u32)idx < len) {
-                    ((u8*)d4)[j * 16u + b] = s8[idx];
-                }
-            }
+            copy_edge((u8*)d4 + j * 16u, s8, start, 16u, len);
         }
     }
 }
