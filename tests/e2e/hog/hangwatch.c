@@ -73,18 +73,9 @@ int main(int argc, char **argv)
 		snprintf(path, sizeof(path), "/proc/%s/comm", p->d_name);
 		if (read_line(path, comm, sizeof(comm)) || strncmp(comm, argv[2], strlen(argv[2])))
 			continue;
-		char cmd[256] = "?";
-		snprintf(path, sizeof(path), "/proc/%s/cmdline", p->d_name);
-		FILE *cf = fopen(path, "r");
-		if (cf) {
-			size_t n = fread(cmd, 1, sizeof(cmd) - 1, cf);
-			for (size_t i = 0; i < n; i++)
-				if (!cmd[i])
-					cmd[i] = ' ';
-			cmd[n] = 0;
-			fclose(cf);
-		}
-		printf("hangwatch: pid %s: %s\n", p->d_name, cmd);
+		/* not cmdline: reading it takes the process's mmap lock, which is what a stuck
+		 * process may hold (hangwatch then stopped at this line in CI) */
+		printf("hangwatch: pid %s: %s\n", p->d_name, comm);
 		/* open files: a read of a file whose pages are in swap blocks like a page fault */
 		snprintf(path, sizeof(path), "/proc/%s/fd", p->d_name);
 		DIR *fds = opendir(path);

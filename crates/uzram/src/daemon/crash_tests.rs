@@ -224,7 +224,32 @@ fn verifier(shm: i32) {
         writes >= 2 * (PAGES - PAGES / 7 - 1),
         "carried writes {writes}: {carried:?}"
     );
+    // As a recovering daemon: the keeper faults nothing in until the device serves
+    // (`pool::hold_refills`). Emptied first, the pool would otherwise refill at once.
+    pool::hold_refills();
+    let taken: Vec<usize> =
+        std::iter::from_fn(|| Some(pool::take_within(Duration::ZERO)).filter(|p| !p.is_null()))
+            .map(|p| p as usize)
+            .collect();
     std::thread::spawn(|| pool::keep(64));
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(pool::free_blocks(), 0, "the keeper refilled while held");
+    pool::allow_refills();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pool::free_blocks() < 64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        pool::free_blocks() >= 64,
+        "the keeper did not refill once allowed: {} free blocks",
+        pool::free_blocks()
+    );
+    let block = std::alloc::Layout::from_size_align(pool::BLOCK, 4096).unwrap();
+    for p in taken {
+        // SAFETY: a pool block taken above and used by nobody; the global allocator (the
+        // pool's) takes it back with the block layout.
+        unsafe { std::alloc::dealloc(p as *mut u8, block) };
+    }
     let verify = |what: &str| {
         let mut buf = vec![0u8; PAGE_SIZE];
         for page in 0..PAGES {

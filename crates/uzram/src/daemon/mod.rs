@@ -415,6 +415,10 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         }
     })?;
 
+    if launch.recover.is_some() {
+        // Until the device serves (`on_started`): see `pool::hold_refills`.
+        pool::hold_refills();
+    }
     spawn("uzram-pool", move || pool::keep(pool_target))?;
     let compacted = store.clone();
     spawn("uzram-compact", move || {
@@ -462,6 +466,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let on_started = move |_ctrl: &UblkCtrl| {
         // END_USER_RECOVERY has returned: the device serves again.
         pause::step(&mut pause, "queues");
+        pool::allow_refills();
         target::drop_stashed_io_bufs();
         if !wait_for_path(Path::new(&state.dev), Duration::from_secs(10)) {
             tracing::warn!(dev = %state.dev, "block device node did not appear");

@@ -227,6 +227,30 @@ thread_local! {
     static STRICT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// Cleared while the keeper must not fault blocks in ([`hold_refills`]).
+static REFILLS_ALLOWED: AtomicBool = AtomicBool::new(true);
+
+/// Keeps the keeper (and so its fillers) from faulting blocks in until [`allow_refills`].
+///
+/// Why: a recovering daemon starts while its device serves nothing, often with memory
+/// exhausted. A refill then sits in reclaim that only the device's swap writes can satisfy,
+/// and `MADV_POPULATE_WRITE` does so holding the process's mmap lock: the next mmap of the
+/// starting daemon (a thread's stack) waits behind it, the device never serves, and every
+/// later taker of the lock (even a read of `/proc/PID/cmdline`) waits too. Seen in the
+/// guest's crash test: the keeper in `madvise` on its CPU for 400 s, the new daemon stuck.
+/// The recovery serves with the blocks it adopted instead, and refills once it serves.
+pub fn hold_refills() {
+    REFILLS_ALLOWED.store(false, Ordering::Release);
+}
+
+/// Ends [`hold_refills`] and wakes the keeper.
+pub fn allow_refills() {
+    REFILLS_ALLOWED.store(true, Ordering::Release);
+    if let Some(keeper) = KEEPER.get() {
+        keeper.unpark();
+    }
+}
+
 /// Blocks refused to strict threads because the pool was empty.
 static REFUSED: AtomicUsize = AtomicUsize::new(0);
 
@@ -629,7 +653,8 @@ pub fn target_blocks(size: u64) -> usize {
 /// or less), swap-out outpaced the refills, so the target grows by half, up to
 /// `MAX_GROWTH` times the initial one. While [`set_give_back`] allows it, the target is back
 /// to the initial one, and free blocks beyond it by more than `TRIM_SLACK` are the store's
-/// freed memory: they go back to the system ([`trim`]).
+/// freed memory: they go back to the system ([`trim`]). Nothing is faulted in while
+/// [`hold_refills`] holds.
 pub fn keep(initial_target: usize) {
     if let Err(err) = crate::sys::set_thread_nice(IO_NICE) {
         tracing::warn!(error = %err, "raising the pool keeper's priority failed");
@@ -639,6 +664,10 @@ pub fn keep(initial_target: usize) {
     let mut target = initial_target;
     let mut low_at = Instant::now();
     loop {
+        if !REFILLS_ALLOWED.load(Ordering::Acquire) {
+            std::thread::park_timeout(Duration::from_millis(5));
+            continue;
+        }
         let give_back = GIVE_BACK.load(Ordering::Relaxed);
         if free_blocks() <= target / 4 {
             low_at = Instant::now();
