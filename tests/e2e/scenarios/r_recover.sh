@@ -25,6 +25,14 @@ crash_done() {
   _rc=$?
   [ $_rc = 0 ] && ok "$CW: killed, recovered (crashkill's line above has the pause)" \
     || { fail_check "$CW: crashkill/uzram recover rc=$_rc"; tail -n 20 /run/uzram/*.log; }
+  # the new daemon's own account of the pause, step by step (ms); its log is written by a
+  # thread of its own, so the line may come a moment after `uzram recover` returned
+  for _i in 1 2 3 4 5; do
+    _p=$(cat /run/uzram/*.log | tr -d '\033' | sed 's/\[[0-9;]*m//g' | grep -a 'paused_ms=' | tail -1 | grep -o 'paused_ms=.*')
+    [ -n "$_p" ] && break
+    sleep 1
+  done
+  say "  $CW: daemon: ${_p:-no paused_ms line in /run/uzram/*.log}"
   kill -0 $HPID 2>/dev/null && ok "$CW: the hog is alive" \
     || { say "  $CW: the hog is no longer running"; dmesg | grep -iE 'out of memory|oom-kill|killed process' | tail -3 | sed 's/^/    dmesg| /'; }
   say "  $CW: $(tail -1 /tmp/hog.out)"

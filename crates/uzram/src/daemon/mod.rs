@@ -466,7 +466,6 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let on_started = move |_ctrl: &UblkCtrl| {
         // END_USER_RECOVERY has returned: the device serves again.
         pause::step(&mut pause, "queues");
-        pool::allow_refills();
         target::drop_stashed_io_bufs();
         if !wait_for_path(Path::new(&state.dev), Duration::from_secs(10)) {
             tracing::warn!(dev = %state.dev, "block device node did not appear");
@@ -513,6 +512,9 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         if want_standby {
             standby::start(&state, &started_standby);
         }
+        // Last: a refill in reclaim holds the mmap lock, which the threads started above
+        // needed for their stacks.
+        pool::allow_refills();
         ready_reporter.ready(state.id, &state.dev);
     };
     let served = ctrl.run_target(

@@ -388,6 +388,7 @@ pub fn init_with(
         }
     }
     drop(released);
+    map_page_tables(base, &in_use[..top]);
     // Recorded states say the blocks above `top` are empty; otherwise make sure.
     if top < blocks && states.is_none() {
         // Never touched, or given back already: made sure of in one call.
@@ -468,6 +469,34 @@ pub fn states_that_lie() -> Vec<(usize, u8, String)> {
             lie.then(|| (b, s, format!("{found:?}")))
         })
         .collect()
+}
+
+/// The span of address space one page-table page maps (x86-64 and arm64 with 4 KiB pages).
+const PAGE_TABLE_SPAN: usize = 2 << 20;
+
+/// Gives this process the page tables over the recovered store's segments (blocks `in_use`
+/// from `base`): one read of a page of each 2 MiB that holds a segment.
+///
+/// Why: the segments are in memory (`SHM_LOCK`), but a process that has just attached the
+/// region has no page tables over them, and the first touch of each 2 MiB allocates one.
+/// Once the device serves, that first touch is a queue thread's read, or the linking of the
+/// old daemon's holes under the arena's lock, and with memory exhausted the allocation sits
+/// in reclaim that only this device's swap writes can satisfy: seen in the guest's crash
+/// test, `uzram-holes` in `pte_alloc_one` with the lock held, the queue threads waiting for
+/// it, and the hog and kswapd waiting for bios that never completed. Here, before the
+/// device serves, the room the old daemon kept for its successor is free. (Adopted free
+/// blocks got theirs when their free-list links were written.)
+fn map_page_tables(base: usize, in_use: &[bool]) {
+    let mut mapped = usize::MAX;
+    for (b, _) in in_use.iter().enumerate().filter(|(_, &u)| u) {
+        let block = base + b * BLOCK;
+        if block / PAGE_TABLE_SPAN != mapped {
+            mapped = block / PAGE_TABLE_SPAN;
+            // SAFETY: a block of our mapping that holds an arena segment: mapped, readable
+            // and in memory; a read changes nothing.
+            unsafe { ptr::read_volatile(block as *const u8) };
+        }
+    }
 }
 
 /// Gives the pages of `len` bytes of blocks at `start` back to the system; they read as
@@ -998,5 +1027,77 @@ mod tests {
             // SAFETY: pool blocks taken above with this layout.
             unsafe { PoolAlloc.dealloc(b, layout) };
         }
+    }
+
+    /// Whether `addr`'s page is mapped in this process's page tables (`/proc/self/pagemap`).
+    fn mapped_here(addr: usize) -> bool {
+        use std::os::unix::fs::FileExt;
+        let pagemap = std::fs::File::open("/proc/self/pagemap").unwrap();
+        let mut entry = [0u8; 8];
+        pagemap
+            .read_exact_at(&mut entry, (addr / 4096 * 8) as u64)
+            .unwrap();
+        u64::from_le_bytes(entry) >> 63 == 1
+    }
+
+    #[test]
+    fn a_recovered_store_gets_page_tables_over_each_2_mib_that_holds_a_segment() {
+        // 8 MiB of shared memory, 2 MiB aligned: four page tables' worth of blocks.
+        let span = 4 * PAGE_TABLE_SPAN;
+        // SAFETY: a new shared anonymous mapping at an address the kernel picks.
+        let raw = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                span + PAGE_TABLE_SPAN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(raw, libc::MAP_FAILED);
+        let base = (raw as usize).next_multiple_of(PAGE_TABLE_SPAN);
+        // In memory but not mapped here: what a new daemon finds of the old one's segments.
+        // SAFETY: writes within our own new mapping, then unmapping its pages from this
+        // process (shared memory keeps them).
+        unsafe {
+            ptr::write_bytes(base as *mut u8, 0x5A, span);
+            assert_eq!(
+                libc::madvise(base as *mut libc::c_void, span, libc::MADV_DONTNEED),
+                0
+            );
+        }
+        let blocks = span / BLOCK;
+        let per_table = PAGE_TABLE_SPAN / BLOCK;
+        assert!(!mapped_here(base + 3 * BLOCK));
+        let mut in_use = vec![false; blocks];
+        // Segments in the first and third 2 MiB only.
+        for b in [3, 5, 2 * per_table + 6] {
+            in_use[b] = true;
+        }
+        map_page_tables(base, &in_use);
+        assert!(
+            mapped_here(base + 3 * BLOCK),
+            "the first segment is not mapped"
+        );
+        assert!(
+            mapped_here(base + (2 * per_table + 6) * BLOCK),
+            "the third 2 MiB's segment is not mapped"
+        );
+        for page in (0..span).step_by(4096) {
+            let table = page / PAGE_TABLE_SPAN;
+            if table == 1 || table == 3 {
+                assert!(
+                    !mapped_here(base + page),
+                    "page {page:#x} was mapped though no segment lies in its 2 MiB"
+                );
+            }
+        }
+        // The data stayed.
+        // SAFETY: a page of our mapping.
+        let kept = unsafe { ptr::read_volatile((base + 5 * BLOCK) as *const u8) };
+        assert_eq!(kept, 0x5A);
+        // SAFETY: unmapping the whole mapping made above.
+        unsafe { libc::munmap(raw, span + PAGE_TABLE_SPAN) };
     }
 }
