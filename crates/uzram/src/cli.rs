@@ -53,10 +53,16 @@ pub enum Command {
 }
 
 impl Command {
-    /// Whether this command runs a device's daemon in this process.
-    pub fn serves_a_device(&self) -> bool {
+    /// Whether this command is on a device's I/O path: it runs a device's daemon in this
+    /// process, or (`recover`) starts the daemon that a paused device waits for. Either must
+    /// never reclaim memory by writing swap, which may go to that very device; `recover`'s
+    /// daemon inherits the setting from its first instruction on, before its `main` could
+    /// set it (see `main`).
+    pub fn on_a_device_io_path(&self) -> bool {
         match self {
-            Command::Run(_) | Command::Daemon(_) | Command::Standby(_) => true,
+            Command::Run(_) | Command::Daemon(_) | Command::Standby(_) | Command::Recover(_) => {
+                true
+            }
             Command::Create(args) => args.foreground,
             _ => false,
         }

@@ -34,8 +34,10 @@ fn main() -> ExitCode {
     // forever. After a kill -9 under memory pressure (7.3 guest), the dying daemon's log
     // thread allocated in do_exit, reclaimed into a swap write to the very device, and the
     // process never died, so no recovery could start. Every `daemon::serve` runs under one of
-    // these commands.
-    let io_flusher = cli.command.serves_a_device().then(sys::set_io_flusher);
+    // these commands. So does `recover`: while the device is paused, a swap write to it waits
+    // for the daemon that `recover` has yet to start (and that daemon, forked from it,
+    // inherits the flag through exec).
+    let io_flusher = cli.command.on_a_device_io_path().then(sys::set_io_flusher);
     // Log lines go through a bounded queue to a writer thread, and are dropped when it is
     // full: a queue thread must never block on a log write. The daemon's log file lives on
     // tmpfs (/run), whose pages can be swapped out to the daemon's own device; a queue

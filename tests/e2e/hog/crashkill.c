@@ -17,6 +17,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -32,6 +33,9 @@ extern char **environ;
 #define STALL_S 120
 /* CMD still running this long after the kill: print where uzram's threads are */
 #define DUMP_S 5
+
+/* /proc/sysrq-trigger, opened at start: see dump_state */
+static int sysrq_fd = -1;
 
 /* Prints FILE's lines, each with PREFIX. */
 static void cat_file(const char *prefix, const char *file)
@@ -54,6 +58,14 @@ static void dump_state(void)
 	struct dirent *p;
 
 	printf("crashkill: the recovery is still running after %d s; uzram's threads:\n", DUMP_S);
+	fflush(stdout);
+	/*
+	 * First every task's kernel stack and the memory state, into the kernel log: a write to
+	 * a file opened at start needs no new memory. The walk of /proc below allocates (proc
+	 * inodes) and once sat in reclaim before it printed a line.
+	 */
+	if (sysrq_fd >= 0 && (write(sysrq_fd, "t", 1) != 1 || write(sysrq_fd, "m", 1) != 1))
+		perror("crashkill: sysrq");
 	while (proc && (p = readdir(proc))) {
 		if (p->d_name[0] < '1' || p->d_name[0] > '9' || strlen(p->d_name) > 20)
 			continue;
@@ -132,6 +144,7 @@ int main(int argc, char **argv)
 
 	if (mlockall(MCL_CURRENT | MCL_FUTURE) != 0)
 		perror("crashkill: mlockall");
+	sysrq_fd = open("/proc/sysrq-trigger", O_WRONLY | O_CLOEXEC);
 	long long start = vmstat(counter);
 	if (start < 0) {
 		fprintf(stderr, "crashkill: no counter %s in /proc/vmstat\n", counter);

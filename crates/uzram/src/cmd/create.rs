@@ -150,7 +150,11 @@ pub fn daemon(args: DaemonArgs) -> anyhow::Result<ExitCode> {
             recover: args.recover,
             create_args: Some(args.device.to_args()),
             bridge: false,
-            pause: None,
+            // A recovery's steps are timed from this daemon's start: when the old one died,
+            // only whoever started us knows (crashkill prints the whole pause).
+            pause: args
+                .recover
+                .map(|_| crate::daemon::pause::PauseClock::now()),
             lock: None,
         };
         daemon::serve(launch, reporter.clone())
