@@ -122,6 +122,24 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
     rest.split_whitespace().nth(22 - 3)?.parse().ok()
 }
 
+/// How long ago this process was started (its fork, which for a spawned command is its
+/// exec), to the clock tick (10 ms); `None` where `/proc` or the clock cannot say.
+pub fn process_age() -> Option<std::time::Duration> {
+    let started = start_ticks(std::process::id())?;
+    // SAFETY: sysconf takes no pointers.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which `now` is.
+    check(unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) }).ok()?;
+    let now = std::time::Duration::new(u64::try_from(now.tv_sec).ok()?, now.tv_nsec as u32);
+    now.checked_sub(std::time::Duration::from_millis(
+        started.checked_mul(1000)? / hz.max(1),
+    ))
+}
+
 /// True when `pid` is alive and, if `started` is known, is the process that started then
 /// (not a later one that was given the same pid).
 pub fn process_alive(pid: u32, started: Option<u64>) -> bool {

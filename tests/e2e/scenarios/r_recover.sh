@@ -17,7 +17,8 @@ swap_errors() { dmesg | grep -ciE 'error.*ublkb|ublkb.*error|swap-device'; }
 crash() {
   CW=$1
   # (to the console: a file's new page would need memory, which is what may have run out)
-  timeout -s KILL "$IO_TMO" crashkill "$2" "$3" "$(daemon_pid "$DEV")" 0 uzram recover "$DEV" > /dev/console 2>&1 &
+  # (UZRAM_LOG=info: `uzram recover` prints where its part of the pause went)
+  UZRAM_LOG=info timeout -s KILL "$IO_TMO" crashkill "$2" "$3" "$(daemon_pid "$DEV")" 0 uzram recover "$DEV" > /dev/console 2>&1 &
   CPID=$!
 }
 crash_done() {

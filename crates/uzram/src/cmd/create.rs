@@ -150,11 +150,12 @@ pub fn daemon(args: DaemonArgs) -> anyhow::Result<ExitCode> {
             recover: args.recover,
             create_args: Some(args.device.to_args()),
             bridge: false,
-            // A recovery's steps are timed from this daemon's start: when the old one died,
-            // only whoever started us knows (crashkill prints the whole pause).
+            // A recovery's steps are timed from this process's start, the first step being
+            // its start-up ("exec"): when the old daemon died, only whoever started us knows
+            // (crashkill prints the whole pause).
             pause: args
                 .recover
-                .map(|_| crate::daemon::pause::PauseClock::now()),
+                .map(|_| crate::daemon::pause::PauseClock::since_start()),
             lock: None,
         };
         daemon::serve(launch, reporter.clone())

@@ -18,8 +18,10 @@ pub fn run(args: RecoverArgs) -> anyhow::Result<ExitCode> {
     super::require_root()?;
     super::require_module()?;
     let dev = dev_path(id);
+    let start = std::time::Instant::now();
     let state =
         wait_orphan(id).map_err(|why| anyhow::anyhow!("{dev} cannot be recovered: {why}"))?;
+    let orphan_ms = start.elapsed().as_millis() as u64;
     if let Some(config) = &state.config {
         anyhow::bail!(
             "{dev} was started from {}: start it the same way again (its systemd unit, or uzram run --config {}), which recovers it",
@@ -32,7 +34,18 @@ pub fn run(args: RecoverArgs) -> anyhow::Result<ExitCode> {
     };
     daemon_args.extend(["--recover".to_string(), id.to_string()]);
     make_room(&state);
-    super::create::start_detached(daemon_args)
+    let room_ms = start.elapsed().as_millis() as u64 - orphan_ms;
+    let started = super::create::start_detached(daemon_args);
+    // Where the part of a crash's pause that the new daemon does not see goes.
+    tracing::info!(
+        %dev,
+        orphan_ms,
+        room_ms,
+        daemon_ms = start.elapsed().as_millis() as u64 - orphan_ms - room_ms,
+        ok = started.is_ok(),
+        "recover: the device was found quiesced, its room given back, the new daemon started"
+    );
+    started
 }
 
 /// Gives the recovery room of `state`'s store back to the system, so that the new daemon

@@ -466,6 +466,10 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let on_started = move |_ctrl: &UblkCtrl| {
         // END_USER_RECOVERY has returned: the device serves again.
         pause::step(&mut pause, "queues");
+        // Not part of the I/O pause, which ended now, but of the wait of whoever started us
+        // (`uzram recover`, systemd): the node, its alias and tuning, the recovery record and
+        // the state file.
+        let publishing = std::time::Instant::now();
         target::drop_stashed_io_bufs();
         if !wait_for_path(Path::new(&state.dev), Duration::from_secs(10)) {
             tracing::warn!(dev = %state.dev, "block device node did not appear");
@@ -491,7 +495,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         match &pause {
             // The pause ended when the queues were served again (above), not now.
             Some(p) => {
-                tracing::info!(dev = %state.dev, paused_ms = p.total().as_millis() as u64, steps = %p, "serving (taken over; I/O was paused for paused_ms: steps in ms)")
+                tracing::info!(dev = %state.dev, paused_ms = p.total().as_millis() as u64, steps = %p, publish_ms = publishing.elapsed().as_millis() as u64, "serving (taken over; I/O was paused for paused_ms: steps in ms)")
             }
             None => tracing::info!(dev = %state.dev, "serving"),
         }

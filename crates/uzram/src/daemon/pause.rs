@@ -28,6 +28,15 @@ impl PauseClock {
         Self::since(Instant::now())
     }
 
+    /// A pause that began when this process started, its first step ("exec") ending now:
+    /// for a daemon started because its device's daemon died (`uzram recover`).
+    pub fn since_start() -> Self {
+        let age = crate::sys::process_age().unwrap_or_default();
+        let mut clock = Self::since(Instant::now().checked_sub(age).unwrap_or_else(Instant::now));
+        clock.step("exec");
+        clock
+    }
+
     /// `step` ended now: it took the time since the previous step ended.
     pub fn step(&mut self, step: &'static str) {
         let now = Instant::now();
