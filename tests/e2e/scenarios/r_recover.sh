@@ -34,6 +34,8 @@ crash_done() {
     sleep 1
   done
   say "  $CW: daemon: ${_p:-no paused_ms line in /run/uzram/*.log}"
+  # what the new daemon allocated to start (the recovery room must cover it: docs/recovery.md)
+  say "  $CW: new daemon's memory: $(grep -E '^(RssAnon|VmLck|VmPTE)' "/proc/$(daemon_pid "$DEV")/status" | tr -s ' \t\n' ' ')"
   kill -0 $HPID 2>/dev/null && ok "$CW: the hog is alive" \
     || { say "  $CW: the hog is no longer running"; dmesg | grep -iE 'out of memory|oom-kill|killed process' | tail -3 | sed 's/^/    dmesg| /'; }
   say "  $CW: $(tail -1 /tmp/hog.out)"
