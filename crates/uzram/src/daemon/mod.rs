@@ -425,6 +425,28 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         io_path_thread("uzram-compact");
         compactor::keep(compacted)
     })?;
+    // A recovery's follow-up work once the device serves: commit the room it gave back again
+    // (off the I/O path; see `commit_room_soon`), and link the holes it left between the old
+    // daemon's pages off the free lists (`PageStore::link_adopted_holes`). Both threads start
+    // now, before serving: see `spawn_deferred`.
+    let room_go = match launch.recover {
+        Some(_) => {
+            let (start, len) = region.room();
+            Some(spawn_deferred("uzram-room", move || {
+                region::commit_room_soon(start, len)
+            })?)
+        }
+        None => None,
+    };
+    let holes_go = match launch.recover {
+        Some(_) => {
+            let holes = store.clone();
+            Some(spawn_deferred("uzram-holes", move || {
+                holes.link_adopted_holes()
+            })?)
+        }
+        None => None,
+    };
 
     step("threads");
     // The binary's code (`populate_file_code`), and everything set up so far (heap,
@@ -451,16 +473,11 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         Ok(())
     };
     let ready_states = states.clone();
-    // A recovery gave the room back before we started: commit it again once we serve (off
-    // the I/O path; see `commit_room_soon`).
-    let room = launch.recover.map(|_| region.room());
     let ready_reporter = reporter.clone();
     // A config's daemon (`uzram run`, not a bridge) gets a standby outside its unit that
     // takes the device over if it dies (`uzram standby`).
     let want_standby = !launch.bridge && launch.config_path.is_some();
     let started_standby = standby_pid.clone();
-    // A recovery's store, to link its holes once it serves (below).
-    let mut holes_store = launch.recover.map(|_| store.clone());
     let alias_rdev = Arc::new(std::sync::OnceLock::new());
     let started_alias_rdev = alias_rdev.clone();
     let on_started = move |_ctrl: &UblkCtrl| {
@@ -499,19 +516,8 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
             }
             None => tracing::info!(dev = %state.dev, "serving"),
         }
-        if let Some((start, len)) = room {
-            let _ = std::thread::Builder::new()
-                .name("uzram-room".into())
-                .stack_size(256 << 10)
-                .spawn(move || region::commit_room_soon(start, len));
-        }
-        if let Some(holes) = holes_store.take() {
-            // The recovery left the holes between the old daemon's pages off the free
-            // lists (`PageStore::link_adopted_holes`): linked now, with I/O running.
-            let _ = std::thread::Builder::new()
-                .name("uzram-holes".into())
-                .stack_size(256 << 10)
-                .spawn(move || holes.link_adopted_holes());
+        for go in room_go.iter().chain(&holes_go) {
+            let _ = go.send(());
         }
         if want_standby {
             standby::start(&state, &started_standby);
@@ -769,6 +775,34 @@ fn add_error(err: UblkError, id: Option<u32>) -> anyhow::Error {
     }
 }
 
+/// Starts thread `name` now and returns the sender that makes it run `job`; once `job` is
+/// done (or the sender is dropped unsent), the thread parks for good, it never exits.
+///
+/// Why: starting a thread maps its stack, and a thread's exit unmaps its signal stack; both
+/// take the process's mmap lock for writing. Once the device serves, a thread of ours may
+/// hold that lock for reading for a long time: a page fault (`uzram-room` committing the
+/// room, the pool keeper's refill) that sits in reclaim while memory is exhausted. A writer
+/// then waits behind it, and every later reader waits behind the writer, among them a queue
+/// thread's first touch of an old daemon's segment page: the device stops serving, and the
+/// reclaim that was waiting for its writes never ends. Seen in the guest's crash scenario
+/// (r) on 6.12: `uzram-room` in reclaim, `uzram-holes` exiting in `munmap`, a queue thread in
+/// `lock_mm_and_find_vma`, the hog and kswapd waiting for bios.
+fn spawn_deferred(
+    name: &str,
+    job: impl FnOnce() + Send + 'static,
+) -> Result<mpsc::Sender<()>, ControlError> {
+    let (go, told) = mpsc::channel::<()>();
+    spawn(name, move || {
+        if told.recv().is_ok() {
+            job();
+        }
+        loop {
+            std::thread::park();
+        }
+    })?;
+    Ok(go)
+}
+
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), ControlError> {
     std::thread::Builder::new()
         .name(name.to_string())
@@ -867,4 +901,49 @@ fn pool_stats() -> [Stat; 6] {
             value: timeouts as u64,
         },
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Threads of this process named `name` (`/proc/self/task/*/comm`).
+    fn threads_named(name: &str) -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|comm| comm.trim_end() == name)
+            .count()
+    }
+
+    fn within_5_s(what: &str, done: impl Fn() -> bool) {
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while !done() {
+            assert!(std::time::Instant::now() < until, "{what}: not within 5 s");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn a_deferred_thread_starts_at_once_runs_its_job_when_told_and_never_exits() {
+        static RUNS: AtomicUsize = AtomicUsize::new(0);
+        let name = "uzram-deftest";
+        let go = spawn_deferred(name, || {
+            RUNS.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+        within_5_s("the thread started", || threads_named(name) == 1);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            RUNS.load(Ordering::SeqCst),
+            0,
+            "the job ran before it was told to"
+        );
+        go.send(()).unwrap();
+        within_5_s("the job ran", || RUNS.load(Ordering::SeqCst) == 1);
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(threads_named(name), 1, "the thread exited after its job");
+        assert_eq!(RUNS.load(Ordering::SeqCst), 1);
+    }
 }
