@@ -159,10 +159,20 @@ fio_job() {
 #   could not free the hog's pages fast enough while their writes waited on the daemon;
 #   6.12 passes at 200). A gap of uzram's swap-out speed, not hidden: README, known gaps.
 # - vm.compact_unevictable_allowed=0: see scenario b's queue_page_faults check.
+# - uzram.watermark_scale_factor (unset: the kernel's 10): vm.watermark_scale_factor, the gap
+#   between the watermarks at which kswapd starts and stops reclaiming, in 0.01 % of memory.
+#   A ublk device's swap writes complete only when the daemon answers, so pages under
+#   writeback cannot be freed at once as zram's can; at the default gap of 0.1 % (0.65 MiB in
+#   this guest) the hog's own allocations do most of the reclaim, and in one CI boot on 7.3
+#   (per-io-daemon, a then b) the OOM killer took b's hog 8 s into its fill with 66 MiB in
+#   swap. The 7.3 boots pass 200 (scripts/test). Four interleaved pairs of that boot:
+#   hog 52.7-57.1 s at 10, 47.7-50.3 s at 200; pgscan_direct 0.82-1.00 million against
+#   0.62-0.84; allocstall 70-87 against 52-83; no OOM in either (README, swap tuning).
 hog_swap_device() {
   AVAIL0=$(mem_avail_mib)
   SIZE_MIB=${UZ_swap_dev_mib:-$(((AVAIL0 * 2 + 16) * 5 / 4))}
   echo 0 > /proc/sys/vm/compact_unevictable_allowed
+  [ -z "${UZ_watermark_scale_factor:-}" ] || echo "$UZ_watermark_scale_factor" > /proc/sys/vm/watermark_scale_factor
   uzram_create --size "${SIZE_MIB}M" || return 1
   AVAIL=$(mem_avail_mib)
   HOG=${UZ_hog_mib:-$((AVAIL * ${UZ_hog_pct:-200} / 100 + 16))}

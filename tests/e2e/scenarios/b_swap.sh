@@ -30,6 +30,8 @@ if hog_swap_device; then
   sed 's/^/    | /' /tmp/hog.out
   out1=$(awk '/pswpout/{print $2}' /proc/vmstat)
   say "  hog wall time $(since "$t0")s, pswpout +$((out1 - out0)) pages, pswpin $(awk '/pswpin/{print $2}' /proc/vmstat)"
+  # direct reclaim (the hog's own allocations waiting on reclaim): where an OOM kill comes from
+  say "  $(grep -E '^(allocstall_dma32|allocstall_normal|pgscan_direct|pgsteal_direct|pgscan_kswapd|oom_kill) ' /proc/vmstat | tr '\n' ' ')"
   [ $hrc = 0 ] && ok "hog: every word verified" || fail_check "hog rc=$hrc"
   grep -q ' 0 bad words' /tmp/hog.out || fail_check "hog reported bad words"
   [ $((out1 - out0)) -gt $((AVAIL * 256 / 2)) ] && ok "swapped out $(((out1 - out0) / 256)) MiB" \
