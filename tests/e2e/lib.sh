@@ -152,7 +152,9 @@ fio_job() {
 #   of the guest's 458, and the kernel then fails to allocate a swap cluster table
 #   (swap_cluster_alloc_table, __GFP_HIGH|__GFP_NOMEMALLOC, new in 7.x) while swapping out,
 #   so the hog cannot be swapped and is killed. vm.min_free_kbytes=16384 did not help. Not
-#   fixed; the 7.3 boots therefore pass uzram.swap_discard=0 (scripts/test).
+#   fixed; the 7.3 boots therefore pass uzram.swap_discard=0 (scripts/test). (Those runs had a
+#   hog of 2x; at 1.75x, with discard, b passed 6 of 6 boots on 7.3 in batch mode, 3 of them
+#   with uzram.watermark_scale_factor=200.)
 # - uzram.hog_pct (default 200): the hog as a percentage of that memory. The 7.3 boots use
 #   175: at 200 the OOM killer took b's hog in its verify pass in 1 of the 6 7.3 boots of
 #   this release's CI runs, with swap half free (a swap-in's readahead found no page: reclaim
