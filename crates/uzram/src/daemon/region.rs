@@ -55,8 +55,12 @@ pub const MIN_ROOM: usize = 24 << 20;
 /// stored): RssAnon 29 MiB against 24 MiB of reserve and buffers, page tables 0.4-0.7 MiB.
 /// A room without it was spent before the new daemon served when the hog had taken the
 /// dead daemon's freed memory first, and the daemon's queue threads then waited in reclaim
-/// for good (docs/recovery.md).
-const START_REST: usize = 8 << 20;
+/// for good (docs/recovery.md). 16 MiB of it are slack for where the room's pages go when
+/// they are given back: onto the per-CPU free lists of the CPU that frees them (their limit
+/// grows with such a burst), which the allocator's watermark check does not count and other
+/// CPUs cannot take from. In a CI run 11.5 MiB lay there while the new daemon was held in
+/// `throttle_direct_reclaim` with 3.3 MiB free against an 8.5 MiB minimum.
+const START_REST: usize = 24 << 20;
 
 /// The recovery room for a device of `queues` queues of `depth` tags: the heap reserve,
 /// every tag's locked I/O buffer and the rest of what a new daemon allocates before it
@@ -703,7 +707,8 @@ mod tests {
 
     #[test]
     fn the_room_holds_the_heap_reserve_every_tags_buffer_and_the_rest() {
-        assert_eq!(room_bytes(1, 64), MIN_ROOM);
+        assert_eq!(room_bytes(1, 64), (8 << 20) + (8 << 20) + START_REST);
+        assert!(room_bytes(1, 1) >= MIN_ROOM);
         assert_eq!(
             room_bytes(2, 64),
             (8 << 20) + (16 << 20) + START_REST,
