@@ -429,24 +429,17 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     // (off the I/O path; see `commit_room_soon`), and link the holes it left between the old
     // daemon's pages off the free lists (`PageStore::link_adopted_holes`). Both threads start
     // now, before serving: see `spawn_deferred`.
-    let room_go = match launch.recover {
-        Some(_) => {
-            let (start, len) = region.room();
-            Some(spawn_deferred("uzram-room", move || {
-                region::commit_room_soon(start, len)
-            })?)
-        }
-        None => None,
-    };
-    let holes_go = match launch.recover {
-        Some(_) => {
-            let holes = store.clone();
-            Some(spawn_deferred("uzram-holes", move || {
-                holes.link_adopted_holes()
-            })?)
-        }
-        None => None,
-    };
+    let mut after_start = Vec::new();
+    if launch.recover.is_some() {
+        let (start, len) = region.room();
+        after_start.push(spawn_deferred("uzram-room", move || {
+            region::commit_room_soon(start, len)
+        })?);
+        let holes = store.clone();
+        after_start.push(spawn_deferred("uzram-holes", move || {
+            holes.link_adopted_holes()
+        })?);
+    }
 
     step("threads");
     // The binary's code (`populate_file_code`), and everything set up so far (heap,
@@ -516,7 +509,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
             }
             None => tracing::info!(dev = %state.dev, "serving"),
         }
-        for go in room_go.iter().chain(&holes_go) {
+        for go in &after_start {
             let _ = go.send(());
         }
         if want_standby {

@@ -64,14 +64,13 @@ const START_REST: usize = 24 << 20;
 
 /// The recovery room for a device of `queues` queues of `depth` tags: the heap reserve,
 /// every tag's locked I/O buffer and the rest of what a new daemon allocates before it
-/// serves ([`START_REST`]), at least [`MIN_ROOM`]. A fixed 24 MiB fell 16 MiB short of the
-/// first two with four queues at the default depth.
+/// serves ([`START_REST`]); never under [`MIN_ROOM`] (checked at compile time). A fixed
+/// 24 MiB fell 16 MiB short of the first two with four queues at the default depth.
 pub fn room_bytes(queues: u16, depth: u16) -> usize {
     let buffers = usize::from(queues) * usize::from(depth) * super::target::IO_BUF_BYTES as usize;
-    (super::HEAP_RESERVE + buffers + START_REST)
-        .max(MIN_ROOM)
-        .next_multiple_of(UNIT)
+    (super::HEAP_RESERVE + buffers + START_REST).next_multiple_of(UNIT)
 }
+const _: () = assert!(super::HEAP_RESERVE + START_REST >= MIN_ROOM);
 const UNIT: usize = pool::BLOCK;
 /// Where the id of the device's GPU staging segment (`staging.rs`) is recorded: a word in
 /// the header's unit after the header, [`STAGING_TAG`] above the id (0: none; a region of
@@ -708,7 +707,10 @@ mod tests {
     #[test]
     fn the_room_holds_the_heap_reserve_every_tags_buffer_and_the_rest() {
         assert_eq!(room_bytes(1, 64), (8 << 20) + (8 << 20) + START_REST);
-        assert!(room_bytes(1, 1) >= MIN_ROOM);
+        assert_eq!(
+            room_bytes(1, 1),
+            ((8 << 20) + (128 << 10) + START_REST).next_multiple_of(UNIT)
+        );
         assert_eq!(
             room_bytes(2, 64),
             (8 << 20) + (16 << 20) + START_REST,
