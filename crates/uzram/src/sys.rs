@@ -91,24 +91,6 @@ pub fn new_session() -> io::Result<()> {
     Ok(())
 }
 
-/// True when a process with this pid exists (possibly owned by someone else).
-pub fn pid_alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return false;
-    };
-    if pid <= 0 {
-        return false;
-    }
-    // SAFETY: signal 0 only checks for existence and permission; nothing is delivered.
-    let ret = unsafe { libc::kill(pid, 0) };
-    let exists = ret == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
-    // An exited process stays a zombie until its parent reaps it, and a daemon's parent is
-    // systemd, which may itself wait on the paused device: a zombie is not alive. But only
-    // once its last thread has gone: a leader that exits first shows as a zombie while the
-    // other threads still hold the process's files (the device's lock among them).
-    exists && !has_exited(pid)
-}
-
 /// When process `pid` started, in clock ticks after boot (`/proc/<pid>/stat`, field 22).
 /// A pid alone names a process only until it exits: the kernel hands it out again.
 ///
@@ -116,10 +98,65 @@ pub fn pid_alive(pid: u32) -> bool {
 /// another one a live daemon's pid would name some other process or none.
 pub fn start_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // "pid (comm) S ppid ...": comm may hold spaces and parentheses, so fields are counted
-    // from the last ')': the state is field 3, the start time field 22.
+    parse_stat(&stat)?.started
+}
+
+/// What one read of `/proc/<pid>/stat` says about a process.
+#[derive(Debug, PartialEq, Eq)]
+struct ProcStat {
+    /// A zombie (or dead) process with no thread left but the exited leader.
+    exited: bool,
+    /// Field 22, in clock ticks after boot.
+    started: Option<u64>,
+}
+
+fn parse_stat(stat: &str) -> Option<ProcStat> {
+    // "pid (comm) S ...": comm may hold spaces and parentheses, so fields are counted from
+    // the last ')': the state is field 3, the thread count field 20, the start time 22.
     let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(22 - 3)?.parse().ok()
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let zombie = fields.first().is_some_and(|s| *s == "Z" || *s == "X");
+    let threads: Option<u64> = fields.get(20 - 3).and_then(|n| n.parse().ok());
+    Some(ProcStat {
+        exited: zombie && threads.is_some_and(|n| n <= 1),
+        started: fields.get(22 - 3).and_then(|n| n.parse().ok()),
+    })
+}
+
+/// True when `pid` is alive and, if `started` is known, is the process that started then
+/// (not a later one that was given the same pid).
+///
+/// An exited process stays a zombie until its parent reaps it, and a daemon's parent is
+/// systemd, which may itself wait on the paused device: a zombie is not alive. But only once
+/// its last thread has gone: a leader that exits first shows as a zombie while the other
+/// threads still hold the process's files (the device's lock among them).
+///
+/// `/proc/<pid>/stat` is read once and decides alone when it can be read: a check in two
+/// steps (signal 0, then the stat) took a zombie that its parent reaped between the two for
+/// a live process, and a standby gave up its device (seen in the guest under systemd).
+pub fn process_alive(pid: u32, started: Option<u64>) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| parse_stat(&s))
+    {
+        Some(stat) => {
+            !stat.exited && started.map_or(true, |t| stat.started.map_or(true, |now| now == t))
+        }
+        // No stat: gone, unless the kernel still knows the pid (a /proc that is not this pid
+        // namespace's), which is taken for alive, the safe answer: a caller that sees a live
+        // daemon waits or refuses, one that sees a dead one takes its device over.
+        None => {
+            // SAFETY: signal 0 only checks for existence and permission; nothing is delivered.
+            let ret = unsafe { libc::kill(pid, 0) };
+            ret == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+        }
+    }
 }
 
 /// How long ago this process was started (its fork, which for a spawned command is its
@@ -138,33 +175,6 @@ pub fn process_age() -> Option<std::time::Duration> {
     now.checked_sub(std::time::Duration::from_millis(
         started.checked_mul(1000)? / hz.max(1),
     ))
-}
-
-/// True when `pid` is alive and, if `started` is known, is the process that started then
-/// (not a later one that was given the same pid).
-pub fn process_alive(pid: u32, started: Option<u64>) -> bool {
-    // A stat that cannot be read right after the pid was seen alive: it has most likely just
-    // exited. Taken for alive all the same, the safe answer: a caller that sees a live
-    // daemon waits or refuses, one that sees a dead one takes its device over.
-    pid_alive(pid) && started.map_or(true, |t| start_ticks(pid).map_or(true, |now| now == t))
-}
-
-/// A zombie (or dead) process with no thread left but the exited leader.
-fn has_exited(pid: libc::pid_t) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // "pid (comm) S ...": comm may hold spaces and parentheses, so fields are counted from
-    // the last ')': the state is field 3, the thread count field 20.
-    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-        return false;
-    };
-    let mut fields = rest.split_whitespace();
-    let zombie = fields
-        .next()
-        .is_some_and(|state| state == "Z" || state == "X");
-    let threads: Option<u64> = fields.nth(20 - 4).and_then(|n| n.parse().ok());
-    zombie && threads.is_some_and(|n| n <= 1)
 }
 
 /// The set of signals that stop a daemon: SIGTERM and SIGINT.
@@ -583,7 +593,7 @@ ctypes.CDLL(None).pthread_exit(None)\n";
         }
         let zombie_after = t.elapsed();
         assert!(
-            pid_alive(pid),
+            process_alive(pid, None),
             "a process whose leader is a zombie but whose other thread runs is alive"
         );
         let within = Some(std::time::Duration::from_secs(10));
@@ -594,10 +604,48 @@ ctypes.CDLL(None).pthread_exit(None)\n";
             t.elapsed()
         );
         assert!(
-            !pid_alive(pid),
+            !process_alive(pid, None),
             "every thread gone, not yet reaped: not alive"
         );
         child.wait().unwrap();
+    }
+
+    #[test]
+    fn a_stat_line_says_whether_the_process_exited_and_when_it_started() {
+        // Fields 3.. of a real line; field 20 is the thread count, 22 the start time.
+        let line = |comm: &str, state: &str, threads: u32| {
+            format!("375 ({comm}) {state} 1 375 375 0 -1 4194560 9 0 0 0 1 2 0 0 20 0 {threads} 0 4242 1 2")
+        };
+        let stat = |comm, state, threads| parse_stat(&line(comm, state, threads)).unwrap();
+        assert_eq!(
+            stat("uzram", "S", 5),
+            ProcStat {
+                exited: false,
+                started: Some(4242)
+            }
+        );
+        assert!(
+            stat("uzram", "Z", 1).exited,
+            "a zombie whose last thread is gone"
+        );
+        assert!(stat("uzram", "Z", 0).exited);
+        assert!(
+            !stat("uzram", "Z", 3).exited,
+            "a leader that exited while two threads run on"
+        );
+        assert!(
+            stat("a) Z 1 (b", "Z", 1).exited && !stat("a) Z 1 (b", "R", 1).exited,
+            "a name with parentheses and a state inside it"
+        );
+        assert_eq!(parse_stat("no parenthesis"), None);
+        assert_eq!(
+            parse_stat("7 (x) S 1"),
+            Some(ProcStat {
+                exited: false,
+                started: None
+            }),
+            "a line cut short"
+        );
     }
 
     #[test]
@@ -606,7 +654,7 @@ ctypes.CDLL(None).pthread_exit(None)\n";
         let pid = child.id();
         // exited, not yet reaped
         let start = std::time::Instant::now();
-        while pid_alive(pid) {
+        while process_alive(pid, None) {
             assert!(start.elapsed().as_secs() < 10, "pid {pid} still alive");
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
@@ -615,7 +663,10 @@ ctypes.CDLL(None).pthread_exit(None)\n";
             "the zombie is still there"
         );
         child.wait().unwrap();
-        assert!(pid_alive(std::process::id()), "this process is alive");
+        assert!(
+            process_alive(std::process::id(), None),
+            "this process is alive"
+        );
     }
 
     #[test]

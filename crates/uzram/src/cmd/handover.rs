@@ -201,7 +201,7 @@ mod tests {
         states.create().unwrap();
         let me = std::process::id();
         let started = crate::sys::start_ticks(me);
-        // pid 0 is never a live daemon (pid_alive refuses it); device 4's daemon had this
+        // pid 0 is never a live daemon (process_alive refuses it); device 4's daemon had this
         // process's pid but started at another time: the pid was reused, that daemon is gone.
         for s in [
             state(1, me, "/etc/uzram/a.toml", false),
