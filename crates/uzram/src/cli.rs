@@ -128,6 +128,11 @@ pub struct CreateArgs {
     /// Serve the device in the foreground instead of detaching a daemon.
     #[arg(long)]
     pub foreground: bool,
+    /// Keep a standby that recovers the device by itself whenever its daemon dies: `uzram
+    /// recover --wait --keep DEV`, started once the device serves (a few MiB, locked in
+    /// memory; it ends with the device).
+    #[arg(long, conflicts_with = "foreground")]
+    pub standby: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -149,6 +154,16 @@ pub struct DaemonArgs {
 pub struct RecoverArgs {
     /// The device: /dev/ublkbN, ublkbN or N.
     pub device: String,
+    /// Start now, while the device's daemon runs: wait, locked in memory, until that daemon
+    /// exits, then recover the device if it died (exit 0 without a recovery if the device
+    /// was stopped). A recovery started after a crash needs free memory to start at all,
+    /// which a crash under swap pressure may have left none of.
+    #[arg(long)]
+    pub wait: bool,
+    /// With --wait: after each recovery, wait for the new daemon in turn, until the device is
+    /// stopped (the standby `uzram create --standby` starts). Runs in a session of its own.
+    #[arg(long, requires = "wait")]
+    pub keep: bool,
 }
 
 #[derive(Debug, clap::Args)]

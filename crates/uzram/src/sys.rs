@@ -491,6 +491,20 @@ pub fn wait_for_exit_within(
     }
 }
 
+/// Reaps `pid` if it is an exited child of this process; does nothing for a child still
+/// running or a process that is not a child.
+pub fn reap_if_child(pid: u32) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    if pid <= 0 {
+        return;
+    }
+    let mut status = 0;
+    // SAFETY: waitpid writes one int, which `status` is; WNOHANG never blocks.
+    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+}
+
 /// Sends SIGKILL to `pid`.
 pub fn kill_now(pid: u32) -> io::Result<()> {
     let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
@@ -646,6 +660,40 @@ ctypes.CDLL(None).pthread_exit(None)\n";
             }),
             "a line cut short"
         );
+    }
+
+    #[test]
+    fn an_exited_child_is_reaped_and_a_running_one_is_not() {
+        let mut running = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let mut exited = std::process::Command::new("true").spawn().unwrap();
+        let pid = exited.id();
+        let t = std::time::Instant::now();
+        while process_alive(pid, None) {
+            assert!(t.elapsed().as_secs() < 10, "pid {pid} never exited");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(
+            std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "a zombie until reaped"
+        );
+        reap_if_child(pid);
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "reaped"
+        );
+        assert!(exited.wait().is_err(), "nothing left for std to reap");
+        reap_if_child(running.id());
+        assert_eq!(
+            running.try_wait().unwrap(),
+            None,
+            "still running, not reaped"
+        );
+        reap_if_child(1);
+        running.kill().unwrap();
+        running.wait().unwrap();
     }
 
     #[test]

@@ -131,6 +131,7 @@ fn bad_settings_are_refused() {
     );
     refused(&["status", "ublkc3"], "invalid device");
     refused(&["recover", "ublkc3"], "invalid device");
+    refused(&["recover", "--wait", "ublkc3"], "invalid device");
     refused(&["recover"], "required");
     refused(&["destroy"], "required");
     refused(&["destroy", "1", "--all"], "cannot be used with");

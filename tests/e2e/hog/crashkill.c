@@ -3,7 +3,9 @@
  *
  * Waits until the /proc/vmstat COUNTER (pswpout, pswpin) has grown by DELTA since it started,
  * kills PID with SIGKILL, waits until PID is gone, waits GAP_MS more, then runs CMD (the
- * recovery) and waits for it. Prints one line:
+ * recovery) and waits for it. A GAP_MS below 0 starts CMD at once instead, before the kill:
+ * a recovery that waits for the daemon to die by itself (`uzram recover --wait`). Prints one
+ * line:
  *   crashkill: COUNTER +N at the kill; pid gone after A s; CMD rc R after B s; pause P s
  * where the pause runs from the kill until CMD returned (CMD returns once the device serves).
  * Exit status: CMD's, or 2 on bad usage or when PID never went away, or 3 when COUNTER stood
@@ -150,6 +152,15 @@ int main(int argc, char **argv)
 		fprintf(stderr, "crashkill: no counter %s in /proc/vmstat\n", counter);
 		return 2;
 	}
+	pid_t child;
+	int err;
+	if (gap < 0) {
+		err = posix_spawnp(&child, argv[5], NULL, NULL, &argv[5], environ);
+		if (err != 0) {
+			fprintf(stderr, "crashkill: starting %s: %s\n", argv[5], strerror(err));
+			return 2;
+		}
+	}
 	long long v = start, seen = start;
 	double moved = now();
 	while (v - start < delta) {
@@ -162,6 +173,8 @@ int main(int argc, char **argv)
 			printf("crashkill: %s stood still at +%lld of %lld for %d s (the load ended?): pid %d not killed\n",
 			       counter, v - start, delta, STALL_S, (int)pid);
 			fflush(stdout);
+			if (gap < 0)
+				kill(child, SIGKILL);
 			return 3;
 		}
 	}
@@ -172,8 +185,13 @@ int main(int argc, char **argv)
 	}
 	/* not our child: gone when signal 0 fails */
 	int tries = 0;
-	while (kill(pid, 0) == 0 && tries++ < 3000)
+	while (kill(pid, 0) == 0 && tries++ < 3000) {
+		/* still there after 2 s: every task's kernel stack into the kernel log, to see
+		 * where the dying daemon's threads wait (7.3: gone only after 5 s, now and then) */
+		if (tries == 200 && sysrq_fd >= 0 && write(sysrq_fd, "t", 1) != 1)
+			perror("crashkill: sysrq");
 		pause_ms(10);
+	}
 	double gone = now() - t0;
 	printf("crashkill: %s +%lld: killed pid %d (gone after %.2f s)\n", counter, v - start, (int)pid, gone);
 	fflush(stdout);
@@ -181,12 +199,15 @@ int main(int argc, char **argv)
 		fprintf(stderr, "crashkill: pid %d still there %.1f s after SIGKILL\n", (int)pid, gone);
 		return 2;
 	}
-	pause_ms(gap);
-	pid_t child;
-	int err = posix_spawnp(&child, argv[5], NULL, NULL, &argv[5], environ);
-	if (err != 0) {
-		fprintf(stderr, "crashkill: starting %s: %s\n", argv[5], strerror(err));
-		return 2;
+	if (gap >= 0) {
+		pause_ms(gap);
+		err = posix_spawnp(&child, argv[5], NULL, NULL, &argv[5], environ);
+		if (err != 0) {
+			fprintf(stderr, "crashkill: starting %s: %s\n", argv[5], strerror(err));
+			return 2;
+		}
+	} else {
+		gap = 0;
 	}
 	int status = 0;
 	int dumped = 0;

@@ -7,6 +7,11 @@
 . /e2e/lib.sh
 begin d_kill9
 shm_segments() { tail -n +2 /proc/sysvipc/shm | wc -l; }
+standby_pids() {
+  for _p in /proc/[0-9]*; do
+    tr '\0' ' ' < "$_p/cmdline" 2>/dev/null | grep -q 'recover --wait --kee[p]' && echo "${_p#/proc/}"
+  done
+}
 wait_gone() { _i=0; while kill -0 "$1" 2>/dev/null && [ $_i -lt 100 ]; do _i=$((_i + 1)); usleep 100000; done; ! kill -0 "$1" 2>/dev/null; }
 if uzram_create --size 64M; then
   check "fio write 0..16M" fio_job region.fio DEV="$DEV" OFFSET=0 LEN=16M VONLY=0
@@ -53,8 +58,14 @@ if uzram_create --size 64M; then
     W2=$(stat_field "$DEV" write_requests)
     M2=$(stat_field "$DEV" mem_used_max)
     U2=$(stat_field "$DEV" mem_used_total)
+    # This time the recovery waits, started before the kill (`uzram recover --wait`).
+    UZRAM_LOG=info timeout -s KILL "$IO_TMO" uzram recover --wait "$DEV" > /tmp/d-wait.out 2>&1 &
+    RPID=$!
+    sleep 1
     kill -9 "$PID2"; wait_gone "$PID2"
-    check "uzram recover $DEV (again, nothing in flight)" uzram recover "$DEV"
+    wait $RPID; rc=$?
+    [ $rc = 0 ] && [ -n "$(daemon_pid "$DEV")" ] && ok "uzram recover --wait, started before the kill, recovered $DEV" \
+      || { fail_check "uzram recover --wait: rc=$rc, $DEV served by '$(daemon_pid "$DEV")'"; tail -5 /tmp/d-wait.out; }
     W3=$(stat_field "$DEV" write_requests)
     M3=$(stat_field "$DEV" mem_used_max)
     [ -n "$W1" ] && [ "$W1" -gt 0 ] && [ -n "$W2" ] && [ "$W2" -gt "$W1" ] && [ "$W3" = "$W2" ] \
@@ -77,7 +88,40 @@ if uzram_create --size 64M; then
     [ $rc = 0 ] && ! grep -q ublkb /tmp/d.out && ok "uzram list shows no device" || fail_check "uzram list after destroy: rc=$rc $(head -c 200 /tmp/d.out)"
     if uzram_create --size 16M; then
       check "fio on a device created after the crash" fio_job region.fio DEV="$DEV" OFFSET=0 LEN=8M VONLY=0
+      # a waiting recovery whose device is destroyed instead recovers nothing, and says so
+      UZRAM_LOG=info timeout -s KILL "$TMO" uzram recover --wait "$DEV" > /tmp/d-wait.out 2>&1 &
+      RPID=$!
+      sleep 1
       uzram_destroy "$DEV"
+      wait $RPID; rc=$?
+      [ $rc = 0 ] && grep -q "nothing to recover" /tmp/d-wait.out && ok "uzram recover --wait exits 0 when its device is destroyed" \
+        || { fail_check "uzram recover --wait on a destroyed device: rc=$rc"; tail -5 /tmp/d-wait.out; }
+    fi
+    # A device made with --standby recovers by itself, crash after crash, and its standby
+    # ends with it.
+    if uzram_create --size 16M --standby; then
+      check "fio write 0..8M (standby device)" fio_job region.fio DEV="$DEV" OFFSET=0 LEN=8M VONLY=0
+      for n in 1 2; do
+        P=$(daemon_pid "$DEV")
+        t=$(up)
+        kill -9 "$P"; wait_gone "$P"
+        i=0
+        while N=$(daemon_pid "$DEV"); { [ -z "$N" ] || [ "$N" = "$P" ]; } && [ $i -lt 200 ]; do
+          i=$((i + 1)); usleep 50000
+        done
+        [ -n "$N" ] && [ "$N" != "$P" ] && ok "crash $n: the standby started a new daemon ($N) $(since "$t") s after the kill" \
+          || fail_check "crash $n: no new daemon for $DEV 10 s after the kill"
+        # returns once the device serves again
+        check "crash $n: fio verify 0..8M" fio_job region.fio DEV="$DEV" OFFSET=0 LEN=8M VONLY=1
+        say "  crash $n: served and verified $(since "$t") s after the kill"
+      done
+      SB=$(standby_pids)
+      [ -n "$SB" ] && ok "its standby waits (pid $SB)" || fail_check "no uzram recover --wait --keep process"
+      uzram_destroy "$DEV"
+      i=0; while [ -n "$(standby_pids)" ] && [ $i -lt 100 ]; do i=$((i + 1)); usleep 100000; done
+      [ -z "$(standby_pids)" ] && ok "the standby ended with its device" \
+        || fail_check "a standby still runs 10 s after its device was destroyed: $(standby_pids)"
+      dmesg | grep -a 'uzram::cmd::recover' | tail -3 | sed 's/^/    kmsg| /'
     fi
   fi
   dmesg | grep -i ublk | tail -8 | sed 's/^/    dmesg| /'

@@ -1,13 +1,15 @@
 # Scenario r: daemon crashes under swap. A hog of >= 2x the memory available (with the daemon
-# running) goes through swap on the device; its daemon is killed (-9) twice and `uzram recover`
-# starts a new one each time:
+# running) goes through swap on the device; its daemon is killed (-9) twice and `uzram recover
+# --wait`, started before each kill, starts a new one each time:
 #   1. while the hog still fills, once a quarter of it went out to swap (kill during writes);
 #   2. in the hog's verification pass, once a third of it came back in.
 # Every word must verify, the hog must live, and the kernel must log no I/O error for the
 # device. The I/O pause of each crash (kill until the new daemon serves) is printed.
 # The kill and the recovery are run by crashkill, started before the kill and locked in memory:
 # this shell's own pages may be in swap on the device, and it would wait for them with
-# everything else (see tests/e2e/hog/crashkill.c).
+# everything else (see tests/e2e/hog/crashkill.c). The recovery is started before the kill
+# too, for the same reason: a process started after it needs free pages to start at all, and
+# a crash under this load may leave none (seen on 7.3: docs/recovery.md).
 . /e2e/lib.sh
 begin r_recover
 swap_errors() { dmesg | grep -ciE 'error.*ublkb|ublkb.*error|swap-device'; }
@@ -18,7 +20,7 @@ crash() {
   CW=$1
   # (to the console: a file's new page would need memory, which is what may have run out)
   # (UZRAM_LOG=info: `uzram recover` prints where its part of the pause went)
-  UZRAM_LOG=info timeout -s KILL "$IO_TMO" crashkill "$2" "$3" "$(daemon_pid "$DEV")" 0 uzram recover "$DEV" > /dev/console 2>&1 &
+  UZRAM_LOG=info timeout -s KILL "$IO_TMO" crashkill "$2" "$3" "$(daemon_pid "$DEV")" -1 uzram recover --wait "$DEV" > /dev/console 2>&1 &
   CPID=$!
 }
 crash_done() {
@@ -34,6 +36,15 @@ crash_done() {
     sleep 1
   done
   say "  $CW: daemon: ${_p:-no paused_ms line in /run/uzram/*.log}"
+  # the recovery held the per-CPU free lists short to give its room back; the new daemon
+  # puts the kernel's default back once it serves (daemon/free_lists.rs)
+  for _i in 1 2 3 4 5; do
+    _f=$(cat /proc/sys/vm/percpu_pagelist_high_fraction)
+    [ "$_f" = 0 ] && break
+    sleep 1
+  done
+  [ "$_f" = 0 ] && ok "$CW: per-CPU free lists back to the kernel's default" \
+    || fail_check "$CW: vm.percpu_pagelist_high_fraction is $_f after the recovery, not 0"
   # what the new daemon allocated to start (the recovery room must cover it: docs/recovery.md)
   say "  $CW: new daemon's memory: $(grep -E '^(RssAnon|VmLck|VmPTE)' "/proc/$(daemon_pid "$DEV")/status" | tr -s ' \t\n' ' ')"
   kill -0 $HPID 2>/dev/null && ok "$CW: the hog is alive" \

@@ -35,12 +35,40 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
         daemon::serve(launch, Arc::new(Reporter::new(Readiness::Stdout)))?;
         return Ok(ExitCode::SUCCESS);
     }
-    start_detached(args.device.to_args())
+    let dev = start_detached(args.device.to_args())?;
+    println!("{dev}");
+    if args.standby {
+        start_standby(&dev).with_context(|| {
+            format!("{dev} serves, but its standby did not start: run uzram recover --wait --keep {dev}")
+        })?;
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
-/// Starts `uzram daemon ARGS` detached, waits until it serves and prints the device path;
+/// Starts `uzram recover --wait --keep DEV`, detached, logging to the kernel's log: a file
+/// on tmpfs could have its pages in swap on the very device the standby waits to recover.
+/// Warnings only (unless UZRAM_LOG says otherwise): the kernel drops a burst of user lines.
+fn start_standby(dev: &str) -> anyhow::Result<()> {
+    let exe = std::env::current_exe().context("finding the uzram binary")?;
+    let log = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/kmsg")
+        .map(Stdio::from)
+        .unwrap_or_else(|_| Stdio::null());
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["recover", "--wait", "--keep", dev])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+    // Not waited for: it outlives this command, and its parent becomes init.
+    let child = cmd.spawn().context("starting the standby")?;
+    tracing::info!(%dev, pid = child.id(), "standby started");
+    Ok(())
+}
+
+/// Starts `uzram daemon ARGS` detached, waits until it serves and returns the device path;
 /// on failure shows its message and the end of its log.
-pub(super) fn start_detached(daemon_args: Vec<String>) -> anyhow::Result<ExitCode> {
+pub(super) fn start_detached(daemon_args: Vec<String>) -> anyhow::Result<String> {
     let states = StateDir::default();
     states.create()?;
     let log_path = states
@@ -104,8 +132,7 @@ pub(super) fn start_detached(daemon_args: Vec<String>) -> anyhow::Result<ExitCod
         if dev.is_empty() {
             anyhow::bail!("the daemon sent a malformed readiness line {line:?}");
         }
-        println!("{dev}");
-        return Ok(ExitCode::SUCCESS);
+        return Ok(dev.to_string());
     }
     // Failed: reap the daemon, show its message and the end of its log.
     let status = child.wait().ok();

@@ -10,13 +10,55 @@ use std::process::ExitCode;
 use crate::cli::RecoverArgs;
 use crate::control::anchor;
 use crate::control::state::DaemonState;
-use crate::daemon::region;
+use crate::daemon::{free_lists, region};
 use crate::devname::{dev_path, parse_device};
 
 pub fn run(args: RecoverArgs) -> anyhow::Result<ExitCode> {
     let id = parse_device(&args.device).map_err(anyhow::Error::msg)?;
     super::require_root()?;
     super::require_module()?;
+    let dev = dev_path(id);
+    if args.keep {
+        // A standby outlives the shell or command that started it.
+        if let Err(err) = crate::sys::new_session() {
+            tracing::warn!(error = %err, "setsid failed");
+        }
+    }
+    let mut failed = 0;
+    loop {
+        if args.wait {
+            if !wait_for_daemon(id)? {
+                tracing::info!(%dev, "the device was stopped: nothing to recover");
+                return Ok(ExitCode::SUCCESS);
+            }
+            tracing::warn!(%dev, "the device's daemon died: recovering it");
+        }
+        match recover_now(id) {
+            Ok(serving) => {
+                println!("{serving}");
+                failed = 0;
+            }
+            // The new daemon died before it served (killed as well, or failed in its start):
+            // the device waits for a daemon again, and a standby is its only hope. Seen in the
+            // guest: a kill of the new daemon just before it reported.
+            Err(err) if args.keep && failed + 1 < KEEP_TRIES => {
+                failed += 1;
+                tracing::warn!(%dev, error = %err, failed, "the recovery failed: trying again");
+            }
+            Err(err) => return Err(err),
+        }
+        if !args.keep {
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+}
+
+/// Recoveries in a row a standby (`--keep`) tries before it gives up.
+const KEEP_TRIES: u32 = 3;
+
+/// Starts a new daemon for device `id`, once the kernel holds it for recovery, with the
+/// arguments its dead daemon published; returns the device path once the new one serves.
+fn recover_now(id: u32) -> anyhow::Result<String> {
     let dev = dev_path(id);
     let start = std::time::Instant::now();
     let state =
@@ -48,6 +90,39 @@ pub fn run(args: RecoverArgs) -> anyhow::Result<ExitCode> {
     started
 }
 
+/// `uzram recover --wait`: locks this process in memory and waits until the daemon of device
+/// `id` exits. True when the device is left behind for a recovery, false when it went with
+/// its daemon (stopped or destroyed). Refuses at once what `run` would refuse after the
+/// wait: a device without a record, or one started from a config.
+fn wait_for_daemon(id: u32) -> anyhow::Result<bool> {
+    let dev = dev_path(id);
+    let Some(state) = anchor::read(id) else {
+        anyhow::bail!(
+            "{dev} has no recovery record: not a uzram device, or its daemon does not serve yet"
+        );
+    };
+    if let Some(config) = &state.config {
+        anyhow::bail!(
+            "{dev} was started from {}: its systemd unit's standby recovers it",
+            config.display()
+        );
+    }
+    // What it has touched so far stays in RAM, the rest is locked as it is touched, and the
+    // code the recovery runs is in memory before the crash: after it, a fault that needs a
+    // free page may find none.
+    crate::sys::mlock_all().map_err(|e| anyhow::anyhow!("mlockall: {e}"))?;
+    if let Err(err) = crate::daemon::fault_guard::populate_file_code() {
+        tracing::warn!(error = %err, "populating the binary's code failed");
+    }
+    tracing::info!(%dev, pid = state.pid, "waiting for the device's daemon to exit");
+    crate::sys::wait_for_exit(state.pid, state.started)
+        .map_err(|e| anyhow::anyhow!("waiting for pid {}: {e}", state.pid))?;
+    // A daemon that an earlier turn of `--keep` started is a child of this process.
+    crate::sys::reap_if_child(state.pid);
+    // A stopped daemon deletes its device before it exits.
+    Ok(Path::new(&format!("/sys/class/ublk-char/ublkc{id}")).exists())
+}
+
 /// Gives the recovery room of `state`'s store back to the system, so that the new daemon
 /// can start when memory ran out with the old one dead (see `daemon::region`). Failing that
 /// only warns: with memory to spare the daemon starts anyway.
@@ -60,6 +135,9 @@ pub fn make_room(state: &DaemonState) {
     if GIVEN_BACK.load(std::sync::atomic::Ordering::Relaxed) == i64::from(shm) {
         return;
     }
+    // Before the room goes: its pages must reach the zone's free lists, where the new
+    // daemon's page faults count them (`daemon::free_lists`).
+    free_lists::shorten();
     match region::release_room(shm) {
         Ok(bytes) => {
             GIVEN_BACK.store(i64::from(shm), std::sync::atomic::Ordering::Relaxed);

@@ -58,6 +58,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                     if let Some(shm) = live.store_shm {
                         crate::daemon::region::restore_room(shm);
                     }
+                    crate::daemon::free_lists::restore();
                     return Err(err);
                 }
                 clock.step("old daemon exits");

@@ -8,6 +8,7 @@ pub mod compression;
 #[cfg(test)]
 mod crash_tests;
 pub mod fault_guard;
+pub mod free_lists;
 pub mod io;
 pub mod notify;
 pub mod pause;
@@ -433,6 +434,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     if launch.recover.is_some() {
         let (start, len) = region.room();
         after_start.push(spawn_deferred("uzram-room", move || {
+            free_lists::restore();
             region::commit_room_soon(start, len)
         })?);
         let holes = store.clone();

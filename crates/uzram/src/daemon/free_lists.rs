@@ -1,0 +1,136 @@
+//! The kernel's per-CPU free page lists, held short while a recovery gives its room back.
+//!
+//! A page freed on a CPU goes to that CPU's free list first, and since Linux 6.7 a list's
+//! limit grows with a burst of frees. Pages on those lists are free, but the watermark checks
+//! do not count them. A recovery gives its room back (tens of MiB at once) and the new daemon
+//! then faults its first pages in; with most of the room on one CPU's list, those faults can
+//! see free memory under the minimum and wait in reclaim for kswapd, which waits with
+//! everything else for the paused device (a clean-clone CI run, 6.12: 11.5 MiB on the lists,
+//! 3.3 MiB counted free against a minimum of 8.5 MiB; docs/recovery.md).
+//!
+//! `vm.percpu_pagelist_high_fraction` fixes each list's limit at a fraction of its zone,
+//! split among the CPUs; at [`SHORT`] every list is held at the kernel's floor (four batches:
+//! 1 MiB a CPU in the 512 MiB guest), so the room's pages reach the zone's free lists as
+//! they are freed. A recovery sets it before it gives the room back ([`shorten`]), and the
+//! new daemon puts the kernel's default back once it serves ([`restore`]). A value an
+//! administrator set (anything but the default, 0) is left alone, and so is the setting on a
+//! kernel without it. A recovery that dies in between leaves the lists short until the next
+//! recovery's daemon serves: slower frees on a busy many-core host, nothing worse.
+
+use std::io;
+use std::path::Path;
+
+const SYSCTL: &str = "/proc/sys/vm/percpu_pagelist_high_fraction";
+
+/// A fraction far past any zone's pages per CPU: every list at the kernel's floor.
+pub const SHORT: u64 = 1 << 20;
+
+/// Holds the per-CPU lists short for a recovery; true when it did (the setting was the
+/// kernel's default). Failing only warns: with memory to spare a recovery works without it.
+pub fn shorten() -> bool {
+    log_outcome(shorten_at(Path::new(SYSCTL)), "held short for the recovery")
+}
+
+/// Gives the per-CPU lists the kernel's default limits back, if a recovery held them short.
+pub fn restore() -> bool {
+    log_outcome(
+        restore_at(Path::new(SYSCTL)),
+        "back to the kernel's default",
+    )
+}
+
+fn log_outcome(outcome: io::Result<bool>, what: &str) -> bool {
+    match outcome {
+        Ok(changed) => {
+            if changed {
+                tracing::info!(sysctl = SYSCTL, what, "per-CPU free lists");
+            }
+            changed
+        }
+        Err(err) => {
+            tracing::warn!(sysctl = SYSCTL, error = %err, "per-CPU free lists: setting failed");
+            false
+        }
+    }
+}
+
+fn shorten_at(path: &Path) -> io::Result<bool> {
+    swap_value(path, 0, SHORT)
+}
+
+fn restore_at(path: &Path) -> io::Result<bool> {
+    swap_value(path, SHORT, 0)
+}
+
+/// Writes `to` where the setting at `path` reads `from`; true when it did. An absent setting
+/// (a kernel before 5.14, or no /proc) is left absent.
+fn swap_value(path: &Path, from: u64, to: u64) -> io::Result<bool> {
+    let now = match std::fs::read_to_string(path) {
+        Ok(s) => s,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let now: u64 = now.trim().parse().map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("not a number: {:?}", now.trim()),
+        )
+    })?;
+    if now != from {
+        return Ok(false);
+    }
+    std::fs::write(path, to.to_string())?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file standing for the setting, in a directory of this test's own.
+    fn setting(test: &str, value: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("uzram-lists-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("percpu_pagelist_high_fraction");
+        std::fs::write(&path, value).unwrap();
+        path
+    }
+
+    fn read(path: &Path) -> String {
+        std::fs::read_to_string(path).unwrap().trim().to_owned()
+    }
+
+    #[test]
+    fn a_recovery_holds_the_default_lists_short_and_its_daemon_restores_them() {
+        let path = setting("default", "0\n");
+        assert!(shorten_at(&path).unwrap());
+        assert_eq!(read(&path), SHORT.to_string());
+        assert!(!shorten_at(&path).unwrap(), "already short: nothing to do");
+        assert!(restore_at(&path).unwrap());
+        assert_eq!(read(&path), "0");
+        assert!(!restore_at(&path).unwrap(), "already the default");
+        assert_eq!(read(&path), "0");
+    }
+
+    #[test]
+    fn an_administrators_value_is_left_alone() {
+        let path = setting("admin", "64\n");
+        assert!(!shorten_at(&path).unwrap());
+        assert!(!restore_at(&path).unwrap());
+        assert_eq!(read(&path), "64");
+    }
+
+    #[test]
+    fn an_absent_setting_stays_absent_and_a_strange_one_is_an_error() {
+        let path = setting("strange", "many\n");
+        let absent = path.with_file_name("none");
+        assert!(!shorten_at(&absent).unwrap());
+        assert!(!restore_at(&absent).unwrap());
+        assert!(!absent.exists());
+        assert_eq!(
+            shorten_at(&path).unwrap_err().kind(),
+            io::ErrorKind::InvalidData
+        );
+        assert_eq!(read(&path), "many");
+    }
+}
