@@ -22,6 +22,12 @@ pub fn dev_path(id: u32) -> String {
     format!("/dev/ublkb{id}")
 }
 
+/// Whether the kernel still has ublk device `id` (its char device, which a daemon that
+/// stops deletes with the device and which a crash leaves in place).
+pub fn in_kernel(id: u32) -> bool {
+    std::path::Path::new(&format!("/sys/class/ublk-char/ublkc{id}")).exists()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -662,23 +662,30 @@ ctypes.CDLL(None).pthread_exit(None)\n";
         );
     }
 
+    /// A child that has exited and is not reaped yet, once `process_alive` says it is not
+    /// alive (a zombie), and its pid; fails if that takes 10 s or the zombie is not there.
+    fn zombie_child() -> (std::process::Child, u32) {
+        let child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let start = std::time::Instant::now();
+        while process_alive(pid, None) {
+            assert!(start.elapsed().as_secs() < 10, "pid {pid} still alive");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(
+            std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "the zombie is still there"
+        );
+        (child, pid)
+    }
+
     #[test]
     fn an_exited_child_is_reaped_and_a_running_one_is_not() {
         let mut running = std::process::Command::new("sleep")
             .arg("5")
             .spawn()
             .unwrap();
-        let mut exited = std::process::Command::new("true").spawn().unwrap();
-        let pid = exited.id();
-        let t = std::time::Instant::now();
-        while process_alive(pid, None) {
-            assert!(t.elapsed().as_secs() < 10, "pid {pid} never exited");
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        assert!(
-            std::path::Path::new(&format!("/proc/{pid}")).exists(),
-            "a zombie until reaped"
-        );
+        let (mut exited, pid) = zombie_child();
         reap_if_child(pid);
         assert!(
             !std::path::Path::new(&format!("/proc/{pid}")).exists(),
@@ -698,18 +705,7 @@ ctypes.CDLL(None).pthread_exit(None)\n";
 
     #[test]
     fn a_zombie_is_not_alive() {
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id();
-        // exited, not yet reaped
-        let start = std::time::Instant::now();
-        while process_alive(pid, None) {
-            assert!(start.elapsed().as_secs() < 10, "pid {pid} still alive");
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        assert!(
-            std::fs::metadata(format!("/proc/{pid}")).is_ok(),
-            "the zombie is still there"
-        );
+        let (mut child, _) = zombie_child();
         child.wait().unwrap();
         assert!(
             process_alive(std::process::id(), None),

@@ -99,7 +99,7 @@ fn stop_live(states: &StateDir, state: &DaemonState, dev: &str) -> anyhow::Resul
 
 /// Deletes a device whose daemon died, through the ublk control device.
 fn delete_orphan(id: u32) -> anyhow::Result<()> {
-    if !Path::new(&format!("/sys/class/ublk-char/ublkc{id}")).exists() {
+    if !crate::devname::in_kernel(id) {
         return Ok(()); // already gone from the kernel
     }
     super::require_module()?;

@@ -11,7 +11,7 @@ use crate::cli::RecoverArgs;
 use crate::control::anchor;
 use crate::control::state::DaemonState;
 use crate::daemon::{free_lists, region};
-use crate::devname::{dev_path, parse_device};
+use crate::devname::{dev_path, in_kernel, parse_device};
 
 pub fn run(args: RecoverArgs) -> anyhow::Result<ExitCode> {
     let id = parse_device(&args.device).map_err(anyhow::Error::msg)?;
@@ -120,7 +120,7 @@ fn wait_for_daemon(id: u32) -> anyhow::Result<bool> {
     // A daemon that an earlier turn of `--keep` started is a child of this process.
     crate::sys::reap_if_child(state.pid);
     // A stopped daemon deletes its device before it exits.
-    Ok(Path::new(&format!("/sys/class/ublk-char/ublkc{id}")).exists())
+    Ok(in_kernel(id))
 }
 
 /// Gives the recovery room of `state`'s store back to the system, so that the new daemon
@@ -153,7 +153,7 @@ pub fn make_room(state: &DaemonState) {
 /// gone, the kernel holds the device quiesced, and its store is still in shared memory.
 /// Otherwise why not. Reads nothing that can be in swap (`control::anchor`).
 pub fn check_orphan(id: u32) -> Result<DaemonState, String> {
-    if !Path::new(&format!("/sys/class/ublk-char/ublkc{id}")).exists() {
+    if !in_kernel(id) {
         return Err("no such device in the kernel".into());
     }
     let Some(state) = anchor::read(id) else {

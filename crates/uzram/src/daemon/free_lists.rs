@@ -55,16 +55,16 @@ fn log_outcome(outcome: io::Result<bool>, what: &str) -> bool {
 }
 
 fn shorten_at(path: &Path) -> io::Result<bool> {
-    swap_value(path, 0, SHORT)
+    set_if(path, 0, SHORT)
 }
 
 fn restore_at(path: &Path) -> io::Result<bool> {
-    swap_value(path, SHORT, 0)
+    set_if(path, SHORT, 0)
 }
 
 /// Writes `to` where the setting at `path` reads `from`; true when it did. An absent setting
 /// (a kernel before 5.14, or no /proc) is left absent.
-fn swap_value(path: &Path, from: u64, to: u64) -> io::Result<bool> {
+fn set_if(path: &Path, from: u64, to: u64) -> io::Result<bool> {
     let now = match std::fs::read_to_string(path) {
         Ok(s) => s,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
