@@ -129,8 +129,9 @@ pub struct CreateArgs {
     #[arg(long)]
     pub foreground: bool,
     /// Keep a standby that recovers the device by itself whenever its daemon dies: `uzram
-    /// recover --wait --keep DEV`, started once the device serves (a few MiB, locked in
-    /// memory; it ends with the device).
+    /// recover --wait --keep DEV`, started once the device serves. It keeps the next daemon
+    /// waiting, its memory made (8 MiB of heap and 8 MiB of I/O buffers a queue at the
+    /// default depth, locked); both end with the device.
     #[arg(long, conflicts_with = "foreground")]
     pub standby: bool,
 }
@@ -148,16 +149,24 @@ pub struct DaemonArgs {
     /// Take over device N, whose daemon died (what `uzram recover` starts).
     #[arg(long, value_name = "N")]
     pub recover: Option<u32>,
+    /// With --recover: start while device N's daemon still runs, make the memory a takeover
+    /// needs (heap, locked I/O buffers) now, wait until that daemon exits, then take the
+    /// device over if it died, or report that it was stopped (what `uzram recover --wait`
+    /// starts).
+    #[arg(long, requires = "recover")]
+    pub wait: bool,
 }
 
 #[derive(Debug, clap::Args)]
 pub struct RecoverArgs {
     /// The device: /dev/ublkbN, ublkbN or N.
     pub device: String,
-    /// Start now, while the device's daemon runs: wait, locked in memory, until that daemon
-    /// exits, then recover the device if it died (exit 0 without a recovery if the device
-    /// was stopped). A recovery started after a crash needs free memory to start at all,
-    /// which a crash under swap pressure may have left none of.
+    /// Start now, while the device's daemon runs: the next daemon starts at once, makes its
+    /// memory (heap, locked I/O buffers) and waits until that daemon exits, then takes the
+    /// device over if it died; this command waits, locked in memory, and prints the device
+    /// once it serves again (exit 0 without a recovery if the device was stopped). A
+    /// recovery started after a crash needs free memory to start at all, which a crash under
+    /// swap pressure may have left none of.
     #[arg(long)]
     pub wait: bool,
     /// With --wait: after each recovery, wait for the new daemon in turn, until the device is

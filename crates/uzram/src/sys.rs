@@ -414,6 +414,22 @@ pub fn resident_bytes() -> io::Result<u64> {
     Ok(pages * u64::try_from(page).unwrap_or(4096))
 }
 
+/// Bytes of this process's private memory in RAM (`RssAnon`: resident minus file and shared
+/// memory pages, from `/proc/self/statm`).
+pub fn anon_resident_bytes() -> io::Result<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm")?;
+    let field = |i: usize| -> Option<u64> { statm.split_whitespace().nth(i)?.parse().ok() };
+    let (Some(resident), Some(shared)) = (field(1), field(2)) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "unexpected /proc/self/statm",
+        ));
+    };
+    // SAFETY: sysconf only reads a system constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Ok(resident.saturating_sub(shared) * u64::try_from(page).unwrap_or(4096))
+}
+
 /// Takes an exclusive `flock` on `file` without waiting: `Ok(false)` when another process
 /// holds it. The kernel drops the lock when the holder exits, however it exits.
 pub fn try_lock_exclusive(file: &std::fs::File) -> io::Result<bool> {
@@ -489,20 +505,6 @@ pub fn wait_for_exit_within(
             }
         }
     }
-}
-
-/// Reaps `pid` if it is an exited child of this process; does nothing for a child still
-/// running or a process that is not a child.
-pub fn reap_if_child(pid: u32) {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return;
-    };
-    if pid <= 0 {
-        return;
-    }
-    let mut status = 0;
-    // SAFETY: waitpid writes one int, which `status` is; WNOHANG never blocks.
-    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
 }
 
 /// Sends SIGKILL to `pid`.
@@ -680,30 +682,6 @@ ctypes.CDLL(None).pthread_exit(None)\n";
     }
 
     #[test]
-    fn an_exited_child_is_reaped_and_a_running_one_is_not() {
-        let mut running = std::process::Command::new("sleep")
-            .arg("5")
-            .spawn()
-            .unwrap();
-        let (mut exited, pid) = zombie_child();
-        reap_if_child(pid);
-        assert!(
-            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
-            "reaped"
-        );
-        assert!(exited.wait().is_err(), "nothing left for std to reap");
-        reap_if_child(running.id());
-        assert_eq!(
-            running.try_wait().unwrap(),
-            None,
-            "still running, not reaped"
-        );
-        reap_if_child(1);
-        running.kill().unwrap();
-        running.wait().unwrap();
-    }
-
-    #[test]
     fn a_zombie_is_not_alive() {
         let (mut child, _) = zombie_child();
         child.wait().unwrap();
@@ -711,6 +689,18 @@ ctypes.CDLL(None).pthread_exit(None)\n";
             process_alive(std::process::id(), None),
             "this process is alive"
         );
+    }
+
+    #[test]
+    fn anon_resident_bytes_counts_private_memory_touched() {
+        let before = anon_resident_bytes().unwrap();
+        let touched = vec![1u8; 32 << 20];
+        let after = anon_resident_bytes().unwrap();
+        assert!(
+            after >= before + (30 << 20),
+            "{before} -> {after} with 32 MiB touched"
+        );
+        drop(std::hint::black_box(touched));
     }
 
     #[test]

@@ -133,6 +133,11 @@ fn bad_settings_are_refused() {
     refused(&["recover", "ublkc3"], "invalid device");
     refused(&["recover", "--wait", "ublkc3"], "invalid device");
     refused(&["recover"], "required");
+    // `uzram daemon --wait` (what `recover --wait` starts) waits for a device to take over
+    refused(
+        &["daemon", "--size", "64M", "--ready-fd", "1", "--wait"],
+        "--recover",
+    );
     refused(&["destroy"], "required");
     refused(&["destroy", "1", "--all"], "cannot be used with");
 }

@@ -5,6 +5,16 @@
 # one's; `uzram destroy` deletes such a device without hanging, and its shared memory goes
 # with it.
 . /e2e/lib.sh
+# paused_anon: anon_kib of the last takeover line in the daemons' logs (KiB of private memory
+# the new daemon took between the crash and serving); waits up to 5 s for the line, which the
+# daemon's log thread writes a moment after it serves
+paused_anon() {
+  for _i in 1 2 3 4 5; do
+    _a=$(cat /run/uzram/*.log 2>/dev/null | tr -d '\033' | sed 's/\[[0-9;]*m//g' | grep -a 'paused_ms=' | tail -1 | grep -o 'anon_kib=[0-9]*' | cut -d= -f2)
+    [ -n "$_a" ] && { echo "$_a"; return 0; }
+    sleep 1
+  done
+}
 begin d_kill9
 shm_segments() { tail -n +2 /proc/sysvipc/shm | wc -l; }
 standby_pids() {
@@ -42,6 +52,8 @@ if uzram_create --size 64M; then
     kill -0 $FPID 2>/dev/null && ok "the in-flight fio waits (paused, not failed)" \
       || fail_check "the in-flight fio ended while no daemon ran: $(head -c 300 /tmp/d-fio.out)"
     check "uzram recover $DEV" uzram recover "$DEV"
+    # what the new daemon took from the system between the crash and serving (its log)
+    A1=$(paused_anon)
     wait $FPID; frc=$?
     say "  I/O paused for $(since "$t")s (kill -9 to the end of the in-flight fio)"
     [ $frc = 0 ] && ok "the in-flight fio finished after the recovery" \
@@ -58,7 +70,9 @@ if uzram_create --size 64M; then
     W2=$(stat_field "$DEV" write_requests)
     M2=$(stat_field "$DEV" mem_used_max)
     U2=$(stat_field "$DEV" mem_used_total)
-    # This time the recovery waits, started before the kill (`uzram recover --wait`).
+    # This time the recovery waits, started before the kill (`uzram recover --wait`). The
+    # running daemon's log goes: the only takeover line left is then the next daemon's.
+    rm -f /run/uzram/*.log
     UZRAM_LOG=info timeout -s KILL "$IO_TMO" uzram recover --wait "$DEV" > /tmp/d-wait.out 2>&1 &
     RPID=$!
     sleep 1
@@ -66,6 +80,12 @@ if uzram_create --size 64M; then
     wait $RPID; rc=$?
     [ $rc = 0 ] && [ -n "$(daemon_pid "$DEV")" ] && ok "uzram recover --wait, started before the kill, recovered $DEV" \
       || { fail_check "uzram recover --wait: rc=$rc, $DEV served by '$(daemon_pid "$DEV")'"; tail -5 /tmp/d-wait.out; }
+    # A daemon started before the crash made its heap and I/O buffers then: in the pause it
+    # takes far less memory from the system than one started after (docs/recovery.md)
+    A2=$(paused_anon)
+    [ -n "$A1" ] && [ -n "$A2" ] && [ $((A2 * 2)) -lt "$A1" ] \
+      && ok "memory taken in the pause: $A2 KiB by the daemon started before the crash, $A1 KiB by the one started after" \
+      || fail_check "memory taken in the pause: '$A2' KiB started before the crash, '$A1' KiB after (want less than half)"
     W3=$(stat_field "$DEV" write_requests)
     M3=$(stat_field "$DEV" mem_used_max)
     [ -n "$W1" ] && [ "$W1" -gt 0 ] && [ -n "$W2" ] && [ "$W2" -gt "$W1" ] && [ "$W3" = "$W2" ] \

@@ -69,6 +69,30 @@ fn start_standby(dev: &str) -> anyhow::Result<()> {
 /// Starts `uzram daemon ARGS` detached, waits until it serves and returns the device path;
 /// on failure shows its message and the end of its log.
 pub(super) fn start_detached(daemon_args: Vec<String>) -> anyhow::Result<String> {
+    match spawn_detached(daemon_args, Some(START_TIMEOUT))?.0 {
+        Started::Serving(dev) => Ok(dev),
+        Started::Stopped => {
+            anyhow::bail!("the daemon reported a stopped device it did not wait for")
+        }
+    }
+}
+
+/// What a detached daemon reported.
+pub(super) enum Started {
+    /// It serves the device at this path.
+    Serving(String),
+    /// `uzram daemon --wait`: the device it waited for went with its daemon.
+    Stopped,
+}
+
+/// Starts `uzram daemon ARGS` detached and waits for its report, giving up after `within`
+/// (`None`: a daemon started with `--wait` reports only after the running daemon exits, which
+/// may be days away). Returns the report and the daemon, which is this process's child (a
+/// caller that outlives it reaps it).
+pub(super) fn spawn_detached(
+    daemon_args: Vec<String>,
+    within: Option<Duration>,
+) -> anyhow::Result<(Started, std::process::Child)> {
     let states = StateDir::default();
     states.create()?;
     let log_path = states
@@ -106,10 +130,14 @@ pub(super) fn start_detached(daemon_args: Vec<String>) -> anyhow::Result<String>
         let r = BufReader::new(std::fs::File::from(ready_rx)).read_line(&mut line);
         let _ = tx.send(r.map(|_| line));
     });
-    let line = match rx.recv_timeout(START_TIMEOUT) {
-        Ok(Ok(line)) => line,
-        Ok(Err(err)) => return Err(err).context("reading the daemon's readiness pipe"),
-        Err(_) => {
+    let report = match within {
+        Some(within) => rx.recv_timeout(within).ok(),
+        None => rx.recv().ok(),
+    };
+    let line = match report {
+        Some(Ok(line)) => line,
+        Some(Err(err)) => return Err(err).context("reading the daemon's readiness pipe"),
+        None => {
             let _ = child.kill();
             // Reaped if it goes within 5 s; a daemon stuck in the kernel may not.
             for _ in 0..50 {
@@ -121,7 +149,7 @@ pub(super) fn start_detached(daemon_args: Vec<String>) -> anyhow::Result<String>
             show_log_tail(&log_path);
             anyhow::bail!(
                 "the daemon did not report within {}s and was killed; its log: {}",
-                START_TIMEOUT.as_secs(),
+                within.unwrap_or_default().as_secs(),
                 log_path.display()
             );
         }
@@ -132,7 +160,12 @@ pub(super) fn start_detached(daemon_args: Vec<String>) -> anyhow::Result<String>
         if dev.is_empty() {
             anyhow::bail!("the daemon sent a malformed readiness line {line:?}");
         }
-        return Ok(dev.to_string());
+        return Ok((Started::Serving(dev.to_string()), child));
+    }
+    if line == "STOPPED" {
+        let _ = child.wait();
+        let _ = std::fs::remove_file(&log_path);
+        return Ok((Started::Stopped, child));
     }
     // Failed: reap the daemon, show its message and the end of its log.
     let status = child.wait().ok();
@@ -170,6 +203,27 @@ pub fn daemon(args: DaemonArgs) -> anyhow::Result<ExitCode> {
         if let Err(err) = sys::new_session() {
             tracing::warn!(error = %err, "setsid failed");
         }
+        // A recovery's steps are timed from this process's start, the first step being its
+        // start-up ("exec"): when the old daemon died, only whoever started us knows
+        // (crashkill prints the whole pause). One started before the crash (`--wait`) times
+        // them from when it saw the old daemon gone.
+        let mut pause = args
+            .recover
+            .map(|_| crate::daemon::pause::PauseClock::since_start());
+        let mut lock = None;
+        if let (true, Some(id)) = (args.wait, args.recover) {
+            match wait_to_take_over(&config, id)? {
+                Some((clock, locked)) => {
+                    pause = Some(clock);
+                    lock = Some(locked);
+                }
+                None => {
+                    tracing::info!(id, "the device was stopped: nothing to take over");
+                    reporter.stopped();
+                    return Ok(());
+                }
+            }
+        }
         let launch = Launch {
             config,
             config_path: None,
@@ -177,13 +231,8 @@ pub fn daemon(args: DaemonArgs) -> anyhow::Result<ExitCode> {
             recover: args.recover,
             create_args: Some(args.device.to_args()),
             bridge: false,
-            // A recovery's steps are timed from this process's start, the first step being
-            // its start-up ("exec"): when the old daemon died, only whoever started us knows
-            // (crashkill prints the whole pause).
-            pause: args
-                .recover
-                .map(|_| crate::daemon::pause::PauseClock::since_start()),
-            lock: None,
+            pause,
+            lock,
         };
         daemon::serve(launch, reporter.clone())
     })();
@@ -192,4 +241,46 @@ pub fn daemon(args: DaemonArgs) -> anyhow::Result<ExitCode> {
         reporter.failed(err);
     }
     result.map(|()| ExitCode::SUCCESS)
+}
+
+/// `uzram daemon --recover N --wait`, before the crash: makes what serving device N will need
+/// (heap, locked I/O buffers, the binary's code in memory) while memory is to be had, waits
+/// until N's daemon exits, and then, if the device waits for a new daemon, locks it, gives
+/// its recovery room back and returns the pause's clock and the lock. `None`: the device went
+/// with its daemon.
+///
+/// Why before: a daemon started after a crash under swap pressure must get every page of its
+/// start-up from a system where nothing can be swapped out until it serves. The room it is
+/// given back for that can be taken first by the very processes that wait on the device
+/// (seen on 7.3: docs/recovery.md). Started before, it takes only what it did not make.
+fn wait_to_take_over(
+    config: &crate::config::DeviceConfig,
+    id: u32,
+) -> anyhow::Result<Option<(crate::daemon::pause::PauseClock, std::fs::File)>> {
+    sys::mlock_all().context("mlockall(MCL_CURRENT|MCL_FUTURE)")?;
+    daemon::prepare_takeover(config);
+    let dev = crate::devname::dev_path(id);
+    let states = StateDir::default();
+    states.create()?;
+    let (mut clock, lock) = loop {
+        if !super::recover::wait_for_daemon(id)? {
+            return Ok(None);
+        }
+        let clock = crate::daemon::pause::PauseClock::now();
+        // The lock first: a recoverer that lost the race to another one must not give back
+        // the room that the winner commits again once it serves. It waits for the winner
+        // instead, as it waited for the daemon before (the winner's record names it once it
+        // serves; if the winner fails, the lock is free again).
+        match states.try_lock(id)? {
+            Some(lock) => break (clock, lock),
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    tracing::warn!(%dev, "the device's daemon died: taking the device over");
+    let state = super::recover::wait_orphan(id)
+        .map_err(|why| anyhow::anyhow!("{dev} cannot be recovered: {why}"))?;
+    clock.step("quiesced");
+    super::recover::make_room(&state);
+    clock.step("room");
+    Ok(Some((clock, lock)))
 }

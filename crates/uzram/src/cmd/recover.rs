@@ -25,18 +25,24 @@ pub fn run(args: RecoverArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let mut failed = 0;
+    // The daemons started here (`--keep`): each is this process's child, and a zombie once
+    // it died, until it is reaped.
+    let mut children: Vec<std::process::Child> = Vec::new();
     loop {
-        if args.wait {
-            if !wait_for_daemon(id)? {
-                tracing::info!(%dev, "the device was stopped: nothing to recover");
-                return Ok(ExitCode::SUCCESS);
-            }
-            tracing::warn!(%dev, "the device's daemon died: recovering it");
-        }
-        match recover_now(id) {
-            Ok(serving) => {
+        let recovered = if args.wait {
+            wait_and_take_over(id, &mut children)
+        } else {
+            recover_now(id).map(Some)
+        };
+        children.retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_))));
+        match recovered {
+            Ok(Some(serving)) => {
                 println!("{serving}");
                 failed = 0;
+            }
+            Ok(None) => {
+                tracing::info!(%dev, "the device was stopped: nothing to recover");
+                return Ok(ExitCode::SUCCESS);
             }
             // The new daemon died before it served (killed as well, or failed in its start):
             // the device waits for a daemon again, and a standby is its only hope. Seen in the
@@ -90,11 +96,41 @@ fn recover_now(id: u32) -> anyhow::Result<String> {
     started
 }
 
-/// `uzram recover --wait`: locks this process in memory and waits until the daemon of device
-/// `id` exits. True when the device is left behind for a recovery, false when it went with
-/// its daemon (stopped or destroyed). Refuses at once what `run` would refuse after the
-/// wait: a device without a record, or one started from a config.
-fn wait_for_daemon(id: u32) -> anyhow::Result<bool> {
+/// `uzram recover --wait`: starts the next daemon of device `id` now, while its daemon still
+/// runs (`uzram daemon --recover ID --wait`, `create::wait_to_take_over`): it makes its
+/// memory before the crash and takes the device over once the daemon died. Waits for its
+/// report: the device path once it serves, `None` when the device went with its daemon.
+/// This process waits locked in memory: after a crash it must be able to report.
+fn wait_and_take_over(
+    id: u32,
+    children: &mut Vec<std::process::Child>,
+) -> anyhow::Result<Option<String>> {
+    let state = waitable_record(id)?;
+    let Some(mut daemon_args) = state.create_args.clone() else {
+        anyhow::bail!(
+            "{}: its daemon did not publish how it was created",
+            state.dev
+        );
+    };
+    crate::sys::mlock_all().map_err(|e| anyhow::anyhow!("mlockall: {e}"))?;
+    daemon_args.extend([
+        "--recover".to_string(),
+        id.to_string(),
+        "--wait".to_string(),
+    ]);
+    tracing::info!(dev = %state.dev, pid = state.pid, "waiting for the device's daemon to exit; its successor waits with its memory made");
+    let (started, child) = super::create::spawn_detached(daemon_args, None)?;
+    children.push(child);
+    Ok(match started {
+        super::create::Started::Serving(dev) => Some(dev),
+        super::create::Started::Stopped => None,
+    })
+}
+
+/// The recovery record of device `id`, for a recovery that waits for its daemon to exit:
+/// refuses at once what a recovery would refuse after the wait (a device without a record,
+/// or one started from a config).
+fn waitable_record(id: u32) -> anyhow::Result<DaemonState> {
     let dev = dev_path(id);
     let Some(state) = anchor::read(id) else {
         anyhow::bail!(
@@ -107,6 +143,15 @@ fn wait_for_daemon(id: u32) -> anyhow::Result<bool> {
             config.display()
         );
     }
+    Ok(state)
+}
+
+/// Locks this process in memory and waits until the daemon of device `id` exits (`uzram
+/// daemon --wait`). True when the device is left behind for a recovery, false when it went
+/// with its daemon (stopped or destroyed).
+pub(super) fn wait_for_daemon(id: u32) -> anyhow::Result<bool> {
+    let dev = dev_path(id);
+    let state = waitable_record(id)?;
     // What it has touched so far stays in RAM, the rest is locked as it is touched, and the
     // code the recovery runs is in memory before the crash: after it, a fault that needs a
     // free page may find none.
@@ -117,8 +162,6 @@ fn wait_for_daemon(id: u32) -> anyhow::Result<bool> {
     tracing::info!(%dev, pid = state.pid, "waiting for the device's daemon to exit");
     crate::sys::wait_for_exit(state.pid, state.started)
         .map_err(|e| anyhow::anyhow!("waiting for pid {}: {e}", state.pid))?;
-    // A daemon that an earlier turn of `--keep` started is a child of this process.
-    crate::sys::reap_if_child(state.pid);
     // A stopped daemon deletes its device before it exits.
     Ok(in_kernel(id))
 }

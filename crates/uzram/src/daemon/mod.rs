@@ -45,7 +45,8 @@ use target::Counters;
 
 /// How the daemon tells its starter that the device is ready (or that it failed).
 pub enum Readiness {
-    /// `uzram create`: a pipe to the waiting `create`: `READY <id>` or `ERROR <message>`.
+    /// `uzram create`: a pipe to the waiting `create`: `READY <id>` or `ERROR <message>`
+    /// (or, for `uzram daemon --wait`, `STOPPED`: the device went with its daemon).
     Pipe(OwnedFd),
     /// `uzram run`: sd_notify `READY=1` (when `NOTIFY_SOCKET` is set).
     Systemd,
@@ -84,6 +85,15 @@ impl Reporter {
         };
         if let Err(err) = result {
             tracing::warn!(error = %err, "reporting readiness failed");
+        }
+    }
+
+    /// The device this daemon waited to take over was stopped (`uzram daemon --wait`).
+    pub fn stopped(&self) {
+        if let Some(Readiness::Pipe(fd)) = self.take() {
+            if let Err(err) = std::fs::File::from(fd).write_all(b"STOPPED\n") {
+                tracing::warn!(error = %err, "reporting the stop failed");
+            }
         }
     }
 
@@ -227,11 +237,6 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let id = ctrl.dev_info().dev_id;
     let dev = format!("/dev/ublkb{id}");
     tracing::info!(id, %dev, size = cfg.size, queues = cfg.queues, depth = cfg.depth, "device added");
-    if let Some(log) = &launch.log {
-        if let Err(err) = std::fs::rename(log, states.log_path(id)) {
-            tracing::warn!(error = %err, "renaming the log file failed");
-        }
-    }
     region.set_device(id);
     if lock.is_none() {
         match states.try_lock(id) {
@@ -469,6 +474,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     };
     let ready_states = states.clone();
     let ready_reporter = reporter.clone();
+    let launch_log = launch.log.clone();
     // A config's daemon (`uzram run`, not a bridge) gets a standby outside its unit that
     // takes the device over if it dies (`uzram standby`).
     let want_standby = !launch.bridge && launch.config_path.is_some();
@@ -483,6 +489,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         // the state file.
         let publishing = std::time::Instant::now();
         target::drop_stashed_io_bufs();
+
         if !wait_for_path(Path::new(&state.dev), Duration::from_secs(10)) {
             tracing::warn!(dev = %state.dev, "block device node did not appear");
         }
@@ -507,7 +514,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         match &pause {
             // The pause ended when the queues were served again (above), not now.
             Some(p) => {
-                tracing::info!(dev = %state.dev, paused_ms = p.total().as_millis() as u64, steps = %p, publish_ms = publishing.elapsed().as_millis() as u64, "serving (taken over; I/O was paused for paused_ms: steps in ms)")
+                tracing::info!(dev = %state.dev, paused_ms = p.total().as_millis() as u64, steps = %p, faults = p.faults(), anon_kib = p.anon_grown_kib(), publish_ms = publishing.elapsed().as_millis() as u64, "serving (taken over; I/O was paused for paused_ms: steps in ms)")
             }
             None => tracing::info!(dev = %state.dev, "serving"),
         }
@@ -521,6 +528,16 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         // needed for their stacks.
         pool::allow_refills();
         ready_reporter.ready(state.id, &state.dev);
+        // Once serving, and after the report: the log file is on tmpfs, and a daemon started
+        // before a crash (`uzram daemon --wait`) may have had its pages swapped out to this
+        // device. Its log thread then waits in a write for their swap-in, holding the file's
+        // lock; a rename in the pause waited for that lock for good (guest, scenario r), and
+        // one before the report held it up for 2 s under the hog.
+        if let Some(log) = &launch_log {
+            if let Err(err) = std::fs::rename(log, ready_states.log_path(state.id)) {
+                tracing::warn!(error = %err, "renaming the log file failed");
+            }
+        }
     };
     let served = ctrl.run_target(
         tgt_init,

@@ -11,6 +11,10 @@ pub struct PauseClock {
     since: Instant,
     last: Instant,
     steps: Vec<(&'static str, Duration)>,
+    /// The process's page faults when the pause began (0: it began before the process).
+    faults_before: u64,
+    /// Its private memory in RAM then, bytes (0: it began before the process).
+    anon_before: u64,
 }
 
 impl PauseClock {
@@ -20,12 +24,17 @@ impl PauseClock {
             since,
             last: since,
             steps: Vec::new(),
+            faults_before: 0,
+            anon_before: 0,
         }
     }
 
-    /// A pause that begins now.
+    /// A pause that begins now, in a process that was running before it.
     pub fn now() -> Self {
-        Self::since(Instant::now())
+        let mut clock = Self::since(Instant::now());
+        clock.faults_before = process_faults();
+        clock.anon_before = crate::sys::anon_resident_bytes().unwrap_or(0);
+        clock
     }
 
     /// A pause that began when this process started, its first step ("exec") ending now:
@@ -49,6 +58,27 @@ impl PauseClock {
     pub fn total(&self) -> Duration {
         self.last.saturating_duration_since(self.since)
     }
+
+    /// Page faults this process took since the pause began: roughly the pages the takeover
+    /// had to get from the system while nothing could be swapped out to free one.
+    pub fn faults(&self) -> u64 {
+        process_faults().saturating_sub(self.faults_before)
+    }
+
+    /// How much this process's private memory in RAM grew since the pause began, KiB: what
+    /// the takeover took from a system in which nothing could be swapped out until it served
+    /// (the recovery room is there for it). A daemon started before the crash made most of
+    /// its memory before (`uzram daemon --wait`).
+    pub fn anon_grown_kib(&self) -> u64 {
+        crate::sys::anon_resident_bytes()
+            .unwrap_or(0)
+            .saturating_sub(self.anon_before)
+            / 1024
+    }
+}
+
+fn process_faults() -> u64 {
+    crate::sys::usage(crate::sys::CpuOf::Process).map_or(0, |u| u.faults)
 }
 
 /// [`PauseClock::step`] when there is a pause (a takeover); nothing for a new device.
@@ -99,5 +129,19 @@ mod tests {
         ];
         let line = clock.to_string();
         assert_eq!(line, "queues 300, wait 40, store 5");
+    }
+
+    #[test]
+    fn a_pause_counts_the_memory_touched_since_it_began() {
+        let clock = PauseClock::now();
+        let touched = vec![1u8; 16 << 20];
+        let grown = clock.anon_grown_kib();
+        // (other tests of this binary may touch memory meanwhile: a lower bound only)
+        assert!(
+            grown >= 15 << 10,
+            "{grown} KiB grown with 16 MiB touched in the pause"
+        );
+        assert!(clock.faults() >= 3000, "{} faults", clock.faults());
+        drop(std::hint::black_box(touched));
     }
 }
