@@ -403,20 +403,19 @@ pub fn shm_remove(id: i32) -> io::Result<()> {
 /// This process's resident memory in bytes (`/proc/self/statm`: anonymous, file and shared
 /// memory pages, the block pool's memfd included).
 pub fn resident_bytes() -> io::Result<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm")?;
-    let pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unexpected /proc/self/statm"))?;
-    // SAFETY: sysconf only reads a system constant.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    Ok(pages * u64::try_from(page).unwrap_or(4096))
+    let [resident, _shared] = statm_resident_shared()?;
+    Ok(resident)
 }
 
 /// Bytes of this process's private memory in RAM (`RssAnon`: resident minus file and shared
 /// memory pages, from `/proc/self/statm`).
 pub fn anon_resident_bytes() -> io::Result<u64> {
+    let [resident, shared] = statm_resident_shared()?;
+    Ok(resident.saturating_sub(shared))
+}
+
+/// `/proc/self/statm`'s resident and shared (file and shared memory) sizes, in bytes.
+fn statm_resident_shared() -> io::Result<[u64; 2]> {
     let statm = std::fs::read_to_string("/proc/self/statm")?;
     let field = |i: usize| -> Option<u64> { statm.split_whitespace().nth(i)?.parse().ok() };
     let (Some(resident), Some(shared)) = (field(1), field(2)) else {
@@ -426,8 +425,8 @@ pub fn anon_resident_bytes() -> io::Result<u64> {
         ));
     };
     // SAFETY: sysconf only reads a system constant.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    Ok(resident.saturating_sub(shared) * u64::try_from(page).unwrap_or(4096))
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    Ok([resident * page, shared * page])
 }
 
 /// Takes an exclusive `flock` on `file` without waiting: `Ok(false)` when another process
@@ -664,11 +663,11 @@ ctypes.CDLL(None).pthread_exit(None)\n";
         );
     }
 
-    /// A child that has exited and is not reaped yet, once `process_alive` says it is not
-    /// alive (a zombie), and its pid; fails if that takes 10 s or the zombie is not there.
-    fn zombie_child() -> (std::process::Child, u32) {
-        let child = std::process::Command::new("true").spawn().unwrap();
+    #[test]
+    fn a_zombie_is_not_alive() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();
+        // exited, not yet reaped
         let start = std::time::Instant::now();
         while process_alive(pid, None) {
             assert!(start.elapsed().as_secs() < 10, "pid {pid} still alive");
@@ -678,12 +677,6 @@ ctypes.CDLL(None).pthread_exit(None)\n";
             std::path::Path::new(&format!("/proc/{pid}")).exists(),
             "the zombie is still there"
         );
-        (child, pid)
-    }
-
-    #[test]
-    fn a_zombie_is_not_alive() {
-        let (mut child, _) = zombie_child();
         child.wait().unwrap();
         assert!(
             process_alive(std::process::id(), None),
@@ -692,26 +685,20 @@ ctypes.CDLL(None).pthread_exit(None)\n";
     }
 
     #[test]
-    fn anon_resident_bytes_counts_private_memory_touched() {
-        let before = anon_resident_bytes().unwrap();
-        let touched = vec![1u8; 32 << 20];
-        let after = anon_resident_bytes().unwrap();
-        assert!(
-            after >= before + (30 << 20),
-            "{before} -> {after} with 32 MiB touched"
-        );
-        drop(std::hint::black_box(touched));
-    }
-
-    #[test]
-    fn resident_bytes_counts_touched_memory() {
+    fn resident_and_private_bytes_count_touched_memory() {
         let before = resident_bytes().unwrap();
+        let anon_before = anon_resident_bytes().unwrap();
         let touched = vec![1u8; 32 << 20];
         let after = resident_bytes().unwrap();
+        let anon_after = anon_resident_bytes().unwrap();
         assert!(
             after >= before + (16 << 20),
             "32 MiB touched, resident {before} -> {after}"
         );
-        drop(touched);
+        assert!(
+            anon_after >= anon_before + (30 << 20),
+            "{anon_before} -> {anon_after} private with 32 MiB touched"
+        );
+        drop(std::hint::black_box(touched));
     }
 }

@@ -77,10 +77,7 @@ fn recover_now(id: u32) -> anyhow::Result<String> {
             config.display()
         );
     }
-    let Some(mut daemon_args) = state.create_args.clone() else {
-        anyhow::bail!("{dev}: its daemon did not publish how it was created");
-    };
-    daemon_args.extend(["--recover".to_string(), id.to_string()]);
+    let daemon_args = recovery_daemon_args(&state)?;
     make_room(&state);
     let room_ms = start.elapsed().as_millis() as u64 - orphan_ms;
     let started = super::create::start_detached(daemon_args);
@@ -106,18 +103,9 @@ fn wait_and_take_over(
     children: &mut Vec<std::process::Child>,
 ) -> anyhow::Result<Option<String>> {
     let state = waitable_record(id)?;
-    let Some(mut daemon_args) = state.create_args.clone() else {
-        anyhow::bail!(
-            "{}: its daemon did not publish how it was created",
-            state.dev
-        );
-    };
+    let mut daemon_args = recovery_daemon_args(&state)?;
+    daemon_args.push("--wait".to_string());
     crate::sys::mlock_all().map_err(|e| anyhow::anyhow!("mlockall: {e}"))?;
-    daemon_args.extend([
-        "--recover".to_string(),
-        id.to_string(),
-        "--wait".to_string(),
-    ]);
     tracing::info!(dev = %state.dev, pid = state.pid, "waiting for the device's daemon to exit; its successor waits with its memory made");
     let (started, child) = super::create::spawn_detached(daemon_args, None)?;
     children.push(child);
@@ -125,6 +113,19 @@ fn wait_and_take_over(
         super::create::Started::Serving(dev) => Some(dev),
         super::create::Started::Stopped => None,
     })
+}
+
+/// `uzram daemon` arguments that take `state`'s device over: those its dead daemon was
+/// started with (`uzram create`'s), and `--recover ID`.
+fn recovery_daemon_args(state: &DaemonState) -> anyhow::Result<Vec<String>> {
+    let Some(mut args) = state.create_args.clone() else {
+        anyhow::bail!(
+            "{}: its daemon did not publish how it was created",
+            state.dev
+        );
+    };
+    args.extend(["--recover".to_string(), state.id.to_string()]);
+    Ok(args)
 }
 
 /// The recovery record of device `id`, for a recovery that waits for its daemon to exit:
@@ -146,19 +147,13 @@ fn waitable_record(id: u32) -> anyhow::Result<DaemonState> {
     Ok(state)
 }
 
-/// Locks this process in memory and waits until the daemon of device `id` exits (`uzram
-/// daemon --wait`). True when the device is left behind for a recovery, false when it went
-/// with its daemon (stopped or destroyed).
+/// Waits until the daemon of device `id` exits (`uzram daemon --wait`, which has locked
+/// itself in memory and populated its code before: after a crash, a fault that needs a free
+/// page may find none). True when the device is left behind for a recovery, false when it
+/// went with its daemon (stopped or destroyed).
 pub(super) fn wait_for_daemon(id: u32) -> anyhow::Result<bool> {
     let dev = dev_path(id);
     let state = waitable_record(id)?;
-    // What it has touched so far stays in RAM, the rest is locked as it is touched, and the
-    // code the recovery runs is in memory before the crash: after it, a fault that needs a
-    // free page may find none.
-    crate::sys::mlock_all().map_err(|e| anyhow::anyhow!("mlockall: {e}"))?;
-    if let Err(err) = crate::daemon::fault_guard::populate_file_code() {
-        tracing::warn!(error = %err, "populating the binary's code failed");
-    }
     tracing::info!(%dev, pid = state.pid, "waiting for the device's daemon to exit");
     crate::sys::wait_for_exit(state.pid, state.started)
         .map_err(|e| anyhow::anyhow!("waiting for pid {}: {e}", state.pid))?;

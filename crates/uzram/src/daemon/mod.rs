@@ -489,7 +489,6 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         // the state file.
         let publishing = std::time::Instant::now();
         target::drop_stashed_io_bufs();
-
         if !wait_for_path(Path::new(&state.dev), Duration::from_secs(10)) {
             tracing::warn!(dev = %state.dev, "block device node did not appear");
         }
