@@ -23,6 +23,18 @@ use clap::Parser;
 static ALLOC: daemon::pool::PoolAlloc = daemon::pool::PoolAlloc;
 
 fn main() -> ExitCode {
+    // Before any thread exists (std reads it at the first spawn): threads started with
+    // `std::thread::spawn`, libublk's queue threads among them, get 1 MiB stacks instead of
+    // Rust's 2 MiB. A daemon populates and locks every thread's whole stack, and a queue
+    // thread's deepest path is a fraction of the 512 KiB it faults in up front
+    // (`daemon::fault_guard`): the other MiB of each was locked memory for nothing, and a
+    // takeover faulted it in during its pause.
+    if std::env::var_os("RUST_MIN_STACK").is_none() {
+        std::env::set_var(
+            "RUST_MIN_STACK",
+            daemon::fault_guard::DEFAULT_STACK.to_string(),
+        );
+    }
     // Before any thread exists: with threads already running, glibc may have given one its own
     // malloc arena, and later threads (the daemon's queue threads) can be handed that arena,
     // whose heap grows by fresh page faults outside the daemon's pre-grown headroom (seen in

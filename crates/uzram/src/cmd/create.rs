@@ -245,8 +245,9 @@ pub fn daemon(args: DaemonArgs) -> anyhow::Result<ExitCode> {
 
 /// `uzram daemon --recover N --wait`, before the crash: makes what serving device N will need
 /// (heap, locked I/O buffers, the binary's code in memory) while memory is to be had, waits
-/// until N's daemon exits, and then, if the device waits for a new daemon, locks it, gives
-/// its recovery room back and returns the pause's clock and the lock. `None`: the device went
+/// until N's daemon exits, and then gives the store's recovery room back (mapped before, so
+/// that needs no memory), and if the device waits for a new daemon, locks it and returns the
+/// pause's clock and the lock. `None`: the device went
 /// with its daemon.
 ///
 /// Why before: a daemon started after a crash under swap pressure must get every page of its
@@ -262,25 +263,45 @@ fn wait_to_take_over(
     let dev = crate::devname::dev_path(id);
     let states = StateDir::default();
     states.create()?;
+    // The dead daemon's pid and the pause since it died, when another recoverer took the
+    // lock first: this one waits for that one's record, then for its death.
+    let mut lost: Option<(u32, crate::daemon::pause::PauseClock)> = None;
     let (mut clock, lock) = loop {
-        if !super::recover::wait_for_daemon(id)? {
-            return Ok(None);
-        }
-        let clock = crate::daemon::pause::PauseClock::now();
-        // The lock first: a recoverer that lost the race to another one must not give back
-        // the room that the winner commits again once it serves. It waits for the winner
-        // instead, as it waited for the daemon before (the winner's record names it once it
-        // serves; if the winner fails, the lock is free again).
+        let record = super::recover::waitable_record(id)?;
+        let clock = match lost.take() {
+            // the winner does not serve yet (or gave up, and the lock is free again)
+            Some((pid, clock)) if pid == record.pid => clock,
+            _ => {
+                tracing::info!(%dev, pid = record.pid, "waiting for the device's daemon to exit");
+                let room = super::recover::RoomAhead::map(&record);
+                sys::wait_for_exit(record.pid, record.started)
+                    .map_err(|e| anyhow::anyhow!("waiting for pid {}: {e}", record.pid))?;
+                let woke = std::time::Instant::now();
+                // The first thing, before anything allocates: memory for everything after.
+                // (A recoverer that loses the race for the lock gave it back too, at the
+                // same moment as the winner, long before the winner serves and commits it
+                // again.)
+                room.give_back();
+                // A stopped daemon deletes its device before it exits.
+                if !crate::devname::in_kernel(id) {
+                    return Ok(None);
+                }
+                let mut clock = crate::daemon::pause::PauseClock::starting(woke);
+                clock.step("room");
+                clock
+            }
+        };
         match states.try_lock(id)? {
             Some(lock) => break (clock, lock),
-            None => std::thread::sleep(Duration::from_millis(20)),
+            None => {
+                lost = Some((record.pid, clock));
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
     };
     tracing::warn!(%dev, "the device's daemon died: taking the device over");
-    let state = super::recover::wait_orphan(id)
+    super::recover::wait_orphan(id)
         .map_err(|why| anyhow::anyhow!("{dev} cannot be recovered: {why}"))?;
     clock.step("quiesced");
-    super::recover::make_room(&state);
-    clock.step("room");
     Ok(Some((clock, lock)))
 }

@@ -131,7 +131,7 @@ fn recovery_daemon_args(state: &DaemonState) -> anyhow::Result<Vec<String>> {
 /// The recovery record of device `id`, for a recovery that waits for its daemon to exit:
 /// refuses at once what a recovery would refuse after the wait (a device without a record,
 /// or one started from a config).
-fn waitable_record(id: u32) -> anyhow::Result<DaemonState> {
+pub(super) fn waitable_record(id: u32) -> anyhow::Result<DaemonState> {
     let dev = dev_path(id);
     let Some(state) = anchor::read(id) else {
         anyhow::bail!(
@@ -147,19 +147,50 @@ fn waitable_record(id: u32) -> anyhow::Result<DaemonState> {
     Ok(state)
 }
 
-/// Waits until the daemon of device `id` exits (`uzram daemon --wait`, which has locked
-/// itself in memory and populated its code before: after a crash, a fault that needs a free
-/// page may find none). True when the device is left behind for a recovery, false when it
-/// went with its daemon (stopped or destroyed).
-pub(super) fn wait_for_daemon(id: u32) -> anyhow::Result<bool> {
-    let dev = dev_path(id);
-    let state = waitable_record(id)?;
-    tracing::info!(%dev, pid = state.pid, "waiting for the device's daemon to exit");
-    crate::sys::wait_for_exit(state.pid, state.started)
-        .map_err(|e| anyhow::anyhow!("waiting for pid {}: {e}", state.pid))?;
-    // A stopped daemon deletes its device before it exits.
-    Ok(in_kernel(id))
+/// What a process that waits to take a device over gives back the moment the device's
+/// daemon is gone, before it does anything else: the store's recovery room, mapped ahead,
+/// with the per-CPU free lists held short first ([`make_room`] without the files it opens
+/// and the segment it maps, which need memory, and memory may have run out by then: a CI
+/// run hung with the next daemon in reclaim before it got to give the room back).
+pub struct RoomAhead {
+    dev: String,
+    room: Option<region::MappedRoom>,
+    lists: free_lists::OpenedLists,
 }
+
+impl RoomAhead {
+    /// Maps the room of `state`'s store (failing that, warns: the recovery gives nothing back).
+    pub fn map(state: &DaemonState) -> RoomAhead {
+        let room = state.store_shm.and_then(|shm| {
+            region::MappedRoom::map(shm)
+                .inspect_err(|err| tracing::warn!(dev = %state.dev, error = %err, "mapping the store's recovery room failed: a takeover will not give it back"))
+                .ok()
+        });
+        RoomAhead {
+            dev: state.dev.clone(),
+            room,
+            lists: free_lists::OpenedLists::open(),
+        }
+    }
+
+    /// Gives the room back (again, if a takeover before did).
+    pub fn give_back(&self) {
+        let Some(room) = &self.room else { return };
+        self.lists.shorten();
+        match room.release() {
+            Ok(bytes) => {
+                GIVEN_BACK.store(i64::from(room.shm()), std::sync::atomic::Ordering::Relaxed);
+                tracing::info!(dev = %self.dev, bytes, "the store's recovery room is free for the new daemon")
+            }
+            Err(err) => {
+                tracing::warn!(dev = %self.dev, error = %err, "giving back the store's recovery room failed")
+            }
+        }
+    }
+}
+
+/// The segment whose room this process gave back last ([`make_room`], [`RoomAhead`]).
+static GIVEN_BACK: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(-1);
 
 /// Gives the recovery room of `state`'s store back to the system, so that the new daemon
 /// can start when memory ran out with the old one dead (see `daemon::region`). Failing that
@@ -168,7 +199,6 @@ pub(super) fn wait_for_daemon(id: u32) -> anyhow::Result<bool> {
 /// Once per segment and process: a takeover that gave the room back before it asked for the
 /// handover (`uzram run`) does not map the segment again inside the pause.
 pub fn make_room(state: &DaemonState) {
-    static GIVEN_BACK: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(-1);
     let Some(shm) = state.store_shm else { return };
     if GIVEN_BACK.load(std::sync::atomic::Ordering::Relaxed) == i64::from(shm) {
         return;

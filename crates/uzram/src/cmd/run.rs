@@ -197,9 +197,19 @@ pub fn standby(args: StandbyArgs) -> anyhow::Result<ExitCode> {
     if let Err(err) = crate::daemon::fault_guard::populate_file_code() {
         tracing::warn!(error = %err, "populating the binary's code failed");
     }
+    // Its daemon's store room, mapped now: given back the moment the daemon is gone, before
+    // anything here allocates (after a crash under swap pressure, nothing else frees memory).
+    let room = super::recover::running_record_of_config(&config_path)
+        .filter(|s| s.pid == args.pid)
+        .map(|s| super::recover::RoomAhead::map(&s));
     sys::wait_for_exit(args.pid, args.started)
         .map_err(|e| anyhow::anyhow!("waiting for pid {}: {e}", args.pid))?;
-    let mut pause = PauseClock::now();
+    let woke = Instant::now();
+    if let Some(room) = &room {
+        room.give_back();
+    }
+    let mut pause = PauseClock::starting(woke);
+    pause.step("room");
     let states = StateDir::default();
     let (state, lock) = match take_orphan(&states, &config_path)? {
         Taken::Orphan(state, lock) => (state, lock),

@@ -8,7 +8,7 @@
 //! (`queue_page_faults` in `uzram status`): any non-zero count is a path to fix.
 
 /// Stack a queue thread faults in before serving: several times the deepest request path
-/// (codec state lives on the heap), far below the 2 MiB thread stack.
+/// (codec state lives on the heap), half the thread's stack ([`DEFAULT_STACK`]).
 const STACK_PREFAULT: usize = 512 << 10;
 
 /// Stack the daemon's other I/O-path threads (GPU installers, the compactor) fault in: they
@@ -18,7 +18,7 @@ const SMALL_STACK_PREFAULT: usize = 128 << 10;
 
 /// Touches `STACK_PREFAULT` bytes of the calling thread's stack so that they are resident and
 /// locked before the thread serves I/O. Only for threads with a stack of more than that (the
-/// queue threads' 2 MiB); others call [`prefault_small_stack`].
+/// queue threads' 1 MiB); others call [`prefault_small_stack`].
 #[inline(never)]
 pub fn prefault_stack() {
     touch_stack::<STACK_PREFAULT>();
@@ -82,6 +82,10 @@ pub fn populate_file_code() -> std::io::Result<Populated> {
     DONE.store(true, std::sync::atomic::Ordering::Relaxed);
     Ok(done)
 }
+
+/// The stack size of threads started with `std::thread::spawn` (libublk's queue threads):
+/// `main` sets it as `RUST_MIN_STACK` unless that is set. Twice [`STACK_PREFAULT`].
+pub const DEFAULT_STACK: usize = 1 << 20;
 
 /// Applies `advice` (a populating one, which changes no byte) to every mapping of the
 /// process that `select` picks from its /proc/self/maps line.
@@ -249,12 +253,13 @@ mod tests {
     }
 
     #[test]
+    // (on a stack of the size queue threads get: an overflow would abort the test binary)
     fn prefault_takes_the_stack_faults_up_front() {
         let _serial = SERIAL
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let (first, second) = std::thread::Builder::new()
-            .stack_size(2 << 20)
+            .stack_size(DEFAULT_STACK)
             .spawn(|| {
                 let start = thread_faults().unwrap();
                 prefault_stack();

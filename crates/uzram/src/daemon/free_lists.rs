@@ -39,6 +39,41 @@ pub fn restore() -> bool {
     )
 }
 
+/// The setting opened ahead, by a process that waits to recover a device: after the crash
+/// an open would need memory that may have run out, a write to an open file hardly any.
+#[derive(Debug)]
+pub struct OpenedLists(Option<std::fs::File>);
+
+impl OpenedLists {
+    /// Opens the setting; a kernel without it (or a failed open, logged) leaves nothing to set.
+    pub fn open() -> OpenedLists {
+        OpenedLists(open_at(Path::new(SYSCTL)))
+    }
+
+    /// [`shorten`], through the file opened ahead.
+    pub fn shorten(&self) -> bool {
+        match &self.0 {
+            Some(file) => log_outcome(set_if_open(file, 0, SHORT), "held short for the recovery"),
+            None => false,
+        }
+    }
+}
+
+fn open_at(path: &Path) -> Option<std::fs::File> {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+    {
+        Ok(file) => Some(file),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(err) => {
+            tracing::warn!(sysctl = %path.display(), error = %err, "per-CPU free lists: opening the setting failed");
+            None
+        }
+    }
+}
+
 fn log_outcome(outcome: io::Result<bool>, what: &str) -> bool {
     match outcome {
         Ok(changed) => {
@@ -70,17 +105,33 @@ fn set_if(path: &Path, from: u64, to: u64) -> io::Result<bool> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(e),
     };
-    let now: u64 = now.trim().parse().map_err(|_| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("not a number: {:?}", now.trim()),
-        )
-    })?;
-    if now != from {
+    if parse(&now)? != from {
         return Ok(false);
     }
     std::fs::write(path, to.to_string())?;
     Ok(true)
+}
+
+/// [`set_if`] on the setting's open file: read and written at offset 0, as a sysctl is
+/// (a longer value is written over a shorter one whole; `to` is never the shorter here).
+fn set_if_open(file: &std::fs::File, from: u64, to: u64) -> io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 32];
+    let n = file.read_at(&mut buf, 0)?;
+    if parse(&String::from_utf8_lossy(&buf[..n]))? != from {
+        return Ok(false);
+    }
+    file.write_all_at(to.to_string().as_bytes(), 0)?;
+    Ok(true)
+}
+
+fn parse(value: &str) -> io::Result<u64> {
+    value.trim().parse().map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("not a number: {:?}", value.trim()),
+        )
+    })
 }
 
 #[cfg(test)]
@@ -110,6 +161,28 @@ mod tests {
         assert_eq!(read(&path), "0");
         assert!(!restore_at(&path).unwrap(), "already the default");
         assert_eq!(read(&path), "0");
+    }
+
+    #[test]
+    fn a_setting_opened_ahead_is_held_short_the_same_way() {
+        let path = setting("opened", "0\n");
+        let opened = OpenedLists(open_at(&path));
+        assert!(set_if_open(opened.0.as_ref().unwrap(), 0, SHORT).unwrap());
+        assert_eq!(read(&path), SHORT.to_string());
+        assert!(
+            !set_if_open(opened.0.as_ref().unwrap(), 0, SHORT).unwrap(),
+            "already short"
+        );
+        assert!(restore_at(&path).is_ok());
+        let admin = setting("opened-admin", "64\n");
+        assert!(
+            !OpenedLists(open_at(&admin)).shorten(),
+            "an administrator's value"
+        );
+        assert_eq!(read(&admin), "64");
+        assert!(OpenedLists(open_at(&path.with_extension("absent")))
+            .0
+            .is_none());
     }
 
     #[test]

@@ -31,7 +31,13 @@ impl PauseClock {
 
     /// A pause that begins now, in a process that was running before it.
     pub fn now() -> Self {
-        let mut clock = Self::since(Instant::now());
+        Self::starting(Instant::now())
+    }
+
+    /// A pause that began at `since` in a process that was running before it and has
+    /// touched no new memory since.
+    pub fn starting(since: Instant) -> Self {
+        let mut clock = Self::since(since);
         clock.faults_before = process_faults();
         clock.anon_before = crate::sys::anon_resident_bytes().unwrap_or(0);
         clock

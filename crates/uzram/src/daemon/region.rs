@@ -510,6 +510,22 @@ fn with_room(
     id: i32,
     f: impl FnOnce(usize, usize) -> Result<usize, RegionError>,
 ) -> Result<usize, RegionError> {
+    let attached = attach_room(id)?;
+    let result = f(attached.room, attached.len);
+    // SAFETY: detaches the mapping made by attach_room; nothing refers to it.
+    unsafe { libc::shmdt(attached.base) };
+    result
+}
+
+/// Segment `id` mapped whole, its header checked to be a store's whose room lies in it.
+struct AttachedRoom {
+    base: *mut libc::c_void,
+    size: usize,
+    room: usize,
+    len: usize,
+}
+
+fn attach_room(id: i32) -> Result<AttachedRoom, RegionError> {
     // SAFETY: shmat maps the segment where the kernel picks; none of our memory is touched.
     let base = unsafe { libc::shmat(id, ptr::null(), 0) };
     if base as isize == -1 {
@@ -518,7 +534,7 @@ fn with_room(
         ));
     }
     let size = crate::sys::shm_size(id).unwrap_or(0);
-    let result = if size < UNIT {
+    let checked = if size < UNIT {
         Err(foreign(id, format!("only {size} bytes")))
     } else {
         // SAFETY: the segment is at least one unit long, so the header lies in the mapping.
@@ -528,18 +544,92 @@ fn with_room(
             || (header.version != VERSION && header.version != VERSION_NO_STATES)
         {
             Err(foreign(id, "no uzram store header of this version".into()))
-        } else if !end.is_some_and(|end| end <= size as u64) || header.room_off % 4096 != 0 {
+        } else if !end.is_some_and(|end| end <= size as u64)
+            || header.room_off % 4096 != 0
+            || header.room_len % 4096 != 0
+        {
             Err(foreign(id, "its recovery room does not fit".into()))
         } else {
-            f(
-                base as usize + header.room_off as usize,
-                header.room_len as usize,
-            )
+            Ok(AttachedRoom {
+                base,
+                size,
+                room: base as usize + header.room_off as usize,
+                len: header.room_len as usize,
+            })
         }
     };
-    // SAFETY: detaches the mapping made above; nothing refers to it.
-    unsafe { libc::shmdt(base) };
-    result
+    if checked.is_err() {
+        // SAFETY: detaches the mapping made above; nothing refers to it.
+        unsafe { libc::shmdt(base) };
+    }
+    checked
+}
+
+/// The recovery room of a store, mapped by a process that waits for the store's daemon to
+/// die so it can take the device over. Giving the room back is the first thing it does
+/// then, when memory may have run out: with the mapping made (and nothing else of the
+/// segment mapped, so no page tables either) beforehand, that needs no memory at all.
+#[derive(Debug)]
+pub struct MappedRoom {
+    shm: i32,
+    start: usize,
+    len: usize,
+}
+
+impl MappedRoom {
+    /// Maps the room of segment `id`, and only the room.
+    pub fn map(id: i32) -> Result<MappedRoom, RegionError> {
+        let attached = attach_room(id)?;
+        let (base, room, len) = (attached.base as usize, attached.room, attached.len);
+        let tail = room + len;
+        let end = base + attached.size.next_multiple_of(4096);
+        // SAFETY: both ranges lie in the mapping made by attach_room, outside the room,
+        // and nothing of ours refers to them (the header was copied out).
+        unsafe {
+            if room > base {
+                libc::munmap(base as *mut libc::c_void, room - base);
+            }
+            if end > tail {
+                libc::munmap(tail as *mut libc::c_void, end - tail);
+            }
+            // A caller under mlockall(MCL_FUTURE) mapped it locked, and MADV_REMOVE
+            // refuses locked pages; unlocking it now, not after the crash, splits no
+            // mapping then.
+            libc::munlock(room as *mut libc::c_void, len);
+        }
+        Ok(MappedRoom {
+            shm: id,
+            start: room,
+            len,
+        })
+    }
+
+    /// The segment whose room this is.
+    pub fn shm(&self) -> i32 {
+        self.shm
+    }
+
+    /// Gives the room's pages back to the system; returns the bytes given back.
+    pub fn release(&self) -> Result<usize, RegionError> {
+        // SAFETY: MADV_REMOVE frees the pages of the room, our own shared mapping of it,
+        // which no daemon uses.
+        if unsafe { libc::madvise(self.start as *mut libc::c_void, self.len, libc::MADV_REMOVE) }
+            == 0
+        {
+            Ok(self.len)
+        } else {
+            Err(sys("madvise MADV_REMOVE (the recovery room)")(
+                std::io::Error::last_os_error(),
+            ))
+        }
+    }
+}
+
+impl Drop for MappedRoom {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the room's mapping made by `map`; nothing else refers to it.
+        unsafe { libc::munmap(self.start as *mut libc::c_void, self.len) };
+    }
 }
 
 fn foreign(id: i32, why: String) -> RegionError {
@@ -739,5 +829,65 @@ mod tests {
         restore_room(region.id());
         assert_eq!(resident(), len / 4096, "committed again");
         remove(region.id());
+    }
+
+    /// Mappings of segment `id` (shm_nattch): a room mapped ahead adds one, and only while
+    /// it lives.
+    fn attaches(id: i32) -> u64 {
+        let mut stat = std::mem::MaybeUninit::<libc::shmid_ds>::zeroed();
+        // SAFETY: IPC_STAT writes one shmid_ds into our buffer.
+        let rc = unsafe { libc::shmctl(id, libc::IPC_STAT, stat.as_mut_ptr()) };
+        assert_eq!(rc, 0);
+        // SAFETY: IPC_STAT succeeded, so the struct is initialized.
+        unsafe { stat.assume_init() }.shm_nattch
+    }
+
+    #[test]
+    fn a_room_mapped_ahead_maps_only_the_room_and_gives_it_back() {
+        let Some(region) = small_region(1) else {
+            return;
+        };
+        let (room, len) = region.room();
+        let before = attaches(region.id());
+        let mapped = MappedRoom::map(region.id()).unwrap();
+        assert_eq!(mapped.shm(), region.id());
+        assert_eq!(attaches(region.id()), before + 1);
+        // only the room is mapped: the maps line of its address spans the room's length
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let line = maps
+            .lines()
+            .find(|l| l.starts_with(&format!("{:x}-", mapped.start)))
+            .expect("the room's mapping");
+        let (from, to) = line.split_once(' ').unwrap().0.split_once('-').unwrap();
+        let span =
+            usize::from_str_radix(to, 16).unwrap() - usize::from_str_radix(from, 16).unwrap();
+        assert_eq!(span, len, "{line}");
+        let resident = || {
+            let mut pages = vec![0u8; len / 4096];
+            // SAFETY: mincore reads the page tables of the region's own mapping of the room
+            // and writes one byte a page into `pages`, which has exactly that many.
+            let rc = unsafe { libc::mincore(room as *mut libc::c_void, len, pages.as_mut_ptr()) };
+            assert_eq!(rc, 0);
+            pages.iter().filter(|&&p| p & 1 != 0).count()
+        };
+        assert_eq!(resident(), len / 4096);
+        assert_eq!(mapped.release().unwrap(), len);
+        assert_eq!(resident(), 0, "given back through the mapping made ahead");
+        drop(mapped);
+        assert_eq!(attaches(region.id()), before);
+        remove(region.id());
+    }
+
+    #[test]
+    fn a_segment_that_is_no_store_has_no_room_to_map() {
+        let Ok(id) = crate::sys::shm_create(2 * UNIT) else {
+            println!("SKIP: no SysV shared memory");
+            return;
+        };
+        let err = MappedRoom::map(id).unwrap_err();
+        assert!(err.to_string().contains("header"), "{err}");
+        assert_eq!(attaches(id), 0, "nothing left mapped");
+        // SAFETY: IPC_RMID takes no buffer.
+        unsafe { libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()) };
     }
 }
