@@ -106,6 +106,8 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
 struct ProcStat {
     /// A zombie (or dead) process with no thread left but the exited leader.
     exited: bool,
+    /// Its leader exited, and other threads are still there.
+    dying: bool,
     /// Field 22, in clock ticks after boot.
     started: Option<u64>,
 }
@@ -119,6 +121,7 @@ fn parse_stat(stat: &str) -> Option<ProcStat> {
     let threads: Option<u64> = fields.get(20 - 3).and_then(|n| n.parse().ok());
     Some(ProcStat {
         exited: zombie && threads.is_some_and(|n| n <= 1),
+        dying: zombie && threads.is_some_and(|n| n > 1),
         started: fields.get(22 - 3).and_then(|n| n.parse().ok()),
     })
 }
@@ -457,6 +460,44 @@ pub fn wait_for_exit_within(
     started: Option<u64>,
     within: Option<std::time::Duration>,
 ) -> io::Result<bool> {
+    wait_for_exit_noting(pid, started, within, None)
+}
+
+/// [`wait_for_exit`], calling `dying` once the process's first thread (the one whose pid it
+/// is) has exited while others are still there: a process killed with SIGKILL whose other
+/// threads take long to follow, such as one inside a page fault that waits for memory. Looked
+/// for every [`DYING_LOOK`] in its `/proc/<pid>/stat`, opened (and read once) before the
+/// wait, so a look allocates nothing (a thread pidfd would not do: the kernel does not report
+/// a thread group leader's exit while the group lives on).
+pub fn wait_for_exit_noting_death(
+    pid: u32,
+    started: Option<u64>,
+    dying: &mut dyn FnMut(),
+) -> io::Result<()> {
+    wait_for_exit_noting(pid, started, None, Some(dying)).map(drop)
+}
+
+/// How often [`wait_for_exit_noting_death`] looks whether the process is dying.
+const DYING_LOOK: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// True when the `/proc/<pid>/stat` open in `file` says the leader exited while other
+/// threads remain.
+fn leader_gone(file: &std::fs::File) -> bool {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 1024];
+    let n = file.read_at(&mut buf, 0).unwrap_or(0);
+    std::str::from_utf8(&buf[..n])
+        .ok()
+        .and_then(parse_stat)
+        .is_some_and(|s| s.dying)
+}
+
+fn wait_for_exit_noting(
+    pid: u32,
+    started: Option<u64>,
+    within: Option<std::time::Duration>,
+    mut dying: Option<&mut dyn FnMut()>,
+) -> io::Result<bool> {
     let raw = pid;
     let Ok(pid) = libc::pid_t::try_from(pid) else {
         return Ok(true);
@@ -480,6 +521,12 @@ pub fn wait_for_exit_within(
     if started.is_some_and(|t| start_ticks(raw).is_some_and(|now| now != t)) {
         return Ok(true);
     }
+    // The leader's state, when someone wants to hear that it died first.
+    let stat = dying.as_ref().and_then(|_| {
+        let file = std::fs::File::open(format!("/proc/{raw}/stat")).ok()?;
+        leader_gone(&file); // the first read makes the read buffer
+        Some(file)
+    });
     let mut pfd = libc::pollfd {
         fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
         events: libc::POLLIN,
@@ -491,10 +538,24 @@ pub fn wait_for_exit_within(
             let left = d.saturating_duration_since(std::time::Instant::now());
             i32::try_from(left.as_millis()).unwrap_or(i32::MAX)
         });
+        let look = DYING_LOOK.as_millis() as i32;
+        let timeout = match (&dying, timeout) {
+            (Some(_), -1) => look,
+            (Some(_), t) => t.min(look),
+            (None, t) => t,
+        };
         // SAFETY: one valid pollfd, owned by this frame, for the duration of the call.
         let ready = unsafe { libc::poll(&mut pfd, 1, timeout) };
         match ready {
-            0 => return Ok(false),
+            0 if deadline.is_some_and(|d| std::time::Instant::now() >= d) => return Ok(false),
+            0 => {
+                if stat.as_ref().is_some_and(leader_gone) {
+                    // only the first thread has gone: the others are still on their way out
+                    if let Some(dying) = dying.take() {
+                        dying();
+                    }
+                }
+            }
             n if n > 0 => return Ok(true),
             _ => {
                 let e = io::Error::last_os_error();
@@ -581,18 +642,50 @@ mod tests {
         child.wait().unwrap();
     }
 
+    /// A process whose leader thread ends at once while another thread runs on for a second
+    /// (`None`, said, without python3).
+    fn leader_exits_first() -> Option<std::process::Child> {
+        let script = "import ctypes, os, threading, time\n\
+threading.Thread(target=lambda: (time.sleep(1.0), os._exit(0))).start()\n\
+ctypes.CDLL(None).pthread_exit(None)\n";
+        let child = std::process::Command::new("python3")
+            .args(["-c", script])
+            .spawn();
+        if child.is_err() {
+            println!("SKIP: no python3 to make a process whose first thread exits early");
+        }
+        child.ok()
+    }
+
+    #[test]
+    fn a_dying_process_is_noted_when_its_first_thread_goes_and_waited_for_to_the_end() {
+        // The leader thread ends while another thread runs on for a second, as a killed
+        // daemon's main thread goes while a thread inside a page fault is still there.
+        let Some(mut child) = leader_exits_first() else {
+            return;
+        };
+        let pid = child.id();
+        let t = std::time::Instant::now();
+        let mut noted: Option<(std::time::Duration, bool)> = None;
+        wait_for_exit_noting_death(pid, None, &mut || {
+            noted = Some((t.elapsed(), process_alive(pid, None)));
+        })
+        .unwrap();
+        let returned = t.elapsed();
+        child.wait().unwrap();
+        let (at, alive) = noted.expect("the first thread's exit was noted");
+        assert!(alive, "noted while the process still ran");
+        assert!(
+            returned >= at + std::time::Duration::from_millis(300),
+            "returned while the second thread still ran (noted {at:?}, returned {returned:?})"
+        );
+    }
+
     #[test]
     fn a_process_whose_first_thread_exited_is_waited_for_until_its_last_thread_ends() {
         // The leader thread ends (and shows as a zombie) while another thread runs on for a
         // second: as a daemon's main thread can end before its I/O threads.
-        let script = "import ctypes, os, threading, time\n\
-threading.Thread(target=lambda: (time.sleep(1.0), os._exit(0))).start()\n\
-ctypes.CDLL(None).pthread_exit(None)\n";
-        let Ok(mut child) = std::process::Command::new("python3")
-            .args(["-c", script])
-            .spawn()
-        else {
-            println!("SKIP: no python3 to make a process whose first thread exits early");
+        let Some(mut child) = leader_exits_first() else {
             return;
         };
         let pid = child.id();
@@ -636,6 +729,7 @@ ctypes.CDLL(None).pthread_exit(None)\n";
             stat("uzram", "S", 5),
             ProcStat {
                 exited: false,
+                dying: false,
                 started: Some(4242)
             }
         );
@@ -645,9 +739,10 @@ ctypes.CDLL(None).pthread_exit(None)\n";
         );
         assert!(stat("uzram", "Z", 0).exited);
         assert!(
-            !stat("uzram", "Z", 3).exited,
+            !stat("uzram", "Z", 3).exited && stat("uzram", "Z", 3).dying,
             "a leader that exited while two threads run on"
         );
+        assert!(!stat("uzram", "S", 3).dying && !stat("uzram", "Z", 1).dying);
         assert!(
             stat("a) Z 1 (b", "Z", 1).exited && !stat("a) Z 1 (b", "R", 1).exited,
             "a name with parentheses and a state inside it"
@@ -657,6 +752,7 @@ ctypes.CDLL(None).pthread_exit(None)\n";
             parse_stat("7 (x) S 1"),
             Some(ProcStat {
                 exited: false,
+                dying: false,
                 started: None
             }),
             "a line cut short"

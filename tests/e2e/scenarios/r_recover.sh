@@ -36,6 +36,9 @@ crash_done() {
     sleep 1
   done
   say "  $CW: daemon: ${_p:-no paused_ms line in /run/uzram/*.log}"
+  # a killed daemon slow to exit: its room given back once its first thread was gone
+  _d=$(cat /run/uzram/*.log | tr -d '\033' | sed 's/\[[0-9;]*m//g' | grep -a 'first thread is gone' | tail -1)
+  [ -z "$_d" ] || say "  $CW: ${_d#*INFO }"
   # the recovery held the per-CPU free lists short to give its room back; the new daemon
   # puts the kernel's default back once it serves (daemon/free_lists.rs)
   for _i in 1 2 3 4 5; do

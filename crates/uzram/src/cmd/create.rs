@@ -273,15 +273,12 @@ fn wait_to_take_over(
             Some((pid, clock)) if pid == record.pid => clock,
             _ => {
                 tracing::info!(%dev, pid = record.pid, "waiting for the device's daemon to exit");
+                // The room is given back as the first thing once the daemon is dying, before
+                // anything allocates: memory for everything after. (A recoverer that loses
+                // the race for the lock gave it back too, at the same moment as the winner,
+                // long before the winner serves and commits it again.)
                 let room = super::recover::RoomAhead::map(&record);
-                sys::wait_for_exit(record.pid, record.started)
-                    .map_err(|e| anyhow::anyhow!("waiting for pid {}: {e}", record.pid))?;
-                let woke = std::time::Instant::now();
-                // The first thing, before anything allocates: memory for everything after.
-                // (A recoverer that loses the race for the lock gave it back too, at the
-                // same moment as the winner, long before the winner serves and commits it
-                // again.)
-                room.give_back();
+                let woke = room.wait_for_daemon(record.pid, record.started)?;
                 // A stopped daemon deletes its device before it exits.
                 if !crate::devname::in_kernel(id) {
                     return Ok(None);

@@ -156,6 +156,7 @@ pub struct RoomAhead {
     dev: String,
     room: Option<region::MappedRoom>,
     lists: free_lists::OpenedLists,
+    given: std::cell::Cell<bool>,
 }
 
 impl RoomAhead {
@@ -170,12 +171,17 @@ impl RoomAhead {
             dev: state.dev.clone(),
             room,
             lists: free_lists::OpenedLists::open(),
+            given: std::cell::Cell::new(false),
         }
     }
 
-    /// Gives the room back (again, if a takeover before did).
+    /// Gives the room back (again, if a takeover before did), once: when the daemon is dying
+    /// ([`Self::wait_for_daemon`]) or else when it is gone.
     pub fn give_back(&self) {
         let Some(room) = &self.room else { return };
+        if self.given.replace(true) {
+            return;
+        }
         self.lists.shorten();
         match room.release() {
             Ok(bytes) => {
@@ -186,6 +192,27 @@ impl RoomAhead {
                 tracing::warn!(dev = %self.dev, error = %err, "giving back the store's recovery room failed")
             }
         }
+    }
+
+    /// Waits until the daemon `pid` (started at `started`) has exited, and gives the room
+    /// back as soon as it is dying: its first thread gone while others are still there. A
+    /// killed daemon's thread inside a page fault can only exit once that fault got a page,
+    /// and with memory run out and the device paused none comes free but the room's (seen on
+    /// 7.3: a killed daemon's pool keeper took 5-8 s to go, and the device's pause with it).
+    /// Returns when the exit was seen (the pause's start, for the new daemon's clock).
+    pub fn wait_for_daemon(
+        &self,
+        pid: u32,
+        started: Option<u64>,
+    ) -> anyhow::Result<std::time::Instant> {
+        crate::sys::wait_for_exit_noting_death(pid, started, &mut || {
+            self.give_back();
+            tracing::info!(dev = %self.dev, pid, "the daemon's first thread is gone: its room was given back while the rest exits");
+        })
+        .map_err(|e| anyhow::anyhow!("waiting for pid {pid}: {e}"))?;
+        let gone = std::time::Instant::now();
+        self.give_back();
+        Ok(gone)
     }
 }
 

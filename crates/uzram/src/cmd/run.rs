@@ -202,13 +202,15 @@ pub fn standby(args: StandbyArgs) -> anyhow::Result<ExitCode> {
     let room = super::recover::running_record_of_config(&config_path)
         .filter(|s| s.pid == args.pid)
         .map(|s| super::recover::RoomAhead::map(&s));
-    sys::wait_for_exit(args.pid, args.started)
-        .map_err(|e| anyhow::anyhow!("waiting for pid {}: {e}", args.pid))?;
-    let woke = Instant::now();
-    if let Some(room) = &room {
-        room.give_back();
-    }
-    let mut pause = PauseClock::starting(woke);
+    let gone = match &room {
+        Some(room) => room.wait_for_daemon(args.pid, args.started)?,
+        None => {
+            sys::wait_for_exit(args.pid, args.started)
+                .map_err(|e| anyhow::anyhow!("waiting for pid {}: {e}", args.pid))?;
+            Instant::now()
+        }
+    };
+    let mut pause = PauseClock::starting(gone);
     pause.step("room");
     let states = StateDir::default();
     let (state, lock) = match take_orphan(&states, &config_path)? {
