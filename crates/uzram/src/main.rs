@@ -28,8 +28,12 @@ fn main() -> ExitCode {
     // Rust's 2 MiB. A daemon populates and locks every thread's whole stack, and a queue
     // thread's deepest path is a fraction of the 512 KiB it faults in up front
     // (`daemon::fault_guard`): the other MiB of each was locked memory for nothing, and a
-    // takeover faulted it in during its pause.
-    if std::env::var_os("RUST_MIN_STACK").is_none() {
+    // takeover faulted it in during its pause. A larger value in the environment is kept; a
+    // smaller one is not (a queue thread's prefault would run past its stack).
+    let asked = std::env::var("RUST_MIN_STACK")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok());
+    if asked.map_or(true, |n| n < daemon::fault_guard::DEFAULT_STACK) {
         std::env::set_var(
             "RUST_MIN_STACK",
             daemon::fault_guard::DEFAULT_STACK.to_string(),

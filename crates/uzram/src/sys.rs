@@ -522,11 +522,16 @@ fn wait_for_exit_noting(
         return Ok(true);
     }
     // The leader's state, when someone wants to hear that it died first.
-    let stat = dying.as_ref().and_then(|_| {
-        let file = std::fs::File::open(format!("/proc/{raw}/stat")).ok()?;
-        leader_gone(&file); // the first read makes the read buffer
-        Some(file)
-    });
+    let stat = match dying.is_some() {
+        true => std::fs::File::open(format!("/proc/{raw}/stat")).ok(),
+        false => None,
+    };
+    // (the first look also makes the file's read buffer, so later looks allocate nothing)
+    if stat.as_ref().is_some_and(leader_gone) {
+        if let Some(dying) = dying.take() {
+            dying();
+        }
+    }
     let mut pfd = libc::pollfd {
         fd: std::os::fd::AsRawFd::as_raw_fd(&fd),
         events: libc::POLLIN,
@@ -536,7 +541,8 @@ fn wait_for_exit_noting(
     loop {
         let timeout = deadline.map_or(-1, |d| {
             let left = d.saturating_duration_since(std::time::Instant::now());
-            i32::try_from(left.as_millis()).unwrap_or(i32::MAX)
+            // rounded up: under a millisecond left is one more wait, not a spin of poll(0)
+            i32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
         });
         let look = DYING_LOOK.as_millis() as i32;
         let timeout = match (&dying, timeout) {
@@ -678,6 +684,34 @@ ctypes.CDLL(None).pthread_exit(None)\n";
         assert!(
             returned >= at + std::time::Duration::from_millis(300),
             "returned while the second thread still ran (noted {at:?}, returned {returned:?})"
+        );
+    }
+
+    #[test]
+    fn a_process_already_dying_when_the_wait_begins_is_noted_at_once() {
+        let Some(mut child) = leader_exits_first() else {
+            return;
+        };
+        let pid = child.id();
+        let dying = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| parse_stat(&s))
+                .is_some_and(|s| s.dying)
+        };
+        let t = std::time::Instant::now();
+        while !dying() {
+            assert!(t.elapsed().as_secs() < 5, "the leader never exited first");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let start = std::time::Instant::now();
+        let mut noted = None;
+        wait_for_exit_noting_death(pid, None, &mut || noted = Some(start.elapsed())).unwrap();
+        child.wait().unwrap();
+        let at = noted.expect("noted");
+        assert!(
+            at < DYING_LOOK / 2,
+            "noted {at:?} after the wait began, not at once"
         );
     }
 

@@ -141,6 +141,11 @@ if uzram_create --size 64M; then
       i=0; while [ -n "$(standby_pids)" ] && [ $i -lt 100 ]; do i=$((i + 1)); usleep 100000; done
       [ -z "$(standby_pids)" ] && ok "the standby ended with its device" \
         || fail_check "a standby still runs 10 s after its device was destroyed: $(standby_pids)"
+      # its waiting daemon gave the room back when the daemon went, holding the per-CPU free
+      # lists short for it; with the device gone it puts the kernel's default back
+      _f=$(cat /proc/sys/vm/percpu_pagelist_high_fraction)
+      [ "$_f" = 0 ] && ok "per-CPU free lists at the kernel's default after the destroy" \
+        || fail_check "vm.percpu_pagelist_high_fraction is $_f after the destroy, not 0"
       dmesg | grep -a 'uzram::cmd::recover' | tail -3 | sed 's/^/    kmsg| /'
     fi
   fi

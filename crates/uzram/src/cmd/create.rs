@@ -271,7 +271,13 @@ fn wait_to_take_over(
         let clock = match lost.take() {
             // the winner does not serve yet (or gave up, and the lock is free again)
             Some((pid, clock)) if pid == record.pid => clock,
-            _ => {
+            other => {
+                if let (Some(_), Some(shm)) = (other, record.store_shm) {
+                    // The winner serves (its record is out). Had this recoverer given the
+                    // room back late, after the winner committed it again, the next crash
+                    // would find none: committing it once more costs nothing if it is there.
+                    crate::daemon::region::restore_room(shm);
+                }
                 tracing::info!(%dev, pid = record.pid, "waiting for the device's daemon to exit");
                 // The room is given back as the first thing once the daemon is dying, before
                 // anything allocates: memory for everything after. (A recoverer that loses
@@ -279,8 +285,10 @@ fn wait_to_take_over(
                 // long before the winner serves and commits it again.)
                 let room = super::recover::RoomAhead::map(&record);
                 let woke = room.wait_for_daemon(record.pid, record.started)?;
-                // A stopped daemon deletes its device before it exits.
+                // A stopped daemon deletes its device before it exits: nothing to recover,
+                // and the per-CPU lists held short for the room go back to the default.
                 if !crate::devname::in_kernel(id) {
+                    crate::daemon::free_lists::restore();
                     return Ok(None);
                 }
                 let mut clock = crate::daemon::pause::PauseClock::starting(woke);
@@ -297,8 +305,10 @@ fn wait_to_take_over(
         }
     };
     tracing::warn!(%dev, "the device's daemon died: taking the device over");
-    super::recover::wait_orphan(id)
+    let state = super::recover::wait_orphan(id)
         .map_err(|why| anyhow::anyhow!("{dev} cannot be recovered: {why}"))?;
     clock.step("quiesced");
+    // Only if the room could not be mapped ahead (given back already: nothing done).
+    super::recover::make_room(&state);
     Ok(Some((clock, lock)))
 }

@@ -216,7 +216,14 @@ pub fn standby(args: StandbyArgs) -> anyhow::Result<ExitCode> {
     let (state, lock) = match take_orphan(&states, &config_path)? {
         Taken::Orphan(state, lock) => (state, lock),
         // A normal stop (the device is gone) or a takeover by another daemon.
-        Taken::Nothing | Taken::Busy(_) => return Ok(ExitCode::SUCCESS),
+        Taken::Nothing => {
+            // A normal stop (the device is gone): the per-CPU lists held short for the room
+            // go back to the default. (Not for `Busy`: the daemon taking over holds them
+            // short until it serves.)
+            crate::daemon::free_lists::restore();
+            return Ok(ExitCode::SUCCESS);
+        }
+        Taken::Busy(_) => return Ok(ExitCode::SUCCESS),
     };
     pause.step("find the device");
     tracing::warn!(dev = %state.dev, pid = args.pid, "the device's daemon died: the standby takes the device over until the unit's next daemon does");

@@ -583,19 +583,23 @@ impl MappedRoom {
         let (base, room, len) = (attached.base as usize, attached.room, attached.len);
         let tail = room + len;
         let end = base + attached.size.next_multiple_of(4096);
+        let failed = |what: &str| tracing::warn!(id, what, error = %std::io::Error::last_os_error(), "mapping a store's recovery room ahead");
         // SAFETY: both ranges lie in the mapping made by attach_room, outside the room,
         // and nothing of ours refers to them (the header was copied out).
         unsafe {
-            if room > base {
-                libc::munmap(base as *mut libc::c_void, room - base);
+            // (left mapped, they cost page tables and an attach, nothing else)
+            if room > base && libc::munmap(base as *mut libc::c_void, room - base) != 0 {
+                failed("munmap before the room");
             }
-            if end > tail {
-                libc::munmap(tail as *mut libc::c_void, end - tail);
+            if end > tail && libc::munmap(tail as *mut libc::c_void, end - tail) != 0 {
+                failed("munmap after the room");
             }
             // A caller under mlockall(MCL_FUTURE) mapped it locked, and MADV_REMOVE
             // refuses locked pages; unlocking it now, not after the crash, splits no
             // mapping then.
-            libc::munlock(room as *mut libc::c_void, len);
+            if libc::munlock(room as *mut libc::c_void, len) != 0 {
+                failed("munlock");
+            }
         }
         Ok(MappedRoom {
             shm: id,
