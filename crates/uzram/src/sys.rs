@@ -663,6 +663,22 @@ ctypes.CDLL(None).pthread_exit(None)\n";
         child.ok()
     }
 
+    /// Waits until `pid`'s first thread has exited while another runs (fails after 5 s);
+    /// returns when, from `t`.
+    fn until_leader_exited(pid: u32, t: std::time::Instant) -> std::time::Duration {
+        let dying = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| parse_stat(&s))
+                .is_some_and(|s| s.dying)
+        };
+        while !dying() {
+            assert!(t.elapsed().as_secs() < 5, "the leader never exited first");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        t.elapsed()
+    }
+
     #[test]
     fn a_dying_process_is_noted_when_its_first_thread_goes_and_waited_for_to_the_end() {
         // The leader thread ends while another thread runs on for a second, as a killed
@@ -692,18 +708,8 @@ ctypes.CDLL(None).pthread_exit(None)\n";
         let Some(mut child) = leader_exits_first() else {
             return;
         };
+        until_leader_exited(child.id(), std::time::Instant::now());
         let pid = child.id();
-        let dying = || {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|s| parse_stat(&s))
-                .is_some_and(|s| s.dying)
-        };
-        let t = std::time::Instant::now();
-        while !dying() {
-            assert!(t.elapsed().as_secs() < 5, "the leader never exited first");
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
         let start = std::time::Instant::now();
         let mut noted = None;
         wait_for_exit_noting_death(pid, None, &mut || noted = Some(start.elapsed())).unwrap();
@@ -723,17 +729,8 @@ ctypes.CDLL(None).pthread_exit(None)\n";
             return;
         };
         let pid = child.id();
-        let state = || {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            stat.rfind(')')
-                .and_then(|i| stat[i + 1..].split_whitespace().next().map(str::to_owned))
-        };
         let t = std::time::Instant::now();
-        while state().as_deref() != Some("Z") {
-            assert!(t.elapsed().as_secs() < 5, "the leader never turned zombie");
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        let zombie_after = t.elapsed();
+        let zombie_after = until_leader_exited(pid, t);
         assert!(
             process_alive(pid, None),
             "a process whose leader is a zombie but whose other thread runs is alive"

@@ -1,25 +1,33 @@
 /*
- * crashkill COUNTER DELTA PID GAP_MS CMD...: the operator of a crash scenario, resident in memory.
+ * crashkill [-p DEV] COUNTER DELTA PID GAP_MS CMD...: the operator of a crash scenario,
+ * resident in memory.
  *
  * Waits until the /proc/vmstat COUNTER (pswpout, pswpin) has grown by DELTA since it started,
  * kills PID with SIGKILL, waits until PID is gone, waits GAP_MS more, then runs CMD (the
  * recovery) and waits for it. A GAP_MS below 0 starts CMD at once instead, before the kill:
  * a recovery that waits for the daemon to die by itself (`uzram recover --wait`). Prints one
  * line:
- *   crashkill: COUNTER +N at the kill; pid gone after A s; CMD rc R after B s; pause P s
- * where the pause runs from the kill until CMD returned (CMD returns once the device serves).
+ *   crashkill: COUNTER +N at the kill; pid gone after A s; I/O pause P s (...); CMD rc R B s after the kill
+ * With -p DEV, P is the device's I/O pause as a user of it sees it: from the kill until a
+ * 4 KiB O_DIRECT read of DEV, issued as soon as PID is gone (so no request of it can have been
+ * served by the killed daemon), completed. CMD may return later than that: the new daemon
+ * serves first and then publishes its records. Without -p, P is from the kill until CMD
+ * returned.
  * Exit status: CMD's, or 2 on bad usage or when PID never went away, or 3 when COUNTER stood
  * still for STALL_S seconds before it grew by DELTA (the load ended or died: no kill, and no
- * wait until the scenario's time runs out).
+ * wait until the scenario's time runs out), or 4 when CMD succeeded but the read of DEV failed.
  *
  * Why a resident helper: the swap scenario's shell had its own pages in swap on the very device
  * whose daemon it killed, so it blocked on them and never ran the recovery. This one is locked
  * in memory and started before the kill; CMD is started with posix_spawn (no copy of this
  * process) from a file system that is never swapped.
  */
+#define _GNU_SOURCE /* O_DIRECT */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -107,6 +115,59 @@ static double now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/*
+ * The read that measures the I/O pause. Its thread, file and buffer are made before the kill
+ * (locked by mlockall): after the kill memory may have run out, and this must not wait for it.
+ */
+struct probe {
+	int fd;
+	void *buf;
+	sem_t go;
+	double done_at; /* CLOCK_MONOTONIC, when the read returned */
+	ssize_t got;
+	int err;
+};
+
+static void *probe_read(void *arg)
+{
+	struct probe *p = arg;
+
+	while (sem_wait(&p->go) != 0 && errno == EINTR)
+		;
+	p->got = pread(p->fd, p->buf, 4096, 0);
+	p->err = p->got < 0 ? errno : 0;
+	p->done_at = now();
+	return NULL;
+}
+
+/* Opens DEV for the probe and starts its thread, which waits for `go`. 0, or -1 (printed). */
+static int probe_start(struct probe *p, pthread_t *thread, const char *dev)
+{
+	int err;
+
+	p->fd = open(dev, O_RDONLY | O_DIRECT | O_CLOEXEC);
+	if (p->fd < 0) {
+		fprintf(stderr, "crashkill: opening %s: %s\n", dev, strerror(errno));
+		return -1;
+	}
+	err = posix_memalign(&p->buf, 4096, 4096);
+	if (err != 0) {
+		fprintf(stderr, "crashkill: probe buffer: %s\n", strerror(err));
+		return -1;
+	}
+	memset(p->buf, 0, 4096);
+	if (sem_init(&p->go, 0, 0) != 0) {
+		perror("crashkill: sem_init");
+		return -1;
+	}
+	err = pthread_create(thread, NULL, probe_read, p);
+	if (err != 0) {
+		fprintf(stderr, "crashkill: probe thread: %s\n", strerror(err));
+		return -1;
+	}
+	return 0;
+}
+
 static void pause_ms(long ms)
 {
 	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
@@ -135,8 +196,14 @@ static long long vmstat(const char *counter)
 
 int main(int argc, char **argv)
 {
+	const char *probe_dev = NULL;
+	if (argc > 2 && strcmp(argv[1], "-p") == 0) {
+		probe_dev = argv[2];
+		argv += 2;
+		argc -= 2;
+	}
 	if (argc < 6) {
-		fprintf(stderr, "usage: crashkill COUNTER DELTA PID GAP_MS CMD...\n");
+		fprintf(stderr, "usage: crashkill [-p DEV] COUNTER DELTA PID GAP_MS CMD...\n");
 		return 2;
 	}
 	const char *counter = argv[1];
@@ -147,6 +214,10 @@ int main(int argc, char **argv)
 	if (mlockall(MCL_CURRENT | MCL_FUTURE) != 0)
 		perror("crashkill: mlockall");
 	sysrq_fd = open("/proc/sysrq-trigger", O_WRONLY | O_CLOEXEC);
+	struct probe probe = { .fd = -1 };
+	pthread_t probe_thread;
+	if (probe_dev && probe_start(&probe, &probe_thread, probe_dev) != 0)
+		return 2;
 	long long start = vmstat(counter);
 	if (start < 0) {
 		fprintf(stderr, "crashkill: no counter %s in /proc/vmstat\n", counter);
@@ -199,6 +270,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "crashkill: pid %d still there %.1f s after SIGKILL\n", (int)pid, gone);
 		return 2;
 	}
+	if (probe_dev)
+		sem_post(&probe.go);
 	if (gap >= 0) {
 		pause_ms(gap);
 		err = posix_spawnp(&child, argv[5], NULL, NULL, &argv[5], environ);
@@ -223,8 +296,22 @@ int main(int argc, char **argv)
 	}
 	double done = now() - t0;
 	int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-	printf("crashkill: %s +%lld at the kill; pid %d gone after %.2f s; %s rc %d after %.2f s; pause %.2f s\n",
-	       counter, v - start, (int)pid, gone, argv[5], rc, done - gone - gap / 1000.0, done);
+	if (!probe_dev || rc != 0) {
+		/* (a failed recovery may leave the device paused, and the read waiting for good) */
+		printf("crashkill: %s +%lld at the kill; pid %d gone after %.2f s; pause %.2f s (until %s returned); %s rc %d %.2f s after the kill\n",
+		       counter, v - start, (int)pid, gone, done, argv[5], argv[5], rc, done);
+		fflush(stdout);
+		return rc;
+	}
+	/* CMD succeeded: the device serves, so the read ends */
+	pthread_join(probe_thread, NULL);
+	printf("crashkill: %s +%lld at the kill; pid %d gone after %.2f s; I/O pause %.2f s (a read of %s issued then completed); %s rc %d %.2f s after the kill\n",
+	       counter, v - start, (int)pid, gone, probe.done_at - t0, probe_dev, argv[5], rc, done);
 	fflush(stdout);
+	if (rc == 0 && probe.got != 4096) {
+		fprintf(stderr, "crashkill: the read of %s after the recovery returned %zd: %s\n", probe_dev,
+			probe.got, probe.got < 0 ? strerror(probe.err) : "short");
+		return 4;
+	}
 	return rc;
 }

@@ -4,7 +4,9 @@
 #   1. while the hog still fills, once a quarter of it went out to swap (kill during writes);
 #   2. in the hog's verification pass, once a third of it came back in.
 # Every word must verify, the hog must live, and the kernel must log no I/O error for the
-# device. The I/O pause of each crash (kill until the new daemon serves) is printed.
+# device. The I/O pause of each crash is printed: from the kill until a read of the device,
+# issued once the killed daemon is gone, completed (crashkill -p); and when `uzram recover`
+# returned, which is later: the new daemon publishes its records after it serves.
 # The kill and the recovery are run by crashkill, started before the kill and locked in memory:
 # this shell's own pages may be in swap on the device, and it would wait for them with
 # everything else (see tests/e2e/hog/crashkill.c). The recovery is started before the kill
@@ -20,7 +22,7 @@ crash() {
   CW=$1
   # (to the console: a file's new page would need memory, which is what may have run out)
   # (UZRAM_LOG=info: `uzram recover` prints where its part of the pause went)
-  UZRAM_LOG=info timeout -s KILL "$IO_TMO" crashkill "$2" "$3" "$(daemon_pid "$DEV")" -1 uzram recover --wait "$DEV" > /dev/console 2>&1 &
+  UZRAM_LOG=info timeout -s KILL "$IO_TMO" crashkill -p "$DEV" "$2" "$3" "$(daemon_pid "$DEV")" -1 uzram recover --wait "$DEV" > /dev/console 2>&1 &
   CPID=$!
 }
 crash_done() {

@@ -149,9 +149,10 @@ pub(super) fn waitable_record(id: u32) -> anyhow::Result<DaemonState> {
 
 /// What a process that waits to take a device over gives back the moment the device's
 /// daemon is gone, before it does anything else: the store's recovery room, mapped ahead,
-/// with the per-CPU free lists held short first ([`make_room`] without the files it opens
-/// and the segment it maps, which need memory, and memory may have run out by then: a CI
-/// run hung with the next daemon in reclaim before it got to give the room back).
+/// with the per-CPU free lists held short first. Mapped and opened before the wait, since
+/// both need memory, and memory may have run out by then (a CI run hung with the next
+/// daemon in reclaim before it got to give the room back); [`make_room`] does both at once,
+/// for a recovery started after the crash.
 pub struct RoomAhead {
     dev: String,
     room: Option<region::MappedRoom>,
@@ -182,6 +183,8 @@ impl RoomAhead {
         if self.given.replace(true) {
             return;
         }
+        // Before the room goes: its pages must reach the zone's free lists, where the new
+        // daemon's page faults count them (`daemon::free_lists`).
         self.lists.shorten();
         match room.release() {
             Ok(bytes) => {
@@ -220,8 +223,9 @@ impl RoomAhead {
 static GIVEN_BACK: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(-1);
 
 /// Gives the recovery room of `state`'s store back to the system, so that the new daemon
-/// can start when memory ran out with the old one dead (see `daemon::region`). Failing that
-/// only warns: with memory to spare the daemon starts anyway.
+/// can start when memory ran out with the old one dead (see `daemon::region`): a
+/// [`RoomAhead`] mapped and given back at once. Failing that only warns: with memory to
+/// spare the daemon starts anyway.
 ///
 /// Once per segment and process: a takeover that gave the room back before it asked for the
 /// handover (`uzram run`) does not map the segment again inside the pause.
@@ -230,18 +234,7 @@ pub fn make_room(state: &DaemonState) {
     if GIVEN_BACK.load(std::sync::atomic::Ordering::Relaxed) == i64::from(shm) {
         return;
     }
-    // Before the room goes: its pages must reach the zone's free lists, where the new
-    // daemon's page faults count them (`daemon::free_lists`).
-    free_lists::shorten();
-    match region::release_room(shm) {
-        Ok(bytes) => {
-            GIVEN_BACK.store(i64::from(shm), std::sync::atomic::Ordering::Relaxed);
-            tracing::info!(dev = %state.dev, bytes, "the store's recovery room is free for the new daemon")
-        }
-        Err(err) => {
-            tracing::warn!(dev = %state.dev, error = %err, "giving back the store's recovery room failed")
-        }
-    }
+    RoomAhead::map(state).give_back();
 }
 
 /// The recovery record of device `id` when the device waits for a new daemon: its daemon is

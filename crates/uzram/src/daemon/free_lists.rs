@@ -11,7 +11,7 @@
 //! `vm.percpu_pagelist_high_fraction` fixes each list's limit at a fraction of its zone,
 //! split among the CPUs; at [`SHORT`] every list is held at the kernel's floor (four batches:
 //! 1 MiB a CPU in the 512 MiB guest), so the room's pages reach the zone's free lists as
-//! they are freed. A recovery sets it before it gives the room back ([`shorten`]), and the
+//! they are freed. A recovery sets it before it gives the room back ([`OpenedLists::shorten`]), and the
 //! new daemon puts the kernel's default back once it serves ([`restore`]). A value an
 //! administrator set (anything but the default, 0) is left alone, and so is the setting on a
 //! kernel without it. A recovery that dies in between leaves the lists short until the next
@@ -24,12 +24,6 @@ const SYSCTL: &str = "/proc/sys/vm/percpu_pagelist_high_fraction";
 
 /// A fraction far past any zone's pages per CPU: every list at the kernel's floor.
 pub const SHORT: u64 = 1 << 20;
-
-/// Holds the per-CPU lists short for a recovery; true when it did (the setting was the
-/// kernel's default). Failing only warns: with memory to spare a recovery works without it.
-pub fn shorten() -> bool {
-    log_outcome(shorten_at(Path::new(SYSCTL)), "held short for the recovery")
-}
 
 /// Gives the per-CPU lists the kernel's default limits back, if a recovery held them short.
 pub fn restore() -> bool {
@@ -50,7 +44,8 @@ impl OpenedLists {
         OpenedLists(open_at(Path::new(SYSCTL)))
     }
 
-    /// [`shorten`], through the file opened ahead.
+    /// Holds the per-CPU lists short for a recovery; true when it did (the setting was the
+    /// kernel's default). Failing only warns: with memory to spare a recovery works without it.
     pub fn shorten(&self) -> bool {
         match &self.0 {
             Some(file) => log_outcome(set_if_open(file, 0, SHORT), "held short for the recovery"),
@@ -87,10 +82,6 @@ fn log_outcome(outcome: io::Result<bool>, what: &str) -> bool {
             false
         }
     }
-}
-
-fn shorten_at(path: &Path) -> io::Result<bool> {
-    set_if(path, 0, SHORT)
 }
 
 fn restore_at(path: &Path) -> io::Result<bool> {
@@ -154,9 +145,10 @@ mod tests {
     #[test]
     fn a_recovery_holds_the_default_lists_short_and_its_daemon_restores_them() {
         let path = setting("default", "0\n");
-        assert!(shorten_at(&path).unwrap());
+        let opened = OpenedLists(open_at(&path));
+        assert!(opened.shorten());
         assert_eq!(read(&path), SHORT.to_string());
-        assert!(!shorten_at(&path).unwrap(), "already short: nothing to do");
+        assert!(!opened.shorten(), "already short: nothing to do");
         assert!(restore_at(&path).unwrap());
         assert_eq!(read(&path), "0");
         assert!(!restore_at(&path).unwrap(), "already the default");
@@ -164,31 +156,9 @@ mod tests {
     }
 
     #[test]
-    fn a_setting_opened_ahead_is_held_short_the_same_way() {
-        let path = setting("opened", "0\n");
-        let opened = OpenedLists(open_at(&path));
-        assert!(set_if_open(opened.0.as_ref().unwrap(), 0, SHORT).unwrap());
-        assert_eq!(read(&path), SHORT.to_string());
-        assert!(
-            !set_if_open(opened.0.as_ref().unwrap(), 0, SHORT).unwrap(),
-            "already short"
-        );
-        assert!(restore_at(&path).is_ok());
-        let admin = setting("opened-admin", "64\n");
-        assert!(
-            !OpenedLists(open_at(&admin)).shorten(),
-            "an administrator's value"
-        );
-        assert_eq!(read(&admin), "64");
-        assert!(OpenedLists(open_at(&path.with_extension("absent")))
-            .0
-            .is_none());
-    }
-
-    #[test]
     fn an_administrators_value_is_left_alone() {
         let path = setting("admin", "64\n");
-        assert!(!shorten_at(&path).unwrap());
+        assert!(!OpenedLists(open_at(&path)).shorten());
         assert!(!restore_at(&path).unwrap());
         assert_eq!(read(&path), "64");
     }
@@ -197,11 +167,18 @@ mod tests {
     fn an_absent_setting_stays_absent_and_a_strange_one_is_an_error() {
         let path = setting("strange", "many\n");
         let absent = path.with_file_name("none");
-        assert!(!shorten_at(&absent).unwrap());
+        let opened = OpenedLists(open_at(&absent));
+        assert!(opened.0.is_none());
+        assert!(!opened.shorten());
         assert!(!restore_at(&absent).unwrap());
         assert!(!absent.exists());
+        let strange = open_at(&path).unwrap();
         assert_eq!(
-            shorten_at(&path).unwrap_err().kind(),
+            set_if_open(&strange, 0, SHORT).unwrap_err().kind(),
+            io::ErrorKind::InvalidData
+        );
+        assert_eq!(
+            restore_at(&path).unwrap_err().kind(),
             io::ErrorKind::InvalidData
         );
         assert_eq!(read(&path), "many");

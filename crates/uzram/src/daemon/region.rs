@@ -21,7 +21,7 @@
 //! in the TCG guest. A layout 2 region (no states) is still taken over, with `mincore`.
 //!
 //! The recovery room ([`room_bytes`], committed and never used) is memory a recovery gives
-//! back to the system before the new daemon allocates anything ([`release_room`]). A daemon
+//! back to the system before the new daemon allocates anything ([`MappedRoom::release`]). A daemon
 //! that dies when memory has run out leaves a system in which every reclaim waits for this
 //! device, so nothing else would free a page, and the new daemon could not start (seen in
 //! the guest: it waited in reclaim until `uzram recover` gave up). The new daemon commits
@@ -471,7 +471,7 @@ pub fn commit_room_at(start: usize, len: usize) {
     }
 }
 
-/// Commits the recovery room of segment `id` again, after [`release_room`] for a handover
+/// Commits the recovery room of segment `id` again, after [`MappedRoom::release`] for a handover
 /// that then failed (its daemon serves on, and needs its room for the next takeover).
 pub fn restore_room(id: i32) {
     let restored = with_room(id, |room, len| {
@@ -481,27 +481,6 @@ pub fn restore_room(id: i32) {
     if let Err(err) = restored {
         tracing::warn!(id, error = %err, "the store's recovery room stays given back");
     }
-}
-
-/// Gives the recovery room of segment `id` back to the system: the first step of a recovery,
-/// before anything else allocates (see the module docs). Returns the bytes given back.
-pub fn release_room(id: i32) -> Result<usize, RegionError> {
-    with_room(id, |room, len| {
-        let room = room as *mut libc::c_void;
-        // A caller under mlockall(MCL_FUTURE) (a takeover locks itself first) mapped the
-        // segment locked, and madvise refuses locked pages: unlock the room first.
-        // SAFETY: munlock only changes the paging policy of a range of our own mapping.
-        unsafe { libc::munlock(room, len) };
-        // SAFETY: MADV_REMOVE frees the pages of the room, a range of our own shared
-        // mapping (checked to lie in it) that no daemon uses.
-        if unsafe { libc::madvise(room, len, libc::MADV_REMOVE) } == 0 {
-            Ok(len)
-        } else {
-            Err(sys("madvise MADV_REMOVE (the recovery room)")(
-                std::io::Error::last_os_error(),
-            ))
-        }
-    })
 }
 
 /// Maps segment `id` for as long as `f` runs and hands it the recovery room's address and
@@ -828,7 +807,10 @@ mod tests {
             pages.iter().filter(|&&p| p & 1 != 0).count()
         };
         assert_eq!(resident(), len / 4096, "a new store's room is committed");
-        assert_eq!(release_room(region.id()).unwrap(), len);
+        assert_eq!(
+            MappedRoom::map(region.id()).unwrap().release().unwrap(),
+            len
+        );
         assert_eq!(resident(), 0, "given back");
         restore_room(region.id());
         assert_eq!(resident(), len / 4096, "committed again");
