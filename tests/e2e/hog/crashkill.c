@@ -7,12 +7,15 @@
  * recovery) and waits for it. A GAP_MS below 0 starts CMD at once instead, before the kill:
  * a recovery that waits for the daemon to die by itself (`uzram recover --wait`). Prints one
  * line:
- *   crashkill: COUNTER +N at the kill; pid gone after A s; I/O pause P s (...); CMD rc R B s after the kill
- * With -p DEV, P is the device's I/O pause as a user of it sees it: from the kill until a
- * 4 KiB O_DIRECT read of DEV, issued as soon as PID is gone (so no request of it can have been
- * served by the killed daemon), completed. CMD may return later than that: the new daemon
- * serves first and then publishes its records. Without -p, P is from the kill until CMD
- * returned.
+ *   crashkill: COUNTER +N at the kill; pid gone after A s; I/O pause P s (...); [a read ...;] CMD rc R B s after the kill
+ * With -p DEV, P is the device's I/O pause: from the kill until the device completed a request
+ * again (its reads, writes and discards completed, /sys/block/NAME/stat, looked at every
+ * millisecond from the moment PID is gone: no later completion can be the killed daemon's).
+ * Beside it, the time until a 4 KiB O_DIRECT read of DEV, issued as soon as PID is gone,
+ * completed: what a request made during the pause waits, the requests queued before it (up
+ * to the device's queue depth of swap writes) included. CMD may return later than both: the
+ * new daemon serves first and then publishes its records. Without -p, P is from the kill
+ * until CMD returned.
  * Exit status: CMD's, or 2 on bad usage or when PID never went away, or 3 when COUNTER stood
  * still for STALL_S seconds before it grew by DELTA (the load ended or died: no kill, and no
  * wait until the scenario's time runs out), or 4 when CMD succeeded but the read of DEV failed.
@@ -121,6 +124,7 @@ static double now(void)
  */
 struct probe {
 	int fd;
+	int stat_fd; /* the device's /sys/block/NAME/stat */
 	void *buf;
 	sem_t go;
 	double done_at; /* CLOCK_MONOTONIC, when the read returned */
@@ -140,14 +144,40 @@ static void *probe_read(void *arg)
 	return NULL;
 }
 
-/* Opens DEV for the probe and starts its thread, which waits for `go`. 0, or -1 (printed). */
+/* Requests the device completed so far (reads, writes, discards), from its stat file; -1. */
+static long long completed(int stat_fd)
+{
+	char buf[512];
+	unsigned long long f[12] = { 0 };
+	ssize_t n = pread(stat_fd, buf, sizeof(buf) - 1, 0);
+
+	if (n <= 0)
+		return -1;
+	buf[n] = 0;
+	/* fields 1, 5 and 12: reads, writes and discards completed */
+	if (sscanf(buf, "%llu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu", &f[0], &f[1],
+		   &f[2], &f[3], &f[4], &f[5], &f[6], &f[7], &f[8], &f[9], &f[10], &f[11]) < 5)
+		return -1;
+	return (long long)(f[0] + f[4] + f[11]);
+}
+
+/* Opens DEV and its stat file for the probe and starts its thread, which waits for `go`. 0, or
+ * -1 (printed). */
 static int probe_start(struct probe *p, pthread_t *thread, const char *dev)
 {
+	char stat_path[128];
 	int err;
 
 	p->fd = open(dev, O_RDONLY | O_DIRECT | O_CLOEXEC);
 	if (p->fd < 0) {
 		fprintf(stderr, "crashkill: opening %s: %s\n", dev, strerror(errno));
+		return -1;
+	}
+	const char *name = strrchr(dev, '/') ? strrchr(dev, '/') + 1 : dev;
+	snprintf(stat_path, sizeof(stat_path), "/sys/block/%s/stat", name);
+	p->stat_fd = open(stat_path, O_RDONLY | O_CLOEXEC);
+	if (p->stat_fd < 0 || completed(p->stat_fd) < 0) {
+		fprintf(stderr, "crashkill: reading %s: %s\n", stat_path, strerror(errno));
 		return -1;
 	}
 	err = posix_memalign(&p->buf, 4096, 4096);
@@ -270,6 +300,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "crashkill: pid %d still there %.1f s after SIGKILL\n", (int)pid, gone);
 		return 2;
 	}
+	/* from now on every completion is a new daemon's */
+	long long done_before = probe_dev ? completed(probe.stat_fd) : -1;
+	double served = 0;
 	if (probe_dev)
 		sem_post(&probe.go);
 	if (gap >= 0) {
@@ -292,7 +325,9 @@ int main(int argc, char **argv)
 			dumped = 1;
 			dump_state();
 		}
-		pause_ms(20);
+		if (probe_dev && served == 0 && completed(probe.stat_fd) > done_before)
+			served = now();
+		pause_ms(probe_dev && served == 0 ? 1 : 20);
 	}
 	double done = now() - t0;
 	int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -305,8 +340,11 @@ int main(int argc, char **argv)
 	}
 	/* CMD succeeded: the device serves, so the read ends */
 	pthread_join(probe_thread, NULL);
-	printf("crashkill: %s +%lld at the kill; pid %d gone after %.2f s; I/O pause %.2f s (a read of %s issued then completed); %s rc %d %.2f s after the kill\n",
-	       counter, v - start, (int)pid, gone, probe.done_at - t0, probe_dev, argv[5], rc, done);
+	/* (the probe's read is itself a completion after done_before) */
+	if (served == 0 || served > probe.done_at)
+		served = probe.done_at;
+	printf("crashkill: %s +%lld at the kill; pid %d gone after %.2f s; I/O pause %.2f s (until %s completed a request again); a read issued then completed after %.2f s; %s rc %d %.2f s after the kill\n",
+	       counter, v - start, (int)pid, gone, served - t0, probe_dev, probe.done_at - t0, argv[5], rc, done);
 	fflush(stdout);
 	if (rc == 0 && probe.got != 4096) {
 		fprintf(stderr, "crashkill: the read of %s after the recovery returned %zd: %s\n", probe_dev,

@@ -4,9 +4,10 @@
 #   1. while the hog still fills, once a quarter of it went out to swap (kill during writes);
 #   2. in the hog's verification pass, once a third of it came back in.
 # Every word must verify, the hog must live, and the kernel must log no I/O error for the
-# device. The I/O pause of each crash is printed: from the kill until a read of the device,
-# issued once the killed daemon is gone, completed (crashkill -p); and when `uzram recover`
-# returned, which is later: the new daemon publishes its records after it serves.
+# device. The I/O pause of each crash is printed (crashkill -p): from the kill until the device
+# completed a request again, and until a read of it issued once the killed daemon was gone
+# completed; and when `uzram recover` returned, which is later: the new daemon publishes its
+# records after it serves.
 # The kill and the recovery are run by crashkill, started before the kill and locked in memory:
 # this shell's own pages may be in swap on the device, and it would wait for them with
 # everything else (see tests/e2e/hog/crashkill.c). The recovery is started before the kill
