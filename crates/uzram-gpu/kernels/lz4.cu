@@ -541,8 +541,9 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ packed,
 //     otherwise searches with that match as the length to beat (inside a long match the
 //     parse only ever asks for the match's first bytes and its lazy successors). A
 //     candidate can only beat the best length L so far if its 4 bytes ending at byte L
-//     match too: that one word is compared first (LZ4HC's trick), so most candidates cost
-//     one shared-memory load pair. Each thread owns every 128th position and takes one
+//     match too: that word and the first one (a chain holds every position of the same
+//     hash, collisions too) are compared before the match is measured (LZ4HC's trick), so
+//     most candidates cost two shared-memory load pairs. Each thread owns every 128th position and takes one
 //     chain step per loop turn, moving on to its next position as soon as one is done, so
 //     the lanes of a warp stay converged however long their chains are (a loop per
 //     position kept 12 of 32 lanes busy);
@@ -599,9 +600,10 @@ __device__ __forceinline__ u32 high_pos(u32 pass, u32 i) {
     return pass == 0u ? i * HIGH_SAMPLE : (i / gap) * HIGH_SAMPLE + 1u + i % gap;
 }
 
-// Bytes that match from positions a and b (a < b) onward, up to `limit` bytes.
+// Bytes that match from positions a and b (a < b) onward, up to `limit` (>= 4) bytes, given
+// that their first 4 bytes match.
 __device__ __forceinline__ u32 match_len(const u32* words, u32 a, u32 b, u32 limit) {
-    u32 l = 0u;
+    u32 l = 4u;
     while (l < limit) {
         const u32 d = read32(words, a + l) ^ read32(words, b + l);
         if (d != 0u) {
@@ -746,8 +748,9 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                     }
                     bool done = c == NO_POS || d >= HIGH_DEPTH || best >= nice;
                     if (!done) {
-                        const bool may = best >= MIN_MATCH ? read32(s_page, c + best - 3u) == tail
-                                                           : read32(s_page, c) == head;
+                        // (The head word too: 4 % faster than the tail word alone, run 77.)
+                        const bool may = read32(s_page, c) == head
+                                         && (best < MIN_MATCH || read32(s_page, c + best - 3u) == tail);
                         if (may) {
                             const u32 l = match_len(s_page, c, p, lim);
                             if (l > best) {
