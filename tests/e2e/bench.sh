@@ -75,17 +75,21 @@ fio_bench() {
 vm_counts() { awk '$1 ~ /^(pswpin|pswpout|pgmajfault|allocstall_normal|allocstall_movable|pgscan_kswapd|pgscan_direct|pgsteal_kswapd|pgsteal_direct|workingset_refault_anon)$/ {printf "%s=%s ", $1, $2}' /proc/vmstat; }
 # task_cpu PID: the CPU seconds (user + system, all threads) PID has used; empty if it is gone
 task_cpu() { [ -n "$1" ] && awk '{printf "%.2f", ($14 + $15) / 100}' "/proc/$1/stat" 2>/dev/null; }
+# task_sys PID: the system part of task_cpu (in the kernel on the task's behalf: for the
+# daemon, the ublk transport and its copies of the I/O data)
+task_sys() { [ -n "$1" ] && awk '{printf "%.2f", $15 / 100}' "/proc/$1/stat" 2>/dev/null; }
 # swap_bench REP NAME [SUFFIX]: mkswap + swapon $DEV, the hog (fill + verify), swapoff; wall
 # times as swap_hog_s$SUFFIX (and its fill and verify parts) and swapoff_s$SUFFIX. Where the
 # time went, as CPU seconds: the hog's own (faults, direct reclaim, zram's compression),
 # kswapd's, and the daemon's (uzram; its I/O copies in the kernel included); the per-task
-# times are exact, unlike /proc/stat's tick samples, which miss ticks under TCG. The vmstat
+# times are exact, unlike /proc/stat's tick samples, which miss ticks under TCG; the daemon's
+# system part is printed too (swap_daemon_sys_s). The vmstat
 # counters of vm_counts are printed as deltas.
 swap_bench() {
   if ! { mkswap "$DEV" > /dev/null && swapon "$DEV"; }; then say "swapon $DEV failed"; rc=1; return; fi
   _vm0=$(vm_counts)
   _kp=$(pidof kswapd0); _k0=$(task_cpu "$_kp")
-  _dp=; [ "$2" = uzram ] && _dp=$(daemon_pid "$DEV"); _d0=$(task_cpu "$_dp")
+  _dp=; [ "$2" = uzram ] && _dp=$(daemon_pid "$DEV"); _d0=$(task_cpu "$_dp"); _ds0=$(task_sys "$_dp")
   t=$(up)
   if ! timeout -s KILL "$IO_TMO" hog "$HOG" 1 > /tmp/hog.out 2>&1; then
     say "hog on $2 failed"; cat /tmp/hog.out; rc=1
@@ -96,6 +100,7 @@ swap_bench() {
   emit "$1" "$2" "swap_hog_cpu_s$3" "$(awk '/^hog: cpu/{printf "%.1f", $3 + $5}' /tmp/hog.out)"
   [ -z "$_kp" ] || emit "$1" "$2" "swap_kswapd_cpu_s$3" "$(awk -v a="$_k0" -v b="$(task_cpu "$_kp")" 'BEGIN{printf "%.1f", b - a}')"
   [ -z "$_dp" ] || emit "$1" "$2" "swap_daemon_cpu_s$3" "$(awk -v a="$_d0" -v b="$(task_cpu "$_dp")" 'BEGIN{printf "%.1f", b - a}')"
+  [ -z "$_dp" ] || emit "$1" "$2" "swap_daemon_sys_s$3" "$(awk -v a="$_ds0" -v b="$(task_sys "$_dp")" 'BEGIN{printf "%.1f", b - a}')"
   say "  $2$3 vmstat deltas: $(vm_counts | awk -v before="$_vm0" '
     BEGIN { n = split(before, b, " "); for (i = 1; i <= n; i++) { split(b[i], kv, "="); v[kv[1]] = kv[2] } }
     { for (i = 1; i <= NF; i++) { split($i, kv, "="); printf "%s +%d ", kv[1], kv[2] - v[kv[1]] } }')"

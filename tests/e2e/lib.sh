@@ -111,6 +111,8 @@ stat_field() {
 status_str() {
   timeout -s KILL "$TMO" uzram status "$1" --json 2>/dev/null | tr -d ' \n\t' | sed -n "s/.*\"$2\":\"\([^\"]*\)\".*/\1/p"
 }
+# wait_gone PID: waits up to 10 s for PID to be gone; fails if it is still there.
+wait_gone() { _i=0; while kill -0 "$1" 2>/dev/null && [ $_i -lt 100 ]; do _i=$((_i + 1)); usleep 100000; done; ! kill -0 "$1" 2>/dev/null; }
 # daemon_pid DEV: the process that holds /dev/ublkcN open (the daemon serving DEV).
 daemon_pid() {
   _c=/dev/ublkc${1#/dev/ublkb}

@@ -22,7 +22,6 @@ standby_pids() {
     tr '\0' ' ' < "$_p/cmdline" 2>/dev/null | grep -q 'recover --wait --kee[p]' && echo "${_p#/proc/}"
   done
 }
-wait_gone() { _i=0; while kill -0 "$1" 2>/dev/null && [ $_i -lt 100 ]; do _i=$((_i + 1)); usleep 100000; done; ! kill -0 "$1" 2>/dev/null; }
 if uzram_create --size 64M; then
   check "fio write 0..16M" fio_job region.fio DEV="$DEV" OFFSET=0 LEN=16M VONLY=0
   # The daemon saves its counts for the next one every second.

@@ -7,7 +7,6 @@
 # reset them all; docs/recovery.md, gaps), so there the device is lost.
 . /e2e/lib.sh
 begin k_kill_in_recovery
-wait_gone() { _i=0; while kill -0 "$1" 2>/dev/null && [ $_i -lt 100 ]; do _i=$((_i + 1)); usleep 100000; done; ! kill -0 "$1" 2>/dev/null; }
 if uzram_create --size 64M; then
   C=/dev/ublkc${DEV#/dev/ublkb}
   dd if=/dev/urandom of=/tmp/k.dat bs=1M count=16 2>/dev/null
