@@ -78,6 +78,8 @@ task_cpu() { [ -n "$1" ] && awk '{printf "%.2f", ($14 + $15) / 100}' "/proc/$1/s
 # task_sys PID: the system part of task_cpu (in the kernel on the task's behalf: for the
 # daemon, the ublk transport and its copies of the I/O data)
 task_sys() { [ -n "$1" ] && awk '{printf "%.2f", $15 / 100}' "/proc/$1/stat" 2>/dev/null; }
+# cpu_delta BEFORE AFTER: AFTER - BEFORE seconds, one decimal
+cpu_delta() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.1f", b - a}'; }
 # swap_bench REP NAME [SUFFIX]: mkswap + swapon $DEV, the hog (fill + verify), swapoff; wall
 # times as swap_hog_s$SUFFIX (and its fill and verify parts) and swapoff_s$SUFFIX. Where the
 # time went, as CPU seconds: the hog's own (faults, direct reclaim, zram's compression),
@@ -98,9 +100,9 @@ swap_bench() {
   emit "$1" "$2" "swap_fill_s$3" "$(sed -n 's/^hog: filled .* in \([0-9.]*\)s$/\1/p' /tmp/hog.out)"
   emit "$1" "$2" "swap_verify_s$3" "$(sed -n 's/^hog: verify pass 1 took \([0-9.]*\)s$/\1/p' /tmp/hog.out)"
   emit "$1" "$2" "swap_hog_cpu_s$3" "$(awk '/^hog: cpu/{printf "%.1f", $3 + $5}' /tmp/hog.out)"
-  [ -z "$_kp" ] || emit "$1" "$2" "swap_kswapd_cpu_s$3" "$(awk -v a="$_k0" -v b="$(task_cpu "$_kp")" 'BEGIN{printf "%.1f", b - a}')"
-  [ -z "$_dp" ] || emit "$1" "$2" "swap_daemon_cpu_s$3" "$(awk -v a="$_d0" -v b="$(task_cpu "$_dp")" 'BEGIN{printf "%.1f", b - a}')"
-  [ -z "$_dp" ] || emit "$1" "$2" "swap_daemon_sys_s$3" "$(awk -v a="$_ds0" -v b="$(task_sys "$_dp")" 'BEGIN{printf "%.1f", b - a}')"
+  [ -z "$_kp" ] || emit "$1" "$2" "swap_kswapd_cpu_s$3" "$(cpu_delta "$_k0" "$(task_cpu "$_kp")")"
+  [ -z "$_dp" ] || emit "$1" "$2" "swap_daemon_cpu_s$3" "$(cpu_delta "$_d0" "$(task_cpu "$_dp")")"
+  [ -z "$_dp" ] || emit "$1" "$2" "swap_daemon_sys_s$3" "$(cpu_delta "$_ds0" "$(task_sys "$_dp")")"
   say "  $2$3 vmstat deltas: $(vm_counts | awk -v before="$_vm0" '
     BEGIN { n = split(before, b, " "); for (i = 1; i <= n; i++) { split(b[i], kv, "="); v[kv[1]] = kv[2] } }
     { for (i = 1; i <= NF; i++) { split($i, kv, "="); printf "%s +%d ", kv[1], kv[2] - v[kv[1]] } }')"

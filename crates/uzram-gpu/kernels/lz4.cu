@@ -543,8 +543,8 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ packed,
 //     candidate can only beat the best length L so far if its 4 bytes ending at byte L
 //     match too: that word and the first one (a chain holds every position of the same
 //     hash, collisions too) are compared before the match is measured (LZ4HC's trick), so
-//     most candidates cost two shared-memory load pairs. Each thread owns every 128th position and takes one
-//     chain step per loop turn, moving on to its next position as soon as one is done, so
+//     most candidates cost two shared-memory load pairs. Each thread owns every 128th
+//     position and takes one chain step per loop turn, moving on to its next position as soon as one is done, so
 //     the lanes of a warp stay converged however long their chains are (a loop per
 //     position kept 12 of 32 lanes busy);
 //  3. warp 0 parses greedily, taking the best match at the next position that has one,
