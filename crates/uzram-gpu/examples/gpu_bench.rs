@@ -466,8 +466,13 @@ fn kernel_gbps(
     let rejected = (0..n)
         .filter(|&i| matches!(out.page(i), Ok(uzram_core::batch::PageResult::Rejected)))
         .count();
+    let mut words = [0u8; CTRL_WORDS * 4];
+    // SAFETY: a synchronous copy of the control words into a local.
+    unsafe { stream.copy_to_host(&mut words, bufs.ctrl)? };
+    stream.synchronize()?;
+    let walked = u32::from_le_bytes(words[12..16].try_into().unwrap_or_default());
     eprintln!(
-        "kernel-only pass ({}): {n} pages, {} packed bytes, {rejected} rejected",
+        "kernel-only pass ({}): {n} pages, {} packed bytes, {rejected} rejected, {walked} blocks the check walked serially (no usable hints)",
         parse.name(),
         out.packed_bytes()
     );

@@ -8,6 +8,7 @@
 //
 // Control words (device memory, copied from the host before every run):
 //   ctrl[0] pages in this run   ctrl[1] raw threshold   ctrl[2] packed-bytes counter (0)
+//   ctrl[3] blocks the check walked serially (0)
 //
 // uzram_lz4_fast: each block is one warp and compresses whole pages (grid-stride). The page
 // (plus 16 bytes of zero padding) and a 2048-entry u16 hash table live in shared memory
@@ -33,7 +34,8 @@
 // The packed total is counted in ctrl[2].
 // Each warp builds its block in its page's 4096-byte slot of `scratch` (device only), then
 // reserves room in `packed` with one atomicAdd and copies it there, so the host copies back
-// only the compressed bytes. Packed order is arbitrary; the offsets say where each page is.
+// only the compressed bytes. Where each sequence starts is left at the top of the slot for
+// the check (note_sequence). Packed order is arbitrary; the offsets say where each page is.
 // End-of-block rules of the LZ4 format: the last 5 bytes are literals, the last match starts
 // at least 12 bytes before the end, matches are >= 4 bytes, offsets <= 65535.
 //
@@ -41,7 +43,10 @@
 //
 // uzram_lz4_verify: one warp per page. It decodes each block the way uzram's CPU decoder
 // does (same acceptance rules: literal-only last sequence, offsets inside the page, exactly
-// 4096 bytes out) and compares every byte with the input page; a same-filled page's word
+// 4096 bytes out) and compares every byte with the input page. It parses 32 sequences at a
+// time, one per lane, from where the compressor's hints (top of the scratch slot) say they
+// start, and accepts only if those starts are the decoder's own parse; otherwise (hints
+// missing or wrong) it walks the block serially, one sequence at a time. A same-filled page's word
 // is compared with every word of the page. Results that pass are copied into the host's
 // pinned buffers (mapped into the device's address space, so this is also the copy back);
 // a block that fails is reported as SIZE_REJECTED and the host compresses that page on
@@ -177,6 +182,43 @@ __device__ __forceinline__ u32 extend_match(const u32* words, u32 s, u32 r, u32 
     }
 }
 
+// Sequence hints: where each sequence of a block starts, for the check's parallel decode.
+// The compressor writes them at the top of the page's scratch slot, below the block's end:
+// the count in the slot's last u16, sequence i's token offset in the (i+2)-th u16 from the
+// top. NO_HINTS (or any count the area cannot hold) leaves the check to its serial walk.
+#define NO_HINTS 0xffffu
+#define MAX_HINTS (PAGE_BYTES / 2u - 1u)
+
+// The u16 above the page's hint area: hint i is top[-2 - i], the count top[-1].
+__device__ __forceinline__ u16* hint_top(u8* slot) {
+    return (u16*)(slot + PAGE_BYTES);
+}
+
+// Records the next sequence's token offset `op` (warp-uniform) while the block, `end` bytes
+// once this sequence is written, stays below the hint area; else stops recording.
+__device__ __forceinline__ void note_sequence(u8* slot, u32* hints, u32 op, u32 end, u32 lane) {
+    if (*hints == NO_HINTS) {
+        return;
+    }
+    if (end + 2u * (*hints + 2u) > PAGE_BYTES) {
+        *hints = NO_HINTS;
+        return;
+    }
+    if (lane == 0u) {
+        hint_top(slot)[-2 - (int)*hints] = (u16)op;
+    }
+    *hints += 1u;
+}
+
+// Publishes the hint count once the block left the slot (the count's u16 may have held
+// the block's last bytes).
+__device__ __forceinline__ void publish_hints(u8* slot, u32 hints, bool fits, u32 lane) {
+    __syncwarp();
+    if (lane == 0u) {
+        hint_top(slot)[-1] = (u16)(fits ? hints : NO_HINTS);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(32)
 uzram_lz4_fast(const uint4* __restrict__ in, u8* __restrict__ scratch,
                u8* __restrict__ packed, u32* __restrict__ meta, u32* __restrict__ ctrl)
@@ -237,6 +279,7 @@ uzram_lz4_fast(const uint4* __restrict__ in, u8* __restrict__ scratch,
 
         u32 anchor = 0u, ip = 0u, op = 0u;
         u32 rep = 0u;   // offset of the last match emitted
+        u32 hints = 0u;
         bool fits = true;
         while (ip <= last_start) {
             const u32 p = ip + lane;
@@ -310,6 +353,7 @@ uzram_lz4_fast(const uint4* __restrict__ in, u8* __restrict__ scratch,
                 fits = false;
                 break;
             }
+            note_sequence(o, &hints, op, op + need, lane);
             if (lane == 0u) {
                 o[op] = (u8)(((lit < 15u ? lit : 15u) << 4) | (ml < 15u ? ml : 15u));
             }
@@ -350,6 +394,7 @@ uzram_lz4_fast(const uint4* __restrict__ in, u8* __restrict__ scratch,
             if (op + need > cap) {
                 fits = false;
             } else {
+                note_sequence(o, &hints, op, op + need, lane);
                 if (lane == 0u) {
                     o[op] = (u8)((lit < 15u ? lit : 15u) << 4);
                 }
@@ -376,6 +421,7 @@ uzram_lz4_fast(const uint4* __restrict__ in, u8* __restrict__ scratch,
         off = __shfl_sync(FULL_MASK, off, 0);
         __syncwarp();
         copy_block(packed + off, o, len, lane);
+        publish_hints(o, hints, fits, lane);
         __syncwarp();
     }
 }
@@ -462,10 +508,141 @@ __device__ bool block_matches(const u32* blk, u32 len, const u8* page, u32 lane)
     }
 }
 
+// True iff bytes [a, a+n) of `x` equal bytes [b, b+n) of `y` (both shared memory held as
+// words, a word of slack after their data), this lane alone, 4 bytes a step.
+__device__ __forceinline__ bool same_bytes(const u32* x, u32 a, const u32* y, u32 b, u32 n) {
+    u32 diff = 0u;
+    for (u32 k = 0u; k < n; k += 4u) {
+        u32 d = read32(x, a + k) ^ read32(y, b + k);
+        if (n - k < 4u) {
+            d &= (1u << ((n - k) * 8u)) - 1u;
+        }
+        diff |= d;
+    }
+    return diff == 0u;
+}
+
+// The same, warp-wide: 128 bytes a step.
+__device__ __forceinline__ bool same_bytes_warp(const u32* x, u32 a, const u32* y, u32 b, u32 n,
+                                                u32 lane) {
+    u32 diff = 0u;
+    for (u32 k = lane * 4u; k < n; k += 128u) {
+        u32 d = read32(x, a + k) ^ read32(y, b + k);
+        if (n - k < 4u) {
+            d &= (1u << ((n - k) * 8u)) - 1u;
+        }
+        diff |= d;
+    }
+    return __all_sync(FULL_MASK, diff == 0u);
+}
+
+// Sequences longer than this (literals plus match) are compared warp-wide, after the others.
+#define SEQ_LANE_BYTES 64u
+
+// block_matches, 32 sequences at a time, from the compressor's hints (`top`, see
+// note_sequence): lane i parses sequence i of a group from where its hint says it starts,
+// and the parse is the decoder's exactly when the first hint is 0 and every sequence ends
+// where the next one's hint says it starts (by induction from the block's first byte), the
+// last one, literals only, at the block's end. Output offsets come from a warp prefix sum of
+// the sequences' lengths; then every byte is compared with the page as block_matches does
+// (a match's bytes with the page's own earlier bytes). True only when all of that holds;
+// false also when a hint is wrong, so a false answer is decided by block_matches again.
+__device__ bool block_matches_hinted(const u32* blk, u32 len, const u32* page, const u16* top,
+                                     u32 lane) {
+    const u8* b8 = (const u8*)blk;
+    const u32 count = top[-1];
+    if (count == 0u || count > MAX_HINTS) {
+        return false;
+    }
+    u32 op_base = 0u;
+    for (u32 group = 0u; group < count; group += 32u) {
+        const u32 i = group + lane;
+        const bool active = i < count;
+        const u32 start = active ? top[-2 - (int)i] : 0u;
+        const u32 follow = (lane == 31u && i + 1u < count) ? top[-3 - (int)i] : 0u;
+        const u32 next = __shfl_down_sync(FULL_MASK, start, 1);
+        bool bad = false;
+        u32 ip = start, lit = 0u, lit_ip = 0u, off = 0u, ml = 0u;
+        if (active) {
+            bad = (i == 0u && start != 0u) || start >= len;
+            if (!bad) {
+                const u32 token = b8[ip];
+                ip += 1u;
+                lit = token >> 4;
+                bad = lit == 15u && !read_ext(blk, len, &ip, &lit);
+                ml = token & 15u;
+            }
+            if (!bad) {
+                lit_ip = ip;
+                bad = ip + lit > len;
+                ip += lit;
+            }
+            if (!bad && i + 1u == count) {
+                bad = ip != len;   // the last sequence: literals only, to the block's end
+                ml = 0u;
+            } else if (!bad) {
+                bad = ip + 2u > len;
+                if (!bad) {
+                    off = b8[ip] | (b8[ip + 1u] << 8);
+                    ip += 2u;
+                    bad = ml == 15u && !read_ext(blk, len, &ip, &ml);
+                    ml += MIN_MATCH;
+                }
+                if (!bad) {
+                    bad = ip != (lane == 31u ? follow : next);
+                }
+            }
+        }
+        const u32 out = (active && !bad) ? lit + ml : 0u;
+        u32 incl = out;
+#pragma unroll
+        for (u32 d = 1u; d < 32u; d <<= 1) {
+            const u32 v = __shfl_up_sync(FULL_MASK, incl, d);
+            if (lane >= d) {
+                incl += v;
+            }
+        }
+        const u32 op = op_base + incl - out;
+        const u32 m = op + lit;   // where the match starts
+        if (active && !bad) {
+            bad = op + out > PAGE_BYTES || (ml != 0u && (off == 0u || off > m));
+        }
+        if (__any_sync(FULL_MASK, bad)) {
+            return false;
+        }
+        const bool mine = active && out <= SEQ_LANE_BYTES;
+        if (mine) {
+            bad = !same_bytes(blk, lit_ip, page, op, lit) ||
+                  !same_bytes(page, m, page, m - off, ml);
+        }
+        if (__any_sync(FULL_MASK, bad)) {
+            return false;
+        }
+        u32 longs = __ballot_sync(FULL_MASK, active && !mine);
+        while (longs != 0u) {
+            const u32 l = (u32)(__ffs(longs) - 1);
+            longs &= longs - 1u;
+            const u32 l_lit_ip = __shfl_sync(FULL_MASK, lit_ip, l);
+            const u32 l_op = __shfl_sync(FULL_MASK, op, l);
+            const u32 l_lit = __shfl_sync(FULL_MASK, lit, l);
+            const u32 l_m = __shfl_sync(FULL_MASK, m, l);
+            const u32 l_off = __shfl_sync(FULL_MASK, off, l);
+            const u32 l_ml = __shfl_sync(FULL_MASK, ml, l);
+            if (!same_bytes_warp(blk, l_lit_ip, page, l_op, l_lit, lane) ||
+                !same_bytes_warp(page, l_m, page, l_m - l_off, l_ml, lane)) {
+                return false;
+            }
+        }
+        op_base += __shfl_sync(FULL_MASK, incl, 31);
+    }
+    return op_base == PAGE_BYTES;
+}
+
 extern "C" __global__ void __launch_bounds__(32)
-uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ packed,
-                 const u32* __restrict__ meta, const u32* __restrict__ ctrl,
-                 u8* __restrict__ out_packed, u32* __restrict__ out_meta)
+uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
+                 const u8* __restrict__ packed, const u32* __restrict__ meta,
+                 u32* __restrict__ ctrl, u8* __restrict__ out_packed,
+                 u32* __restrict__ out_meta)
 {
     const u32 npages = ctrl[0];
     const u32 limit = ctrl[1];
@@ -514,7 +691,17 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ packed,
                 b8[i] = packed[off + i];
             }
             __syncwarp();
-            if (block_matches(s_blk, size, (const u8*)s_page, lane)) {
+            const u16* top = (const u16*)(scratch + (size_t)page * PAGE_BYTES + PAGE_BYTES);
+            bool good = block_matches_hinted(s_blk, size, s_page, top, lane);
+            if (!good) {
+                // No hints, or hints that are not the decoder's parse: walk it serially
+                // (ctrl[3] counts these walks, for tests and benchmarks).
+                if (lane == 0u) {
+                    atomicAdd(ctrl + 3, 1u);
+                }
+                good = block_matches(s_blk, size, (const u8*)s_page, lane);
+            }
+            if (good) {
                 export_block(out_packed + off, s_blk, size, lane);
             } else {
                 result = SIZE_REJECTED;
@@ -781,6 +968,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
         // 3. The greedy parse and the emission, warp 0.
         if (warp == 0u) {
             u32 anchor = 0u, p = 0u, op = 0u;
+            u32 hints = 0u;
             bool fits = true;
             while (p <= last_start) {
                 const u32 q = p + lane;
@@ -827,6 +1015,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                     fits = false;
                     break;
                 }
+                note_sequence(o, &hints, op, op + need, lane);
                 if (lane == 0u) {
                     o[op] = (u8)(((lit < 15u ? lit : 15u) << 4) | (ml < 15u ? ml : 15u));
                 }
@@ -858,6 +1047,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                 if (op + need > cap) {
                     fits = false;
                 } else {
+                    note_sequence(o, &hints, op, op + need, lane);
                     if (lane == 0u) {
                         o[op] = (u8)((lit < 15u ? lit : 15u) << 4);
                     }
@@ -882,6 +1072,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
             off = __shfl_sync(FULL_MASK, off, 0);
             __syncwarp();
             copy_block(packed + off, o, len, lane);
+            publish_hints(o, hints, fits, lane);
         }
         __syncthreads();
     }

@@ -13,7 +13,9 @@ pub const BLOCK_THREADS: u32 = 32;
 /// Threads per block of the high kernel: four warps share one page.
 pub const HIGH_BLOCK_THREADS: u32 = 128;
 
-/// Control words the kernels read: pages, raw threshold, packed-bytes counter, unused.
+/// Control words the kernels read: pages, raw threshold, packed-bytes counter, and the
+/// check's count of blocks it walked serially (no usable sequence hints; see the kernels).
+/// The host zeroes the two counters before every run.
 pub const CTRL_WORDS: usize = 4;
 
 /// Device buffers of one slot's run over up to `pages` pages.
@@ -21,7 +23,8 @@ pub const CTRL_WORDS: usize = 4;
 pub struct SlotBuffers {
     /// `pages * 4096` bytes of input pages.
     pub input: CUdeviceptr,
-    /// `pages * 4096` bytes the compressor builds blocks in.
+    /// `pages * 4096` bytes the compressor builds blocks in, and leaves each block's
+    /// sequence hints in for the check.
     pub scratch: CUdeviceptr,
     /// `pages * 4096` bytes receiving the packed blocks.
     pub packed: CUdeviceptr,
@@ -93,24 +96,25 @@ pub unsafe fn verify(
         .ok_or_else(|| GpuError::Config("the loaded module has no verify kernel".into()))?;
     let SlotBuffers {
         mut input,
+        mut scratch,
         mut packed,
         mut meta,
         mut ctrl,
         mut out_packed,
         mut out_meta,
-        ..
     } = bufs;
-    let mut params: [*mut c_void; 6] = [
+    let mut params: [*mut c_void; 7] = [
         (&mut input as *mut CUdeviceptr).cast(),
+        (&mut scratch as *mut CUdeviceptr).cast(),
         (&mut packed as *mut CUdeviceptr).cast(),
         (&mut meta as *mut CUdeviceptr).cast(),
         (&mut ctrl as *mut CUdeviceptr).cast(),
         (&mut out_packed as *mut CUdeviceptr).cast(),
         (&mut out_meta as *mut CUdeviceptr).cast(),
     ];
-    // SAFETY: the verify kernel's signature is (const uint4*, const u8*, const u32*,
-    // const u32*, u8*, u32*); `params` points at locals of those sizes that outlive this
-    // call; the caller guarantees the buffers.
+    // SAFETY: the verify kernel's signature is (const uint4*, const u8*, const u8*,
+    // const u32*, u32*, u8*, u32*); `params` points at locals of those sizes that outlive
+    // this call; the caller guarantees the buffers.
     unsafe { launch(gpu, stream, f, max_pages, BLOCK_THREADS, &mut params) }
 }
 

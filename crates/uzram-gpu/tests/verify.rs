@@ -71,39 +71,76 @@ fn corrupted_blocks_are_rejected_and_others_pass() {
             .unwrap();
     }
     stream.synchronize().unwrap();
-    // Corrupt the first byte of every 5th compressed block on the device: the token's
-    // literal count changes, so the block decodes to something else or nothing.
+    // Three kinds of damage, each on its own pages: the first byte of a block (the token's
+    // literal count changes, so the block decodes to something else or nothing); a literal
+    // byte in the block's second half (the sequences still parse as the compressor's hints
+    // say: the parallel check itself must see the byte differ); and a good block whose
+    // second sequence hint is wrong (it must still pass, by the serial walk).
     let meta = dev_meta.as_slice().to_vec();
     let mut corrupted = Vec::new();
-    let mut poke = HostBuf::new(&gpu, 1).unwrap();
-    for i in 0..n {
-        let size = word(&meta, i);
-        if size == 0 || size >= THRESHOLD as u32 || corrupted.len() * 5 > i {
-            continue;
-        }
-        let off = word(&meta, n + i) as u64;
-        // A token byte with a different literal count.
-        let mut token = [0u8; 1];
-        // SAFETY: `token` is a local the synchronous copy fills from a device byte of
-        // the packed buffer, inside its `bytes` bytes.
-        unsafe {
-            stream.copy_to_host(&mut token, bufs.packed + off).unwrap();
-        }
+    let (mut tokens, mut literals, mut misled) = (0, 0, Vec::new());
+    let mut poke = HostBuf::new(&gpu, 2).unwrap();
+    let read = |ptr: u64, len: usize| {
+        let mut bytes = vec![0u8; len];
+        // SAFETY: a synchronous copy into a local from device memory inside the buffers.
+        unsafe { stream.copy_to_host(&mut bytes, ptr).unwrap() };
         stream.synchronize().unwrap();
-        poke.as_mut_slice()[0] = token[0] ^ 0x10;
-        // SAFETY: one pinned byte into the packed buffer at a block's start.
+        bytes
+    };
+    let mut write = |ptr: u64, bytes: &[u8]| {
+        poke.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
+        // SAFETY: pinned bytes into device memory inside the buffers, synchronized at once.
         unsafe {
             stream
-                .copy_to_device(bufs.packed + off, poke.as_slice().as_ptr(), 1)
-                .unwrap();
-        }
+                .copy_to_device(ptr, poke.as_slice().as_ptr(), bytes.len())
+                .unwrap()
+        };
         stream.synchronize().unwrap();
-        corrupted.push(i);
+    };
+    for i in 0..n {
+        let size = word(&meta, i) as usize;
+        if size == 0 || size >= THRESHOLD {
+            continue;
+        }
+        let off = u64::from(word(&meta, n + i));
+        let hints_top = bufs.scratch + ((i + 1) * PAGE_SIZE) as u64;
+        match i % 6 {
+            0 => {
+                let token = read(bufs.packed + off, 1)[0];
+                write(bufs.packed + off, &[token ^ 0x10]);
+                corrupted.push(i);
+                tokens += 1;
+            }
+            2 => {
+                let block = read(bufs.packed + off, size);
+                if let Some(at) = literal_bytes(&block).into_iter().find(|&at| at >= size / 2) {
+                    write(bufs.packed + off + at as u64, &[block[at] ^ 0x01]);
+                    corrupted.push(i);
+                    literals += 1;
+                }
+            }
+            4 => {
+                let count = u16::from_le_bytes(read(hints_top - 2, 2).try_into().unwrap());
+                if (2..0xffff).contains(&count) {
+                    let second = hints_top - 6;
+                    let hint = u16::from_le_bytes(read(second, 2).try_into().unwrap());
+                    write(second, &(hint + 1).to_le_bytes());
+                    misled.push(i);
+                }
+            }
+            _ => {}
+        }
     }
+    eprintln!(
+        "{tokens} tokens and {literals} literal bytes corrupted, {} hints misled",
+        misled.len()
+    );
+    assert!(literals > 10 && misled.len() > 10, "too few pages damaged");
     assert!(corrupted.len() > 10, "{} corrupted", corrupted.len());
     // SAFETY: as above; the compression kernel's results are in place.
     unsafe { launch::verify(&gpu, &stream, bufs, n as u32).unwrap() };
     stream.synchronize().unwrap();
+    let walked = word(&read(bufs.ctrl, CTRL_WORDS * 4), 3) as usize;
     let out = SlotOutput::new(n, out_meta.as_slice(), out_packed.as_slice(), THRESHOLD).unwrap();
     let mut codec = uzram_core::codec::Lz4Codec::new();
     let mut back = [0u8; PAGE_SIZE];
@@ -134,7 +171,50 @@ fn corrupted_blocks_are_rejected_and_others_pass() {
             PageResult::Raw => {}
         }
     }
-    eprintln!("{rejected} corrupted blocks rejected, {passed} good blocks passed");
+    eprintln!(
+        "{rejected} corrupted blocks rejected, {passed} good blocks passed, {walked} walked serially"
+    );
     assert_eq!(rejected, corrupted.len());
     assert!(passed > 100);
+    // Every damaged block and every misled one fails the hinted check; the other blocks
+    // (all but those whose hints did not fit their slot) pass it.
+    let damaged = corrupted.len() + misled.len();
+    assert!(
+        walked >= damaged,
+        "{walked} serial walks for {damaged} damaged blocks"
+    );
+    assert!(
+        walked <= damaged + passed / 20,
+        "{walked} serial walks: the hints went unused ({damaged} damaged, {passed} passed)"
+    );
+}
+
+/// Offsets of the literal bytes of an LZ4 block.
+fn literal_bytes(block: &[u8]) -> Vec<usize> {
+    let mut at = Vec::new();
+    let mut ip = 0;
+    let length = |ip: &mut usize, mut n: usize| {
+        if n == 15 {
+            while let Some(&b) = block.get(*ip) {
+                *ip += 1;
+                n += b as usize;
+                if b != 255 {
+                    break;
+                }
+            }
+        }
+        n
+    };
+    while ip < block.len() {
+        let token = block[ip];
+        ip += 1;
+        let lit = length(&mut ip, usize::from(token >> 4));
+        at.extend(ip..(ip + lit).min(block.len()));
+        ip += lit + 2;
+        if ip > block.len() {
+            break;
+        }
+        length(&mut ip, usize::from(token & 15));
+    }
+    at
 }
