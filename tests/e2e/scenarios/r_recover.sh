@@ -51,6 +51,13 @@ crash_done() {
   done
   [ "$_f" = 0 ] && ok "$CW: per-CPU free lists back to the kernel's default" \
     || fail_check "$CW: vm.percpu_pagelist_high_fraction is $_f after the recovery, not 0"
+  # the takeover ran realtime (daemon/realtime.rs) and put every thread back once it served
+  grep -aq 'realtime priority (SCHED_FIFO) for the takeover' /run/uzram/*.log \
+    && ok "$CW: the takeover ran at realtime priority" \
+    || fail_check "$CW: no 'realtime priority (SCHED_FIFO) for the takeover' line in the daemon's log"
+  _rt=$(for _s in /proc/"$(daemon_pid "$DEV")"/task/*/stat; do sed 's/.*) //' "$_s" | cut -d' ' -f39; done | grep -cv '^0$')
+  [ "$_rt" = 0 ] && ok "$CW: no thread of the new daemon is left realtime" \
+    || fail_check "$CW: $_rt threads of the new daemon still realtime (scheduling policy not 0)"
   # what the new daemon allocated to start (the recovery room must cover it: docs/recovery.md)
   say "  $CW: new daemon's memory: $(grep -E '^(RssAnon|VmLck|VmPTE)' "/proc/$(daemon_pid "$DEV")/status" | tr -s ' \t\n' ' ')"
   kill -0 $HPID 2>/dev/null && ok "$CW: the hog is alive" \

@@ -260,6 +260,8 @@ fn wait_to_take_over(
 ) -> anyhow::Result<Option<(crate::daemon::pause::PauseClock, std::fs::File)>> {
     sys::mlock_all().context("mlockall(MCL_CURRENT|MCL_FUTURE)")?;
     daemon::prepare_takeover(config);
+    // Before the wait: the crash wakes this thread ahead of every ordinary task.
+    daemon::take_over_at_realtime();
     let dev = crate::devname::dev_path(id);
     let states = StateDir::default();
     states.create()?;

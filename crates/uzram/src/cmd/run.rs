@@ -197,6 +197,9 @@ pub fn standby(args: StandbyArgs) -> anyhow::Result<ExitCode> {
     if let Err(err) = crate::daemon::fault_guard::populate_file_code() {
         tracing::warn!(error = %err, "populating the binary's code failed");
     }
+    // Before the wait: the crash wakes this thread ahead of every ordinary task, and the
+    // takeover's allocations may use what they cannot (`daemon::realtime`).
+    crate::daemon::take_over_at_realtime();
     // Its daemon's store room, mapped now: given back the moment the daemon is gone, before
     // anything here allocates (after a crash under swap pressure, nothing else frees memory).
     let room = super::recover::running_record_of_config(&config_path)

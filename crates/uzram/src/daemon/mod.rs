@@ -15,6 +15,7 @@ pub mod pause;
 pub mod pool;
 pub mod queue_mode;
 pub mod queue_tuning;
+pub mod realtime;
 pub mod region;
 pub mod reserve;
 pub mod ring;
@@ -147,6 +148,10 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         tracing::warn!(error = %err, "setting oom_score_adj to -1000 failed: the OOM killer may pick the daemon");
     }
     step("mlock");
+    if launch.recover.is_some() {
+        // (already done when this daemon waited for the crash)
+        take_over_at_realtime();
+    }
     // PR_SET_IO_FLUSHER was set in `main`, before any thread existed (see there).
     let (plan, features) = choose_queue_mode(&cfg)?;
     step("queue mode");
@@ -517,6 +522,18 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
             }
             None => tracing::info!(dev = %state.dev, "serving"),
         }
+        // Before the threads that grow memory in bulk run (the room's commit, the pool's
+        // refill): realtime, they could take the reserve it gave the takeover.
+        match realtime::end() {
+            Ok(0) => {}
+            Ok(threads) => tracing::info!(
+                threads,
+                "the takeover's threads are back to normal priority"
+            ),
+            Err(err) => {
+                tracing::warn!(error = %err, "moving the takeover's threads back to normal priority failed")
+            }
+        }
         for go in &after_start {
             let _ = go.send(());
         }
@@ -569,6 +586,25 @@ pub(crate) const HEAP_RESERVE: usize = 8 << 20;
 /// the pause in which the device serves nothing. The heap reserve, and the queues' I/O
 /// buffers, locked (in the TCG guest these took 40-120 ms and 140-280 ms of each takeover's
 /// pause). The caller has locked its memory (`mlockall`) already.
+/// Runs the calling thread, and the threads it starts, at realtime priority until the
+/// device serves (`realtime`): a takeover's allocations may then use the part of the
+/// kernel's reserve that no ordinary task can take. Warns when refused (no `CAP_SYS_NICE`).
+pub fn take_over_at_realtime() {
+    if realtime::is_realtime(0).unwrap_or(false) {
+        return;
+    }
+    match realtime::begin() {
+        Ok(()) => {
+            tracing::info!(
+                "realtime priority (SCHED_FIFO) for the takeover, until the device serves"
+            )
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "realtime priority for the takeover refused: its allocations compete with every other task's")
+        }
+    }
+}
+
 pub fn prepare_takeover(cfg: &DeviceConfig) {
     let _ = fault_guard::populate_file_code();
     let tags = usize::from(cfg.queues) * usize::from(cfg.depth);

@@ -1,0 +1,148 @@
+//! Realtime priority for a takeover, from the wait for the dying daemon until the device
+//! serves again.
+//!
+//! While the device is paused, memory can have run out with nothing able to free any: every
+//! reclaim waits for this device's swap writes. The recovery room, given back at the crash,
+//! is meant for the new daemon, but the kernel hands free pages to whoever asks first, and a
+//! swap hog faulting at the same moment may take them (a recovery hung so on 6.12: the
+//! takeover's main thread in reclaim for one page of a tmpfs file, docs/recovery.md). An
+//! allocation that may wait, made by a realtime task, is allowed down to half of each zone's
+//! minimum watermark (the page allocator's `ALLOC_MIN_RESERVE` for `rt_task`), which no
+//! ordinary task can take: the takeover's last allocations find pages the hog could not
+//! have taken. Realtime also puts the takeover ahead of the hog on the CPU.
+//!
+//! Threads inherit their creator's policy, so every thread the takeover starts (queues,
+//! helpers) is realtime too; [`end`] moves them all back once the device serves, before
+//! anything that grows memory in bulk (the pool keeper, the room's commit) may run.
+
+use std::io;
+
+/// The lowest realtime priority: ahead of every ordinary task, behind the kernel's own.
+const PRIORITY: libc::c_int = 1;
+
+/// Runs the calling thread, and every thread it starts from now on, as `SCHED_FIFO`.
+pub fn begin() -> io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: PRIORITY,
+    };
+    // SAFETY: `param` is a valid sched_param for the call's duration; pid 0 is this thread.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether thread `tid` (0: the calling thread) runs under a realtime policy (`SCHED_FIFO`,
+/// `SCHED_RR`).
+pub fn is_realtime(tid: libc::pid_t) -> io::Result<bool> {
+    // SAFETY: sched_getscheduler takes a thread id and returns a policy or -1.
+    let policy = unsafe { libc::sched_getscheduler(tid) };
+    if policy == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    let policy = policy & !libc::SCHED_RESET_ON_FORK;
+    Ok(policy == libc::SCHED_FIFO || policy == libc::SCHED_RR)
+}
+
+/// Moves every realtime thread of this process back to `SCHED_OTHER`, each keeping its nice
+/// value (a thread that set one while realtime gets it now). Returns how many it moved.
+pub fn end() -> io::Result<usize> {
+    let mut moved = 0;
+    for entry in std::fs::read_dir("/proc/self/task")? {
+        let Some(tid) = entry?
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        match is_realtime(tid) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            // exited since the directory was read
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
+            Err(e) => return Err(e),
+        }
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: `param` is a valid sched_param for the call's duration; `tid` is a thread
+        // of this process (or gone: ESRCH).
+        if unsafe { libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) } == -1 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                return Err(e);
+            }
+        } else {
+            moved += 1;
+        }
+    }
+    Ok(moved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gettid() -> libc::pid_t {
+        // SAFETY: gettid takes no arguments and cannot fail.
+        unsafe { libc::gettid() }
+    }
+
+    fn nice_of(tid: libc::pid_t) -> i32 {
+        // getpriority may return -1 as a value; errno tells.
+        // SAFETY: getpriority takes only integers; PRIO_PROCESS with a thread id reads that
+        // thread's nice value on Linux.
+        unsafe {
+            *libc::__errno_location() = 0;
+            let n = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
+            assert_eq!(*libc::__errno_location(), 0, "getpriority({tid})");
+            n
+        }
+    }
+
+    #[test]
+    fn threads_started_in_a_takeover_are_realtime_until_it_ends_and_keep_their_nice() {
+        // All of it on a thread of its own: the test harness's threads stay as they are.
+        std::thread::spawn(|| {
+            if let Err(err) = begin() {
+                assert_eq!(
+                    err.raw_os_error(),
+                    Some(libc::EPERM),
+                    "SCHED_FIFO refused: {err}"
+                );
+                println!("skipped: realtime priority needs CAP_SYS_NICE ({err})");
+                return;
+            }
+            let me = gettid();
+            assert!(is_realtime(me).unwrap());
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+            let child = std::thread::spawn(move || {
+                let tid = gettid();
+                // as a queue thread does (`sys::set_thread_nice`), while still realtime
+                // SAFETY: setpriority takes only integers.
+                let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 7) };
+                assert_eq!(r, 0, "setpriority: {}", io::Error::last_os_error());
+                tx.send(tid).unwrap();
+                go_rx.recv().unwrap();
+            });
+            let tid = rx.recv().unwrap();
+            assert!(
+                is_realtime(tid).unwrap(),
+                "a thread started by a realtime thread inherits its policy"
+            );
+            let moved = end().unwrap();
+            assert!(
+                moved >= 2,
+                "moved {moved} threads, expected this one and its child"
+            );
+            assert!(!is_realtime(me).unwrap());
+            assert!(!is_realtime(tid).unwrap());
+            assert_eq!(nice_of(tid), 7, "the nice value set while realtime holds");
+            assert_eq!(end().unwrap(), 0, "nothing left to move");
+            go_tx.send(()).unwrap();
+            child.join().unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+}
