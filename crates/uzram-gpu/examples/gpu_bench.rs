@@ -466,13 +466,21 @@ fn kernel_gbps(
     let rejected = (0..n)
         .filter(|&i| matches!(out.page(i), Ok(uzram_core::batch::PageResult::Rejected)))
         .count();
+    /// The control word that counts the check's serial walks (`kernels/lz4.cu`).
+    const WALKED: usize = 3;
     let mut words = [0u8; CTRL_WORDS * 4];
-    // SAFETY: a synchronous copy of the control words into a local.
+    // SAFETY: `words` has the control words' size and is read only after the synchronize
+    // below; the stream has finished every launch that writes them (`c.synchronize`).
     unsafe { stream.copy_to_host(&mut words, bufs.ctrl)? };
     stream.synchronize()?;
-    let walked = u32::from_le_bytes(words[12..16].try_into().unwrap_or_default());
+    let walked = u32::from_le_bytes(
+        words[WALKED * 4..WALKED * 4 + 4]
+            .try_into()
+            .unwrap_or_default(),
+    );
     eprintln!(
-        "kernel-only pass ({}): {n} pages, {} packed bytes, {rejected} rejected, {walked} blocks the check walked serially (no usable hints)",
+        "kernel-only pass ({}): {n} pages, {} packed bytes, {rejected} rejected, \
+         {walked} blocks the check walked serially (no usable hints)",
         parse.name(),
         out.packed_bytes()
     );

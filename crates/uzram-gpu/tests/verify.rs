@@ -172,7 +172,8 @@ fn corrupted_blocks_are_rejected_and_others_pass() {
         }
     }
     eprintln!(
-        "{rejected} corrupted blocks rejected, {passed} good blocks passed, {walked} walked serially"
+        "{rejected} corrupted blocks rejected, {passed} good blocks passed, \
+         {walked} walked serially"
     );
     assert_eq!(rejected, corrupted.len());
     assert!(passed > 100);

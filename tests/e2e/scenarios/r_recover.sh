@@ -35,7 +35,8 @@ crash_done() {
   # thread of its own, so the line may come a moment after `uzram recover` returned
   for _i in 1 2 3 4 5; do
     _p=$(cat /run/uzram/*.log | tr -d '\033' | sed 's/\[[0-9;]*m//g' | grep -a 'paused_ms=' | tail -1 | grep -o 'paused_ms=.*')
-    [ -n "$_p" ] && break
+    # (the last crash's daemon's log is replaced by the new one's after its report)
+    [ -n "$_p" ] && [ "$_p" != "${PREV_P:-}" ] && break
     sleep 1
   done
   say "  $CW: daemon: ${_p:-no paused_ms line in /run/uzram/*.log}"
@@ -52,12 +53,18 @@ crash_done() {
   [ "$_f" = 0 ] && ok "$CW: per-CPU free lists back to the kernel's default" \
     || fail_check "$CW: vm.percpu_pagelist_high_fraction is $_f after the recovery, not 0"
   # the takeover ran realtime (daemon/realtime.rs) and put every thread back once it served
-  grep -aq 'realtime priority (SCHED_FIFO) for the takeover' /run/uzram/*.log \
-    && ok "$CW: the takeover ran at realtime priority" \
-    || fail_check "$CW: no 'realtime priority (SCHED_FIFO) for the takeover' line in the daemon's log"
-  _rt=$(for _s in /proc/"$(daemon_pid "$DEV")"/task/*/stat; do sed 's/.*) //' "$_s" | cut -d' ' -f39; done | grep -cv '^0$')
-  [ "$_rt" = 0 ] && ok "$CW: no thread of the new daemon is left realtime" \
-    || fail_check "$CW: $_rt threads of the new daemon still realtime (scheduling policy not 0)"
+  case "$_p" in
+    "${PREV_P:-}") fail_check "$CW: the new daemon's serving line never came" ;;
+    *realtime=true*) ok "$CW: the takeover ran at realtime priority" ;;
+    *) fail_check "$CW: the takeover did not run at realtime priority (${_p%% steps=*})" ;;
+  esac
+  PREV_P=$_p
+  _dp=$(daemon_pid "$DEV")
+  _pol=$(for _s in /proc/"$_dp"/task/*/stat; do sed 's/.*) //' "$_s" | cut -d' ' -f39; done)
+  _rt=$(printf '%s\n' "$_pol" | grep -c '^[1-9]')
+  if [ -z "$_dp" ] || [ -z "$_pol" ]; then fail_check "$CW: no threads of the new daemon to look at"
+  elif [ "$_rt" = 0 ]; then ok "$CW: no thread of the new daemon is left realtime ($(printf '%s\n' "$_pol" | wc -l) threads)"
+  else fail_check "$CW: $_rt threads of the new daemon still realtime (scheduling policy not 0)"; fi
   # what the new daemon allocated to start (the recovery room must cover it: docs/recovery.md)
   say "  $CW: new daemon's memory: $(grep -E '^(RssAnon|VmLck|VmPTE)' "/proc/$(daemon_pid "$DEV")/status" | tr -s ' \t\n' ' ')"
   kill -0 $HPID 2>/dev/null && ok "$CW: the hog is alive" \

@@ -489,6 +489,24 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let on_started = move |_ctrl: &UblkCtrl| {
         // END_USER_RECOVERY has returned: the device serves again.
         pause::step(&mut pause, "queues");
+        // The takeover is over: its threads, the queues' among them, go back to normal
+        // priority before anything else (the threads that grow memory in bulk, the room's
+        // commit and the pool's refill, have not run yet: realtime, they could take the
+        // reserve the takeover had).
+        let ran_realtime = realtime::begun();
+        match realtime::end() {
+            Ok(0) => {}
+            Ok(threads) => {
+                tracing::info!(
+                    threads,
+                    "the takeover's threads are back to normal priority"
+                )
+            }
+            Err(err) => tracing::warn!(
+                error = %err,
+                "moving the takeover's threads back to normal priority failed"
+            ),
+        }
         // Not part of the I/O pause, which ended now, but of the wait of whoever started us
         // (`uzram recover`, systemd): the node, its alias and tuning, the recovery record and
         // the state file.
@@ -518,21 +536,18 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         match &pause {
             // The pause ended when the queues were served again (above), not now.
             Some(p) => {
-                tracing::info!(dev = %state.dev, paused_ms = p.total().as_millis() as u64, steps = %p, faults = p.faults(), anon_kib = p.anon_grown_kib(), publish_ms = publishing.elapsed().as_millis() as u64, "serving (taken over; I/O was paused for paused_ms: steps in ms)")
+                tracing::info!(
+                    dev = %state.dev,
+                    paused_ms = p.total().as_millis() as u64,
+                    realtime = ran_realtime,
+                    steps = %p,
+                    faults = p.faults(),
+                    anon_kib = p.anon_grown_kib(),
+                    publish_ms = publishing.elapsed().as_millis() as u64,
+                    "serving (taken over; I/O was paused for paused_ms: steps in ms)"
+                )
             }
             None => tracing::info!(dev = %state.dev, "serving"),
-        }
-        // Before the threads that grow memory in bulk run (the room's commit, the pool's
-        // refill): realtime, they could take the reserve it gave the takeover.
-        match realtime::end() {
-            Ok(0) => {}
-            Ok(threads) => tracing::info!(
-                threads,
-                "the takeover's threads are back to normal priority"
-            ),
-            Err(err) => {
-                tracing::warn!(error = %err, "moving the takeover's threads back to normal priority failed")
-            }
         }
         for go in &after_start {
             let _ = go.send(());
@@ -581,30 +596,33 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
 /// Heap grown at start for the daemon's small allocations (`reserve.rs`).
 pub(crate) const HEAP_RESERVE: usize = 8 << 20;
 
+/// Runs the calling thread, and the threads it starts, at realtime priority until the
+/// device serves (`realtime`): a takeover's allocations may then use the part of the
+/// kernel's reserve that no ordinary task can take. Warns when refused (no `CAP_SYS_NICE`,
+/// or a cgroup without realtime time); leaves a daemon run realtime by its administrator
+/// as it is.
+pub fn take_over_at_realtime() {
+    if realtime::begun() {
+        return;
+    }
+    if realtime::is_realtime(0).unwrap_or(false) {
+        tracing::info!("already realtime: the takeover keeps the policy it was given");
+        return;
+    }
+    match realtime::begin() {
+        Ok(()) => tracing::info!("realtime priority (SCHED_FIFO) for the takeover"),
+        Err(err) => tracing::warn!(
+            error = %err,
+            "realtime priority for the takeover refused: it competes with every task"
+        ),
+    }
+}
+
 /// What a daemon that takes a device over from a running daemon (a planned restart) does
 /// before it asks for the handover: the work that does not need the old daemon gone, out of
 /// the pause in which the device serves nothing. The heap reserve, and the queues' I/O
 /// buffers, locked (in the TCG guest these took 40-120 ms and 140-280 ms of each takeover's
 /// pause). The caller has locked its memory (`mlockall`) already.
-/// Runs the calling thread, and the threads it starts, at realtime priority until the
-/// device serves (`realtime`): a takeover's allocations may then use the part of the
-/// kernel's reserve that no ordinary task can take. Warns when refused (no `CAP_SYS_NICE`).
-pub fn take_over_at_realtime() {
-    if realtime::is_realtime(0).unwrap_or(false) {
-        return;
-    }
-    match realtime::begin() {
-        Ok(()) => {
-            tracing::info!(
-                "realtime priority (SCHED_FIFO) for the takeover, until the device serves"
-            )
-        }
-        Err(err) => {
-            tracing::warn!(error = %err, "realtime priority for the takeover refused: its allocations compete with every other task's")
-        }
-    }
-}
-
 pub fn prepare_takeover(cfg: &DeviceConfig) {
     let _ = fault_guard::populate_file_code();
     let tags = usize::from(cfg.queues) * usize::from(cfg.depth);

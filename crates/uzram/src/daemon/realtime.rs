@@ -16,9 +16,18 @@
 //! anything that grows memory in bulk (the pool keeper, the room's commit) may run.
 
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The lowest realtime priority: ahead of every ordinary task, behind the kernel's own.
 const PRIORITY: libc::c_int = 1;
+
+/// Set by [`begin`], cleared by [`end`]: only a policy this module gave is taken back (a
+/// daemon an administrator runs realtime keeps it).
+static BEGUN: AtomicBool = AtomicBool::new(false);
+
+/// Passes over the process's threads at most: a realtime thread may start another while
+/// one pass runs (an io_uring worker, say), which the next pass then finds.
+const PASSES: usize = 3;
 
 /// Runs the calling thread, and every thread it starts from now on, as `SCHED_FIFO`.
 pub fn begin() -> io::Result<()> {
@@ -29,7 +38,13 @@ pub fn begin() -> io::Result<()> {
     if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } == -1 {
         return Err(io::Error::last_os_error());
     }
+    BEGUN.store(true, Ordering::Release);
     Ok(())
+}
+
+/// Whether [`begin`] made this process realtime and [`end`] has not yet taken it back.
+pub fn begun() -> bool {
+    BEGUN.load(Ordering::Acquire)
 }
 
 /// Whether thread `tid` (0: the calling thread) runs under a realtime policy (`SCHED_FIFO`,
@@ -44,38 +59,56 @@ pub fn is_realtime(tid: libc::pid_t) -> io::Result<bool> {
     Ok(policy == libc::SCHED_FIFO || policy == libc::SCHED_RR)
 }
 
-/// Moves every realtime thread of this process back to `SCHED_OTHER`, each keeping its nice
-/// value (a thread that set one while realtime gets it now). Returns how many it moved.
+/// After [`begin`], moves every realtime thread of this process back to `SCHED_OTHER`, each
+/// keeping its nice value (a thread that set one while realtime gets it now); without it,
+/// does nothing. Returns how many threads it moved; on errors, the first one, after trying
+/// every thread.
 pub fn end() -> io::Result<usize> {
+    if !BEGUN.swap(false, Ordering::AcqRel) {
+        return Ok(0);
+    }
     let mut moved = 0;
-    for entry in std::fs::read_dir("/proc/self/task")? {
-        let Some(tid) = entry?
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<libc::pid_t>().ok())
-        else {
-            continue;
-        };
-        match is_realtime(tid) {
-            Ok(true) => {}
-            Ok(false) => continue,
-            // exited since the directory was read
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
-            Err(e) => return Err(e),
-        }
-        let param = libc::sched_param { sched_priority: 0 };
-        // SAFETY: `param` is a valid sched_param for the call's duration; `tid` is a thread
-        // of this process (or gone: ESRCH).
-        if unsafe { libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) } == -1 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::ESRCH) {
-                return Err(e);
+    let mut first_error = None;
+    for _ in 0..PASSES {
+        let before = moved;
+        for tid in threads()? {
+            match is_realtime(tid) {
+                Ok(true) => {}
+                Ok(false) => continue,
+                // exited since the directory was read
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    continue;
+                }
             }
-        } else {
-            moved += 1;
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: `param` is a valid sched_param for the call's duration; the call takes
+            // only a thread id (of ours, or gone: ESRCH) and reads nothing else.
+            if unsafe { libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) } == -1 {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::ESRCH) {
+                    first_error.get_or_insert(e);
+                }
+            } else {
+                moved += 1;
+            }
+        }
+        if moved == before {
+            break;
         }
     }
-    Ok(moved)
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(moved),
+    }
+}
+
+/// The ids of this process's threads.
+fn threads() -> io::Result<Vec<libc::pid_t>> {
+    Ok(std::fs::read_dir("/proc/self/task")?
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+        .collect())
 }
 
 #[cfg(test)]
@@ -89,19 +122,21 @@ mod tests {
 
     fn nice_of(tid: libc::pid_t) -> i32 {
         // getpriority may return -1 as a value; errno tells.
-        // SAFETY: getpriority takes only integers; PRIO_PROCESS with a thread id reads that
-        // thread's nice value on Linux.
-        unsafe {
+        // SAFETY: __errno_location returns this thread's errno, valid for the thread's life;
+        // getpriority takes only integers (PRIO_PROCESS with a thread id: that thread).
+        let (n, errno) = unsafe {
             *libc::__errno_location() = 0;
             let n = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
-            assert_eq!(*libc::__errno_location(), 0, "getpriority({tid})");
-            n
-        }
+            (n, *libc::__errno_location())
+        };
+        assert_eq!(errno, 0, "getpriority({tid})");
+        n
     }
 
     #[test]
     fn threads_started_in_a_takeover_are_realtime_until_it_ends_and_keep_their_nice() {
-        // All of it on a thread of its own: the test harness's threads stay as they are.
+        // All of it on a thread of its own, so that the harness's threads are never made
+        // realtime.
         std::thread::spawn(|| {
             if let Err(err) = begin() {
                 assert_eq!(
