@@ -508,32 +508,31 @@ __device__ bool block_matches(const u32* blk, u32 len, const u8* page, u32 lane)
     }
 }
 
-// True iff bytes [a, a+n) of `x` equal bytes [b, b+n) of `y` (both shared memory held as
-// words, a word of slack after their data), this lane alone, 4 bytes a step.
-__device__ __forceinline__ bool same_bytes(const u32* x, u32 a, const u32* y, u32 b, u32 n) {
+// The bits in which bytes [a, a+n) of `x` and bytes [b, b+n) of `y` differ (both shared
+// memory held as words, a word of slack after their data), OR-ed over the 4-byte steps
+// from `first`, `step` bytes apart: one lane alone (0, 4) or a warp (lane * 4, 128).
+__device__ __forceinline__ u32 byte_diff(const u32* x, u32 a, const u32* y, u32 b, u32 n,
+                                         u32 first, u32 step) {
     u32 diff = 0u;
-    for (u32 k = 0u; k < n; k += 4u) {
+    for (u32 k = first; k < n; k += step) {
         u32 d = read32(x, a + k) ^ read32(y, b + k);
         if (n - k < 4u) {
             d &= (1u << ((n - k) * 8u)) - 1u;
         }
         diff |= d;
     }
-    return diff == 0u;
+    return diff;
+}
+
+// True iff those bytes are the same, this lane alone.
+__device__ __forceinline__ bool same_bytes(const u32* x, u32 a, const u32* y, u32 b, u32 n) {
+    return byte_diff(x, a, y, b, n, 0u, 4u) == 0u;
 }
 
 // The same, warp-wide: 128 bytes a step.
 __device__ __forceinline__ bool same_bytes_warp(const u32* x, u32 a, const u32* y, u32 b, u32 n,
                                                 u32 lane) {
-    u32 diff = 0u;
-    for (u32 k = lane * 4u; k < n; k += 128u) {
-        u32 d = read32(x, a + k) ^ read32(y, b + k);
-        if (n - k < 4u) {
-            d &= (1u << ((n - k) * 8u)) - 1u;
-        }
-        diff |= d;
-    }
-    return __all_sync(FULL_MASK, diff == 0u);
+    return __all_sync(FULL_MASK, byte_diff(x, a, y, b, n, lane * 4u, 128u) == 0u);
 }
 
 // Sequences longer than this (literals plus match) are compared warp-wide, after the others.
@@ -731,9 +730,9 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 //     match too: that word and the first one (a chain holds every position of the same
 //     hash, collisions too) are compared before the match is measured (LZ4HC's trick), so
 //     most candidates cost two shared-memory load pairs. Each thread owns every 128th
-//     position and takes one chain step per loop turn, moving on to its next position as soon as one is done, so
-//     the lanes of a warp stay converged however long their chains are (a loop per
-//     position kept 12 of 32 lanes busy);
+//     position and takes one chain step per loop turn, moving on to its next position as
+//     soon as one is done, so the lanes of a warp stay converged however long their chains
+//     are (a loop per position kept 12 of 32 lanes busy);
 //  3. warp 0 parses greedily, taking the best match at the next position that has one,
 //     with up to HIGH_LAZY lazy steps (as LZ4HC), measuring matches longer than HIGH_CAP
 //     in full, and emits the sequences warp-wide.

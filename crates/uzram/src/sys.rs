@@ -3,7 +3,8 @@
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 
-fn check(ret: libc::c_int) -> io::Result<()> {
+/// `Ok` unless a system call returned -1, then its `errno`.
+pub(crate) fn check(ret: libc::c_int) -> io::Result<()> {
     if ret == -1 {
         Err(io::Error::last_os_error())
     } else {

@@ -66,7 +66,7 @@ crash_done() {
   elif [ "$_rt" = 0 ]; then ok "$CW: no thread of the new daemon is left realtime ($(printf '%s\n' "$_pol" | wc -l) threads)"
   else fail_check "$CW: $_rt threads of the new daemon still realtime (scheduling policy not 0)"; fi
   # what the new daemon allocated to start (the recovery room must cover it: docs/recovery.md)
-  say "  $CW: new daemon's memory: $(grep -E '^(RssAnon|VmLck|VmPTE)' "/proc/$(daemon_pid "$DEV")/status" | tr -s ' \t\n' ' ')"
+  say "  $CW: new daemon's memory: $(grep -E '^(RssAnon|VmLck|VmPTE)' "/proc/$_dp/status" | tr -s ' \t\n' ' ')"
   kill -0 $HPID 2>/dev/null && ok "$CW: the hog is alive" \
     || { say "  $CW: the hog is no longer running"; dmesg | grep -iE 'out of memory|oom-kill|killed process' | tail -3 | sed 's/^/    dmesg| /'; }
   say "  $CW: $(tail -1 /tmp/hog.out)"

@@ -18,6 +18,8 @@
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::sys::check;
+
 /// The lowest realtime priority: ahead of every ordinary task, behind the kernel's own.
 const PRIORITY: libc::c_int = 1;
 
@@ -35,9 +37,7 @@ pub fn begin() -> io::Result<()> {
         sched_priority: PRIORITY,
     };
     // SAFETY: `param` is a valid sched_param for the call's duration; pid 0 is this thread.
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } == -1 {
-        return Err(io::Error::last_os_error());
-    }
+    check(unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) })?;
     BEGUN.store(true, Ordering::Release);
     Ok(())
 }
@@ -85,13 +85,12 @@ pub fn end() -> io::Result<usize> {
             let param = libc::sched_param { sched_priority: 0 };
             // SAFETY: `param` is a valid sched_param for the call's duration; the call takes
             // only a thread id (of ours, or gone: ESRCH) and reads nothing else.
-            if unsafe { libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) } == -1 {
-                let e = io::Error::last_os_error();
-                if e.raw_os_error() != Some(libc::ESRCH) {
+            match check(unsafe { libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) }) {
+                Ok(()) => moved += 1,
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) => {
                     first_error.get_or_insert(e);
                 }
-            } else {
-                moved += 1;
             }
         }
         if moved == before {
