@@ -1,6 +1,7 @@
 //! The device's decode-and-compare check rejects blocks corrupted between compression and
-//! export, and passes the others through unchanged. Drives the kernels directly so a
-//! block can be corrupted on the device in between. Skips where there is no GPU.
+//! export, and passes the others through unchanged, whatever the compressor's sequence hints
+//! say. Drives the kernels directly so a block or its hints can be damaged on the device in
+//! between. Skips where there is no GPU.
 
 mod common;
 
@@ -11,13 +12,67 @@ use uzram_gpu::launch::{self, SlotBuffers, CTRL_WORDS};
 use uzram_gpu::{ErrorKind, Gpu};
 
 const THRESHOLD: usize = 3625;
+/// The most hints a page's scratch slot holds (the kernel's MAX_HINTS); any larger count
+/// means "no hints".
+const MAX_HINTS: u16 = (PAGE_SIZE / 2 - 1) as u16;
 
 fn word(meta: &[u8], i: usize) -> u32 {
     u32::from_le_bytes(meta[i * 4..i * 4 + 4].try_into().unwrap())
 }
 
 #[test]
-fn corrupted_blocks_are_rejected_and_others_pass() {
+fn fast_blocks_corrupted_are_rejected_and_others_pass() {
+    damage_and_check(Kernel::Fast);
+}
+
+#[test]
+fn high_blocks_corrupted_are_rejected_and_others_pass() {
+    damage_and_check(Kernel::High);
+}
+
+/// Copies between the host and the test's device buffers, each range checked to lie inside
+/// one of them (what the copies' safety rests on), synchronized before returning.
+struct Poke<'a> {
+    stream: &'a Stream,
+    ranges: Vec<(u64, usize)>,
+    pinned: HostBuf,
+}
+
+impl Poke<'_> {
+    fn check(&self, ptr: u64, len: usize) {
+        assert!(
+            self.ranges
+                .iter()
+                .any(|&(base, size)| ptr >= base && ptr + len as u64 <= base + size as u64),
+            "{len} bytes at {ptr:#x} lie outside the test's device buffers"
+        );
+    }
+
+    fn read(&self, ptr: u64, len: usize) -> Vec<u8> {
+        self.check(ptr, len);
+        let mut bytes = vec![0u8; len];
+        // SAFETY: `check` put the `len` bytes at `ptr` inside a live device buffer; the copy
+        // into a local is synchronized before the local is read.
+        unsafe { self.stream.copy_to_host(&mut bytes, ptr).unwrap() };
+        self.stream.synchronize().unwrap();
+        bytes
+    }
+
+    fn write(&mut self, ptr: u64, bytes: &[u8]) {
+        self.check(ptr, bytes.len());
+        self.pinned.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
+        // SAFETY: `check` put the destination inside a live device buffer; the source is
+        // pinned and stays untouched until the synchronization below.
+        unsafe {
+            self.stream
+                .copy_to_device(ptr, self.pinned.as_slice().as_ptr(), bytes.len())
+                .unwrap()
+        };
+        self.stream.synchronize().unwrap();
+    }
+}
+
+fn damage_and_check(kernel: Kernel) {
     let gpu = match Gpu::open(0) {
         Ok(g) => g,
         Err(e) if e.kind() == ErrorKind::Unavailable => {
@@ -65,37 +120,28 @@ fn corrupted_blocks_are_rejected_and_others_pass() {
         stream
             .copy_to_device(bufs.input, host_in.as_slice().as_ptr(), bytes)
             .unwrap();
-        launch::compress(&gpu, &stream, Kernel::Fast, bufs, n as u32).unwrap();
+        launch::compress(&gpu, &stream, kernel, bufs, n as u32).unwrap();
         stream
             .copy_to_host(dev_meta.as_mut_slice(), bufs.meta)
             .unwrap();
     }
     stream.synchronize().unwrap();
-    // Three kinds of damage, each on its own pages: the first byte of a block (the token's
-    // literal count changes, so the block decodes to something else or nothing); a literal
-    // byte in the block's second half (the sequences still parse as the compressor's hints
-    // say: the parallel check itself must see the byte differ); and a good block whose
-    // second sequence hint is wrong (it must still pass, by the serial walk).
+    // Kinds of damage, each on its own pages. Blocks: the first byte (the token's literal
+    // count changes, so the block decodes to something else or nothing); a literal byte in
+    // the second half (the sequences still parse as the hints say: the parallel check itself
+    // must see the byte differ). Hints of good blocks, which must still pass (by the serial
+    // walk): the second hint moved by one; the count cut to 1; the count raised to the most
+    // the slot holds (the rest of the slot read as hints); a count no slot holds.
     let meta = dev_meta.as_slice().to_vec();
     let mut corrupted = Vec::new();
     let (mut tokens, mut literals, mut misled) = (0, 0, Vec::new());
-    let mut poke = HostBuf::new(&gpu, 2).unwrap();
-    let read = |ptr: u64, len: usize| {
-        let mut bytes = vec![0u8; len];
-        // SAFETY: a synchronous copy into a local from device memory inside the buffers.
-        unsafe { stream.copy_to_host(&mut bytes, ptr).unwrap() };
-        stream.synchronize().unwrap();
-        bytes
-    };
-    let mut write = |ptr: u64, bytes: &[u8]| {
-        poke.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
-        // SAFETY: pinned bytes into device memory inside the buffers, synchronized at once.
-        unsafe {
-            stream
-                .copy_to_device(ptr, poke.as_slice().as_ptr(), bytes.len())
-                .unwrap()
-        };
-        stream.synchronize().unwrap();
+    let mut poke = Poke {
+        stream: &stream,
+        ranges: [bufs.scratch, bufs.packed]
+            .into_iter()
+            .map(|p| (p, bytes))
+            .collect(),
+        pinned: HostBuf::new(&gpu, 2).unwrap(),
     };
     for i in 0..n {
         let size = word(&meta, i) as usize;
@@ -103,36 +149,52 @@ fn corrupted_blocks_are_rejected_and_others_pass() {
             continue;
         }
         let off = u64::from(word(&meta, n + i));
-        let hints_top = bufs.scratch + ((i + 1) * PAGE_SIZE) as u64;
-        match i % 6 {
+        let count_at = bufs.scratch + ((i + 1) * PAGE_SIZE) as u64 - 2;
+        let count = u16::from_le_bytes(poke.read(count_at, 2).try_into().unwrap());
+        let hinted = (2..=MAX_HINTS).contains(&count);
+        match i % 12 {
             0 => {
-                let token = read(bufs.packed + off, 1)[0];
-                write(bufs.packed + off, &[token ^ 0x10]);
+                let token = poke.read(bufs.packed + off, 1)[0];
+                poke.write(bufs.packed + off, &[token ^ 0x10]);
                 corrupted.push(i);
                 tokens += 1;
             }
-            2 => {
-                let block = read(bufs.packed + off, size);
+            2 | 8 => {
+                let block = poke.read(bufs.packed + off, size);
                 if let Some(at) = literal_bytes(&block).into_iter().find(|&at| at >= size / 2) {
-                    write(bufs.packed + off + at as u64, &[block[at] ^ 0x01]);
+                    poke.write(bufs.packed + off + at as u64, &[block[at] ^ 0x01]);
                     corrupted.push(i);
                     literals += 1;
                 }
             }
-            4 => {
-                let count = u16::from_le_bytes(read(hints_top - 2, 2).try_into().unwrap());
-                if (2..0xffff).contains(&count) {
-                    let second = hints_top - 6;
-                    let hint = u16::from_le_bytes(read(second, 2).try_into().unwrap());
-                    write(second, &(hint + 1).to_le_bytes());
-                    misled.push(i);
-                }
+            4 if hinted => {
+                let second = count_at - 4;
+                let hint = u16::from_le_bytes(poke.read(second, 2).try_into().unwrap());
+                poke.write(second, &(hint + 1).to_le_bytes());
+                misled.push(i);
+            }
+            6 if hinted => {
+                poke.write(count_at, &1u16.to_le_bytes());
+                misled.push(i);
+            }
+            10 if hinted => {
+                poke.write(count_at, &MAX_HINTS.to_le_bytes());
+                misled.push(i);
+            }
+            11 if hinted => {
+                poke.write(count_at, &(MAX_HINTS + 1).to_le_bytes());
+                misled.push(i);
             }
             _ => {}
         }
     }
+    let compressed: usize = (0..n)
+        .map(|i| word(&meta, i) as usize)
+        .filter(|&size| size < THRESHOLD)
+        .sum();
     eprintln!(
-        "{tokens} tokens and {literals} literal bytes corrupted, {} hints misled",
+        "{kernel:?}: {compressed} bytes in blocks; {tokens} tokens and {literals} literal bytes \
+         corrupted, {} hints misled",
         misled.len()
     );
     assert!(literals > 10 && misled.len() > 10, "too few pages damaged");
@@ -140,7 +202,8 @@ fn corrupted_blocks_are_rejected_and_others_pass() {
     // SAFETY: as above; the compression kernel's results are in place.
     unsafe { launch::verify(&gpu, &stream, bufs, n as u32).unwrap() };
     stream.synchronize().unwrap();
-    let walked = word(&read(bufs.ctrl, CTRL_WORDS * 4), 3) as usize;
+    poke.ranges.push((bufs.ctrl, CTRL_WORDS * 4));
+    let walked = word(&poke.read(bufs.ctrl, CTRL_WORDS * 4), 3) as usize;
     let out = SlotOutput::new(n, out_meta.as_slice(), out_packed.as_slice(), THRESHOLD).unwrap();
     let mut codec = uzram_core::codec::Lz4Codec::new();
     let mut back = [0u8; PAGE_SIZE];
@@ -172,7 +235,7 @@ fn corrupted_blocks_are_rejected_and_others_pass() {
         }
     }
     eprintln!(
-        "{rejected} corrupted blocks rejected, {passed} good blocks passed, \
+        "{kernel:?}: {rejected} corrupted blocks rejected, {passed} good blocks passed, \
          {walked} walked serially"
     );
     assert_eq!(rejected, corrupted.len());
