@@ -73,11 +73,10 @@ fio_bench() {
 }
 # vm_counts: the /proc/vmstat counters the swap diagnosis prints
 vm_counts() { awk '$1 ~ /^(pswpin|pswpout|pgmajfault|allocstall_normal|allocstall_movable|pgscan_kswapd|pgscan_direct|pgsteal_kswapd|pgsteal_direct|workingset_refault_anon)$/ {printf "%s=%s ", $1, $2}' /proc/vmstat; }
-# task_cpu PID: the CPU seconds (user + system, all threads) PID has used; empty if it is gone
-task_cpu() { [ -n "$1" ] && awk '{printf "%.2f", ($14 + $15) / 100}' "/proc/$1/stat" 2>/dev/null; }
-# task_sys PID: the system part of task_cpu (in the kernel on the task's behalf: for the
-# daemon, the ublk transport and its copies of the I/O data)
-task_sys() { [ -n "$1" ] && awk '{printf "%.2f", $15 / 100}' "/proc/$1/stat" 2>/dev/null; }
+# task_times PID: "CPU SYS", the CPU seconds (user + system, all threads) PID has used and
+# their system part (in the kernel on the task's behalf: for the daemon, the ublk transport
+# and its copies of the I/O data), from one read of its stat; empty if it is gone
+task_times() { [ -n "$1" ] && awk '{printf "%.2f %.2f", ($14 + $15) / 100, $15 / 100}' "/proc/$1/stat" 2>/dev/null; }
 # cpu_delta BEFORE AFTER: AFTER - BEFORE seconds, one decimal
 cpu_delta() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.1f", b - a}'; }
 # swap_bench REP NAME [SUFFIX]: mkswap + swapon $DEV, the hog (fill + verify), swapoff; wall
@@ -90,8 +89,8 @@ cpu_delta() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.1f", b - a}'; }
 swap_bench() {
   if ! { mkswap "$DEV" > /dev/null && swapon "$DEV"; }; then say "swapon $DEV failed"; rc=1; return; fi
   _vm0=$(vm_counts)
-  _kp=$(pidof kswapd0); _k0=$(task_cpu "$_kp")
-  _dp=; [ "$2" = uzram ] && _dp=$(daemon_pid "$DEV"); _d0=$(task_cpu "$_dp"); _ds0=$(task_sys "$_dp")
+  _kp=$(pidof kswapd0); _k0=$(task_times "$_kp")
+  _dp=; [ "$2" = uzram ] && _dp=$(daemon_pid "$DEV"); _d0=$(task_times "$_dp")
   t=$(up)
   if ! timeout -s KILL "$IO_TMO" hog "$HOG" 1 > /tmp/hog.out 2>&1; then
     say "hog on $2 failed"; cat /tmp/hog.out; rc=1
@@ -100,9 +99,10 @@ swap_bench() {
   emit "$1" "$2" "swap_fill_s$3" "$(sed -n 's/^hog: filled .* in \([0-9.]*\)s$/\1/p' /tmp/hog.out)"
   emit "$1" "$2" "swap_verify_s$3" "$(sed -n 's/^hog: verify pass 1 took \([0-9.]*\)s$/\1/p' /tmp/hog.out)"
   emit "$1" "$2" "swap_hog_cpu_s$3" "$(awk '/^hog: cpu/{printf "%.1f", $3 + $5}' /tmp/hog.out)"
-  [ -z "$_kp" ] || emit "$1" "$2" "swap_kswapd_cpu_s$3" "$(cpu_delta "$_k0" "$(task_cpu "$_kp")")"
-  [ -z "$_dp" ] || emit "$1" "$2" "swap_daemon_cpu_s$3" "$(cpu_delta "$_d0" "$(task_cpu "$_dp")")"
-  [ -z "$_dp" ] || emit "$1" "$2" "swap_daemon_sys_s$3" "$(cpu_delta "$_ds0" "$(task_sys "$_dp")")"
+  _k1=$(task_times "$_kp"); _d1=$(task_times "$_dp")
+  [ -z "$_kp" ] || emit "$1" "$2" "swap_kswapd_cpu_s$3" "$(cpu_delta "${_k0%% *}" "${_k1%% *}")"
+  [ -z "$_dp" ] || emit "$1" "$2" "swap_daemon_cpu_s$3" "$(cpu_delta "${_d0%% *}" "${_d1%% *}")"
+  [ -z "$_dp" ] || emit "$1" "$2" "swap_daemon_sys_s$3" "$(cpu_delta "${_d0##* }" "${_d1##* }")"
   say "  $2$3 vmstat deltas: $(vm_counts | awk -v before="$_vm0" '
     BEGIN { n = split(before, b, " "); for (i = 1; i <= n; i++) { split(b[i], kv, "="); v[kv[1]] = kv[2] } }
     { for (i = 1; i <= NF; i++) { split($i, kv, "="); printf "%s +%d ", kv[1], kv[2] - v[kv[1]] } }')"
