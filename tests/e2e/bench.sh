@@ -9,7 +9,8 @@
 #   uzram.swap_variants: more uzram swap runs per rep, each with other settings, to compare:
 #     VARIANT[/VARIANT...], VARIANT = KEY=VALUE[+KEY=VALUE...], KEY one of page_cluster
 #     (vm.page-cluster), max_sectors_kb (the ublk disk's queue/max_sectors_kb), queues, depth,
-#     queue_mode (uzram create flags). Each gives the metric swap_hog_s[VARIANT].
+#     queue_mode (uzram create flags), nice (the daemon's threads reniced to this nice value
+#     once it serves). Each gives the metric swap_hog_s[VARIANT].
 #   uzram.queue_mode, uzram.queues, uzram.depth: every uzram device (lib.sh create_flags).
 . /e2e/lib.sh
 REPS=${UZ_reps:-1}
@@ -112,7 +113,7 @@ swap_bench() {
 }
 # uz_swap REP VARIANT: a uzram device with VARIANT's settings (see above), its swap run
 uz_swap() {
-  _pc=$PC_DEFAULT; _ms=; _sv_qm=${UZ_queue_mode:-}; _sv_q=${UZ_queues:-}; _sv_d=${UZ_depth:-}
+  _pc=$PC_DEFAULT; _ms=; _nice=; _sv_qm=${UZ_queue_mode:-}; _sv_q=${UZ_queues:-}; _sv_d=${UZ_depth:-}
   for _kv in $(echo "$2" | tr '+' ' '); do
     case $_kv in
       page_cluster=*) _pc=${_kv#*=} ;;
@@ -120,6 +121,7 @@ uz_swap() {
       queue_mode=*) UZ_queue_mode=${_kv#*=} ;;
       queues=*) UZ_queues=${_kv#*=} ;;
       depth=*) UZ_depth=${_kv#*=} ;;
+      nice=*) _nice=${_kv#*=} ;;
       *) say "unknown swap variant setting $_kv"; rc=1; return ;;
     esac
   done
@@ -127,6 +129,11 @@ uz_swap() {
   if uz_up "$SWAP_MIB"; then
     if [ -n "$_ms" ]; then
       echo "$_ms" > "/sys/block/${DEV#/dev/}/queue/max_sectors_kb" || { say "max_sectors_kb $_ms refused"; rc=1; }
+    fi
+    if [ -n "$_nice" ]; then
+      _np=$(daemon_pid "$DEV")
+      # nice is per thread: every thread of the daemon, by id
+      renice -n "$_nice" -p $(ls "/proc/$_np/task") > /dev/null || { say "renice $_nice refused"; rc=1; }
     fi
     say "  uzram swap run${2:+ [$2]}: page-cluster $(cat /proc/sys/vm/page-cluster), max_sectors_kb $(cat "/sys/block/${DEV#/dev/}/queue/max_sectors_kb"), $(create_flags)"
     swap_bench "$1" uzram "${2:+[$2]}"
