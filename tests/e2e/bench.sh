@@ -9,8 +9,8 @@
 #   uzram.swap_variants: more uzram swap runs per rep, each with other settings, to compare:
 #     VARIANT[/VARIANT...], VARIANT = KEY=VALUE[+KEY=VALUE...], KEY one of page_cluster
 #     (vm.page-cluster), max_sectors_kb (the ublk disk's queue/max_sectors_kb), queues, depth,
-#     queue_mode (uzram create flags), nice (the daemon's threads reniced to this nice value
-#     once it serves). Each gives the metric swap_hog_s[VARIANT].
+#     queue_mode (uzram create flags), nice (added to the nice value, 0, of every daemon
+#     thread once it serves). Each gives the metric swap_hog_s[VARIANT].
 #   uzram.queue_mode, uzram.queues, uzram.depth: every uzram device (lib.sh create_flags).
 . /e2e/lib.sh
 REPS=${UZ_reps:-1}
