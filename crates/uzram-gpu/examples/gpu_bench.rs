@@ -26,7 +26,7 @@ use uzram_core::codec::{Lz4Codec, PageCodec};
 use uzram_core::page::{page_to_words, same_filled_word};
 use uzram_core::{PAGE_SIZE, PAGE_WORDS};
 use uzram_gpu::driver::{DevBuf, Event, HostBuf, Kernel, Stream};
-use uzram_gpu::launch::{self, SlotBuffers, CTRL_WORDS};
+use uzram_gpu::launch::{self, SlotBuffers, CTRL_SERIAL_WALKS, CTRL_WORDS};
 use uzram_gpu::{Gpu, GpuConfig, GpuError, GpuSlots, Parse};
 
 struct Args {
@@ -466,15 +466,13 @@ fn kernel_gbps(
     let rejected = (0..n)
         .filter(|&i| matches!(out.page(i), Ok(uzram_core::batch::PageResult::Rejected)))
         .count();
-    /// The control word that counts the check's serial walks (`kernels/lz4.cu`).
-    const WALKED: usize = 3;
     let mut words = [0u8; CTRL_WORDS * 4];
     // SAFETY: `words` has the control words' size and is read only after the synchronize
     // below; the stream has finished every launch that writes them (`c.synchronize`).
     unsafe { stream.copy_to_host(&mut words, bufs.ctrl)? };
     stream.synchronize()?;
     let walked = u32::from_le_bytes(
-        words[WALKED * 4..WALKED * 4 + 4]
+        words[CTRL_SERIAL_WALKS * 4..CTRL_SERIAL_WALKS * 4 + 4]
             .try_into()
             .unwrap_or_default(),
     );

@@ -17,6 +17,8 @@ pub const HIGH_BLOCK_THREADS: u32 = 128;
 /// check's count of blocks it walked serially (no usable sequence hints; see the kernels).
 /// The host zeroes the two counters before every run.
 pub const CTRL_WORDS: usize = 4;
+/// Which control word counts the check's serial walks (blocks without usable hints).
+pub const CTRL_SERIAL_WALKS: usize = 3;
 
 /// Device buffers of one slot's run over up to `pages` pages.
 #[derive(Debug, Clone, Copy)]

@@ -8,7 +8,7 @@ mod common;
 use uzram_core::batch::{meta_bytes, PageResult, SlotOutput};
 use uzram_core::PAGE_SIZE;
 use uzram_gpu::driver::{DevBuf, HostBuf, Kernel, Stream};
-use uzram_gpu::launch::{self, SlotBuffers, CTRL_WORDS};
+use uzram_gpu::launch::{self, SlotBuffers, CTRL_SERIAL_WALKS, CTRL_WORDS};
 use uzram_gpu::{ErrorKind, Gpu};
 
 const THRESHOLD: usize = 3625;
@@ -203,7 +203,7 @@ fn damage_and_check(kernel: Kernel) {
     unsafe { launch::verify(&gpu, &stream, bufs, n as u32).unwrap() };
     stream.synchronize().unwrap();
     poke.ranges.push((bufs.ctrl, CTRL_WORDS * 4));
-    let walked = word(&poke.read(bufs.ctrl, CTRL_WORDS * 4), 3) as usize;
+    let walked = word(&poke.read(bufs.ctrl, CTRL_WORDS * 4), CTRL_SERIAL_WALKS) as usize;
     let out = SlotOutput::new(n, out_meta.as_slice(), out_packed.as_slice(), THRESHOLD).unwrap();
     let mut codec = uzram_core::codec::Lz4Codec::new();
     let mut back = [0u8; PAGE_SIZE];
