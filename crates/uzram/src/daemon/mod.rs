@@ -230,16 +230,21 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         "memory reserves ready"
     );
 
-    let (ctrl, plan) = match launch.recover {
-        None => add_device(&cfg, plan, features)?,
-        Some(id) => reattach_device(id, plan)?,
+    // A new device is added now; a device taken over is asked for (`START_USER_RECOVERY`)
+    // only once everything else is ready, just before its queues serve: see `Device`.
+    let (device, plan) = match launch.recover {
+        None => {
+            let (ctrl, plan) = add_device(&cfg, plan, features)?;
+            (Device::Added(Box::new(ctrl)), plan)
+        }
+        Some(id) => recovery_plan(id, plan)?,
     };
-    step("start recovery");
+    step("device");
     unborn.0 = None;
     let counters = Arc::new(Counters::new(
         cfg.queues.saturating_mul(plan.threads_per_queue),
     ));
-    let id = ctrl.dev_info().dev_id;
+    let id = device.id();
     let dev = format!("/dev/ublkb{id}");
     tracing::info!(id, %dev, size = cfg.size, queues = cfg.queues, depth = cfg.depth, "device added");
     region.set_device(id);
@@ -471,6 +476,14 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         }
     }
     step("populate");
+    let ctrl = match device {
+        Device::Added(ctrl) => *ctrl,
+        Device::Quiesced { id, queues, depth } => {
+            let ctrl = start_recovery(id, queues, depth, plan)?;
+            step("start recovery");
+            ctrl
+        }
+    };
     let size = cfg.size;
     let tgt_init = move |dev: &mut UblkDev| {
         dev.tgt.dev_size = size;
@@ -772,10 +785,33 @@ pub fn quiesced_info(id: u32) -> Result<libublk::sys::ublksrv_ctrl_dev_info, Str
     Ok(info)
 }
 
-/// Takes over device `id`, quiesced since its daemon died: the queue mode is the one the
-/// device was made with, and the driver hands the queued and reissued requests to our queues
-/// once they serve (`START_USER_RECOVERY` here, `END_USER_RECOVERY` when started).
-fn reattach_device(id: u32, plan: QueuePlan) -> anyhow::Result<(UblkCtrl, QueuePlan)> {
+/// The device a daemon serves: one it just added, or one quiesced since its daemon died, not
+/// yet asked for. A takeover asks for it ([`start_recovery`]) only after its threads, its
+/// listener and its populated memory are ready: on 6.12 a daemon that dies between
+/// `START_USER_RECOVERY` and its first queue served leaves the device refused to every later
+/// daemon (docs/recovery.md), so that window holds nothing that could wait.
+enum Device {
+    Added(Box<UblkCtrl>),
+    /// Its id, and the queues and depth it was made with.
+    Quiesced {
+        id: u32,
+        queues: u16,
+        depth: u16,
+    },
+}
+
+impl Device {
+    fn id(&self) -> u32 {
+        match self {
+            Device::Added(ctrl) => ctrl.dev_info().dev_id,
+            Device::Quiesced { id, .. } => *id,
+        }
+    }
+}
+
+/// Device `id`, quiesced since its daemon died, and the queue plan for taking it over: the
+/// queue mode is the one the device was made with.
+fn recovery_plan(id: u32, plan: QueuePlan) -> anyhow::Result<(Device, QueuePlan)> {
     let info = quiesced_info(id).map_err(|why| {
         anyhow::anyhow!(
             "/dev/ublkb{id} cannot be taken over: {why}; only a device whose daemon died can be recovered"
@@ -803,10 +839,22 @@ fn reattach_device(id: u32, plan: QueuePlan) -> anyhow::Result<(UblkCtrl, QueueP
             cpus,
         )?,
     };
+    let device = Device::Quiesced {
+        id,
+        queues: info.nr_hw_queues,
+        depth: info.queue_depth,
+    };
+    Ok((device, plan))
+}
+
+/// Takes over device `id` ([`recovery_plan`]): the driver hands the queued and
+/// reissued requests to our queues once they serve (`START_USER_RECOVERY` here,
+/// `END_USER_RECOVERY` when started).
+fn start_recovery(id: u32, queues: u16, depth: u16, plan: QueuePlan) -> anyhow::Result<UblkCtrl> {
     let ctrl = ctrl_builder(
         id as i32,
-        info.nr_hw_queues,
-        info.queue_depth,
+        queues,
+        depth,
         plan,
         UblkFlags::UBLK_DEV_F_RECOVER_DEV,
     )
@@ -824,7 +872,7 @@ fn reattach_device(id: u32, plan: QueuePlan) -> anyhow::Result<(UblkCtrl, QueueP
         };
         anyhow::anyhow!("START_USER_RECOVERY on /dev/ublkb{id}: {e} ({e:?}){why}")
     })?;
-    Ok((ctrl, plan))
+    Ok(ctrl)
 }
 
 fn add_error(err: UblkError, id: Option<u32>) -> anyhow::Error {
