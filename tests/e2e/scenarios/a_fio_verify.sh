@@ -1,6 +1,6 @@
 # Scenario a: create -> fio crc32c verify (random writes with interleaved verify reads, 4k, 64k,
-# mixed sizes, trim-then-write) -> discard a range, it reads back as zeros and the data around it
-# still verifies -> destroy.
+# mixed sizes, trim-then-write) -> the same with the daemon stopped and continued -> discard a
+# range, it reads back as zeros and the data around it still verifies -> destroy.
 . /e2e/lib.sh
 begin a_fio_verify
 SIZE_MIB=${UZ_fio_dev_mib:-256}
@@ -16,6 +16,19 @@ if uzram_create --size "${SIZE_MIB}M"; then
   else
     fail_check "fio verify.fio rc=$? after ${RUN_SECS}s"; tail -30 /tmp/fio.out
   fi
+  # A daemon stopped and continued (kill -STOP, a debugger attaching) serves on: each stop cuts
+  # its queues' waits in io_uring_enter short (EINTR), which once ended a per-request queue
+  # thread (its requests then waited for good) and made a batch queue delete the device.
+  P=$(daemon_pid "$DEV")
+  fio_job verify.fio DEV="$DEV" SIZE=32M > /dev/null & F=$!
+  n=0
+  while kill -0 $F 2>/dev/null && [ $n -lt 100 ]; do
+    kill -STOP "$P"; usleep 20000; kill -CONT "$P"; usleep 30000; n=$((n + 1))
+  done
+  wait $F; frc=$?
+  [ $frc = 0 ] && [ $n -ge 5 ] && [ "$(daemon_pid "$DEV")" = "$P" ] \
+    && ok "fio verify.fio (32M) with the daemon $P stopped and continued $n times" \
+    || fail_check "fio verify.fio with the daemon stopped and continued $n times: rc=$frc, $DEV served by '$(daemon_pid "$DEV")' (was $P)"
   half=$((SIZE_MIB / 2)); q=$((SIZE_MIB / 8))
   check "fio write 0..${half}M" fio_job region.fio DEV="$DEV" OFFSET=0 LEN="${half}M" VONLY=0
   before=$(stat_field "$DEV" orig_data_size)

@@ -11,7 +11,7 @@ use libublk::io::{
 };
 use libublk::UblkError;
 
-use super::target::Server;
+use super::target::{interrupted, Server};
 
 /// Serves queue `qid` until the device stops; returns after the kernel released every buffer.
 /// Buffers are allocated (and locked) before the first request; serving allocates nothing.
@@ -85,6 +85,9 @@ fn run(
         );
         match waited {
             Ok(_) => {}
+            // A stop signal or a tracer cut the wait short (`target::interrupted`); the
+            // results still pending are committed below.
+            Err(err) if interrupted(&err) => {}
             // Stopped with nothing left in flight: the transport is done with the buffers.
             Err(UblkError::QueueIsDown) => return Ok(()),
             Err(err) => return Err(err),

@@ -240,7 +240,7 @@ fn serve_per_request(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
         }
     };
     server.start();
-    let handler = |q: &UblkQueue, tag: u16, _ctx: &UblkIOCtx| {
+    let handler = |q: &UblkQueue, tag: u16| {
         let Some(buf) = bufs.get(usize::from(tag)) else {
             tracing::error!(qid, tag, "request for a tag without a buffer");
             return;
@@ -259,8 +259,46 @@ fn serve_per_request(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
             tracing::error!(qid, tag, error = %err, "committing a request failed");
         }
     };
-    queue.wait_and_handle_io(handler);
+    wait_and_handle_io(&queue, handler);
     tracing::info!(qid, "queue stopped");
+}
+
+/// libublk's `UblkQueue::wait_and_handle_io`, except that a wait interrupted by a signal is
+/// waited again. libublk's loop ends the queue on any error, and a stop signal (`kill -STOP`,
+/// a debugger attaching) interrupts `io_uring_enter` with `EINTR`: the queue thread was gone
+/// after `SIGCONT`, the daemon still alive, and the queue's requests waited for good.
+fn wait_and_handle_io(queue: &UblkQueue<'_>, mut handle: impl FnMut(&UblkQueue<'_>, u16)) {
+    loop {
+        let waited = queue.flush_and_wake_io_tasks(
+            |user_data, cqe, _last| {
+                // As libublk's loop: a fetched request. (This ring carries no target I/O.)
+                let target = user_data & libublk::UblkUringData::Target as u64 != 0;
+                if !target && cqe.result() == sys::UBLK_IO_RES_OK as i32 {
+                    handle(queue, UblkIOCtx::user_data_to_tag(user_data) as u16);
+                }
+            },
+            1,
+        );
+        match waited {
+            Ok(_) => {}
+            Err(err) if interrupted(&err) => {}
+            // Stopped with nothing left in flight.
+            Err(libublk::UblkError::QueueIsDown) => break,
+            Err(err) => {
+                tracing::error!(qid = queue.get_qid(), error = %err, "waiting for requests failed");
+                break;
+            }
+        }
+    }
+    for tag in queue.tags() {
+        queue.unregister_io_buf(tag);
+    }
+}
+
+/// A queue's wait for requests cut short by a signal (`EINTR`, from a stop signal or a
+/// tracer): wait again; no completion was taken.
+pub fn interrupted(err: &libublk::UblkError) -> bool {
+    matches!(err, libublk::UblkError::IOError(e) if e.kind() == std::io::ErrorKind::Interrupted)
 }
 
 /// Full-size I/O buffers made and locked by [`stash_io_bufs`] before a takeover pauses the
