@@ -17,8 +17,8 @@ if uzram_create --size "${SIZE_MIB}M"; then
     fail_check "fio verify.fio rc=$? after ${RUN_SECS}s"; tail -30 /tmp/fio.out
   fi
   # A daemon stopped and continued (kill -STOP, a debugger attaching) serves on: each stop cuts
-  # its queues' waits in io_uring_enter short (EINTR), which once ended a per-request queue
-  # thread (its requests then waited for good) and made a batch queue delete the device.
+  # its queues' waits in io_uring_enter short (EINTR), which once ended every per-request
+  # queue thread (the daemon then deleted the device) and made a batch queue stop it.
   P=$(daemon_pid "$DEV")
   fio_job verify.fio DEV="$DEV" SIZE=32M > /dev/null & F=$!
   n=0

@@ -265,8 +265,8 @@ fn serve_per_request(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
 
 /// libublk's `UblkQueue::wait_and_handle_io`, except that a wait interrupted by a signal is
 /// waited again. libublk's loop ends the queue on any error, and a stop signal (`kill -STOP`,
-/// a debugger attaching) interrupts `io_uring_enter` with `EINTR`: the queue thread was gone
-/// after `SIGCONT`, the daemon still alive, and the queue's requests waited for good.
+/// a debugger attaching) interrupts every queue's `io_uring_enter` with `EINTR`: each queue
+/// thread ended, and the daemon, its queues gone, deleted the device (scenario a).
 fn wait_and_handle_io(queue: &UblkQueue<'_>, mut handle: impl FnMut(&UblkQueue<'_>, u16)) {
     loop {
         let waited = queue.flush_and_wake_io_tasks(
