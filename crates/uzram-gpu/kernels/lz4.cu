@@ -723,16 +723,19 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 //  2. all threads find each position's best match: walk its chain up to HIGH_DEPTH
 //     candidates and keep the longest match (up to HIGH_CAP bytes; nearest on ties),
 //     every HIGH_SAMPLE-th position first; a position between two takes over its sampled
-//     position's match, same offset, when that still reaches HIGH_INHERIT bytes, and
-//     otherwise searches with that match as the length to beat (inside a long match the
-//     parse only ever asks for the match's first bytes and its lazy successors). A
+//     position's match, same offset, when that still covers MIN_MATCH bytes of it, and
+//     otherwise searches its own chain (inside a long match the parse only ever asks for
+//     the match's first bytes and its lazy successors). A
 //     candidate can only beat the best length L so far if its 4 bytes ending at byte L
 //     match too: that word and the first one (a chain holds every position of the same
 //     hash, collisions too) are compared before the match is measured (LZ4HC's trick), so
-//     most candidates cost two shared-memory load pairs. Each thread owns every 128th
-//     position and takes one chain step per loop turn, moving on to its next position as
-//     soon as one is done, so the lanes of a warp stay converged however long their chains
-//     are (a loop per position kept 12 of 32 lanes busy);
+//     most candidates cost two shared-memory load pairs. A warp settles 32 positions at a
+//     time where no search is needed (no earlier position of their hash, or a sampled
+//     match that covers them) and queues the rest; each lane takes one chain step per loop
+//     turn and the next queued position as soon as its walk is done, so the lanes of a
+//     warp stay converged however long their chains are (a loop per position kept 12 of
+//     32 lanes busy; fetching each lane's next position inside the walk's loop, whether it
+//     needed a search or not, was 9 % slower: docs/gpu-notes.md, run 90);
 //  3. warp 0 parses greedily, taking the best match at the next position that has one,
 //     with up to HIGH_LAZY lazy steps (as LZ4HC), measuring matches longer than HIGH_CAP
 //     in full, and emits the sequences warp-wide.
@@ -754,15 +757,12 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 #define HIGH_NICE HIGH_CAP
 #endif
 // Every HIGH_SAMPLE-th position (a power of two; 1: all) is searched first; a position
-// between two inherits its sampled position's match when that is still HIGH_INHERIT bytes
-// long at it, and otherwise starts its own search from it.
-// 16 and 4 measured best (docs/gpu-notes.md, run 24): 1.5-1.9x the speed of searching every
+// between two inherits its sampled position's match when that still covers MIN_MATCH bytes
+// of it, and otherwise searches its own chain. 16 (with inheritance from 4 bytes on)
+// measured best (docs/gpu-notes.md, run 24): 1.5-1.9x the speed of searching every
 // position, for 0.1 % of ratio.
 #ifndef HIGH_SAMPLE
 #define HIGH_SAMPLE 16u
-#endif
-#ifndef HIGH_INHERIT
-#define HIGH_INHERIT 4u
 #endif
 // A position inherits HIGH_CAP ("at least this long: measure it in full") from a sample up to
 // HIGH_SAMPLE - 1 bytes back, and the parse trusts its first MIN_MATCH bytes.
@@ -786,22 +786,52 @@ __device__ __forceinline__ u32 high_pos(u32 pass, u32 i) {
     return pass == 0u ? i * HIGH_SAMPLE : (i / gap) * HIGH_SAMPLE + 1u + i % gap;
 }
 
+// match_len compares HIGH_MATCH_WORDS words a turn, each word of the two positions loaded
+// once and funnel-shifted into place (a word per turn through read32, two loads per side,
+// was 22 % slower; 2 and 3 words a turn 4-8 % slower: docs/gpu-notes.md, runs 90-92).
+#ifndef HIGH_MATCH_WORDS
+#define HIGH_MATCH_WORDS 4u
+#endif
+// Words of zeros after the page in shared memory: match_len reads up to HIGH_MATCH_WORDS - 1
+// words past the page's end (its last turn starts before match_end, 5 bytes short of it).
+#define HIGH_PAD_WORDS (HIGH_MATCH_WORDS > 4u ? HIGH_MATCH_WORDS : 4u)
+
 // Bytes that match from positions a and b (a < b) onward, up to `limit` (>= 4) bytes, given
-// that their first 4 bytes match.
+// that their first 4 bytes match; b + limit <= the page's match end.
 __device__ __forceinline__ u32 match_len(const u32* words, u32 a, u32 b, u32 limit) {
+    const u32 sa = (a & 3u) * 8u;
+    const u32 sb = (b & 3u) * 8u;
+    const u32* wa = words + (a >> 2) + 1u;
+    const u32* wb = words + (b >> 2) + 1u;
+    u32 a0 = wa[0], b0 = wb[0];
     u32 l = 4u;
     while (l < limit) {
-        const u32 d = read32(words, a + l) ^ read32(words, b + l);
-        if (d != 0u) {
-            l += (u32)(__ffs(d) - 1) >> 3;
-            return l < limit ? l : limit;
+        u32 an[HIGH_MATCH_WORDS + 1u], bn[HIGH_MATCH_WORDS + 1u];
+        an[0] = a0;
+        bn[0] = b0;
+#pragma unroll
+        for (u32 k = 1u; k <= HIGH_MATCH_WORDS; ++k) {
+            an[k] = wa[k];
+            bn[k] = wb[k];
         }
-        l += 4u;
+#pragma unroll
+        for (u32 k = 0u; k < HIGH_MATCH_WORDS; ++k) {
+            const u32 x = __funnelshift_r(an[k], an[k + 1u], sa) ^ __funnelshift_r(bn[k], bn[k + 1u], sb);
+            if (x != 0u) {
+                l += 4u * k + ((u32)(__ffs(x) - 1) >> 3);
+                return l < limit ? l : limit;
+            }
+        }
+        a0 = an[HIGH_MATCH_WORDS];
+        b0 = bn[HIGH_MATCH_WORDS];
+        wa += HIGH_MATCH_WORDS;
+        wb += HIGH_MATCH_WORDS;
+        l += 4u * HIGH_MATCH_WORDS;
     }
     return limit;
 }
 
-extern "C" __global__ void __launch_bounds__(HIGH_THREADS)
+extern "C" __global__ void __launch_bounds__(HIGH_THREADS, 9)
 uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                u8* __restrict__ packed, u32* __restrict__ meta, u32* __restrict__ ctrl)
 {
@@ -810,11 +840,13 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
     u32* const sizes = meta;
     u32* const offsets = meta + npages;
     u32* const total = ctrl + 2;
-    __shared__ __align__(16) u32 s_page[PAGE_BYTES / 4u + 4u];
+    __shared__ __align__(16) u32 s_page[PAGE_BYTES / 4u + HIGH_PAD_WORDS];
     __shared__ __align__(16) u16 s_link[PAGE_BYTES];        // chains
     __shared__ __align__(16) u16 s_off[PAGE_BYTES];         // best offsets
     __shared__ __align__(16) u32 s_small[PAGE_BYTES / 4u];  // hash heads, then best lengths
     __shared__ u32 s_flag;
+    __shared__ u16 s_queue[HIGH_THREADS / 32u][32];   // each warp's positions to search
+    __shared__ u32 s_next[2];                          // each pass's next 32 positions
     u16* const heads = (u16*)s_small;
     u8* const lens = (u8*)s_small;
 
@@ -841,7 +873,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
             dst[k] = v;
             same = same && v.x == first.x && v.y == first.y && v.z == first.x && v.w == first.y;
         }
-        if (tid < 4u) {
+        if (tid < HIGH_PAD_WORDS) {
             s_page[PAGE_BYTES / 4u + tid] = 0u;
         }
         for (u32 k = tid; k < (1u << HIGH_HASH_LOG); k += HIGH_THREADS) {
@@ -849,6 +881,8 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
         }
         if (tid == 0u) {
             s_flag = 1u;
+            s_next[0] = 0u;
+            s_next[1] = 0u;
         }
         __syncthreads();
         if (!same) {
@@ -890,74 +924,112 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
         }
         __syncthreads();
 
-        // 2. The best match of every position: one chain step per thread per turn. Pass 0
-        //    searches every HIGH_SAMPLE-th position; pass 1 the others, each starting from
-        //    the match its sampled position q found (same offset, k = p - q bytes shorter),
-        //    and taking it without a search when that is still HIGH_INHERIT bytes long.
+        // 2. The best match of every position. Pass 0 searches every HIGH_SAMPLE-th
+        //    position; pass 1 the others. A warp takes 32 positions of a pass at a time and
+        //    settles warp-wide those that need no search (no earlier position with their
+        //    hash; in pass 1 a sampled match that still covers MIN_MATCH bytes of them,
+        //    taken with the same offset); the rest join the warp's queue, and each lane
+        //    takes the next queued position as soon as its chain walk is done, one chain
+        //    step per lane per loop turn, so the lanes stay converged however long their
+        //    chains are and a position costs a lane turn only when it is searched.
         for (u32 pass = 0u; pass < (HIGH_SAMPLE > 1u ? 2u : 1u); ++pass) {
-            u32 i = tid;
-            u32 p = high_pos(pass, i);
-            u32 c = NO_POS, d = 0u, best = 0u, boff = 0u, tail = 0u, head = 0u, lim = 0u, nice = 0u;
-            bool fresh = true;
-            while (__any_sync(FULL_MASK, p <= last_start)) {
-                if (p <= last_start) {
-                    if (fresh) {
-                        fresh = false;
-                        const u32 room = match_end - p;
-                        lim = room < HIGH_CAP ? room : HIGH_CAP;
-                        nice = lim < HIGH_NICE ? lim : HIGH_NICE;
-                        head = read32(s_page, p);
-                        c = s_link[p];
-                        best = 0u;
-                        boff = 0u;
-                        tail = 0u;
-                        d = 0u;
-                        if (pass == 1u) {
-                            const u32 q = p & ~(HIGH_SAMPLE - 1u);
-                            const u32 k = p - q;
-                            const u32 lq = lens[q];
-                            if (lq >= HIGH_CAP) {
-                                // q's match is at least HIGH_CAP long: the parse measures
-                                // this one in full from its first MIN_MATCH bytes
-                                best = HIGH_CAP;
-                                boff = s_off[q];
-                                c = NO_POS;
-                            } else if (lq >= k + MIN_MATCH) {
-                                best = lq - k;
-                                boff = s_off[q];
+            const u32 n0 = HIGH_SAMPLE > 1u ? last_start / HIGH_SAMPLE + 1u : last_start + 1u;
+            const u32 count = pass == 0u ? n0 : last_start + 1u - n0;
+            u16* const queue = s_queue[warp];
+            u32 taken = 0u, queued = 0u;   // warp-uniform counts of positions through `queue`
+            bool more = true;              // warp-uniform: the pass has positions left
+            bool busy = false;
+            u32 p = 0u, c = NO_POS, d = 0u, best = 0u, boff = 0u, tail = 0u, head = 0u, lim = 0u, nice = 0u;
+            for (;;) {
+                const u32 idle = __ballot_sync(FULL_MASK, !busy);
+                if (idle != 0u) {
+                    // Idle lanes take queued positions in lane order; an empty queue is
+                    // refilled from the pass's next 32 positions.
+                    const u32 want = __popc(idle);
+                    const u32 rank = __popc(idle & lower_lanes);
+                    u32 given = 0u;
+                    for (;;) {
+                        const u32 left = queued - taken;
+                        const u32 avail = left < want - given ? left : want - given;
+                        if (!busy && rank >= given && rank < given + avail) {
+                            p = queue[(taken + rank - given) & 31u];
+                            busy = true;
+                            const u32 room = match_end - p;
+                            lim = room < HIGH_CAP ? room : HIGH_CAP;
+                            nice = lim < HIGH_NICE ? lim : HIGH_NICE;
+                            head = read32(s_page, p);
+                            c = s_link[p];
+                            best = 0u;
+                            boff = 0u;
+                            tail = 0u;
+                            d = 0u;
+                        }
+                        taken += avail;
+                        given += avail;
+                        if (given == want || !more) {
+                            break;
+                        }
+                        u32 t = 0u;
+                        if (lane == 0u) {
+                            t = atomicAdd(&s_next[pass], 1u);
+                        }
+                        t = __shfl_sync(FULL_MASK, t, 0);
+                        if (t * 32u >= count) {
+                            more = false;
+                            break;
+                        }
+                        const u32 j = t * 32u + lane;
+                        const u32 q = high_pos(pass, j);
+                        bool need = false;
+                        if (j < count) {
+                            u32 l = 0u, o = 0u;
+                            need = s_link[q] != NO_POS;
+                            if (pass == 1u) {
+                                const u32 sq = q & ~(HIGH_SAMPLE - 1u);
+                                const u32 lq = lens[sq];
+                                if (lq >= q - sq + MIN_MATCH) {
+                                    l = lq >= HIGH_CAP ? HIGH_CAP : lq - (q - sq);
+                                    o = s_off[sq];
+                                    need = false;
+                                }
+                            }
+                            if (!need) {
+                                s_off[q] = (u16)o;
+                                lens[q] = (u8)l;
+                            }
+                        }
+                        const u32 got = __ballot_sync(FULL_MASK, need);
+                        __syncwarp();   // the queue is empty: every lane has read what it took
+                        if (need) {
+                            queue[(queued + __popc(got & lower_lanes)) & 31u] = (u16)q;
+                        }
+                        queued += __popc(got);
+                        __syncwarp();
+                    }
+                }
+                if (!__any_sync(FULL_MASK, busy)) {
+                    break;
+                }
+                if (busy) {
+                    const bool may = read32(s_page, c) == head
+                                     && (best < MIN_MATCH || read32(s_page, c + best - 3u) == tail);
+                    if (may) {
+                        const u32 l = match_len(s_page, c, p, lim);
+                        if (l > best) {
+                            best = l;
+                            boff = p - c;
+                            if (best >= MIN_MATCH) {
                                 tail = read32(s_page, p + best - 3u);
-                                if (best >= HIGH_INHERIT) {
-                                    c = NO_POS;
-                                }
                             }
                         }
                     }
-                    bool done = c == NO_POS || d >= HIGH_DEPTH || best >= nice;
-                    if (!done) {
-                        // (The head word too: 4 % faster than the tail word alone, run 77.)
-                        const bool may = read32(s_page, c) == head
-                                         && (best < MIN_MATCH || read32(s_page, c + best - 3u) == tail);
-                        if (may) {
-                            const u32 l = match_len(s_page, c, p, lim);
-                            if (l > best) {
-                                best = l;
-                                boff = p - c;
-                                if (best >= MIN_MATCH) {
-                                    tail = read32(s_page, p + best - 3u);
-                                }
-                            }
-                        }
-                        c = s_link[c];
-                        ++d;
-                        done = best >= nice || c == NO_POS || d >= HIGH_DEPTH;
-                    }
-                    if (done) {
+                    c = s_link[c];
+                    ++d;
+                    if (best >= nice || c == NO_POS || d >= HIGH_DEPTH) {
                         const bool ok = best >= MIN_MATCH;
                         s_off[p] = ok ? (u16)boff : 0u;
                         lens[p] = ok ? (u8)best : 0u;
-                        i += HIGH_THREADS;
-                        p = high_pos(pass, i);
-                        fresh = true;
+                        busy = false;
                     }
                 }
             }
