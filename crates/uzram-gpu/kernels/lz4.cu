@@ -717,7 +717,7 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 // ---------------------------------------------------------------------------------------
 // uzram_lz4_high: a deeper parse for a better ratio (LZ4HC's class), same output contract.
 //
-// One block of HIGH_THREADS (4 warps) per page, grid-stride over the slot's pages:
+// One block of HIGH_THREADS (8 warps) per page, grid-stride over the slot's pages:
 //  1. warp 0 builds hash chains over every position (chain[p]: the last earlier position
 //     with the same 4-byte hash), 32 positions at a time;
 //  2. all threads find each position's best match: walk its chain up to HIGH_DEPTH
@@ -740,8 +740,8 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 //     with up to HIGH_LAZY lazy steps (as LZ4HC), measuring matches longer than HIGH_CAP
 //     in full, and emits the sequences warp-wide.
 // Shared memory per block is about 24 KiB (the page, the chains, the best offsets, the hash
-// heads and then the best lengths), so about 9 pages share an SM: the serial parse of one
-// page overlaps the others'. (A backward price DP over positions instead of step 3 gained
+// heads and then the best lengths), so 8 pages share an SM: the serial chains and parse of
+// one page overlap the others' searches. (A backward price DP over positions instead of step 3 gained
 // 0.5 % in ratio at a quarter of the speed: docs/gpu-notes.md.)
 // ---------------------------------------------------------------------------------------
 
@@ -768,7 +768,16 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 // HIGH_SAMPLE - 1 bytes back, and the parse trusts its first MIN_MATCH bytes.
 static_assert((HIGH_SAMPLE & (HIGH_SAMPLE - 1u)) == 0u, "HIGH_SAMPLE must be a power of two (a sample is p & ~(HIGH_SAMPLE - 1))");
 static_assert(HIGH_SAMPLE - 1u + MIN_MATCH <= HIGH_CAP, "an inherited HIGH_CAP must still cover MIN_MATCH bytes");
-#define HIGH_THREADS 128u
+// 8 warps a page, 8 pages an SM (64 warps, the most an SM holds; 32 registers a thread,
+// with a few bytes spilled): 17 % / 14 % faster than 4 warps and 9 pages (36 warps),
+// 6 warps and 8 pages 6 % / 0 % (docs/gpu-notes.md, run 95). The host launches the block
+// size the kernel declares (launch.rs checks it).
+#ifndef HIGH_THREADS
+#define HIGH_THREADS 256u
+#endif
+#ifndef HIGH_BLOCKS_PER_SM
+#define HIGH_BLOCKS_PER_SM 8
+#endif
 #define HIGH_HASH_LOG 11u
 #define NO_POS 0xffffu
 
@@ -831,7 +840,7 @@ __device__ __forceinline__ u32 match_len(const u32* words, u32 a, u32 b, u32 lim
     return limit;
 }
 
-extern "C" __global__ void __launch_bounds__(HIGH_THREADS, 9)
+extern "C" __global__ void __launch_bounds__(HIGH_THREADS, HIGH_BLOCKS_PER_SM)
 uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                u8* __restrict__ packed, u32* __restrict__ meta, u32* __restrict__ ctrl)
 {

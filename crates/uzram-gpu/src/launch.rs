@@ -3,15 +3,16 @@
 use std::ffi::c_void;
 
 use cudarc::driver::result;
-use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::sys::{CUdeviceptr, CUfunction_attribute};
 
 use crate::driver::{Gpu, Kernel, Stream};
 use crate::GpuError;
 
 /// Threads per block of the fast and verify kernels: one warp, one page at a time.
 pub const BLOCK_THREADS: u32 = 32;
-/// Threads per block of the high kernel: four warps share one page.
-pub const HIGH_BLOCK_THREADS: u32 = 128;
+/// Threads per block of the high kernel: eight warps share one page. The kernel declares
+/// the same (`HIGH_THREADS`, its launch bound); [`compress`] refuses a module that differs.
+pub const HIGH_BLOCK_THREADS: u32 = 256;
 
 /// Control words the kernels read: pages, raw threshold, packed-bytes counter, and the
 /// check's count of blocks it walked serially (no usable sequence hints; see the kernels).
@@ -73,7 +74,25 @@ pub unsafe fn compress(
         (&mut ctrl as *mut CUdeviceptr).cast(),
     ];
     let threads = match kernel {
-        Kernel::High => HIGH_BLOCK_THREADS,
+        Kernel::High => {
+            // The kernel loads its page and sizes its queues by its own block size: launched
+            // with another, it would compress parts of pages (which the check would reject).
+            // SAFETY: `f` is a function of the loaded module.
+            let declared = unsafe {
+                result::function::get_function_attribute(
+                    f,
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                )
+            }
+            .map_err(GpuError::driver("cuFuncGetAttribute"))?;
+            if u32::try_from(declared).ok() != Some(HIGH_BLOCK_THREADS) {
+                return Err(GpuError::Config(format!(
+                    "the module's {} kernel takes {declared} threads a block; this build launches {HIGH_BLOCK_THREADS}",
+                    kernel.entry()
+                )));
+            }
+            HIGH_BLOCK_THREADS
+        }
         _ => BLOCK_THREADS,
     };
     // SAFETY: the function is one of our compression kernels, whose signature is
