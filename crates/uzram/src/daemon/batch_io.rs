@@ -11,7 +11,7 @@ use libublk::io::{
 };
 use libublk::UblkError;
 
-use super::target::{interrupted, Server};
+use super::target::{interrupted, short_of_resources, Server, Transient};
 
 /// Serves queue `qid` until the device stops; returns after the kernel released every buffer.
 /// Buffers are allocated (and locked) before the first request; serving allocates nothing.
@@ -39,14 +39,8 @@ pub fn serve(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
     let mut pending: Vec<UblkBatchCompletion> = Vec::with_capacity(depth);
     server.start();
     if let Err(err) = run(&queue, &mut batch, &mut pending, server) {
-        // The queue can serve no more: its requests would hang. Stop the whole device, so
-        // that the kernel fails them (as after a daemon crash) instead.
-        tracing::error!(qid, error = %err, "batch queue failed; stopping the device");
-        if let Err(err) = libublk::ctrl::UblkCtrl::new_simple(dev.dev_info.dev_id as i32)
-            .and_then(|c| c.kill_dev())
-        {
-            tracing::error!(qid, error = %err, "stopping the device failed");
-        }
+        // The queue can serve no more. Returns only while the device stops.
+        super::leave::queue_failed(qid, &err);
         return;
     }
     tracing::info!(qid, "queue stopped");
@@ -60,6 +54,7 @@ fn run(
     pending: &mut Vec<UblkBatchCompletion>,
     server: &mut Server<'_>,
 ) -> Result<(), UblkError> {
+    let mut transient = Transient::default();
     loop {
         let mut failed = None;
         let waited = queue.flush_and_wake_io_tasks(
@@ -88,6 +83,7 @@ fn run(
             // A stop signal or a tracer cut the wait short (`target::interrupted`); the
             // results still pending are committed below.
             Err(err) if interrupted(&err) => {}
+            Err(err) if short_of_resources(&err) => transient.wait(queue.get_qid(), &err),
             // Stopped with nothing left in flight: the transport is done with the buffers.
             Err(UblkError::QueueIsDown) => return Ok(()),
             Err(err) => return Err(err),

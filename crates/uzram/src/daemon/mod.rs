@@ -10,6 +10,7 @@ mod crash_tests;
 pub mod fault_guard;
 pub mod free_lists;
 pub mod io;
+pub mod leave;
 pub mod notify;
 pub mod pause;
 pub mod pool;
@@ -285,9 +286,6 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         .clone()
         .map(|path| Arc::new(crate::metrics::Textfile::new(path)));
     let listener = server::bind(&states.socket_path(id))?;
-    // Saves the counts for the next daemon (`carry.rs`): once a second, and once more by the
-    // stopper at a handover.
-    let save_counts: Arc<dyn Fn() + Send + Sync>;
     {
         let template = DeviceStatus {
             id,
@@ -341,8 +339,12 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
             spawn("uzram-metrics", move || file.keep_writing(|| snapshot()))?;
         }
         let (counted, table) = (snapshot.clone(), region.carried_counters());
-        save_counts = Arc::new(move || carry::Carry::new(table).save_status(&counted()));
-        let save = save_counts.clone();
+        // Saves the counts for the next daemon (`carry.rs`): once a second, and once more
+        // when the device is left to it (a handover, a failed queue).
+        let save_counts: Arc<dyn Fn() + Send + Sync> =
+            Arc::new(move || carry::Carry::new(table).save_status(&counted()));
+        leave::save_counts_with(save_counts.clone());
+        let save = save_counts;
         spawn("uzram-carry", move || loop {
             std::thread::sleep(CARRY_EVERY);
             save();
@@ -408,17 +410,16 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
                 ),
                 None => {}
             }
-            // The next daemon's counters go on from ours as they are now.
-            save_counts();
             // Exactly what a crash leaves, on purpose: the kernel holds the device and its
             // I/O for the next daemon (requests we had taken are reissued to it) and the store
-            // stays in shared memory. Nothing else of ours may run: no device deletion, no
-            // removal of the state the next daemon reads.
+            // stays in shared memory. The next daemon's counters go on from ours as they are
+            // now.
             tracing::info!("handing the device over to the next daemon; exiting");
-            // SAFETY: _exit ends the process at once; it touches no memory of ours.
-            unsafe { libc::_exit(0) };
+            leave::exit_leaving_device(0);
         }
         tracing::info!(why, "stopping the device");
+        // From here a queue that fails ends as the stop ends them all.
+        leave::stopping();
         wait_until_not_swap(&stopper_dev);
         if let Err(err) = notify::notify("STOPPING=1") {
             tracing::warn!(error = %err, "sd_notify STOPPING=1 failed");

@@ -268,6 +268,7 @@ fn serve_per_request(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
 /// a debugger attaching) interrupts every queue's `io_uring_enter` with `EINTR`: each queue
 /// thread ended, and the daemon, its queues gone, deleted the device (scenario a).
 fn wait_and_handle_io(queue: &UblkQueue<'_>, mut handle: impl FnMut(&UblkQueue<'_>, u16)) {
+    let mut transient = Transient::default();
     loop {
         let waited = queue.flush_and_wake_io_tasks(
             |user_data, cqe, _last| {
@@ -282,10 +283,12 @@ fn wait_and_handle_io(queue: &UblkQueue<'_>, mut handle: impl FnMut(&UblkQueue<'
         match waited {
             Ok(_) => {}
             Err(err) if interrupted(&err) => {}
+            Err(err) if short_of_resources(&err) => transient.wait(queue.get_qid(), &err),
             // Stopped with nothing left in flight.
             Err(libublk::UblkError::QueueIsDown) => break,
             Err(err) => {
-                tracing::error!(qid = queue.get_qid(), error = %err, "waiting for requests failed");
+                // Returns only while the device stops.
+                super::leave::queue_failed(queue.get_qid(), &err);
                 break;
             }
         }
@@ -299,6 +302,32 @@ fn wait_and_handle_io(queue: &UblkQueue<'_>, mut handle: impl FnMut(&UblkQueue<'
 /// tracer): wait again; no completion was taken.
 pub fn interrupted(err: &libublk::UblkError) -> bool {
     matches!(err, libublk::UblkError::IOError(e) if e.kind() == std::io::ErrorKind::Interrupted)
+}
+
+/// `io_uring_enter` refused for want of memory or completion-queue room (`EAGAIN`, `ENOMEM`,
+/// `EBUSY`): the kernel kept the submissions, and the documented answer is to wait and enter
+/// again. A swap daemon meets this when memory runs out, the one time it must not give up.
+pub fn short_of_resources(err: &libublk::UblkError) -> bool {
+    matches!(err, libublk::UblkError::IOError(e)
+        if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::ENOMEM | libc::EBUSY)))
+}
+
+/// How a queue waits out [`short_of_resources`]: a millisecond a time, logged at the 1st,
+/// 2nd, 4th, 8th, ... time so that a long shortage does not flood the log.
+#[derive(Default)]
+pub struct Transient {
+    seen: u64,
+}
+
+impl Transient {
+    /// Logs when due, then sleeps a millisecond.
+    pub fn wait(&mut self, qid: u16, err: &libublk::UblkError) {
+        self.seen += 1;
+        if self.seen.is_power_of_two() {
+            tracing::warn!(qid, error = %err, times = self.seen, "entering the queue's io_uring failed; retrying");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
 
 /// Full-size I/O buffers made and locked by [`stash_io_bufs`] before a takeover pauses the
@@ -434,6 +463,24 @@ mod tests {
         assert_eq!(p.discard.discard_granularity, 4096);
         assert_eq!(p.discard.max_discard_sectors % 8, 0);
         assert!(p.discard.max_write_zeroes_sectors > 0);
+    }
+
+    #[test]
+    fn a_wait_short_of_memory_is_retried_and_other_errors_are_not() {
+        use libublk::UblkError;
+        let io = |code| UblkError::IOError(std::io::Error::from_raw_os_error(code));
+        for code in [libc::EAGAIN, libc::ENOMEM, libc::EBUSY] {
+            assert!(short_of_resources(&io(code)), "{code}");
+            assert!(!interrupted(&io(code)), "{code}");
+        }
+        assert!(interrupted(&io(libc::EINTR)));
+        assert!(!short_of_resources(&io(libc::EINTR)));
+        for code in [libc::EBADF, libc::EINVAL, libc::ENXIO, libc::EFAULT] {
+            assert!(!short_of_resources(&io(code)), "{code}");
+            assert!(!interrupted(&io(code)), "{code}");
+        }
+        assert!(!short_of_resources(&UblkError::QueueIsDown));
+        assert!(!short_of_resources(&UblkError::OtherError(-libc::EINVAL)));
     }
 
     #[test]

@@ -1,0 +1,113 @@
+//! Leaving the device to the next daemon the way a crash leaves it: the process exits without
+//! stopping or deleting the device, so the kernel holds it (quiesced, `UBLK_F_USER_RECOVERY`)
+//! with its pending requests, and the store stays in shared memory. The handover of a planned
+//! restart ends so, and so does a queue that can serve no more: deleting the device there, as
+//! the daemon did, took every page in swap with it, where the standby (or the unit's restart,
+//! or `uzram recover` for a created device) takes it over and loses nothing.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// Exit status of a daemon whose queue failed (EX_SOFTWARE): non-zero, so that systemd's
+/// `Restart=on-failure` starts the unit again.
+pub const QUEUE_FAILED_EXIT: i32 = 70;
+
+static STOPPING: AtomicBool = AtomicBool::new(false);
+static SAVE_COUNTS: OnceLock<Arc<dyn Fn() + Send + Sync>> = OnceLock::new();
+
+/// The daemon is stopping its device on purpose (a stop request or signal): from now on a
+/// queue error ends that queue, as the stop ends them all, and the device is deleted.
+pub fn stopping() {
+    STOPPING.store(true, Ordering::Release);
+}
+
+/// Whether [`stopping`] was called.
+pub fn is_stopping() -> bool {
+    STOPPING.load(Ordering::Acquire)
+}
+
+/// What saves the counts for the next daemon (`carry.rs`) before the process leaves.
+pub fn save_counts_with(save: Arc<dyn Fn() + Send + Sync>) {
+    let _ = SAVE_COUNTS.set(save);
+}
+
+/// Saves the counts and ends the process at once with `code`; nothing else of ours runs (no
+/// device deletion, no removal of the state the next daemon reads).
+pub fn exit_leaving_device(code: i32) -> ! {
+    if let Some(save) = SAVE_COUNTS.get() {
+        save();
+    }
+    // SAFETY: _exit ends the process at once; it touches no memory of ours.
+    unsafe { libc::_exit(code) }
+}
+
+/// Queue `qid` can serve no more (`err`): unless the device is being stopped, leave it to the
+/// next daemon and exit with [`QUEUE_FAILED_EXIT`]. Returns only while stopping.
+pub fn queue_failed(qid: u16, err: &dyn std::fmt::Display) {
+    if is_stopping() {
+        tracing::error!(qid, error = %err, "a queue failed while the device stops");
+        return;
+    }
+    tracing::error!(
+        qid,
+        error = %err,
+        "a queue can serve no more: leaving the device, its pages and its requests to the next \
+         daemon (the standby, the unit's restart, or `uzram recover` for a created device)"
+    );
+    // The log line goes through the log thread's queue: a moment for it to be written.
+    std::thread::sleep(Duration::from_millis(50));
+    exit_leaving_device(QUEUE_FAILED_EXIT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHILD: &str = "UZRAM_TEST_LEAVE_CHILD";
+
+    /// Run in a child process by the test below: registers a count saver that writes a file,
+    /// then fails a queue.
+    #[test]
+    fn leave_child() {
+        let Some(marker) = std::env::var_os(CHILD) else {
+            return;
+        };
+        let marker = std::path::PathBuf::from(marker);
+        save_counts_with(Arc::new(move || {
+            let _ = std::fs::write(&marker, b"saved");
+        }));
+        queue_failed(3, &"io_uring_enter: EBADF");
+        // Not reached: queue_failed exits.
+        std::process::exit(0);
+    }
+
+    #[test]
+    fn a_failed_queue_saves_the_counts_and_exits_without_returning() {
+        let marker = std::env::temp_dir().join(format!("uzram-leave-{}", std::process::id()));
+        let _ = std::fs::remove_file(&marker);
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "daemon::leave::tests::leave_child",
+                "--test-threads=1",
+            ])
+            .env(CHILD, &marker)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        let saved = std::fs::read(&marker);
+        let _ = std::fs::remove_file(&marker);
+        assert_eq!(status.code(), Some(QUEUE_FAILED_EXIT));
+        assert_eq!(saved.unwrap(), b"saved");
+    }
+
+    #[test]
+    fn while_stopping_a_failed_queue_returns() {
+        // The only test in this process that sets the flag; the child above runs in its own.
+        stopping();
+        assert!(is_stopping());
+        queue_failed(0, &"any error");
+    }
+}
