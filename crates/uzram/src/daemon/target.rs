@@ -263,10 +263,12 @@ fn serve_per_request(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
     tracing::info!(qid, "queue stopped");
 }
 
-/// libublk's `UblkQueue::wait_and_handle_io`, except that a wait interrupted by a signal is
-/// waited again. libublk's loop ends the queue on any error, and a stop signal (`kill -STOP`,
-/// a debugger attaching) interrupts every queue's `io_uring_enter` with `EINTR`: each queue
-/// thread ended, and the daemon, its queues gone, deleted the device (scenario a).
+/// libublk's `UblkQueue::wait_and_handle_io`, except that a wait interrupted by a signal, or
+/// refused for want of resources ([`short_of_resources`]), is waited again, and that any
+/// other error leaves the device to the next daemon (`leave.rs`). libublk's loop ends the
+/// queue on any error, and a stop signal (`kill -STOP`, a debugger attaching) interrupts
+/// every queue's `io_uring_enter` with `EINTR`: each queue thread ended, and the daemon, its
+/// queues gone, deleted the device (scenario a).
 fn wait_and_handle_io(queue: &UblkQueue<'_>, mut handle: impl FnMut(&UblkQueue<'_>, u16)) {
     let mut transient = Transient::default();
     loop {
