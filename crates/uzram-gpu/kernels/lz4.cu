@@ -796,8 +796,8 @@ __device__ __forceinline__ u32 high_pos(u32 pass, u32 i) {
 }
 
 // match_len compares HIGH_MATCH_WORDS words a turn, each word of the two positions loaded
-// once and funnel-shifted into place (a word per turn through read32, two loads per side,
-// was 22 % slower; 2 and 3 words a turn 4-8 % slower: docs/gpu-notes.md, runs 90-92).
+// once and funnel-shifted into place (a word a turn through read32, two loads per side, was
+// 10 % slower; one loaded word a turn 8 %, 2 and 3 words 4-6 %: docs/gpu-notes.md, runs 90-93).
 #ifndef HIGH_MATCH_WORDS
 #define HIGH_MATCH_WORDS 4u
 #endif
