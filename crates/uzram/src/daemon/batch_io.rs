@@ -11,7 +11,7 @@ use libublk::io::{
 };
 use libublk::UblkError;
 
-use super::target::{interrupted, short_of_resources, Server, Transient};
+use super::target::{Server, WaitRetries};
 
 /// Serves queue `qid` until the device stops; returns after the kernel released every buffer.
 /// Buffers are allocated (and locked) before the first request; serving allocates nothing.
@@ -54,7 +54,7 @@ fn run(
     pending: &mut Vec<UblkBatchCompletion>,
     server: &mut Server<'_>,
 ) -> Result<(), UblkError> {
-    let mut transient = Transient::default();
+    let mut retries = WaitRetries::default();
     loop {
         let mut failed = None;
         let waited = queue.flush_and_wake_io_tasks(
@@ -80,10 +80,9 @@ fn run(
         );
         match waited {
             Ok(_) => {}
-            // A stop signal or a tracer cut the wait short (`target::interrupted`); the
-            // results still pending are committed below.
-            Err(err) if interrupted(&err) => {}
-            Err(err) if short_of_resources(&err) => transient.wait(queue.get_qid(), &err),
+            // A stop signal or a tracer cut the wait short, or the kernel was short of memory
+            // (`target::WaitRetries`); the results still pending are committed below.
+            Err(err) if retries.retry(queue.get_qid(), &err) => {}
             // Stopped with nothing left in flight: the transport is done with the buffers.
             Err(UblkError::QueueIsDown) => return Ok(()),
             Err(err) => return Err(err),

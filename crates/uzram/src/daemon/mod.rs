@@ -344,10 +344,9 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         let save_counts: Arc<dyn Fn() + Send + Sync> =
             Arc::new(move || carry::Carry::new(table).save_status(&counted()));
         leave::save_counts_with(save_counts.clone());
-        let save = save_counts;
         spawn("uzram-carry", move || loop {
             std::thread::sleep(CARRY_EVERY);
-            save();
+            save_counts();
         })?;
         spawn("uzram-control", move || {
             server::serve(listener, move |req| match req {

@@ -270,7 +270,7 @@ fn serve_per_request(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
 /// every queue's `io_uring_enter` with `EINTR`: each queue thread ended, and the daemon, its
 /// queues gone, deleted the device (scenario a).
 fn wait_and_handle_io(queue: &UblkQueue<'_>, mut handle: impl FnMut(&UblkQueue<'_>, u16)) {
-    let mut transient = Transient::default();
+    let mut retries = WaitRetries::default();
     loop {
         let waited = queue.flush_and_wake_io_tasks(
             |user_data, cqe, _last| {
@@ -284,8 +284,7 @@ fn wait_and_handle_io(queue: &UblkQueue<'_>, mut handle: impl FnMut(&UblkQueue<'
         );
         match waited {
             Ok(_) => {}
-            Err(err) if interrupted(&err) => {}
-            Err(err) if short_of_resources(&err) => transient.wait(queue.get_qid(), &err),
+            Err(err) if retries.retry(queue.get_qid(), &err) => {}
             // Stopped with nothing left in flight.
             Err(libublk::UblkError::QueueIsDown) => break,
             Err(err) => {
@@ -302,33 +301,42 @@ fn wait_and_handle_io(queue: &UblkQueue<'_>, mut handle: impl FnMut(&UblkQueue<'
 
 /// A queue's wait for requests cut short by a signal (`EINTR`, from a stop signal or a
 /// tracer): wait again; no completion was taken.
-pub fn interrupted(err: &libublk::UblkError) -> bool {
+fn interrupted(err: &libublk::UblkError) -> bool {
     matches!(err, libublk::UblkError::IOError(e) if e.kind() == std::io::ErrorKind::Interrupted)
 }
 
 /// `io_uring_enter` refused for want of memory or completion-queue room (`EAGAIN`, `ENOMEM`,
 /// `EBUSY`): the kernel kept the submissions, and the documented answer is to wait and enter
 /// again. A swap daemon meets this when memory runs out, the one time it must not give up.
-pub fn short_of_resources(err: &libublk::UblkError) -> bool {
+fn short_of_resources(err: &libublk::UblkError) -> bool {
     matches!(err, libublk::UblkError::IOError(e)
         if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::ENOMEM | libc::EBUSY)))
 }
 
-/// How a queue waits out [`short_of_resources`]: a millisecond a time, logged at the 1st,
-/// 2nd, 4th, 8th, ... time so that a long shortage does not flood the log.
+/// Which failed waits of a queue's loop (per-request or batch) are waited again: one
+/// [`interrupted`] at once, one [`short_of_resources`] after a millisecond, logged at the
+/// 1st, 2nd, 4th, 8th, ... time so that a long shortage does not flood the log.
 #[derive(Default)]
-pub struct Transient {
-    seen: u64,
+pub struct WaitRetries {
+    short: u64,
 }
 
-impl Transient {
-    /// Logs when due, then sleeps a millisecond.
-    pub fn wait(&mut self, qid: u16, err: &libublk::UblkError) {
-        self.seen += 1;
-        if self.seen.is_power_of_two() {
-            tracing::warn!(qid, error = %err, times = self.seen, "entering the queue's io_uring failed; retrying");
+impl WaitRetries {
+    /// Whether the queue should wait again after `err` (having slept where due); false for
+    /// any other error.
+    pub fn retry(&mut self, qid: u16, err: &libublk::UblkError) -> bool {
+        if interrupted(err) {
+            return true;
+        }
+        if !short_of_resources(err) {
+            return false;
+        }
+        self.short += 1;
+        if self.short.is_power_of_two() {
+            tracing::warn!(qid, error = %err, times = self.short, "entering the queue's io_uring failed; retrying");
         }
         std::thread::sleep(std::time::Duration::from_millis(1));
+        true
     }
 }
 
@@ -483,6 +491,13 @@ mod tests {
         }
         assert!(!short_of_resources(&UblkError::QueueIsDown));
         assert!(!short_of_resources(&UblkError::OtherError(-libc::EINVAL)));
+        let mut retries = WaitRetries::default();
+        for code in [libc::EINTR, libc::EAGAIN, libc::ENOMEM, libc::EBUSY] {
+            assert!(retries.retry(0, &io(code)), "{code}");
+        }
+        assert_eq!(retries.short, 3);
+        assert!(!retries.retry(0, &io(libc::EBADF)));
+        assert!(!retries.retry(0, &UblkError::QueueIsDown));
     }
 
     #[test]
