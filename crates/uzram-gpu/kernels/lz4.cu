@@ -108,17 +108,18 @@ __device__ __forceinline__ void copy_edge(u8* d, const u8* src, int start, u32 w
     }
 }
 
-// Copies this warp's `len`-byte block from its page slot `src` (16-byte aligned) to `dst`
-// (any alignment), warp-wide: whole 4-byte words where the destination word lies inside the
-// block, single bytes at the two ends (neighbouring blocks own the other bytes there).
+// Copies a `len`-byte block from `src` (16-byte aligned, readable a word past the block's
+// last whole word) to `dst` (any alignment), thread `t` of `threads`: whole 4-byte words
+// where the destination word lies inside the block, single bytes at the two ends
+// (neighbouring blocks own the other bytes there).
 // (No __restrict__ here: `src` was written earlier in this kernel, so its loads must not be
 // turned into read-only-cache loads.)
-__device__ __forceinline__ void copy_block(u8* dst, const u8* src, u32 len, u32 lane) {
+__device__ __forceinline__ void copy_block(u8* dst, const u8* src, u32 len, u32 t, u32 threads) {
     const u32 mis = (u32)((size_t)dst & 3u);
     u32* dw = (u32*)(dst - mis);
     const u32* sw = (const u32*)src;
     const u32 words = (mis + len + 3u) >> 2;
-    for (u32 j = lane; j < words; j += 32u) {
+    for (u32 j = t; j < words; j += threads) {
         const int start = (int)(j * 4u) - (int)mis;   // block byte at this word's byte 0
         if (start >= 0 && (u32)start + 4u <= len) {
             const u32 s = (u32)start;
@@ -420,7 +421,7 @@ uzram_lz4_fast(const uint4* __restrict__ in, u8* __restrict__ scratch,
         }
         off = __shfl_sync(FULL_MASK, off, 0);
         __syncwarp();
-        copy_block(packed + off, o, len, lane);
+        copy_block(packed + off, o, len, lane, 32u);
         publish_hints(o, hints, fits, lane);
         __syncwarp();
     }
@@ -718,8 +719,9 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 // uzram_lz4_high: a deeper parse for a better ratio (LZ4HC's class), same output contract.
 //
 // One block of HIGH_THREADS (8 warps) per page, grid-stride over the slot's pages:
-//  1. warp 0 builds hash chains over every position (chain[p]: the last earlier position
-//     with the same 4-byte hash), 32 positions at a time;
+//  1. hash chains over every position (chain[p]: the last earlier position with the same
+//     4-byte hash): every warp links positions within its 32s, then warp 0 links each
+//     32's first of a hash to the one before, in position order;
 //  2. all threads find each position's best match: walk its chain up to HIGH_DEPTH
 //     candidates and keep the longest match (up to HIGH_CAP bytes; nearest on ties),
 //     every HIGH_SAMPLE-th position first; a position between two takes over its sampled
@@ -731,18 +733,21 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 //     hash, collisions too) are compared before the match is measured (LZ4HC's trick), so
 //     most candidates cost two shared-memory load pairs. A warp settles 32 positions at a
 //     time where no search is needed (no earlier position of their hash, or a sampled
-//     match that covers them) and queues the rest; each lane takes one chain step per loop
-//     turn and the next queued position as soon as its walk is done, so the lanes of a
+//     match that covers them) and queues the rest; each lane takes HIGH_STEPS chain steps
+//     per loop turn and the next queued position as soon as its walk is done, so the lanes of a
 //     warp stay converged however long their chains are (a loop per position kept 12 of
 //     32 lanes busy; fetching each lane's next position inside the walk's loop, whether it
 //     needed a search or not, was 9 % slower: docs/gpu-notes.md, run 90);
-//  3. warp 0 parses greedily, taking the best match at the next position that has one,
-//     with up to HIGH_LAZY lazy steps (as LZ4HC), measuring matches longer than HIGH_CAP
-//     in full, and emits the sequences warp-wide.
-// Shared memory per block is about 24 KiB (the page, the chains, the best offsets, the hash
-// heads and then the best lengths), so 8 pages share an SM: the serial chains and parse of
-// one page overlap the others' searches. (A backward price DP over positions instead of step 3 gained
-// 0.5 % in ratio at a quarter of the speed: docs/gpu-notes.md.)
+//  3. a greedy parse, taking the best match at the next position that has one, with up to
+//     HIGH_LAZY lazy steps (as LZ4HC), measuring matches longer than HIGH_CAP in full: the
+//     lazy steps of every position first (all threads), then warp 0's walk from sequence
+//     to sequence, then every sequence's size and place in the block (all threads), its
+//     bytes (a warp per sequence) and the block's copy out (all threads).
+// Shared memory per block is about 24.5 KiB (the page, the chains and then the parse's
+// sequences, the best offsets, the hash heads, the best lengths and then the block), so 8 pages share
+// an SM: the serial steps of one page overlap the others' searches. (A backward price DP
+// over positions instead of step 3 gained 0.5 % in ratio at a quarter of the speed:
+// docs/gpu-notes.md.)
 // ---------------------------------------------------------------------------------------
 
 #ifndef HIGH_DEPTH
@@ -778,8 +783,21 @@ static_assert(HIGH_SAMPLE - 1u + MIN_MATCH <= HIGH_CAP, "an inherited HIGH_CAP m
 #ifndef HIGH_BLOCKS_PER_SM
 #define HIGH_BLOCKS_PER_SM 8
 #endif
+// Chain steps a busy lane takes per turn of the search loop, between the warp's votes on
+// who is idle: 3 is 13 % / 11 % faster than 1, 2 and 4 slower than 3 (docs/gpu-notes.md,
+// run 99). A lane whose walk ends in a turn's first step idles for the rest of it.
+#ifndef HIGH_STEPS
+#define HIGH_STEPS 3u
+#endif
 #define HIGH_HASH_LOG 11u
 #define NO_POS 0xffffu
+// Flags beside a position's hash while the chains are built (the hash takes HIGH_HASH_LOG bits).
+#define CHAIN_FIRST 0x4000u
+#define CHAIN_LAST 0x8000u
+// The parse's per-position byte (lazy shift << 6 | length) where a length must be measured.
+#define LAZY_MEASURE 0xffu
+static_assert(HIGH_LAZY <= 2u && HIGH_CAP <= 64u, "a lazy shift and an uncapped length fit a byte below LAZY_MEASURE");
+static_assert(HIGH_HASH_LOG <= 14u, "the chain flags sit above the hash");
 
 __device__ __forceinline__ u32 hash_high(u32 v) {
     return (v * 2654435761u) >> (32u - HIGH_HASH_LOG);
@@ -852,10 +870,12 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
     __shared__ __align__(16) u32 s_page[PAGE_BYTES / 4u + HIGH_PAD_WORDS];
     __shared__ __align__(16) u16 s_link[PAGE_BYTES];        // chains
     __shared__ __align__(16) u16 s_off[PAGE_BYTES];         // best offsets
-    __shared__ __align__(16) u32 s_small[PAGE_BYTES / 4u];  // hash heads, then best lengths
+    __shared__ __align__(16) u32 s_small[PAGE_BYTES / 4u];  // hash heads, best lengths, the block
     __shared__ u32 s_flag;
     __shared__ u16 s_queue[HIGH_THREADS / 32u][32];   // each warp's positions to search
     __shared__ u32 s_next[2];                          // each pass's next 32 positions
+    __shared__ u32 s_emit[3];                          // the parse's sequences, block offset and length
+    __shared__ u32 s_scan[HIGH_THREADS / 32u];         // each warp's sum of sequence sizes
     u16* const heads = (u16*)s_small;
     u8* const lens = (u8*)s_small;
 
@@ -913,22 +933,43 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
             continue;
         }
 
-        // 1. Hash chains, 32 positions at a time (warp 0).
+        // 1. Hash chains. a) Every warp, 32 positions at a time: each position's hash, and
+        //    its link to the last earlier position of its 32 with the same hash; s_off (free
+        //    until the search) keeps the hash and whether the position is the first and the
+        //    last of its hash in its 32. b) Warp 0, in position order: a first takes its
+        //    link from the heads, a last becomes the head. (Warp 0 alone doing both, with
+        //    the other warps waiting, made the kernel 5 % slower: docs/gpu-notes.md, run 97.)
+        for (u32 base = warp * 32u; base <= last_start; base += HIGH_THREADS) {
+            const u32 p = base + lane;
+            const bool active = p <= last_start;
+            const u32 h = active ? hash_high(read32(s_page, p)) : (1u << HIGH_HASH_LOG) + lane;
+            const u32 peers = __match_any_sync(FULL_MASK, h);
+            const u32 earlier = peers & lower_lanes;
+            if (active) {
+                if (earlier != 0u) {
+                    s_link[p] = (u16)(base + (31u - __clz(earlier)));
+                }
+                s_off[p] = (u16)(h | (earlier == 0u ? CHAIN_FIRST : 0u)
+                                 | ((peers & higher_lanes) == 0u ? CHAIN_LAST : 0u));
+            }
+        }
+        __syncthreads();
         if (warp == 0u) {
+            u32 v = s_off[lane];
             for (u32 base = 0u; base <= last_start; base += 32u) {
                 const u32 p = base + lane;
-                const bool active = p <= last_start;
-                const u32 h = active ? hash_high(read32(s_page, p)) : (1u << HIGH_HASH_LOG) + lane;
-                const u32 peers = __match_any_sync(FULL_MASK, h);
-                const u32 earlier = peers & lower_lanes;
-                if (active) {
-                    s_link[p] = earlier != 0u ? (u16)(base + (31u - __clz(earlier))) : heads[h];
+                const u32 pn = p + 32u;
+                const u32 vn = pn <= last_start ? s_off[pn] : 0u;
+                const u32 h = v & ((1u << HIGH_HASH_LOG) - 1u);
+                if ((v & CHAIN_FIRST) != 0u) {
+                    s_link[p] = heads[h];
                 }
                 __syncwarp();
-                if (active && (peers & higher_lanes) == 0u) {
+                if ((v & CHAIN_LAST) != 0u) {
                     heads[h] = (u16)p;
                 }
                 __syncwarp();
+                v = vn;
             }
         }
         __syncthreads();
@@ -1019,140 +1060,236 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                 if (!__any_sync(FULL_MASK, busy)) {
                     break;
                 }
-                if (busy) {
-                    const bool may = read32(s_page, c) == head
-                                     && (best < MIN_MATCH || read32(s_page, c + best - 3u) == tail);
-                    if (may) {
-                        const u32 l = match_len(s_page, c, p, lim);
-                        if (l > best) {
-                            best = l;
-                            boff = p - c;
-                            if (best >= MIN_MATCH) {
-                                tail = read32(s_page, p + best - 3u);
+#pragma unroll
+                for (u32 u = 0u; u < HIGH_STEPS; ++u) {
+                    if (busy) {
+                        const bool may = read32(s_page, c) == head
+                                         && (best < MIN_MATCH || read32(s_page, c + best - 3u) == tail);
+                        if (may) {
+                            const u32 l = match_len(s_page, c, p, lim);
+                            if (l > best) {
+                                best = l;
+                                boff = p - c;
+                                if (best >= MIN_MATCH) {
+                                    tail = read32(s_page, p + best - 3u);
+                                }
                             }
                         }
-                    }
-                    c = s_link[c];
-                    ++d;
-                    if (best >= nice || c == NO_POS || d >= HIGH_DEPTH) {
-                        const bool ok = best >= MIN_MATCH;
-                        s_off[p] = ok ? (u16)boff : 0u;
-                        lens[p] = ok ? (u8)best : 0u;
-                        busy = false;
+                        c = s_link[c];
+                        ++d;
+                        if (best >= nice || c == NO_POS || d >= HIGH_DEPTH) {
+                            const bool ok = best >= MIN_MATCH;
+                            s_off[p] = ok ? (u16)boff : 0u;
+                            lens[p] = ok ? (u8)best : 0u;
+                            busy = false;
+                        }
                     }
                 }
             }
             __syncthreads();
         }
 
-        // 3. The greedy parse and the emission, warp 0.
-        if (warp == 0u) {
-            u32 anchor = 0u, p = 0u, op = 0u;
-            u32 hints = 0u;
-            bool fits = true;
-            while (p <= last_start) {
-                const u32 q = p + lane;
-                const bool m = q <= last_start && lens[q] != 0u;
-                const u32 hits = __ballot_sync(FULL_MASK, m);
-                if (hits == 0u) {
-                    p += 32u;
-                    continue;
-                }
-                u32 mp = p + (u32)(__ffs(hits) - 1);
-                u32 off = s_off[mp];
-                u32 mlen = lens[mp];
-                if (mlen >= HIGH_CAP) {
-                    mlen = extend_match(s_page, mp + MIN_MATCH, mp - off + MIN_MATCH, match_end, lane) - mp;
-                }
-                // Lazy steps (as LZ4HC): take the next position's match instead while it
-                // reaches at least two bytes further.
-                for (u32 step = 0u; step < HIGH_LAZY; ++step) {
-                    const u32 q1 = mp + 1u;
-                    if (q1 > last_start || lens[q1] == 0u) {
-                        break;
+        // 3. The greedy parse, in four steps over s_link (free once the search is done):
+        //  a) every thread: the sequence the parse takes when it reaches each position with
+        //     a match (its lazy steps, from the lengths alone), as one byte: the lazy shift
+        //     and the length, or LAZY_MEASURE where a length is capped and must be measured;
+        //  b) warp 0: the decisions, one step per sequence (find the next position with a
+        //     match, read its byte, move on to the sequence's end); only a LAZY_MEASURE
+        //     position takes the measured steps of the serial parse;
+        //  c) every thread: each sequence's back extension and encoded size, a block-wide
+        //     prefix sum of the sizes (where each starts in the block), the room reserved;
+        //  d) every warp: sequences written straight into `packed`, their starts as hints.
+        // The block is the serial parse's, byte for byte (a sequence's end does not depend
+        // on where the previous one ended, and the block fits exactly when its total does).
+        // Warp 0 parsing and emitting alone, the other warps waiting, took 27-32 % of the
+        // kernel; this is 7-10 % faster in all (docs/gpu-notes.md, runs 97-99).
+        {
+            u8* const step_of = (u8*)s_link;                  // a): per position
+            u32* const seq_end = (u32*)s_link + PAGE_BYTES / 4u;   // b): mp | len << 16
+            u32* const seq_at = (u32*)s_link;                 // c): start | offset in block << 16
+            for (u32 k = tid; k <= last_start; k += HIGH_THREADS) {
+                const u32 l0 = lens[k];
+                u32 e = l0 == 0u ? 0u : (l0 >= HIGH_CAP ? LAZY_MEASURE : l0);
+                if (e != 0u && e != LAZY_MEASURE) {
+                    u32 mp = k, ml = l0;
+                    for (u32 step = 0u; step < HIGH_LAZY; ++step) {
+                        const u32 q1 = mp + 1u;
+                        const u32 l1 = q1 <= last_start ? lens[q1] : 0u;
+                        if (l1 >= HIGH_CAP) {
+                            e = LAZY_MEASURE;
+                            break;
+                        }
+                        if (l1 <= ml + 1u) {   // also no match there (0)
+                            break;
+                        }
+                        mp = q1;
+                        ml = l1;
                     }
-                    const u32 off1 = s_off[q1];
-                    u32 l1 = lens[q1];
-                    if (l1 >= HIGH_CAP) {
-                        l1 = extend_match(s_page, q1 + MIN_MATCH, q1 - off1 + MIN_MATCH, match_end, lane) - q1;
+                    if (e != LAZY_MEASURE) {
+                        e = ((mp - k) << 6) | ml;
                     }
-                    if (l1 <= mlen + 1u) {
-                        break;
+                }
+                step_of[k] = (u8)e;
+            }
+            __syncthreads();
+            if (warp == 0u) {
+                u32 a = 0u, n = 0u;
+                while (a <= last_start) {
+                    const u32 q = a + lane;
+                    const u32 eq = q <= last_start ? step_of[q] : 0u;
+                    const u32 hits = __ballot_sync(FULL_MASK, eq != 0u);
+                    if (hits == 0u) {
+                        a += 32u;
+                        continue;
                     }
-                    mp = q1;
-                    off = off1;
-                    mlen = l1;
+                    const u32 k = (u32)(__ffs(hits) - 1);
+                    u32 mp = a + k;
+                    const u32 e = __shfl_sync(FULL_MASK, eq, k);
+                    u32 mlen;
+                    if (e != LAZY_MEASURE) {
+                        mp += e >> 6;
+                        mlen = e & 63u;
+                    } else {
+                        u32 off = s_off[mp];
+                        mlen = lens[mp];
+                        if (mlen >= HIGH_CAP) {
+                            mlen = extend_match(s_page, mp + MIN_MATCH, mp - off + MIN_MATCH, match_end, lane) - mp;
+                        }
+                        // Lazy steps (as LZ4HC): take the next position's match instead
+                        // while it reaches at least two bytes further.
+                        for (u32 step = 0u; step < HIGH_LAZY; ++step) {
+                            const u32 q1 = mp + 1u;
+                            if (q1 > last_start || lens[q1] == 0u) {
+                                break;
+                            }
+                            const u32 off1 = s_off[q1];
+                            u32 l1 = lens[q1];
+                            if (l1 >= HIGH_CAP) {
+                                l1 = extend_match(s_page, q1 + MIN_MATCH, q1 - off1 + MIN_MATCH, match_end, lane) - q1;
+                            }
+                            if (l1 <= mlen + 1u) {
+                                break;
+                            }
+                            mp = q1;
+                            off = off1;
+                            mlen = l1;
+                        }
+                    }
+                    if (lane == 0u) {
+                        seq_end[n] = mp | (mlen << 16);
+                    }
+                    ++n;
+                    a = mp + mlen;
                 }
-                // Extend it backwards over pending literals.
-                while (mp > anchor && mp > off && sp[mp - 1u] == sp[mp - 1u - off]) {
-                    --mp;
-                    ++mlen;
-                }
-                const u32 lit = mp - anchor;
-                const u32 ml = mlen - MIN_MATCH;
-                const u32 need = 1u + ext_bytes(lit) + lit + 2u + ext_bytes(ml);
-                if (op + need > cap) {
-                    fits = false;
-                    break;
-                }
-                note_sequence(o, &hints, op, op + need, lane);
                 if (lane == 0u) {
-                    o[op] = (u8)(((lit < 15u ? lit : 15u) << 4) | (ml < 15u ? ml : 15u));
+                    s_emit[0] = n;
                 }
-                u32 w = op + 1u;
+            }
+            __syncthreads();
+            // c) Thread t takes sequences 4t..4t+3 (the last, n, is the literals after the
+            //    last match): back extension over its pending literals, size, then the sum.
+            const u32 n = s_emit[0];
+            u32 mine = 0u;
+            for (u32 i = tid * 4u; i < tid * 4u + 4u && i <= n; ++i) {
+                const u32 prev = i == 0u ? 0u : seq_end[i - 1u];
+                const u32 anchor = (prev & 0xffffu) + (prev >> 16);
+                u32 need, st = PAGE_BYTES;
+                if (i < n) {
+                    const u32 mp = seq_end[i] & 0xffffu;
+                    const u32 mlen = seq_end[i] >> 16;
+                    const u32 off = s_off[mp];
+                    st = mp;
+                    while (st > anchor && st > off && sp[st - 1u] == sp[st - 1u - off]) {
+                        --st;
+                    }
+                    const u32 lit = st - anchor;
+                    need = 1u + ext_bytes(lit) + lit + 2u + ext_bytes(mlen + (mp - st) - MIN_MATCH);
+                } else {
+                    const u32 lit = PAGE_BYTES - anchor;
+                    need = 1u + ext_bytes(lit) + lit;
+                }
+                seq_at[i] = st | (need << 16);
+                mine += need;
+            }
+            u32 incl = mine;
+#pragma unroll
+            for (u32 dl = 1u; dl < 32u; dl <<= 1) {
+                const u32 y = __shfl_up_sync(FULL_MASK, incl, dl);
+                if (lane >= dl) {
+                    incl += y;
+                }
+            }
+            if (lane == 31u) {
+                s_scan[warp] = incl;
+            }
+            __syncthreads();
+            u32 before = incl - mine, sum = 0u;
+#pragma unroll
+            for (u32 w = 0u; w < HIGH_THREADS / 32u; ++w) {
+                before += w < warp ? s_scan[w] : 0u;
+                sum += s_scan[w];
+            }
+            for (u32 i = tid * 4u; i < tid * 4u + 4u && i <= n; ++i) {
+                const u32 v = seq_at[i];
+                seq_at[i] = (v & 0xffffu) | (before << 16);
+                hint_top(o)[-2 - (int)i] = (u16)before;
+                before += v >> 16;
+            }
+            if (tid == 0u) {
+                const u32 len = sum <= cap ? sum : 0u;
+                const u32 at = len != 0u ? atomicAdd(total, len) : 0u;
+                sizes[page] = len;
+                offsets[page] = at;
+                s_emit[0] = len != 0u ? n + 1u : 0u;
+                s_emit[1] = at;
+                s_emit[2] = len;
+                hint_top(o)[-1] = (u16)(len != 0u ? n + 1u : NO_HINTS);
+            }
+            __syncthreads();
+            // d) Sequence i by warp i % 8, into s_small (the lengths are no longer needed),
+            //    then the block into `packed` by all threads, a word a store (byte stores
+            //    straight into `packed` took 13 % of the kernel: docs/gpu-notes.md, run 101).
+            const u32 nseq = s_emit[0];
+            u8* const blk = (u8*)s_small;
+            for (u32 i = warp; i < nseq; i += HIGH_THREADS / 32u) {
+                const u32 prev = i == 0u ? 0u : seq_end[i - 1u];
+                const u32 anchor = (prev & 0xffffu) + (prev >> 16);
+                const u32 at = seq_at[i];
+                const u32 st = at & 0xffffu;
+                const u32 op = at >> 16;
+                const bool last = i + 1u == nseq;
+                const u32 lit = (last ? PAGE_BYTES : st) - anchor;
+                u32 ml = 0u, off = 0u;
+                if (!last) {
+                    const u32 mp = seq_end[i] & 0xffffu;
+                    ml = (seq_end[i] >> 16) + (mp - st) - MIN_MATCH;
+                    off = s_off[mp];
+                }
+                u8* const d = blk + op;
+                if (lane == 0u) {
+                    d[0] = (u8)(((lit < 15u ? lit : 15u) << 4) | (last ? 0u : (ml < 15u ? ml : 15u)));
+                }
+                u32 w = 1u;
                 if (lit >= 15u) {
-                    write_ext(o + w, lit, lane);
+                    write_ext(d + w, lit, lane);
                     w += ext_bytes(lit);
                 }
-                for (u32 i = lane; i < lit; i += 32u) {
-                    o[w + i] = sp[anchor + i];
+                for (u32 b = lane; b < lit; b += 32u) {
+                    d[w + b] = sp[anchor + b];
                 }
                 w += lit;
-                if (lane == 0u) {
-                    o[w] = (u8)(off & 0xffu);
-                    o[w + 1u] = (u8)(off >> 8);
-                }
-                w += 2u;
-                if (ml >= 15u) {
-                    write_ext(o + w, ml, lane);
-                }
-                op += need;
-                anchor = mp + mlen;
-                p = anchor;
-                __syncwarp();
-            }
-            if (fits) {
-                const u32 lit = PAGE_BYTES - anchor;
-                const u32 need = 1u + ext_bytes(lit) + lit;
-                if (op + need > cap) {
-                    fits = false;
-                } else {
-                    note_sequence(o, &hints, op, op + need, lane);
+                if (!last) {
                     if (lane == 0u) {
-                        o[op] = (u8)((lit < 15u ? lit : 15u) << 4);
+                        d[w] = (u8)(off & 0xffu);
+                        d[w + 1u] = (u8)(off >> 8);
                     }
-                    u32 w = op + 1u;
-                    if (lit >= 15u) {
-                        write_ext(o + w, lit, lane);
-                        w += ext_bytes(lit);
+                    if (ml >= 15u) {
+                        write_ext(d + w + 2u, ml, lane);
                     }
-                    for (u32 i = lane; i < lit; i += 32u) {
-                        o[w + i] = sp[anchor + i];
-                    }
-                    op += need;
                 }
             }
-            const u32 len = fits ? op : 0u;
-            u32 off = 0u;
-            if (lane == 0u) {
-                off = len != 0u ? atomicAdd(total, len) : 0u;
-                sizes[page] = len;
-                offsets[page] = off;
-            }
-            off = __shfl_sync(FULL_MASK, off, 0);
-            __syncwarp();
-            copy_block(packed + off, o, len, lane);
-            publish_hints(o, hints, fits, lane);
+            __syncthreads();
+            copy_block(packed + s_emit[1], blk, s_emit[2], tid, HIGH_THREADS);
         }
         __syncthreads();
     }

@@ -74,6 +74,9 @@ pub struct Gpu {
     module: CUmodule,
     /// Indexed like [`Kernel`]; `None` where the module lacks that entry point.
     functions: [Option<CUfunction>; 3],
+    /// Indexed like [`Kernel`]: the block size each function declares (its launch bound),
+    /// read once here rather than at every launch.
+    declared_threads: [Option<u32>; 3],
     ordinal: usize,
     name: String,
     sm_count: u32,
@@ -122,6 +125,25 @@ impl Gpu {
             // SAFETY: `module` was just loaded and is not unloaded before `Gpu` drops.
             *slot = unsafe { result::module::get_function(module, entry) }.ok();
         }
+        let mut declared_threads = [None; 3];
+        for (slot, f) in declared_threads.iter_mut().zip(functions) {
+            let Some(f) = f else { continue };
+            // SAFETY: `f` is a function of the module loaded above.
+            let threads = unsafe {
+                result::function::get_function_attribute(
+                    f,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                )
+            };
+            match threads {
+                Ok(t) => *slot = u32::try_from(t).ok(),
+                Err(e) => {
+                    // SAFETY: the module was loaded above and nothing else refers to it.
+                    let _ = unsafe { result::module::unload(module) };
+                    return Err(GpuError::driver("cuFuncGetAttribute")(e));
+                }
+            }
+        }
         if functions[2].is_none() || functions[0].is_none() {
             // SAFETY: the module was loaded above and nothing else refers to it.
             let _ = unsafe { result::module::unload(module) };
@@ -135,6 +157,7 @@ impl Gpu {
             ctx,
             module,
             functions,
+            declared_threads,
             ordinal,
             name,
             sm_count: sm_count.max(1) as u32,
@@ -166,6 +189,12 @@ impl Gpu {
     /// The kernel's function, if the loaded module has it.
     pub fn function(&self, kernel: Kernel) -> Option<CUfunction> {
         self.functions[kernel as usize]
+    }
+
+    /// The most threads a block the kernel's function takes (its launch bound), if the
+    /// loaded module has it.
+    pub fn declared_threads(&self, kernel: Kernel) -> Option<u32> {
+        self.declared_threads[kernel as usize]
     }
 }
 

@@ -3,7 +3,7 @@
 use std::ffi::c_void;
 
 use cudarc::driver::result;
-use cudarc::driver::sys::{CUdeviceptr, CUfunction_attribute};
+use cudarc::driver::sys::CUdeviceptr;
 
 use crate::driver::{Gpu, Kernel, Stream};
 use crate::GpuError;
@@ -77,18 +77,12 @@ pub unsafe fn compress(
         Kernel::High => {
             // The kernel loads its page and sizes its queues by its own block size: launched
             // with another, it would compress parts of pages (which the check would reject).
-            // SAFETY: `f` is a function of the loaded module.
-            let declared = unsafe {
-                result::function::get_function_attribute(
-                    f,
-                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
-                )
-            }
-            .map_err(GpuError::driver("cuFuncGetAttribute"))?;
-            if u32::try_from(declared).ok() != Some(HIGH_BLOCK_THREADS) {
+            let declared = gpu.declared_threads(kernel);
+            if declared != Some(HIGH_BLOCK_THREADS) {
                 return Err(GpuError::Config(format!(
-                    "the module's {} kernel takes {declared} threads a block; this build launches {HIGH_BLOCK_THREADS}",
-                    kernel.entry()
+                    "the module's {} kernel takes {} threads a block; this build launches {HIGH_BLOCK_THREADS}",
+                    kernel.entry(),
+                    declared.map_or_else(|| "an unknown number of".to_string(), |t| t.to_string())
                 )));
             }
             HIGH_BLOCK_THREADS
