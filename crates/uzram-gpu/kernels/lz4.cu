@@ -97,6 +97,21 @@ __device__ __forceinline__ void write_ext(u8* o, u32 n, u32 lane) {
     }
 }
 
+// Writes the extension bytes of length value `n` at `o`, one thread; returns how many
+// (none below 15).
+__device__ __forceinline__ u32 put_ext(u8* o, u32 n) {
+    if (n < 15u) {
+        return 0u;
+    }
+    u32 w = 0u;
+    u32 r = n - 15u;
+    for (; r >= 255u; r -= 255u) {
+        o[w++] = 255u;
+    }
+    o[w++] = (u8)r;
+    return w;
+}
+
 // Writes the bytes of the `width`-byte destination chunk `d` that lie inside a `len`-byte
 // block whose byte `start` belongs at d[0] (neighbouring blocks own the others).
 __device__ __forceinline__ void copy_edge(u8* d, const u8* src, int start, u32 width, u32 len) {
@@ -742,7 +757,7 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 //     HIGH_LAZY lazy steps (as LZ4HC), measuring matches longer than HIGH_CAP in full: the
 //     lazy steps of every position first (all threads), then warp 0's walk from sequence
 //     to sequence, then every sequence's size and place in the block (all threads), its
-//     bytes (a warp per sequence) and the block's copy out (all threads).
+//     bytes (a thread per sequence) and the block's copy out (all threads).
 // Shared memory per block is about 24.5 KiB (the page, the chains and then the parse's
 // sequences, the best offsets, the hash heads, the best lengths and then the block), so 8 pages share
 // an SM: the serial steps of one page overlap the others' searches. (A backward price DP
@@ -788,6 +803,11 @@ static_assert(HIGH_SAMPLE - 1u + MIN_MATCH <= HIGH_CAP, "an inherited HIGH_CAP m
 // run 99). A lane whose walk ends in a turn's first step idles for the rest of it.
 #ifndef HIGH_STEPS
 #define HIGH_STEPS 3u
+#endif
+// Idle lanes take new positions once this many are idle (or all are): 1 % faster than at
+// every idle lane, 4 as fast, 16 slower (docs/gpu-notes.md, run 104).
+#ifndef HIGH_REFILL
+#define HIGH_REFILL 8
 #endif
 #define HIGH_HASH_LOG 11u
 #define NO_POS 0xffffu
@@ -992,7 +1012,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
             u32 p = 0u, c = NO_POS, d = 0u, best = 0u, boff = 0u, tail = 0u, head = 0u, lim = 0u, nice = 0u;
             for (;;) {
                 const u32 idle = __ballot_sync(FULL_MASK, !busy);
-                if (idle != 0u) {
+                if (idle == FULL_MASK || __popc(idle) >= HIGH_REFILL) {
                     // Idle lanes take queued positions in lane order; an empty queue is
                     // refilled from the pass's next 32 positions.
                     const u32 want = __popc(idle);
@@ -1097,12 +1117,14 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
         //     match, read its byte, move on to the sequence's end); only a LAZY_MEASURE
         //     position takes the measured steps of the serial parse;
         //  c) every thread: each sequence's back extension and encoded size, a block-wide
-        //     prefix sum of the sizes (where each starts in the block), the room reserved;
-        //  d) every warp: sequences written straight into `packed`, their starts as hints.
+        //     prefix sum of the sizes (where each starts in the block, also the check's
+        //     hints), the room reserved;
+        //  d) every thread: a sequence's bytes into shared memory; then the block into `packed`.
         // The block is the serial parse's, byte for byte (a sequence's end does not depend
         // on where the previous one ended, and the block fits exactly when its total does).
         // Warp 0 parsing and emitting alone, the other warps waiting, took 27-32 % of the
-        // kernel; this is 7-10 % faster in all (docs/gpu-notes.md, runs 97-99).
+        // kernel; the parallel decisions made it 7-10 % faster (docs/gpu-notes.md, runs
+        // 97-99), a thread per sequence writing them another 11 % (run 104).
         {
             u8* const step_of = (u8*)s_link;                  // a): per position
             u32* const seq_end = (u32*)s_link + PAGE_BYTES / 4u;   // b): mp | len << 16
@@ -1246,12 +1268,13 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                 hint_top(o)[-1] = (u16)(len != 0u ? n + 1u : NO_HINTS);
             }
             __syncthreads();
-            // d) Sequence i by warp i % 8, into s_small (the lengths are no longer needed),
-            //    then the block into `packed` by all threads, a word a store (byte stores
-            //    straight into `packed` took 13 % of the kernel: docs/gpu-notes.md, run 101).
+            // d) Sequence i by thread i, into s_small (the lengths are no longer needed),
+            //    then the block into `packed` by all threads, a word a store. (A warp per
+            //    sequence was 11 % slower in all, its lanes idle on short literal runs; byte
+            //    stores straight into `packed` 3 % slower: docs/gpu-notes.md, runs 102-104.)
             const u32 nseq = s_emit[0];
             u8* const blk = (u8*)s_small;
-            for (u32 i = warp; i < nseq; i += HIGH_THREADS / 32u) {
+            for (u32 i = tid; i < nseq; i += HIGH_THREADS) {
                 const u32 prev = i == 0u ? 0u : seq_end[i - 1u];
                 const u32 anchor = (prev & 0xffffu) + (prev >> 16);
                 const u32 at = seq_at[i];
@@ -1266,26 +1289,16 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                     off = s_off[mp];
                 }
                 u8* const d = blk + op;
-                if (lane == 0u) {
-                    d[0] = (u8)(((lit < 15u ? lit : 15u) << 4) | (last ? 0u : (ml < 15u ? ml : 15u)));
-                }
-                u32 w = 1u;
-                if (lit >= 15u) {
-                    write_ext(d + w, lit, lane);
-                    w += ext_bytes(lit);
-                }
-                for (u32 b = lane; b < lit; b += 32u) {
+                d[0] = (u8)(((lit < 15u ? lit : 15u) << 4) | (last ? 0u : (ml < 15u ? ml : 15u)));
+                u32 w = 1u + put_ext(d + 1u, lit);
+                for (u32 b = 0u; b < lit; ++b) {
                     d[w + b] = sp[anchor + b];
                 }
                 w += lit;
                 if (!last) {
-                    if (lane == 0u) {
-                        d[w] = (u8)(off & 0xffu);
-                        d[w + 1u] = (u8)(off >> 8);
-                    }
-                    if (ml >= 15u) {
-                        write_ext(d + w + 2u, ml, lane);
-                    }
+                    d[w] = (u8)(off & 0xffu);
+                    d[w + 1u] = (u8)(off >> 8);
+                    put_ext(d + w + 2u, ml);
                 }
             }
             __syncthreads();
