@@ -73,6 +73,18 @@ typedef unsigned int u32;
 typedef unsigned short u16;
 typedef unsigned char u8;
 
+// The sum of `v` over this lane and the lower lanes of the warp.
+__device__ __forceinline__ u32 warp_inclusive_sum(u32 v, u32 lane) {
+#pragma unroll
+    for (u32 d = 1u; d < 32u; d <<= 1) {
+        const u32 y = __shfl_up_sync(FULL_MASK, v, d);
+        if (lane >= d) {
+            v += y;
+        }
+    }
+    return v;
+}
+
 // Four bytes at byte offset `pos` of the page, little-endian.
 __device__ __forceinline__ u32 read32(const u32* words, u32 pos) {
     const u32 i = pos >> 2;
@@ -609,14 +621,7 @@ __device__ bool block_matches_hinted(const u32* blk, u32 len, const u32* page, c
             }
         }
         const u32 out = (active && !bad) ? lit + ml : 0u;
-        u32 incl = out;
-#pragma unroll
-        for (u32 d = 1u; d < 32u; d <<= 1) {
-            const u32 v = __shfl_up_sync(FULL_MASK, incl, d);
-            if (lane >= d) {
-                incl += v;
-            }
-        }
+        const u32 incl = warp_inclusive_sum(out, lane);
         const u32 op = op_base + incl - out;
         const u32 m = op + lit;   // where the match starts
         if (active && !bad) {
@@ -1233,14 +1238,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                 seq_at[i] = st | (need << 16);
                 mine += need;
             }
-            u32 incl = mine;
-#pragma unroll
-            for (u32 dl = 1u; dl < 32u; dl <<= 1) {
-                const u32 y = __shfl_up_sync(FULL_MASK, incl, dl);
-                if (lane >= dl) {
-                    incl += y;
-                }
-            }
+            const u32 incl = warp_inclusive_sum(mine, lane);
             if (lane == 31u) {
                 s_scan[warp] = incl;
             }
