@@ -32,10 +32,12 @@
 //                 for raw pages) in `packed`
 //   meta[2n]      unused here (the verify kernel writes the host's total)
 // The packed total is counted in ctrl[2].
-// Each warp builds its block in its page's 4096-byte slot of `scratch` (device only), then
-// reserves room in `packed` with one atomicAdd and copies it there, so the host copies back
-// only the compressed bytes. Where each sequence starts is left at the top of the slot for
-// the check (note_sequence). Packed order is arbitrary; the offsets say where each page is.
+// The fast kernel builds each block in its page's 4096-byte slot of `scratch` (device only),
+// the high kernel in shared memory; then one atomicAdd reserves its room in `packed` and it
+// is copied there, so the host copies back only the compressed bytes. Where each sequence
+// starts is left at the top of the page's scratch slot for the check (note_sequence in the
+// fast kernel, step 3c in the high one). Packed order is arbitrary; the offsets say where
+// each page is.
 // End-of-block rules of the LZ4 format: the last 5 bytes are literals, the last match starts
 // at least 12 bytes before the end, matches are >= 4 bytes, offsets <= 65535.
 //
@@ -754,20 +756,21 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 //     most candidates cost two shared-memory load pairs. A warp settles 32 positions at a
 //     time where no search is needed (no earlier position of their hash, or a sampled
 //     match that covers them) and queues the rest; each lane takes HIGH_STEPS chain steps
-//     per loop turn and the next queued position as soon as its walk is done, so the lanes of a
-//     warp stay converged however long their chains are (a loop per position kept 12 of
-//     32 lanes busy; fetching each lane's next position inside the walk's loop, whether it
-//     needed a search or not, was 9 % slower: docs/gpu-notes.md, run 90);
+//     per loop turn, and idle lanes take the next queued positions once HIGH_REFILL of them
+//     are idle, so the lanes of a warp stay converged however long their chains are (a
+//     loop per position kept 12 of 32 lanes busy; fetching each lane's next position inside
+//     the walk's loop, whether it needed a search or not, was 9 % slower: docs/gpu-notes.md,
+//     run 90);
 //  3. a greedy parse, taking the best match at the next position that has one, with up to
 //     HIGH_LAZY lazy steps (as LZ4HC), measuring matches longer than HIGH_CAP in full: the
 //     lazy steps of every position first (all threads), then warp 0's walk from sequence
 //     to sequence, then every sequence's size and place in the block (all threads), its
 //     bytes (a thread per sequence) and the block's copy out (all threads).
 // Shared memory per block is about 24.5 KiB (the page, the chains and then the parse's
-// sequences, the best offsets, the hash heads, the best lengths and then the block), so 8 pages share
-// an SM: the serial steps of one page overlap the others' searches. (A backward price DP
-// over positions instead of step 3 gained 0.5 % in ratio at a quarter of the speed:
-// docs/gpu-notes.md.)
+// sequences, the best offsets, the hash heads, the best lengths and then the block), so 8
+// pages share an SM: the serial steps of one page overlap the others' searches. (A backward
+// price DP over positions instead of step 3 gained 0.5 % in ratio at a quarter of the
+// speed: docs/gpu-notes.md.)
 // ---------------------------------------------------------------------------------------
 
 #ifndef HIGH_DEPTH
@@ -1003,10 +1006,10 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
         //    position; pass 1 the others. A warp takes 32 positions of a pass at a time and
         //    settles warp-wide those that need no search (no earlier position with their
         //    hash; in pass 1 a sampled match that still covers MIN_MATCH bytes of them,
-        //    taken with the same offset); the rest join the warp's queue, and each lane
-        //    takes the next queued position as soon as its chain walk is done, one chain
-        //    step per lane per loop turn, so the lanes stay converged however long their
-        //    chains are and a position costs a lane turn only when it is searched.
+        //    taken with the same offset); the rest join the warp's queue. Each busy lane
+        //    takes HIGH_STEPS chain steps per loop turn, and idle lanes take the next queued
+        //    positions once HIGH_REFILL of them are idle, so the lanes stay converged however
+        //    long their chains are and a position costs lane turns only when it is searched.
         for (u32 pass = 0u; pass < (HIGH_SAMPLE > 1u ? 2u : 1u); ++pass) {
             const u32 n0 = HIGH_SAMPLE > 1u ? last_start / HIGH_SAMPLE + 1u : last_start + 1u;
             const u32 count = pass == 0u ? n0 : last_start + 1u - n0;
