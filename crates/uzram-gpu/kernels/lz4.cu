@@ -32,12 +32,12 @@
 //                 for raw pages) in `packed`
 //   meta[2n]      unused here (the verify kernel writes the host's total)
 // The packed total is counted in ctrl[2].
-// The fast kernel builds each block in its page's 4096-byte slot of `scratch` (device only),
-// the high kernel in shared memory; then one atomicAdd reserves its room in `packed` and it
-// is copied there, so the host copies back only the compressed bytes. Where each sequence
-// starts is left at the top of the page's scratch slot for the check (note_sequence in the
-// fast kernel, step 3c in the high one). Packed order is arbitrary; the offsets say where
-// each page is.
+// Each page has an 8192-byte slot of `scratch` (device only): its first 4096 bytes hold the
+// fast kernel's block while it is built (the high kernel builds it in shared memory), its
+// second 4096 bytes the hints, where each sequence starts, for the check (note_sequence in
+// the fast kernel, step 3c in the high one). Then one atomicAdd reserves the block's room in
+// `packed` and it is copied there, so the host copies back only the compressed bytes. Packed
+// order is arbitrary; the offsets say where each page is.
 // End-of-block rules of the LZ4 format: the last 5 bytes are literals, the last match starts
 // at least 12 bytes before the end, matches are >= 4 bytes, offsets <= 65535.
 //
@@ -46,7 +46,7 @@
 // uzram_lz4_verify: one warp per page. It decodes each block the way uzram's CPU decoder
 // does (same acceptance rules: literal-only last sequence, offsets inside the page, exactly
 // 4096 bytes out) and compares every byte with the input page. It parses 32 sequences at a
-// time, one per lane, from where the compressor's hints (top of the scratch slot) say they
+// time, one per lane, from where the compressor's hints (the scratch slot's hint area) say they
 // start, and accepts only if those starts are the decoder's own parse; otherwise (hints
 // missing or wrong) it walks the block serially, one sequence at a time. A same-filled page's word
 // is compared with every word of the page. Results that pass are copied into the host's
@@ -213,24 +213,34 @@ __device__ __forceinline__ u32 extend_match(const u32* words, u32 s, u32 r, u32 
 }
 
 // Sequence hints: where each sequence of a block starts, for the check's parallel decode.
-// The compressor writes them at the top of the page's scratch slot, below the block's end:
-// the count in the slot's last u16, sequence i's token offset in the (i+2)-th u16 from the
-// top. NO_HINTS (or any count the area cannot hold) leaves the check to its serial walk.
+// The compressor writes them in the hint area of the page's scratch slot (its second 4096
+// bytes, which no block reaches): the count in the area's last u16, sequence i's token
+// offset in the (i+2)-th u16 from the top. NO_HINTS (or any count the area cannot hold)
+// leaves the check to its serial walk. (When the hints shared the block's 4096 bytes, the
+// longer blocks left no room for them: 80 of mixed-swap's 65536 pages were walked serially,
+// and those few walks held back the fast ring by 15 %: docs/gpu-notes.md, run 111.)
 #define NO_HINTS 0xffffu
 #define MAX_HINTS (PAGE_BYTES / 2u - 1u)
+// Bytes of a page's scratch slot: the block being built, then the hint area.
+#define SCRATCH_SLOT_BYTES (2u * PAGE_BYTES)
+
+// A page's scratch slot.
+__device__ __forceinline__ u8* scratch_slot(u8* scratch, u32 page) {
+    return scratch + (size_t)page * SCRATCH_SLOT_BYTES;
+}
 
 // The u16 above the page's hint area: hint i is top[-2 - i], the count top[-1].
 __device__ __forceinline__ u16* hint_top(u8* slot) {
-    return (u16*)(slot + PAGE_BYTES);
+    return (u16*)(slot + SCRATCH_SLOT_BYTES);
 }
 
-// Records the next sequence's token offset `op` (warp-uniform) while the block, `end` bytes
-// once this sequence is written, stays below the hint area; else stops recording.
-__device__ __forceinline__ void note_sequence(u8* slot, u32* hints, u32 op, u32 end, u32 lane) {
+// Records the next sequence's token offset `op` (warp-uniform) while the hint area has room
+// (a block has at most about PAGE_BYTES / MIN_MATCH sequences, so it always has).
+__device__ __forceinline__ void note_sequence(u8* slot, u32* hints, u32 op, u32 lane) {
     if (*hints == NO_HINTS) {
         return;
     }
-    if (end + 2u * (*hints + 2u) > PAGE_BYTES) {
+    if (*hints >= MAX_HINTS) {
         *hints = NO_HINTS;
         return;
     }
@@ -240,8 +250,7 @@ __device__ __forceinline__ void note_sequence(u8* slot, u32* hints, u32 op, u32 
     *hints += 1u;
 }
 
-// Publishes the hint count once the block left the slot (the count's u16 may have held
-// the block's last bytes).
+// Publishes the hint count once the block is complete.
 __device__ __forceinline__ void publish_hints(u8* slot, u32 hints, bool fits, u32 lane) {
     __syncwarp();
     if (lane == 0u) {
@@ -272,7 +281,7 @@ uzram_lz4_fast(const uint4* __restrict__ in, u8* __restrict__ scratch,
 
     for (u32 page = blockIdx.x; page < npages; page += gridDim.x) {
         const uint4* src = in + (size_t)page * (PAGE_BYTES / 16u);
-        u8* o = scratch + (size_t)page * PAGE_BYTES;
+        u8* o = scratch_slot(scratch, page);
 
         // Load the page into shared memory and test for a same-filled page on the way.
         const uint4 first = src[0];
@@ -383,7 +392,7 @@ uzram_lz4_fast(const uint4* __restrict__ in, u8* __restrict__ scratch,
                 fits = false;
                 break;
             }
-            note_sequence(o, &hints, op, op + need, lane);
+            note_sequence(o, &hints, op, lane);
             if (lane == 0u) {
                 o[op] = (u8)(((lit < 15u ? lit : 15u) << 4) | (ml < 15u ? ml : 15u));
             }
@@ -424,7 +433,7 @@ uzram_lz4_fast(const uint4* __restrict__ in, u8* __restrict__ scratch,
             if (op + need > cap) {
                 fits = false;
             } else {
-                note_sequence(o, &hints, op, op + need, lane);
+                note_sequence(o, &hints, op, lane);
                 if (lane == 0u) {
                     o[op] = (u8)((lit < 15u ? lit : 15u) << 4);
                 }
@@ -713,7 +722,7 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
                 b8[i] = packed[off + i];
             }
             __syncwarp();
-            const u16* top = (const u16*)(scratch + (size_t)page * PAGE_BYTES + PAGE_BYTES);
+            const u16* top = (const u16*)(scratch + (size_t)(page + 1u) * SCRATCH_SLOT_BYTES);
             bool good = block_matches_hinted(s_blk, size, s_page, top, lane);
             if (!good) {
                 // No hints, or hints that are not the decoder's parse: walk it serially
@@ -919,7 +928,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
 
     for (u32 page = blockIdx.x; page < npages; page += gridDim.x) {
         const uint4* src = in + (size_t)page * (PAGE_BYTES / 16u);
-        u8* o = scratch + (size_t)page * PAGE_BYTES;
+        u8* o = scratch_slot(scratch, page);
 
         // Load the page; same-filled test; clear the hash heads.
         const uint4 first = src[0];

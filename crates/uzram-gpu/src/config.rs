@@ -5,7 +5,7 @@ use uzram_core::batch::meta_bytes;
 use uzram_core::store::{MAX_SLOT_PAGES, MAX_STAGING_SLOTS};
 use uzram_core::PAGE_SIZE;
 
-use crate::launch::CTRL_WORDS;
+use crate::launch::{scratch_bytes, CTRL_WORDS};
 use crate::GpuError;
 
 /// Which compression kernel runs.
@@ -130,9 +130,13 @@ impl GpuConfig {
         (2 * slot_pages * PAGE_SIZE + meta_bytes(slot_pages) + CTRL_WORDS * 4) as u64
     }
 
-    /// Device memory of one slot: input, scratch, packed blocks, meta and control words.
+    /// Device memory of one slot: input, scratch (blocks and their hints), packed blocks,
+    /// meta and control words.
     pub fn device_bytes_per_slot(slot_pages: usize) -> u64 {
-        (3 * slot_pages * PAGE_SIZE + meta_bytes(slot_pages) + CTRL_WORDS * 4) as u64
+        (2 * slot_pages * PAGE_SIZE
+            + scratch_bytes(slot_pages)
+            + meta_bytes(slot_pages)
+            + CTRL_WORDS * 4) as u64
     }
 
     /// Page-locked host memory of the whole ring.
@@ -158,6 +162,11 @@ mod tests {
         assert_eq!(
             d.pinned_bytes(),
             8 * (2 * 2048 * 4096 + (2 * 2048 + 1) * 4 + 16)
+        );
+        // Input and packed blocks a page each, scratch two (the block, then its hints).
+        assert_eq!(
+            d.device_bytes(),
+            8 * (4 * 2048 * 4096 + (2 * 2048 + 1) * 4 + 16)
         );
         for bad in [
             GpuConfig {

@@ -20,14 +20,22 @@ pub const HIGH_BLOCK_THREADS: u32 = 256;
 pub const CTRL_WORDS: usize = 4;
 /// Which control word counts the check's serial walks (blocks without usable hints).
 pub const CTRL_SERIAL_WALKS: usize = 3;
+/// Bytes of a page's scratch slot (the kernels' `SCRATCH_SLOT_BYTES`): the block being
+/// built, then the area of its sequence hints for the check.
+pub const SCRATCH_SLOT_BYTES: usize = 2 * uzram_core::PAGE_SIZE;
+
+/// Bytes of the scratch buffer for `pages` pages.
+pub const fn scratch_bytes(pages: usize) -> usize {
+    pages * SCRATCH_SLOT_BYTES
+}
 
 /// Device buffers of one slot's run over up to `pages` pages.
 #[derive(Debug, Clone, Copy)]
 pub struct SlotBuffers {
     /// `pages * 4096` bytes of input pages.
     pub input: CUdeviceptr,
-    /// `pages * 4096` bytes the compressor builds blocks in, and leaves each block's
-    /// sequence hints in for the check.
+    /// [`scratch_bytes`]`(pages)` bytes the compressor builds blocks in, and leaves each
+    /// block's sequence hints in for the check.
     pub scratch: CUdeviceptr,
     /// `pages * 4096` bytes receiving the packed blocks.
     pub packed: CUdeviceptr,

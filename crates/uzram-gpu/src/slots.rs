@@ -18,7 +18,7 @@ use uzram_core::{PAGE_SIZE, PAGE_WORDS};
 
 use crate::config::{GpuConfig, Parse};
 use crate::driver::{DevBuf, Event, Gpu, GraphExec, HostBuf, Kernel, PinnedWords, Stream};
-use crate::launch::{self, SlotBuffers, CTRL_WORDS};
+use crate::launch::{self, scratch_bytes, SlotBuffers, CTRL_WORDS};
 use crate::GpuError;
 
 /// Counters of a [`GpuSlots`].
@@ -95,7 +95,7 @@ impl GpuSlot {
         };
         let dev = [
             DevBuf::new(gpu, bytes)?,
-            DevBuf::new(gpu, bytes)?,
+            DevBuf::new(gpu, scratch_bytes(pages))?,
             DevBuf::new(gpu, bytes)?,
             DevBuf::new(gpu, meta_bytes(pages))?,
             DevBuf::new(gpu, CTRL_WORDS * 4)?,

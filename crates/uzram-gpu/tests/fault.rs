@@ -14,7 +14,7 @@ use uzram_core::codec::Algorithm;
 use uzram_core::store::{PageStore, StoreConfig};
 use uzram_core::PAGE_SIZE;
 use uzram_gpu::driver::{DevBuf, Kernel, Stream};
-use uzram_gpu::launch::{self, SlotBuffers, CTRL_WORDS};
+use uzram_gpu::launch::{self, scratch_bytes, SlotBuffers, CTRL_WORDS};
 use uzram_gpu::{ErrorKind, Gpu, Parse};
 
 #[test]
@@ -42,7 +42,7 @@ fn a_fault_mid_stream_retires_the_gpu_and_loses_nothing() {
     // The fault: a compression kernel whose input is address 0x1000.
     let gpu = Gpu::open(0).expect("open GPU");
     let stream = Stream::new(&gpu).expect("stream");
-    let bufs: Vec<DevBuf> = [64 * 4096, 64 * 4096, 4096, CTRL_WORDS * 4]
+    let bufs: Vec<DevBuf> = [scratch_bytes(64), 64 * 4096, 4096, CTRL_WORDS * 4]
         .iter()
         .map(|&b| DevBuf::new(&gpu, b).unwrap())
         .collect();

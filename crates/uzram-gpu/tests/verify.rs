@@ -8,11 +8,13 @@ mod common;
 use uzram_core::batch::{meta_bytes, PageResult, SlotOutput};
 use uzram_core::PAGE_SIZE;
 use uzram_gpu::driver::{DevBuf, HostBuf, Kernel, Stream};
-use uzram_gpu::launch::{self, SlotBuffers, CTRL_SERIAL_WALKS, CTRL_WORDS};
+use uzram_gpu::launch::{
+    self, scratch_bytes, SlotBuffers, CTRL_SERIAL_WALKS, CTRL_WORDS, SCRATCH_SLOT_BYTES,
+};
 use uzram_gpu::{ErrorKind, Gpu};
 
 const THRESHOLD: usize = 3625;
-/// The most hints a page's scratch slot holds (the kernel's MAX_HINTS); any larger count
+/// The most hints a page's hint area holds (the kernel's MAX_HINTS); any larger count
 /// means "no hints".
 const MAX_HINTS: u16 = (PAGE_SIZE / 2 - 1) as u16;
 
@@ -85,10 +87,16 @@ fn damage_and_check(kernel: Kernel) {
     let n = pages.len() / PAGE_SIZE;
     let bytes = pages.len();
     let stream = Stream::new(&gpu).unwrap();
-    let dev: Vec<DevBuf> = [bytes, bytes, bytes, meta_bytes(n), CTRL_WORDS * 4]
-        .iter()
-        .map(|&b| DevBuf::new(&gpu, b).unwrap())
-        .collect();
+    let dev: Vec<DevBuf> = [
+        bytes,
+        scratch_bytes(n),
+        bytes,
+        meta_bytes(n),
+        CTRL_WORDS * 4,
+    ]
+    .iter()
+    .map(|&b| DevBuf::new(&gpu, b).unwrap())
+    .collect();
     let out_meta = HostBuf::mapped(&gpu, meta_bytes(n)).unwrap();
     let out_packed = HostBuf::mapped(&gpu, bytes).unwrap();
     let mut host_in = HostBuf::new(&gpu, bytes).unwrap();
@@ -135,12 +143,10 @@ fn damage_and_check(kernel: Kernel) {
     let meta = dev_meta.as_slice().to_vec();
     let mut corrupted = Vec::new();
     let (mut tokens, mut literals, mut misled) = (0, 0, Vec::new());
+    let mut unhinted = Vec::new();
     let mut poke = Poke {
         stream: &stream,
-        ranges: [bufs.scratch, bufs.packed]
-            .into_iter()
-            .map(|p| (p, bytes))
-            .collect(),
+        ranges: vec![(bufs.scratch, scratch_bytes(n)), (bufs.packed, bytes)],
         pinned: HostBuf::new(&gpu, 2).unwrap(),
     };
     for i in 0..n {
@@ -149,9 +155,12 @@ fn damage_and_check(kernel: Kernel) {
             continue;
         }
         let off = u64::from(word(&meta, n + i));
-        let count_at = bufs.scratch + ((i + 1) * PAGE_SIZE) as u64 - 2;
+        let count_at = bufs.scratch + ((i + 1) * SCRATCH_SLOT_BYTES) as u64 - 2;
         let count = u16::from_le_bytes(poke.read(count_at, 2).try_into().unwrap());
         let hinted = (2..=MAX_HINTS).contains(&count);
+        if !hinted {
+            unhinted.push((i, count));
+        }
         match i % 12 {
             0 => {
                 let token = poke.read(bufs.packed + off, 1)[0];
@@ -197,6 +206,11 @@ fn damage_and_check(kernel: Kernel) {
          corrupted, {} hints misled",
         misled.len()
     );
+    // The hints have an area of their own, so every block carries them, however long.
+    assert!(
+        unhinted.is_empty(),
+        "blocks without hints (page, count): {unhinted:?}"
+    );
     assert!(literals > 10 && misled.len() > 10, "too few pages damaged");
     assert!(corrupted.len() > 10, "{} corrupted", corrupted.len());
     // SAFETY: as above; the compression kernel's results are in place.
@@ -240,16 +254,12 @@ fn damage_and_check(kernel: Kernel) {
     );
     assert_eq!(rejected, corrupted.len());
     assert!(passed > 100);
-    // Every damaged block and every misled one fails the hinted check; the other blocks
-    // (all but those whose hints did not fit their slot) pass it.
+    // Every damaged block and every misled one fails the hinted check and is walked
+    // serially; every other block passes the hinted check.
     let damaged = corrupted.len() + misled.len();
-    assert!(
-        walked >= damaged,
-        "{walked} serial walks for {damaged} damaged blocks"
-    );
-    assert!(
-        walked <= damaged + passed / 20,
-        "{walked} serial walks: the hints went unused ({damaged} damaged, {passed} passed)"
+    assert_eq!(
+        walked, damaged,
+        "serial walks against damaged or misled blocks ({passed} passed)"
     );
 }
 
