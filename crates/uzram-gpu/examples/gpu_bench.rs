@@ -425,11 +425,13 @@ fn kernel_gbps(
     let mut host = HostBuf::new(gpu, bytes)?;
     host.as_mut_slice().copy_from_slice(pages);
     let mut ctrl = HostBuf::new(gpu, CTRL_WORDS * 4)?;
-    for (d, w) in ctrl
-        .as_mut_slice()
-        .chunks_exact_mut(4)
-        .zip([n as u32, threshold as u32, 0, 0])
-    {
+    for (d, w) in ctrl.as_mut_slice().chunks_exact_mut(4).zip([
+        n as u32,
+        threshold as u32,
+        0,
+        0,
+        launch::copied_bytes(kernel_of(parse), n) as u32,
+    ]) {
         d.copy_from_slice(&w.to_le_bytes());
     }
     let bufs = SlotBuffers {
@@ -441,10 +443,7 @@ fn kernel_gbps(
         out_packed: out_packed.device_ptr().unwrap_or(0),
         out_meta: out_meta.device_ptr().unwrap_or(0),
     };
-    let kernel = match parse {
-        Parse::Fast => Kernel::Fast,
-        Parse::High => Kernel::High,
-    };
+    let kernel = kernel_of(parse);
     // SAFETY: pinned sources that outlive the synchronize; device buffers of their size.
     unsafe { stream.copy_to_device(bufs.input, host.as_slice().as_ptr(), bytes)? };
     let (mut only, mut checked) = (f64::MAX, f64::MAX);
@@ -456,6 +455,12 @@ fn kernel_gbps(
             launch::compress(gpu, &stream, kernel, bufs, n as u32)?;
             b.record(&stream)?;
             launch::verify(gpu, &stream, bufs, n as u32)?;
+            launch::copy_packed(
+                &stream,
+                &out_packed,
+                bufs.packed,
+                launch::copied_bytes(kernel, n),
+            )?;
             c.record(&stream)?;
         }
         c.synchronize()?;
@@ -489,4 +494,11 @@ fn kernel_gbps(
         out.packed_bytes()
     );
     Ok((gbps(bytes, only), gbps(bytes, checked)))
+}
+
+fn kernel_of(parse: Parse) -> Kernel {
+    match parse {
+        Parse::Fast => Kernel::Fast,
+        Parse::High => Kernel::High,
+    }
 }

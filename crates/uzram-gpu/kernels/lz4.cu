@@ -9,6 +9,7 @@
 // Control words (device memory, copied from the host before every run):
 //   ctrl[0] pages in this run   ctrl[1] raw threshold   ctrl[2] packed-bytes counter (0)
 //   ctrl[3] blocks the check walked serially (0)
+//   ctrl[4] packed bytes the host copies itself: the check exports only what lies beyond
 //
 // uzram_lz4_fast: each block is one warp and compresses whole pages (grid-stride). The page
 // (plus 16 bytes of zero padding) and a 2048-entry u16 hash table live in shared memory
@@ -49,10 +50,13 @@
 // time, one per lane, from where the compressor's hints (the scratch slot's hint area) say they
 // start, and accepts only if those starts are the decoder's own parse; otherwise (hints
 // missing or wrong) it walks the block serially, one sequence at a time. A same-filled page's word
-// is compared with every word of the page. Results that pass are copied into the host's
-// pinned buffers (mapped into the device's address space, so this is also the copy back);
-// a block that fails is reported as SIZE_REJECTED and the host compresses that page on
-// the CPU. A block is never trusted because the compressor wrote it.
+// is compared with every word of the page. The meta goes into the host's pinned buffers
+// (mapped into the device's address space), and so do the packed bytes of the results that
+// pass, except the first ctrl[4] bytes of `packed`, which the host copies with a copy
+// engine (launch.rs, `copied_bytes`): the check's stores into mapped memory hold SMs while
+// they cross PCIe (docs/gpu-notes.md, runs 110 and 113). A block that fails is reported as
+// SIZE_REJECTED, and the host, which reads only results that passed, compresses that page
+// on the CPU. A block is never trusted because the compressor wrote it.
 
 #define PAGE_BYTES 4096u
 #ifndef HASH_LOG
@@ -126,12 +130,14 @@ __device__ __forceinline__ u32 put_ext(u8* o, u32 n) {
     return w;
 }
 
-// Writes the bytes of the `width`-byte destination chunk `d` that lie inside a `len`-byte
-// block whose byte `start` belongs at d[0] (neighbouring blocks own the others).
-__device__ __forceinline__ void copy_edge(u8* d, const u8* src, int start, u32 width, u32 len) {
+// Writes the bytes of the `width`-byte destination chunk `d` that lie inside bytes
+// [first, len) of a block whose byte `start` belongs at d[0] (neighbouring blocks own the
+// others, and a copy the bytes before `first`).
+__device__ __forceinline__ void copy_edge(u8* d, const u8* src, int start, u32 width, u32 first,
+                                          u32 len) {
     for (u32 b = 0; b < width; ++b) {
         const int idx = start + (int)b;
-        if (idx >= 0 && (u32)idx < len) {
+        if (idx >= (int)first && (u32)idx < len) {
             d[b] = src[idx];
         }
     }
@@ -154,24 +160,26 @@ __device__ __forceinline__ void copy_block(u8* dst, const u8* src, u32 len, u32 
             const u32 s = (u32)start;
             dw[j] = __funnelshift_r(sw[s >> 2], sw[(s >> 2) + 1u], (s & 3u) * 8u);
         } else {
-            copy_edge((u8*)dw + j * 4u, src, start, 4u, len);
+            copy_edge((u8*)dw + j * 4u, src, start, 4u, 0u, len);
         }
     }
 }
 
-// Copies a checked `len`-byte block from shared memory `src` (16-byte aligned, a word of
-// slack after it) to the host's mapped buffer at `dst` (any alignment), warp-wide: 16 bytes
-// per lane where the destination's 16-byte chunk lies inside the block, single bytes at the
-// two ends (neighbouring blocks own the other bytes there). These stores cross PCIe, where
-// every transaction costs: 16-byte stores send a quarter of the 4-byte ones.
-__device__ __forceinline__ void export_block(u8* dst, const u32* src, u32 len, u32 lane) {
+// Copies bytes [first, len) of a checked block from shared memory `src` (16-byte aligned, a
+// word of slack after it) to the host's mapped buffer, where the block starts at `dst` (any
+// alignment), warp-wide: 16 bytes per lane where the destination's 16-byte chunk lies
+// inside those bytes, single bytes at the two ends (neighbouring blocks own the other bytes
+// there, and the host's copy the bytes before `first`). These stores cross PCIe, where every
+// transaction costs: 16-byte stores send a quarter of the 4-byte ones.
+__device__ __forceinline__ void export_block(u8* dst, const u32* src, u32 first, u32 len,
+                                             u32 lane) {
     const u32 mis = (u32)((size_t)dst & 15u);
     uint4* d4 = (uint4*)(dst - mis);
     const u8* s8 = (const u8*)src;
     const u32 chunks = (mis + len + 15u) >> 4;
-    for (u32 j = lane; j < chunks; j += 32u) {
+    for (u32 j = ((mis + first) >> 4) + lane; j < chunks; j += 32u) {
         const int start = (int)(j * 16u) - (int)mis;   // block byte at this chunk's byte 0
-        if (start >= 0 && (u32)start + 16u <= len) {
+        if (start >= (int)first && (u32)start + 16u <= len) {
             const u32 i = (u32)start >> 2;
             const u32 sh = ((u32)start & 3u) * 8u;
             uint4 v;
@@ -181,7 +189,7 @@ __device__ __forceinline__ void export_block(u8* dst, const u32* src, u32 len, u
             v.w = __funnelshift_r(src[i + 3u], src[i + 4u], sh);
             d4[j] = v;
         } else {
-            copy_edge((u8*)d4 + j * 16u, s8, start, 16u, len);
+            copy_edge((u8*)d4 + j * 16u, s8, start, 16u, first, len);
         }
     }
 }
@@ -677,6 +685,7 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 {
     const u32 npages = ctrl[0];
     const u32 limit = ctrl[1];
+    const u32 copied = ctrl[4];
     const u32 lane = threadIdx.x;
     __shared__ __align__(16) u32 s_page[PAGE_BYTES / 4u + 4u];
     __shared__ __align__(16) u32 s_blk[PAGE_BYTES / 4u + 4u];
@@ -702,7 +711,7 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
                 same = same && v.x == lo && v.y == hi && v.z == lo && v.w == hi;
             }
             if (__all_sync(FULL_MASK, same)) {
-                if (lane < 8u) {
+                if (lane < 8u && off + lane >= copied) {
                     out_packed[off + lane] = packed[off + lane];
                 }
             } else {
@@ -732,10 +741,10 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
                 }
                 good = block_matches(s_blk, size, (const u8*)s_page, lane);
             }
-            if (good) {
-                export_block(out_packed + off, s_blk, size, lane);
-            } else {
+            if (!good) {
                 result = SIZE_REJECTED;
+            } else if (off + size > copied) {
+                export_block(out_packed + off, s_blk, off >= copied ? 0u : copied - off, size, lane);
             }
         }
         if (lane == 0u) {

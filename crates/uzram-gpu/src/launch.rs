@@ -5,7 +5,7 @@ use std::ffi::c_void;
 use cudarc::driver::result;
 use cudarc::driver::sys::CUdeviceptr;
 
-use crate::driver::{Gpu, Kernel, Stream};
+use crate::driver::{Gpu, HostBuf, Kernel, Stream};
 use crate::GpuError;
 
 /// Threads per block of the fast and verify kernels: one warp, one page at a time.
@@ -14,12 +14,15 @@ pub const BLOCK_THREADS: u32 = 32;
 /// the same (`HIGH_THREADS`, its launch bound); [`compress`] refuses a module that differs.
 pub const HIGH_BLOCK_THREADS: u32 = 256;
 
-/// Control words the kernels read: pages, raw threshold, packed-bytes counter, and the
-/// check's count of blocks it walked serially (no usable sequence hints; see the kernels).
-/// The host zeroes the two counters before every run.
-pub const CTRL_WORDS: usize = 4;
+/// Control words the kernels read: pages, raw threshold, packed-bytes counter, the check's
+/// count of blocks it walked serially (no usable sequence hints; see the kernels), and how
+/// many packed bytes the host copies itself ([`copied_bytes`]). The host zeroes the two
+/// counters before every run.
+pub const CTRL_WORDS: usize = 5;
 /// Which control word counts the check's serial walks (blocks without usable hints).
 pub const CTRL_SERIAL_WALKS: usize = 3;
+/// Which control word holds [`copied_bytes`].
+pub const CTRL_COPIED: usize = 4;
 /// Bytes of a page's scratch slot (the kernels' `SCRATCH_SLOT_BYTES`): the block being
 /// built, then the area of its sequence hints for the check.
 pub const SCRATCH_SLOT_BYTES: usize = 2 * uzram_core::PAGE_SIZE;
@@ -27,6 +30,43 @@ pub const SCRATCH_SLOT_BYTES: usize = 2 * uzram_core::PAGE_SIZE;
 /// Bytes of the scratch buffer for `pages` pages.
 pub const fn scratch_bytes(pages: usize) -> usize {
     pages * SCRATCH_SLOT_BYTES
+}
+
+/// How many of a run's packed bytes (from the start of `packed`) the host brings over with a
+/// copy engine after the check ([`copy_packed`]); the check exports the rest with its own
+/// stores into mapped memory. A copy's size is fixed when it is queued (and captured in the
+/// slot's graph), while the packed total is known only once the run is done, so a copy
+/// moves bytes the run may not have packed.
+///
+/// Measured per parse (docs/gpu-notes.md, runs 113-114): the high parse's ring runs 8-15 %
+/// faster with half its input's worth copied (its packed bytes are 0.27-0.37 of the input,
+/// so nearly all of them), its SMs then free of the stores; the fast parse's ring runs up to
+/// 30 % slower with any copy in its slot's run (an eighth of the input to all of it), so it
+/// keeps the stores.
+pub const fn copied_bytes(kernel: Kernel, pages: usize) -> usize {
+    match kernel {
+        Kernel::High => pages * uzram_core::PAGE_SIZE / 2,
+        _ => 0,
+    }
+}
+
+/// Queues the copy of the first `len` bytes of `packed` into `out_packed` (the
+/// [`copied_bytes`] of the run; nothing when 0).
+///
+/// # Safety
+/// `packed` must hold `len` bytes once the stream reaches the copy, and `out_packed` must
+/// outlive it (or the graph it is captured into) and not be read until it is done.
+pub unsafe fn copy_packed(
+    stream: &Stream,
+    out_packed: &HostBuf,
+    packed: CUdeviceptr,
+    len: usize,
+) -> Result<(), GpuError> {
+    if len == 0 {
+        return Ok(());
+    }
+    // SAFETY: as the caller guarantees; the range is checked against `out_packed`.
+    unsafe { stream.copy_into_host(out_packed, 0, packed, len) }
 }
 
 /// Device buffers of one slot's run over up to `pages` pages.

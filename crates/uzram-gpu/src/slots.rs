@@ -4,7 +4,8 @@
 //! buffers, mapped pinned result buffers, a stream, two events and (by default) a captured
 //! CUDA graph of its whole run: copy the control words and pages in, compress, check and
 //! export. So a submission is one graph launch, a completion one blocking event wait, and
-//! only checked compressed bytes come back over the bus, written by the check kernel
+//! only compressed bytes come back over the bus: a copy engine brings the first
+//! [`launch::copied_bytes`] of them, the check kernel writes the rest of those that passed
 //! straight into host memory. Slots are spread round-robin over the configured GPUs.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -184,7 +185,13 @@ unsafe fn enqueue(
             copy_pages * PAGE_SIZE,
         )?;
         launch::compress(gpu, &d.stream, kernel, d.bufs, max_pages)?;
-        launch::verify(gpu, &d.stream, d.bufs, max_pages)
+        launch::verify(gpu, &d.stream, d.bufs, max_pages)?;
+        launch::copy_packed(
+            &d.stream,
+            &d.out_packed,
+            d.bufs.packed,
+            launch::copied_bytes(kernel, max_pages as usize),
+        )
     }
 }
 
@@ -297,7 +304,14 @@ impl GpuSlots {
         pages: usize,
         limit: usize,
     ) -> Result<(), GpuError> {
-        let words = [pages as u32, limit.min(PAGE_SIZE) as u32, 0, 0];
+        let copied = launch::copied_bytes(self.kernel, s.staging.len() / PAGE_SIZE);
+        let words = [
+            pages as u32,
+            limit.min(PAGE_SIZE) as u32,
+            0,
+            0,
+            copied as u32,
+        ];
         let ctrl = d.ctrl.as_mut_slice();
         for (dst, w) in ctrl.chunks_exact_mut(4).zip(words) {
             dst.copy_from_slice(&w.to_le_bytes());

@@ -114,6 +114,42 @@ fn keeps_the_latest_write(
     ring.shutdown();
 }
 
+/// A slot's copy engine brings a fixed share of its packed bytes over (`launch::copied_bytes`:
+/// half the input for the high parse), the check's stores the rest; pages that compress to
+/// three quarters of a page pack more than that share, so blocks straddle the boundary and
+/// lie beyond it, and every one must come back exact. Both parses, with and without graphs.
+#[test]
+fn pages_that_pack_more_than_the_copy_come_back_whole() {
+    // 3072 random bytes, then the page's first 1024 again: a block of about 3.1 KiB, under
+    // the raw threshold.
+    let mut data = common::random_pages(96, 21);
+    for page in data.chunks_exact_mut(PAGE_SIZE) {
+        page.copy_within(0..1024, 3072);
+    }
+    for parse in common::parses() {
+        for graphs in [true, false] {
+            let Some(slots) = common::gpu(2, 64, parse, graphs) else {
+                return;
+            };
+            let results = common::run_slots(&slots, &data, 3625).expect("run");
+            let c = common::check(&data, 3625, &results);
+            let stats = slots.gpu_stats();
+            eprintln!("{} graphs {graphs}: {stats:?}", parse.name());
+            assert_eq!(c.mismatches, 0, "{} graphs {graphs}", parse.name());
+            assert!(
+                results
+                    .iter()
+                    .all(|r| matches!(r, common::Owned::Block(b) if b.len() > 2 * PAGE_SIZE / 3)),
+                "every page should come back as a block of about three quarters of a page"
+            );
+            assert!(
+                stats.packed_bytes > stats.bytes_in / 2,
+                "the slots packed no more than their copy takes: {stats:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn slots_spread_over_every_gpu() {
     let count = match uzram_gpu::probe() {

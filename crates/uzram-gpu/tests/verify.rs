@@ -86,6 +86,9 @@ fn damage_and_check(kernel: Kernel) {
     let pages = common::load_pages(&common::slice_paths()[0]);
     let n = pages.len() / PAGE_SIZE;
     let bytes = pages.len();
+    // As the slots run it: the high parse's first packed bytes come by a copy, the rest (and
+    // the fast parse's all) by the check's stores.
+    let copied = launch::copied_bytes(kernel, n);
     let stream = Stream::new(&gpu).unwrap();
     let dev: Vec<DevBuf> = [
         bytes,
@@ -102,11 +105,13 @@ fn damage_and_check(kernel: Kernel) {
     let mut host_in = HostBuf::new(&gpu, bytes).unwrap();
     host_in.as_mut_slice().copy_from_slice(&pages);
     let mut ctrl = HostBuf::new(&gpu, CTRL_WORDS * 4).unwrap();
-    for (d, w) in ctrl
-        .as_mut_slice()
-        .chunks_exact_mut(4)
-        .zip([n as u32, THRESHOLD as u32, 0, 0])
-    {
+    for (d, w) in ctrl.as_mut_slice().chunks_exact_mut(4).zip([
+        n as u32,
+        THRESHOLD as u32,
+        0,
+        0,
+        copied as u32,
+    ]) {
         d.copy_from_slice(&w.to_le_bytes());
     }
     let bufs = SlotBuffers {
@@ -213,8 +218,12 @@ fn damage_and_check(kernel: Kernel) {
     );
     assert!(literals > 10 && misled.len() > 10, "too few pages damaged");
     assert!(corrupted.len() > 10, "{} corrupted", corrupted.len());
-    // SAFETY: as above; the compression kernel's results are in place.
-    unsafe { launch::verify(&gpu, &stream, bufs, n as u32).unwrap() };
+    // SAFETY: as above; the compression kernel's results are in place; `out_packed` is read
+    // only after the synchronization.
+    unsafe {
+        launch::verify(&gpu, &stream, bufs, n as u32).unwrap();
+        launch::copy_packed(&stream, &out_packed, bufs.packed, copied).unwrap();
+    }
     stream.synchronize().unwrap();
     poke.ranges.push((bufs.ctrl, CTRL_WORDS * 4));
     let walked = word(&poke.read(bufs.ctrl, CTRL_WORDS * 4), CTRL_SERIAL_WALKS) as usize;
