@@ -26,7 +26,7 @@ use uzram_core::codec::{Lz4Codec, PageCodec};
 use uzram_core::page::{page_to_words, same_filled_word};
 use uzram_core::{PAGE_SIZE, PAGE_WORDS};
 use uzram_gpu::driver::{DevBuf, Event, HostBuf, Kernel, Stream};
-use uzram_gpu::launch::{self, scratch_bytes, SlotBuffers, CTRL_SERIAL_WALKS, CTRL_WORDS};
+use uzram_gpu::launch::{self, SlotBuffers, CTRL_SERIAL_WALKS, CTRL_WORDS};
 use uzram_gpu::{Gpu, GpuConfig, GpuError, GpuSlots, Parse};
 
 struct Args {
@@ -410,16 +410,10 @@ fn kernel_gbps(
     let bytes = pages.len();
     let stream = Stream::new(gpu)?;
     let (a, b, c) = (Event::new(gpu)?, Event::new(gpu)?, Event::new(gpu)?);
-    let dev: Vec<DevBuf> = [
-        bytes,
-        scratch_bytes(n),
-        bytes,
-        meta_bytes(n),
-        CTRL_WORDS * 4,
-    ]
-    .iter()
-    .map(|&len| DevBuf::new(gpu, len))
-    .collect::<Result<_, _>>()?;
+    let dev: Vec<DevBuf> = launch::device_buffer_bytes(n)
+        .iter()
+        .map(|&len| DevBuf::new(gpu, len))
+        .collect::<Result<_, _>>()?;
     let out_meta = HostBuf::mapped(gpu, meta_bytes(n))?;
     let out_packed = HostBuf::mapped(gpu, bytes)?;
     let mut host = HostBuf::new(gpu, bytes)?;

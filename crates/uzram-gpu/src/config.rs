@@ -5,7 +5,7 @@ use uzram_core::batch::meta_bytes;
 use uzram_core::store::{MAX_SLOT_PAGES, MAX_STAGING_SLOTS};
 use uzram_core::PAGE_SIZE;
 
-use crate::launch::{scratch_bytes, CTRL_WORDS};
+use crate::launch::{device_buffer_bytes, CTRL_WORDS};
 use crate::GpuError;
 
 /// Which compression kernel runs.
@@ -133,10 +133,7 @@ impl GpuConfig {
     /// Device memory of one slot: input, scratch (blocks and their hints), packed blocks,
     /// meta and control words.
     pub fn device_bytes_per_slot(slot_pages: usize) -> u64 {
-        (2 * slot_pages * PAGE_SIZE
-            + scratch_bytes(slot_pages)
-            + meta_bytes(slot_pages)
-            + CTRL_WORDS * 4) as u64
+        device_buffer_bytes(slot_pages).iter().sum::<usize>() as u64
     }
 
     /// Page-locked host memory of the whole ring.

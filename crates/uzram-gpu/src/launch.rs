@@ -32,6 +32,19 @@ pub const fn scratch_bytes(pages: usize) -> usize {
     pages * SCRATCH_SLOT_BYTES
 }
 
+/// Bytes of each device buffer of a run over up to `pages` pages, in [`SlotBuffers`] order:
+/// input, scratch, packed, meta, control words.
+pub const fn device_buffer_bytes(pages: usize) -> [usize; 5] {
+    let bytes = pages * uzram_core::PAGE_SIZE;
+    [
+        bytes,
+        scratch_bytes(pages),
+        bytes,
+        uzram_core::batch::meta_bytes(pages),
+        CTRL_WORDS * 4,
+    ]
+}
+
 /// How many of a run's packed bytes (from the start of `packed`) the host brings over with a
 /// copy engine after the check ([`copy_packed`]); the check exports the rest with its own
 /// stores into mapped memory. A copy's size is fixed when it is queued (and captured in the

@@ -19,7 +19,7 @@ use uzram_core::{PAGE_SIZE, PAGE_WORDS};
 
 use crate::config::{GpuConfig, Parse};
 use crate::driver::{DevBuf, Event, Gpu, GraphExec, HostBuf, Kernel, PinnedWords, Stream};
-use crate::launch::{self, scratch_bytes, SlotBuffers, CTRL_WORDS};
+use crate::launch::{self, SlotBuffers, CTRL_WORDS};
 use crate::GpuError;
 
 /// Counters of a [`GpuSlots`].
@@ -94,12 +94,13 @@ impl GpuSlot {
             Some(words) => PinnedWords::register(gpu, words)?,
             None => PinnedWords::new(gpu, pages * PAGE_WORDS)?,
         };
+        let [input, scratch, packed, meta, ctrl] = launch::device_buffer_bytes(pages);
         let dev = [
-            DevBuf::new(gpu, bytes)?,
-            DevBuf::new(gpu, scratch_bytes(pages))?,
-            DevBuf::new(gpu, bytes)?,
-            DevBuf::new(gpu, meta_bytes(pages))?,
-            DevBuf::new(gpu, CTRL_WORDS * 4)?,
+            DevBuf::new(gpu, input)?,
+            DevBuf::new(gpu, scratch)?,
+            DevBuf::new(gpu, packed)?,
+            DevBuf::new(gpu, meta)?,
+            DevBuf::new(gpu, ctrl)?,
         ];
         let out_meta = HostBuf::mapped(gpu, meta_bytes(pages))?;
         let out_packed = HostBuf::mapped(gpu, bytes)?;

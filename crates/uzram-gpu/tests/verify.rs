@@ -90,16 +90,10 @@ fn damage_and_check(kernel: Kernel) {
     // the fast parse's all) by the check's stores.
     let copied = launch::copied_bytes(kernel, n);
     let stream = Stream::new(&gpu).unwrap();
-    let dev: Vec<DevBuf> = [
-        bytes,
-        scratch_bytes(n),
-        bytes,
-        meta_bytes(n),
-        CTRL_WORDS * 4,
-    ]
-    .iter()
-    .map(|&b| DevBuf::new(&gpu, b).unwrap())
-    .collect();
+    let dev: Vec<DevBuf> = launch::device_buffer_bytes(n)
+        .iter()
+        .map(|&b| DevBuf::new(&gpu, b).unwrap())
+        .collect();
     let out_meta = HostBuf::mapped(&gpu, meta_bytes(n)).unwrap();
     let out_packed = HostBuf::mapped(&gpu, bytes).unwrap();
     let mut host_in = HostBuf::new(&gpu, bytes).unwrap();
