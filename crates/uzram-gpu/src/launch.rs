@@ -21,8 +21,6 @@ pub const HIGH_BLOCK_THREADS: u32 = 256;
 pub const CTRL_WORDS: usize = 5;
 /// Which control word counts the check's serial walks (blocks without usable hints).
 pub const CTRL_SERIAL_WALKS: usize = 3;
-/// Which control word holds [`copied_bytes`].
-pub const CTRL_COPIED: usize = 4;
 /// Bytes of a page's scratch slot (the kernels' `SCRATCH_SLOT_BYTES`): the block being
 /// built, then the area of its sequence hints for the check.
 pub const SCRATCH_SLOT_BYTES: usize = 2 * uzram_core::PAGE_SIZE;
