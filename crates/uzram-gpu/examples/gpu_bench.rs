@@ -25,7 +25,7 @@ use uzram_core::batch::{meta_bytes, SlotBackend};
 use uzram_core::codec::{Lz4Codec, PageCodec};
 use uzram_core::page::{page_to_words, same_filled_word};
 use uzram_core::{PAGE_SIZE, PAGE_WORDS};
-use uzram_gpu::driver::{DevBuf, Event, HostBuf, Kernel, Stream};
+use uzram_gpu::driver::{DevBuf, Event, HostBuf, Stream};
 use uzram_gpu::launch::{self, SlotBuffers, CTRL_SERIAL_WALKS, CTRL_WORDS};
 use uzram_gpu::{Gpu, GpuConfig, GpuError, GpuSlots, Parse};
 
@@ -426,15 +426,12 @@ fn kernel_gbps(
     let mut host = HostBuf::new(gpu, bytes)?;
     host.as_mut_slice().copy_from_slice(pages);
     let mut ctrl = HostBuf::new(gpu, CTRL_WORDS * 4)?;
-    for (d, w) in ctrl.as_mut_slice().chunks_exact_mut(4).zip([
-        n as u32,
-        threshold as u32,
-        0,
-        0,
-        launch::copied_bytes(kernel_of(parse), n) as u32,
-    ]) {
-        d.copy_from_slice(&w.to_le_bytes());
-    }
+    let kernel = parse.kernel();
+    ctrl.as_mut_slice().copy_from_slice(&launch::control_words(
+        n,
+        threshold,
+        launch::copied_bytes(kernel, n),
+    ));
     let bufs = SlotBuffers {
         input: dev[0].ptr(),
         scratch: dev[1].ptr(),
@@ -444,7 +441,6 @@ fn kernel_gbps(
         out_packed: out_packed.device_ptr().unwrap_or(0),
         out_meta: out_meta.device_ptr().unwrap_or(0),
     };
-    let kernel = kernel_of(parse);
     // SAFETY: pinned sources that outlive the synchronize; device buffers of their size.
     unsafe { stream.copy_to_device(bufs.input, host.as_slice().as_ptr(), bytes)? };
     let (mut only, mut checked) = (f64::MAX, f64::MAX);
@@ -495,11 +491,4 @@ fn kernel_gbps(
         out.packed_bytes()
     );
     Ok((gbps(bytes, only), gbps(bytes, checked)))
-}
-
-fn kernel_of(parse: Parse) -> Kernel {
-    match parse {
-        Parse::Fast => Kernel::Fast,
-        Parse::High => Kernel::High,
-    }
 }

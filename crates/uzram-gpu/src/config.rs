@@ -5,6 +5,7 @@ use uzram_core::batch::meta_bytes;
 use uzram_core::store::{MAX_SLOT_PAGES, MAX_STAGING_SLOTS};
 use uzram_core::PAGE_SIZE;
 
+use crate::driver::Kernel;
 use crate::launch::{device_buffer_bytes, CTRL_WORDS};
 use crate::GpuError;
 
@@ -38,6 +39,14 @@ impl Parse {
         match self {
             Parse::Fast => "fast",
             Parse::High => "high",
+        }
+    }
+
+    /// The compression kernel that runs this parse.
+    pub fn kernel(self) -> Kernel {
+        match self {
+            Parse::Fast => Kernel::Fast,
+            Parse::High => Kernel::High,
         }
     }
 }
@@ -204,6 +213,8 @@ mod tests {
         assert!(GpuConfig::for_pinned_budget(40 << 20, 2048).is_err());
         assert!(GpuConfig::for_pinned_budget(128 << 20, 0).is_err());
         assert_eq!("high".parse::<Parse>().unwrap(), Parse::High);
+        assert_eq!(Parse::High.kernel(), Kernel::High);
+        assert_eq!(Parse::Fast.kernel(), Kernel::Fast);
         let e = "medium".parse::<Parse>().unwrap_err().to_string();
         assert!(e.contains("fast or high"), "{e}");
     }

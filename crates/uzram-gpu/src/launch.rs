@@ -21,6 +21,24 @@ pub const HIGH_BLOCK_THREADS: u32 = 256;
 pub const CTRL_WORDS: usize = 5;
 /// Which control word counts the check's serial walks (blocks without usable hints).
 pub const CTRL_SERIAL_WALKS: usize = 3;
+
+/// The control words of a run over `pages` pages with raw threshold `limit` (at most a
+/// page), of which the host copies the first `copied` packed bytes itself, as the kernels
+/// read them (little-endian): both counters zero.
+pub fn control_words(pages: usize, limit: usize, copied: usize) -> [u8; CTRL_WORDS * 4] {
+    let words = [
+        pages as u32,
+        limit.min(uzram_core::PAGE_SIZE) as u32,
+        0,
+        0,
+        copied as u32,
+    ];
+    let mut bytes = [0u8; CTRL_WORDS * 4];
+    for (b, w) in bytes.chunks_exact_mut(4).zip(words) {
+        b.copy_from_slice(&w.to_le_bytes());
+    }
+    bytes
+}
 /// Bytes of a page's scratch slot (the kernels' `SCRATCH_SLOT_BYTES`): the block being
 /// built, then the area of its sequence hints for the check.
 pub const SCRATCH_SLOT_BYTES: usize = 2 * uzram_core::PAGE_SIZE;
@@ -208,4 +226,20 @@ unsafe fn launch(
     // SAFETY: the caller guarantees `params` and the buffers; static shared memory only.
     unsafe { result::launch_kernel(f, (grid, 1, 1), (threads, 1, 1), 0, stream.raw(), params) }
         .map_err(GpuError::driver("cuLaunchKernel"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_words_in_the_kernels_layout() {
+        let words: Vec<u32> = control_words(2048, 5000, 7)
+            .chunks_exact(4)
+            .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
+            .collect();
+        // Pages, the threshold clamped to a page, both counters zero, the copied bytes.
+        assert_eq!(words, [2048, 4096, 0, 0, 7]);
+        assert_eq!(control_words(1, 3625, 0)[4..8], 3625u32.to_le_bytes());
+    }
 }

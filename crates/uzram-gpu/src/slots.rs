@@ -129,10 +129,7 @@ impl GpuSlot {
             _dev: dev,
             submitted: None,
         };
-        let kernel = match cfg.parse {
-            Parse::Fast => Kernel::Fast,
-            Parse::High => Kernel::High,
-        };
+        let kernel = cfg.parse.kernel();
         if gpu.function(kernel).is_none() {
             return Err(GpuError::Config(format!(
                 "the GPU parse {} is not in the loaded kernels",
@@ -255,10 +252,7 @@ impl GpuSlots {
         Ok(Self {
             slots: slots.into_boxed_slice(),
             gpus,
-            kernel: match config.parse {
-                Parse::Fast => Kernel::Fast,
-                Parse::High => Kernel::High,
-            },
+            kernel: config.parse.kernel(),
             config,
             counters: Counters::default(),
         })
@@ -305,18 +299,13 @@ impl GpuSlots {
         pages: usize,
         limit: usize,
     ) -> Result<(), GpuError> {
-        let copied = launch::copied_bytes(self.kernel, s.staging.len() / PAGE_SIZE);
-        let words = [
-            pages as u32,
-            limit.min(PAGE_SIZE) as u32,
-            0,
-            0,
-            copied as u32,
-        ];
-        let ctrl = d.ctrl.as_mut_slice();
-        for (dst, w) in ctrl.chunks_exact_mut(4).zip(words) {
-            dst.copy_from_slice(&w.to_le_bytes());
-        }
+        d.ctrl
+            .as_mut_slice()
+            .copy_from_slice(&launch::control_words(
+                pages,
+                limit,
+                launch::copied_bytes(self.kernel, s.staging.len() / PAGE_SIZE),
+            ));
         d.start.record(&d.stream)?;
         match &d.graph {
             Some(graph) => graph.launch(&d.stream)?,

@@ -99,15 +99,8 @@ fn damage_and_check(kernel: Kernel) {
     let mut host_in = HostBuf::new(&gpu, bytes).unwrap();
     host_in.as_mut_slice().copy_from_slice(&pages);
     let mut ctrl = HostBuf::new(&gpu, CTRL_WORDS * 4).unwrap();
-    for (d, w) in ctrl.as_mut_slice().chunks_exact_mut(4).zip([
-        n as u32,
-        THRESHOLD as u32,
-        0,
-        0,
-        copied as u32,
-    ]) {
-        d.copy_from_slice(&w.to_le_bytes());
-    }
+    ctrl.as_mut_slice()
+        .copy_from_slice(&launch::control_words(n, THRESHOLD, copied));
     let bufs = SlotBuffers {
         input: dev[0].ptr(),
         scratch: dev[1].ptr(),
