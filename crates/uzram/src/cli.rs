@@ -67,6 +67,16 @@ impl Command {
             _ => false,
         }
     }
+
+    /// True for the commands whose stdout carries nothing but log lines: the detached daemon
+    /// (its stdout is its log file) and the systemd services (readiness goes by sd_notify).
+    /// `create --foreground` and `recover` print the device on stdout for their caller.
+    pub fn stdout_is_its_log(&self) -> bool {
+        matches!(
+            self,
+            Command::Daemon(_) | Command::Run(_) | Command::Standby(_)
+        )
+    }
 }
 
 #[derive(Debug, Clone, clap::Args)]

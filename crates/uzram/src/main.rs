@@ -12,6 +12,7 @@ mod inuse;
 mod metrics;
 mod size;
 mod sizeexpr;
+mod stdio_route;
 mod sys;
 
 use std::process::ExitCode;
@@ -59,12 +60,35 @@ fn main() -> ExitCode {
     // tmpfs (/run), whose pages can be swapped out to the daemon's own device; a queue
     // thread writing there would wait for its own swap-in (seen in the guest).
     // The writer thread must never take a daemon's SIGTERM (see `with_stop_signals_blocked`).
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let on_io_path = cli.command.on_a_device_io_path();
+    // On a device's I/O path the writer gets a copy of stderr of its own, and stderr itself
+    // (with stdout where it is the log too) is routed into the queue: see `stdio_route`.
+    let log_file = on_io_path
+        .then(|| stdio_route::dup_cloexec(2).ok())
+        .flatten()
+        .map(std::fs::File::from);
+    let routed = log_file.is_some();
+    let log_destination: Box<dyn std::io::Write + Send> = match log_file {
+        Some(file) => Box::new(file),
+        None => Box::new(std::io::stderr()),
+    };
     let (log_writer, _log_guard) = sys::with_stop_signals_blocked(|| {
         tracing_appender::non_blocking::NonBlockingBuilder::default()
             .lossy(true)
             .buffered_lines_limit(4096)
             .thread_name("uzram-log")
-            .finish(std::io::stderr())
+            .finish(log_destination)
+    });
+    // Declared after the guard, so dropped before it: what the drainer forwards at the end
+    // reaches the queue before the guard flushes it.
+    let stdio_route = routed.then(|| {
+        let fds: &[i32] = if cli.command.stdout_is_its_log() {
+            &[1, 2]
+        } else {
+            &[2]
+        };
+        stdio_route::install(fds, log_writer.clone())
     });
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -72,8 +96,16 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(log_writer)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(ansi)
         .init();
+    let _stdio_route = match stdio_route {
+        Some(Ok(route)) => Some(route),
+        Some(Err(err)) => {
+            tracing::warn!(error = %err, "stderr goes straight to the log: a takeover may wait on it");
+            None
+        }
+        None => None,
+    };
     if !malloc_configured {
         tracing::warn!("mallopt failed: memory headroom may not hold under pressure");
     }

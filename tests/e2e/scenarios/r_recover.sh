@@ -65,6 +65,14 @@ crash_done() {
   if [ -z "$_dp" ] || [ -z "$_pol" ]; then fail_check "$CW: no threads of the new daemon to look at"
   elif [ "$_rt" = 0 ]; then ok "$CW: no thread of the new daemon is left realtime ($(printf '%s\n' "$_pol" | wc -l) threads)"
   else fail_check "$CW: $_rt threads of the new daemon still realtime (scheduling policy not 0)"; fi
+  # its direct writes to stdout and stderr (libublk's eprintln!, a panic message) go through
+  # a pipe into its lossy log queue, not to the log file on tmpfs, whose page may be in swap
+  # on the device it takes over (a takeover once hung there: src/stdio_route.rs)
+  _o="$(readlink /proc/"$_dp"/fd/1) $(readlink /proc/"$_dp"/fd/2)"
+  case "$_o" in
+    "pipe:"*" pipe:"*) ok "$CW: the new daemon's stdout and stderr go through its log queue ($_o)" ;;
+    *) fail_check "$CW: the new daemon's stdout and stderr are '$_o', not its log queue's pipe" ;;
+  esac
   # what the new daemon allocated to start (the recovery room must cover it: docs/recovery.md)
   say "  $CW: new daemon's memory: $(grep -E '^(RssAnon|VmLck|VmPTE)' "/proc/$_dp/status" | tr -s ' \t\n' ' ')"
   kill -0 $HPID 2>/dev/null && ok "$CW: the hog is alive" \

@@ -1,0 +1,222 @@
+//! Sends a daemon's direct writes to stdout and stderr through the log's lossy queue.
+//!
+//! A daemon's log goes to a writer thread through a bounded queue that drops lines when full,
+//! so that no serving thread waits on the log's destination. That destination is a file on
+//! tmpfs (`/run/uzram`) or the journal, and either can wait for a swap-in from the very device
+//! the daemon serves. Lines that bypass the queue — an `eprintln!` in a library (libublk prints
+//! one while it reloads a device it takes over), a panic message — went straight to the same
+//! open file: in the guest, a successor daemon's main thread sat in `writev` on fd 2 behind the
+//! file's position lock, held by its own log writer, which was swapping in a page of the log
+//! from the paused device the successor was about to serve. Neither could go on.
+//!
+//! [`install`] points the chosen descriptors at a pipe and drains it on a thread of its own
+//! into the lossy queue. A direct write then waits at most for the drainer to empty the pipe,
+//! and the drainer never waits on the destination.
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crate::sys;
+
+/// How long [`StdioRoute`]'s drop waits for the drainer to forward what is left in the pipe.
+const DRAIN_WAIT: Duration = Duration::from_secs(1);
+
+/// Descriptors pointed at the drained pipe; dropping it points them back and lets the drainer
+/// finish.
+pub struct StdioRoute {
+    /// Each routed descriptor with a copy of what it pointed at before.
+    saved: Vec<(RawFd, OwnedFd)>,
+    /// Closed by the drainer when it has forwarded everything (end of file on the pipe).
+    done: mpsc::Receiver<()>,
+}
+
+/// Points each of `fds` at one pipe whose bytes a thread named `uzram-stdio` forwards to `sink`
+/// in chunks. `sink` must not block (a lossy `tracing_appender` writer).
+pub fn install(fds: &[RawFd], sink: impl Write + Send + 'static) -> io::Result<StdioRoute> {
+    let (read, write) = pipe_cloexec()?;
+    let mut saved = Vec::with_capacity(fds.len());
+    for &fd in fds {
+        saved.push((fd, dup_cloexec(fd)?));
+    }
+    let (done_tx, done) = mpsc::channel::<()>();
+    let mut pipe = std::fs::File::from(read);
+    // The drainer must never take a daemon's stop signal (`with_stop_signals_blocked`).
+    sys::with_stop_signals_blocked(|| {
+        std::thread::Builder::new()
+            .name("uzram-stdio".into())
+            .spawn(move || {
+                let mut sink = sink;
+                let mut buf = [0u8; 4096];
+                loop {
+                    match pipe.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => {
+                            let _ = sink.write_all(&buf[..n]);
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(_) => break,
+                    }
+                }
+                let _ = sink.flush();
+                drop(done_tx);
+            })
+    })?;
+    // From here the pipe's only writers are the routed descriptors (and children that
+    // inherit them): `write` itself closes at the end of this function.
+    for &fd in fds {
+        // SAFETY: both descriptors are open; dup2 takes no pointers and replaces `fd` atomically.
+        if unsafe { libc::dup2(write.as_raw_fd(), fd) } == -1 {
+            let err = io::Error::last_os_error();
+            restore(&saved);
+            return Err(err);
+        }
+    }
+    Ok(StdioRoute { saved, done })
+}
+
+impl Drop for StdioRoute {
+    fn drop(&mut self) {
+        restore(&self.saved);
+        // End of file once no routed descriptor is left open on the pipe; a child that
+        // inherited one keeps it open, hence the bound.
+        let _ = self.done.recv_timeout(DRAIN_WAIT);
+    }
+}
+
+fn restore(saved: &[(RawFd, OwnedFd)]) {
+    for (fd, old) in saved {
+        // SAFETY: `old` is open (owned here) and `fd` is a descriptor number; dup2 takes no
+        // pointers. A failure leaves `fd` on the pipe, which still reaches the log.
+        unsafe { libc::dup2(old.as_raw_fd(), *fd) };
+    }
+}
+
+/// A copy of `fd`, close-on-exec.
+pub fn dup_cloexec(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC takes no pointers; an invalid `fd` fails with EBADF.
+    let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    sys::check(new)?;
+    // SAFETY: fcntl returned a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
+fn pipe_cloexec() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    sys::check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+
+    /// A sink that accepts nothing until released, as a log file whose page is in swap on a
+    /// paused device would.
+    #[derive(Clone)]
+    struct Stalled {
+        gate: Arc<(Mutex<bool>, std::sync::Condvar)>,
+        got: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Write for Stalled {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let (open, cv) = &*self.gate;
+            let mut open = open.lock().unwrap();
+            while !*open {
+                open = cv.wait(open).unwrap();
+            }
+            self.got.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A descriptor of this test's own (never 0–2, which the test harness shares).
+    fn own_fd() -> OwnedFd {
+        OwnedFd::from(std::fs::File::open("/dev/null").unwrap())
+    }
+
+    fn write_raw(fd: RawFd, bytes: &[u8]) -> io::Result<()> {
+        // The descriptor belongs to the test; ManuallyDrop keeps the File from closing it.
+        // SAFETY: `fd` is open for the duration of the call and is not closed here.
+        let mut file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
+        file.write_all(bytes)
+    }
+
+    #[test]
+    fn a_direct_write_does_not_wait_for_a_stalled_log() {
+        // Before the route, the descriptor is a pipe that nobody reads: a write past its
+        // capacity would block for good.
+        let (_unread, target) = pipe_cloexec().unwrap();
+        let sink = Stalled {
+            gate: Arc::new((Mutex::new(false), std::sync::Condvar::new())),
+            got: Arc::new(Mutex::new(Vec::new())),
+        };
+        let (lossy, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+            .lossy(true)
+            .buffered_lines_limit(16)
+            .finish(sink.clone());
+        let route = install(&[target.as_raw_fd()], lossy).unwrap();
+        // Sixteen times a pipe's default capacity.
+        let line = [b'x'; 4095];
+        let (tx, rx) = mpsc::channel();
+        let fd = target.as_raw_fd();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            for _ in 0..256 {
+                write_raw(fd, &line).unwrap();
+                write_raw(fd, b"\n").unwrap();
+            }
+            let _ = tx.send(started.elapsed());
+        });
+        let took = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("direct writes waited for the stalled log");
+        assert!(took < Duration::from_secs(30));
+        // Released, the destination gets what the queue kept: something, not all of it.
+        {
+            let (open, cv) = &*sink.gate;
+            *open.lock().unwrap() = true;
+            cv.notify_all();
+        }
+        drop(route);
+        drop(guard);
+        let got = sink.got.lock().unwrap().len();
+        assert!(got > 0, "nothing reached the log");
+        assert!(
+            got < 256 * 4096,
+            "a stalled log kept everything: {got} bytes"
+        );
+    }
+
+    #[test]
+    fn routed_bytes_reach_the_log_and_the_descriptor_is_given_back() {
+        let target = own_fd();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let sink = Stalled {
+            gate: Arc::new((Mutex::new(true), std::sync::Condvar::new())),
+            got: got.clone(),
+        };
+        let (lossy, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+            .lossy(true)
+            .finish(sink);
+        let before = std::fs::read_link(format!("/proc/self/fd/{}", target.as_raw_fd())).unwrap();
+        let route = install(&[target.as_raw_fd()], lossy).unwrap();
+        let during = std::fs::read_link(format!("/proc/self/fd/{}", target.as_raw_fd())).unwrap();
+        assert!(during.to_string_lossy().starts_with("pipe:"), "{during:?}");
+        write_raw(target.as_raw_fd(), b"device reload json failed\n").unwrap();
+        drop(route);
+        drop(guard);
+        let after = std::fs::read_link(format!("/proc/self/fd/{}", target.as_raw_fd())).unwrap();
+        assert_eq!(after, before);
+        assert_eq!(&*got.lock().unwrap(), b"device reload json failed\n");
+    }
+}
