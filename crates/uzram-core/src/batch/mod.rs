@@ -20,7 +20,7 @@ use std::sync::atomic::AtomicU64;
 
 pub use host::{FailAt, FaultPlan, HostSlots};
 pub use layout::{meta_bytes, PageResult, SlotOutput, SIZE_RAW, SIZE_REJECTED, SIZE_SAME_FILLED};
-pub use ring::{Ring, RingConfig, RingStats, ThreadHook};
+pub use ring::{Ring, RingConfig, RingStats, SlotTimes, ThreadHook};
 pub use staging::{book_words, StagedCopy, Words};
 
 use crate::codec::Algorithm;

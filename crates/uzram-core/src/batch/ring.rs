@@ -142,6 +142,41 @@ pub struct RingStats {
     pub install_busy_us: u64,
     /// Slots not free right now.
     pub busy_slots: u64,
+    /// Where the slots' time went, summed over every slot, µs: what bounds a ring whose
+    /// backend is faster than its writers or installers.
+    pub slot_us: SlotTimes,
+}
+
+/// Time slots spent in each step of their cycle, summed over slots, µs. The step a slot
+/// is in now is not counted until it ends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotTimes {
+    /// Free, waiting for a writer to open it.
+    pub free: u64,
+    /// Open, taking pages, until full or its delay was up.
+    pub filling: u64,
+    /// Sealed, until its last writer finished copying in.
+    pub sealed: u64,
+    /// In the backend's `submit` (on the last writer's thread).
+    pub submitting: u64,
+    /// Submitted, waiting for an installer.
+    pub queued: u64,
+    /// An installer waiting for the backend's results.
+    pub device: u64,
+    /// Results (or the CPU's) being installed, until the slot is freed.
+    pub installing: u64,
+}
+
+/// The steps of [`SlotTimes`], as indices of [`Counters::slot_ns`].
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Free,
+    Filling,
+    Sealed,
+    Submitting,
+    Queued,
+    Device,
+    Installing,
 }
 
 impl RingStats {
@@ -169,6 +204,13 @@ impl RingStats {
             ("ring_commit_retries", self.commit_retries),
             ("ring_install_busy_us", self.install_busy_us),
             ("ring_busy_slots", self.busy_slots),
+            ("ring_slot_free_us", self.slot_us.free),
+            ("ring_slot_filling_us", self.slot_us.filling),
+            ("ring_slot_sealed_us", self.slot_us.sealed),
+            ("ring_slot_submitting_us", self.slot_us.submitting),
+            ("ring_slot_queued_us", self.slot_us.queued),
+            ("ring_slot_device_us", self.slot_us.device),
+            ("ring_slot_installing_us", self.slot_us.installing),
         ]
     }
 }
@@ -194,6 +236,7 @@ struct Counters {
     backend_failures: AtomicU64,
     commit_retries: AtomicU64,
     install_busy_ns: AtomicU64,
+    slot_ns: [AtomicU64; 7],
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -309,6 +352,10 @@ struct Shared {
     draining: AtomicBool,
     failures_in_row: AtomicU32,
     counters: Counters,
+    /// When the ring started: slot marks count from here.
+    started: Instant,
+    /// Per slot, when its current step began (ns after `started`).
+    slot_marks: Vec<AtomicU64>,
 }
 
 /// Stages writes into a [`SlotBackend`] and installs the results; see the module docs.
@@ -404,6 +451,8 @@ impl Ring {
             draining: AtomicBool::new(false),
             failures_in_row: AtomicU32::new(0),
             counters: Counters::default(),
+            started: Instant::now(),
+            slot_marks: (0..slots).map(|_| AtomicU64::new(0)).collect(),
             cfg,
         });
         let mut ring = Ring {
@@ -553,6 +602,18 @@ impl Ring {
             commit_retries: g(&c.commit_retries),
             install_busy_us: g(&c.install_busy_ns) / 1000,
             busy_slots: busy as u64,
+            slot_us: {
+                let us = |step: Step| g(&c.slot_ns[step as usize]) / 1000;
+                SlotTimes {
+                    free: us(Step::Free),
+                    filling: us(Step::Filling),
+                    sealed: us(Step::Sealed),
+                    submitting: us(Step::Submitting),
+                    queued: us(Step::Queued),
+                    device: us(Step::Device),
+                    installing: us(Step::Installing),
+                }
+            },
         }
     }
 
@@ -636,6 +697,18 @@ impl Drop for Ring {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `slot` ends step `ended` now (each slot's steps follow one another, so one mark each).
+    fn mark(&self, slot: usize, ended: Step) {
+        let now = u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        if let Some(m) = self.slot_marks.get(slot) {
+            let began = m.swap(now, Ordering::Relaxed);
+            bump(
+                &self.counters.slot_ns[ended as usize],
+                now.saturating_sub(began),
+            );
+        }
     }
 
     fn epoch(&self, slot: usize) -> u64 {
@@ -752,6 +825,7 @@ impl Shared {
             Some(slot) => slot,
             None => {
                 let slot = st.free.pop()?;
+                self.mark(slot, Step::Free);
                 st.slots[slot] = SlotState {
                     phase: Phase::Filling,
                     filled: 0,
@@ -773,6 +847,7 @@ impl Shared {
         s.writers += 1;
         if s.filled == slot_pages {
             s.phase = Phase::Sealed;
+            self.mark(slot, Step::Filling);
             st.open = None;
             st.opened = None;
         } else if st.opened.is_none() {
@@ -813,6 +888,7 @@ impl Shared {
             st.open = None;
             st.opened = None;
         }
+        self.mark(slot, Step::Filling);
         let s = &mut st.slots[slot];
         s.phase = Phase::Sealed;
         if s.writers == 0 {
@@ -825,6 +901,7 @@ impl Shared {
     /// Hands a sealed slot to the backend (or, retired or failing, to the CPU) and queues
     /// it for an installer.
     fn submit(&self, slot: usize, pages: usize) {
+        self.mark(slot, Step::Sealed);
         let submitted = if self.retired.load(Ordering::Relaxed) {
             false
         } else {
@@ -839,6 +916,7 @@ impl Shared {
                 }
             }
         };
+        self.mark(slot, Step::Submitting);
         self.lock().queue.push_back(Job {
             slot,
             pages,
@@ -872,6 +950,7 @@ impl Shared {
 
     /// Frees an installed slot.
     fn free(&self, slot: usize) {
+        self.mark(slot, Step::Installing);
         let mut st = self.lock();
         st.slots[slot] = SlotState {
             phase: Phase::Free,
@@ -890,6 +969,7 @@ impl Shared {
         let mut st = self.lock();
         loop {
             if let Some(job) = st.queue.pop_front() {
+                self.mark(job.slot, Step::Queued);
                 return Some(job);
             }
             if st.stop {
@@ -989,6 +1069,9 @@ impl Installer<'_> {
             let sh = self.sh;
             let mut completed = false;
             let result = sh.staging.backend.complete(job.slot, &mut |out| {
+                if !completed {
+                    sh.mark(job.slot, Step::Device);
+                }
                 completed = true;
                 self.install(job, Some(out));
             });

@@ -528,3 +528,32 @@ fn slots_of_raw_pages_are_stored_straight_from_the_staged_words() {
     assert_eq!(store.stats().huge_pages, 1000);
     assert_reads(&store, &data);
 }
+
+#[test]
+fn slot_times_say_where_a_slow_device_spends_the_cycle() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let slow = FaultPlan {
+        delay: Duration::from_millis(20),
+        ..FaultPlan::default()
+    };
+    let slots = 8;
+    let started = std::time::Instant::now();
+    let (store, ring) = ring_with(n, host(slots, 128, slow), RingConfig::default());
+    write_all(&ring, 0, &data);
+    ring.flush();
+    let wall = started.elapsed().as_micros() as u64;
+    let s = ring.stats();
+    let t = s.slot_us;
+    assert!(s.slots_installed >= 2, "{s:?}");
+    // Every installed slot's results came 20 ms after an installer asked for them.
+    assert!(t.device >= s.slots_installed * 20_000, "{t:?} for {s:?}");
+    assert!(t.filling > 0 && t.installing > 0, "{t:?}");
+    let counted = t.free + t.filling + t.sealed + t.submitting + t.queued + t.device + t.installing;
+    assert!(
+        counted <= slots as u64 * wall,
+        "{counted} µs counted in {wall} µs of {slots} slots"
+    );
+    drop(ring);
+    assert_reads(&store, &data);
+}
