@@ -104,6 +104,15 @@ fn json_report_has_every_key_and_verifies() {
                 assert!(v[key].as_f64().expect(key) > 0.0, "{key}: {line}");
             }
             assert!(v["read_idle_p99_us"].as_f64() >= v["read_idle_p50_us"].as_f64());
+            // The first writer to finish its share is done by the time the last one is.
+            let first = v["first_writer_done_s"]
+                .as_f64()
+                .expect("first_writer_done_s");
+            let ack = v["ack_s"].as_f64().expect("ack_s");
+            assert!(
+                first > 0.0 && first <= ack,
+                "first writer {first} s, ack {ack} s"
+            );
         }
     }
 }

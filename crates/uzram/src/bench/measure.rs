@@ -46,6 +46,9 @@ pub struct Run {
     pub backend: &'static str,
     /// From the first write to the last acknowledged one.
     pub ack: Duration,
+    /// From the first write until the first writer had written its share (each writer
+    /// has an equal one): against `ack`, how unevenly the writers went.
+    pub first_writer_done: Duration,
     /// From the first write until every page was compressed and installed.
     pub compressed: Duration,
     /// Process CPU time over that span, the timing reader's own left out.
@@ -163,7 +166,7 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
             (src, vec![0u8; REQUEST_PAGES * PAGE_SIZE])
         })
         .collect();
-    let (ack, compressed, cpu, faults, cpu_by_role, busy, reader_ok) =
+    let (ack, first_done, compressed, cpu, faults, cpu_by_role, busy, reader_ok) =
         std::thread::scope(|scope| {
             // Named, so profiles tell the threads apart.
             let reader = std::thread::Builder::new()
@@ -193,16 +196,18 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
                     let hi = (base + (q + 1) * per).min(total);
                     std::thread::Builder::new()
                         .name(format!("bench-queue-{q}"))
-                        .spawn_scoped(scope, move || -> anyhow::Result<Duration> {
-                            // Its own CPU, measured here: the thread is gone when the run ends.
+                        .spawn_scoped(scope, move || -> anyhow::Result<(Duration, Duration)> {
+                            // Its own CPU, measured here: the thread is gone when the run
+                            // ends.
                             let start = cpu_time(CpuOf::Thread)?;
                             let mut first = lo;
                             while first < hi {
                                 let n = REQUEST_PAGES.min(hi - first);
-                                write(s, c, first, src.pages_at(base, first, n, &mut scratch))?;
+                                let pages = src.pages_at(base, first, n, &mut scratch);
+                                write(s, c, first, pages)?;
                                 first += n;
                             }
-                            Ok(cpu_time(CpuOf::Thread)? - start)
+                            Ok((cpu_time(CpuOf::Thread)? - start, t0.elapsed()))
                         })
                 })
                 .collect();
@@ -216,12 +221,16 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
             };
             let mut result = Ok(());
             let mut queues_cpu = Duration::ZERO;
+            let mut first_done = Duration::MAX;
             for w in writers {
                 match w
                     .join()
                     .unwrap_or_else(|_| Err(anyhow::anyhow!("a writer thread panicked")))
                 {
-                    Ok(cpu) => queues_cpu += cpu,
+                    Ok((cpu, done)) => {
+                        queues_cpu += cpu;
+                        first_done = first_done.min(done);
+                    }
                     Err(e) => result = Err(e),
                 }
             }
@@ -241,6 +250,7 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
             result?;
             anyhow::Ok((
                 ack,
+                first_done,
                 compressed,
                 (after.cpu - before.cpu).saturating_sub(reader_cpu),
                 after.faults - before.faults,
@@ -278,6 +288,7 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
     Ok(Run {
         backend,
         ack,
+        first_writer_done: first_done,
         compressed,
         cpu,
         faults,

@@ -28,6 +28,9 @@ pub struct Report {
     /// Bytes ÷ time until every write was acknowledged (median).
     pub ack_gbps: f64,
     pub ack_s: f64,
+    /// When the first writer had written its equal share (median): against `ack_s`, how
+    /// unevenly the writers went.
+    pub first_writer_done_s: f64,
     pub compressed_s: f64,
     /// Process CPU-seconds per GiB ingested, the timing reader's own left out (median).
     pub cpu_s_per_gib: f64,
@@ -87,6 +90,7 @@ impl Report {
             ingest_gbps: m(&|r| bytes as f64 / secs(r.compressed) / 1e9),
             ack_gbps: m(&|r| bytes as f64 / secs(r.ack) / 1e9),
             ack_s: m(&|r| r.ack.as_secs_f64()),
+            first_writer_done_s: m(&|r| r.first_writer_done.as_secs_f64()),
             compressed_s: m(&|r| r.compressed.as_secs_f64()),
             cpu_s_per_gib: m(&|r| r.cpu.as_secs_f64() / (bytes as f64 / (1u64 << 30) as f64)),
             faults_per_gib: m(&|r| r.faults as f64 / (bytes as f64 / (1u64 << 30) as f64)),
