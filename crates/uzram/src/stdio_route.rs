@@ -12,16 +12,30 @@
 //! [`install`] points the chosen descriptors at a pipe and drains it on a thread of its own
 //! into the lossy queue. A direct write then waits at most for the drainer to empty the pipe,
 //! and the drainer never waits on the destination.
+//!
+//! A child meant to outlive the daemon (its standby, a restart's bridge) must not inherit the
+//! pipe, whose reader dies with the daemon: [`original`] gives it the descriptor as it was.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::mpsc;
+use std::sync::{mpsc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::sys;
 
 /// How long [`StdioRoute`]'s drop waits for the drainer to forward what is left in the pipe.
 const DRAIN_WAIT: Duration = Duration::from_secs(1);
+
+/// Copies of the routed descriptors as they were before the route, while it stands.
+static ORIGINALS: Mutex<Vec<(RawFd, OwnedFd)>> = Mutex::new(Vec::new());
+
+/// A copy of what `fd` pointed at before [`install`] routed it (`None`: not routed), for a
+/// child that outlives this process: the routed pipe's reader dies with it.
+pub fn original(fd: RawFd) -> Option<OwnedFd> {
+    let originals = ORIGINALS.lock().unwrap_or_else(PoisonError::into_inner);
+    let (_, old) = originals.iter().find(|(f, _)| *f == fd)?;
+    old.try_clone().ok()
+}
 
 /// Descriptors pointed at the drained pipe; dropping it points them back and lets the drainer
 /// finish.
@@ -46,6 +60,8 @@ pub fn install(fds: &[RawFd], sink: impl Write + Send + 'static) -> io::Result<S
     sys::with_stop_signals_blocked(|| {
         std::thread::Builder::new()
             .name("uzram-stdio".into())
+            // A daemon locks every thread's stack whole: this one needs little.
+            .stack_size(64 << 10)
             .spawn(move || {
                 let mut sink = sink;
                 let mut buf = [0u8; 4096];
@@ -73,11 +89,23 @@ pub fn install(fds: &[RawFd], sink: impl Write + Send + 'static) -> io::Result<S
             return Err(err);
         }
     }
+    let copies: Vec<(RawFd, OwnedFd)> = saved
+        .iter()
+        .filter_map(|(fd, old)| Some((*fd, old.try_clone().ok()?)))
+        .collect();
+    ORIGINALS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .extend(copies);
     Ok(StdioRoute { saved, done })
 }
 
 impl Drop for StdioRoute {
     fn drop(&mut self) {
+        ORIGINALS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|(fd, _)| !self.saved.iter().any(|(s, _)| s == fd));
         restore(&self.saved);
         // End of file once no routed descriptor is left open on the pipe; a child that
         // inherited one keeps it open, hence the bound.
@@ -212,11 +240,16 @@ mod tests {
         let route = install(&[target.as_raw_fd()], lossy).unwrap();
         let during = std::fs::read_link(format!("/proc/self/fd/{}", target.as_raw_fd())).unwrap();
         assert!(during.to_string_lossy().starts_with("pipe:"), "{during:?}");
+        // What a child that outlives this process gets instead: the descriptor as it was.
+        let kept = original(target.as_raw_fd()).expect("a routed descriptor's original");
+        let kept_is = std::fs::read_link(format!("/proc/self/fd/{}", kept.as_raw_fd())).unwrap();
+        assert_eq!(kept_is, before);
         write_raw(target.as_raw_fd(), b"device reload json failed\n").unwrap();
         drop(route);
         drop(guard);
         let after = std::fs::read_link(format!("/proc/self/fd/{}", target.as_raw_fd())).unwrap();
         assert_eq!(after, before);
+        assert!(original(target.as_raw_fd()).is_none(), "the route is gone");
         assert_eq!(&*got.lock().unwrap(), b"device reload json failed\n");
     }
 }

@@ -25,6 +25,9 @@ where
         .args(args)
         .env_remove("NOTIFY_SOCKET")
         .stdin(Stdio::null())
+        // The unit's journal, not this daemon's routed stdio: its pipe dies with us.
+        .stdout(crate::stdio_route::original(1).map_or_else(Stdio::inherit, Stdio::from))
+        .stderr(crate::stdio_route::original(2).map_or_else(Stdio::inherit, Stdio::from))
         .spawn()
 }
 
