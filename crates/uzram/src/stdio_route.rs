@@ -23,6 +23,10 @@ use std::time::Duration;
 
 use crate::sys;
 
+/// Longest piece the drainer forwards as one log message. A created device's standby logs to
+/// the kernel's log (`/dev/kmsg`), which refuses a write of more than 1024 bytes whole.
+const MAX_PIECE: usize = 960;
+
 /// How long [`StdioRoute`]'s drop waits for the drainer to forward what is left in the pipe.
 const DRAIN_WAIT: Duration = Duration::from_secs(1);
 
@@ -64,18 +68,20 @@ pub fn install(fds: &[RawFd], sink: impl Write + Send + 'static) -> io::Result<S
             .stack_size(64 << 10)
             .spawn(move || {
                 let mut sink = sink;
+                let mut forward = |piece: &[u8]| {
+                    let _ = sink.write_all(piece);
+                };
+                let mut lines = Lines::default();
                 let mut buf = [0u8; 4096];
                 loop {
                     match pipe.read(&mut buf) {
                         Ok(0) => break,
-                        Ok(n) => {
-                            let _ = sink.write_all(&buf[..n]);
-                        }
+                        Ok(n) => lines.feed(&buf[..n], &mut forward),
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                         Err(_) => break,
                     }
                 }
-                let _ = sink.flush();
+                lines.finish(&mut forward);
                 drop(done_tx);
             })
     })?;
@@ -98,6 +104,49 @@ pub fn install(fds: &[RawFd], sink: impl Write + Send + 'static) -> io::Result<S
         .unwrap_or_else(PoisonError::into_inner)
         .extend(copies);
     Ok(StdioRoute { saved, done })
+}
+
+/// Cuts the drained bytes into lines, each forwarded as one message (a line of `eprintln!`
+/// and a log line never share one), none longer than [`MAX_PIECE`].
+struct Lines {
+    buf: [u8; MAX_PIECE],
+    len: usize,
+}
+
+impl Default for Lines {
+    fn default() -> Self {
+        Self {
+            buf: [0; MAX_PIECE],
+            len: 0,
+        }
+    }
+}
+
+impl Lines {
+    fn feed(&mut self, mut bytes: &[u8], out: &mut impl FnMut(&[u8])) {
+        while !bytes.is_empty() {
+            let room = &bytes[..bytes.len().min(MAX_PIECE - self.len)];
+            let take = room
+                .iter()
+                .position(|&b| b == b'\n')
+                .map_or(room.len(), |i| i + 1);
+            self.buf[self.len..self.len + take].copy_from_slice(&bytes[..take]);
+            self.len += take;
+            bytes = &bytes[take..];
+            if self.len == MAX_PIECE || self.buf[self.len - 1] == b'\n' {
+                out(&self.buf[..self.len]);
+                self.len = 0;
+            }
+        }
+    }
+
+    /// Forwards what is left of a last line without its newline.
+    fn finish(&mut self, out: &mut impl FnMut(&[u8])) {
+        if self.len > 0 {
+            out(&self.buf[..self.len]);
+            self.len = 0;
+        }
+    }
 }
 
 impl Drop for StdioRoute {
@@ -177,6 +226,30 @@ mod tests {
         // SAFETY: `fd` is open for the duration of the call and is not closed here.
         let mut file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
         file.write_all(bytes)
+    }
+
+    #[test]
+    fn lines_are_forwarded_whole_and_long_ones_in_pieces() {
+        let mut got: Vec<Vec<u8>> = Vec::new();
+        let mut lines = Lines::default();
+        let mut out = |p: &[u8]| got.push(p.to_vec());
+        lines.feed(b"ab\ncd", &mut out);
+        lines.feed(b"e\nf", &mut out);
+        lines.feed(&[b'x'; 2000], &mut out);
+        lines.feed(b"\n", &mut out);
+        lines.feed(b"tail", &mut out);
+        lines.finish(&mut out);
+        let lens: Vec<usize> = got.iter().map(Vec::len).collect();
+        assert_eq!(
+            lens,
+            [3, 4, MAX_PIECE, MAX_PIECE, 2001 - 2 * MAX_PIECE + 1, 4]
+        );
+        assert_eq!(got[0], b"ab\n");
+        assert_eq!(got[1], b"cde\n");
+        assert_eq!(got[2][0], b'f');
+        assert_eq!(got[4].last(), Some(&b'\n'));
+        assert_eq!(got[5], b"tail");
+        assert_eq!(got.concat().len(), 3 + 4 + 1 + 2000 + 1 + 4);
     }
 
     #[test]

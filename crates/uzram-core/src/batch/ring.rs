@@ -1075,6 +1075,10 @@ impl Installer<'_> {
                 completed = true;
                 self.install(job, Some(out));
             });
+            if !completed {
+                // The wait ended without results: that time was the device's, not installing.
+                sh.mark(job.slot, Step::Device);
+            }
             match result {
                 Ok(()) if completed => {
                     sh.failures_in_row.store(0, Ordering::Relaxed);
