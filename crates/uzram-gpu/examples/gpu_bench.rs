@@ -427,11 +427,9 @@ fn kernel_gbps(
     host.as_mut_slice().copy_from_slice(pages);
     let mut ctrl = HostBuf::new(gpu, CTRL_WORDS * 4)?;
     let kernel = parse.kernel();
-    ctrl.as_mut_slice().copy_from_slice(&launch::control_words(
-        n,
-        threshold,
-        launch::copied_bytes(kernel, n),
-    ));
+    let copied = launch::copied_bytes(kernel, n);
+    ctrl.as_mut_slice()
+        .copy_from_slice(&launch::control_words(n, threshold, copied));
     let bufs = SlotBuffers {
         input: dev[0].ptr(),
         scratch: dev[1].ptr(),
@@ -452,12 +450,7 @@ fn kernel_gbps(
             launch::compress(gpu, &stream, kernel, bufs, n as u32)?;
             b.record(&stream)?;
             launch::verify(gpu, &stream, bufs, n as u32)?;
-            launch::copy_packed(
-                &stream,
-                &out_packed,
-                bufs.packed,
-                launch::copied_bytes(kernel, n),
-            )?;
+            launch::copy_packed(&stream, &out_packed, bufs.packed, copied)?;
             c.record(&stream)?;
         }
         c.synchronize()?;

@@ -575,8 +575,8 @@ impl Stream {
             .map_err(GpuError::driver("cuMemcpyDtoHAsync"))
     }
 
-    /// Queues a copy of `len` bytes from device memory at `src` into `dst` from byte `at`
-    /// on; refuses a range outside `dst`.
+    /// Queues a copy of `len` bytes from device memory at `src` into the start of `dst`;
+    /// refuses more than `dst` holds.
     ///
     /// # Safety
     /// `src` must hold `len` bytes; `dst` must stay alive until the stream reaches this copy
@@ -585,20 +585,19 @@ impl Stream {
     pub unsafe fn copy_into_host(
         &self,
         dst: &HostBuf,
-        at: usize,
         src: CUdeviceptr,
         len: usize,
     ) -> Result<(), GpuError> {
-        if !matches!(at.checked_add(len), Some(end) if end <= dst.len) {
+        if len > dst.len {
             return Err(GpuError::Config(format!(
-                "a copy of {len} bytes at {at} into a host buffer of {}",
+                "a copy of {len} bytes into a host buffer of {}",
                 dst.len
             )));
         }
         self.gpu.bind()?;
         // SAFETY: the range lies inside `dst`'s pinned allocation (checked above); the caller
         // keeps it alive and unread until the copy is done, and `src` holds `len` bytes.
-        unsafe { sys::cuMemcpyDtoHAsync_v2(dst.ptr.add(at).cast(), src, len, self.raw) }
+        unsafe { sys::cuMemcpyDtoHAsync_v2(dst.ptr.cast(), src, len, self.raw) }
             .result()
             .map_err(GpuError::driver("cuMemcpyDtoHAsync"))
     }

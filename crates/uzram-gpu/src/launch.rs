@@ -95,7 +95,7 @@ pub unsafe fn copy_packed(
         return Ok(());
     }
     // SAFETY: as the caller guarantees; the range is checked against `out_packed`.
-    unsafe { stream.copy_into_host(out_packed, 0, packed, len) }
+    unsafe { stream.copy_into_host(out_packed, packed, len) }
 }
 
 /// Device buffers of one slot's run over up to `pages` pages.

@@ -65,7 +65,7 @@ fn main() -> ExitCode {
     // On a device's I/O path the writer gets a copy of stderr of its own, and stderr itself
     // (with stdout where it is the log too) is routed into the queue: see `stdio_route`.
     let log_file = on_io_path
-        .then(|| stdio_route::dup_cloexec(2).ok())
+        .then(|| sys::dup_cloexec(2).ok())
         .flatten()
         .map(std::fs::File::from);
     let routed = log_file.is_some();

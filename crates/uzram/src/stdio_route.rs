@@ -17,7 +17,7 @@
 //! pipe, whose reader dies with the daemon: [`original`] gives it the descriptor as it was.
 
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::{mpsc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -30,7 +30,8 @@ const MAX_PIECE: usize = 960;
 /// How long [`StdioRoute`]'s drop waits for the drainer to forward what is left in the pipe.
 const DRAIN_WAIT: Duration = Duration::from_secs(1);
 
-/// Copies of the routed descriptors as they were before the route, while it stands.
+/// Each routed descriptor with a copy of what it pointed at before, while its route stands:
+/// its [`StdioRoute`] puts them back, and [`original`] hands out copies.
 static ORIGINALS: Mutex<Vec<(RawFd, OwnedFd)>> = Mutex::new(Vec::new());
 
 /// A copy of what `fd` pointed at before [`install`] routed it (`None`: not routed), for a
@@ -44,8 +45,8 @@ pub fn original(fd: RawFd) -> Option<OwnedFd> {
 /// Descriptors pointed at the drained pipe; dropping it points them back and lets the drainer
 /// finish.
 pub struct StdioRoute {
-    /// Each routed descriptor with a copy of what it pointed at before.
-    saved: Vec<(RawFd, OwnedFd)>,
+    /// The routed descriptors (what they pointed at before is in [`ORIGINALS`]).
+    fds: Vec<RawFd>,
     /// Closed by the drainer when it has forwarded everything (end of file on the pipe).
     done: mpsc::Receiver<()>,
 }
@@ -53,10 +54,10 @@ pub struct StdioRoute {
 /// Points each of `fds` at one pipe whose bytes a thread named `uzram-stdio` forwards to `sink`
 /// in chunks. `sink` must not block (a lossy `tracing_appender` writer).
 pub fn install(fds: &[RawFd], sink: impl Write + Send + 'static) -> io::Result<StdioRoute> {
-    let (read, write) = pipe_cloexec()?;
+    let (read, write) = sys::pipe_cloexec()?;
     let mut saved = Vec::with_capacity(fds.len());
     for &fd in fds {
-        saved.push((fd, dup_cloexec(fd)?));
+        saved.push((fd, sys::dup_cloexec(fd)?));
     }
     let (done_tx, done) = mpsc::channel::<()>();
     let mut pipe = std::fs::File::from(read);
@@ -95,15 +96,14 @@ pub fn install(fds: &[RawFd], sink: impl Write + Send + 'static) -> io::Result<S
             return Err(err);
         }
     }
-    let copies: Vec<(RawFd, OwnedFd)> = saved
-        .iter()
-        .filter_map(|(fd, old)| Some((*fd, old.try_clone().ok()?)))
-        .collect();
     ORIGINALS
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .extend(copies);
-    Ok(StdioRoute { saved, done })
+        .extend(saved);
+    Ok(StdioRoute {
+        fds: fds.to_vec(),
+        done,
+    })
 }
 
 /// Cuts the drained bytes into lines, each forwarded as one message (a line of `eprintln!`
@@ -151,11 +151,15 @@ impl Lines {
 
 impl Drop for StdioRoute {
     fn drop(&mut self) {
-        ORIGINALS
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|(fd, _)| !self.saved.iter().any(|(s, _)| s == fd));
-        restore(&self.saved);
+        let saved: Vec<(RawFd, OwnedFd)> = {
+            let mut originals = ORIGINALS.lock().unwrap_or_else(PoisonError::into_inner);
+            let (ours, others) = std::mem::take(&mut *originals)
+                .into_iter()
+                .partition(|(fd, _)| self.fds.contains(fd));
+            *originals = others;
+            ours
+        };
+        restore(&saved);
         // End of file once no routed descriptor is left open on the pipe; a child that
         // inherited one keeps it open, hence the bound.
         let _ = self.done.recv_timeout(DRAIN_WAIT);
@@ -170,26 +174,10 @@ fn restore(saved: &[(RawFd, OwnedFd)]) {
     }
 }
 
-/// A copy of `fd`, close-on-exec.
-pub fn dup_cloexec(fd: RawFd) -> io::Result<OwnedFd> {
-    // SAFETY: F_DUPFD_CLOEXEC takes no pointers; an invalid `fd` fails with EBADF.
-    let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
-    sys::check(new)?;
-    // SAFETY: fcntl returned a fresh descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(new) })
-}
-
-fn pipe_cloexec() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
-    sys::check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
-    // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::FromRawFd;
     use std::sync::{Arc, Mutex};
     use std::time::Instant;
 
@@ -256,7 +244,7 @@ mod tests {
     fn a_direct_write_does_not_wait_for_a_stalled_log() {
         // Before the route, the descriptor is a pipe that nobody reads: a write past its
         // capacity would block for good.
-        let (_unread, target) = pipe_cloexec().unwrap();
+        let (_unread, target) = sys::pipe_cloexec().unwrap();
         let sink = Stalled {
             gate: Arc::new((Mutex::new(false), std::sync::Condvar::new())),
             got: Arc::new(Mutex::new(Vec::new())),

@@ -238,15 +238,34 @@ pub fn wait_stop_signal() -> io::Result<i32> {
 
 /// A pipe whose read end is close-on-exec and whose write end is inherited by children.
 pub fn inheritable_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
-    check(unsafe { libc::pipe2(fds.as_mut_ptr(), 0) })?;
-    // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
-    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (read, write) = pipe_with(0)?;
     use std::os::fd::AsRawFd;
     // SAFETY: `read` is an open descriptor; F_SETFD with FD_CLOEXEC takes no pointers.
     check(unsafe { libc::fcntl(read.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) })?;
     Ok((read, write))
+}
+
+/// A pipe whose two ends are close-on-exec.
+pub fn pipe_cloexec() -> io::Result<(OwnedFd, OwnedFd)> {
+    pipe_with(libc::O_CLOEXEC)
+}
+
+/// `pipe2(flags)`: the read end, then the write end.
+fn pipe_with(flags: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    check(unsafe { libc::pipe2(fds.as_mut_ptr(), flags) })?;
+    // SAFETY: pipe2 succeeded, so both descriptors are open and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// A copy of descriptor `fd`, close-on-exec.
+pub fn dup_cloexec(fd: i32) -> io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC takes no pointers; an invalid `fd` fails with EBADF.
+    let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+    check(new)?;
+    // SAFETY: fcntl returned a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
 }
 
 /// Takes ownership of an inherited file descriptor number, marking it close-on-exec.

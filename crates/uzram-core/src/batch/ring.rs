@@ -179,6 +179,9 @@ enum Step {
     Installing,
 }
 
+/// How many [`Step`]s there are.
+const STEPS: usize = Step::Installing as usize + 1;
+
 impl RingStats {
     /// `(name, value)` pairs for `uzram status`.
     pub fn fields(&self) -> Vec<(&'static str, u64)> {
@@ -236,7 +239,7 @@ struct Counters {
     backend_failures: AtomicU64,
     commit_retries: AtomicU64,
     install_busy_ns: AtomicU64,
-    slot_ns: [AtomicU64; 7],
+    slot_ns: [AtomicU64; STEPS],
 }
 
 fn bump(c: &AtomicU64, n: u64) {
