@@ -768,10 +768,13 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 //     position's match, same offset, when that still covers MIN_MATCH bytes of it, and
 //     otherwise searches its own chain (inside a long match the parse only ever asks for
 //     the match's first bytes and its lazy successors). A
-//     candidate can only beat the best length L so far if its 4 bytes ending at byte L
-//     match too: that word and the first one (a chain holds every position of the same
-//     hash, collisions too) are compared before the match is measured (LZ4HC's trick), so
-//     most candidates cost two shared-memory load pairs. A warp settles 32 positions at a
+//     candidate can only beat the best length L so far if its byte L matches too: that
+//     byte alone is compared before the match is measured from its first byte (a chain
+//     holds every position of the same hash, collisions too; a length under MIN_MATCH
+//     never beats the best, which starts at MIN_MATCH - 1), so most candidates cost one
+//     shared-memory byte load. (Comparing the 4 bytes ending at byte L and the first 4,
+//     as LZ4HC does, took 14 % more of the kernel: docs/gpu-notes.md, runs 128-129.)
+//     A warp settles 32 positions at a
 //     time where no search is needed (no earlier position of their hash, or a sampled
 //     match that covers them) and queues the rest; each lane takes HIGH_STEPS chain steps
 //     per loop turn, and idle lanes take the next queued positions once HIGH_REFILL of them
@@ -825,10 +828,11 @@ static_assert(HIGH_SAMPLE - 1u + MIN_MATCH <= HIGH_CAP, "an inherited HIGH_CAP m
 #define HIGH_BLOCKS_PER_SM 8
 #endif
 // Chain steps a busy lane takes per turn of the search loop, between the warp's votes on
-// who is idle: 3 is 13 % / 11 % faster than 1, 2 and 4 slower than 3 (docs/gpu-notes.md,
-// run 99). A lane whose walk ends in a turn's first step idles for the rest of it.
+// who is idle: with the one-byte test 4 is 6-7 % faster than 3, 5 and 6 slower than 4
+// (with the two-word test, 3 was best: docs/gpu-notes.md, runs 99 and 129). A lane whose
+// walk ends in a turn's first step idles for the rest of it.
 #ifndef HIGH_STEPS
-#define HIGH_STEPS 3u
+#define HIGH_STEPS 4u
 #endif
 // Idle lanes take new positions once this many are idle (or all are): 1 % faster than at
 // every idle lane, 4 as fast, 16 slower (docs/gpu-notes.md, run 104).
@@ -869,15 +873,15 @@ __device__ __forceinline__ u32 high_pos(u32 pass, u32 i) {
 // words past the page's end (its last turn starts before match_end, 5 bytes short of it).
 #define HIGH_PAD_WORDS (HIGH_MATCH_WORDS > 4u ? HIGH_MATCH_WORDS : 4u)
 
-// Bytes that match from positions a and b (a < b) onward, up to `limit` (>= 4) bytes, given
-// that their first 4 bytes match; b + limit <= the page's match end.
+// Bytes that match from positions a and b (a < b) onward, from the first, up to `limit`
+// bytes; b + limit <= the page's match end.
 __device__ __forceinline__ u32 match_len(const u32* words, u32 a, u32 b, u32 limit) {
     const u32 sa = (a & 3u) * 8u;
     const u32 sb = (b & 3u) * 8u;
-    const u32* wa = words + (a >> 2) + 1u;
-    const u32* wb = words + (b >> 2) + 1u;
+    const u32* wa = words + (a >> 2);
+    const u32* wb = words + (b >> 2);
     u32 a0 = wa[0], b0 = wb[0];
-    u32 l = 4u;
+    u32 l = 0u;
     while (l < limit) {
         u32 an[HIGH_MATCH_WORDS + 1u], bn[HIGH_MATCH_WORDS + 1u];
         an[0] = a0;
@@ -1035,7 +1039,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
             u32 taken = 0u, queued = 0u;   // warp-uniform counts of positions through `queue`
             bool more = true;              // warp-uniform: the pass has positions left
             bool busy = false;
-            u32 p = 0u, c = NO_POS, d = 0u, best = 0u, boff = 0u, tail = 0u, head = 0u, lim = 0u, nice = 0u;
+            u32 p = 0u, c = NO_POS, d = 0u, best = 0u, boff = 0u, tail = 0u, lim = 0u, nice = 0u;
             for (;;) {
                 const u32 idle = __ballot_sync(FULL_MASK, !busy);
                 if (idle == FULL_MASK || __popc(idle) >= HIGH_REFILL) {
@@ -1053,11 +1057,10 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                             const u32 room = match_end - p;
                             lim = room < HIGH_CAP ? room : HIGH_CAP;
                             nice = lim < HIGH_NICE ? lim : HIGH_NICE;
-                            head = read32(s_page, p);
                             c = s_link[p];
-                            best = 0u;
+                            best = MIN_MATCH - 1u;   // a match must reach MIN_MATCH bytes
+                            tail = sp[p + best];     // the byte a longer match must share
                             boff = 0u;
-                            tail = 0u;
                             d = 0u;
                         }
                         taken += avail;
@@ -1109,16 +1112,15 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
 #pragma unroll
                 for (u32 u = 0u; u < HIGH_STEPS; ++u) {
                     if (busy) {
-                        const bool may = read32(s_page, c) == head
-                                         && (best < MIN_MATCH || read32(s_page, c + best - 3u) == tail);
-                        if (may) {
+                        // A candidate whose byte `best` differs cannot be longer; the others
+                        // are measured from their first byte (the hash may have collided).
+                        if (sp[c + best] == tail) {
                             const u32 l = match_len(s_page, c, p, lim);
                             if (l > best) {
                                 best = l;
                                 boff = p - c;
-                                if (best >= MIN_MATCH) {
-                                    tail = read32(s_page, p + best - 3u);
-                                }
+                                // At lim the walk ends below: no byte past it is read.
+                                tail = sp[p + (best < lim ? best : lim - 1u)];
                             }
                         }
                         c = s_link[c];
