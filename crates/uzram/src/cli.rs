@@ -112,7 +112,7 @@ pub struct DeviceArgs {
     /// Page-locked host memory of the GPU ring, staging and results (default 128M).
     #[arg(long)]
     pub gpu_memory: Option<String>,
-    /// The GPU's LZ4 parse: fast or high.
+    /// The GPU's LZ4 parse: high (default: LZ4HC-class ratio) or fast.
     #[arg(long)]
     pub gpu_parse: Option<String>,
     /// Threads installing the GPU's results into the store (default 4).
@@ -324,7 +324,7 @@ pub struct BenchArgs {
     /// Page-locked host memory of the GPU ring (default 128M).
     #[arg(long)]
     pub gpu_memory: Option<String>,
-    /// The GPU's LZ4 parse: fast or high.
+    /// The GPU's LZ4 parse: high (default: LZ4HC-class ratio) or fast.
     #[arg(long)]
     pub gpu_parse: Option<String>,
     /// Threads installing the GPU's results into the store (default 4).
