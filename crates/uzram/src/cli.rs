@@ -106,7 +106,18 @@ pub struct DeviceArgs {
     /// Device id N for /dev/ublkbN (default: the kernel picks).
     #[arg(long)]
     pub id: Option<u64>,
-    /// GPUs for --backend gpu/auto: all, or numbers separated by commas (default 0).
+    #[command(flatten)]
+    pub gpu: GpuArgs,
+    /// Rewrite this file with the device's Prometheus metrics every 15 s (for
+    /// node_exporter's textfile collector; must end in .prom).
+    #[arg(long, value_name = "PATH")]
+    pub metrics_textfile: Option<PathBuf>,
+}
+
+/// How the GPU backend runs (`uzram create`, `run`'s daemon, `uzram bench`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct GpuArgs {
+    /// GPUs for the gpu or auto backend: all, or numbers separated by commas (default 0).
     #[arg(long)]
     pub gpus: Option<String>,
     /// Page-locked host memory of the GPU ring, staging and results (default 128M).
@@ -125,10 +136,38 @@ pub struct DeviceArgs {
     /// Pages per slot of the GPU ring (default 2048; the ring holds --gpu-memory of them).
     #[arg(long)]
     pub gpu_slot_pages: Option<u64>,
-    /// Rewrite this file with the device's Prometheus metrics every 15 s (for
-    /// node_exporter's textfile collector; must end in .prom).
-    #[arg(long, value_name = "PATH")]
-    pub metrics_textfile: Option<PathBuf>,
+}
+
+impl GpuArgs {
+    /// These settings in a device's raw settings, for validation.
+    pub fn into_raw(self, raw: crate::config::RawDevice) -> crate::config::RawDevice {
+        crate::config::RawDevice {
+            gpus: self.gpus,
+            gpu_memory: self.gpu_memory,
+            gpu_parse: self.gpu_parse,
+            gpu_installers: self.gpu_installers,
+            gpu_slot_wait_us: self.gpu_slot_wait_us,
+            gpu_slot_pages: self.gpu_slot_pages,
+            ..raw
+        }
+    }
+
+    /// The arguments that reproduce these settings, appended to `v`.
+    fn push_args(&self, v: &mut Vec<String>) {
+        let mut opt = |flag: &str, val: Option<String>| {
+            if let Some(val) = val {
+                v.push(flag.to_string());
+                v.push(val);
+            }
+        };
+        let num = |n: Option<u64>| n.map(|n| n.to_string());
+        opt("--gpus", self.gpus.clone());
+        opt("--gpu-memory", self.gpu_memory.clone());
+        opt("--gpu-parse", self.gpu_parse.clone());
+        opt("--gpu-installers", num(self.gpu_installers));
+        opt("--gpu-slot-wait-us", num(self.gpu_slot_wait_us));
+        opt("--gpu-slot-pages", num(self.gpu_slot_pages));
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -318,25 +357,8 @@ pub struct BenchArgs {
     /// Compressed pages of this many bytes or more are stored raw (1..=4096).
     #[arg(long, default_value_t = uzram_core::StoreConfig::DEFAULT_RAW_THRESHOLD)]
     pub raw_threshold: usize,
-    /// GPUs for the gpu backend: all, or numbers separated by commas.
-    #[arg(long)]
-    pub gpus: Option<String>,
-    /// Page-locked host memory of the GPU ring (default 128M).
-    #[arg(long)]
-    pub gpu_memory: Option<String>,
-    /// The GPU's LZ4 parse: high (default: LZ4HC-class ratio) or fast.
-    #[arg(long)]
-    pub gpu_parse: Option<String>,
-    /// Threads installing the GPU's results into the store (default 4).
-    #[arg(long)]
-    pub gpu_installers: Option<u64>,
-    /// Longest a queue thread waits for a free GPU ring slot before compressing on the CPU,
-    /// in µs (default 2000; 0: never waits).
-    #[arg(long, value_name = "US")]
-    pub gpu_slot_wait_us: Option<u64>,
-    /// Pages per slot of the GPU ring (default 2048).
-    #[arg(long)]
-    pub gpu_slot_pages: Option<u64>,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
     /// Print one JSON object per corpus and backend on stdout.
     #[arg(long)]
     pub json: bool,
@@ -345,7 +367,7 @@ pub struct BenchArgs {
 impl DeviceArgs {
     /// The raw settings for validation.
     pub fn raw(&self) -> crate::config::RawDevice {
-        crate::config::RawDevice {
+        self.gpu.clone().into_raw(crate::config::RawDevice {
             size: self.size.clone(),
             algorithm: Some(self.algorithm.clone()),
             backend: Some(self.backend.clone()),
@@ -354,14 +376,9 @@ impl DeviceArgs {
             queue_mode: self.queue_mode.clone(),
             mem_limit: self.mem_limit.clone(),
             id: self.id,
-            gpus: self.gpus.clone(),
-            gpu_memory: self.gpu_memory.clone(),
-            gpu_parse: self.gpu_parse.clone(),
-            gpu_installers: self.gpu_installers,
-            gpu_slot_wait_us: self.gpu_slot_wait_us,
-            gpu_slot_pages: self.gpu_slot_pages,
             metrics_textfile: self.metrics_textfile.clone(),
-        }
+            ..crate::config::RawDevice::default()
+        })
     }
 
     /// The arguments that reproduce these settings on the daemon's command line.
@@ -385,27 +402,78 @@ impl DeviceArgs {
         opt("--queue-mode", self.queue_mode.clone());
         opt("--mem-limit", self.mem_limit.clone());
         opt("--id", self.id.map(|i| i.to_string()));
-        opt("--gpus", self.gpus.clone());
-        opt("--gpu-memory", self.gpu_memory.clone());
-        opt("--gpu-parse", self.gpu_parse.clone());
-        opt(
-            "--gpu-installers",
-            self.gpu_installers.map(|n| n.to_string()),
-        );
-        opt(
-            "--gpu-slot-wait-us",
-            self.gpu_slot_wait_us.map(|n| n.to_string()),
-        );
-        opt(
-            "--gpu-slot-pages",
-            self.gpu_slot_pages.map(|n| n.to_string()),
-        );
         opt(
             "--metrics-textfile",
             self.metrics_textfile
                 .as_ref()
                 .map(|p| p.to_string_lossy().into_owned()),
         );
+        self.gpu.push_args(&mut v);
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn device_of(args: &[&str]) -> DeviceArgs {
+        match Cli::try_parse_from(args).expect("parses").command {
+            Command::Create(c) => c.device,
+            other => panic!("not create: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_device_command_line_survives_to_args() {
+        let every = [
+            "uzram",
+            "create",
+            "--size",
+            "1G",
+            "--algorithm",
+            "zstd:3",
+            "--backend",
+            "gpu",
+            "--queues",
+            "2",
+            "--depth",
+            "64",
+            "--queue-mode",
+            "batch",
+            "--mem-limit",
+            "512M",
+            "--id",
+            "3",
+            "--gpus",
+            "0,1",
+            "--gpu-memory",
+            "256M",
+            "--gpu-parse",
+            "fast",
+            "--gpu-installers",
+            "6",
+            "--gpu-slot-wait-us",
+            "500",
+            "--gpu-slot-pages",
+            "1024",
+            "--metrics-textfile",
+            "/run/x.prom",
+        ];
+        for line in [&every[..], &["uzram", "create", "--size", "4M"][..]] {
+            let first = device_of(line);
+            let again: Vec<String> = ["uzram", "create"]
+                .iter()
+                .map(|s| s.to_string())
+                .chain(first.to_args())
+                .collect();
+            let second = device_of(&again.iter().map(String::as_str).collect::<Vec<_>>());
+            assert_eq!(format!("{first:?}"), format!("{second:?}"));
+        }
+        let d = device_of(&every);
+        assert_eq!(d.gpu.gpu_parse.as_deref(), Some("fast"));
+        assert_eq!(d.gpu.gpu_slot_pages, Some(1024));
+        assert_eq!(d.raw().gpu_installers, Some(6));
     }
 }

@@ -107,16 +107,10 @@ fn parse_backends(text: &str) -> anyhow::Result<Vec<Backend>> {
 
 /// The GPU settings, validated as a config file's would be.
 fn gpu_settings(args: &BenchArgs) -> anyhow::Result<GpuSettings> {
-    let raw = RawDevice {
+    let raw = args.gpu.clone().into_raw(RawDevice {
         size: "1G".into(),
-        gpus: args.gpus.clone(),
-        gpu_memory: args.gpu_memory.clone(),
-        gpu_parse: args.gpu_parse.clone(),
-        gpu_installers: args.gpu_installers,
-        gpu_slot_wait_us: args.gpu_slot_wait_us,
-        gpu_slot_pages: args.gpu_slot_pages,
         ..RawDevice::default()
-    };
+    });
     Ok(raw.validate()?.gpu)
 }
 
