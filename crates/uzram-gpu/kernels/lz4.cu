@@ -242,6 +242,20 @@ __device__ __forceinline__ u16* hint_top(u8* slot) {
     return (u16*)(slot + SCRATCH_SLOT_BYTES);
 }
 
+// A same-filled page's result, by one thread: its 8-byte word in `packed`, and its size
+// word SIZE_SAME_FILLED.
+__device__ __forceinline__ void put_same_filled(u8* packed, u32* total, u32* sizes, u32* offsets,
+                                                u32 page, uint4 first) {
+    const u32 off = atomicAdd(total, 8u);
+    u8* d = packed + off;
+    const u32 w[2] = {first.x, first.y};
+    for (u32 b = 0; b < 8u; ++b) {
+        d[b] = (u8)(w[b >> 2] >> ((b & 3u) * 8u));
+    }
+    sizes[page] = SIZE_SAME_FILLED;
+    offsets[page] = off;
+}
+
 // Records the next sequence's token offset `op` (warp-uniform) while the hint area has room
 // (a block has at most about PAGE_BYTES / MIN_MATCH sequences, so it always has).
 __device__ __forceinline__ void note_sequence(u8* slot, u32* hints, u32 op, u32 lane) {
@@ -306,14 +320,7 @@ uzram_lz4_fast(const uint4* __restrict__ in, u8* __restrict__ scratch,
         }
         if (__all_sync(FULL_MASK, same)) {
             if (lane == 0u) {
-                const u32 off = atomicAdd(total, 8u);
-                u8* d = packed + off;
-                const u32 w[2] = {first.x, first.y};
-                for (u32 b = 0; b < 8u; ++b) {
-                    d[b] = (u8)(w[b >> 2] >> ((b & 3u) * 8u));
-                }
-                sizes[page] = SIZE_SAME_FILLED;
-                offsets[page] = off;
+                put_same_filled(packed, total, sizes, offsets, page, first);
             }
             __syncwarp();
             continue;
@@ -970,14 +977,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
         __syncthreads();
         if (s_flag != 0u) {
             if (tid == 0u) {
-                const u32 off = atomicAdd(total, 8u);
-                u8* d = packed + off;
-                const u32 w[2] = {first.x, first.y};
-                for (u32 b = 0; b < 8u; ++b) {
-                    d[b] = (u8)(w[b >> 2] >> ((b & 3u) * 8u));
-                }
-                sizes[page] = SIZE_SAME_FILLED;
-                offsets[page] = off;
+                put_same_filled(packed, total, sizes, offsets, page, first);
             }
             __syncthreads();
             continue;
