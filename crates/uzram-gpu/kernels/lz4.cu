@@ -780,7 +780,8 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 //     holds every position of the same hash, collisions too; a length under MIN_MATCH
 //     never beats the best, which starts at MIN_MATCH - 1), so most candidates cost one
 //     shared-memory byte load. (Comparing the 4 bytes ending at byte L and the first 4,
-//     as LZ4HC does, took 14 % more of the kernel: docs/gpu-notes.md, runs 128-129.)
+//     as LZ4HC does, with 3 steps a turn, the kernel ran 13 % / 10 % slower, python-heap /
+//     mixed-swap: docs/gpu-notes.md, runs 128-129.)
 //     A warp settles 32 positions at a
 //     time where no search is needed (no earlier position of their hash, or a sampled
 //     match that covers them) and queues the rest; each lane takes HIGH_STEPS chain steps
