@@ -139,15 +139,20 @@ mod tests {
 
     #[test]
     fn a_pause_counts_the_memory_touched_since_it_began() {
-        let clock = PauseClock::now();
-        let touched = vec![1u8; 16 << 20];
-        let grown = clock.anon_grown_kib();
-        // (other tests of this binary may touch memory meanwhile: a lower bound only)
-        assert!(
-            grown >= 15 << 10,
-            "{grown} KiB grown with 16 MiB touched in the pause"
-        );
-        assert!(clock.faults() >= 3000, "{} faults", clock.faults());
-        drop(std::hint::black_box(touched));
+        // Other tests of this binary allocate and free memory meanwhile, which moves the
+        // process's resident total either way (a free elsewhere once left 14 MiB of the 16
+        // in a CI run): a pause so disturbed is measured again.
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            let clock = PauseClock::now();
+            let touched = vec![1u8; 16 << 20];
+            let (grown, faults) = (clock.anon_grown_kib(), clock.faults());
+            drop(std::hint::black_box(touched));
+            if grown >= 15 << 10 && faults >= 3000 {
+                return;
+            }
+            seen.push((grown, faults));
+        }
+        panic!("16 MiB touched in each of 5 pauses; KiB grown and faults: {seen:?}");
     }
 }
