@@ -139,12 +139,12 @@ pub struct GpuArgs {
 }
 
 impl GpuArgs {
-    /// These settings in a device's raw settings, for validation.
-    pub fn into_raw(self, raw: crate::config::RawDevice) -> crate::config::RawDevice {
+    /// `raw` with these settings, for validation.
+    pub fn with_raw(&self, raw: crate::config::RawDevice) -> crate::config::RawDevice {
         crate::config::RawDevice {
-            gpus: self.gpus,
-            gpu_memory: self.gpu_memory,
-            gpu_parse: self.gpu_parse,
+            gpus: self.gpus.clone(),
+            gpu_memory: self.gpu_memory.clone(),
+            gpu_parse: self.gpu_parse.clone(),
             gpu_installers: self.gpu_installers,
             gpu_slot_wait_us: self.gpu_slot_wait_us,
             gpu_slot_pages: self.gpu_slot_pages,
@@ -154,19 +154,20 @@ impl GpuArgs {
 
     /// The arguments that reproduce these settings, appended to `v`.
     fn push_args(&self, v: &mut Vec<String>) {
-        let mut opt = |flag: &str, val: Option<String>| {
-            if let Some(val) = val {
-                v.push(flag.to_string());
-                v.push(val);
-            }
-        };
-        let num = |n: Option<u64>| n.map(|n| n.to_string());
-        opt("--gpus", self.gpus.clone());
-        opt("--gpu-memory", self.gpu_memory.clone());
-        opt("--gpu-parse", self.gpu_parse.clone());
-        opt("--gpu-installers", num(self.gpu_installers));
-        opt("--gpu-slot-wait-us", num(self.gpu_slot_wait_us));
-        opt("--gpu-slot-pages", num(self.gpu_slot_pages));
+        push_flag(v, "--gpus", self.gpus.as_ref());
+        push_flag(v, "--gpu-memory", self.gpu_memory.as_ref());
+        push_flag(v, "--gpu-parse", self.gpu_parse.as_ref());
+        push_flag(v, "--gpu-installers", self.gpu_installers);
+        push_flag(v, "--gpu-slot-wait-us", self.gpu_slot_wait_us);
+        push_flag(v, "--gpu-slot-pages", self.gpu_slot_pages);
+    }
+}
+
+/// Appends `flag value` to `v` when there is a value.
+fn push_flag(v: &mut Vec<String>, flag: &str, value: Option<impl ToString>) {
+    if let Some(value) = value {
+        v.push(flag.to_string());
+        v.push(value.to_string());
     }
 }
 
@@ -367,7 +368,7 @@ pub struct BenchArgs {
 impl DeviceArgs {
     /// The raw settings for validation.
     pub fn raw(&self) -> crate::config::RawDevice {
-        self.gpu.clone().into_raw(crate::config::RawDevice {
+        self.gpu.with_raw(crate::config::RawDevice {
             size: self.size.clone(),
             algorithm: Some(self.algorithm.clone()),
             backend: Some(self.backend.clone()),
@@ -391,18 +392,13 @@ impl DeviceArgs {
             "--backend".to_string(),
             self.backend.clone(),
         ];
-        let mut opt = |flag: &str, val: Option<String>| {
-            if let Some(val) = val {
-                v.push(flag.to_string());
-                v.push(val);
-            }
-        };
-        opt("--queues", self.queues.map(|q| q.to_string()));
-        opt("--depth", self.depth.map(|d| d.to_string()));
-        opt("--queue-mode", self.queue_mode.clone());
-        opt("--mem-limit", self.mem_limit.clone());
-        opt("--id", self.id.map(|i| i.to_string()));
-        opt(
+        push_flag(&mut v, "--queues", self.queues);
+        push_flag(&mut v, "--depth", self.depth);
+        push_flag(&mut v, "--queue-mode", self.queue_mode.as_ref());
+        push_flag(&mut v, "--mem-limit", self.mem_limit.as_ref());
+        push_flag(&mut v, "--id", self.id);
+        push_flag(
+            &mut v,
             "--metrics-textfile",
             self.metrics_textfile
                 .as_ref()

@@ -107,7 +107,7 @@ fn parse_backends(text: &str) -> anyhow::Result<Vec<Backend>> {
 
 /// The GPU settings, validated as a config file's would be.
 fn gpu_settings(args: &BenchArgs) -> anyhow::Result<GpuSettings> {
-    let raw = args.gpu.clone().into_raw(RawDevice {
+    let raw = args.gpu.with_raw(RawDevice {
         size: "1G".into(),
         ..RawDevice::default()
     });
