@@ -10,7 +10,9 @@
 #     VARIANT[/VARIANT...], VARIANT = KEY=VALUE[+KEY=VALUE...], KEY one of page_cluster
 #     (vm.page-cluster), max_sectors_kb (the ublk disk's queue/max_sectors_kb), queues, depth,
 #     queue_mode (uzram create flags), nice (added to the nice value, 0, of every daemon
-#     thread once it serves). Each gives the metric swap_hog_s[VARIANT].
+#     thread once it serves), lru_gen (written to /sys/kernel/mm/lru_gen/enabled for the run:
+#     n turns the multi-generational LRU off, y on; put back after). Each gives the metric
+#     swap_hog_s[VARIANT].
 #   uzram.queue_mode, uzram.queues, uzram.depth: every uzram device (lib.sh create_flags).
 . /e2e/lib.sh
 REPS=${UZ_reps:-1}
@@ -113,7 +115,7 @@ swap_bench() {
 }
 # uz_swap REP VARIANT: a uzram device with VARIANT's settings (see above), its swap run
 uz_swap() {
-  _pc=$PC_DEFAULT; _ms=; _nice=; _sv_qm=${UZ_queue_mode:-}; _sv_q=${UZ_queues:-}; _sv_d=${UZ_depth:-}
+  _pc=$PC_DEFAULT; _ms=; _nice=; _lg=; _sv_qm=${UZ_queue_mode:-}; _sv_q=${UZ_queues:-}; _sv_d=${UZ_depth:-}
   for _kv in $(echo "$2" | tr '+' ' '); do
     case $_kv in
       page_cluster=*) _pc=${_kv#*=} ;;
@@ -122,10 +124,13 @@ uz_swap() {
       queues=*) UZ_queues=${_kv#*=} ;;
       depth=*) UZ_depth=${_kv#*=} ;;
       nice=*) _nice=${_kv#*=} ;;
+      lru_gen=*) _lg=${_kv#*=} ;;
       *) say "unknown swap variant setting $_kv"; rc=1; return ;;
     esac
   done
   echo "$_pc" > /proc/sys/vm/page-cluster
+  _lg0=$(cat /sys/kernel/mm/lru_gen/enabled 2>/dev/null || true)
+  [ -z "$_lg" ] || echo "$_lg" > /sys/kernel/mm/lru_gen/enabled || { say "lru_gen $_lg refused"; rc=1; }
   if uz_up "$SWAP_MIB"; then
     if [ -n "$_ms" ]; then
       echo "$_ms" > "/sys/block/${DEV#/dev/}/queue/max_sectors_kb" || { say "max_sectors_kb $_ms refused"; rc=1; }
@@ -135,13 +140,14 @@ uz_swap() {
       # nice is per thread: every thread of the daemon, by id
       renice -n "$_nice" -p $(ls "/proc/$_np/task") > /dev/null || { say "renice $_nice refused"; rc=1; }
     fi
-    say "  uzram swap run${2:+ [$2]}: page-cluster $(cat /proc/sys/vm/page-cluster), max_sectors_kb $(cat "/sys/block/${DEV#/dev/}/queue/max_sectors_kb"), $(create_flags)"
+    say "  uzram swap run${2:+ [$2]}: lru_gen $(cat /sys/kernel/mm/lru_gen/enabled 2>/dev/null), page-cluster $(cat /proc/sys/vm/page-cluster), max_sectors_kb $(cat "/sys/block/${DEV#/dev/}/queue/max_sectors_kb"), $(create_flags)"
     swap_bench "$1" uzram "${2:+[$2]}"
     uz_down "$DEV"
   else
     rc=1
   fi
   UZ_queue_mode=$_sv_qm; UZ_queues=$_sv_q; UZ_depth=$_sv_d
+  [ -z "$_lg" ] || [ -z "$_lg0" ] || echo "$_lg0" > /sys/kernel/mm/lru_gen/enabled
   echo "$PC_DEFAULT" > /proc/sys/vm/page-cluster
 }
 
