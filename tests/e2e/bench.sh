@@ -26,6 +26,7 @@ rc=0
 
 # what the kernel does on every syscall and context switch here (emulated, so it counts)
 say "bench: CPU mitigations: $(grep -H . /sys/devices/system/cpu/vulnerabilities/* 2>/dev/null | grep -v ':Not affected' | sed 's|.*/||' | tr '\n' ';')"
+say "bench: THP $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null), lru_gen $(cat /sys/kernel/mm/lru_gen/enabled 2>/dev/null), swappiness $(cat /proc/sys/vm/swappiness)"
 while read -r m; do
   grep -q "^$m " /proc/modules || insmod "/lib/modules/$m.ko" || { say "insmod $m failed"; exit 1; }
 done < /lib/modules/load-order
@@ -75,7 +76,7 @@ fio_bench() {
   ' /tmp/fio.out
 }
 # vm_counts: the /proc/vmstat counters the swap diagnosis prints
-vm_counts() { awk '$1 ~ /^(pswpin|pswpout|pgmajfault|allocstall_normal|allocstall_movable|pgscan_kswapd|pgscan_direct|pgsteal_kswapd|pgsteal_direct|workingset_refault_anon)$/ {printf "%s=%s ", $1, $2}' /proc/vmstat; }
+vm_counts() { awk '$1 ~ /^(pswpin|pswpout|pgmajfault|allocstall_normal|allocstall_movable|pgscan_kswapd|pgscan_direct|pgsteal_kswapd|pgsteal_direct|workingset_refault_anon|pgscan_anon|pgscan_file|pgsteal_file|pgrotated|nr_vmscan_write|nr_vmscan_immediate_reclaim|thp_swpout|thp_swpout_fallback|thp_fault_alloc|pgactivate|pgdeactivate)$/ {printf "%s=%s ", $1, $2}' /proc/vmstat; }
 # task_times PID: "CPU SYS", the CPU seconds (user + system, all threads) PID has used and
 # their system part (in the kernel on the task's behalf: for the daemon, the ublk transport
 # and its copies of the I/O data), from one read of its stat; empty if it is gone
