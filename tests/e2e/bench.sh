@@ -14,6 +14,9 @@
 #     n turns the multi-generational LRU off, y on; put back after). Each gives the metric
 #     swap_hog_s[VARIANT].
 #   uzram.queue_mode, uzram.queues, uzram.depth: every uzram device (lib.sh create_flags).
+#   uzram.trace_vmscan=1: in-kernel histograms (tracefs hist triggers, nothing streamed) of
+#     reclaim's tracepoints over each swap run, printed after its vmstat deltas: throttling
+#     by reason, the inactive-list passes by priority, direct reclaim entries, pages written.
 . /e2e/lib.sh
 REPS=${UZ_reps:-1}
 SIZE_MIB=${UZ_bench_mib:-512}
@@ -90,11 +93,42 @@ cpu_delta() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.1f", b - a}'; }
 # times are exact, unlike /proc/stat's tick samples, which miss ticks under TCG; the daemon's
 # system part is printed too (swap_daemon_sys_s). The vmstat
 # counters of vm_counts are printed as deltas.
+# the tracepoints traced with uzram.trace_vmscan=1, EVENT:TRIGGER a line (a histogram
+# sums at most two fields beside its hit count, and one event takes one histogram per key:
+# one line per pair, each with its own key)
+TR=/sys/kernel/tracing
+VMSCAN_HISTS="mm_vmscan_throttled:hist:keys=reason:vals=hitcount,usec_timeout,usec_delayed
+mm_vmscan_lru_shrink_inactive:hist:keys=priority:vals=nr_scanned,nr_reclaimed
+mm_vmscan_lru_shrink_inactive:hist:keys=nid:vals=nr_writeback,nr_immediate
+mm_vmscan_lru_shrink_inactive:hist:keys=reclaim_flags:vals=nr_dirty,nr_ref_keep
+mm_vmscan_direct_reclaim_begin:hist:keys=order:vals=hitcount
+mm_vmscan_write_folio:hist:keys=reclaim_flags:vals=hitcount"
+trace_start() {
+  [ -n "${UZ_trace_vmscan:-}" ] || return 0
+  [ -e "$TR/events/vmscan" ] || mount -t tracefs nodev "$TR" 2>/dev/null || { say "  trace: no tracefs"; return 0; }
+  echo "$VMSCAN_HISTS" | while IFS= read -r _l; do
+    echo "${_l#*:}" >> "$TR/events/vmscan/${_l%%:*}/trigger" 2>/dev/null || say "  trace: ${_l%%:*} refused ${_l#*:}"
+  done
+}
+# trace_stop LABEL: prints each histogram's entries and totals, then removes its trigger
+trace_stop() {
+  [ -n "${UZ_trace_vmscan:-}" ] && [ -e "$TR/events/vmscan" ] || return 0
+  _seen=
+  echo "$VMSCAN_HISTS" | while IFS= read -r _l; do
+    _f=$TR/events/vmscan/${_l%%:*}
+    if [ -e "$_f/hist" ] && [ "$_seen" != "$_f" ]; then
+      _seen=$_f
+      grep -E '^\{|^ *(Hits|Entries|Dropped):' "$_f/hist" | head -48 | while IFS= read -r _x; do say "  $1 ${_l%%:*}: $_x"; done
+    fi
+    echo "!${_l#*:}" >> "$_f/trigger" 2>/dev/null
+  done
+}
 swap_bench() {
   if ! { mkswap "$DEV" > /dev/null && swapon "$DEV"; }; then say "swapon $DEV failed"; rc=1; return; fi
   _vm0=$(vm_counts)
   _kp=$(pidof kswapd0); _k0=$(task_times "$_kp")
   _dp=; [ "$2" = uzram ] && _dp=$(daemon_pid "$DEV"); _d0=$(task_times "$_dp")
+  trace_start
   t=$(up)
   if ! timeout -s KILL "$IO_TMO" hog "$HOG" 1 > /tmp/hog.out 2>&1; then
     say "hog on $2 failed"; cat /tmp/hog.out; rc=1
@@ -110,6 +144,7 @@ swap_bench() {
   say "  $2$3 vmstat deltas: $(vm_counts | awk -v before="$_vm0" '
     BEGIN { n = split(before, b, " "); for (i = 1; i <= n; i++) { split(b[i], kv, "="); v[kv[1]] = kv[2] } }
     { for (i = 1; i <= NF; i++) { split($i, kv, "="); printf "%s +%d ", kv[1], kv[2] - v[kv[1]] } }')"
+  trace_stop "$2$3"
   t=$(up)
   swapoff "$DEV" || { say "swapoff $DEV failed"; rc=1; }
   emit "$1" "$2" "swapoff_s$3" "$(since "$t")"
