@@ -86,13 +86,6 @@ vm_counts() { awk '$1 ~ /^(pswpin|pswpout|pgmajfault|allocstall_normal|allocstal
 task_times() { [ -n "$1" ] && awk '{printf "%.2f %.2f", ($14 + $15) / 100, $15 / 100}' "/proc/$1/stat" 2>/dev/null; }
 # cpu_delta BEFORE AFTER: AFTER - BEFORE seconds, one decimal
 cpu_delta() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.1f", b - a}'; }
-# swap_bench REP NAME [SUFFIX]: mkswap + swapon $DEV, the hog (fill + verify), swapoff; wall
-# times as swap_hog_s$SUFFIX (and its fill and verify parts) and swapoff_s$SUFFIX. Where the
-# time went, as CPU seconds: the hog's own (faults, direct reclaim, zram's compression),
-# kswapd's, and the daemon's (uzram; its I/O copies in the kernel included); the per-task
-# times are exact, unlike /proc/stat's tick samples, which miss ticks under TCG; the daemon's
-# system part is printed too (swap_daemon_sys_s). The vmstat
-# counters of vm_counts are printed as deltas.
 # the tracepoints traced with uzram.trace_vmscan=1, EVENT:TRIGGER a line (a histogram
 # sums at most two fields beside its hit count, and one event takes one histogram per key:
 # one line per pair, each with its own key)
@@ -110,7 +103,8 @@ trace_start() {
     echo "${_l#*:}" >> "$TR/events/vmscan/${_l%%:*}/trigger" 2>/dev/null || say "  trace: ${_l%%:*} refused ${_l#*:}"
   done
 }
-# trace_stop LABEL: prints each histogram's entries and totals, then removes its trigger
+# trace_stop LABEL: prints each event's histograms (its hist file, once: an event's lines are
+# together) with entries and totals, then removes every trigger
 trace_stop() {
   [ -n "${UZ_trace_vmscan:-}" ] && [ -e "$TR/events/vmscan" ] || return 0
   _seen=
@@ -123,6 +117,13 @@ trace_stop() {
     echo "!${_l#*:}" >> "$_f/trigger" 2>/dev/null
   done
 }
+# swap_bench REP NAME [SUFFIX]: mkswap + swapon $DEV, the hog (fill + verify), swapoff; wall
+# times as swap_hog_s$SUFFIX (and its fill and verify parts) and swapoff_s$SUFFIX. Where the
+# time went, as CPU seconds: the hog's own (faults, direct reclaim, zram's compression),
+# kswapd's, and the daemon's (uzram; its I/O copies in the kernel included); the per-task
+# times are exact, unlike /proc/stat's tick samples, which miss ticks under TCG; the daemon's
+# system part is printed too (swap_daemon_sys_s). The vmstat
+# counters of vm_counts are printed as deltas.
 swap_bench() {
   if ! { mkswap "$DEV" > /dev/null && swapon "$DEV"; }; then say "swapon $DEV failed"; rc=1; return; fi
   _vm0=$(vm_counts)
@@ -165,8 +166,11 @@ uz_swap() {
     esac
   done
   echo "$_pc" > /proc/sys/vm/page-cluster
-  _lg0=$(cat /sys/kernel/mm/lru_gen/enabled 2>/dev/null || true)
-  [ -z "$_lg" ] || echo "$_lg" > /sys/kernel/mm/lru_gen/enabled || { say "lru_gen $_lg refused"; rc=1; }
+  _lg0=
+  if [ -n "$_lg" ]; then
+    _lg0=$(cat /sys/kernel/mm/lru_gen/enabled 2>/dev/null || true)
+    echo "$_lg" > /sys/kernel/mm/lru_gen/enabled || { say "lru_gen $_lg refused"; rc=1; }
+  fi
   if uz_up "$SWAP_MIB"; then
     if [ -n "$_ms" ]; then
       echo "$_ms" > "/sys/block/${DEV#/dev/}/queue/max_sectors_kb" || { say "max_sectors_kb $_ms refused"; rc=1; }
@@ -183,7 +187,7 @@ uz_swap() {
     rc=1
   fi
   UZ_queue_mode=$_sv_qm; UZ_queues=$_sv_q; UZ_depth=$_sv_d
-  [ -z "$_lg" ] || [ -z "$_lg0" ] || echo "$_lg0" > /sys/kernel/mm/lru_gen/enabled
+  [ -z "$_lg0" ] || echo "$_lg0" > /sys/kernel/mm/lru_gen/enabled
   echo "$PC_DEFAULT" > /proc/sys/vm/page-cluster
 }
 
