@@ -175,10 +175,7 @@ fn run(ops: &[Op], ring: bool) -> Result<(), TestCaseError> {
             Algorithm::Lz4,
             3,
             4,
-            FaultPlan {
-                delay: std::time::Duration::from_micros(200),
-                ..FaultPlan::default()
-            },
+            FaultPlan::slow(std::time::Duration::from_micros(200)),
         );
         Some(Ring::start(store.clone(), Arc::new(device), RingConfig::default()).unwrap())
     } else {

@@ -40,10 +40,7 @@ fn concurrent_writes_reads_discards_and_commits() {
         Algorithm::Lz4,
         4,
         8,
-        FaultPlan {
-            delay: Duration::from_micros(300),
-            ..FaultPlan::default()
-        },
+        FaultPlan::slow(Duration::from_micros(300)),
     );
     let ring =
         Arc::new(Ring::start(store.clone(), Arc::new(device), RingConfig::default()).unwrap());

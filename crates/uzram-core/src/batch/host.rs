@@ -47,6 +47,17 @@ pub struct FaultPlan {
     pub delay: Duration,
 }
 
+impl FaultPlan {
+    /// A device that never fails but takes `delay` in every `complete`: results come back
+    /// after the writes that staged them have returned.
+    pub fn slow(delay: Duration) -> Self {
+        FaultPlan {
+            delay,
+            ..FaultPlan::default()
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Output {
     pages: usize,

@@ -146,10 +146,7 @@ fn writer(via: Via) {
     let ring = (via == Via::HostRing).then(|| {
         let staging = Staging::create(RING_SLOTS, RING_SLOT_PAGES, false).expect("staging");
         region.set_staging(Some(staging.id()));
-        let slow = FaultPlan {
-            delay: Duration::from_millis(20),
-            ..FaultPlan::default()
-        };
+        let slow = FaultPlan::slow(Duration::from_millis(20));
         let backend = HostSlots::over(
             Algorithm::Lz4,
             RING_SLOTS,

@@ -106,10 +106,7 @@ fn staged_pages_are_read_from_the_slot_and_overwrites_win() {
     let data = pages();
     let n = (data.len() / PAGE_SIZE) as u64;
     // A slow device: results come back well after the writes return.
-    let slow = FaultPlan {
-        delay: Duration::from_millis(20),
-        ..FaultPlan::default()
-    };
+    let slow = FaultPlan::slow(Duration::from_millis(20));
     let (store, ring) = ring_with(n, host(8, 128, slow), RingConfig::default());
     write_all(&ring, 0, &data);
     assert!(store.stats().staged_pages > 0, "nothing was staged");
@@ -138,10 +135,7 @@ fn staged_pages_are_read_from_the_slot_and_overwrites_win() {
 fn a_full_ring_compresses_inline_after_one_bounded_wait() {
     let data = pages();
     let n = (data.len() / PAGE_SIZE) as u64;
-    let slow = FaultPlan {
-        delay: Duration::from_millis(50),
-        ..FaultPlan::default()
-    };
+    let slow = FaultPlan::slow(Duration::from_millis(50));
     let (store, ring) = ring_with(n, host(2, 16, slow), RingConfig::default());
     let start = Instant::now();
     write_all(&ring, 0, &data);
@@ -162,10 +156,7 @@ fn a_full_ring_compresses_inline_after_one_bounded_wait() {
 fn a_writer_waits_for_a_slot_instead_of_compressing_inline() {
     let data = pages();
     let n = (data.len() / PAGE_SIZE) as u64;
-    let slow = FaultPlan {
-        delay: Duration::from_millis(5),
-        ..FaultPlan::default()
-    };
+    let slow = FaultPlan::slow(Duration::from_millis(5));
     let cfg = RingConfig {
         slot_wait: Duration::from_secs(2),
         ..RingConfig::default()
@@ -380,10 +371,7 @@ fn a_result_that_breaks_the_contract_retires_the_backend() {
 fn a_drain_leaves_no_page_in_staging_while_writes_go_on() {
     let data = pages();
     let n = (data.len() / PAGE_SIZE) as u64;
-    let slow = FaultPlan {
-        delay: Duration::from_millis(5),
-        ..FaultPlan::default()
-    };
+    let slow = FaultPlan::slow(Duration::from_millis(5));
     let (store, ring) = ring_with(2 * n, host(4, 64, slow), RingConfig::default());
     std::thread::scope(|s| {
         // Two writers, one per half of the device, each writing the data twice over.
@@ -438,10 +426,7 @@ fn partly_filled_slots_are_submitted_after_the_delay() {
 fn concurrent_writers_and_readers_see_the_last_write() {
     let data = pages();
     let n = (data.len() / PAGE_SIZE) as u64;
-    let slow = FaultPlan {
-        delay: Duration::from_millis(1),
-        ..FaultPlan::default()
-    };
+    let slow = FaultPlan::slow(Duration::from_millis(1));
     let (store, ring) = ring_with(n, host(6, 64, slow), RingConfig::default());
     let threads = 4;
     let per = (n as usize).div_ceil(threads);
@@ -533,10 +518,7 @@ fn slots_of_raw_pages_are_stored_straight_from_the_staged_words() {
 fn slot_times_say_where_a_slow_device_spends_the_cycle() {
     let data = pages();
     let n = (data.len() / PAGE_SIZE) as u64;
-    let slow = FaultPlan {
-        delay: Duration::from_millis(20),
-        ..FaultPlan::default()
-    };
+    let slow = FaultPlan::slow(Duration::from_millis(20));
     let slots = 8;
     let started = std::time::Instant::now();
     let (store, ring) = ring_with(n, host(slots, 128, slow), RingConfig::default());
