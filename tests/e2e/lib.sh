@@ -135,6 +135,15 @@ fio_job() {
   return $_frc
 }
 
+# pcp_fraction_boot: vm.percpu_pagelist_high_fraction as the boot set it: the kernel's default
+# (0), or the value the kernel command line gave (scripts/test's 7.3 boots hold the per-CPU
+# free lists short, as the systemd unit does). A recovery holds them short only from the
+# default and puts the default back (daemon/free_lists.rs): r and d expect this value after.
+pcp_fraction_boot() {
+  _v=$(tr ' ' '\n' < /proc/cmdline | sed -n 's/^sysctl\.vm\.percpu_pagelist_high_fraction=//p' | tail -1)
+  echo "${_v:-0}"
+}
+
 # hog_swap_device: swap (with discard) on a new device sized for a hog of 2x the memory that
 # is available once the daemon runs; sets DEV, AVAIL0 (MiB available before the daemon),
 # AVAIL (with it), HOG and SIZE_MIB, or fails the check.

@@ -44,14 +44,16 @@ crash_done() {
   _d=$(cat /run/uzram/*.log | tr -d '\033' | sed 's/\[[0-9;]*m//g' | grep -a 'first thread is gone' | tail -1)
   [ -z "$_d" ] || say "  $CW: ${_d#*INFO }"
   # the recovery held the per-CPU free lists short to give its room back; the new daemon
-  # puts the kernel's default back once it serves (daemon/free_lists.rs)
+  # puts the kernel's default back once it serves (daemon/free_lists.rs), and a setting the
+  # boot made is left alone
+  _f0=$(pcp_fraction_boot)
   for _i in 1 2 3 4 5; do
     _f=$(cat /proc/sys/vm/percpu_pagelist_high_fraction)
-    [ "$_f" = 0 ] && break
+    [ "$_f" = "$_f0" ] && break
     sleep 1
   done
-  [ "$_f" = 0 ] && ok "$CW: per-CPU free lists back to the kernel's default" \
-    || fail_check "$CW: vm.percpu_pagelist_high_fraction is $_f after the recovery, not 0"
+  [ "$_f" = "$_f0" ] && ok "$CW: per-CPU free lists back to the boot's setting ($_f0)" \
+    || fail_check "$CW: vm.percpu_pagelist_high_fraction is $_f after the recovery, not $_f0"
   # the takeover ran realtime (daemon/realtime.rs) and put every thread back once it served
   case "$_p" in
     "${PREV_P:-}") fail_check "$CW: the new daemon's serving line never came" ;;

@@ -14,7 +14,9 @@
 //! they are freed. A recovery sets it before it gives the room back ([`OpenedLists::shorten`]), and the
 //! new daemon puts the kernel's default back once it serves ([`restore`]). A value an
 //! administrator set (anything but the default, 0) is left alone, and so is the setting on a
-//! kernel without it. A recovery that dies in between leaves the lists short until the next
+//! kernel without it. The systemd unit holds the lists short for good with another value
+//! (524288; README, "Swap tuning": on 6.18 and later a swap-out's cluster table is allocated
+//! without reserves), which a recovery therefore leaves as it is. A recovery that dies in between leaves the lists short until the next
 //! recovery's daemon serves: slower frees on a busy many-core host, nothing worse.
 
 use std::io;
