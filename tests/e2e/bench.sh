@@ -11,8 +11,9 @@
 #     (vm.page-cluster), max_sectors_kb (the ublk disk's queue/max_sectors_kb), queues, depth,
 #     queue_mode (uzram create flags), nice (added to the nice value, 0, of every daemon
 #     thread once it serves), lru_gen (written to /sys/kernel/mm/lru_gen/enabled for the run:
-#     n turns the multi-generational LRU off, y on; put back after). Each gives the metric
-#     swap_hog_s[VARIANT].
+#     n turns the multi-generational LRU off, y on; put back after), discard (1: swapon
+#     -d, as `uzram swap-on` and the unit swap; the plain runs swap without it, as
+#     zram's do). Each gives the metric swap_hog_s[VARIANT].
 #   uzram.queue_mode, uzram.queues, uzram.depth: every uzram device (lib.sh create_flags).
 #   uzram.trace_vmscan=1: in-kernel histograms (tracefs hist triggers, nothing streamed) of
 #     reclaim's tracepoints over each swap run, printed after its vmstat deltas: throttling
@@ -125,7 +126,7 @@ trace_stop() {
 # system part is printed too (swap_daemon_sys_s). The vmstat
 # counters of vm_counts are printed as deltas.
 swap_bench() {
-  if ! { mkswap "$DEV" > /dev/null && swapon "$DEV"; }; then say "swapon $DEV failed"; rc=1; return; fi
+  if ! { mkswap "$DEV" > /dev/null && swapon ${SWAPON_DISCARD:+-d} "$DEV"; }; then say "swapon $DEV failed"; rc=1; return; fi
   _vm0=$(vm_counts)
   _kp=$(pidof kswapd0); _k0=$(task_times "$_kp")
   _dp=; [ "$2" = uzram ] && _dp=$(daemon_pid "$DEV"); _d0=$(task_times "$_dp")
@@ -152,7 +153,7 @@ swap_bench() {
 }
 # uz_swap REP VARIANT: a uzram device with VARIANT's settings (see above), its swap run
 uz_swap() {
-  _pc=$PC_DEFAULT; _ms=; _nice=; _lg=; _sv_qm=${UZ_queue_mode:-}; _sv_q=${UZ_queues:-}; _sv_d=${UZ_depth:-}
+  _pc=$PC_DEFAULT; _ms=; _nice=; _lg=; SWAPON_DISCARD=; _sv_qm=${UZ_queue_mode:-}; _sv_q=${UZ_queues:-}; _sv_d=${UZ_depth:-}
   for _kv in $(echo "$2" | tr '+' ' '); do
     case $_kv in
       page_cluster=*) _pc=${_kv#*=} ;;
@@ -162,6 +163,8 @@ uz_swap() {
       depth=*) UZ_depth=${_kv#*=} ;;
       nice=*) _nice=${_kv#*=} ;;
       lru_gen=*) _lg=${_kv#*=} ;;
+      discard=1) SWAPON_DISCARD=1 ;;
+      discard=0) ;;
       *) say "unknown swap variant setting $_kv"; rc=1; return ;;
     esac
   done
@@ -180,13 +183,13 @@ uz_swap() {
       # nice is per thread: every thread of the daemon, by id
       renice -n "$_nice" -p $(ls "/proc/$_np/task") > /dev/null || { say "renice $_nice refused"; rc=1; }
     fi
-    say "  uzram swap run${2:+ [$2]}: lru_gen $(cat /sys/kernel/mm/lru_gen/enabled 2>/dev/null), page-cluster $(cat /proc/sys/vm/page-cluster), max_sectors_kb $(cat "/sys/block/${DEV#/dev/}/queue/max_sectors_kb"), $(create_flags)"
+    say "  uzram swap run${2:+ [$2]}: discard ${SWAPON_DISCARD:-0}, lru_gen $(cat /sys/kernel/mm/lru_gen/enabled 2>/dev/null), page-cluster $(cat /proc/sys/vm/page-cluster), max_sectors_kb $(cat "/sys/block/${DEV#/dev/}/queue/max_sectors_kb"), $(create_flags)"
     swap_bench "$1" uzram "${2:+[$2]}"
     uz_down "$DEV"
   else
     rc=1
   fi
-  UZ_queue_mode=$_sv_qm; UZ_queues=$_sv_q; UZ_depth=$_sv_d
+  UZ_queue_mode=$_sv_qm; UZ_queues=$_sv_q; UZ_depth=$_sv_d; SWAPON_DISCARD=
   [ -z "$_lg0" ] || echo "$_lg0" > /sys/kernel/mm/lru_gen/enabled
   echo "$PC_DEFAULT" > /proc/sys/vm/page-cluster
 }

@@ -162,10 +162,11 @@ pcp_fraction_boot() {
 #   pass swaps out 1.4-1.6x the hog's pages, the daemon's locked memory grows to 410-430 MiB
 #   of the guest's 458, and the kernel then fails to allocate a swap cluster table
 #   (swap_cluster_alloc_table, __GFP_HIGH|__GFP_NOMEMALLOC, new in 7.x) while swapping out,
-#   so the hog cannot be swapped and is killed. vm.min_free_kbytes=16384 did not help. Not
-#   fixed; the 7.3 boots therefore pass uzram.swap_discard=0 (scripts/test). (Those runs had a
-#   hog of 2x; at 1.75x, with discard, b passed 6 of 6 boots on 7.3 in batch mode, 3 of them
-#   with uzram.watermark_scale_factor=200.)
+#   so the hog cannot be swapped and is killed. vm.min_free_kbytes=16384 did not help. The
+#   free pages that allocation could not reach sat on the per-CPU lists; with those held
+#   short (sysctl.vm.percpu_pagelist_high_fraction=524288, as the unit sets it) the 7.3 boots
+#   swap with discard again (README, swap tuning). (Those runs had a hog of 2x; the 7.3 boots
+#   run 1.75x.) uzram.swap_discard=0 swaps without discard, for comparison.
 # - uzram.hog_pct (default 200): the hog as a percentage of that memory. The 7.3 boots use
 #   175: at 200 the OOM killer took b's hog in its verify pass in 1 of the 6 7.3 boots of
 #   this release's CI runs, with swap half free (a swap-in's readahead found no page: reclaim
