@@ -144,6 +144,19 @@ pcp_fraction_boot() {
   echo "${_v:-0}"
 }
 
+# pcp_fraction_settles WANT: waits up to 5 s for vm.percpu_pagelist_high_fraction to read WANT
+# (a new daemon puts the lists back once it serves, not at once); prints the last value read,
+# and succeeds iff it was WANT.
+pcp_fraction_settles() {
+  for _i in 1 2 3 4 5; do
+    _pv=$(cat /proc/sys/vm/percpu_pagelist_high_fraction)
+    [ "$_pv" = "$1" ] && break
+    sleep 1
+  done
+  echo "$_pv"
+  [ "$_pv" = "$1" ]
+}
+
 # hog_swap_device: swap (with discard) on a new device sized for a hog of 2x the memory that
 # is available once the daemon runs; sets DEV, AVAIL0 (MiB available before the daemon),
 # AVAIL (with it), HOG and SIZE_MIB, or fails the check.

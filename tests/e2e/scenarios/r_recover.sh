@@ -47,12 +47,7 @@ crash_done() {
   # puts the kernel's default back once it serves (daemon/free_lists.rs), and a setting the
   # boot made is left alone
   _f0=$(pcp_fraction_boot)
-  for _i in 1 2 3 4 5; do
-    _f=$(cat /proc/sys/vm/percpu_pagelist_high_fraction)
-    [ "$_f" = "$_f0" ] && break
-    sleep 1
-  done
-  [ "$_f" = "$_f0" ] && ok "$CW: per-CPU free lists back to the boot's setting ($_f0)" \
+  _f=$(pcp_fraction_settles "$_f0") && ok "$CW: per-CPU free lists back to the boot's setting ($_f0)" \
     || fail_check "$CW: vm.percpu_pagelist_high_fraction is $_f after the recovery, not $_f0"
   # the takeover ran realtime (daemon/realtime.rs) and put every thread back once it served
   case "$_p" in
