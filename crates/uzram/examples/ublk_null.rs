@@ -20,13 +20,18 @@
 use std::io::Write;
 
 use clap::Parser;
-use io_uring::{squeue, IoUring};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::{
     BufDescList, UblkBatchBuffers, UblkBatchCompletion, UblkBatchConfig, UblkBatchQueue, UblkDev,
     UblkIOCtx, UblkQueue,
 };
 use libublk::{sys, BufDesc, UblkError, UblkFlags, UblkIORes};
+
+/// uzram's queue rings (`COOP_TASKRUN | SINGLE_ISSUER | DEFER_TASKRUN`, or `COOP_TASKRUN`
+/// alone where the kernel refuses those): the daemon's own module, so both set up the same ring.
+#[allow(dead_code)]
+#[path = "../src/daemon/ring.rs"]
+mod ring;
 
 /// uzram's largest request (`daemon::target::IO_BUF_BYTES`).
 const IO_BUF_BYTES: u32 = 128 << 10;
@@ -67,31 +72,6 @@ fn params(size: u64) -> sys::ublk_params {
     }
 }
 
-/// The queue ring uzram's queue threads set up (`daemon::ring`): `COOP_TASKRUN |
-/// SINGLE_ISSUER | DEFER_TASKRUN`, or `COOP_TASKRUN` alone where the kernel refuses those.
-fn init_ring(sq: u32, cq: u32) -> Result<(), UblkError> {
-    libublk::io::ublk_init_task_ring(|cell| {
-        if cell.get().is_some() {
-            return Ok(());
-        }
-        let ring = IoUring::<squeue::Entry>::builder()
-            .setup_cqsize(cq)
-            .setup_coop_taskrun()
-            .setup_single_issuer()
-            .setup_defer_taskrun()
-            .build(sq)
-            .or_else(|_| {
-                IoUring::<squeue::Entry>::builder()
-                    .setup_cqsize(cq)
-                    .setup_coop_taskrun()
-                    .build(sq)
-            })
-            .map_err(UblkError::IOError)?;
-        cell.set(std::cell::RefCell::new(ring))
-            .map_err(|_| UblkError::OtherError(-libc::EEXIST))
-    })
-}
-
 /// What a request completes with: reads and writes their length (a read returns whatever the
 /// buffer held), anything else 0.
 fn result(iod: &sys::ublksrv_io_desc) -> i32 {
@@ -103,7 +83,7 @@ fn result(iod: &sys::ublksrv_io_desc) -> i32 {
 
 /// Serves queue `qid` until the device stops, in the mode `batch` says.
 fn serve(qid: u16, dev: &UblkDev, batch: bool) {
-    if let Err(err) = init_ring(dev.tgt.sq_depth.into(), dev.tgt.cq_depth.into()) {
+    if let Err(err) = ring::init_queue_ring(dev.tgt.sq_depth.into(), dev.tgt.cq_depth.into()) {
         eprintln!("ublk_null: queue {qid}: io_uring setup failed: {err}");
         return;
     }
