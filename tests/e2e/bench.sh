@@ -65,21 +65,6 @@ zram_up() {  # MIB -> DEV=/dev/zram0
 zram_down() { echo 1 > /sys/block/zram0/reset; }
 uz_up() { uzram_create --size "${1}M"; }
 uz_down() { uzram_destroy "$1" > /dev/null; }
-# null_up MIB [--batch] -> DEV: a ublk_null device (crates/uzram/examples/ublk_null.rs) with
-# uzram's queue count and depth; null_down stops and deletes it
-null_up() {
-  _nq=${UZ_queues:-$(nproc)}; [ "$_nq" -le 4 ] || _nq=4
-  ublk_null ${2:-} --queues "$_nq" --depth "${UZ_depth:-64}" --size-mib "$1" > /tmp/null.out 2>&1 &
-  NULL_PID=$!
-  for _i in $(seq 100); do
-    DEV=$(grep -m1 '^/dev/ublkb' /tmp/null.out || true)
-    [ -n "$DEV" ] && [ -b "$DEV" ] && { say "ublk_null${2:+ $2}: $DEV, $_nq queue(s) of depth ${UZ_depth:-64}"; return 0; }
-    kill -0 "$NULL_PID" 2>/dev/null || break
-    sleep 0.1
-  done
-  say "ublk_null did not start: $(head -c 400 /tmp/null.out | tr '\n' ' ')"; return 1
-}
-null_down() { kill -TERM "$NULL_PID" 2>/dev/null; wait "$NULL_PID" 2>/dev/null || true; }
 has() { case ",$PARTS," in *",$1,"*) return 0 ;; esac; return 1; }
 
 # fio_bench REP NAME: the jobs of bench.fio on $DEV
@@ -219,10 +204,10 @@ while [ $r -le "$REPS" ]; do
     if uz_up "$SIZE_MIB"; then fio_bench $r uzram; uz_down "$DEV"; else rc=1; fi
   fi
   if has null; then
-    if null_up "$SIZE_MIB"; then fio_bench $r null; null_down; else rc=1; fi
+    if null_up "$SIZE_MIB"; then fio_bench $r null; null_down || rc=1; else rc=1; fi
     # batch mode where the kernel has it (UBLK_F_BATCH_IO, 7.0+)
     if null_up "$SIZE_MIB" --batch; then
-      fio_bench $r null_batch; null_down
+      fio_bench $r null_batch; null_down || rc=1
     elif [ "$(uname -r | cut -d. -f1)" -ge 7 ]; then
       rc=1
     fi

@@ -135,6 +135,35 @@ fio_job() {
   return $_frc
 }
 
+# null_up MIB [--batch] -> DEV, NULL_PID: a ublk_null device (crates/uzram/examples/ublk_null.rs,
+# the benchmark's transport floor) with uzram's default queue count (one a CPU, at most 4) and
+# depth, or uzram.queues and uzram.depth; fails, with ublk_null's output, if it exits or has no
+# device after 10 s.
+null_up() {
+  _nq=${UZ_queues:-$(nproc)}; [ "$_nq" -le 4 ] || _nq=4
+  ublk_null ${2:-} --queues "$_nq" --depth "${UZ_depth:-64}" --size-mib "$1" > /tmp/null.out 2>&1 &
+  NULL_PID=$!
+  for _i in $(seq 100); do
+    DEV=$(grep -m1 '^/dev/ublkb' /tmp/null.out || true)
+    [ -n "$DEV" ] && [ -b "$DEV" ] && { say "ublk_null${2:+ $2}: $DEV, $_nq queue(s) of depth ${UZ_depth:-64}"; return 0; }
+    kill -0 "$NULL_PID" 2>/dev/null || break
+    usleep 100000
+  done
+  say "ublk_null${2:+ $2} did not start: $(head -c 400 /tmp/null.out | tr '\n' ' ')"
+  kill -KILL "$NULL_PID" 2>/dev/null; wait "$NULL_PID" 2>/dev/null
+  return 1
+}
+# null_down: stops ublk_null (SIGTERM) and returns its exit status; 137 if it was still there
+# after 10 s (then killed).
+null_down() {
+  kill -TERM "$NULL_PID" 2>/dev/null
+  ( sleep 10; kill -KILL "$NULL_PID" 2>/dev/null ) &
+  _wd=$!
+  wait "$NULL_PID"; _nrc=$?
+  kill "$_wd" 2>/dev/null; wait "$_wd" 2>/dev/null
+  return $_nrc
+}
+
 # pcp_fraction_boot: vm.percpu_pagelist_high_fraction as the boot set it: the kernel's default
 # (0), or the value the kernel command line gave (scripts/test's 7.3 boots hold the per-CPU
 # free lists short, as the systemd unit does). A recovery holds them short only from the

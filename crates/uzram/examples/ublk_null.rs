@@ -178,6 +178,20 @@ fn block_stop_signals() -> libc::sigset_t {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // A kernel without UBLK_F_BATCH_IO drops the flag and adds a device that no batch queue
+    // can serve, so the refusal comes here, before the device exists.
+    if args.batch {
+        match UblkCtrl::get_features() {
+            Some(features) if features & u64::from(sys::UBLK_F_BATCH_IO) != 0 => {}
+            Some(features) => anyhow::bail!(
+                "--batch needs UBLK_F_BATCH_IO (Linux 7.0+); this kernel's ublk driver offers \
+                 features {features:#x} without it: run without --batch"
+            ),
+            None => anyhow::bail!(
+                "cannot read the ublk driver's features (is ublk_drv loaded? `modprobe ublk_drv`)"
+            ),
+        }
+    }
     let signals = block_stop_signals();
     let ctrl = UblkCtrlBuilder::default()
         .name("uzram-null")
