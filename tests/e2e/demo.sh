@@ -1,20 +1,20 @@
 # The README's main job, inside the guest: a uzram device as swap under memory pressure.
-# Create a device, mkswap + swapon, run a memory hog of 2x the available memory (non-zero,
-# compressible pages), show `uzram list` and `uzram status` while its pages are swapped out,
-# verify every word, swapoff, destroy. Exit 0 iff all of that worked.
+# Create a device, mkswap + swapon (with discard, as `uzram swap-on` and the unit swap), run a
+# memory hog of 2x the available memory (non-zero, compressible pages), show `uzram list` and
+# `uzram status` while its pages are swapped out, verify every word, swapoff, destroy. Exit 0
+# iff all of that worked. The device and the hog are sized as scenario b sizes them
+# (lib.sh, hog_swap_device): the hog against the memory available once the daemon runs, the
+# device a quarter larger than the hog. Sized before the daemon, with a device of exactly the
+# hog's size, the daemon's reserves and the hog's compressed pages did not fit: the OOM
+# killer took the hog in its fill (6.12, 2026-11-28).
 . /e2e/lib.sh
 begin demo
-AVAIL=$(mem_avail_mib)
-HOG=${UZ_hog_mib:-$((AVAIL * 2))}
-say "MemAvailable ${AVAIL} MiB; device ${HOG} MiB; memory hog ${HOG} MiB"
-if uzram_create --size "${HOG}M"; then
-  check "mkswap $DEV" mkswap "$DEV"
-  check "swapon $DEV" swapon "$DEV"
+if hog_swap_device; then
   t0=$(up)
   : > /tmp/hog.out
   timeout -s KILL "$IO_TMO" hog "$HOG" 1 5 > /tmp/hog.out 2>&1 &
   HPID=$!
-  while ! grep -q holding /tmp/hog.out && kill -0 $HPID 2>/dev/null; do usleep 200000; done
+  wait_holding $HPID /tmp/hog.out
   echo "\$ free -m"; free -m
   echo "\$ cat /proc/swaps"; cat /proc/swaps
   echo "\$ uzram list"; timeout -s KILL "$TMO" uzram list || fail_check "uzram list"
