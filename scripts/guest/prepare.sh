@@ -6,6 +6,11 @@
 # run, so concurrent runs do not collide) and BINS. Under set -e a failed download or build
 # stops the caller. Removing WORK is the caller's choice (trap 'rm -rf "${WORK:-}"' EXIT before
 # calling).
+# What every 7.x boot passes (the harness's settings for the newer kernel; scripts/test says
+# why each is there, above its T73): a hog of 1.75x, kswapd's head start, and the per-CPU free
+# lists held short, as the unit holds them.
+# shellcheck disable=SC2034 # for the sourcing script
+GUEST_7X_ARGS="uzram.hog_pct=175 uzram.watermark_scale_factor=200 sysctl.vm.percpu_pagelist_high_fraction=524288"
 guest_prepare() {
   KDIR=$("$ROOT/scripts/guest/fetch-kernel" "${GUEST_KERNEL:-6.12}")
   # shellcheck disable=SC2034 # KERNEL, KPIN and IMGS are for the sourcing script

@@ -208,7 +208,7 @@ while [ $r -le "$REPS" ]; do
     # batch mode where the kernel has it (UBLK_F_BATCH_IO, 7.0+)
     if null_up "$SIZE_MIB" --batch; then
       fio_bench $r null_batch; null_down || rc=1
-    elif [ "$(uname -r | cut -d. -f1)" -ge 7 ]; then
+    elif kernel_has_batch_io; then
       rc=1
     fi
   fi

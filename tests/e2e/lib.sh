@@ -135,6 +135,9 @@ fio_job() {
   return $_frc
 }
 
+# kernel_has_batch_io: whether the running kernel's ublk driver has UBLK_F_BATCH_IO (7.0+),
+# which ublk_null --batch needs
+kernel_has_batch_io() { [ "$(uname -r | cut -d. -f1)" -ge 7 ]; }
 # null_up MIB [--batch] -> DEV, NULL_PID: a ublk_null device (crates/uzram/examples/ublk_null.rs,
 # the benchmark's transport floor) with uzram's default queue count (one a CPU, at most 4) and
 # depth, or uzram.queues and uzram.depth; fails, with ublk_null's output, if it exits or has no

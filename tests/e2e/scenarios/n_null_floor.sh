@@ -19,7 +19,7 @@ null_serves() {  # [--batch]
   if [ -e "$_d" ]; then fail_check "$_d still present 5 s after $_l stopped"; else ok "$_d deleted"; fi
 }
 null_serves
-if [ "$(uname -r | cut -d. -f1)" -ge 7 ]; then
+if kernel_has_batch_io; then
   null_serves --batch
 else
   _n=$(ndev)
