@@ -1,4 +1,4 @@
-# Scenario h: freed memory goes back. Swap on the device with discard on; a hog of >= 2x the
+# Scenario h: freed memory goes back. Swap on the device with discard on; a hog of 1.75x the
 # guest's available memory fills it, verifies every word and exits, so every page it had in
 # swap is freed and discarded. 10 s later the daemon's resident memory (the block pool's
 # shared memory included) must be at most what it held before the hog (its reserves: pool, buffers,
@@ -7,7 +7,11 @@
 begin h_memory_back
 rss_kib() { awk -v k="$2" '$1 == k":" {print $2}' "/proc/$1/status"; }
 # the device and the hog as in scenario b (lib.sh says why: a device of exactly the hog's size
-# filled up, and the OOM killer took the hog)
+# filled up, and the OOM killer took the hog), but the hog at 1.75x unless the boot says
+# otherwise: at 2x the OOM killer took h's hog in its verify pass once on 6.12 (a clean-clone
+# CI run of 2026-11-28, 576 MiB hog, the daemon at 342 MiB); b keeps the 2x pressure, and h
+# needs only a real fill (the store growing by a quarter of the memory available, below)
+UZ_hog_pct=${UZ_hog_pct:-175}
 if hog_swap_device; then
   PID=$(daemon_pid "$DEV")
   if [ -z "$PID" ]; then

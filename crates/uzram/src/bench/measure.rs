@@ -124,7 +124,9 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
         store.clone(),
         setup.backend,
         &setup.gpu,
-        None,
+        // The daemon's installer set-up (strict pool takes, a prefaulted 256 KiB stack,
+        // nice -20): the GPU host has no ublk, so only the bench runs it there.
+        Some(Arc::new(crate::daemon::io_path_thread)),
         StagingHome::Scratch,
     )
     .with_context(|| format!("starting the {} backend", setup.backend.name()))?;

@@ -662,7 +662,8 @@ const CARRY_EVERY: Duration = Duration::from_secs(1);
 /// I/O path, so it must get ENOMEM rather than page-fault into reclaim, and run ahead of
 /// the tasks that wait for swap.
 /// Its threads have 256 KiB stacks (the ring's installers, `spawn`).
-fn io_path_thread(name: &str) {
+/// `uzram bench` gives its GPU ring the same set-up, so that the GPU host runs it.
+pub(crate) fn io_path_thread(name: &str) {
     pool::strict_current_thread();
     fault_guard::prefault_small_stack();
     if let Err(err) = sys::set_thread_nice(pool::IO_NICE) {
