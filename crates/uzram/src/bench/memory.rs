@@ -34,7 +34,10 @@ impl StoreMemory {
         region::remove(region.id());
         let (start, len) = region.blocks();
         pool::init(start, len, region.block_states());
-        let target = pool::target_blocks(pages.saturating_mul(uzram_core::PAGE_SIZE as u64));
+        let target = pool::target_blocks(
+            pages.saturating_mul(uzram_core::PAGE_SIZE as u64),
+            pool::ram_bytes(),
+        );
         if !pool::fill_to(target) {
             anyhow::bail!("could not fill the block pool: not enough memory");
         }

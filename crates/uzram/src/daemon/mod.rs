@@ -219,7 +219,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         .context("setting up the compression backend")?,
     );
     step("backend");
-    let pool_target = pool::target_blocks(cfg.size);
+    let pool_target = pool::target_blocks(cfg.size, pool::ram_bytes());
     // A recovery serves with the pool it adopted: refilling now could wait for reclaim,
     // which waits for this device. The keeper refills once the device serves.
     if launch.recover.is_none() && !pool::fill_to(pool_target) {

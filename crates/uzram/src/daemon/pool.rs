@@ -665,14 +665,27 @@ pub fn free_blocks() -> usize {
     FREE_COUNT.load(Ordering::Relaxed)
 }
 
-/// Pool size to keep for a device of `size` bytes: a quarter of it, at most 64 MiB, in
-/// blocks. (Not overhead: the store's compressed pages live in these blocks. A larger pool
-/// was tried and left the guest's swap test too little RAM: the swap device filled up.)
-pub fn target_blocks(size: u64) -> usize {
-    let bytes = usize::try_from(size / 4)
+/// Pool size to keep for a device of `size` bytes on a machine of `ram` bytes (MemTotal):
+/// a quarter of the device, at most 64 MiB and at most a sixteenth of the RAM, in blocks.
+/// (The blocks are taken as the store grows, but the free ones are memory held up front.
+/// A larger pool was tried and left the guest's swap test too little RAM: the swap device
+/// filled up. In a 449 MiB guest 64 MiB was a seventh of its memory, and under a hog of
+/// twice its available memory the pool never ran below 929 of its 1024 blocks
+/// (README, "A smaller block pool"); the keeper still raises the target when it runs low.)
+pub fn target_blocks(size: u64, ram: u64) -> usize {
+    let bytes = usize::try_from((size / 4).min(ram / 16))
         .unwrap_or(usize::MAX)
         .min(64 << 20);
     bytes.div_ceil(BLOCK).max(REFILL_BLOCKS)
+}
+
+/// This machine's MemTotal in bytes, or `u64::MAX` where `/proc/meminfo` cannot be read
+/// (then only the device's size bounds the pool).
+pub fn ram_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| crate::sizeexpr::mem_total_mib(&t))
+        .map_or(u64::MAX, |mib| mib << 20)
 }
 
 /// Keeps the pool at `target` free blocks, forever (on its own thread, an I/O flusher like
@@ -985,8 +998,14 @@ mod tests {
         assert_eq!(next_target(1024, 1024), 1536);
         assert_eq!(next_target(3072, 1024), 4096);
         assert_eq!(next_target(4096, 1024), 4096);
-        assert_eq!(target_blocks(8 << 30), 1024);
-        assert_eq!(target_blocks(1 << 20), REFILL_BLOCKS);
+        assert_eq!(target_blocks(8 << 30, 8 << 30), 1024);
+        assert_eq!(target_blocks(8 << 30, u64::MAX), 1024);
+        assert_eq!(target_blocks(1 << 20, 8 << 30), REFILL_BLOCKS);
+        // A small machine: a sixteenth of its RAM, not a quarter of the device.
+        assert_eq!(target_blocks(1 << 30, 448 << 20), 448);
+        assert_eq!(target_blocks(64 << 20, 448 << 20), 256);
+        assert_eq!(target_blocks(1 << 30, 32 << 20), REFILL_BLOCKS);
+        assert!(ram_bytes() > 64 << 20);
 
         // A strict (I/O-serving) thread gets null from an empty pool, never a fault-in
         // from the system allocator; other threads still fall back.
