@@ -9,7 +9,7 @@ rss_kib() { awk -v k="$2" '$1 == k":" {print $2}' "/proc/$1/status"; }
 # the device and the hog as in scenario b (lib.sh says why: a device of exactly the hog's size
 # filled up, and the OOM killer took the hog), but the hog at 1.75x unless the boot says
 # otherwise: at 2x the OOM killer took h's hog in its verify pass once on 6.12 (a clean-clone
-# CI run of 2026-11-28, 576 MiB hog, the daemon at 342 MiB); b keeps the 2x pressure, and h
+# CI run of 2026-11-28, 576 MiB hog, the daemon at 334 MiB); b keeps the 2x pressure, and h
 # needs only a real fill (the store growing by a quarter of the memory available, below)
 UZ_hog_pct=${UZ_hog_pct:-175}
 if hog_swap_device; then

@@ -679,13 +679,10 @@ pub fn target_blocks(size: u64, ram: u64) -> usize {
     bytes.div_ceil(BLOCK).max(REFILL_BLOCKS)
 }
 
-/// This machine's MemTotal in bytes, or `u64::MAX` where `/proc/meminfo` cannot be read
-/// (then only the device's size bounds the pool).
+/// This machine's MemTotal in bytes (the config's `ram`), or `u64::MAX` where
+/// `/proc/meminfo` cannot be read (then only the device's size bounds the pool).
 pub fn ram_bytes() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| crate::sizeexpr::mem_total_mib(&t))
-        .map_or(u64::MAX, |mib| mib << 20)
+    crate::config::Host::current().map_or(u64::MAX, |host| host.ram_mib << 20)
 }
 
 /// Keeps the pool at `target` free blocks, forever (on its own thread, an I/O flusher like
