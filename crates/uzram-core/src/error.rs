@@ -43,6 +43,12 @@ pub enum CoreError {
         #[source]
         source: CodecError,
     },
+    /// A stored page decoded to bytes whose checksum is not the one stored with it.
+    #[error("page {index} does not match its checksum: its stored bytes are damaged")]
+    Checksum {
+        /// The page that failed.
+        index: u64,
+    },
     /// A page could not be compressed.
     #[error("compressing page failed")]
     Compress(#[source] CodecError),
@@ -76,6 +82,7 @@ impl CoreError {
             }
             CoreError::MemLimit { .. } | CoreError::NoMemory => -ENOMEM,
             CoreError::Corrupt { .. }
+            | CoreError::Checksum { .. }
             | CoreError::Compress(_)
             | CoreError::Backend { .. }
             | CoreError::Damaged(_) => -EIO,

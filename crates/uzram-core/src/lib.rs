@@ -37,6 +37,8 @@
 pub mod batch;
 pub mod codec;
 pub mod error;
+#[cfg(any(test, feature = "test-support"))]
+pub mod fuzz;
 pub mod page;
 pub mod store;
 

@@ -170,7 +170,13 @@ fn installs_wait_for_memory_and_lose_nothing() {
         32,
         FaultPlan::default(),
     ));
-    let ring = Ring::start(store.clone(), host, RingConfig::default()).unwrap();
+    // No slot is sealed by its delay: the 128 pages fill the 4 slots exactly, so no write
+    // finds every slot busy and goes inline (which, with no segment to be had, would fail).
+    let cfg = RingConfig {
+        max_delay: Duration::from_secs(60),
+        ..RingConfig::default()
+    };
+    let ring = Ring::start(store.clone(), host, cfg).unwrap();
     let pages: Vec<[u8; PAGE_SIZE]> = (0..128u64).map(noise).collect();
     let refused_before = REFUSED.load(Ordering::Relaxed);
     {

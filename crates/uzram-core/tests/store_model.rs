@@ -256,7 +256,8 @@ fn run(ops: &[Op], ring: bool) -> Result<(), TestCaseError> {
                     }
                 };
                 let fresh = model.pending.get(&ticket.page) == Some(&ticket);
-                let mut commits = [Commit::new(ticket, encoded)];
+                let checksum = uzram_core::page::page_checksum(&data);
+                let mut commits = [Commit::new(ticket, encoded, checksum)];
                 store.commit(&mut commits).unwrap();
                 let want = if fresh {
                     CommitState::Installed

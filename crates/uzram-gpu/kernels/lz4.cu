@@ -32,6 +32,7 @@
 //   meta[n + i]   byte offset of page i's packed data (block, or the 8-byte word; nothing
 //                 for raw pages) in `packed`
 //   meta[2n]      unused here (the verify kernel writes the host's total)
+//   meta[2n+1+i]  unused here (the verify kernel writes page i's checksum for the host)
 // The packed total is counted in ctrl[2].
 // Each page has an 8192-byte slot of `scratch` (device only): its first 4096 bytes hold the
 // fast kernel's block while it is built (the high kernel builds it in shared memory), its
@@ -57,6 +58,11 @@
 // they cross PCIe (docs/gpu-notes.md, runs 110 and 113). A block that fails is reported as
 // SIZE_REJECTED, and the host, which reads only results that passed, compresses that page
 // on the CPU. A block is never trusted because the compressor wrote it.
+// It also computes the CRC32C of every page as the device holds it (each lane the CRC of
+// 128 bytes, combined in five shuffle steps) into out_meta[2n+1+i]. The host compares it
+// with the checksum the page's writer computed before it staged the page: a block checked
+// here against a device copy that is not the staged page (a copy that went wrong, a slot
+// refilled too early) is caught there.
 
 #define PAGE_BYTES 4096u
 #ifndef HASH_LOG
@@ -684,6 +690,140 @@ __device__ bool block_matches_hinted(const u32* blk, u32 len, const u32* page, c
     return op_base == PAGE_BYTES;
 }
 
+// CRC32C (Castagnoli, reflected 0x82F63B78) of every byte value, initial value 0.
+__device__ const u32 CRC32C_TABLE[256] = {
+    0x00000000u, 0xf26b8303u, 0xe13b70f7u, 0x1350f3f4u, 0xc79a971fu, 0x35f1141cu,
+    0x26a1e7e8u, 0xd4ca64ebu, 0x8ad958cfu, 0x78b2dbccu, 0x6be22838u, 0x9989ab3bu,
+    0x4d43cfd0u, 0xbf284cd3u, 0xac78bf27u, 0x5e133c24u, 0x105ec76fu, 0xe235446cu,
+    0xf165b798u, 0x030e349bu, 0xd7c45070u, 0x25afd373u, 0x36ff2087u, 0xc494a384u,
+    0x9a879fa0u, 0x68ec1ca3u, 0x7bbcef57u, 0x89d76c54u, 0x5d1d08bfu, 0xaf768bbcu,
+    0xbc267848u, 0x4e4dfb4bu, 0x20bd8edeu, 0xd2d60dddu, 0xc186fe29u, 0x33ed7d2au,
+    0xe72719c1u, 0x154c9ac2u, 0x061c6936u, 0xf477ea35u, 0xaa64d611u, 0x580f5512u,
+    0x4b5fa6e6u, 0xb93425e5u, 0x6dfe410eu, 0x9f95c20du, 0x8cc531f9u, 0x7eaeb2fau,
+    0x30e349b1u, 0xc288cab2u, 0xd1d83946u, 0x23b3ba45u, 0xf779deaeu, 0x05125dadu,
+    0x1642ae59u, 0xe4292d5au, 0xba3a117eu, 0x4851927du, 0x5b016189u, 0xa96ae28au,
+    0x7da08661u, 0x8fcb0562u, 0x9c9bf696u, 0x6ef07595u, 0x417b1dbcu, 0xb3109ebfu,
+    0xa0406d4bu, 0x522bee48u, 0x86e18aa3u, 0x748a09a0u, 0x67dafa54u, 0x95b17957u,
+    0xcba24573u, 0x39c9c670u, 0x2a993584u, 0xd8f2b687u, 0x0c38d26cu, 0xfe53516fu,
+    0xed03a29bu, 0x1f682198u, 0x5125dad3u, 0xa34e59d0u, 0xb01eaa24u, 0x42752927u,
+    0x96bf4dccu, 0x64d4cecfu, 0x77843d3bu, 0x85efbe38u, 0xdbfc821cu, 0x2997011fu,
+    0x3ac7f2ebu, 0xc8ac71e8u, 0x1c661503u, 0xee0d9600u, 0xfd5d65f4u, 0x0f36e6f7u,
+    0x61c69362u, 0x93ad1061u, 0x80fde395u, 0x72966096u, 0xa65c047du, 0x5437877eu,
+    0x4767748au, 0xb50cf789u, 0xeb1fcbadu, 0x197448aeu, 0x0a24bb5au, 0xf84f3859u,
+    0x2c855cb2u, 0xdeeedfb1u, 0xcdbe2c45u, 0x3fd5af46u, 0x7198540du, 0x83f3d70eu,
+    0x90a324fau, 0x62c8a7f9u, 0xb602c312u, 0x44694011u, 0x5739b3e5u, 0xa55230e6u,
+    0xfb410cc2u, 0x092a8fc1u, 0x1a7a7c35u, 0xe811ff36u, 0x3cdb9bddu, 0xceb018deu,
+    0xdde0eb2au, 0x2f8b6829u, 0x82f63b78u, 0x709db87bu, 0x63cd4b8fu, 0x91a6c88cu,
+    0x456cac67u, 0xb7072f64u, 0xa457dc90u, 0x563c5f93u, 0x082f63b7u, 0xfa44e0b4u,
+    0xe9141340u, 0x1b7f9043u, 0xcfb5f4a8u, 0x3dde77abu, 0x2e8e845fu, 0xdce5075cu,
+    0x92a8fc17u, 0x60c37f14u, 0x73938ce0u, 0x81f80fe3u, 0x55326b08u, 0xa759e80bu,
+    0xb4091bffu, 0x466298fcu, 0x1871a4d8u, 0xea1a27dbu, 0xf94ad42fu, 0x0b21572cu,
+    0xdfeb33c7u, 0x2d80b0c4u, 0x3ed04330u, 0xccbbc033u, 0xa24bb5a6u, 0x502036a5u,
+    0x4370c551u, 0xb11b4652u, 0x65d122b9u, 0x97baa1bau, 0x84ea524eu, 0x7681d14du,
+    0x2892ed69u, 0xdaf96e6au, 0xc9a99d9eu, 0x3bc21e9du, 0xef087a76u, 0x1d63f975u,
+    0x0e330a81u, 0xfc588982u, 0xb21572c9u, 0x407ef1cau, 0x532e023eu, 0xa145813du,
+    0x758fe5d6u, 0x87e466d5u, 0x94b49521u, 0x66df1622u, 0x38cc2a06u, 0xcaa7a905u,
+    0xd9f75af1u, 0x2b9cd9f2u, 0xff56bd19u, 0x0d3d3e1au, 0x1e6dcdeeu, 0xec064eedu,
+    0xc38d26c4u, 0x31e6a5c7u, 0x22b65633u, 0xd0ddd530u, 0x0417b1dbu, 0xf67c32d8u,
+    0xe52cc12cu, 0x1747422fu, 0x49547e0bu, 0xbb3ffd08u, 0xa86f0efcu, 0x5a048dffu,
+    0x8ecee914u, 0x7ca56a17u, 0x6ff599e3u, 0x9d9e1ae0u, 0xd3d3e1abu, 0x21b862a8u,
+    0x32e8915cu, 0xc083125fu, 0x144976b4u, 0xe622f5b7u, 0xf5720643u, 0x07198540u,
+    0x590ab964u, 0xab613a67u, 0xb831c993u, 0x4a5a4a90u, 0x9e902e7bu, 0x6cfbad78u,
+    0x7fab5e8cu, 0x8dc0dd8fu, 0xe330a81au, 0x115b2b19u, 0x020bd8edu, 0xf0605beeu,
+    0x24aa3f05u, 0xd6c1bc06u, 0xc5914ff2u, 0x37faccf1u, 0x69e9f0d5u, 0x9b8273d6u,
+    0x88d28022u, 0x7ab90321u, 0xae7367cau, 0x5c18e4c9u, 0x4f48173du, 0xbd23943eu,
+    0xf36e6f75u, 0x0105ec76u, 0x12551f82u, 0xe03e9c81u, 0x34f4f86au, 0xc69f7b69u,
+    0xd5cf889du, 0x27a40b9eu, 0x79b737bau, 0x8bdcb4b9u, 0x988c474du, 0x6ae7c44eu,
+    0xbe2da0a5u, 0x4c4623a6u, 0x5f16d052u, 0xad7d5351u,
+};
+// CRC32C_SHIFT[l][b]: the CRC state 1 << b carried over 128 << l zero bytes.
+__constant__ u32 CRC32C_SHIFT[5][32] = {
+    {
+        0x6992cea2u, 0xd3259d44u, 0xa3a74c79u, 0x42a2ee03u, 0x8545dc06u, 0x0f67cefdu,
+        0x1ecf9dfau, 0x3d9f3bf4u, 0x7b3e77e8u, 0xf67cefd0u, 0xe915a951u, 0xd7c72453u,
+        0xaa623e57u, 0x51280a5fu, 0xa25014beu, 0x414c5f8du, 0x8298bf1au, 0x00dd08c5u,
+        0x01ba118au, 0x03742314u, 0x06e84628u, 0x0dd08c50u, 0x1ba118a0u, 0x37423140u,
+        0x6e846280u, 0xdd08c500u, 0xbffdfcf1u, 0x7a178f13u, 0xf42f1e26u, 0xedb24abdu,
+        0xde88e38bu, 0xb8fdb1e7u,
+    },
+    {
+        0xdcb17aa4u, 0xbc8e83b9u, 0x7cf17183u, 0xf9e2e306u, 0xf629b0fdu, 0xe9bf170bu,
+        0xd69258e7u, 0xa8c8c73fu, 0x547df88fu, 0xa8fbf11eu, 0x541b94cdu, 0xa837299au,
+        0x558225c5u, 0xab044b8au, 0x53e4e1e5u, 0xa7c9c3cau, 0x4a7ff165u, 0x94ffe2cau,
+        0x2c13b365u, 0x582766cau, 0xb04ecd94u, 0x6571edd9u, 0xcae3dbb2u, 0x902bc195u,
+        0x25bbf5dbu, 0x4b77ebb6u, 0x96efd76cu, 0x2833d829u, 0x5067b052u, 0xa0cf60a4u,
+        0x4472b7b9u, 0x88e56f72u,
+    },
+    {
+        0xbd6f81f8u, 0x7f337501u, 0xfe66ea02u, 0xf921a2f5u, 0xf7af331bu, 0xeab210c7u,
+        0xd088577fu, 0xa4fcd80fu, 0x4c15c6efu, 0x982b8ddeu, 0x35bb6d4du, 0x6b76da9au,
+        0xd6edb534u, 0xa8371c99u, 0x55824fc3u, 0xab049f86u, 0x53e549fdu, 0xa7ca93fau,
+        0x4a795105u, 0x94f2a20au, 0x2c0932e5u, 0x581265cau, 0xb024cb94u, 0x65a5e1d9u,
+        0xcb4bc3b2u, 0x937bf195u, 0x231b95dbu, 0x46372bb6u, 0x8c6e576cu, 0x1d30d829u,
+        0x3a61b052u, 0x74c360a4u,
+    },
+    {
+        0xfe314258u, 0xf98ef241u, 0xf6f19273u, 0xe80f5217u, 0xd5f2d2dfu, 0xae09d34fu,
+        0x59ffd06fu, 0xb3ffa0deu, 0x6213374du, 0xc4266e9au, 0x8da0abc5u, 0x1ead217bu,
+        0x3d5a42f6u, 0x7ab485ecu, 0xf5690bd8u, 0xef3e6141u, 0xdb90b473u, 0xb2cd1e17u,
+        0x60764adfu, 0xc0ec95beu, 0x84355d8du, 0x0d86cdebu, 0x1b0d9bd6u, 0x361b37acu,
+        0x6c366f58u, 0xd86cdeb0u, 0xb535cb91u, 0x6f87e1d3u, 0xdf0fc3a6u, 0xbbf3f1bdu,
+        0x720b958bu, 0xe4172b16u,
+    },
+    {
+        0xf7506984u, 0xeb4ca5f9u, 0xd3753d03u, 0xa3060cf7u, 0x43e06f1fu, 0x87c0de3eu,
+        0x0a6dca8du, 0x14db951au, 0x29b72a34u, 0x536e5468u, 0xa6dca8d0u, 0x48552751u,
+        0x90aa4ea2u, 0x24b8ebb5u, 0x4971d76au, 0x92e3aed4u, 0x202b2b59u, 0x405656b2u,
+        0x80acad64u, 0x04b52c39u, 0x096a5872u, 0x12d4b0e4u, 0x25a961c8u, 0x4b52c390u,
+        0x96a58720u, 0x28a778b1u, 0x514ef162u, 0xa29de2c4u, 0x40d7b379u, 0x81af66f2u,
+        0x06b2bb15u, 0x0d65762au,
+    },
+};
+// The initial value 0xffffffff carried over a whole page (4096 zero bytes).
+#define CRC32C_PAGE_INIT 0x6706be76u
+
+// One 32-bit little-endian word into a CRC state (byte by byte, table in shared memory).
+__device__ __forceinline__ u32 crc32c_word(u32 c, u32 w, const u32* tab) {
+    c ^= w;
+    c = tab[c & 0xffu] ^ (c >> 8);
+    c = tab[c & 0xffu] ^ (c >> 8);
+    c = tab[c & 0xffu] ^ (c >> 8);
+    c = tab[c & 0xffu] ^ (c >> 8);
+    return c;
+}
+
+// The CRC state c carried over 128 << level zero bytes (a linear map: one column a bit).
+__device__ __forceinline__ u32 crc32c_shift(u32 c, u32 level) {
+    u32 r = 0u;
+#pragma unroll
+    for (u32 b = 0u; b < 32u; ++b) {
+        r ^= (0u - ((c >> b) & 1u)) & CRC32C_SHIFT[level][b];
+    }
+    return r;
+}
+
+// CRC32C of the page at src, in lane 0 (the other lanes hold partial states). Each lane
+// takes 128 consecutive bytes; the states of neighbouring runs are joined pairwise, the
+// left one carried over the right one's length.
+__device__ __forceinline__ u32 crc32c_page(const uint4* src, const u32* tab, u32 lane) {
+    u32 c = 0u;
+    const uint4* p = src + lane * 8u;
+#pragma unroll
+    for (u32 k = 0; k < 8u; ++k) {
+        const uint4 v = p[k];
+        c = crc32c_word(c, v.x, tab);
+        c = crc32c_word(c, v.y, tab);
+        c = crc32c_word(c, v.z, tab);
+        c = crc32c_word(c, v.w, tab);
+    }
+#pragma unroll
+    for (u32 level = 0u; level < 5u; ++level) {
+        const u32 right = __shfl_down_sync(FULL_MASK, c, 1u << level);
+        c = crc32c_shift(c, level) ^ right;
+    }
+    return ~(c ^ CRC32C_PAGE_INIT);
+}
+
 extern "C" __global__ void __launch_bounds__(32)
 uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
                  const u8* __restrict__ packed, const u32* __restrict__ meta,
@@ -696,13 +836,22 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
     const u32 lane = threadIdx.x;
     __shared__ __align__(16) u32 s_page[PAGE_BYTES / 4u + 4u];
     __shared__ __align__(16) u32 s_blk[PAGE_BYTES / 4u + 4u];
+    __shared__ u32 s_crc[256];
     if (blockIdx.x == 0u && lane == 0u) {
         out_meta[2u * (size_t)npages] = ctrl[2];
     }
+    for (u32 i = lane; i < 256u; i += 32u) {
+        s_crc[i] = CRC32C_TABLE[i];
+    }
+    __syncwarp();
     for (u32 page = blockIdx.x; page < npages; page += gridDim.x) {
         const u32 size = meta[page];
         const u32 off = meta[npages + page];
         u32 result = size;
+        const u32 crc = crc32c_page(in + (size_t)page * (PAGE_BYTES / 16u), s_crc, lane);
+        if (lane == 0u) {
+            out_meta[2u * (size_t)npages + 1u + page] = crc;
+        }
         if (size == SIZE_RAW) {
             // Nothing to check: the host stores the page it staged.
         } else if (size == SIZE_SAME_FILLED) {

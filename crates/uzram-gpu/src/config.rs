@@ -167,12 +167,12 @@ mod tests {
         assert!(d.slots >= 3);
         assert_eq!(
             d.pinned_bytes(),
-            8 * (2 * 2048 * 4096 + (2 * 2048 + 1) * 4 + 20)
+            8 * (2 * 2048 * 4096 + (3 * 2048 + 1) * 4 + 20)
         );
         // Input and packed blocks a page each, scratch two (the block, then its hints).
         assert_eq!(
             d.device_bytes(),
-            8 * (4 * 2048 * 4096 + (2 * 2048 + 1) * 4 + 20)
+            8 * (4 * 2048 * 4096 + (3 * 2048 + 1) * 4 + 20)
         );
         for bad in [
             GpuConfig {

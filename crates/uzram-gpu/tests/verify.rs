@@ -220,6 +220,13 @@ fn damage_and_check(kernel: Kernel) {
     let (mut rejected, mut passed) = (0, 0);
     for i in 0..n {
         let page = &pages[i * PAGE_SIZE..(i + 1) * PAGE_SIZE];
+        // The device's CRC32C of every page (raw, same-filled, rejected: all of them) is
+        // the CPU's.
+        assert_eq!(
+            out.checksum(i),
+            Ok(uzram_core::page::page_checksum(page.try_into().unwrap())),
+            "page {i}'s checksum"
+        );
         match out.page(i).unwrap() {
             PageResult::Rejected => {
                 assert!(

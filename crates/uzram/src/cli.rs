@@ -109,9 +109,14 @@ pub struct DeviceArgs {
     #[command(flatten)]
     pub gpu: GpuArgs,
     /// Rewrite this file with the device's Prometheus metrics every 15 s (for
-    /// node_exporter's textfile collector; must end in .prom).
+    /// node_exporter's textfile collector; must end in .prom, in a directory only root can
+    /// write).
     #[arg(long, value_name = "PATH")]
     pub metrics_textfile: Option<PathBuf>,
+    /// Store pages without their checksum (every stored page carries a CRC32C, checked on
+    /// every read, unless this is given; for measuring what the checksums cost).
+    #[arg(long)]
+    pub no_checksums: bool,
 }
 
 /// How the GPU backend runs (`uzram create`, `run`'s daemon, `uzram bench`).
@@ -178,12 +183,13 @@ pub struct CreateArgs {
     /// Serve the device in the foreground instead of detaching a daemon.
     #[arg(long)]
     pub foreground: bool,
-    /// Keep a standby that recovers the device by itself whenever its daemon dies: `uzram
-    /// recover --wait --keep DEV`, started once the device serves. It keeps the next daemon
-    /// waiting, its memory made (8 MiB of heap and 8 MiB of I/O buffers a queue at the
-    /// default depth, locked); both end with the device.
+    /// Start no standby. By default a standby (`uzram recover --wait --keep DEV`, started
+    /// once the device serves) recovers the device by itself whenever its daemon dies: it
+    /// keeps the next daemon waiting with its memory made (8 MiB of heap and 8 MiB of I/O
+    /// buffers a queue at the default depth, locked); both end with the device. Without one,
+    /// a daemon that dies under memory pressure may leave nothing able to start a new one.
     #[arg(long, conflicts_with = "foreground")]
-    pub standby: bool,
+    pub no_standby: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -230,7 +236,8 @@ pub struct DestroyArgs {
     /// The device: /dev/ublkbN, ublkbN or N.
     #[arg(required_unless_present = "all", conflicts_with = "all")]
     pub device: Option<String>,
-    /// Destroy every uzram device that is not in use.
+    /// Destroy every uzram device that is not in use, and free the shared memory that no
+    /// device takes back (`uzram list` names it).
     #[arg(long)]
     pub all: bool,
 }
@@ -363,6 +370,9 @@ pub struct BenchArgs {
     /// Print one JSON object per corpus and backend on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Page checksums to run side by side: on, off, or both (on,off).
+    #[arg(long, default_value = "on")]
+    pub checksums: String,
 }
 
 impl DeviceArgs {
@@ -378,8 +388,33 @@ impl DeviceArgs {
             mem_limit: self.mem_limit.clone(),
             id: self.id,
             metrics_textfile: self.metrics_textfile.clone(),
+            checksums: self.no_checksums.then_some(false),
             ..crate::config::RawDevice::default()
         })
+    }
+
+    /// The arguments of a device whose settings are `raw` (a recovery record's, validated).
+    pub fn from_raw(raw: &crate::config::RawDevice) -> DeviceArgs {
+        DeviceArgs {
+            size: raw.size.clone(),
+            algorithm: raw.algorithm.clone().unwrap_or_else(|| "lz4".into()),
+            backend: raw.backend.clone().unwrap_or_else(|| "cpu".into()),
+            queues: raw.queues,
+            depth: raw.depth,
+            queue_mode: raw.queue_mode.clone(),
+            mem_limit: raw.mem_limit.clone(),
+            id: raw.id,
+            gpu: GpuArgs {
+                gpus: raw.gpus.clone(),
+                gpu_memory: raw.gpu_memory.clone(),
+                gpu_parse: raw.gpu_parse.clone(),
+                gpu_installers: raw.gpu_installers,
+                gpu_slot_wait_us: raw.gpu_slot_wait_us,
+                gpu_slot_pages: raw.gpu_slot_pages,
+            },
+            metrics_textfile: raw.metrics_textfile.clone(),
+            no_checksums: raw.checksums == Some(false),
+        }
     }
 
     /// The arguments that reproduce these settings on the daemon's command line.
@@ -405,6 +440,9 @@ impl DeviceArgs {
                 .map(|p| p.to_string_lossy().into_owned()),
         );
         self.gpu.push_args(&mut v);
+        if self.no_checksums {
+            v.push("--no-checksums".to_string());
+        }
         v
     }
 }
@@ -456,6 +494,7 @@ mod tests {
             "1024",
             "--metrics-textfile",
             "/run/x.prom",
+            "--no-checksums",
         ];
         for line in [&every[..], &["uzram", "create", "--size", "4M"][..]] {
             let first = device_of(line);
@@ -471,5 +510,11 @@ mod tests {
         assert_eq!(d.gpu.gpu_parse.as_deref(), Some("fast"));
         assert_eq!(d.gpu.gpu_slot_pages, Some(1024));
         assert_eq!(d.raw().gpu_installers, Some(6));
+        assert_eq!(d.raw().checksums, Some(false));
+        // What a recovery record keeps makes the same device again.
+        for line in [&every[..], &["uzram", "create", "--size", "4M"][..]] {
+            let d = device_of(line);
+            assert_eq!(DeviceArgs::from_raw(&d.raw()).raw(), d.raw());
+        }
     }
 }

@@ -5,11 +5,16 @@
 //! `host-memory-limit`, `compression-algorithm`, `swap-priority`, `options`, `fs-type`. uzram's
 //! own keys: `size` and `mem-limit` (bytes, or with a K/M/G/T suffix), `backend`, `gpus`,
 //! `gpu-memory`, `gpu-parse`, `gpu-installers`, `gpu-slot-wait-us`, `queues`, `depth`,
-//! `queue-mode`, `id` and `metrics-textfile`. Unknown keys are errors, so a typo never silently does nothing.
+//! `queue-mode`, `id`, `metrics-textfile` and `checksums`. Unknown keys are errors, so a typo
+//! never silently does nothing.
+//!
+//! Validation ([`RawDevice::validate`]) is the one the daemon applies, so `check-config`
+//! and `create` refuse exactly what the daemon would: it includes what the host can hold
+//! (`footprint.rs`) and what the store needs (a memory limit above its page table).
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use uzram_core::codec::Algorithm;
 use uzram_core::store::MAX_SLOT_PAGES;
 use uzram_gpu::Parse;
@@ -217,6 +222,47 @@ pub enum ConfigError {
     /// `gpu-memory` is too small for a ring.
     #[error("gpu-memory: {0}")]
     GpuMemory(String),
+    /// The device would lock more memory up front than the host can spare.
+    #[error(
+        "a device of {size} with these settings locks {total} before it stores a page (page \
+         table {table}, recovery room {room}, heap and I/O buffers {buffers}, GPU ring {gpu}); \
+         uzram holds that to 1/{divisor} of this host's {ram} of RAM ({most}): {advice}"
+    )]
+    TooLarge {
+        /// The device size.
+        size: crate::size::Human,
+        /// Everything locked up front.
+        total: crate::size::Human,
+        /// Page table, directory and block states.
+        table: crate::size::Human,
+        /// The recovery room.
+        room: crate::size::Human,
+        /// Heap reserve and I/O buffers.
+        buffers: crate::size::Human,
+        /// GPU pinned memory.
+        gpu: crate::size::Human,
+        /// The share's divisor.
+        divisor: u64,
+        /// The host's RAM.
+        ram: crate::size::Human,
+        /// The most allowed.
+        most: crate::size::Human,
+        /// What to do.
+        advice: String,
+    },
+    /// `mem-limit` is below what the store holds from the start.
+    #[error(
+        "mem-limit {limit} is below the {table} page table of a device of {size}: raise it \
+         (zram counts its table in mem_used_total too), or leave it out"
+    )]
+    MemLimitBelowTable {
+        /// The limit.
+        limit: crate::size::Human,
+        /// The page table.
+        table: crate::size::Human,
+        /// The device size.
+        size: crate::size::Human,
+    },
     /// A number is out of its range.
     #[error("{what} must be between {min} and {max}, got {value}")]
     OutOfRange {
@@ -257,13 +303,13 @@ pub enum ConfigError {
         b: &'static str,
     },
     /// A `zram-size` or `zram-resident-limit` expression was refused.
-    #[error("config file {path}: {source}")]
+    #[error("config file {path}: {why}")]
     Expr {
         /// The file.
         path: PathBuf,
-        /// Why (names the key).
-        #[source]
-        source: ExprError,
+        /// Why (names the key). In the message, and so not a `source` as well: a message
+        /// chain would print it twice.
+        why: ExprError,
     },
     /// An expression's result is beyond what uzram serves.
     #[error(
@@ -337,6 +383,8 @@ pub struct DeviceConfig {
     pub gpu: GpuSettings,
     /// Where the daemon rewrites its Prometheus metrics every 15 s, if anywhere.
     pub metrics_textfile: Option<PathBuf>,
+    /// A checksum with every stored page, checked on every read (off only to measure it).
+    pub checksums: bool,
 }
 
 /// `swapon -o` options when the config file names none (zram-generator's default).
@@ -351,8 +399,10 @@ pub struct SwapConfig {
     pub options: Option<String>,
 }
 
-/// Raw settings before validation (CLI flags and file keys both land here).
-#[derive(Debug, Default, Clone)]
+/// Raw settings before validation (CLI flags and file keys both land here, and a device's
+/// recovery record keeps them: a recovery validates them again, as a config file).
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RawDevice {
     /// Size text.
     pub size: String,
@@ -384,6 +434,9 @@ pub struct RawDevice {
     pub gpu_slot_pages: Option<u64>,
     /// Metrics text file.
     pub metrics_textfile: Option<PathBuf>,
+    /// Page checksums (default on).
+    #[serde(default)]
+    pub checksums: Option<bool>,
 }
 
 /// The default queue count: one per CPU, at most 4.
@@ -406,8 +459,10 @@ fn ranged(what: &'static str, value: u64, min: u64, max: u64) -> Result<u64, Con
 }
 
 impl RawDevice {
-    /// Validates every field; the first bad one is the error.
-    pub fn validate(&self) -> Result<DeviceConfig, ConfigError> {
+    /// Validates every field, and the device as a whole against `host`; the first bad one is
+    /// the error. The daemon's own validation: `create`, `check-config`, `run` and a
+    /// recovery all go through here.
+    pub fn validate(&self, host: Host) -> Result<DeviceConfig, ConfigError> {
         let size = parse_size(&self.size).map_err(|source| ConfigError::Size {
             what: "device size",
             source,
@@ -448,7 +503,7 @@ impl RawDevice {
         if let Some(path) = &self.metrics_textfile {
             check_metrics_textfile(path)?;
         }
-        Ok(DeviceConfig {
+        let cfg = DeviceConfig {
             size,
             algorithm,
             backend,
@@ -459,7 +514,10 @@ impl RawDevice {
             id,
             gpu,
             metrics_textfile: self.metrics_textfile.clone(),
-        })
+            checksums: self.checksums.unwrap_or(true),
+        };
+        cfg.check_memory(host)?;
+        Ok(cfg)
     }
 
     fn gpu_settings(&self) -> Result<GpuSettings, ConfigError> {
@@ -488,6 +546,71 @@ impl RawDevice {
             gpu.slot_wait_us = ranged("gpu-slot-wait-us", us, 0, MAX_GPU_SLOT_WAIT_US)?;
         }
         Ok(gpu)
+    }
+}
+
+impl DeviceConfig {
+    /// Pinned host memory the GPU ring takes (none on the CPU backend).
+    pub fn gpu_pinned_bytes(&self) -> u64 {
+        match self.backend {
+            Backend::Cpu => 0,
+            Backend::Gpu | Backend::Auto => self.gpu.memory,
+        }
+    }
+
+    /// The device's up-front memory against what `host` can hold, and the memory limit
+    /// against the page table.
+    fn check_memory(&self, host: Host) -> Result<(), ConfigError> {
+        use crate::footprint::{Upfront, MAX_SHARE_DIVISOR};
+        use crate::size::Human;
+        let pages = self.size / uzram_core::PAGE_SIZE as u64;
+        let table = uzram_core::PageStore::table_bytes_for(pages).unwrap_or(u64::MAX);
+        if let Some(limit) = self.mem_limit.filter(|&l| l < table) {
+            return Err(ConfigError::MemLimitBelowTable {
+                limit: Human(limit),
+                table: Human(table),
+                size: Human(self.size),
+            });
+        }
+        let gpu = self.gpu_pinned_bytes();
+        let ram = host.ram_mib.saturating_mul(1 << 20);
+        let upfront = Upfront::of(self.size, self.queues, self.depth, gpu);
+        let most = match upfront.map(|u| (u, u.check(ram))) {
+            Some((_, Ok(()))) => return Ok(()),
+            Some((_, Err(most))) => most,
+            None => ram / MAX_SHARE_DIVISOR,
+        };
+        let u = upfront.unwrap_or(Upfront {
+            table: u64::MAX,
+            room: 0,
+            buffers: 0,
+            gpu,
+        });
+        let advice = match Upfront::largest_size(self.queues, self.depth, gpu, most, MAX_SIZE) {
+            Some(largest) => format!(
+                "the largest device that fits with these settings is {} (size = \"{}\")",
+                Human(largest),
+                crate::size::exact(largest)
+            ),
+            None => format!(
+                "with these settings no size fits: lower gpu-memory ({}), queues ({}) or depth ({})",
+                Human(gpu),
+                self.queues,
+                self.depth
+            ),
+        };
+        Err(ConfigError::TooLarge {
+            size: Human(self.size),
+            total: Human(u.total()),
+            table: Human(u.table),
+            room: Human(u.room),
+            buffers: Human(u.buffers),
+            gpu: Human(u.gpu),
+            divisor: MAX_SHARE_DIVISOR,
+            ram: Human(ram),
+            most: Human(most),
+            advice,
+        })
     }
 }
 
@@ -579,6 +702,7 @@ struct FileConfig {
     gpu_installers: Option<u64>,
     gpu_slot_wait_us: Option<u64>,
     gpu_slot_pages: Option<u64>,
+    checksums: Option<bool>,
 }
 
 /// A config file, validated: the device and its swap settings.
@@ -628,9 +752,9 @@ fn expr_bytes(
     expr: &str,
     host: Host,
 ) -> Result<Option<u64>, ConfigError> {
-    let mib = eval_mib(key, expr, host.ram_mib).map_err(|source| ConfigError::Expr {
+    let mib = eval_mib(key, expr, host.ram_mib).map_err(|why| ConfigError::Expr {
         path: path.to_path_buf(),
-        source,
+        why,
     })?;
     let bytes = mib_to_bytes(mib);
     if bytes > MAX_SIZE {
@@ -738,9 +862,10 @@ pub fn parse_config(path: &Path, text: &str, host: Host) -> Result<Plan, ConfigE
         gpu_slot_wait_us: file.gpu_slot_wait_us,
         gpu_slot_pages: file.gpu_slot_pages,
         metrics_textfile: file.metrics_textfile,
+        checksums: file.checksums,
     };
     Ok(Plan::Device(RunConfig {
-        device: raw.validate()?,
+        device: raw.validate(host)?,
         swap: SwapConfig {
             priority,
             // zram-generator's default: freed swap clusters reach the device as discards,
@@ -755,13 +880,33 @@ pub fn parse_config(path: &Path, text: &str, host: Host) -> Result<Plan, ConfigE
     }))
 }
 
+/// The most a config file may hold: far more than any real one, and a bound on what a read
+/// of a path that is no file (`/dev/zero`) takes.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
 /// Reads and parses a config file for this host.
 pub fn load_config(path: &Path) -> Result<Plan, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+    let text = read_capped(path).map_err(|source| ConfigError::Read {
         path: path.to_path_buf(),
         source,
     })?;
     parse_config(path, &text, Host::current()?)
+}
+
+/// The text of `path`, refused when it passes [`MAX_CONFIG_BYTES`].
+fn read_capped(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_CONFIG_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {MAX_CONFIG_BYTES} bytes: not a uzram config file"),
+        ));
+    }
+    Ok(text)
 }
 
 /// Reads a config file that must make a device here (`uzram run`, `uzram swap-on`).

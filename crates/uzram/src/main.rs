@@ -7,9 +7,11 @@ mod config;
 mod control;
 mod daemon;
 mod devname;
+mod footprint;
 mod hibernate;
 mod inuse;
 mod metrics;
+mod shm;
 mod size;
 mod sizeexpr;
 mod stdio_route;
@@ -110,7 +112,7 @@ fn main() -> ExitCode {
         tracing::warn!("mallopt failed: memory headroom may not hold under pressure");
     }
     if let Some(Err(err)) = io_flusher {
-        tracing::warn!(error = %err, "PR_SET_IO_FLUSHER failed (kernel older than 5.6?)");
+        tracing::warn!(error = %err, "PR_SET_IO_FLUSHER failed: {}", io_flusher_failure(&err));
     }
     match run(cli) {
         Ok(code) => code,
@@ -118,6 +120,17 @@ fn main() -> ExitCode {
             eprintln!("uzram: error: {err:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// What a failed `PR_SET_IO_FLUSHER` means, and what to do about it.
+fn io_flusher_failure(err: &std::io::Error) -> String {
+    match err.raw_os_error() {
+        Some(libc::EPERM) => {
+            "it needs CAP_SYS_RESOURCE: run uzram as root, or grant it the capability".into()
+        }
+        Some(libc::EINVAL) => "the kernel is older than 5.6".into(),
+        _ => err.to_string(),
     }
 }
 
@@ -138,5 +151,20 @@ fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         Command::Daemon(args) => cmd::create::daemon(args),
         Command::Standby(args) => cmd::run::standby(args),
         Command::Bench(args) => bench::run(args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn io_flusher_failure_names_its_cause() {
+        let of = |errno| super::io_flusher_failure(&std::io::Error::from_raw_os_error(errno));
+        assert!(of(libc::EPERM).contains("CAP_SYS_RESOURCE"));
+        assert!(!of(libc::EPERM).contains("5.6"));
+        assert!(of(libc::EINVAL).contains("older than 5.6"));
+        assert_eq!(
+            of(libc::ENOMEM),
+            std::io::Error::from_raw_os_error(libc::ENOMEM).to_string()
+        );
     }
 }

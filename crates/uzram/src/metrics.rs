@@ -16,10 +16,12 @@
 //!   daemon started, unless its name is in [`GAUGES`]: a new stat whose value can go down
 //!   belongs there.
 
+use std::ffi::OsString;
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::control::proto::{DeviceStatus, Stat};
+use crate::sys;
 
 /// Stats whose value can go down (current amounts, not counts of events).
 pub const GAUGES: &[&str] = &[
@@ -410,51 +412,187 @@ pub fn render(s: &DeviceStatus) -> String {
     out
 }
 
+/// An example of a directory fit for the metrics file, for the errors.
+const GOOD_DIR: &str = "/var/lib/prometheus/node-exporter";
+
+/// Why the metrics file cannot be written (or removed) where it was asked. Each message
+/// carries its cause, so that it reads whole in one log line.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TextfileError {
+    /// The path has no directory part.
+    #[error("metrics-textfile {}: no directory", path.display())]
+    NoDirectory {
+        /// The metrics file.
+        path: PathBuf,
+    },
+    /// The directory is missing.
+    #[error(
+        "metrics-textfile {}: directory {} does not exist (create it, e.g. node_exporter's \
+         --collector.textfile.directory)",
+        path.display(),
+        dir.display()
+    )]
+    Missing {
+        /// The metrics file.
+        path: PathBuf,
+        /// Its directory.
+        dir: PathBuf,
+    },
+    /// Another user could plant a link at the name the daemon, running as root, writes.
+    #[error(
+        "metrics-textfile {}: directory {} is writable by group or others (mode {mode:04o}), \
+         who could make the daemon overwrite another file: use a directory only root can \
+         write, e.g. {GOOD_DIR}",
+        path.display(),
+        dir.display()
+    )]
+    SharedDirectory {
+        /// The metrics file.
+        path: PathBuf,
+        /// Its directory.
+        dir: PathBuf,
+        /// The directory's permission bits.
+        mode: u32,
+    },
+    /// The directory's owner could plant a link at the name the daemon writes.
+    #[error(
+        "metrics-textfile {}: directory {} is owned by uid {owner}, not root, who could make \
+         the daemon overwrite another file: use a directory owned by root that only root can \
+         write, e.g. {GOOD_DIR}",
+        path.display(),
+        dir.display()
+    )]
+    ForeignDirectory {
+        /// The metrics file.
+        path: PathBuf,
+        /// Its directory.
+        dir: PathBuf,
+        /// The directory's owner.
+        owner: u32,
+    },
+    /// A system call on the directory or the file failed.
+    #[error("metrics-textfile {}: {what}: {error}", path.display())]
+    Io {
+        /// The metrics file.
+        path: PathBuf,
+        /// What was being done.
+        what: &'static str,
+        /// Why it failed.
+        error: std::io::Error,
+    },
+}
+
+/// The metrics file's directory, opened and checked, and the file's name in it.
+///
+/// Every later step goes through the descriptor with `*at` calls, so what was checked is
+/// what is written into, whatever happens to the path meanwhile. The directory must be
+/// writable by its owner alone, and that owner root (or the user running uzram, where that
+/// is not root): anyone else who can write there could plant a link at the temporary name.
+fn open_dir(path: &Path) -> Result<(std::fs::File, OsString), TextfileError> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(TextfileError::NoDirectory {
+            path: path.to_path_buf(),
+        });
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let io = |what| {
+        move |error| TextfileError::Io {
+            path: path.to_path_buf(),
+            what,
+            error,
+        }
+    };
+    let handle = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY)
+        .open(dir)
+        .map_err(|error| match error.kind() {
+            std::io::ErrorKind::NotFound => TextfileError::Missing {
+                path: path.to_path_buf(),
+                dir: dir.to_path_buf(),
+            },
+            _ => io("opening its directory")(error),
+        })?;
+    let meta = handle
+        .metadata()
+        .map_err(io("reading its directory's owner and mode"))?;
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(TextfileError::SharedDirectory {
+            path: path.to_path_buf(),
+            dir: dir.to_path_buf(),
+            mode,
+        });
+    }
+    if meta.uid() != 0 && meta.uid() != sys::effective_uid() {
+        return Err(TextfileError::ForeignDirectory {
+            path: path.to_path_buf(),
+            dir: dir.to_path_buf(),
+            owner: meta.uid(),
+        });
+    }
+    Ok((handle, name.to_os_string()))
+}
+
 /// Writes `text` to `path` atomically: a temporary file in the same directory (a name that
 /// node_exporter's textfile collector ignores, it reads `*.prom` only), then a rename, so a
-/// scrape never sees half a file.
-pub fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+/// scrape never sees half a file. The directory must pass [`check_textfile_dir`]'s rule, and
+/// nothing found at the temporary name is ever followed.
+pub fn write_atomically(path: &Path, text: &str) -> Result<(), TextfileError> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            // node_exporter runs as its own user: the file must be readable.
-            .mode(0o644)
-            .open(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::PermissionsExt;
+    let (dir, name) = open_dir(path)?;
+    let dir = dir.as_fd();
+    let mut tmp = OsString::from(".");
+    tmp.push(&name);
+    tmp.push(format!(".{}.tmp", std::process::id()));
+    let io = |what| {
+        move |error| TextfileError::Io {
+            path: path.to_path_buf(),
+            what,
+            error,
+        }
+    };
+    // Something at the name is a file a crash left, or a plant: its name goes, whatever it
+    // points to stays, and the file is created anew, once.
+    let mut file = match sys::create_new_at(dir, &tmp, 0o644) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            sys::unlink_at(dir, &tmp).map_err(io("removing what is at the temporary name"))?;
+            sys::create_new_at(dir, &tmp, 0o644)
+        }
+        other => other,
     }
-    result
+    .map_err(io("creating the temporary file"))?;
+    let written = (|| {
+        // node_exporter runs as its own user: the file must be readable, whatever the umask.
+        file.set_permissions(std::fs::Permissions::from_mode(0o644))
+            .map_err(io("making the temporary file readable"))?;
+        file.write_all(text.as_bytes())
+            .map_err(io("writing the temporary file"))?;
+        sys::rename_at(dir, &tmp, &name).map_err(io("renaming the temporary file"))
+    })();
+    if written.is_err() {
+        let _ = sys::unlink_at(dir, &tmp);
+    }
+    written
 }
 
 /// How often the daemon rewrites its metrics file (node_exporter's textfile collector reads
 /// it on every scrape; 15 s is the usual scrape interval).
 pub const TEXTFILE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(15);
 
-/// Refuses a metrics file whose directory does not exist (a typo would otherwise only show
-/// as a warning every 15 s).
-pub fn check_textfile_dir(path: &Path) -> Result<(), String> {
-    match path.parent() {
-        Some(dir) if dir.is_dir() => Ok(()),
-        Some(dir) => Err(format!(
-            "metrics-textfile {}: directory {} does not exist (create it, e.g. node_exporter's \
-             --collector.textfile.directory)",
-            path.display(),
-            dir.display()
-        )),
-        None => Err(format!("metrics-textfile {}: no directory", path.display())),
-    }
+/// Refuses a metrics file whose directory is missing (a typo would otherwise only show as a
+/// warning every 15 s) or unsafe for root to write into: writable by group or others, or
+/// owned by another user (the rule of every write, see [`write_atomically`]).
+pub fn check_textfile_dir(path: &Path) -> Result<(), TextfileError> {
+    open_dir(path).map(|_| ())
 }
 
 /// The daemon's metrics file: rewritten by its own thread, removed when the device stops.
@@ -476,7 +614,7 @@ impl Textfile {
     }
 
     /// Writes `status` unless the file was removed; `Ok(false)` then.
-    pub fn write(&self, status: &DeviceStatus) -> std::io::Result<bool> {
+    pub fn write(&self, status: &DeviceStatus) -> Result<bool, TextfileError> {
         let stopped = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
         if *stopped {
             return Ok(false);
@@ -489,7 +627,25 @@ impl Textfile {
     pub fn remove(&self) {
         let mut stopped = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
         *stopped = true;
-        let _ = std::fs::remove_file(&self.path);
+        // Through the checked directory, as the writes went: a directory that turned unsafe
+        // since is left alone.
+        match open_dir(&self.path) {
+            Ok((dir, name)) => {
+                use std::os::fd::AsFd;
+                match sys::unlink_at(dir.as_fd(), &name) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(error) => {
+                        tracing::warn!(path = %self.path.display(), %error, "removing the metrics file failed")
+                    }
+                }
+            }
+            // No directory, no file.
+            Err(TextfileError::Missing { .. }) => {}
+            Err(error) => {
+                tracing::warn!(%error, "the metrics file is not removed")
+            }
+        }
     }
 
     /// The metrics thread: writes from `snapshot` now and every [`TEXTFILE_INTERVAL`] until
@@ -649,8 +805,7 @@ mod tests {
 
     #[test]
     fn a_removed_textfile_is_never_written_again() {
-        let dir = std::env::temp_dir().join(format!("uzram-prom-rm-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir("rm", 0o755);
         let file = Textfile::new(dir.join("u.prom"));
         assert!(file.write(&status()).unwrap());
         assert!(dir.join("u.prom").exists());
@@ -664,8 +819,7 @@ mod tests {
 
     #[test]
     fn textfile_is_replaced_atomically() {
-        let dir = std::env::temp_dir().join(format!("uzram-prom-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir("atomic", 0o755);
         let path = dir.join("uzram-ublkb3.prom");
         write_atomically(&path, "a 1\n").unwrap();
         write_atomically(&path, &render(&status())).unwrap();
@@ -676,7 +830,175 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o644, 0o644);
-        assert!(write_atomically(&dir.join("missing/x.prom"), "a 1\n").is_err());
+        let err = write_atomically(&dir.join("missing/x.prom"), "a 1\n").unwrap_err();
+        assert!(matches!(err, TextfileError::Missing { .. }), "{err}");
+        assert!(err.to_string().contains("does not exist"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A fresh directory for one test, with `mode` whatever the umask.
+    fn fresh_dir(tag: &str, mode: u32) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("uzram-prom-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+        dir
+    }
+
+    /// A root-only file (as /etc/shadow is) that a planted link points to: its path, in a
+    /// directory of its own.
+    fn secret(tag: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = fresh_dir(tag, 0o700).join("shadow");
+        std::fs::write(&path, "root:secret\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        path
+    }
+
+    fn assert_untouched(secret: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::read_to_string(secret).unwrap(), "root:secret\n");
+        let mode = std::fs::metadata(secret).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7777, 0o600, "{}", secret.display());
+    }
+
+    fn tmp_name(path: &Path) -> PathBuf {
+        let name = path.file_name().unwrap().to_string_lossy();
+        path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
+    }
+
+    /// The attack: in a directory anyone can write, a link at the temporary name made root
+    /// truncate and write the file it points to.
+    #[test]
+    fn a_link_planted_in_a_shared_directory_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let target = secret("shared-secret");
+        let shared = fresh_dir("shared", 0o777);
+        let path = shared.join("u.prom");
+        let tmp = tmp_name(&path);
+        std::os::unix::fs::symlink(&target, &tmp).unwrap();
+        for mode in [0o777, 0o1777, 0o775, 0o757] {
+            std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(mode)).unwrap();
+            let err = write_atomically(&path, "a 1\n").unwrap_err();
+            assert!(
+                matches!(err, TextfileError::SharedDirectory { mode: m, .. } if m == mode),
+                "{mode:o}: {err}"
+            );
+            let file = Textfile::new(path.clone());
+            assert!(file.write(&status()).is_err(), "{mode:o}");
+            assert_untouched(&target);
+            assert!(
+                std::fs::symlink_metadata(&path).is_err(),
+                "{mode:o}: no file written"
+            );
+            assert_eq!(
+                std::fs::read_link(&tmp).unwrap(),
+                target,
+                "the plant is left alone"
+            );
+        }
+        std::fs::remove_dir_all(&shared).unwrap();
+        std::fs::remove_dir_all(target.parent().unwrap()).unwrap();
+    }
+
+    /// Where only root can write, nobody else can plant a link; one there anyway (a stale
+    /// name, root's own mistake) is replaced, never followed, even when it dangles (opening
+    /// with O_CREAT through it would create its target).
+    #[test]
+    fn a_link_at_the_temporary_name_is_never_followed() {
+        let target = secret("private-secret");
+        let dangling = target.with_file_name("created-through-a-link");
+        let dir = fresh_dir("private", 0o755);
+        let path = dir.join("u.prom");
+        let tmp = tmp_name(&path);
+        for (i, plant) in [&target, &dangling].into_iter().enumerate() {
+            std::os::unix::fs::symlink(plant, &tmp).unwrap();
+            // A link at the final name is replaced too.
+            let _ = std::fs::remove_file(&path);
+            std::os::unix::fs::symlink(&target, &path).unwrap();
+            let text = format!("a {i}\n");
+            write_atomically(&path, &text).unwrap();
+            assert_untouched(&target);
+            assert!(
+                !dangling.exists(),
+                "nothing created through the dangling link"
+            );
+            assert!(std::fs::symlink_metadata(&path)
+                .unwrap()
+                .file_type()
+                .is_file());
+            assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+            assert!(
+                std::fs::symlink_metadata(&tmp).is_err(),
+                "no temporary name left"
+            );
+        }
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+        assert_eq!(left.len(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(target.parent().unwrap()).unwrap();
+    }
+
+    /// The check at daemon start applies the rule of every write, with what to do about it.
+    #[test]
+    fn a_directory_others_can_write_fails_the_start() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = fresh_dir("start", 0o755);
+        let path = dir.join("u.prom");
+        check_textfile_dir(&path).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        check_textfile_dir(&path).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = check_textfile_dir(&path).unwrap_err().to_string();
+        for want in [
+            path.display().to_string(),
+            format!(
+                "directory {} is writable by group or others (mode 0777)",
+                dir.display()
+            ),
+            format!("use a directory only root can write, e.g. {GOOD_DIR}"),
+        ] {
+            assert!(err.contains(&want), "missing {want:?} in {err:?}");
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o770)).unwrap();
+        assert!(check_textfile_dir(&path).is_err(), "group-writable");
+        let err = check_textfile_dir(&dir.join("missing/u.prom")).unwrap_err();
+        assert!(err.to_string().contains("does not exist"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A directory another user owns is theirs to plant links in, whatever its mode.
+    #[test]
+    fn a_directory_owned_by_another_user_is_refused() {
+        if !sys::is_root() {
+            eprintln!(
+                "SKIP a_directory_owned_by_another_user_is_refused: giving a directory to \
+                 uid 65534 needs root"
+            );
+            return;
+        }
+        let dir = fresh_dir("foreign", 0o755);
+        std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+        let path = dir.join("u.prom");
+        let err = check_textfile_dir(&path).unwrap_err();
+        assert!(
+            matches!(err, TextfileError::ForeignDirectory { owner: 65534, .. }),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains(&format!(
+                "{} is owned by uid 65534, not root",
+                dir.display()
+            )),
+            "{err}"
+        );
+        assert!(write_atomically(&path, "a 1\n").is_err());
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            0,
+            "nothing written"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

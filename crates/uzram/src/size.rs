@@ -95,6 +95,27 @@ pub fn format_size(bytes: u64) -> String {
     }
 }
 
+/// Bytes shown as [`format_size`] shows them, for messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Human(pub u64);
+
+impl std::fmt::Display for Human {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&format_size(self.0))
+    }
+}
+
+/// `bytes` as a size [`parse_size`] reads back exactly: with the largest suffix that divides
+/// it (`16G`, `1540M`, `4K`), for messages that propose a setting.
+pub fn exact(bytes: u64) -> String {
+    for (shift, letter) in [(40, 'T'), (30, 'G'), (20, 'M'), (10, 'K')] {
+        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+            return format!("{}{letter}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,5 +167,19 @@ mod tests {
         // util-linux rounds the decimal up into the unit without changing the letter.
         assert_eq!(format_size((1 << 30) - 1), "1024M");
         assert_eq!(format_size(u64::MAX), "16E");
+    }
+
+    #[test]
+    fn exact_sizes_read_back() {
+        for bytes in [4096u64, 16 << 30, 1540 << 20, (3 << 40) + 4096, 12 << 10] {
+            assert_eq!(
+                parse_size(&exact(bytes)).unwrap(),
+                bytes,
+                "{}",
+                exact(bytes)
+            );
+        }
+        assert_eq!(exact(16 << 30), "16G");
+        assert_eq!(Human(3 << 30).to_string(), "3G");
     }
 }

@@ -351,78 +351,6 @@ pub fn mknod_block(path: &std::path::Path, rdev: u64, mode: u32) -> io::Result<(
     })
 }
 
-/// The size in bytes of SysV shared memory segment `id` (`IPC_STAT`); an error when there is
-/// no such segment.
-pub fn shm_size(id: i32) -> io::Result<usize> {
-    let mut stat = std::mem::MaybeUninit::<libc::shmid_ds>::zeroed();
-    // SAFETY: IPC_STAT writes one shmid_ds into our buffer.
-    if unsafe { libc::shmctl(id, libc::IPC_STAT, stat.as_mut_ptr()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: IPC_STAT succeeded, so the struct is initialized.
-    Ok(unsafe { stat.assume_init() }.shm_segsz)
-}
-
-/// A new private SysV shared memory segment of `len` bytes (only we know its id), with no
-/// swap space reserved: nothing is committed until touched.
-pub fn shm_create(len: usize) -> io::Result<i32> {
-    // SAFETY: shmget takes no pointers.
-    let id = unsafe {
-        libc::shmget(
-            libc::IPC_PRIVATE,
-            len,
-            libc::IPC_CREAT | libc::IPC_EXCL | libc::SHM_NORESERVE | 0o600,
-        )
-    };
-    if id < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(id)
-}
-
-/// A `T` read at byte `offset` of segment `id`, through a read-only mapping dropped at once
-/// (nothing about the segment changes). Fails when the segment is too short for it.
-/// `T` must be plain data that any bytes make valid (integers, arrays and structs of them).
-pub fn shm_peek<T: Copy>(id: i32, offset: usize) -> io::Result<T> {
-    let size = shm_size(id)?;
-    let fits = offset
-        .checked_add(std::mem::size_of::<T>())
-        .is_some_and(|end| end <= size);
-    if !fits || offset % std::mem::align_of::<T>() != 0 {
-        return Err(io::Error::from(io::ErrorKind::InvalidData));
-    }
-    // SAFETY: shmat maps the segment read-only where the kernel picks; none of our memory
-    // is touched.
-    let base = unsafe { libc::shmat(id, std::ptr::null(), libc::SHM_RDONLY) };
-    if base as isize == -1 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the value lies inside the mapping (checked against the segment's size) and is
-    // aligned (the mapping is page-aligned); callers read plain data that any bytes make.
-    let value = unsafe { std::ptr::read_volatile((base as usize + offset) as *const T) };
-    // SAFETY: detaches the mapping made above; nothing refers to it.
-    unsafe { libc::shmdt(base) };
-    Ok(value)
-}
-
-/// Keeps segment `id` resident (`SHM_LOCK`; needs CAP_IPC_LOCK).
-pub fn shm_lock(id: i32) -> io::Result<()> {
-    // SAFETY: SHM_LOCK changes the segment's paging only and takes no buffer.
-    if unsafe { libc::shmctl(id, libc::SHM_LOCK, std::ptr::null_mut()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Marks segment `id` for removal (`IPC_RMID`): it goes once no process has it attached.
-pub fn shm_remove(id: i32) -> io::Result<()> {
-    // SAFETY: IPC_RMID takes no buffer.
-    if unsafe { libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// This process's resident memory in bytes (`/proc/self/statm`: anonymous, file and shared
 /// memory pages, the block pool's memfd included).
 pub fn resident_bytes() -> io::Result<u64> {
@@ -598,6 +526,127 @@ pub fn kill_now(pid: u32) -> io::Result<()> {
     let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
     // SAFETY: kill only sends a signal.
     check(unsafe { libc::kill(pid, libc::SIGKILL) })
+}
+
+/// The process's effective user id.
+pub fn effective_uid() -> libc::uid_t {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// `name` as the C string a `*at` system call takes; a NUL inside is `InvalidInput`.
+fn c_name(name: &std::ffi::OsStr) -> io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(name.as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
+/// Creates the file `name` in the directory `dir`, write-only and close-on-exec, failing with
+/// `EEXIST` when anything (a symbolic link included, dangling or not) is there already: a link
+/// planted at the name is never followed.
+pub fn create_new_at(
+    dir: std::os::fd::BorrowedFd<'_>,
+    name: &std::ffi::OsStr,
+    mode: libc::mode_t,
+) -> io::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let name = c_name(name)?;
+    // SAFETY: `dir` is an open descriptor for the call's duration and `name` a valid
+    // NUL-terminated string; openat with O_CREAT reads the mode as its fourth argument.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            libc::c_uint::from(mode),
+        )
+    };
+    check(fd)?;
+    // SAFETY: openat succeeded, so `fd` is a fresh descriptor that nothing else owns.
+    Ok(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// Renames `from` to `to`, both in the directory `dir`. A link at either name is renamed or
+/// replaced itself, never followed.
+pub fn rename_at(
+    dir: std::os::fd::BorrowedFd<'_>,
+    from: &std::ffi::OsStr,
+    to: &std::ffi::OsStr,
+) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let (from, to) = (c_name(from)?, c_name(to)?);
+    // SAFETY: `dir` is an open descriptor for the call's duration; both names are valid
+    // NUL-terminated strings.
+    check(unsafe { libc::renameat(dir.as_raw_fd(), from.as_ptr(), dir.as_raw_fd(), to.as_ptr()) })
+}
+
+/// Removes the name `name` from the directory `dir` (a link is removed itself, never
+/// followed); a directory there is not removed.
+pub fn unlink_at(dir: std::os::fd::BorrowedFd<'_>, name: &std::ffi::OsStr) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let name = c_name(name)?;
+    // SAFETY: `dir` is an open descriptor for the call's duration and `name` a valid
+    // NUL-terminated string; flags 0 removes a non-directory only.
+    check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) })
+}
+
+/// Who is at the other end of a unix socket, as the kernel recorded it when that end
+/// connected (`SO_PEERCRED`): the peer cannot forge it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCred {
+    /// The peer's process id.
+    pub pid: libc::pid_t,
+    /// The peer's effective user id.
+    pub uid: libc::uid_t,
+    /// The peer's effective group id.
+    pub gid: libc::gid_t,
+}
+
+/// The credentials of the peer of the connected unix socket `sock`.
+pub fn peer_cred(sock: std::os::fd::BorrowedFd<'_>) -> io::Result<PeerCred> {
+    use std::os::fd::AsRawFd;
+    // Not root until the kernel says so.
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: libc::uid_t::MAX,
+        gid: libc::gid_t::MAX,
+    };
+    let size = std::mem::size_of::<libc::ucred>();
+    let mut len = size as libc::socklen_t;
+    // SAFETY: `sock` is an open descriptor for the call's duration; `cred` and `len` are valid
+    // out-pointers, and `len` holds the size of `cred`, which getsockopt never writes past.
+    check(unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            std::ptr::addr_of_mut!(cred).cast::<libc::c_void>(),
+            &mut len,
+        )
+    })?;
+    if len as usize != size {
+        return Err(io::Error::from(io::ErrorKind::InvalidData));
+    }
+    Ok(PeerCred {
+        pid: cred.pid,
+        uid: cred.uid,
+        gid: cred.gid,
+    })
+}
+
+/// Waits until one of `fds` is ready or `timeout` passes (`None`: no limit); returns how many
+/// are ready. An interrupted wait is `ErrorKind::Interrupted`.
+pub fn poll(fds: &mut [libc::pollfd], timeout: Option<std::time::Duration>) -> io::Result<usize> {
+    // Rounded up: a wait rounded down to 0 ms would spin until the deadline.
+    let ms = timeout.map_or(-1, |t| {
+        libc::c_int::try_from(t.as_nanos().div_ceil(1_000_000)).unwrap_or(libc::c_int::MAX)
+    });
+    let n = libc::nfds_t::try_from(fds.len())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `fds` is a valid, writable array of `n` pollfd entries for the call's duration.
+    let ready = unsafe { libc::poll(fds.as_mut_ptr(), n, ms) };
+    check(ready)?;
+    Ok(ready as usize)
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use super::layout::{meta_bytes, SIZE_RAW, SIZE_REJECTED, SIZE_SAME_FILLED};
 use super::staging::Words;
 use super::{BackendError, BackendMemory, FailureKind, SlotBackend, SlotOutput};
 use crate::codec::{Algorithm, PageCodec};
-use crate::page::{same_filled_word, words_to_page, PAGE_SIZE, PAGE_WORDS};
+use crate::page::{page_checksum, same_filled_word, words_to_page, PAGE_SIZE, PAGE_WORDS};
 use crate::CoreError;
 
 /// Which calls of one kind fail: the `from`-th (counting from 0) and the `count - 1`
@@ -41,8 +41,13 @@ pub struct FaultPlan {
     pub complete: Option<FailAt>,
     /// Mark every n-th compressed page rejected (a device check that caught a bad block).
     pub reject_every: u64,
-    /// Flip a byte in every n-th compressed block and report it as good (a lying device).
+    /// Flip a byte in every n-th compressed block and report it as good (a lying device:
+    /// its check passes blocks that do not decode to their page).
     pub corrupt_every: u64,
+    /// Flip a bit in the input every n-th compressed page was read with, and report the
+    /// checksum of what was compressed (a device that compressed other bytes than were
+    /// staged: a copy that went wrong, a slot reused too early).
+    pub misread_every: u64,
     /// Wait this long in every `complete` (a slow device).
     pub delay: Duration,
 }
@@ -79,6 +84,7 @@ pub struct HostSlots {
     submits: AtomicU64,
     completes: AtomicU64,
     compressed: AtomicU64,
+    misread: AtomicU64,
 }
 
 impl std::fmt::Debug for HostSlots {
@@ -158,6 +164,7 @@ impl HostSlots {
             submits: AtomicU64::new(0),
             completes: AtomicU64::new(0),
             compressed: AtomicU64::new(0),
+            misread: AtomicU64::new(0),
         }
     }
 
@@ -189,6 +196,12 @@ impl HostSlots {
         let mut block = vec![0u8; PAGE_SIZE];
         for i in 0..pages {
             words_to_page(&input[i * PAGE_WORDS..(i + 1) * PAGE_WORDS], &mut page);
+            let seen = self.misread.fetch_add(1, Ordering::Relaxed) + 1;
+            if self.faults.misread_every > 0 && seen % self.faults.misread_every == 0 {
+                page[100] ^= 1;
+            }
+            let at = (2 * pages + 1 + i) * 4;
+            out.meta[at..at + 4].copy_from_slice(&page_checksum(&page).to_le_bytes());
             let offset = out.packed.len() as u32;
             let size = if let Some(word) = same_filled_word(&page) {
                 out.packed.extend_from_slice(&word.to_le_bytes());
@@ -319,6 +332,9 @@ mod tests {
         host.complete(1, &mut |out| {
             assert_eq!(out.pages(), 3);
             assert_eq!(out.page(1), Ok(PageResult::SameFilled(0)));
+            for (i, p) in pages.iter().enumerate() {
+                assert_eq!(out.checksum(i), Ok(page_checksum(p)));
+            }
             for i in [0, 2] {
                 let Ok(PageResult::Compressed(block)) = out.page(i) else {
                     panic!("page {i}: {:?}", out.page(i));

@@ -1,12 +1,17 @@
 //! The result format of a slot, the contract between a [`super::SlotBackend`] and the ring.
-//! For a slot of `n` pages a backend fills a `meta` array of `2n + 1` little-endian `u32`
+//! For a slot of `n` pages a backend fills a `meta` array of `3n + 1` little-endian `u32`
 //! words and a `packed` byte buffer:
 //!
 //! - `meta[i]`: page `i`'s size word: [`SIZE_RAW`], [`SIZE_SAME_FILLED`],
 //!   [`SIZE_REJECTED`] or the length of its compressed block (below the raw threshold);
 //! - `meta[n + i]`: where page `i`'s data starts in `packed` (its block, or the 8-byte
 //!   word of a same-filled page; raw and rejected pages have none);
-//! - `meta[2n]`: the number of packed bytes.
+//! - `meta[2n]`: the number of packed bytes;
+//! - `meta[2n + 1 + i]`: the checksum ([`crate::page::page_checksum`]) of page `i` as the
+//!   backend read it (for compressed and same-filled pages; anything for the others). The
+//!   ring compares it with the checksum the page's writer recorded: a backend that
+//!   compressed other bytes than were staged (a copy that went wrong, a slot reused too
+//!   early) is caught before its result becomes the only copy.
 //!
 //! A GPU writes this straight into pinned host memory, so only compressed bytes cross
 //! the bus. Everything here is checked on the host: a result that breaks the contract is
@@ -24,7 +29,7 @@ pub const SIZE_REJECTED: u32 = u32::MAX - 1;
 
 /// Bytes of the meta array for `pages` pages.
 pub const fn meta_bytes(pages: usize) -> usize {
-    (2 * pages + 1) * 4
+    (3 * pages + 1) * 4
 }
 
 /// One page's result.
@@ -104,6 +109,15 @@ impl<'a> SlotOutput<'a> {
         Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
 
+    /// The checksum the backend reports for page `i`.
+    pub fn checksum(&self, i: usize) -> Result<u32, BadResult> {
+        let bad = BadResult { page: i, size: 0 };
+        if i >= self.pages {
+            return Err(bad);
+        }
+        self.word(2 * self.pages + 1 + i).ok_or(bad)
+    }
+
     /// Page `i`'s result, checked against the contract.
     pub fn page(&self, i: usize) -> Result<PageResult<'a>, BadResult> {
         let size = if i < self.pages { self.word(i) } else { None };
@@ -147,8 +161,25 @@ mod tests {
         let mut packed = vec![0u8; 32];
         packed[0..8].copy_from_slice(&0x1122_3344_5566_7788u64.to_le_bytes());
         packed[8..11].copy_from_slice(b"abc");
-        let m = meta(&[SIZE_SAME_FILLED, 3, SIZE_RAW, SIZE_REJECTED, 0, 8, 0, 0, 11]);
+        let m = meta(&[
+            SIZE_SAME_FILLED,
+            3,
+            SIZE_RAW,
+            SIZE_REJECTED,
+            0,
+            8,
+            0,
+            0,
+            11,
+            0xc0de,
+            0xbeef,
+            0,
+            0,
+        ]);
         let out = SlotOutput::new(4, &m, &packed, 3625).unwrap();
+        assert_eq!(out.checksum(0), Ok(0xc0de));
+        assert_eq!(out.checksum(1), Ok(0xbeef));
+        assert!(out.checksum(4).is_err());
         assert_eq!(out.pages(), 4);
         assert_eq!(out.packed_bytes(), 11);
         assert_eq!(
@@ -187,6 +218,6 @@ mod tests {
 
     #[test]
     fn meta_layout() {
-        assert_eq!(meta_bytes(3), 28);
+        assert_eq!(meta_bytes(3), 40);
     }
 }

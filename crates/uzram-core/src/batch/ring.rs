@@ -15,11 +15,18 @@
 //!   slot the backend fails on is compressed on the CPU by an installer. A slot is only
 //!   freed once every page in it was installed or found stale, so the staged copy is
 //!   always there while an entry names it.
-//! - **Trust, then verify.** The backend proves its blocks (a GPU decodes and compares them
-//!   on the device); a page it rejects goes to the CPU. On top, every `spot_check_every`-th
-//!   compressed page is decoded on the CPU before it is installed; a mismatch retires the
-//!   backend. So does a result that breaks the layout's contract, a sticky failure, or
-//!   `max_failures` failures in a row: one log line, then the CPU from that point on.
+//! - **Trust, then verify.** Each writer records the checksum of every page it stages
+//!   (with the store's checksums on). The backend proves its blocks (a GPU decodes and
+//!   compares them on the device) and reports the checksum of each page as it read it; a
+//!   page it rejects goes to the CPU. Every result's checksum is compared with the
+//!   writer's before the result is installed: a mismatch (the backend compressed other
+//!   bytes than were staged) sends the page to the CPU and retires the backend. The
+//!   installed page carries the writer's checksum, so every later read is held to the
+//!   bytes the kernel wrote. On top, every `spot_check_every`-th compressed page is
+//!   decoded on the CPU before it is installed, which catches a backend whose own check
+//!   lies; a mismatch retires the backend. So does a result that breaks the layout's
+//!   contract, a sticky failure, or `max_failures` failures in a row: one log line, then
+//!   the CPU from that point on.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -31,7 +38,8 @@ use super::staging::{book_words, read_checked, Books, Words, NO_PAGE};
 use super::{BackendError, BackendMemory, FailureKind, PageResult, SlotBackend, SlotOutput};
 use crate::codec::PageCodec;
 use crate::page::{
-    page_to_words_streaming, same_filled_word, stream_fence, words_to_page, PAGE_SIZE, PAGE_WORDS,
+    page_checksum, page_to_words_streaming, same_filled_word, stream_fence, words_to_page,
+    PAGE_SIZE, PAGE_WORDS,
 };
 use crate::store::{
     Commit, CommitState, Encoded, PageStore, StagedAt, StagedPages, Ticket, MAX_SLOT_PAGES,
@@ -126,6 +134,11 @@ pub struct RingStats {
     pub fallback_slots: u64,
     /// Pages compressed on the CPU by installers (rejected, failed or contract-breaking).
     pub cpu_pages: u64,
+    /// Backend results whose checksum was compared with their writer's before install.
+    pub checksum_checked_pages: u64,
+    /// Backend results whose checksum was not their writer's (compressed on the CPU
+    /// instead; the backend was retired).
+    pub checksum_mismatches: u64,
     /// Compressed pages decoded on the CPU before install.
     pub spot_checked_pages: u64,
     /// Spot checks whose decode differed from the page.
@@ -199,6 +212,8 @@ impl RingStats {
             ("ring_rejected_pages", self.rejected_pages),
             ("ring_fallback_slots", self.fallback_slots),
             ("ring_cpu_pages", self.cpu_pages),
+            ("ring_checksum_checked_pages", self.checksum_checked_pages),
+            ("ring_checksum_mismatches", self.checksum_mismatches),
             ("ring_spot_checked_pages", self.spot_checked_pages),
             ("ring_spot_check_failures", self.spot_check_failures),
             ("ring_contract_violations", self.contract_violations),
@@ -233,6 +248,8 @@ struct Counters {
     rejected_pages: AtomicU64,
     fallback_slots: AtomicU64,
     cpu_pages: AtomicU64,
+    checksum_checked_pages: AtomicU64,
+    checksum_mismatches: AtomicU64,
     spot_checked_pages: AtomicU64,
     spot_check_failures: AtomicU64,
     contract_violations: AtomicU64,
@@ -262,6 +279,8 @@ struct Staging {
     books: Words,
     slots: usize,
     slot_pages: usize,
+    /// Writers record checksums and copies are held to them (the store's setting).
+    checksums: bool,
 }
 
 impl Staging {
@@ -287,6 +306,7 @@ impl StagedPages for Staging {
             &self.books(),
             self.backend.input(at.slot()),
             Ticket { page, at },
+            self.checksums,
             out,
         )
     }
@@ -424,6 +444,7 @@ impl Ring {
             books,
             slots,
             slot_pages,
+            checksums: store.checksums(),
         });
         staging.books().clear_pages();
         store.attach_staging(staging.clone())?;
@@ -597,6 +618,8 @@ impl Ring {
             rejected_pages: g(&c.rejected_pages),
             fallback_slots: g(&c.fallback_slots),
             cpu_pages: g(&c.cpu_pages),
+            checksum_checked_pages: g(&c.checksum_checked_pages),
+            checksum_mismatches: g(&c.checksum_mismatches),
             spot_checked_pages: g(&c.spot_checked_pages),
             spot_check_failures: g(&c.spot_check_failures),
             contract_violations: g(&c.contract_violations),
@@ -757,6 +780,7 @@ impl Shared {
                 w.store(page, Ordering::Relaxed);
             }
         };
+        let checksums = self.staging.checksums;
         let mut items = [(0u64, StagedAt::default()); RUN];
         for (j, &(page, offset)) in pages.iter().enumerate() {
             let index = lease.base + j;
@@ -768,6 +792,11 @@ impl Shared {
                 .get(j + 1)
                 .and_then(|&(_, o)| data.get(o..o + PAGE_SIZE))
                 .and_then(|b| b.try_into().ok());
+            if checksums {
+                if let Some(w) = books.checksum(lease.slot, index) {
+                    w.store(u64::from(page_checksum(bytes)), Ordering::Relaxed);
+                }
+            }
             if let Some(words) = self.staging.words(lease.slot, index) {
                 // The device reads these words next, not this CPU.
                 page_to_words_streaming(bytes, next, words);
@@ -1140,10 +1169,13 @@ impl Installer<'_> {
             };
             let result = out.map(|o| o.page(index));
             let plan = match result {
-                Some(Ok(PageResult::SameFilled(word))) => Some(Plan::Same(word)),
-                Some(Ok(PageResult::Compressed(block))) => self
-                    .spot_check(slot, index, block)
-                    .then_some(Plan::Block(index)),
+                Some(Ok(PageResult::SameFilled(word))) => self
+                    .checksum_holds(ticket, out, index)
+                    .then_some(Plan::Same(word)),
+                Some(Ok(PageResult::Compressed(block))) => {
+                    (self.checksum_holds(ticket, out, index) && self.spot_check(slot, index, block))
+                        .then_some(Plan::Block(index))
+                }
                 // Stored from the slot's own copy: no bounce through a buffer.
                 Some(Ok(PageResult::Raw)) => Some(Plan::Staged(index)),
                 Some(Ok(PageResult::Rejected)) => {
@@ -1200,6 +1232,32 @@ impl Installer<'_> {
         }
     }
 
+    /// Whether the checksum the backend reports for page `index` of the slot is the one its
+    /// writer recorded (always, in a store without checksums). False (the page goes to the
+    /// CPU, and the backend is retired) when not: the backend compressed other bytes than
+    /// were staged.
+    fn checksum_holds(&self, ticket: Ticket, out: Option<&SlotOutput<'_>>, index: usize) -> bool {
+        let sh = self.sh;
+        if !sh.staging.checksums {
+            return true;
+        }
+        bump(&sh.counters.checksum_checked_pages, 1);
+        let theirs = out.and_then(|o| o.checksum(index).ok());
+        let ours = sh.staging.books().checksum_of(ticket);
+        if theirs.is_some() && theirs == ours {
+            return true;
+        }
+        bump(&sh.counters.checksum_mismatches, 1);
+        tracing::error!(
+            page = ticket.page,
+            backend = ?theirs,
+            writer = ?ours,
+            "a backend result is not of the page that was staged"
+        );
+        sh.retire("a result whose checksum is not its page's");
+        false
+    }
+
     /// Decodes every n-th block on the CPU and compares it with the staged page. False
     /// (and the backend retired) on a mismatch.
     fn spot_check(&mut self, slot: usize, index: usize, block: &[u8]) -> bool {
@@ -1243,7 +1301,10 @@ impl Installer<'_> {
         while commits.try_reserve_exact(self.tools.plan.len()).is_err() {
             self.wait_for_memory(&mut backoff);
         }
+        let books = self.sh.staging.books();
         for &(ticket, plan) in &self.tools.plan {
+            // The writer's checksum: what every later read of the page is held to.
+            let checksum = books.checksum_of(ticket).unwrap_or_default();
             let encoded = match plan {
                 Plan::Same(word) => Encoded::SameFilled(word),
                 Plan::Block(index) => match out.map(|o| o.page(index)) {
@@ -1257,7 +1318,7 @@ impl Installer<'_> {
                 Plan::Buf { buf, len } if len == PAGE_SIZE => Encoded::Raw(&self.tools.bufs[buf]),
                 Plan::Buf { buf, len } => Encoded::Compressed(&self.tools.bufs[buf][..len]),
             };
-            commits.push(Commit::new(ticket, encoded));
+            commits.push(Commit::new(ticket, encoded, checksum));
         }
         let sh = self.sh;
         let mut tries = 0u64;

@@ -1,8 +1,10 @@
 //! Staging memory as the store reads it, and as a later process finds it.
 //!
 //! A slot's **books** say which page each index of the slot holds in the slot's current
-//! fill (its epoch): one word per slot for the epoch, then one word per index for the page
-//! number ([`book_words`]). A staged page's entry names (slot, index, epoch); its bytes are
+//! fill (its epoch), and the checksum its writer computed of it: one word per slot for the
+//! epoch, then one word per index for the page number, then one per index for the checksum
+//! ([`book_words`]). The checksum goes with the page into the store, and every copy of the
+//! staged page (a read, an install, a recovery) is held to it. A staged page's entry names (slot, index, epoch); its bytes are
 //! the slot's input words at that index only while the books say so. The ring writes a
 //! page's words, then its book word, then (after a fence) its entry, so memory as a killed
 //! process leaves it never has an entry whose books agree with words that are not the
@@ -16,7 +18,7 @@
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::page::{words_to_page, PAGE_SIZE, PAGE_WORDS};
+use crate::page::{page_checksum, words_to_page, PAGE_SIZE, PAGE_WORDS};
 use crate::store::{StagedAt, StagedPages, Ticket};
 
 /// Marks an index of a slot that holds no staged page.
@@ -24,7 +26,7 @@ pub(crate) const NO_PAGE: u64 = u64::MAX;
 
 /// Words of the books of `slots` slots of `slot_pages` pages.
 pub const fn book_words(slots: usize, slot_pages: usize) -> usize {
-    slots * (1 + slot_pages)
+    slots * (1 + 2 * slot_pages)
 }
 
 /// Atomic words owned by their user, or kept by the caller for longer than the process
@@ -97,6 +99,27 @@ impl<'a> Books<'a> {
         }
     }
 
+    /// The checksum of the page staged at `index` of `slot` (in its low 32 bits).
+    pub(crate) fn checksum(&self, slot: usize, index: usize) -> Option<&'a AtomicU64> {
+        if slot < self.slots && index < self.slot_pages {
+            let pages = self.slots * self.slot_pages;
+            self.words
+                .get(self.slots + pages + slot * self.slot_pages + index)
+        } else {
+            None
+        }
+    }
+
+    /// The checksum its writer recorded for `ticket`'s page, if the books say it is staged
+    /// where the ticket says.
+    pub(crate) fn checksum_of(&self, ticket: Ticket) -> Option<u32> {
+        let (slot, index) = (ticket.at.slot(), ticket.at.index());
+        if self.ticket(slot, index) != Some(ticket) {
+            return None;
+        }
+        Some(self.checksum(slot, index)?.load(Ordering::Relaxed) as u32)
+    }
+
     /// The ticket of the page staged at `index` of `slot` in its current fill, if any.
     pub(crate) fn ticket(&self, slot: usize, index: usize) -> Option<Ticket> {
         let page = self.page(slot, index)?.load(Ordering::Relaxed);
@@ -106,28 +129,35 @@ impl<'a> Books<'a> {
 
     /// Forgets every staged page (epochs go on counting).
     pub(crate) fn clear_pages(&self) {
-        for w in self.words.get(self.slots..).unwrap_or_default() {
+        let pages = self.slots * self.slot_pages;
+        for w in self
+            .words
+            .get(self.slots..self.slots + pages)
+            .unwrap_or_default()
+        {
             w.store(NO_PAGE, Ordering::Relaxed);
         }
     }
 }
 
 /// Copies the page at `index` of a slot's `input` (`slot_pages * PAGE_WORDS` words) into
-/// `out`, when `books` say it is `ticket`'s page.
+/// `out`, when `books` say it is `ticket`'s page and (with `checksums`) the copy matches
+/// the checksum its writer recorded.
 pub(crate) fn read_checked(
     books: &Books<'_>,
     input: &[AtomicU64],
     ticket: Ticket,
+    checksums: bool,
     out: &mut [u8; PAGE_SIZE],
 ) -> bool {
-    let (slot, index) = (ticket.at.slot(), ticket.at.index());
-    if books.ticket(slot, index) != Some(ticket) {
+    let Some(checksum) = books.checksum_of(ticket) else {
         return false;
-    }
+    };
+    let index = ticket.at.index();
     match input.get(index * PAGE_WORDS..(index + 1) * PAGE_WORDS) {
         Some(words) => {
             words_to_page(words, out);
-            true
+            !checksums || page_checksum(out) == checksum
         }
         None => false,
     }
@@ -141,19 +171,26 @@ pub(crate) fn read_checked(
 pub struct StagedCopy<'a> {
     books: Books<'a>,
     inputs: &'a [AtomicU64],
+    checksums: bool,
 }
 
 impl<'a> StagedCopy<'a> {
     /// `None` unless `books` and `inputs` have the sizes of `slots` slots of `slot_pages`.
+    /// With `checksums`, a page whose copy does not match the checksum its writer recorded
+    /// reads as missing.
     pub fn new(
         books: &'a [AtomicU64],
         inputs: &'a [AtomicU64],
         slots: usize,
         slot_pages: usize,
+        checksums: bool,
     ) -> Option<Self> {
         let books = Books::new(books, slots, slot_pages);
-        (books.whole() && inputs.len() == slots * slot_pages * PAGE_WORDS)
-            .then_some(Self { books, inputs })
+        (books.whole() && inputs.len() == slots * slot_pages * PAGE_WORDS).then_some(Self {
+            books,
+            inputs,
+            checksums,
+        })
     }
 }
 
@@ -161,7 +198,9 @@ impl StagedPages for StagedCopy<'_> {
     fn read_staged(&self, page: u64, at: StagedAt, out: &mut [u8; PAGE_SIZE]) -> bool {
         let per = self.books.slot_pages * PAGE_WORDS;
         let input = self.inputs.get(at.slot() * per..(at.slot() + 1) * per);
-        input.is_some_and(|input| read_checked(&self.books, input, Ticket { page, at }, out))
+        input.is_some_and(|input| {
+            read_checked(&self.books, input, Ticket { page, at }, self.checksums, out)
+        })
     }
 }
 
@@ -181,9 +220,12 @@ mod tests {
         b.epoch(1).unwrap().store(7, Ordering::Relaxed);
         b.page(1, 2).unwrap().store(42, Ordering::Relaxed);
         let page = [0xabu8; PAGE_SIZE];
+        b.checksum(1, 2)
+            .unwrap()
+            .store(u64::from(page_checksum(&page)), Ordering::Relaxed);
         let at = (slot_pages + 2) * PAGE_WORDS;
         page_to_words(&page, &inputs[at..at + PAGE_WORDS]);
-        let copy = StagedCopy::new(&books, &inputs, slots, slot_pages).unwrap();
+        let copy = StagedCopy::new(&books, &inputs, slots, slot_pages, true).unwrap();
         let mut out = [0u8; PAGE_SIZE];
         let here = StagedAt::new(1, 2, 7).unwrap();
         assert!(copy.read_staged(42, here, &mut out));
@@ -193,10 +235,27 @@ mod tests {
         assert!(!copy.read_staged(42, StagedAt::new(1, 2, 6).unwrap(), &mut out));
         assert!(!copy.read_staged(42, StagedAt::new(1, 1, 7).unwrap(), &mut out));
         assert!(!copy.read_staged(42, StagedAt::new(2, 2, 7).unwrap(), &mut out));
-        // a cleared book names nothing
+        assert_eq!(
+            b.checksum_of(Ticket { page: 42, at: here }),
+            Some(page_checksum(&page))
+        );
+        // a flipped bit in the staged copy: it reads as missing, not as other data
+        let w = &inputs[at + 17];
+        w.store(w.load(Ordering::Relaxed) ^ 4, Ordering::Relaxed);
+        assert!(!copy.read_staged(42, here, &mut out));
+        let unchecked = StagedCopy::new(&books, &inputs, slots, slot_pages, false).unwrap();
+        assert!(unchecked.read_staged(42, here, &mut out));
+        w.store(w.load(Ordering::Relaxed) ^ 4, Ordering::Relaxed);
+        assert!(copy.read_staged(42, here, &mut out));
+        // a cleared book names nothing, and the checksums survive the clear untouched
         b.clear_pages();
         assert!(!copy.read_staged(42, here, &mut out));
-        assert!(StagedCopy::new(&books, &inputs[1..], slots, slot_pages).is_none());
-        assert!(StagedCopy::new(&books[1..], &inputs, slots, slot_pages).is_none());
+        assert_eq!(b.checksum_of(Ticket { page: 42, at: here }), None);
+        assert_eq!(
+            b.checksum(1, 2).unwrap().load(Ordering::Relaxed),
+            u64::from(page_checksum(&page))
+        );
+        assert!(StagedCopy::new(&books, &inputs[1..], slots, slot_pages, true).is_none());
+        assert!(StagedCopy::new(&books[1..], &inputs, slots, slot_pages, true).is_none());
     }
 }

@@ -1,7 +1,7 @@
 //! The compressed-data arena: size classes over one shared, segmented bump region.
 //!
-//! Every object is rounded up to a size class of [`CLASS_GRANULE`] bytes (1..=512 classes
-//! for 8..=4096 bytes). Freed objects go onto their class's free list and are handed out
+//! Every object is rounded up to a size class of [`CLASS_GRANULE`] bytes (1..=513 classes
+//! for 8..=4104 bytes: a raw page and its checksum is the largest object). Freed objects go onto their class's free list and are handed out
 //! again to the next object of that class; a larger hole is split when a class has none.
 //! New objects are otherwise carved from the frontier of the newest segment.
 //!
@@ -32,12 +32,18 @@ use crate::CoreError;
 pub(crate) const SEGMENT_SIZE: usize = 64 * 1024;
 /// Size-class granularity in bytes.
 pub(crate) const CLASS_GRANULE: usize = HANDLE_ALIGN as usize;
-const CLASSES: usize = PAGE_SIZE / CLASS_GRANULE + 1;
+/// Bytes of the checksum the store keeps after an object's payload (`store/mod.rs`).
+pub(crate) const CHECKSUM_BYTES: usize = 4;
+/// The largest object: a raw page and its checksum.
+pub(crate) const MAX_OBJECT: usize = PAGE_SIZE + CHECKSUM_BYTES;
+const CLASSES: usize = MAX_OBJECT.div_ceil(CLASS_GRANULE) + 1;
+/// The largest hole a free range is cut into: the largest class.
+const MAX_HOLE: u64 = ((CLASSES - 1) * CLASS_GRANULE) as u64;
 const BITMAP_WORDS: usize = CLASSES.div_ceil(64);
 /// End of a free list.
 const NONE: u64 = u64::MAX;
 
-/// The class of an object of `len` bytes (1..=PAGE_SIZE).
+/// The class of an object of `len` bytes (1..=MAX_OBJECT).
 fn class_of(len: usize) -> usize {
     len.div_ceil(CLASS_GRANULE)
 }
@@ -313,7 +319,7 @@ impl Arena {
     fn free_range(&self, meta: &mut Meta, mut from: u64, to: u64) {
         let seg = SEGMENT_SIZE as u64;
         while from < to {
-            let end = to.min((from / seg + 1) * seg).min(from + PAGE_SIZE as u64);
+            let end = to.min((from / seg + 1) * seg).min(from + MAX_HOLE);
             meta.push_free(
                 &self.segments,
                 ((end - from) as usize) / CLASS_GRANULE,
@@ -340,6 +346,22 @@ impl Arena {
         Self::fixed_bytes() + (meta.segments * SEGMENT_SIZE) as u64 + self.segments.bytes()
     }
 
+    /// Every segment's words, in order (what a process killed now leaves), for tests.
+    #[cfg(test)]
+    pub(crate) fn snapshot(&self) -> Vec<Vec<u64>> {
+        let n = self
+            .meta
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .segments;
+        (0..n)
+            .filter_map(|i| {
+                let seg = self.segments.read(i)?;
+                Some(seg.words().iter().map(|w| w.load(Relaxed)).collect())
+            })
+            .collect()
+    }
+
     /// Current usage.
     pub(crate) fn usage(&self) -> ArenaUsage {
         let meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
@@ -355,13 +377,24 @@ impl Arena {
         }
     }
 
-    /// Reserves room for an object of `data.len()` (1..=PAGE_SIZE) bytes and copies `data`
-    /// into it. Returns its offset. Fails with [`CoreError::MemLimit`] when that needs a
-    /// new segment that `budget` does not allow; nothing changes then.
-    pub(crate) fn store(&self, data: &[u8], budget: Budget) -> Result<u64, CoreError> {
+    /// Reserves room for an object of `data.len()` (1..=PAGE_SIZE) bytes and then `trailer`
+    /// (the store's checksum, if any) and copies both into it. Returns its offset. Fails
+    /// with [`CoreError::MemLimit`] when that needs a new segment that `budget` does not
+    /// allow; nothing changes then.
+    pub(crate) fn store(
+        &self,
+        data: &[u8],
+        trailer: Option<[u8; CHECKSUM_BYTES]>,
+        budget: Budget,
+    ) -> Result<u64, CoreError> {
         let mut handle = [0u64];
-        self.alloc_many(&[data.len()], budget, &mut handle)?;
-        self.write(handle[0], data);
+        let trailer_len = trailer.map_or(0, |t| t.len());
+        self.alloc_many(&[data.len() + trailer_len], budget, &mut handle)?;
+        self.write_many(std::iter::once((
+            handle[0],
+            ObjectBytes::Bytes(data),
+            trailer,
+        )));
         Ok(handle[0])
     }
 
@@ -403,7 +436,7 @@ impl Arena {
             let mut meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
             while *done < lens.len() {
                 let len = lens[*done];
-                debug_assert!((1..=PAGE_SIZE).contains(&len));
+                debug_assert!((1..=MAX_OBJECT).contains(&len));
                 let class = class_of(len);
                 let size = (class * CLASS_GRANULE) as u64;
                 if let Some(h) = meta.take(&self.segments, class) {
@@ -507,25 +540,40 @@ impl Arena {
         true
     }
 
-    /// Writes `data` at `handle`, which `alloc` just returned: nobody else can see that
-    /// space until the caller publishes it under a shard lock (whose release orders
-    /// these stores before any reader's loads).
-    pub(crate) fn write(&self, handle: u64, data: &[u8]) {
-        self.write_many(std::iter::once((handle, ObjectBytes::Bytes(data))));
+    /// The `N` bytes at byte `at` of the object at `handle` (its trailer); `None` if they
+    /// are not in the arena.
+    pub(crate) fn load_trailer<const N: usize>(&self, handle: u64, at: usize) -> Option<[u8; N]> {
+        let (seg, off) = split(handle);
+        let segment = self.segments.read(seg)?;
+        let start = off.checked_add(at)?;
+        let words = segment.words().get(start / 8..(start + N).div_ceil(8))?;
+        let mut bytes = [0u8; 16];
+        for (chunk, w) in bytes.chunks_exact_mut(8).zip(words) {
+            chunk.copy_from_slice(&w.load(Relaxed).to_le_bytes());
+        }
+        bytes.get(start % 8..start % 8 + N)?.try_into().ok()
     }
 
-    /// [`Arena::write`] for several objects, locking each segment once per run of
-    /// objects in it.
-    pub(crate) fn write_many<'d>(&self, objects: impl IntoIterator<Item = (u64, ObjectBytes<'d>)>) {
+    /// Writes objects (`handle`, payload, trailer) at handles `alloc_many` just returned:
+    /// nobody else can see that space until the caller publishes it under a shard lock
+    /// (whose release orders these stores before any reader's loads). Each segment is
+    /// locked once per run of objects in it.
+    pub(crate) fn write_many<'d>(
+        &self,
+        objects: impl IntoIterator<Item = (u64, ObjectBytes<'d>, Option<[u8; CHECKSUM_BYTES]>)>,
+    ) {
         let mut cursor = self.segments.cursor();
-        for (handle, data) in objects {
+        for (handle, data, trailer) in objects {
+            let trailer = trailer.as_ref().map_or(&[][..], |t| &t[..]);
             let (seg, off) = split(handle);
             let words = cursor
                 .words(seg)
-                .get(off / 8..(off + data.len()).div_ceil(8));
+                .get(off / 8..(off + data.len() + trailer.len()).div_ceil(8));
             match (words, data) {
-                (Some(words), ObjectBytes::Bytes(bytes)) => words::store_bytes(bytes, words),
-                (Some(words), ObjectBytes::Words(from)) => words::store_words(from, words),
+                (Some(words), ObjectBytes::Bytes(bytes)) => {
+                    words::store_bytes(bytes, trailer, words)
+                }
+                (Some(words), ObjectBytes::Words(from)) => words::store_words(from, trailer, words),
                 (None, _) => {}
             }
         }
@@ -730,7 +778,7 @@ mod tests {
         let page = [7u8; PAGE_SIZE];
         let mut handles = Vec::new();
         for _ in 0..(4 * SEGMENT_SIZE / PAGE_SIZE) {
-            handles.push(arena.store(&page, LIMITED).unwrap());
+            handles.push(arena.store(&page, None, LIMITED).unwrap());
         }
         assert_eq!(arena.usage().segment_bytes, 5 * SEGMENT_SIZE as u64);
         let mut sorted = handles.clone();
@@ -752,7 +800,7 @@ mod tests {
         let free = 2 * SEGMENT_SIZE as u64 - used;
         assert_eq!(arena.usage().free_bytes, free);
         // Not linked yet: a new object grows the arena instead of filling a hole.
-        let first = arena.store(&[1; 100], LIMITED).unwrap();
+        let first = arena.store(&[1; 100], None, LIMITED).unwrap();
         assert!(
             first >= 2 * SEGMENT_SIZE as u64,
             "filled an unlinked hole at {first}"
@@ -767,7 +815,7 @@ mod tests {
         // hole the rest, and the arena does not grow.
         let page = [2u8; PAGE_SIZE];
         let handles: Vec<u64> = (0..SEGMENT_SIZE / PAGE_SIZE)
-            .map(|_| arena.store(&page, LIMITED).unwrap())
+            .map(|_| arena.store(&page, None, LIMITED).unwrap())
             .collect();
         assert_eq!(arena.usage().segment_bytes, 3 * SEGMENT_SIZE as u64);
         let low: Vec<u64> = handles
@@ -799,9 +847,9 @@ mod tests {
     #[test]
     fn stores_and_reads_back() {
         let arena = Arena::new(0, None, 4096, None);
-        let a = arena.store(&[1; 100], LIMITED).unwrap();
-        let b = arena.store(&[2; 4096], LIMITED).unwrap();
-        let c = arena.store(&[3; 1], LIMITED).unwrap();
+        let a = arena.store(&[1; 100], None, LIMITED).unwrap();
+        let b = arena.store(&[2; 4096], None, LIMITED).unwrap();
+        let c = arena.store(&[3; 1], None, LIMITED).unwrap();
         assert_eq!(read(&arena, a, 100), vec![1; 100]);
         assert_eq!(read(&arena, b, 4096), vec![2; 4096]);
         assert_eq!(read(&arena, c, 1), vec![3; 1]);
@@ -814,12 +862,12 @@ mod tests {
     #[test]
     fn freed_space_is_reused_by_the_same_class() {
         let arena = Arena::new(0, None, 4096, None);
-        let keep = arena.store(&[9; 50], LIMITED).unwrap();
-        let a = arena.store(&[1; 100], LIMITED).unwrap();
+        let keep = arena.store(&[9; 50], None, LIMITED).unwrap();
+        let a = arena.store(&[1; 100], None, LIMITED).unwrap();
         arena.free(a, 100);
         assert_eq!(arena.usage().free_bytes, 104);
         // 97..=104 bytes round to the same class: the hole comes back.
-        let b = arena.store(&[2; 97], LIMITED).unwrap();
+        let b = arena.store(&[2; 97], None, LIMITED).unwrap();
         assert_eq!(a, b);
         assert_eq!(arena.usage().free_bytes, 0);
         assert_eq!(read(&arena, keep, 50), vec![9; 50]);
@@ -830,18 +878,18 @@ mod tests {
         let arena = Arena::new(0, None, 4096, None);
         // Fill a segment exactly with 4096-byte objects (16 of them).
         let objs: Vec<u64> = (0..SEGMENT_SIZE / PAGE_SIZE)
-            .map(|_| arena.store(&[1; 4096], LIMITED).unwrap())
+            .map(|_| arena.store(&[1; 4096], None, LIMITED).unwrap())
             .collect();
         assert_eq!(arena.usage().segment_bytes, SEGMENT_SIZE as u64);
         arena.free(objs[3], 4096);
         // No 1000-byte hole and no frontier room: the 4096 hole is split.
-        let h = arena.store(&[2; 1000], LIMITED).unwrap();
+        let h = arena.store(&[2; 1000], None, LIMITED).unwrap();
         assert_eq!(h, objs[3]);
         assert_eq!(arena.usage().segment_bytes, SEGMENT_SIZE as u64);
         assert_eq!(arena.usage().free_bytes, 4096 - 1000);
         assert_eq!(read(&arena, objs[4], 4096), vec![1; 4096]);
         // The remainder serves the next object of its class without growing either.
-        let r = arena.store(&[3; 3096], LIMITED).unwrap();
+        let r = arena.store(&[3; 3096], None, LIMITED).unwrap();
         assert_eq!(r, objs[3] + 1000);
         assert_eq!(arena.usage().free_bytes, 0);
         assert_eq!(arena.usage().segment_bytes, SEGMENT_SIZE as u64);
@@ -851,7 +899,7 @@ mod tests {
     fn freeing_everything_releases_all_segments() {
         let arena = Arena::new(0, None, 4096, None);
         let handles: Vec<u64> = (0..100)
-            .map(|_| arena.store(&[4; 3000], LIMITED).unwrap())
+            .map(|_| arena.store(&[4; 3000], None, LIMITED).unwrap())
             .collect();
         assert!(arena.usage().segment_bytes >= 100 * 3000);
         for h in handles {
@@ -878,10 +926,10 @@ mod tests {
             + SEGMENT_SIZE as u64
             + 1024;
         let arena = Arena::new(0, Some(limit), 4096, None);
-        let first = arena.store(&[8; 4096], LIMITED).unwrap();
+        let first = arena.store(&[8; 4096], None, LIMITED).unwrap();
         let mut stored = 1;
         let err = loop {
-            match arena.store(&[8; 4096], LIMITED) {
+            match arena.store(&[8; 4096], None, LIMITED) {
                 Ok(_) => stored += 1,
                 Err(e) => break e,
             }
@@ -892,7 +940,7 @@ mod tests {
         assert_eq!(read(&arena, first, 4096), vec![8; 4096]);
         // Freed space is still usable under the limit.
         arena.free(first, 4096);
-        assert_eq!(arena.store(&[9; 4096], LIMITED).unwrap(), first);
+        assert_eq!(arena.store(&[9; 4096], None, LIMITED).unwrap(), first);
     }
 
     #[test]
@@ -902,7 +950,7 @@ mod tests {
         for i in 0..200u64 {
             let len = 1000 + (i as usize * 37) % 3000;
             let data: Vec<u8> = (0..len).map(|b| (b as u64 * 7 + i) as u8).collect();
-            let h = arena.store(&data, LIMITED).unwrap();
+            let h = arena.store(&data, None, LIMITED).unwrap();
             if i % 3 == 0 {
                 live.push((h, data));
             } else {
@@ -949,7 +997,7 @@ mod tests {
             assert_eq!(&read(&arena, object.handle, data.len()), data);
         }
         // Allocation works on after compaction, from the new frontier.
-        let h = arena.store(&[3; 2000], LIMITED).unwrap();
+        let h = arena.store(&[3; 2000], None, LIMITED).unwrap();
         assert_eq!(read(&arena, h, 2000), vec![3; 2000]);
     }
 
@@ -958,9 +1006,9 @@ mod tests {
         // A 16-byte hole before a 4000-byte object: its new place would overlap its old one,
         // and a crash halfway through that copy would leave neither whole. It stays.
         let arena = Arena::new(0, None, 4096, None);
-        let a = arena.store(&[1; 16], LIMITED).unwrap();
-        let b = arena.store(&[2; 4000], LIMITED).unwrap();
-        let c = arena.store(&[3; 100], LIMITED).unwrap();
+        let a = arena.store(&[1; 16], None, LIMITED).unwrap();
+        let b = arena.store(&[2; 4000], None, LIMITED).unwrap();
+        let c = arena.store(&[3; 100], None, LIMITED).unwrap();
         arena.free(a, 16);
         let mut objects = vec![
             Object {
@@ -983,14 +1031,14 @@ mod tests {
         assert_eq!(read(&arena, b, 4000), vec![2; 4000]);
         assert_eq!(read(&arena, c, 100), vec![3; 100]);
         // The hole is still usable.
-        assert_eq!(arena.store(&[4; 16], LIMITED).unwrap(), a);
+        assert_eq!(arena.store(&[4; 16], None, LIMITED).unwrap(), a);
     }
 
     #[test]
     fn accounting_tracks_rounding_and_free_space() {
         let arena = Arena::new(0, None, 4096, None);
-        let a = arena.store(&[1; 13], LIMITED).unwrap();
-        let b = arena.store(&[1; 16], LIMITED).unwrap();
+        let a = arena.store(&[1; 13], None, LIMITED).unwrap();
+        let b = arena.store(&[1; 16], None, LIMITED).unwrap();
         assert_eq!(arena.usage().class_bytes, 32);
         arena.free(a, 13);
         assert_eq!(arena.usage().class_bytes, 16);
@@ -1006,7 +1054,7 @@ mod tests {
         let mut kept = Vec::new();
         for len in 1..=100usize {
             let data: Vec<u8> = (0..len).map(|i| (i * 31 + len) as u8).collect();
-            kept.push((arena.store(&data, LIMITED).unwrap(), data));
+            kept.push((arena.store(&data, None, LIMITED).unwrap(), data));
         }
         for (h, data) in &kept {
             assert_eq!(&read(&arena, *h, data.len()), data, "len {}", data.len());
@@ -1014,11 +1062,38 @@ mod tests {
     }
 
     #[test]
+    fn trailers_follow_payloads_of_every_length_and_the_largest_object_fits() {
+        let arena = Arena::new(0, None, 4096, None);
+        let mut kept = Vec::new();
+        for len in (1..=64usize).chain([4088, 4095, PAGE_SIZE]) {
+            let data: Vec<u8> = (0..len).map(|i| (i * 7 + len) as u8).collect();
+            let trailer = (len as u32 ^ 0xdead_beef).to_le_bytes();
+            let h = arena.store(&data, Some(trailer), LIMITED).unwrap();
+            kept.push((h, data, trailer));
+        }
+        for (h, data, trailer) in &kept {
+            assert_eq!(&read(&arena, *h, data.len()), data, "len {}", data.len());
+            assert_eq!(
+                arena.load_trailer::<4>(*h, data.len()),
+                Some(*trailer),
+                "len {}",
+                data.len()
+            );
+        }
+        // a raw page with its checksum is one object of the largest class
+        assert_eq!(class_of(MAX_OBJECT) * CLASS_GRANULE, MAX_HOLE as usize);
+        // the words after an object are untouched by its trailer
+        let (h, data, _) = &kept[2];
+        let next = kept[3].0;
+        assert!(next >= *h + (data.len() + CHECKSUM_BYTES) as u64);
+    }
+
+    #[test]
     fn out_of_range_reads_are_refused() {
         let arena = Arena::new(0, None, 4096, None);
         let mut out = vec![0u8; SEGMENT_SIZE + 8];
         assert!(!arena.load(0, 8, &mut out));
-        let h = arena.store(&[1; 8], LIMITED).unwrap();
+        let h = arena.store(&[1; 8], None, LIMITED).unwrap();
         assert!(!arena.load(h, SEGMENT_SIZE + 1, &mut out));
         assert!(!arena.load(u64::MAX - 7, 8, &mut out));
         assert!(!arena.load(h, 8, &mut out[..4]), "output too short");

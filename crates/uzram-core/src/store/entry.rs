@@ -2,8 +2,10 @@
 //!
 //! Layout of the `u64` (bit 0 is the least significant):
 //! - bits 0..3: tag;
-//! - `TAG_SAME`: bits 3..64 hold the fill word, sign-extended from 61 bits (covers zero,
-//!   small values and all-ones, the fills that occur in practice);
+//! - `TAG_SAME`: bits 3..11 hold a check byte of the fill word ([`fill_check`]), bits
+//!   11..64 the fill word, sign-extended from 53 bits (covers zero, small values and
+//!   all-ones, the fills that occur in practice). A same-filled page has no bytes for a
+//!   checksum to cover: the check byte is what catches a damaged entry;
 //! - `TAG_SAME_EXT`: a fill word that does not fit; the shard keeps it in a side map;
 //! - `TAG_STORED`: bits 3..16 hold the stored length (1..=4096; 4096 means the page is
 //!   stored raw), bits 16..64 the arena offset in 8-byte units;
@@ -12,6 +14,10 @@
 //!   epoch (so an entry from an earlier fill of the same slot never matches a later one);
 //! - `TAG_LOST`: a recovered store found the page staged: its bytes were in the dead
 //!   daemon's staging memory, so reads fail until it is written again.
+//!
+//! Tags 6 and 7 are never written: an entry with one decodes as [`Slot::Invalid`], and so
+//! does a same-filled entry whose check byte does not match. Reads of such a page fail,
+//! and a recovery refuses a table that holds one.
 //!
 //! The all-zero entry is [`Slot::Empty`], so a fresh table is a zeroed allocation.
 
@@ -25,6 +31,9 @@ const TAG_SAME_EXT: u64 = 2;
 const TAG_STORED: u64 = 3;
 const TAG_STAGED: u64 = 4;
 const TAG_LOST: u64 = 5;
+/// Bits of a same-filled entry's check byte, above the tag.
+const CHECK_BITS: u32 = 8;
+const FILL_SHIFT: u32 = TAG_BITS + CHECK_BITS;
 const LEN_SHIFT: u32 = 3;
 const LEN_MASK: u64 = (1 << 13) - 1;
 const HANDLE_SHIFT: u32 = 16;
@@ -102,6 +111,9 @@ pub(crate) enum Slot {
     Staged(StagedAt),
     /// Staged when the daemon that held the staging memory died (see `persist.rs`).
     Lost,
+    /// Not an entry this store writes: tag 6 or 7, or a same-filled entry whose check byte
+    /// does not match its word (memory that was damaged, or never was a table).
+    Invalid,
 }
 
 /// One page's packed metadata.
@@ -118,7 +130,9 @@ impl Entry {
     pub(crate) fn pack(slot: Slot) -> Entry {
         match slot {
             Slot::Empty => Entry::EMPTY,
-            Slot::Same(word) if Self::same_fits(word) => Entry((word << TAG_BITS) | TAG_SAME),
+            Slot::Same(word) if Self::same_fits(word) => {
+                Entry((word << FILL_SHIFT) | (u64::from(fill_check(word)) << TAG_BITS) | TAG_SAME)
+            }
             Slot::Same(_) | Slot::SameExt => Entry(TAG_SAME_EXT),
             Slot::Stored { handle, len } => {
                 debug_assert!(handle % HANDLE_ALIGN == 0 && handle <= MAX_HANDLE);
@@ -136,6 +150,8 @@ impl Entry {
                     | TAG_STAGED,
             ),
             Slot::Lost => Entry(TAG_LOST),
+            // Never packed by the store; a word no decoder accepts, should a caller try.
+            Slot::Invalid => Entry(TAG_MASK),
         }
     }
 
@@ -149,30 +165,80 @@ impl Entry {
         self.0
     }
 
-    /// True when `word` can live inside the entry (its top four bits are all equal).
+    /// True when `word` can live inside the entry (its top twelve bits are all equal).
     pub(crate) fn same_fits(word: u64) -> bool {
-        (((word << TAG_BITS) as i64) >> TAG_BITS) as u64 == word
+        (((word << FILL_SHIFT) as i64) >> FILL_SHIFT) as u64 == word
     }
 
     /// Decodes the entry.
     pub(crate) fn slot(self) -> Slot {
         match self.0 & TAG_MASK {
-            TAG_SAME => Slot::Same(((self.0 as i64) >> TAG_BITS) as u64),
+            TAG_SAME => {
+                let word = ((self.0 as i64) >> FILL_SHIFT) as u64;
+                let check = ((self.0 >> TAG_BITS) & ((1 << CHECK_BITS) - 1)) as u8;
+                if check == fill_check(word) {
+                    Slot::Same(word)
+                } else {
+                    Slot::Invalid
+                }
+            }
             TAG_SAME_EXT => Slot::SameExt,
-            TAG_STORED => Slot::Stored {
-                handle: (self.0 >> HANDLE_SHIFT) * HANDLE_ALIGN,
-                len: ((self.0 >> LEN_SHIFT) & LEN_MASK) as u16,
-            },
+            TAG_STORED => {
+                let len = ((self.0 >> LEN_SHIFT) & LEN_MASK) as u16;
+                if (1..=PAGE_SIZE as u16).contains(&len) {
+                    Slot::Stored {
+                        handle: (self.0 >> HANDLE_SHIFT) * HANDLE_ALIGN,
+                        len,
+                    }
+                } else {
+                    Slot::Invalid
+                }
+            }
             TAG_STAGED => Slot::Staged(StagedAt {
                 slot: ((self.0 >> SLOT_SHIFT) & ((1 << SLOT_BITS) - 1)) as u16,
                 index: ((self.0 >> INDEX_SHIFT) & ((1 << INDEX_BITS) - 1)) as u16,
                 epoch: self.0 >> EPOCH_SHIFT,
             }),
             TAG_LOST => Slot::Lost,
-            _ => Slot::Empty,
+            TAG_EMPTY if self.0 == TAG_EMPTY => Slot::Empty,
+            _ => Slot::Invalid,
         }
     }
 }
+
+/// The check byte of a same-filled entry's word: CRC-8 (polynomial 0x07) of the 53 bits the
+/// entry holds, so any one flipped bit of the entry is caught, offset so that the word 0
+/// (the zero page, the most common fill) has a check byte that is not 0. An empty entry
+/// (all zeros) with one bit flipped into a same-filled tag then fails its check instead of
+/// reading as a page of zeros.
+fn fill_check(word: u64) -> u8 {
+    let held = word & ((1 << (64 - FILL_SHIFT)) - 1);
+    let crc = held.to_le_bytes()[..7]
+        .iter()
+        .fold(0u8, |crc, &b| CRC8[usize::from(crc ^ b)]);
+    crc ^ 0xa5
+}
+
+/// CRC-8 (0x07) of every byte value.
+const CRC8: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut c = i as u8;
+        let mut bit = 0;
+        while bit < 8 {
+            c = if c & 0x80 != 0 {
+                (c << 1) ^ 0x07
+            } else {
+                c << 1
+            };
+            bit += 1;
+        }
+        table[i] = c;
+        i += 1;
+    }
+    table
+};
 
 #[cfg(test)]
 mod tests {
@@ -189,8 +255,9 @@ mod tests {
             Slot::Empty,
             Slot::Same(0),
             Slot::Same(u64::MAX),
-            Slot::Same(0x0123_4567_89ab_cdef),
-            Slot::Same(0xf000_0000_0000_0001),
+            Slot::Same(0x0003_4567_89ab_cdef),
+            Slot::Same(0xfff0_0000_0000_0001),
+            Slot::Same(0x000f_ffff_ffff_ffff),
             Slot::Stored { handle: 0, len: 1 },
             Slot::Stored {
                 handle: 8 * 12345,
@@ -230,10 +297,50 @@ mod tests {
             0x8000_0000_0000_0000u64,
             0x1234_5678_9abc_def0,
             0x7fff_ffff_ffff_ffff,
+            0x0010_0000_0000_0000,
+            0xffe0_0000_0000_0000,
         ] {
             assert!(!Entry::same_fits(word));
             assert_eq!(Entry::pack(Slot::Same(word)).slot(), Slot::SameExt);
         }
         assert_eq!(Entry::default(), Entry::EMPTY);
+    }
+
+    #[test]
+    fn words_no_entry_is_written_as_decode_as_invalid() {
+        for tag in [6u64, 7] {
+            for high in [0u64, 1 << 20, u64::MAX << 3] {
+                assert_eq!(Entry::from_word(high | tag).slot(), Slot::Invalid);
+            }
+        }
+        // an empty tag with anything above it
+        assert_eq!(Entry::from_word(1 << 40).slot(), Slot::Invalid);
+        // a stored page of no bytes, or of more than a page
+        for len in [0u64, PAGE_SIZE as u64 + 1, LEN_MASK] {
+            assert_eq!(
+                Entry::from_word((len << LEN_SHIFT) | TAG_STORED).slot(),
+                Slot::Invalid
+            );
+        }
+        assert_eq!(Entry::pack(Slot::Invalid).slot(), Slot::Invalid);
+    }
+
+    #[test]
+    fn a_same_filled_entry_with_one_bit_flipped_is_invalid_or_another_valid_kind() {
+        for word in [
+            0u64,
+            1,
+            u64::MAX,
+            0x0000_0000_dead_beef,
+            0xffff_f000_0000_0000,
+        ] {
+            let entry = Entry::pack(Slot::Same(word)).word();
+            for bit in 3..64 {
+                let flipped = Entry::from_word(entry ^ (1 << bit)).slot();
+                assert_eq!(flipped, Slot::Invalid, "word {word:#x}, bit {bit}");
+            }
+        }
+        // The empty entry with a bit flipped into a same-filled tag: not a page of zeros.
+        assert_eq!(Entry::from_word(TAG_SAME).slot(), Slot::Invalid);
     }
 }

@@ -12,6 +12,14 @@
 //!   after the lock is dropped. A read holds its shard's read lock while it copies the
 //!   bytes out, so they cannot be freed under it.
 //!
+//! Every stored object carries a checksum after its payload: CRC32C of the page's 4096
+//! bytes as the writer handed it over ([`crate::page::page_checksum`]). A read decodes the
+//! page and compares; a mismatch fails the read with [`CoreError::Checksum`] (an I/O error
+//! for that request, counted in `checksum_failures`), never returns other data. The
+//! checksum is computed from the writer's page, not from what a backend returned, so it
+//! also catches a backend whose output decodes to something else. A same-filled page has
+//! no bytes to check: its entry carries a check byte of its word (`entry.rs`).
+//!
 //! Deferred writes (a GPU compresses them later) follow one protocol, in pages and
 //! tickets: [`PageStore::stage`] records that a page's bytes wait in a staging slot (the
 //! entry says slot, index and the slot's fill epoch), reads of such a page copy it out of
@@ -35,12 +43,15 @@ pub use self::entry::{StagedAt, MAX_SLOT_PAGES, MAX_STAGING_SLOTS};
 pub use self::persist::{Persistence, Recovered, SegmentHome, SegmentWords, SEGMENT_BYTES};
 pub use self::stats::{MemoryUsage, Stats};
 
+/// Bytes each stored object spends on its checksum.
+pub const CHECKSUM_BYTES: usize = arena::CHECKSUM_BYTES;
+
 use self::arena::{Arena, Budget, Object};
 use self::entry::{Entry, Slot};
 use self::shard::{Entries, Shard};
 use self::stats::{Counters, PageCost, PageTotals};
 use crate::codec::Algorithm;
-use crate::page::{fill_page, same_filled_word, PAGE_SIZE, PAGE_WORDS};
+use crate::page::{fill_page, page_checksum, same_filled_word, PAGE_SIZE, PAGE_WORDS};
 use crate::CoreError;
 
 /// Most lock stripes a store uses.
@@ -63,6 +74,9 @@ pub struct StoreConfig {
     pub mem_limit: Option<u64>,
     /// Compressed output of this many bytes or more is stored raw (a huge page).
     pub raw_threshold: usize,
+    /// Keep a checksum with every stored page and check it on every read (see the module
+    /// docs). Off only to measure what the checksums cost.
+    pub checksums: bool,
 }
 
 impl StoreConfig {
@@ -79,6 +93,7 @@ impl StoreConfig {
             algorithm,
             mem_limit: None,
             raw_threshold: Self::DEFAULT_RAW_THRESHOLD,
+            checksums: true,
         }
     }
 }
@@ -87,7 +102,8 @@ impl StoreConfig {
 /// staging memory of whatever stages pages (a GPU's pinned slots).
 pub trait StagedPages: Send + Sync {
     /// Copies `page`, staged at `at`, into `out`. False if `at` does not hold that page
-    /// (a corrupt entry: the read fails with an error instead of returning other data).
+    /// (a corrupt entry: the read fails with an error instead of returning other data),
+    /// or if the copy does not match the checksum its writer recorded.
     fn read_staged(&self, page: u64, at: StagedAt, out: &mut [u8; PAGE_SIZE]) -> bool;
 }
 
@@ -152,16 +168,21 @@ pub struct Commit<'a> {
     pub ticket: Ticket,
     /// The result.
     pub encoded: Encoded<'a>,
+    /// The checksum of the page as its writer handed it over
+    /// ([`crate::page::page_checksum`]), stored with the result (unused for a same-filled
+    /// page).
+    pub checksum: u32,
     /// Set by [`PageStore::commit`].
     pub state: CommitState,
 }
 
 impl<'a> Commit<'a> {
-    /// A result waiting to be installed.
-    pub fn new(ticket: Ticket, encoded: Encoded<'a>) -> Self {
+    /// A result waiting to be installed, for the page whose checksum is `checksum`.
+    pub fn new(ticket: Ticket, encoded: Encoded<'a>, checksum: u32) -> Self {
         Self {
             ticket,
             encoded,
+            checksum,
             state: CommitState::Waiting,
         }
     }
@@ -172,8 +193,8 @@ impl<'a> Commit<'a> {
 enum Payload<'a> {
     Empty,
     Same(u64),
-    /// Compressed bytes, or the raw page when `len == PAGE_SIZE`.
-    Bytes(&'a [u8]),
+    /// Compressed bytes, or the raw page when `len == PAGE_SIZE`, and the page's checksum.
+    Bytes(&'a [u8], u32),
 }
 
 /// What [`PageStore::install`] did.
@@ -201,6 +222,8 @@ pub struct PageStore {
     staging: OnceLock<Arc<dyn StagedPages>>,
     /// The table and segments live in memory kept across processes (`persist.rs`).
     persistent: bool,
+    /// Stored objects carry a checksum ([`StoreConfig::checksums`]).
+    checksums: bool,
 }
 
 impl std::fmt::Debug for PageStore {
@@ -209,6 +232,7 @@ impl std::fmt::Debug for PageStore {
             .field("pages", &self.pages)
             .field("algorithm", &self.algorithm)
             .field("raw_threshold", &self.raw_threshold)
+            .field("checksums", &self.checksums)
             .field("mem_limit", &self.mem_limit)
             .field("shards", &self.shards.len())
             .field("staging", &self.staging.get().is_some())
@@ -232,6 +256,16 @@ impl PageStore {
     pub fn table_len(pages: u64) -> Result<usize, CoreError> {
         let layout = Layout::of(&StoreConfig::new(pages, Algorithm::Lz4))?;
         Ok(layout.shards * layout.shard_len)
+    }
+
+    /// The bytes of page table a store of `pages` pages holds from the start (its
+    /// `table_bytes`, the least `mem_limit` it takes), without building it.
+    pub fn table_bytes_for(pages: u64) -> Result<u64, CoreError> {
+        let layout = Layout::of(&StoreConfig::new(pages, Algorithm::Lz4))?;
+        let fixed = std::mem::size_of::<Self>() - std::mem::size_of::<Arena>()
+            + layout.shards * std::mem::size_of::<RwLock<Shard>>();
+        let entries = (layout.shards * layout.shard_len) as u64 * 8;
+        Ok(fixed as u64 + entries)
     }
 
     /// Most arena segments a store of `pages` pages can hold: the size of a
@@ -289,9 +323,14 @@ impl PageStore {
                             "entry {idx} names a fill word the old process kept in its own memory"
                         )))
                     }
+                    Slot::Invalid => {
+                        return Err(CoreError::Damaged(format!(
+                            "entry {idx} of shard {s} is no entry this store writes"
+                        )))
+                    }
                     other => other,
                 };
-                if let Some(object) = stored_object(slot) {
+                if let Some(object) = store.stored_object(slot) {
                     objects.push(object);
                 }
                 if !matches!(slot, Slot::Empty | Slot::Lost | Slot::Staged(_)) {
@@ -355,7 +394,7 @@ impl PageStore {
         let kept_fill = same_filled_word(page).filter(|&w| self.keeps_fill(w));
         let state = match kept_fill {
             Some(word) => {
-                let mut commits = [Commit::new(ticket, Encoded::SameFilled(word))];
+                let mut commits = [Commit::new(ticket, Encoded::SameFilled(word), 0)];
                 self.commit(&mut commits).map(|()| commits[0].state)
             }
             None => self.commit_encoded(ticket, page),
@@ -397,6 +436,7 @@ impl PageStore {
             }
         }
         let persistent = home.is_some();
+        let checksums = cfg.checksums;
         Ok(Self {
             pages: cfg.pages,
             algorithm: cfg.algorithm,
@@ -411,6 +451,7 @@ impl PageStore {
             staged: AtomicU64::new(0),
             staging: OnceLock::new(),
             persistent,
+            checksums,
         })
     }
 
@@ -427,6 +468,72 @@ impl PageStore {
     /// Compressed output of this many bytes or more is stored raw.
     pub fn raw_threshold(&self) -> usize {
         self.raw_threshold
+    }
+
+    /// Whether stored pages carry checksums ([`StoreConfig::checksums`]).
+    pub fn checksums(&self) -> bool {
+        self.checksums
+    }
+
+    /// The checksum a page written now gets: [`page_checksum`], or 0 in a store without
+    /// checksums.
+    pub fn checksum_of(&self, page: &[u8; PAGE_SIZE]) -> u32 {
+        if self.checksums {
+            page_checksum(page)
+        } else {
+            0
+        }
+    }
+
+    /// What goes after an object's payload: its checksum, or nothing.
+    fn trailer(&self, checksum: u32) -> Option<[u8; CHECKSUM_BYTES]> {
+        self.checksums.then(|| checksum.to_le_bytes())
+    }
+
+    /// Bytes an object of `len` payload bytes takes in the arena.
+    fn object_len(&self, len: usize) -> usize {
+        len + if self.checksums { CHECKSUM_BYTES } else { 0 }
+    }
+
+    /// The arena object `(handle, bytes)` a slot holds, if any.
+    fn stored_object(&self, slot: Slot) -> Option<(u64, usize)> {
+        match slot {
+            Slot::Stored { handle, len } => Some((handle, self.object_len(usize::from(len)))),
+            _ => None,
+        }
+    }
+
+    /// The checksum stored after the `len` payload bytes at `handle` (`Some(0)` in a store
+    /// without checksums); `None` when it is not in the arena.
+    fn stored_checksum(&self, handle: u64, len: usize) -> Option<u32> {
+        if !self.checksums {
+            return Some(0);
+        }
+        self.arena
+            .load_trailer::<CHECKSUM_BYTES>(handle, len)
+            .map(u32::from_le_bytes)
+    }
+
+    /// Checks a page just decoded against the checksum stored with it.
+    fn verify(&self, index: u64, page: &[u8; PAGE_SIZE], stored: u32) -> Result<(), CoreError> {
+        if !self.checksums || page_checksum(page) == stored {
+            return Ok(());
+        }
+        Err(self.failed_check(CoreError::Checksum { index }))
+    }
+
+    /// Counts a stored page that failed its check (`checksum_failures`) and logs it (the
+    /// first few, then at every power of two: a damaged region fails many reads).
+    fn failed_check(&self, error: CoreError) -> CoreError {
+        let n = self
+            .counters
+            .checksum_failures
+            .fetch_add(1, Ordering::Relaxed)
+            + 1;
+        if n <= 16 || n.is_power_of_two() {
+            tracing::error!(%error, failures = n, "a stored page failed its check: the read fails with EIO");
+        }
+        error
     }
 
     /// Creates the calling thread's codec now. Threads that serve I/O call this before
@@ -456,13 +563,14 @@ impl PageStore {
             return self.install(index, Payload::Same(word)).map(drop);
         }
         let threshold = self.raw_threshold;
+        let checksum = self.checksum_of(page);
         worker::with_codec(self.algorithm, |codec, scratch| {
             let payload = match codec
                 .compress_below(page, scratch, threshold)
                 .map_err(CoreError::Compress)?
             {
-                Some(len) => Payload::Bytes(&scratch[..len]),
-                None => Payload::Bytes(page),
+                Some(len) => Payload::Bytes(&scratch[..len], checksum),
+                None => Payload::Bytes(page, checksum),
             };
             self.install(index, payload).map(drop)
         })
@@ -506,6 +614,7 @@ impl PageStore {
         page: &[u8; PAGE_SIZE],
     ) -> Result<CommitState, CoreError> {
         let threshold = self.raw_threshold;
+        let checksum = self.checksum_of(page);
         worker::with_codec(self.algorithm, |codec, scratch| {
             let encoded = match codec
                 .compress_below(page, scratch, threshold)
@@ -514,7 +623,7 @@ impl PageStore {
                 Some(len) => Encoded::Compressed(&scratch[..len]),
                 None => Encoded::Raw(page),
             };
-            let mut one = [Commit::new(ticket, encoded)];
+            let mut one = [Commit::new(ticket, encoded, checksum)];
             self.commit(&mut one)?;
             Ok(one[0].state)
         })
@@ -539,6 +648,9 @@ impl PageStore {
         let shard = read_lock(shard);
         let (handle, len) = match shard.get(idx) {
             None => return Err(self.out_of_range(index, 1)),
+            Some(Slot::Invalid) => {
+                return Err(self.failed_check(corrupt(index, "its table entry is damaged")))
+            }
             Some(Slot::Empty) => {
                 page.fill(0);
                 return Ok(());
@@ -559,27 +671,35 @@ impl PageStore {
             Some(Slot::Staged(at)) => {
                 return match self.staging.get() {
                     Some(staging) if staging.read_staged(index, at, page) => Ok(()),
-                    _ => Err(corrupt(index, "staged copy missing")),
+                    _ => Err(self.failed_check(corrupt(
+                        index,
+                        "its staged copy is missing or does not match its checksum",
+                    ))),
                 };
             }
             Some(Slot::Stored { handle, len }) => (handle, usize::from(len)),
         };
         if len == PAGE_SIZE {
-            return match self.arena.load(handle, len, page) {
-                true => Ok(()),
-                false => Err(corrupt(index, "arena range missing")),
+            let loaded = self.arena.load(handle, len, page);
+            let stored = self.stored_checksum(handle, len);
+            drop(shard);
+            return match stored {
+                Some(stored) if loaded => self.verify(index, page, stored),
+                _ => Err(self.failed_check(corrupt(index, "arena range missing"))),
             };
         }
         // Copy the compressed bytes out under the shard lock, decode after dropping it.
         worker::with_codec(self.algorithm, |codec, scratch| {
             let loaded = self.arena.load(handle, len, scratch);
+            let stored = self.stored_checksum(handle, len);
             drop(shard);
-            if !loaded {
-                return Err(corrupt(index, "arena range missing"));
-            }
+            let Some(stored) = stored.filter(|_| loaded) else {
+                return Err(self.failed_check(corrupt(index, "arena range missing")));
+            };
             codec
                 .decompress(&scratch[..len], page)
-                .map_err(|source| CoreError::Corrupt { index, source })
+                .map_err(|source| self.failed_check(CoreError::Corrupt { index, source }))?;
+            self.verify(index, page, stored)
         })
     }
 
@@ -667,7 +787,7 @@ impl PageStore {
                 };
                 shard.totals.replace(cost_of(old), staged_cost);
                 newly += u64::from(!matches!(old, Slot::Staged(_)));
-                if let Some(object) = stored_object(old) {
+                if let Some(object) = self.stored_object(old) {
                     if nfreed == freed.len() {
                         self.arena.free_many(freed.iter().copied());
                         nfreed = 0;
@@ -730,7 +850,11 @@ impl PageStore {
         // Space is taken and filled in the caller's order (a slot's, in which the backend
         // packed its results): both sides of the copies are then read and written in order.
         let mut lens = try_vec(commits.len())?;
-        lens.extend(commits.iter().filter_map(|c| payload(c).map(|p| p.len())));
+        lens.extend(
+            commits
+                .iter()
+                .filter_map(|c| payload(c).map(|p| self.object_len(p.len()))),
+        );
         let mut handles = try_vec(lens.len())?;
         handles.resize(lens.len(), 0u64);
         let mut slots = try_vec(commits.len())?;
@@ -741,7 +865,12 @@ impl PageStore {
             handles
                 .iter()
                 .copied()
-                .zip(commits.iter().filter_map(payload)),
+                .zip(
+                    commits
+                        .iter()
+                        .filter_map(|c| payload(c).map(|p| (p, self.trailer(c.checksum)))),
+                )
+                .map(|(h, (p, t))| (h, p, t)),
         );
         let mut next = handles.iter();
         slots.extend(commits.iter().map(|c| match (c.state, c.encoded) {
@@ -762,7 +891,7 @@ impl PageStore {
             start = end;
         }
         self.arena
-            .free_many(unused.into_iter().filter_map(stored_object));
+            .free_many(unused.into_iter().filter_map(|s| self.stored_object(s)));
         if commits.iter().any(|c| c.state == CommitState::Waiting) {
             return Err(CoreError::NoMemory);
         }
@@ -878,7 +1007,7 @@ impl PageStore {
                     }
                     objects.push(Object {
                         handle,
-                        len,
+                        len: self.object_len(usize::from(len)) as u16,
                         tag: (idx << self.shard_shift) | s as u64,
                     });
                 }
@@ -922,6 +1051,7 @@ impl PageStore {
             reads: Counters::get(&c.reads),
             writes: Counters::get(&c.writes),
             staged_pages: totals.staged_pages,
+            checksum_failures: Counters::get(&c.checksum_failures),
         }
     }
 
@@ -945,13 +1075,15 @@ impl PageStore {
         let (totals, side) = self.shard_totals();
         let usage = self.arena.usage();
         let payload = totals.compr_data_size;
+        let checksums = usage.objects * (self.object_len(0) as u64);
         MemoryUsage {
             table_bytes: self.table_bytes,
             side_map_bytes: side,
             arena_bookkeeping_bytes: usage.held_bytes - usage.segment_bytes,
             segment_bytes: usage.segment_bytes,
             payload_bytes: payload,
-            class_rounding_bytes: usage.class_bytes.saturating_sub(payload),
+            checksum_bytes: checksums,
+            class_rounding_bytes: usage.class_bytes.saturating_sub(payload + checksums),
             free_hole_bytes: usage.free_bytes,
             frontier_unused_bytes: usage
                 .segment_bytes
@@ -978,11 +1110,11 @@ impl PageStore {
         let (slot, cost) = match payload {
             Payload::Empty => (Slot::Empty, PageCost::default()),
             Payload::Same(word) => (Slot::Same(word), same_cost()),
-            Payload::Bytes(bytes) => {
+            Payload::Bytes(bytes, checksum) => {
                 let budget = Budget::Limited {
                     reserved: self.staged_room(),
                 };
-                let handle = self.arena.store(bytes, budget)?;
+                let handle = self.arena.store(bytes, self.trailer(checksum), budget)?;
                 stored(handle, bytes.len())
             }
         };
@@ -1014,7 +1146,7 @@ impl PageStore {
     }
 
     fn free_slot(&self, slot: Slot) {
-        if let Some(object) = stored_object(slot) {
+        if let Some(object) = self.stored_object(slot) {
             self.arena.free(object.0, object.1);
         }
     }
@@ -1136,7 +1268,7 @@ impl Layout {
 /// Shards over consecutive parts of a kept table.
 fn kept_shards(
     layout: &Layout,
-    table: &'static mut [u64],
+    table: &'static [AtomicU64],
 ) -> Result<Box<[RwLock<Shard>]>, CoreError> {
     let need = layout.shards * layout.shard_len;
     if table.len() != need {
@@ -1146,7 +1278,7 @@ fn kept_shards(
         )));
     }
     Ok(table
-        .chunks_mut(layout.shard_len)
+        .chunks(layout.shard_len)
         .map(|part| RwLock::new(Shard::with_entries(Entries::Kept(part))))
         .collect())
 }
@@ -1194,7 +1326,7 @@ fn stored(handle: u64, len: usize) -> (Slot, PageCost) {
 
 fn cost_of(slot: Slot) -> PageCost {
     match slot {
-        Slot::Empty | Slot::Lost => PageCost::default(),
+        Slot::Empty | Slot::Lost | Slot::Invalid => PageCost::default(),
         Slot::Same(_) | Slot::SameExt => same_cost(),
         Slot::Staged(_) => PageCost {
             stored: true,
@@ -1202,14 +1334,6 @@ fn cost_of(slot: Slot) -> PageCost {
             ..PageCost::default()
         },
         Slot::Stored { handle, len } => stored(handle, usize::from(len)).1,
-    }
-}
-
-/// The arena object `(handle, len)` a slot holds, if any.
-fn stored_object(slot: Slot) -> Option<(u64, usize)> {
-    match slot {
-        Slot::Stored { handle, len } => Some((handle, usize::from(len))),
-        _ => None,
     }
 }
 
@@ -1235,5 +1359,7 @@ fn write_lock<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(PoisonError::into_inner)
 }
 
+#[cfg(test)]
+mod fuzz_tests;
 #[cfg(test)]
 mod tests;

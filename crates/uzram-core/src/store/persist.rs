@@ -4,8 +4,9 @@
 //!
 //! Why that is safe without a log: every change the store makes is ordered so that memory as
 //! a killed process leaves it (a prefix of each thread's stores) is a consistent store:
-//! - a page's new bytes are written into free arena space before its 8-byte entry is
-//!   switched to them (one aligned store), and the old bytes are freed only after;
+//! - a page's new bytes (and the checksum after them) are written into free arena space
+//!   before its 8-byte entry is switched to them (one aligned store), and the old bytes are
+//!   freed only after;
 //! - a segment is placed (its home records where it is) before any object in it is handed
 //!   out, and is removed from the home before its memory is given back;
 //! - compaction moves one object at a time into free space that does not overlap it, and
@@ -49,8 +50,9 @@ pub const SEGMENT_BYTES: usize = super::arena::SEGMENT_SIZE;
 #[derive(Debug)]
 pub struct Persistence {
     /// The page table's memory: [`super::PageStore::table_len`] words, kept for the rest of
-    /// the process (and, by the caller, beyond it).
-    pub table: &'static mut [u64],
+    /// the process (and, by the caller, beyond it). Nothing else may write them while a store
+    /// built on them lives.
+    pub table: &'static [AtomicU64],
     /// The segments' memory and directory.
     pub home: Arc<dyn SegmentHome>,
 }

@@ -2,6 +2,7 @@
 //! `p % shards == s`, plus the rare fill words that do not fit in an entry.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use super::entry::{Entry, Slot, StagedAt};
 use super::stats::PageTotals;
@@ -26,45 +27,50 @@ fn resident_table(len: usize) -> Vec<u64> {
 }
 
 /// A shard's entries: its own allocation, or a part of a table the caller keeps (a
-/// persistent store, see `persist.rs`).
+/// persistent store, see `persist.rs`). Kept entries are atomic words: the memory is the
+/// caller's too, and atomics make sharing it sound (a relaxed load or store is a plain
+/// aligned access, so it costs nothing); the shard's lock orders them.
 #[derive(Debug)]
 pub(crate) enum Entries {
     Owned(Vec<u64>),
-    Kept(&'static mut [u64]),
+    Kept(&'static [AtomicU64]),
 }
 
 impl Entries {
-    fn words(&self) -> &[u64] {
+    fn len(&self) -> usize {
         match self {
-            Entries::Owned(v) => v,
-            Entries::Kept(s) => s,
+            Entries::Owned(v) => v.len(),
+            Entries::Kept(s) => s.len(),
         }
     }
 
-    fn words_mut(&mut self) -> &mut [u64] {
+    fn word(&self, i: usize) -> Option<u64> {
         match self {
-            Entries::Owned(v) => v,
-            Entries::Kept(s) => s,
+            Entries::Owned(v) => v.get(i).copied(),
+            Entries::Kept(s) => s.get(i).map(|w| w.load(Relaxed)),
         }
     }
 
     fn get(&self, idx: u64) -> Option<Entry> {
-        self.words()
-            .get(usize::try_from(idx).ok()?)
-            .map(|&w| Entry::from_word(w))
+        self.word(usize::try_from(idx).ok()?).map(Entry::from_word)
     }
 
     /// Sets an entry with one aligned 8-byte store (what a crash can leave: old or new).
     fn put(&mut self, idx: u64, entry: Entry) -> bool {
-        match usize::try_from(idx)
-            .ok()
-            .and_then(|i| self.words_mut().get_mut(i))
-        {
-            Some(w) => {
-                *w = entry.word();
-                true
-            }
-            None => false,
+        let Ok(i) = usize::try_from(idx) else {
+            return false;
+        };
+        match self {
+            Entries::Owned(v) => v.get_mut(i).map(|w| *w = entry.word()).is_some(),
+            Entries::Kept(s) => s.get(i).map(|w| w.store(entry.word(), Relaxed)).is_some(),
+        }
+    }
+
+    /// Every entry set to `word`, touching each page of the table.
+    fn fill(&mut self, word: u64) {
+        match self {
+            Entries::Owned(v) => v.fill(word),
+            Entries::Kept(s) => s.iter().for_each(|w| w.store(word, Relaxed)),
         }
     }
 }
@@ -95,7 +101,13 @@ impl Shard {
 
     /// Every entry back to empty, touching each page of the table (see `resident_table`).
     pub(crate) fn clear(&mut self) {
-        self.entries.words_mut().fill(Entry::EMPTY.word());
+        self.entries.fill(Entry::EMPTY.word());
+    }
+
+    /// The entries themselves, for tests that damage them.
+    #[cfg(test)]
+    pub(crate) fn entries_mut(&mut self) -> &mut Entries {
+        &mut self.entries
     }
 
     /// Bytes of entries this shard holds.
@@ -109,11 +121,10 @@ impl Shard {
 
     /// `(index, slot)` of every entry, as stored (fill words in the side map unresolved).
     pub(crate) fn slots(&self) -> impl Iterator<Item = (u64, Slot)> + '_ {
-        self.entries
-            .words()
-            .iter()
-            .enumerate()
-            .map(|(i, &w)| (i as u64, Entry::from_word(w).slot()))
+        (0..self.entries.len()).filter_map(|i| {
+            let w = self.entries.word(i)?;
+            Some((i as u64, Entry::from_word(w).slot()))
+        })
     }
 
     /// Bytes held by the side map (capacity × (key, value) + one control byte).

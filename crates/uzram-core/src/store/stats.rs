@@ -39,6 +39,9 @@ pub struct Stats {
     /// `pages_stored` and `orig_data_size`, not in `compr_data_size`: their memory is the
     /// backend's fixed staging, reported by the backend).
     pub staged_pages: u64,
+    /// Reads of stored pages that failed their check (the checksum, the decode, or a
+    /// damaged table entry): each one failed with EIO instead of returning other data.
+    pub checksum_failures: u64,
 }
 
 impl Stats {
@@ -61,6 +64,7 @@ impl Stats {
             ("reads", self.reads),
             ("writes", self.writes),
             ("staged_pages", self.staged_pages),
+            ("checksum_failures", self.checksum_failures),
         ]
     }
 }
@@ -80,6 +84,8 @@ pub struct MemoryUsage {
     pub segment_bytes: u64,
     /// Stored payload (compr_data_size).
     pub payload_bytes: u64,
+    /// The checksums stored after the payloads.
+    pub checksum_bytes: u64,
     /// Bytes lost to rounding objects up to their size class.
     pub class_rounding_bytes: u64,
     /// Freed or leftover space on free lists, waiting for an object of its class.
@@ -97,6 +103,7 @@ pub(crate) struct Counters {
     pub invalid_io: AtomicU64,
     pub notify_free: AtomicU64,
     pub reads: AtomicU64,
+    pub checksum_failures: AtomicU64,
     pub writes: AtomicU64,
 }
 
@@ -177,10 +184,11 @@ mod tests {
             reads: 14,
             writes: 15,
             staged_pages: 16,
+            checksum_failures: 17,
         };
         let fields = stats.fields();
         let values: Vec<u64> = fields.iter().map(|f| f.1).collect();
-        assert_eq!(values, (1..=16).collect::<Vec<u64>>());
+        assert_eq!(values, (1..=17).collect::<Vec<u64>>());
         assert_eq!(fields[0].0, "orig_data_size");
         assert_eq!(fields[11].0, "notify_free");
     }

@@ -91,6 +91,18 @@ fn table_costs_at_most_16_bytes_per_page() {
 }
 
 #[test]
+fn the_table_bytes_a_store_holds_are_known_before_it_is_built() {
+    for pages in [1u64, 17, 4096, 1 << 20] {
+        assert_eq!(
+            PageStore::table_bytes_for(pages).unwrap(),
+            store(pages).table_bytes(),
+            "{pages} pages"
+        );
+    }
+    assert!(PageStore::table_bytes_for(0).is_err());
+}
+
+#[test]
 fn empty_pages_read_as_zeros() {
     let store = store(4);
     assert_eq!(read_page(&store, 3), [0; PAGE_SIZE]);
@@ -356,7 +368,11 @@ fn staged_pages_read_from_staging_until_committed() {
     staging.put(1, t, page);
 
     let block = compressed(&page);
-    let mut commits = [Commit::new(ticket, Encoded::Compressed(&block))];
+    let mut commits = [Commit::new(
+        ticket,
+        Encoded::Compressed(&block),
+        page_checksum(&page),
+    )];
     store.commit(&mut commits).unwrap();
     assert_eq!(commits[0].state, CommitState::Installed);
     let stats = store.stats();
@@ -366,7 +382,11 @@ fn staged_pages_read_from_staging_until_committed() {
     assert_eq!(read_page(&store, 1), page, "read from the arena now");
     // The same ticket again is stale, and changes nothing.
     let before = store.stats();
-    let mut again = [Commit::new(ticket, Encoded::Compressed(&block))];
+    let mut again = [Commit::new(
+        ticket,
+        Encoded::Compressed(&block),
+        page_checksum(&page),
+    )];
     store.commit(&mut again).unwrap();
     assert_eq!(again[0].state, CommitState::Stale);
     assert_eq!(store.stats(), before);
@@ -404,7 +424,11 @@ fn changed_pages_make_their_results_stale() {
             }
         };
         let before = store.stats();
-        let mut commits = [Commit::new(ticket, Encoded::Compressed(&block))];
+        let mut commits = [Commit::new(
+            ticket,
+            Encoded::Compressed(&block),
+            page_checksum(&page),
+        )];
         store.commit(&mut commits).unwrap();
         assert_eq!(commits[0].state, CommitState::Stale, "change {change}");
         assert_eq!(store.stats(), before, "change {change}");
@@ -452,7 +476,7 @@ fn commits_of_every_kind_across_shards() {
                 1 => Encoded::Raw(p),
                 _ => Encoded::SameFilled(0x5a5a_5a5a_5a5a_5a5a),
             };
-            Commit::new(*t, encoded)
+            Commit::new(*t, encoded, page_checksum(p))
         })
         .collect();
     store.commit(&mut commits).unwrap();
@@ -471,7 +495,7 @@ fn commits_of_every_kind_across_shards() {
     let ticket = store.stage(0, t).unwrap();
     let long = vec![1u8; PAGE_SIZE];
     for bad in [&long[..], &[][..]] {
-        let mut c = [Commit::new(ticket, Encoded::Compressed(bad))];
+        let mut c = [Commit::new(ticket, Encoded::Compressed(bad), 0)];
         assert!(matches!(store.commit(&mut c), Err(CoreError::Config(_))));
         assert_eq!(c[0].state, CommitState::Waiting);
     }
@@ -505,7 +529,7 @@ fn staged_pages_hold_room_under_the_memory_limit() {
     let block = compressed(&page);
     let mut commits: Vec<Commit<'_>> = tickets
         .iter()
-        .map(|t| Commit::new(*t, Encoded::Compressed(&block)))
+        .map(|t| Commit::new(*t, Encoded::Compressed(&block), page_checksum(&page)))
         .collect();
     store.commit(&mut commits).unwrap();
     assert!(commits.iter().all(|c| c.state == CommitState::Installed));
@@ -610,7 +634,7 @@ fn a_commits_shard_order_is_a_stable_permutation_with_each_shard_once() {
                 page: (i * 7919) % (1 << 16),
                 at: at(0, 0, 1),
             };
-            Commit::new(ticket, Encoded::SameFilled(i))
+            Commit::new(ticket, Encoded::SameFilled(i), 0)
         })
         .collect();
     let (order, shards) = store.shard_order(&commits).unwrap();
@@ -632,4 +656,119 @@ fn a_commits_shard_order_is_a_stable_permutation_with_each_shard_once() {
             assert!(a < b, "the caller's order within a shard is lost");
         }
     }
+}
+
+/// Flips bit `bit` of byte `byte` of page `index`'s stored object (its payload, then its
+/// checksum), as damaged memory would.
+fn damage(store: &PageStore, index: u64, byte: usize, bit: u8) {
+    let (shard, idx) = store.locate(index);
+    let Some(Slot::Stored { handle, len }) = read_lock(shard).get(idx) else {
+        panic!("page {index} is not stored");
+    };
+    let object = store.object_len(usize::from(len));
+    let mut bytes = vec![0u8; object];
+    assert!(store.arena.load(handle, object, &mut bytes));
+    bytes[byte] ^= 1 << bit;
+    store
+        .arena
+        .write_many([(handle, ObjectBytes::Bytes(&bytes), None)]);
+}
+
+#[test]
+fn a_damaged_stored_page_fails_its_read_and_is_counted_and_the_others_still_read() {
+    let store = store(8);
+    let pages = [text_page(1), noise_page(2), text_page(3), noise_page(4)];
+    for (i, p) in pages.iter().enumerate() {
+        store.write(i as u64, p).unwrap();
+    }
+    assert_eq!(store.stats().huge_pages, 2);
+    let (shard, idx) = store.locate(0);
+    let Some(Slot::Stored { len, .. }) = read_lock(shard).get(idx) else {
+        panic!("page 0 is not stored");
+    };
+    // A flipped bit in a compressed payload, in a raw page, and in each stored checksum.
+    damage(&store, 0, usize::from(len) / 2, 3);
+    damage(&store, 1, 1000, 0);
+    damage(&store, 2, usize::from(len) + 2, 7);
+    damage(&store, 3, PAGE_SIZE + 3, 1);
+    let mut out = [0u8; PAGE_SIZE];
+    for i in 0..4 {
+        let err = store
+            .read(i, &mut out)
+            .expect_err("a damaged page read back");
+        assert!(
+            matches!(err, CoreError::Checksum { index } | CoreError::Corrupt { index, .. } if index == i),
+            "page {i}: {err}"
+        );
+        assert_eq!(err.errno(), -5, "an I/O error");
+    }
+    assert_eq!(store.stats().checksum_failures, 4);
+    // Pages around them still read, and a rewrite heals the page.
+    store.write(4, &text_page(5)).unwrap();
+    assert_eq!(read_page(&store, 4), text_page(5));
+    store.write(0, &pages[0]).unwrap();
+    assert_eq!(read_page(&store, 0), pages[0]);
+    assert_eq!(store.stats().checksum_failures, 4);
+}
+
+#[test]
+fn a_store_without_checksums_stores_no_trailer_and_reads_what_it_holds() {
+    let mut cfg = StoreConfig::new(4, Algorithm::Lz4);
+    cfg.checksums = false;
+    let plain = PageStore::new(cfg).unwrap();
+    let checked = store(4);
+    for s in [&plain, &checked] {
+        s.write(0, &text_page(1)).unwrap();
+        s.write(1, &noise_page(1)).unwrap();
+        assert_eq!(read_page(s, 0), text_page(1));
+        assert_eq!(read_page(s, 1), noise_page(1));
+    }
+    assert_eq!(plain.memory().checksum_bytes, 0);
+    assert_eq!(checked.memory().checksum_bytes, 2 * CHECKSUM_BYTES as u64);
+    assert_eq!(
+        plain.stats().compr_data_size,
+        checked.stats().compr_data_size,
+        "compr_data_size counts the payload only"
+    );
+}
+
+#[test]
+fn table_words_no_store_writes_fail_reads_and_are_counted() {
+    let store = store(4);
+    store.write(1, &text_page(1)).unwrap();
+    for (page, word) in [
+        (0u64, 6u64),
+        (2, 7 | (1 << 40)),
+        (3, entry::Entry::pack(Slot::Same(9)).word() ^ (1 << 20)),
+    ] {
+        let (shard, idx) = store.locate(page);
+        let mut shard = write_lock(shard);
+        match &mut shard.entries_mut() {
+            shard::Entries::Owned(v) => v[idx as usize] = word,
+            shard::Entries::Kept(_) => unreachable!(),
+        }
+    }
+    let mut out = [0u8; PAGE_SIZE];
+    for page in [0, 2, 3] {
+        assert!(store.read(page, &mut out).is_err(), "page {page}");
+    }
+    assert_eq!(store.stats().checksum_failures, 3);
+    assert_eq!(read_page(&store, 1), text_page(1));
+}
+
+#[test]
+fn a_staged_copy_that_no_longer_matches_its_checksum_is_not_read() {
+    // The ring's staging checks its copies (batch::staging); the store fails the read.
+    struct Damaged;
+    impl StagedPages for Damaged {
+        fn read_staged(&self, _: u64, _: StagedAt, _: &mut [u8; PAGE_SIZE]) -> bool {
+            false
+        }
+    }
+    let store = store(4);
+    store.attach_staging(Arc::new(Damaged)).unwrap();
+    store.stage(2, at(0, 0, 1)).unwrap();
+    let mut out = [0u8; PAGE_SIZE];
+    assert!(store.read(2, &mut out).is_err());
+    assert_eq!(store.stats().checksum_failures, 1);
 }

@@ -34,29 +34,61 @@ pub(super) fn zeroed(n: usize) -> Option<Box<[AtomicU64]>> {
     Some(words.into_boxed_slice())
 }
 
-/// Stores `data` into `words` (at least `data.len() / 8` rounded up; what does not fit is
-/// left out), little-endian, the last word padded with zeros.
+/// Stores `data` and then `trailer` (at most 8 bytes: the store's checksum) into `words`
+/// (at least `(data.len() + trailer.len()) / 8` rounded up; what does not fit is left out),
+/// little-endian, the last word padded with zeros.
 ///
 /// Nothing may read or write these words while this runs: the arena hands the space to one
 /// writer, who publishes it (under a shard lock) only afterwards.
-pub(super) fn store_bytes(data: &[u8], words: &[AtomicU64]) {
+pub(super) fn store_bytes(data: &[u8], trailer: &[u8], words: &[AtomicU64]) {
     let whole = data.len() / 8;
     let fits = whole.min(words.len());
     copy_whole(&data[..fits * 8], &words[..fits]);
     let tail = &data[whole * 8..];
-    if let (false, Some(word)) = (tail.is_empty(), words.get(whole)) {
-        word.store(tail_word(tail), Relaxed);
-    }
+    store_tail(tail, trailer, words.get(whole..).unwrap_or_default());
 }
 
-/// Copies the words of `from` into `words` (as many as both have).
+/// Copies the words of `from` into `words` (as many as both have), then `trailer` (at
+/// most 8 bytes) into the word after them.
 ///
 /// Nothing may write `from` or touch `words` while this runs: `words` as in [`store_bytes`];
 /// `from` is a staging slot's copy of a page, which its ring writes only while no
 /// installer holds the slot.
-pub(super) fn store_words(from: &[AtomicU64], words: &[AtomicU64]) {
+pub(super) fn store_words(from: &[AtomicU64], trailer: &[u8], words: &[AtomicU64]) {
     let n = from.len().min(words.len());
     copy_words(&from[..n], &words[..n]);
+    store_tail(&[], trailer, words.get(n..).unwrap_or_default());
+}
+
+/// The last bytes of an object (under 8 of its payload, then its trailer of up to 8) into
+/// the first one or two of `words`, zero-padded, assembled in registers.
+///
+/// Why not `u64::from_le_bytes` of a zeroed `[u8; 8]` with the bytes copied in: the copy
+/// writes that stack buffer with narrow stores, the 8-byte load that follows cannot be
+/// forwarded from them, and it waits until every older store has left the core, among them
+/// the whole object just copied into cold arena lines (the installers' profile found a
+/// third of their time on the instruction after that load).
+fn store_tail(tail: &[u8], trailer: &[u8], words: &[AtomicU64]) {
+    let n = tail.len() + trailer.len();
+    if n == 0 {
+        return;
+    }
+    let (mut lo, mut hi) = (0u64, 0u64);
+    for (i, &b) in tail.iter().chain(trailer).enumerate() {
+        if i < 8 {
+            lo |= u64::from(b) << (8 * i);
+        } else {
+            hi |= u64::from(b) << (8 * (i - 8));
+        }
+    }
+    if let Some(w) = words.first() {
+        w.store(lo, Relaxed);
+    }
+    if n > 8 {
+        if let Some(w) = words.get(1) {
+            w.store(hi, Relaxed);
+        }
+    }
 }
 
 /// Whole lines with streaming stores (run 54, docs/gpu-notes.md): no read for ownership of
@@ -89,20 +121,6 @@ fn copy_words(from: &[AtomicU64], words: &[AtomicU64]) {
     for (f, w) in from.iter().zip(words) {
         w.store(f.load(Relaxed), Relaxed);
     }
-}
-
-/// Up to 8 bytes as a little-endian word, zero-padded, assembled in a register.
-///
-/// Why not `u64::from_le_bytes` of a zeroed `[u8; 8]` with the bytes copied in: the copy
-/// writes that stack buffer with narrow stores, the 8-byte load that follows cannot be
-/// forwarded from them, and it waits until every older store has left the core, among them
-/// the whole object just copied into cold arena lines. Run 42 (docs/gpu-notes.md) found
-/// 28-44 % of the installers' time on the instruction after that load.
-fn tail_word(chunk: &[u8]) -> u64 {
-    chunk
-        .iter()
-        .rev()
-        .fold(0, |word, &b| (word << 8) | u64::from(b))
 }
 
 /// `bytes` (exactly `words.len() * 8`) into `words`: whole lines with streaming stores, as
@@ -171,7 +189,7 @@ mod tests {
         let data: Vec<u8> = (0..200u32).map(|i| (i * 37 + 11) as u8).collect();
         for len in [0, 1, 7, 8, 9, 64, 199, 200] {
             let words: Vec<AtomicU64> = (0..26).map(|_| AtomicU64::new(u64::MAX)).collect();
-            store_bytes(&data[..len], &words);
+            store_bytes(&data[..len], &[], &words);
             let back = read(&words);
             assert_eq!(&back[..len], &data[..len], "len {len}");
             let padded = len.div_ceil(8) * 8;
@@ -187,7 +205,7 @@ mod tests {
             .collect();
         for n in [0, 3, 5, 8] {
             let words: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(u64::MAX)).collect();
-            store_words(&from, &words);
+            store_words(&from, &[], &words);
             for (i, w) in words.iter().enumerate() {
                 let want = from.get(i).map_or(u64::MAX, |f| f.load(Relaxed));
                 assert_eq!(w.load(Relaxed), want, "n {n} word {i}");
@@ -199,7 +217,31 @@ mod tests {
     fn too_few_words_take_what_fits() {
         let data = [0xabu8; 30];
         let words: Vec<AtomicU64> = (0..2).map(|_| AtomicU64::new(0)).collect();
-        store_bytes(&data, &words);
+        store_bytes(&data, &[1, 2, 3, 4], &words);
         assert_eq!(read(&words), vec![0xab; 16]);
+    }
+
+    #[test]
+    fn a_trailer_follows_the_payload_in_the_same_or_the_next_word() {
+        let data: Vec<u8> = (0..40u8).collect();
+        let trailer = [0xc1, 0xc2, 0xc3, 0xc4];
+        for len in [0, 1, 3, 4, 5, 7, 8, 12, 13, 39] {
+            let words: Vec<AtomicU64> = (0..8).map(|_| AtomicU64::new(u64::MAX)).collect();
+            store_bytes(&data[..len], &trailer, &words);
+            let back = read(&words);
+            assert_eq!(&back[..len], &data[..len], "len {len}");
+            assert_eq!(&back[len..len + 4], &trailer, "len {len}");
+            let padded = (len + 4).div_ceil(8) * 8;
+            assert!(
+                back[len + 4..padded].iter().all(|&b| b == 0),
+                "len {len} pad"
+            );
+            assert!(back[padded..].iter().all(|&b| b == 0xff), "len {len} past");
+        }
+        let from: Vec<AtomicU64> = (0..3u64).map(AtomicU64::new).collect();
+        let words: Vec<AtomicU64> = (0..5).map(|_| AtomicU64::new(u64::MAX)).collect();
+        store_words(&from, &trailer, &words);
+        assert_eq!(words[3].load(Relaxed), 0xc4c3_c2c1);
+        assert_eq!(words[4].load(Relaxed), u64::MAX);
     }
 }

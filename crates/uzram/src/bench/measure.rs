@@ -37,6 +37,8 @@ pub struct Setup {
     pub pages: usize,
     /// Untimed runs before the measured ones.
     pub warmup: usize,
+    /// A checksum with every stored page, checked on every read.
+    pub checksums: bool,
 }
 
 /// What one run measured.
@@ -118,6 +120,7 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
     let total = base + setup.pages;
     let mut cfg = StoreConfig::new(total as u64, setup.algorithm);
     cfg.raw_threshold = setup.raw_threshold;
+    cfg.checksums = setup.checksums;
     let pool_before = pool::take_waits();
     let store = Arc::new(memory.store(cfg)?);
     let compression = Compression::start(

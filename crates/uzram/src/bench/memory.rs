@@ -7,9 +7,11 @@
 //!
 //! One region serves the whole invocation, sized for its largest store; each run builds a
 //! fresh store in it after the previous one is gone (its segments back in the pool). The
-//! region is marked for removal at once, so it goes when the process ends, however it ends.
+//! region is marked for removal before anything of it is locked or touched, so it goes when
+//! the process ends, however it ends (an OOM kill included).
 
 use anyhow::Context;
+use uzram_core::codec::Algorithm;
 use uzram_core::{PageStore, StoreConfig};
 
 use crate::daemon::pool;
@@ -26,12 +28,12 @@ impl StoreMemory {
     /// A region for stores of up to `pages` pages, the pool over its blocks filled to the
     /// daemon's target for a device of that size, and the keeper started. Once per process
     /// (the pool is the global allocator's).
-    pub fn new(pages: u64, algorithm: &str) -> anyhow::Result<Self> {
-        let region = store_memory::new_region(pages, algorithm, region::MIN_ROOM).context(
+    pub fn new(pages: u64, algorithm: Algorithm) -> anyhow::Result<Self> {
+        let cfg = StoreConfig::new(pages, algorithm);
+        let region = store_memory::new_region(&cfg, region::MIN_ROOM, u32::MAX, true).context(
             "the bench keeps pages in locked shared memory, as the daemon does; run it as root \
              (or with CAP_IPC_LOCK), with kernel.shmmax and kernel.shmall large enough for --total",
         )?;
-        region::remove(region.id());
         let (start, len) = region.blocks();
         pool::init(start, len, region.block_states());
         let target = pool::target_blocks(

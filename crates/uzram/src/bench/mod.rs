@@ -12,6 +12,9 @@
 //! - process CPU-seconds per GiB ingested (the timing reader's own CPU left out);
 //! - read p50/p99, idle and under ingest;
 //! - orig ÷ mem_used, and a check of every page.
+//!
+//! `--checksums on,off` runs every backend with and without the per-page checksums, side by
+//! side, and prints what they cost.
 
 mod measure;
 mod memory;
@@ -39,6 +42,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         args.raw_threshold
     );
     let backends = parse_backends(&args.backend)?;
+    let checksums = parse_checksums(&args.checksums)?;
     let total = parse_size(&args.total).context("--total")?;
     let pages = usize::try_from(total / PAGE_SIZE as u64).context("--total is too large")?;
     ensure!(
@@ -57,11 +61,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         .map(|(_, c)| (c.len() / PAGE_SIZE + pages) as u64)
         .max()
         .unwrap_or(0);
-    let memory = memory::StoreMemory::new(most, &algorithm.to_string())?;
+    check_host_holds(most, &backends, &gpu)?;
+    let memory = memory::StoreMemory::new(most, algorithm)?;
     let mut all_verified = true;
     let mut reports = Vec::new();
     for (name, corpus) in &corpora {
-        for &backend in &backends {
+        for (&backend, &checksums) in backends
+            .iter()
+            .flat_map(|b| checksums.iter().map(move |c| (b, c)))
+        {
             let setup = measure::Setup {
                 algorithm,
                 backend,
@@ -70,6 +78,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 queues: args.queues,
                 pages,
                 warmup: args.warmup,
+                checksums,
             };
             for _ in 0..args.warmup {
                 measure::run(corpus, &setup, &memory)?;
@@ -95,6 +104,59 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// `on`, `off`, or both, in the order given.
+fn parse_checksums(text: &str) -> anyhow::Result<Vec<bool>> {
+    let mut v = Vec::new();
+    for part in text.split(',') {
+        let on = match part.trim() {
+            "on" => true,
+            "off" => false,
+            other => bail!("--checksums {other:?}: use on, off, or on,off"),
+        };
+        ensure!(!v.contains(&on), "--checksums {} given twice", part.trim());
+        v.push(on);
+    }
+    Ok(v)
+}
+
+/// Refuses a bench whose locked memory (its store's table and room, and a GPU ring) the
+/// host cannot hold, before anything is taken: the daemon's rule (`footprint.rs`).
+fn check_host_holds(pages: u64, backends: &[Backend], gpu: &GpuSettings) -> anyhow::Result<()> {
+    let gpu_bytes = if backends.iter().any(|&b| b != Backend::Cpu) {
+        gpu.memory
+    } else {
+        0
+    };
+    let ram = crate::config::Host::current()?.ram_mib << 20;
+    let bytes = pages.saturating_mul(PAGE_SIZE as u64);
+    let fits = crate::footprint::Upfront::of(bytes, 1, 1, gpu_bytes).map(|u| (u, u.check(ram)));
+    match fits {
+        Some((_, Ok(()))) => Ok(()),
+        _ => {
+            let most = ram / crate::footprint::MAX_SHARE_DIVISOR;
+            let largest = crate::footprint::Upfront::largest_size(
+                1,
+                1,
+                gpu_bytes,
+                most,
+                crate::size::MAX_SIZE,
+            );
+            bail!(
+                "--total {} (with the corpus) would lock more than 1/{} of this host's {} of RAM \
+                 ({}) in page table and rings; {}",
+                crate::size::Human(bytes),
+                crate::footprint::MAX_SHARE_DIVISOR,
+                crate::size::Human(ram),
+                crate::size::Human(most),
+                match largest {
+                    Some(l) => format!("the most that fits is about {}", crate::size::Human(l)),
+                    None => "lower --gpu-memory".to_string(),
+                }
+            )
+        }
+    }
+}
+
 fn parse_backends(text: &str) -> anyhow::Result<Vec<Backend>> {
     let mut v = Vec::new();
     for part in text.split(',') {
@@ -111,7 +173,7 @@ fn gpu_settings(args: &BenchArgs) -> anyhow::Result<GpuSettings> {
         size: "1G".into(),
         ..RawDevice::default()
     });
-    Ok(raw.validate()?.gpu)
+    Ok(raw.validate(crate::config::Host::current()?)?.gpu)
 }
 
 fn corpus_name(path: &Path) -> String {

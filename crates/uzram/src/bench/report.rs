@@ -18,6 +18,8 @@ pub struct Report {
     /// The backend that served writes.
     pub backend: &'static str,
     pub algorithm: String,
+    /// Stored pages carried checksums, checked on every read.
+    pub checksums: bool,
     pub queues: usize,
     pub repeat: usize,
     pub warmup: usize,
@@ -82,6 +84,7 @@ impl Report {
             backend_asked: asked.name(),
             backend: last.map_or("?", |r| r.backend),
             algorithm: setup.algorithm.to_string(),
+            checksums: setup.checksums,
             queues: setup.queues,
             repeat: runs.len(),
             warmup: setup.warmup,
@@ -128,9 +131,10 @@ impl Report {
 pub fn table(reports: &[Report]) -> String {
     let mut out = String::new();
     out.push_str(&format!(
-        "{:<14} {:<8} {:>7} {:>7} {:>9} {:>7} {:>16} {:>16} {:>9} {:>8}\n",
+        "{:<14} {:<8} {:>4} {:>7} {:>7} {:>9} {:>7} {:>16} {:>16} {:>9} {:>8}\n",
         "corpus",
         "backend",
+        "sums",
         "ingest",
         "ack",
         "CPU-s/GiB",
@@ -147,9 +151,10 @@ pub fn table(reports: &[Report]) -> String {
             format!("{}>{}", r.backend_asked, r.backend)
         };
         out.push_str(&format!(
-            "{:<14} {:<8} {:>7.2} {:>7.2} {:>9.3} {:>7.4} {:>16} {:>16} {:>8}M {:>8}\n",
+            "{:<14} {:<8} {:>4} {:>7.2} {:>7.2} {:>9.3} {:>7.4} {:>16} {:>16} {:>8}M {:>8}\n",
             r.corpus,
             backend,
+            if r.checksums { "on" } else { "off" },
             r.ingest_gbps,
             r.ack_gbps,
             r.cpu_s_per_gib,
@@ -162,7 +167,10 @@ pub fn table(reports: &[Report]) -> String {
     }
     out.push_str("(GB/s of uncompressed pages; ratio = orig_data_size / mem_used_total)\n");
     for r in reports {
-        let Some(first) = reports.iter().find(|b| b.corpus == r.corpus) else {
+        let Some(first) = reports
+            .iter()
+            .find(|b| b.corpus == r.corpus && b.checksums == r.checksums)
+        else {
             continue;
         };
         if std::ptr::eq(first, r) {
@@ -177,6 +185,26 @@ pub fn table(reports: &[Report]) -> String {
             r.cpu_s_per_gib / first.cpu_s_per_gib.max(1e-9),
             r.ratio / first.ratio.max(1e-9),
             r.read_busy_p99_us / r.read_idle_p99_us.max(1e-9)
+        ));
+    }
+    // What the checksums cost: each run with them against the same run without.
+    for on in reports.iter().filter(|r| r.checksums) {
+        let Some(off) = reports
+            .iter()
+            .find(|b| !b.checksums && b.corpus == on.corpus && b.backend_asked == on.backend_asked)
+        else {
+            continue;
+        };
+        out.push_str(&format!(
+            "{} {} checksums on vs off: CPU per GiB x{:.3}, ingest x{:.3}, ratio x{:.4}, \
+             read p50 x{:.3}, p99 x{:.3}\n",
+            on.corpus,
+            on.backend,
+            on.cpu_s_per_gib / off.cpu_s_per_gib.max(1e-9),
+            on.ingest_gbps / off.ingest_gbps.max(1e-9),
+            on.ratio / off.ratio.max(1e-9),
+            on.read_idle_p50_us / off.read_idle_p50_us.max(1e-9),
+            on.read_idle_p99_us / off.read_idle_p99_us.max(1e-9),
         ));
     }
     out

@@ -18,7 +18,10 @@ use crate::sys;
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 
 pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
-    let config = args.device.raw().validate()?;
+    let config = args
+        .device
+        .raw()
+        .validate(crate::config::Host::current()?)?;
     super::require_root()?;
     super::require_module()?;
     if args.foreground {
@@ -27,7 +30,7 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
             config_path: None,
             log: None,
             recover: None,
-            create_args: Some(args.device.to_args()),
+            settings: Some(Box::new(args.device.raw())),
             bridge: false,
             pause: None,
             lock: None,
@@ -37,7 +40,13 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
     }
     let dev = start_detached(args.device.to_args())?;
     println!("{dev}");
-    if args.standby {
+    if args.no_standby {
+        eprintln!(
+            "uzram: warning: {dev} has no standby (--no-standby): if its daemon dies, its I/O \
+             waits until `uzram recover {dev}` starts a new one, and under memory pressure \
+             nothing may be able to start; `uzram recover --wait --keep {dev}` starts one later"
+        );
+    } else {
         start_standby(&dev).with_context(|| {
             format!("{dev} serves, but its standby did not start: run uzram recover --wait --keep {dev}")
         })?;
@@ -197,7 +206,10 @@ pub fn daemon(args: DaemonArgs) -> anyhow::Result<ExitCode> {
     let fd = sys::adopt_fd(args.ready_fd).context("the --ready-fd descriptor")?;
     let reporter = Arc::new(Reporter::new(Readiness::Pipe(fd)));
     let result = (|| {
-        let config = args.device.raw().validate()?;
+        let config = args
+            .device
+            .raw()
+            .validate(crate::config::Host::current()?)?;
         super::require_root()?;
         super::require_module()?;
         if let Err(err) = sys::new_session() {
@@ -229,7 +241,7 @@ pub fn daemon(args: DaemonArgs) -> anyhow::Result<ExitCode> {
             config_path: None,
             log: args.log.clone(),
             recover: args.recover,
-            create_args: Some(args.device.to_args()),
+            settings: Some(Box::new(args.device.raw())),
             bridge: false,
             pause,
             lock,

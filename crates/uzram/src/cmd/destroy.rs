@@ -35,6 +35,15 @@ pub fn run(args: DestroyArgs) -> anyhow::Result<ExitCode> {
                 failed += 1;
             }
         }
+        for leftover in super::leftovers::find() {
+            eprintln!(
+                "uzram: freeing shared memory segment {} ({}, {}), kept by no device",
+                leftover.id,
+                leftover.what,
+                crate::size::Human(leftover.bytes)
+            );
+            super::leftovers::free(&leftover);
+        }
         return Ok(if failed == 0 {
             ExitCode::SUCCESS
         } else {

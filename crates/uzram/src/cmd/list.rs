@@ -314,6 +314,9 @@ pub fn run(args: ListArgs) -> anyhow::Result<ExitCode> {
             ),
         }
     }
+    for leftover in super::leftovers::find() {
+        eprintln!("uzram: {}", super::leftovers::describe(&leftover));
+    }
     if args.json {
         println!(
             "{}",

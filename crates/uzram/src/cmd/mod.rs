@@ -5,6 +5,7 @@ pub mod create;
 pub mod destroy;
 pub mod docs;
 pub mod handover;
+pub mod leftovers;
 pub mod list;
 pub mod recover;
 pub mod run;

@@ -62,11 +62,47 @@ pub fn run(args: RecoverArgs) -> anyhow::Result<ExitCode> {
 /// Recoveries in a row a standby (`--keep`) tries before it gives up.
 const KEEP_TRIES: u32 = 3;
 
+/// How long `uzram recover` waits for a takeover that another process (a standby) has begun.
+const OTHER_TAKEOVER_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// The daemon that serves device `id` now, when one does: the recovery record is written
+/// once a daemon serves, so a record whose daemon lives means a served device. When its
+/// daemon is dead and another process holds the device's lock (a standby taking it over),
+/// waits for that takeover, up to [`OTHER_TAKEOVER_WAIT`].
+fn served_by(id: u32) -> Option<DaemonState> {
+    let states = crate::control::state::StateDir::default();
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(live) = anchor::read(id).filter(DaemonState::daemon_alive) {
+            return Some(live);
+        }
+        // Taking the lock here holds it only for this look.
+        let held_by_another = matches!(states.try_lock(id), Ok(None));
+        if !held_by_another || start.elapsed() > OTHER_TAKEOVER_WAIT {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// Starts a new daemon for device `id`, once the kernel holds it for recovery, with the
-/// arguments its dead daemon published; returns the device path once the new one serves.
+/// settings its dead daemon published; returns the device path once the new one serves.
+/// A device a live daemon serves (its standby took it over already) is reported as such.
 fn recover_now(id: u32) -> anyhow::Result<String> {
     let dev = dev_path(id);
     let start = std::time::Instant::now();
+    if let Some(serving) = served_by(id) {
+        eprintln!(
+            "uzram: {dev} is served by its daemon (pid {}){}: nothing to recover",
+            serving.pid,
+            if serving.recovered {
+                ", which took it over from the one that died (its standby)"
+            } else {
+                ""
+            }
+        );
+        return Ok(dev);
+    }
     let state =
         wait_orphan(id).map_err(|why| anyhow::anyhow!("{dev} cannot be recovered: {why}"))?;
     let orphan_ms = start.elapsed().as_millis() as u64;
@@ -115,15 +151,20 @@ fn wait_and_take_over(
     })
 }
 
-/// `uzram daemon` arguments that take `state`'s device over: those its dead daemon was
-/// started with (`uzram create`'s), and `--recover ID`.
+/// `uzram daemon` arguments that take `state`'s device over: the settings its dead daemon
+/// published (`uzram create`'s, validated again as a config file is; the record they come
+/// from passed that check already when it was read), and `--recover ID`.
 fn recovery_daemon_args(state: &DaemonState) -> anyhow::Result<Vec<String>> {
-    let Some(mut args) = state.create_args.clone() else {
+    let Some(settings) = &state.settings else {
         anyhow::bail!(
             "{}: its daemon did not publish how it was created",
             state.dev
         );
     };
+    settings
+        .validate(crate::config::Host::current()?)
+        .map_err(|e| anyhow::anyhow!("{}: its published settings are refused: {e}", state.dev))?;
+    let mut args = crate::cli::DeviceArgs::from_raw(settings).to_args();
     args.extend(["--recover".to_string(), state.id.to_string()]);
     Ok(args)
 }

@@ -135,7 +135,7 @@ fn serve_config(
         config_path: Some(config_path),
         log: None,
         recover,
-        create_args: None,
+        settings: None,
         bridge,
         pause,
         lock,

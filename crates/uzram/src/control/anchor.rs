@@ -23,15 +23,19 @@ use serde::{Deserialize, Serialize};
 
 use super::state::DaemonState;
 use super::ControlError;
+use crate::shm;
 
 /// Keys are `KEY_BASE + id` (0x757 for "uz" in the top bits); ublk ids stay below 2^20.
+/// Predictable, so anyone can take a key first: `shm` removes a segment on it that is not
+/// root's alone, and never uses one.
 const KEY_BASE: i32 = 0x7570_0000;
-const MAGIC: [u8; 8] = *b"UZRAMAN1";
+const MAGIC: [u8; 8] = *b"UZRAMAN2";
 const LEN: usize = 16 << 10;
 const HEADER: usize = 16;
 
 /// What the segment holds (as JSON, after a 16-byte header: magic, length).
 #[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Record {
     state: DaemonState,
     /// libublk's device file as the daemon last saw it.
@@ -47,42 +51,11 @@ fn key(id: u32) -> Option<i32> {
     (id < 1 << 20).then(|| KEY_BASE + id as i32)
 }
 
-fn sys_err(what: &str) -> ControlError {
-    ControlError::Io {
+fn shm_err(what: &str) -> impl FnOnce(shm::ShmError) -> ControlError + '_ {
+    move |e| ControlError::Io {
         what: what.to_string(),
-        source: std::io::Error::last_os_error(),
+        source: std::io::Error::other(e),
     }
-}
-
-/// An attached anchor segment, detached on drop.
-struct Mapped(*mut u8);
-
-impl Mapped {
-    fn attach(shm: i32, read_only: bool) -> Option<Mapped> {
-        let flags = if read_only { libc::SHM_RDONLY } else { 0 };
-        // SAFETY: shmat maps the segment where the kernel picks; none of our memory is touched.
-        let base = unsafe { libc::shmat(shm, ptr::null(), flags) };
-        (base as isize != -1).then_some(Mapped(base.cast()))
-    }
-}
-
-impl Drop for Mapped {
-    fn drop(&mut self) {
-        // SAFETY: detaches the mapping `attach` made; nothing refers to it after this.
-        unsafe { libc::shmdt(self.0 as *const libc::c_void) };
-    }
-}
-
-fn segment(id: u32, create: bool) -> Option<i32> {
-    let key = key(id)?;
-    let flags = if create { libc::IPC_CREAT | 0o600 } else { 0 };
-    // SAFETY: shmget takes no pointers.
-    let shm = unsafe { libc::shmget(key, if create { LEN } else { 0 }, flags) };
-    (shm >= 0).then_some(shm)
-}
-
-fn segment_size(shm: i32) -> usize {
-    crate::sys::shm_size(shm).unwrap_or(0)
 }
 
 /// Publishes `state` as the recovery record of its device (made, or overwritten), with
@@ -105,48 +78,101 @@ pub fn write(state: &DaemonState) -> Result<(), ControlError> {
             source: std::io::Error::other(format!("{} bytes do not fit", json.len())),
         });
     }
-    let shm = segment(state.id, true).ok_or_else(|| sys_err("shmget (the recovery record)"))?;
-    if segment_size(shm) < LEN {
+    let key =
+        key(state.id).ok_or_else(|| ControlError::Protocol(format!("device id {}", state.id)))?;
+    let id = shm::create_keyed(key, LEN).map_err(shm_err("the recovery record"))?;
+    let map = shm::Attached::map(id, false).map_err(shm_err("the recovery record"))?;
+    if map.size() < LEN {
         return Err(ControlError::Io {
-            what: format!("shared memory key {:#x}", KEY_BASE + state.id as i32),
-            source: std::io::Error::other("a smaller segment of another program has this key"),
+            what: format!("shared memory key {key:#x}"),
+            source: std::io::Error::other("a smaller segment of root's has this key"),
         });
     }
-    crate::sys::shm_lock(shm).map_err(|source| ControlError::Io {
-        what: "shmctl SHM_LOCK (the recovery record)".into(),
-        source,
-    })?;
-    let map = Mapped::attach(shm, false).ok_or_else(|| sys_err("shmat (the recovery record)"))?;
+    shm::lock(id).map_err(shm_err("shmctl SHM_LOCK (the recovery record)"))?;
     // SAFETY: the mapping is LEN bytes (checked) and ours while attached; the length goes in
     // last, so a record cut short by a crash reads as none.
     unsafe {
-        ptr::write_volatile(map.0.add(8).cast::<u32>(), 0);
-        ptr::copy_nonoverlapping(MAGIC.as_ptr(), map.0, MAGIC.len());
-        ptr::copy_nonoverlapping(json.as_ptr(), map.0.add(HEADER), json.len());
+        let base = map.base();
+        ptr::write_volatile(base.add(8).cast::<u32>(), 0);
+        ptr::copy_nonoverlapping(MAGIC.as_ptr(), base, MAGIC.len());
+        ptr::copy_nonoverlapping(json.as_ptr(), base.add(HEADER), json.len());
         std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-        ptr::write_volatile(map.0.add(8).cast::<u32>(), json.len() as u32);
+        ptr::write_volatile(base.add(8).cast::<u32>(), json.len() as u32);
     }
     Ok(())
 }
 
-fn read_record(id: u32) -> Option<Record> {
-    let shm = segment(id, false)?;
-    if segment_size(shm) < LEN {
+/// The bytes of the record segment of device `id`, if there is one root's alone.
+fn record_bytes(id: u32) -> Option<Vec<u8>> {
+    let shm = shm::find_keyed(key(id)?)?;
+    let map = shm::Attached::map(shm, true).ok()?;
+    if map.size() < LEN {
         return None;
     }
-    let map = Mapped::attach(shm, true)?;
     // SAFETY: the mapping is at least LEN bytes (checked) and stays attached while we copy.
-    let page = unsafe { std::slice::from_raw_parts(map.0 as *const u8, LEN) }.to_vec();
-    drop(map);
-    let len = u32::from_ne_bytes(page[8..12].try_into().ok()?) as usize;
-    if page[..8] != MAGIC || len > LEN - HEADER {
-        return None;
-    }
-    let record: Record = serde_json::from_slice(&page[HEADER..HEADER + len]).ok()?;
-    (record.state.id == id).then_some(record)
+    let bytes = unsafe { std::slice::from_raw_parts(map.base() as *const u8, LEN) }.to_vec();
+    Some(bytes)
 }
 
-/// The published state in the recovery record of device `id`, if there is a readable one.
+/// The record in `page` (a record segment's bytes) if it is one of device `id` and passes
+/// every check of what it may hold ([`DaemonState::validate`]); why not otherwise.
+fn parse_record(id: u32, page: &[u8], host: crate::config::Host) -> Result<Record, String> {
+    if page.len() < HEADER || page[..8] != MAGIC {
+        return Err("no uzram recovery record".into());
+    }
+    let len = u32::from_ne_bytes(page[8..12].try_into().map_err(|_| "short header")?) as usize;
+    let body = HEADER
+        .checked_add(len)
+        .and_then(|end| page.get(HEADER..end))
+        .ok_or_else(|| format!("a length of {len} bytes"))?;
+    let record: Record = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    // Every key of the state must be one it has: the state file tolerates keys of other
+    // versions, a record read back from shared memory does not.
+    let raw: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    let known = serde_json::to_value(&record.state).map_err(|e| e.to_string())?;
+    if let (Some(raw), Some(known)) = (raw["state"].as_object(), known.as_object()) {
+        if let Some(extra) = raw.keys().find(|k| !known.contains_key(*k)) {
+            return Err(format!("its state has a field {extra:?} no daemon writes"));
+        }
+    }
+    record.state.validate(id, host)?;
+    if let Some(ublk) = &record.ublk {
+        check_ublk_json(id, ublk)?;
+    }
+    Ok(record)
+}
+
+/// libublk's device file as a record keeps it: an object, of device `id` where it names one.
+fn check_ublk_json(id: u32, json: &serde_json::Value) -> Result<(), String> {
+    let object = json
+        .as_object()
+        .ok_or("its ublk device file is not an object")?;
+    let named = object
+        .get("dev_info")
+        .and_then(|info| info.get("dev_id"))
+        .and_then(serde_json::Value::as_u64);
+    match named {
+        Some(named) if named != u64::from(id) => {
+            Err(format!("its ublk device file is device {named}'s"))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn read_record(id: u32) -> Option<Record> {
+    let page = record_bytes(id)?;
+    let host = crate::config::Host::current().ok()?;
+    match parse_record(id, &page, host) {
+        Ok(record) => Some(record),
+        Err(why) => {
+            tracing::warn!(id, why, "refusing the recovery record of the device");
+            None
+        }
+    }
+}
+
+/// The published state in the recovery record of device `id`, if there is one that passes
+/// every check.
 pub fn read(id: u32) -> Option<DaemonState> {
     read_record(id).map(|r| r.state)
 }
@@ -163,12 +189,13 @@ pub fn restore_ublk_json(id: u32) -> Result<(), ControlError> {
         let what = format!("{what} {path}");
         move |source| ControlError::Io { what, source }
     };
-    // root-only, as libublk makes it
+    // root-only, as libublk makes it; never through a link planted at the name
+    let _ = std::fs::remove_file(&tmp);
     let mut file = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(&tmp)
         .map_err(io("writing a new"))?;
     file.write_all(json.to_string().as_bytes())
@@ -178,11 +205,22 @@ pub fn restore_ublk_json(id: u32) -> Result<(), ControlError> {
 
 /// Removes the recovery record of device `id` (its device is gone).
 pub fn remove(id: u32) {
-    if let Some(shm) = segment(id, false) {
-        if let Err(error) = crate::sys::shm_remove(shm) {
+    if let Some(shm) = key(id).and_then(shm::find_keyed) {
+        if let Err(error) = shm::remove(shm) {
             tracing::warn!(id, %error, "removing the recovery record failed");
         }
     }
+}
+
+/// Whether device `id` has a record segment (root's alone).
+pub fn exists(id: u32) -> bool {
+    key(id).and_then(shm::find_keyed).is_some()
+}
+
+/// The device id whose record segment has key `key`, if it is a record key.
+pub fn device_of_key(key: i32) -> Option<u32> {
+    let id = key.checked_sub(KEY_BASE)?;
+    (0..1 << 20).contains(&id).then_some(id as u32)
 }
 
 /// Ids of the ublk devices the kernel has that carry a recovery record (sysfs: never
@@ -194,7 +232,7 @@ pub fn device_ids() -> Vec<u32> {
     let mut ids: Vec<u32> = dir
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.strip_prefix("ublkc")?.parse().ok())
-        .filter(|&id| segment(id, false).is_some())
+        .filter(|&id| exists(id))
         .collect();
     ids.sort_unstable();
     ids
@@ -224,7 +262,7 @@ mod tests {
         let mut state = DaemonState {
             pid: 4242,
             started: Some(7),
-            size: 1 << 30,
+            size: 1 << 20,
             config: Some("/etc/uzram/swap0.toml".into()),
             store_shm: Some(17),
             ..DaemonState::example(id)
@@ -232,10 +270,194 @@ mod tests {
         write(&state).unwrap();
         assert_eq!(read(id), Some(state.clone()));
         state.pid = 4343;
-        state.create_args = Some(vec!["--size".into(), "1G".into()]);
+        state.settings = Some(Box::new(crate::config::RawDevice {
+            size: "1M".into(),
+            ..Default::default()
+        }));
         write(&state).unwrap();
         assert_eq!(read(id), Some(state));
         remove(id);
         assert_eq!(read(id), None);
+    }
+
+    fn page_of(state: &DaemonState) -> Vec<u8> {
+        let json = serde_json::to_vec(&Record {
+            state: state.clone(),
+            ublk: None,
+        })
+        .unwrap();
+        let mut page = vec![0u8; LEN];
+        page[..8].copy_from_slice(&MAGIC);
+        page[8..12].copy_from_slice(&(json.len() as u32).to_ne_bytes());
+        page[HEADER..HEADER + json.len()].copy_from_slice(&json);
+        page
+    }
+
+    const HOST: crate::config::Host = crate::config::Host { ram_mib: 1024 };
+
+    #[test]
+    fn a_forged_record_is_refused_as_data() {
+        let id = 3;
+        let good = DaemonState {
+            pid: 99,
+            size: 1 << 30,
+            settings: Some(Box::new(crate::config::RawDevice {
+                size: "1G".into(),
+                ..Default::default()
+            })),
+            store_shm: Some(5),
+            ..DaemonState::example(id)
+        };
+        assert!(parse_record(id, &page_of(&good), HOST).is_ok());
+        let settings = |raw: crate::config::RawDevice| DaemonState {
+            settings: Some(Box::new(raw)),
+            ..good.clone()
+        };
+        let raw = crate::config::RawDevice {
+            size: "1G".into(),
+            ..Default::default()
+        };
+        for (bad, why) in [
+            (
+                DaemonState {
+                    id: 4,
+                    ..good.clone()
+                },
+                "device 4",
+            ),
+            (
+                DaemonState {
+                    dev: "/dev/sda".into(),
+                    ..good.clone()
+                },
+                "device node",
+            ),
+            (
+                DaemonState {
+                    store_shm: Some(-1),
+                    ..good.clone()
+                },
+                "store segment",
+            ),
+            (
+                DaemonState {
+                    config: Some("etc/x.toml".into()),
+                    ..good.clone()
+                },
+                "not absolute",
+            ),
+            (
+                DaemonState {
+                    size: 1 << 20,
+                    ..good.clone()
+                },
+                "the record says",
+            ),
+            (
+                settings(crate::config::RawDevice {
+                    size: "16T".into(),
+                    ..raw.clone()
+                }),
+                "RAM",
+            ),
+            (
+                settings(crate::config::RawDevice {
+                    metrics_textfile: Some("/etc/shadow".into()),
+                    ..raw.clone()
+                }),
+                "metrics-textfile",
+            ),
+            (
+                settings(crate::config::RawDevice {
+                    algorithm: Some("lz4; rm -rf /".into()),
+                    ..raw.clone()
+                }),
+                "algorithm",
+            ),
+        ] {
+            let err = parse_record(id, &page_of(&bad), HOST).expect_err(why);
+            assert!(err.contains(why), "{why}: {err}");
+        }
+        // Arguments smuggled as keys the settings do not have, a length past the page, no magic.
+        let mut json = serde_json::to_value(Record {
+            state: good.clone(),
+            ublk: None,
+        })
+        .unwrap();
+        json["state"]["create_args"] = serde_json::json!(["--size", "16T"]);
+        let text = serde_json::to_vec(&json).unwrap();
+        let mut page = page_of(&good);
+        page[8..12].copy_from_slice(&(text.len() as u32).to_ne_bytes());
+        page[HEADER..HEADER + text.len()].copy_from_slice(&text);
+        assert!(parse_record(id, &page, HOST).is_err());
+        let mut long = page_of(&good);
+        long[8..12].copy_from_slice(&u32::MAX.to_ne_bytes());
+        assert!(parse_record(id, &long, HOST).is_err());
+        assert!(parse_record(id, &[0u8; LEN], HOST).is_err());
+        // A ublk device file of another device.
+        let other = Record {
+            state: good.clone(),
+            ublk: Some(serde_json::json!({"dev_info": {"dev_id": 9}})),
+        };
+        let text = serde_json::to_vec(&other).unwrap();
+        let mut page = page_of(&good);
+        page[8..12].copy_from_slice(&(text.len() as u32).to_ne_bytes());
+        page[HEADER..HEADER + text.len()].copy_from_slice(&text);
+        assert!(parse_record(id, &page, HOST)
+            .unwrap_err()
+            .contains("device 9"));
+    }
+
+    #[test]
+    fn a_key_taken_first_by_another_user_is_never_used_and_nobody_reads_the_record() {
+        let id = (1 << 20) - 11;
+        let key = key(id).unwrap();
+        let Some(squat) = shm::tests::nobodys_segment(key, LEN, 0o666) else {
+            return;
+        };
+        // nobody writes a record of their own making into it
+        let forged = DaemonState {
+            pid: 1,
+            store_shm: Some(squat),
+            ..DaemonState::example(id)
+        };
+        let page = page_of(&forged);
+        // SAFETY: shmat of nobody's 0666 segment to write into it as its owner could.
+        unsafe {
+            let base = libc::shmat(squat, std::ptr::null(), 0);
+            assert_ne!(base as isize, -1);
+            ptr::copy_nonoverlapping(page.as_ptr(), base.cast::<u8>(), LEN);
+            libc::shmdt(base);
+        }
+        assert_eq!(read(id), None, "a record in nobody's segment was read");
+        // The daemon publishes: the squatter's segment goes, and root's own is made.
+        let state = DaemonState {
+            pid: 4242,
+            ..DaemonState::example(id)
+        };
+        write(&state).unwrap();
+        assert!(
+            shm::stat(squat).is_err(),
+            "the squatter's segment is still there"
+        );
+        assert_eq!(read(id), Some(state));
+        let ours = shm::find_keyed(key).unwrap();
+        // nobody can neither map nor remove it
+        let code = shm::tests::as_nobody(move || {
+            // SAFETY: plain system calls in the child.
+            unsafe {
+                let base = libc::shmat(ours, std::ptr::null(), libc::SHM_RDONLY);
+                if base as isize != -1 {
+                    return 1;
+                }
+                if libc::shmctl(ours, libc::IPC_RMID, std::ptr::null_mut()) == 0 {
+                    return 2;
+                }
+                0
+            }
+        })
+        .unwrap();
+        assert_eq!(code, 0, "nobody read or removed root's record");
+        remove(id);
     }
 }

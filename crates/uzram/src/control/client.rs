@@ -34,9 +34,13 @@ pub fn request(socket: &Path, req: &Request, timeout: Duration) -> Result<Respon
         .read_line(&mut line)
         .map_err(io("reading response"))?;
     if line.is_empty() {
-        return Err(ControlError::Protocol(
-            "daemon closed the connection".into(),
-        ));
+        // The daemon closes a connection from anyone but root unanswered.
+        let why = if crate::sys::is_root() {
+            "daemon closed the connection"
+        } else {
+            "daemon closed the connection (it answers root only)"
+        };
+        return Err(ControlError::Protocol(why.into()));
     }
     decode(&line)
 }

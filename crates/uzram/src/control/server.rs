@@ -1,13 +1,16 @@
 //! The daemon's side of the control socket.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::proto::{decode, encode, Request, Response, MAX_LINE};
 use super::ControlError;
+use crate::sys;
 
 /// Binds the control socket at `path` (replacing a stale one), readable by root only.
 pub fn bind(path: &Path) -> Result<UnixListener, ControlError> {
@@ -26,46 +29,474 @@ pub fn bind(path: &Path) -> Result<UnixListener, ControlError> {
     Ok(listener)
 }
 
-/// Answers connections forever: one request line in, one response line out. A client that
-/// sends garbage or stalls only loses its own connection.
+/// How long a client has to send its request line before its connection is closed. Other
+/// clients are served meanwhile, so a slow one (a `uzram status` paging itself back in under
+/// memory pressure) holds up nobody but itself.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Connections waiting for their request line at once; one more closes the oldest. The
+/// daemon runs under memory pressure: whatever clients do, the serving thread stays one
+/// thread, with at most this many buffers.
+const MAX_PENDING: usize = 8;
+
+/// How long writing a response may block. A response fits in the socket's buffer, so only a
+/// peer that is not reading a full buffer would take this long.
+const WRITE_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// The pause after the socket itself fails (out of descriptors, say), where retrying at
+/// once would spin: short enough to hold no client up for longer than a write may.
+const ERROR_PAUSE: Duration = WRITE_TIMEOUT;
+
+/// Only root may ask for anything: the socket's mode and its root-only directory keep others
+/// out already, and this holds should either be loosened.
+const ALLOWED_UID: libc::uid_t = 0;
+
+/// What a connection may take from the serving thread.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    deadline: Duration,
+    max_pending: usize,
+}
+
+const LIMITS: Limits = Limits {
+    deadline: REQUEST_DEADLINE,
+    max_pending: MAX_PENDING,
+};
+
+/// Answers connections forever, one thread for all of them: one request line in, one
+/// response line out. A connection from any user but root is closed unanswered. A client
+/// that sends garbage, stalls or dribbles only loses its own connection: the thread waits on
+/// every connection at once and serves whichever has sent its line.
 pub fn serve(listener: UnixListener, handler: impl Fn(Request) -> Response) {
-    for conn in listener.incoming() {
-        match conn {
-            Ok(stream) => {
-                if let Err(err) = answer(stream, &handler) {
+    serve_with(listener, &handler, LIMITS);
+}
+
+/// A connection still sending its request line.
+struct Pending {
+    stream: UnixStream,
+    line: Vec<u8>,
+    deadline: Instant,
+}
+
+/// Where a connection's request line stands after a read.
+enum Progress {
+    /// More is to come.
+    Waiting,
+    /// The line is complete (or the client stopped sending, or sent too much): answer it.
+    Complete,
+    /// The connection broke.
+    Failed(std::io::Error),
+}
+
+fn serve_with(listener: UnixListener, handler: &impl Fn(Request) -> Response, limits: Limits) {
+    // Accepting stops where nothing is pending instead of blocking the thread.
+    if let Err(err) = listener.set_nonblocking(true) {
+        tracing::warn!(error = %err, "control socket left blocking");
+    }
+    let mut pending: VecDeque<Pending> = VecDeque::with_capacity(limits.max_pending);
+    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(limits.max_pending + 1);
+    let wait_for = |fd: std::os::fd::RawFd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        let now = Instant::now();
+        pending.retain(|conn| {
+            let live = conn.deadline > now;
+            if !live {
+                tracing::debug!("control client sent no request in time; connection closed");
+            }
+            live
+        });
+        fds.clear();
+        fds.push(wait_for(listener.as_raw_fd()));
+        fds.extend(pending.iter().map(|conn| wait_for(conn.stream.as_raw_fd())));
+        let timeout = pending.iter().map(|conn| conn.deadline - now).min();
+        match sys::poll(&mut fds, timeout) {
+            Ok(_) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(err) => {
+                tracing::warn!(error = %err, "waiting on control connections failed");
+                std::thread::sleep(ERROR_PAUSE);
+                continue;
+            }
+        }
+        // From the back, so that removing one leaves the indices of those before it (and
+        // their `fds` entries, one place on) as they were.
+        for i in (0..pending.len()).rev() {
+            if fds[i + 1].revents == 0 {
+                continue;
+            }
+            match read_more(&mut pending[i]) {
+                Progress::Waiting => {}
+                Progress::Complete => {
+                    if let Some(conn) = pending.remove(i) {
+                        if let Err(err) = answer(conn, handler) {
+                            tracing::debug!(error = %err, "control connection failed");
+                        }
+                    }
+                }
+                Progress::Failed(err) => {
+                    pending.remove(i);
                     tracing::debug!(error = %err, "control connection failed");
                 }
             }
-            Err(err) => tracing::warn!(error = %err, "accepting a control connection failed"),
+        }
+        if fds[0].revents != 0 {
+            accept_all(&listener, &mut pending, limits);
         }
     }
 }
 
-fn answer(stream: UnixStream, handler: &impl Fn(Request) -> Response) -> Result<(), ControlError> {
+/// Takes every connection waiting to be accepted, closing those of anyone but root.
+fn accept_all(listener: &UnixListener, pending: &mut VecDeque<Pending>, limits: Limits) {
+    loop {
+        let stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => return,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(err) => {
+                tracing::warn!(error = %err, "accepting a control connection failed");
+                // The listener stays readable: see `ERROR_PAUSE`.
+                std::thread::sleep(ERROR_PAUSE);
+                return;
+            }
+        };
+        match sys::peer_cred(stream.as_fd()) {
+            Ok(peer) if peer.uid == ALLOWED_UID => {}
+            Ok(peer) => {
+                tracing::warn!(
+                    uid = peer.uid,
+                    pid = peer.pid,
+                    "control connection refused: only root may use the control socket"
+                );
+                continue;
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "control connection refused: its peer is unknown");
+                continue;
+            }
+        }
+        if let Err(err) = stream.set_nonblocking(true) {
+            tracing::debug!(error = %err, "control connection failed");
+            continue;
+        }
+        if pending.len() >= limits.max_pending {
+            pending.pop_front();
+            tracing::debug!(
+                max = limits.max_pending,
+                "too many control connections waiting; the oldest closed"
+            );
+        }
+        pending.push_back(Pending {
+            stream,
+            line: Vec::new(),
+            deadline: Instant::now() + limits.deadline,
+        });
+    }
+}
+
+/// Reads what the connection has sent so far, without waiting.
+fn read_more(conn: &mut Pending) -> Progress {
+    let mut buf = [0u8; 1024];
+    loop {
+        let room = MAX_LINE - conn.line.len();
+        if room == 0 {
+            return Progress::Complete;
+        }
+        let want = room.min(buf.len());
+        match (&conn.stream).read(&mut buf[..want]) {
+            Ok(0) => return Progress::Complete,
+            Ok(n) => {
+                let got = &buf[..n];
+                if let Some(end) = got.iter().position(|&b| b == b'\n') {
+                    conn.line.extend_from_slice(&got[..=end]);
+                    return Progress::Complete;
+                }
+                conn.line.extend_from_slice(got);
+            }
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => return Progress::Waiting,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(err) => return Progress::Failed(err),
+        }
+    }
+}
+
+fn answer(conn: Pending, handler: &impl Fn(Request) -> Response) -> Result<(), ControlError> {
     let io = |what: &'static str| {
         move |source| ControlError::Io {
             what: what.to_string(),
             source,
         }
     };
-    let timeout = Some(Duration::from_secs(5));
-    stream
-        .set_read_timeout(timeout)
-        .map_err(io("set timeout"))?;
-    stream
-        .set_write_timeout(timeout)
-        .map_err(io("set timeout"))?;
-    let mut line = String::new();
-    BufReader::new((&stream).take(MAX_LINE as u64))
-        .read_line(&mut line)
-        .map_err(io("reading request"))?;
-    let response = match decode::<Request>(&line) {
-        Ok(req) => handler(req),
-        Err(err) => Response::Error {
-            message: err.to_string(),
+    let response = match std::str::from_utf8(&conn.line) {
+        Ok(line) => match decode::<Request>(line) {
+            Ok(req) => handler(req),
+            Err(err) => Response::Error {
+                message: err.to_string(),
+            },
+        },
+        Err(_) => Response::Error {
+            message: "the request is not UTF-8".into(),
         },
     };
+    let stream = conn.stream;
+    stream.set_nonblocking(false).map_err(io("set blocking"))?;
+    stream
+        .set_write_timeout(Some(WRITE_TIMEOUT))
+        .map_err(io("set timeout"))?;
     (&stream)
         .write_all(encode(&response).as_bytes())
         .map_err(io("writing response"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::proto::DeviceStatus;
+    use std::io::{BufRead, BufReader};
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::SocketAddr;
+
+    /// How soon a client must be answered while others stall: with connections served one
+    /// after another, it waited for the stalled one's whole timeout.
+    const PROMPT: Duration = Duration::from_millis(200);
+
+    fn status() -> DeviceStatus {
+        DeviceStatus {
+            id: 0,
+            dev: "/dev/ublkb0".into(),
+            pid: std::process::id(),
+            size: 4096,
+            algorithm: "lz4".into(),
+            backend: "cpu".into(),
+            queues: 1,
+            depth: 8,
+            queue_mode: "per-queue".into(),
+            stats: Vec::new(),
+            requests: Vec::new(),
+            backend_stats: Vec::new(),
+        }
+    }
+
+    /// A server on an abstract socket (no file, no permissions: anyone on the host can
+    /// connect, which reaches the checks behind the socket's mode), on a thread of its own.
+    fn start(tag: &str, limits: Limits) -> SocketAddr {
+        let name = format!("uzram-test-{tag}-{}", std::process::id());
+        let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let listener = UnixListener::bind_addr(&addr).unwrap();
+        std::thread::spawn(move || {
+            serve_with(
+                listener,
+                &|req| match req {
+                    Request::Status => Response::Status(status()),
+                    Request::Stop => Response::Stopping,
+                    Request::Handoff => Response::HandingOff,
+                },
+                limits,
+            )
+        });
+        addr
+    }
+
+    /// Sends a status request on `stream` and reads the answer.
+    fn ask(stream: &UnixStream) -> std::io::Result<Response> {
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut w = stream;
+        w.write_all(encode(&Request::Status).as_bytes())?;
+        let mut line = String::new();
+        BufReader::new(stream).read_line(&mut line)?;
+        decode(&line).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    }
+
+    fn ask_new(addr: &SocketAddr) -> std::io::Result<(Response, Duration)> {
+        let start = Instant::now();
+        let stream = UnixStream::connect_addr(addr)?;
+        Ok((ask(&stream)?, start.elapsed()))
+    }
+
+    /// True when the server closed `stream` within `within` (read sees the end, or a reset).
+    fn closed_within(stream: &UnixStream, within: Duration) -> bool {
+        stream.set_read_timeout(Some(within)).unwrap();
+        let mut byte = [0u8; 1];
+        match (&*stream).read(&mut byte) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        }
+    }
+
+    /// The attack: a client connects and sends nothing (or half a line) while another asks.
+    #[test]
+    fn a_stalled_client_holds_no_one_up() {
+        let addr = start("stall", LIMITS);
+        let silent = UnixStream::connect_addr(&addr).unwrap();
+        let half = UnixStream::connect_addr(&addr).unwrap();
+        (&half).write_all(b"{\"cmd\":").unwrap();
+        // The server has taken both before the request below.
+        std::thread::sleep(Duration::from_millis(50));
+        for _ in 0..3 {
+            let (got, took) = ask_new(&addr).unwrap();
+            assert_eq!(got, Response::Status(status()));
+            assert!(
+                took < PROMPT,
+                "answered after {took:?} behind stalled clients"
+            );
+        }
+        // The stalled ones lost nothing either: the half line, finished, is answered.
+        (&half).write_all(b"\"status\"}\n").unwrap();
+        let mut line = String::new();
+        BufReader::new(&half).read_line(&mut line).unwrap();
+        assert_eq!(
+            decode::<Response>(&line).unwrap(),
+            Response::Status(status())
+        );
+        drop(silent);
+    }
+
+    /// A client gets its deadline for the whole line, not per read: one that sends a byte
+    /// at a time, each in time for a per-read timeout, is closed at the deadline too.
+    #[test]
+    fn a_dribbling_client_is_closed_at_its_deadline() {
+        let deadline = Duration::from_millis(300);
+        let addr = start(
+            "dribble",
+            Limits {
+                deadline,
+                max_pending: MAX_PENDING,
+            },
+        );
+        let silent = UnixStream::connect_addr(&addr).unwrap();
+        let dribbler = UnixStream::connect_addr(&addr).unwrap();
+        // On this thread, not one of its own: see `park_forever`.
+        let start = Instant::now();
+        let mut answered = false;
+        let cut = loop {
+            // Blanks before the JSON: a line that never ends.
+            if (&dribbler).write_all(b" ").is_err() {
+                break start.elapsed();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the dribbler was never cut off"
+            );
+            if !answered && start.elapsed() >= deadline / 3 {
+                let (got, took) = ask_new(&addr).unwrap();
+                assert_eq!(got, Response::Status(status()));
+                assert!(took < PROMPT, "answered after {took:?}");
+                answered = true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(answered, "cut after {cut:?}, before the deadline");
+        assert!(
+            cut >= deadline && cut < Duration::from_secs(3),
+            "cut after {cut:?}"
+        );
+        assert!(closed_within(&silent, Duration::from_secs(3)));
+    }
+
+    /// The attack: many connections that send nothing. The serving thread keeps a fixed
+    /// number of them and closes the oldest for each new one; everyone who asks is answered.
+    #[test]
+    fn waiting_connections_are_bounded() {
+        let addr = start(
+            "flood",
+            Limits {
+                deadline: Duration::from_secs(60),
+                max_pending: 4,
+            },
+        );
+        let silent: Vec<UnixStream> = (0..6)
+            .map(|_| UnixStream::connect_addr(&addr).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(50));
+        let (got, took) = ask_new(&addr).unwrap();
+        assert_eq!(got, Response::Status(status()));
+        assert!(took < PROMPT, "answered after {took:?}");
+        // Six waited, then the request: three oldest closed, three kept.
+        for (i, conn) in silent.iter().enumerate() {
+            let closed = closed_within(conn, Duration::from_millis(100));
+            assert_eq!(closed, i < 3, "connection {i}");
+        }
+    }
+
+    /// Makes the calling thread alone uid and gid 65534, for good. The raw system calls
+    /// change one thread's credentials (glibc's wrappers would change every thread's), and
+    /// SO_PEERCRED records the connecting thread's. Such a thread ends in [`park_forever`].
+    fn become_nobody() {
+        const NOBODY: libc::c_long = 65534;
+        let no_groups: libc::c_long = 0;
+        // SAFETY: setgroups with a count of 0 reads no list.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_setgroups,
+                no_groups,
+                std::ptr::null::<libc::gid_t>(),
+            )
+        };
+        assert_eq!(rc, 0, "setgroups: {}", std::io::Error::last_os_error());
+        // SAFETY: setresgid and setresuid take integers only.
+        let rc = unsafe { libc::syscall(libc::SYS_setresgid, NOBODY, NOBODY, NOBODY) };
+        assert_eq!(rc, 0, "setresgid: {}", std::io::Error::last_os_error());
+        // SAFETY: as above.
+        let rc = unsafe { libc::syscall(libc::SYS_setresuid, NOBODY, NOBODY, NOBODY) };
+        assert_eq!(rc, 0, "setresuid: {}", std::io::Error::last_os_error());
+        // SAFETY: geteuid has no preconditions; it reads the calling thread's credentials.
+        assert_eq!(i64::from(unsafe { libc::geteuid() }), NOBODY);
+    }
+
+    /// Where a test's own thread ends instead of exiting. glibc keeps an exited thread's
+    /// stack for the next thread, and `fault_guard`'s tests populate every mapping and then
+    /// count the faults of a fresh thread's stack: one handed down, already populated, takes
+    /// none.
+    fn park_forever() -> ! {
+        loop {
+            std::thread::park();
+        }
+    }
+
+    /// The attack: a user other than root reaches the socket (its mode or directory
+    /// loosened: an abstract socket here, which anyone can connect to) and asks. It gets
+    /// no answer, and root is still served.
+    #[test]
+    fn only_root_is_answered() {
+        if !sys::is_root() {
+            eprintln!("SKIP only_root_is_answered: a client of another uid needs root to make");
+            return;
+        }
+        let addr = start("peer", LIMITS);
+        let nobody_addr = addr.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            become_nobody();
+            let stream = UnixStream::connect_addr(&nobody_addr).unwrap();
+            stream
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .unwrap();
+            // Refused before it reads, the server may be gone before this is written.
+            let _ = (&stream).write_all(encode(&Request::Stop).as_bytes());
+            let mut got = Vec::new();
+            let got = match (&stream).read_to_end(&mut got) {
+                Ok(_) => Ok(got),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(got),
+                Err(e) => Err(e),
+            };
+            let _ = tx.send(got);
+            park_forever();
+        });
+        let got = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the client of uid 65534 failed (see its panic)")
+            .expect("the connection of uid 65534 was left open");
+        assert!(
+            got.is_empty(),
+            "uid 65534 was answered: {}",
+            String::from_utf8_lossy(&got)
+        );
+        let (got, took) = ask_new(&addr).unwrap();
+        assert_eq!(got, Response::Status(status()));
+        assert!(took < PROMPT, "answered after {took:?}");
+    }
 }

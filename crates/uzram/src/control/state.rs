@@ -36,17 +36,56 @@ pub struct DaemonState {
     /// The SysV shared memory segment that holds the device's store (`uzram recover`).
     #[serde(default)]
     pub store_shm: Option<i32>,
-    /// The device arguments of a daemon made by `uzram create` (`uzram recover` starts the
-    /// same daemon again).
+    /// The settings of a daemon made by `uzram create` (`uzram recover` starts the same
+    /// daemon again, once they pass the validation a config file passes).
     #[serde(default)]
-    pub create_args: Option<Vec<String>>,
+    pub settings: Option<Box<crate::config::RawDevice>>,
     /// A planned restart's bridge (`uzram run --bridge`): it took the device over from the
     /// unit's daemon and serves it until the unit's next daemon takes it over in turn.
     #[serde(default)]
     pub bridge: bool,
+    /// This daemon took the device over from an earlier one (a recovery or a handover).
+    #[serde(default)]
+    pub recovered: bool,
 }
 
 impl DaemonState {
+    /// Checks a record read back from outside this process (the recovery record) as data:
+    /// it must be device `id`'s, name its device node, a store segment id and a config path
+    /// that can be, and settings that pass the same validation as a config file on this
+    /// `host`. Nothing of a record that fails is used.
+    pub fn validate(&self, id: u32, host: crate::config::Host) -> Result<(), String> {
+        if self.id != id {
+            return Err(format!("it is the record of device {}, not {id}", self.id));
+        }
+        if self.dev != crate::devname::dev_path(id) {
+            return Err(format!("it names the device node {:?}", self.dev));
+        }
+        if self.pid == 0 {
+            return Err("it names no daemon process".into());
+        }
+        if self.store_shm.is_some_and(|shm| shm < 0) {
+            return Err("it names no store segment".into());
+        }
+        if let Some(config) = &self.config {
+            if !config.is_absolute() {
+                return Err(format!("its config path {config:?} is not absolute"));
+            }
+        }
+        if let Some(settings) = &self.settings {
+            let cfg = settings
+                .validate(host)
+                .map_err(|e| format!("its settings are refused: {e}"))?;
+            if cfg.size != self.size {
+                return Err(format!(
+                    "its settings make a device of {} bytes, the record says {}",
+                    cfg.size, self.size
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether the daemon of this record still runs: its pid is alive, and where the record
     /// has its start time, that process started then (a reused pid is someone else).
     pub fn daemon_alive(&self) -> bool {
@@ -69,8 +108,9 @@ impl DaemonState {
             mem_limit: None,
             config: None,
             store_shm: None,
-            create_args: None,
+            settings: None,
             bridge: false,
+            recovered: false,
         }
     }
 }
@@ -225,7 +265,10 @@ mod tests {
             pid: 100 + id,
             started: Some(1000 + u64::from(id)),
             store_shm: Some(id as i32),
-            create_args: Some(vec!["--size".into(), "1M".into()]),
+            settings: Some(Box::new(crate::config::RawDevice {
+                size: "1M".into(),
+                ..Default::default()
+            })),
             bridge: id == 2,
             ..DaemonState::example(id)
         };

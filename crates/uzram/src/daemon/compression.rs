@@ -353,14 +353,8 @@ mod tests {
     /// ever use its locked memory again.
     #[test]
     fn a_cpu_daemon_removes_the_staging_a_gpu_daemon_left() {
-        let sizes = crate::daemon::region::Sizes {
-            pages: 16,
-            table_len: 16,
-            dir_len: 4,
-            block_bytes: 64 << 10,
-            room: crate::daemon::region::MIN_ROOM,
-        };
-        let region = match Region::create(sizes, "lz4") {
+        let sizes = crate::daemon::region::Sizes::of(16, crate::daemon::region::MIN_ROOM).unwrap();
+        let region = match Region::create(sizes, "lz4", true, u32::MAX, true) {
             Ok(r) => r,
             Err(e) => {
                 println!("SKIP: no locked shared memory here: {e}");

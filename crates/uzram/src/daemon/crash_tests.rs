@@ -37,9 +37,12 @@ fn config() -> DeviceConfig {
         backend: Some("cpu".into()),
         ..RawDevice::default()
     }
-    .validate()
+    .validate(crate::config::Host::current().expect("MemTotal"))
     .expect("a valid test config")
 }
+
+/// The device id the crash tests' stores are made for (no ublk device here has it).
+const DEVICE: u32 = (1 << 20) - 5;
 
 /// A fill word that does not fit an entry (so a persistent store must compress it).
 fn fill_word(gen: u64) -> u64 {
@@ -116,7 +119,7 @@ enum Via {
 /// Child: writes generations of every page (discarding some) with compaction running
 /// beside, forever; prints the segment id first.
 fn writer(via: Via) {
-    let (store, region) = match store_memory::create(&config()) {
+    let (store, region) = match store_memory::create(&config(), DEVICE) {
         Ok(made) => made,
         Err(err) => {
             println!("SKIP {err:#}");
@@ -197,7 +200,7 @@ fn writer(via: Via) {
 /// Child: takes the store over and checks every page, then compacts, writes and checks again.
 fn verifier(shm: i32) {
     let t = Instant::now();
-    let taken = store_memory::recover(&config(), shm, &mut |_| {})
+    let taken = store_memory::recover(&config(), DEVICE, shm, &mut |_| {})
         .expect("the killed writer's store is recoverable");
     println!("RECOVERED in {:?}", t.elapsed());
     let (store, region) = (taken.store, taken.region);

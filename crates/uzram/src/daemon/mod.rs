@@ -118,9 +118,9 @@ pub struct Launch {
     pub log: Option<PathBuf>,
     /// Take over device N, whose daemon died, and the store it left (`uzram recover`).
     pub recover: Option<u32>,
-    /// The `uzram daemon` device arguments (`uzram create`), published so that `uzram
-    /// recover` can start the same daemon again.
-    pub create_args: Option<Vec<String>>,
+    /// The device's settings as given to `uzram create`, published in the recovery record
+    /// so that `uzram recover` can start the same daemon again.
+    pub settings: Option<Box<crate::config::RawDevice>>,
     /// Published as [`DaemonState::bridge`]: serving for a planned restart until the unit's
     /// next daemon takes over (`uzram run --bridge`).
     pub bridge: bool,
@@ -166,21 +166,39 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
                 format!("/dev/ublkb{id} is being taken over by another daemon")
             })?);
     }
+    // A new device is added first, and its store made for it: the store's header names its
+    // device from the start, so no store exists that `uzram list` cannot tie to a device
+    // (should this process be killed on the way), and a failed start deletes both
+    // (`Unborn`). A device taken over is asked for (`START_USER_RECOVERY`) only once
+    // everything else is ready, just before its queues serve: see `Device`.
+    let mut added = match launch.recover {
+        None => {
+            let (ctrl, plan) = add_device(&cfg, plan, features)?;
+            Some((Device::Added(Box::new(ctrl)), plan))
+        }
+        Some(_) => None,
+    };
+    let mut unborn = Unborn {
+        device: added.as_ref().map(|(d, _)| d.id()),
+        store: None,
+    };
     // Arena segments: the pool, over the blocks of the store's shared memory. A recovery
     // takes it over first: it frees memory for what follows (`store_memory::recover`).
-    let (store, mut region, found_staging) = match launch.recover {
-        None => {
-            let (store, region) = store_memory::create(&cfg)?;
+    let (store, region, found_staging) = match (launch.recover, &added) {
+        (None, Some((device, _))) => {
+            let (store, region) = store_memory::create(&cfg, device.id())?;
+            unborn.store = Some(region.id());
             (store, region, None)
         }
-        Some(id) => {
+        (None, None) => unreachable!("a new device is added above"),
+        (Some(id), _) => {
             // The recovery record, not the state file: see `control::anchor`.
             let old = anchor::read(id)
                 .with_context(|| format!("/dev/ublkb{id} has no recovery record"))?;
             let shm = old.store_shm.with_context(|| {
                 format!("/dev/ublkb{id} was made by a daemon that kept no store to recover")
             })?;
-            let taken = store_memory::recover(&cfg, shm, &mut step)?;
+            let taken = store_memory::recover(&cfg, id, shm, &mut step)?;
             let found = taken.found;
             tracing::info!(
                 shm,
@@ -199,9 +217,6 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
             (taken.store, taken.region, taken.staging)
         }
     };
-    // A new store's shared memory (and GPU staging) goes again if the device never comes
-    // to exist: nothing else would ever find it.
-    let mut unborn = UnbornStore(launch.recover.is_none().then(|| region.id()));
     // Small allocations: a pre-grown heap that is never trimmed.
     reserve::grow_once(HEAP_RESERVE);
     step("heap");
@@ -231,24 +246,22 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         "memory reserves ready"
     );
 
-    // A new device is added now; a device taken over is asked for (`START_USER_RECOVERY`)
-    // only once everything else is ready, just before its queues serve: see `Device`.
-    let (device, plan) = match launch.recover {
-        None => {
-            let (ctrl, plan) = add_device(&cfg, plan, features)?;
-            (Device::Added(Box::new(ctrl)), plan)
-        }
-        Some(id) => recovery_plan(id, plan)?,
+    let (device, plan) = match (added.take(), launch.recover) {
+        (Some(added), _) => added,
+        (None, Some(id)) => recovery_plan(id, plan)?,
+        (None, None) => unreachable!("a new device is added above"),
     };
     step("device");
-    unborn.0 = None;
+    // From here the device and its store are this daemon's to serve, and its stop (or a
+    // crash) is what ends them.
+    unborn.device = None;
+    unborn.store = None;
     let counters = Arc::new(Counters::new(
         cfg.queues.saturating_mul(plan.threads_per_queue),
     ));
     let id = device.id();
     let dev = format!("/dev/ublkb{id}");
     tracing::info!(id, %dev, size = cfg.size, queues = cfg.queues, depth = cfg.depth, "device added");
-    region.set_device(id);
     if lock.is_none() {
         match states.try_lock(id) {
             Ok(Some(l)) => lock = Some(l),
@@ -277,7 +290,8 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         mem_limit: cfg.mem_limit,
         config: launch.config_path.clone(),
         store_shm: Some(region.id()),
-        create_args: launch.create_args.clone(),
+        settings: launch.settings.clone(),
+        recovered: launch.recover.is_some(),
         bridge: launch.bridge,
     };
     let (stop_tx, stop_rx) = mpsc::channel::<&'static str>();
@@ -606,8 +620,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Heap grown at start for the daemon's small allocations (`reserve.rs`).
-pub(crate) const HEAP_RESERVE: usize = 8 << 20;
+pub(crate) use crate::footprint::HEAP_RESERVE;
 
 /// Runs the calling thread, and the threads it starts, at realtime priority until the
 /// device serves (`realtime`): a takeover's allocations may then use the part of the
@@ -688,14 +701,26 @@ fn choose_queue_mode(cfg: &DeviceConfig) -> anyhow::Result<(QueuePlan, Option<u6
     Ok((plan, features))
 }
 
-/// The shared memory of a store made for a device that does not exist yet: removed when
-/// dropped still holding its id (the daemon failed before the device was added).
-struct UnbornStore(Option<i32>);
+/// A device this daemon added and the store it made for it, while its start can still fail:
+/// when dropped still holding them (the start failed), the device is deleted and the store
+/// removed, since no one would ever serve or recover them.
+struct Unborn {
+    device: Option<u32>,
+    store: Option<i32>,
+}
 
-impl Drop for UnbornStore {
+impl Drop for Unborn {
     fn drop(&mut self) {
-        if let Some(id) = self.0 {
+        if let Some(id) = self.store {
             region::remove(id);
+        }
+        if let Some(id) = self.device {
+            match UblkCtrl::new_simple(id as i32).and_then(|c| c.del_dev()) {
+                Ok(_) => tracing::info!(id, "the start failed: the device is deleted again"),
+                Err(err) => {
+                    tracing::warn!(id, error = %err, "deleting the device of a failed start failed")
+                }
+            }
         }
     }
 }

@@ -35,7 +35,7 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 /// The block size: the page store's arena segment.
-pub const BLOCK: usize = 64 << 10;
+pub const BLOCK: usize = crate::footprint::UNIT;
 /// Nice value of the threads that keep swap moving (queue threads, pool keeper).
 pub const IO_NICE: i32 = -20;
 /// Blocks mapped per refill (4 MiB).

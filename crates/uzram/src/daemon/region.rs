@@ -31,6 +31,12 @@
 //! The header, table and directory are mlocked (populated up front); the blocks are not
 //! (`MADV_REMOVE`, which gives freed blocks back, refuses locked mappings): `SHM_LOCK` keeps
 //! their pages resident.
+//!
+//! Trust: the segment is root's alone (`shm.rs`, checked on every attach), and a takeover
+//! still reads its header as data from outside: every offset and length must be exactly
+//! what the device's settings lay out ([`Sizes::of`]), computed with checked arithmetic, and
+//! the device id, page count, codec and checksum setting must be the device's. Only then is
+//! any part of it handed out as a slice.
 
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -41,38 +47,13 @@ use uzram_core::store::{SegmentHome, SegmentWords, SEGMENT_BYTES};
 use super::pool;
 
 const MAGIC: [u8; 8] = *b"UZRAMST1";
-const VERSION: u32 = 3;
-/// The layout before the block states: still taken over (its free blocks found by `mincore`).
-const VERSION_NO_STATES: u32 = 2;
-/// The smallest recovery room (see the module docs): a new daemon's heap reserve, stacks
-/// and rings before it serves, with two queues' I/O buffers (what the 24 MiB of every room
-/// was sized for until it grew with the queues: [`room_bytes`]).
-pub const MIN_ROOM: usize = 24 << 20;
+/// Layout 4: stored objects carry checksums, and the header says whether they do. A store
+/// of an older layout (no checksums) is not taken over.
+const VERSION: u32 = 4;
+use crate::footprint::max_room;
+pub use crate::footprint::{room_bytes, Sizes, MIN_ROOM};
 
-/// What a recovering daemon allocates before it serves besides its heap reserve and I/O
-/// buffers: stacks, the recovered store's bookkeeping, static data, page tables, rings.
-/// Measured in the guest's crash test (1 GiB device, 2 queues, some 40 thousand pages
-/// stored): RssAnon 29 MiB against 24 MiB of reserve and buffers, page tables 0.4-0.7 MiB.
-/// A room without it was spent before the new daemon served when the hog had taken the
-/// dead daemon's freed memory first, and the daemon's queue threads then waited in reclaim
-/// for good (docs/recovery.md). It had 16 MiB more for a while, as slack for room pages
-/// stranded on a CPU's free list (11.5 MiB in a CI run); a recovery now keeps those lists
-/// short while it gives the room back (`free_lists`), and the 16 MiB, locked in every
-/// device, were what a guest short of memory then missed (the OOM killer took scenario r's
-/// hog in 2 of 17 runs with them).
-const START_REST: usize = 8 << 20;
-
-/// The recovery room for a device of `queues` queues of `depth` tags: the heap reserve,
-/// every tag's locked I/O buffer and the rest of what a new daemon allocates before it
-/// serves ([`START_REST`]); never under [`MIN_ROOM`]. A fixed 24 MiB fell 16 MiB short of
-/// the first two with four queues at the default depth.
-pub fn room_bytes(queues: u16, depth: u16) -> usize {
-    let buffers = usize::from(queues) * usize::from(depth) * super::target::IO_BUF_BYTES as usize;
-    (super::HEAP_RESERVE + buffers + START_REST)
-        .next_multiple_of(UNIT)
-        .max(MIN_ROOM)
-}
-const UNIT: usize = pool::BLOCK;
+const UNIT: usize = crate::footprint::UNIT;
 /// Where the id of the device's GPU staging segment (`staging.rs`) is recorded: a word in
 /// the header's unit after the header, [`STAGING_TAG`] above the id (0: none; a region of
 /// an older daemon has 0 there).
@@ -105,10 +86,12 @@ struct Header {
     algorithm: [u8; 32],
     room_off: u64,
     room_len: u64,
-    /// The block states (layout 3; 0 and 0 in layout 2, whose header ended before them, in
-    /// the unit's zeroed bytes).
+    /// A byte per block: whether its pages are in memory.
     states_off: u64,
     states_len: u64,
+    /// 1 when stored objects carry checksums, 0 when not.
+    checksums: u32,
+    _pad: u32,
 }
 
 /// Why a region could not be made or taken over.
@@ -130,6 +113,9 @@ pub enum RegionError {
         /// What did not match.
         why: String,
     },
+    /// The segment is not root's alone, or a call on it failed.
+    #[error(transparent)]
+    Shm(#[from] crate::shm::ShmError),
 }
 
 fn sys(what: &'static str) -> impl FnOnce(std::io::Error) -> RegionError {
@@ -145,142 +131,186 @@ pub struct Region {
     header: Header,
 }
 
-/// Sizes of a store's parts, for [`Region::create`].
+/// The header of a store of `sizes` (`None`: its parts overflow).
+fn layout(sizes: Sizes, algorithm: &str, checksums: bool, device: u32) -> Option<Header> {
+    let o = sizes.offsets()?;
+    let mut name = [0u8; 32];
+    let n = algorithm.len().min(name.len());
+    name[..n].copy_from_slice(&algorithm.as_bytes()[..n]);
+    Some(Header {
+        magic: MAGIC,
+        version: VERSION,
+        device,
+        pages: sizes.pages,
+        table_off: o.table_off as u64,
+        table_len: sizes.table_len as u64,
+        dir_off: o.dir_off as u64,
+        dir_len: sizes.dir_len as u64,
+        blocks_off: o.blocks_off as u64,
+        len: o.len as u64,
+        algorithm: name,
+        room_off: o.room_off as u64,
+        room_len: sizes.room as u64,
+        states_off: o.states_off as u64,
+        states_len: o.blocks as u64,
+        checksums: u32::from(checksums),
+        _pad: 0,
+    })
+}
+
+/// What a store taken over must be: the device's id and settings.
 #[derive(Debug, Clone, Copy)]
-pub struct Sizes {
+pub struct Expected<'a> {
+    /// The ublk device id.
+    pub device: u32,
     /// Device pages.
     pub pages: u64,
-    /// Page table words (`PageStore::table_len`).
-    pub table_len: usize,
-    /// Directory entries (`PageStore::segment_capacity`).
-    pub dir_len: usize,
-    /// Bytes of blocks for the pool.
-    pub block_bytes: usize,
-    /// Bytes of the recovery room ([`room_bytes`]), a whole number of units.
-    pub room: usize,
+    /// The codec.
+    pub algorithm: &'a str,
+    /// Whether objects carry checksums.
+    pub checksums: bool,
+}
+
+/// Checks a store's header (read from segment `id` of `size` bytes) against what the
+/// device `expect` names lays out: every field must be exactly that.
+fn check_header(
+    id: i32,
+    header: &Header,
+    size: usize,
+    expect: Expected<'_>,
+) -> Result<(), RegionError> {
+    if header.magic != MAGIC {
+        return Err(foreign(id, "no uzram store header".into()));
+    }
+    if header.version != VERSION {
+        return Err(foreign(
+            id,
+            format!(
+                "layout version {} (this daemon keeps layout {VERSION}, with a checksum on \
+                 every page; a store of an older uzram is not taken over: stop the device \
+                 with the uzram that made it)",
+                header.version
+            ),
+        ));
+    }
+    if header.device != expect.device {
+        return Err(foreign(
+            id,
+            format!(
+                "it is the store of device {}, not {}",
+                header.device, expect.device
+            ),
+        ));
+    }
+    if header.pages != expect.pages {
+        return Err(foreign(
+            id,
+            format!(
+                "it has {} pages; this device has {}",
+                header.pages, expect.pages
+            ),
+        ));
+    }
+    let algorithm = algorithm_name(&header.algorithm);
+    if algorithm != expect.algorithm {
+        return Err(foreign(
+            id,
+            format!(
+                "it is compressed with {algorithm}, not {}",
+                expect.algorithm
+            ),
+        ));
+    }
+    if header.checksums != u32::from(expect.checksums) {
+        return Err(foreign(
+            id,
+            format!(
+                "its pages {} checksums; this device's {}",
+                if header.checksums == 1 {
+                    "carry"
+                } else {
+                    "carry no"
+                },
+                if expect.checksums { "do" } else { "do not" }
+            ),
+        ));
+    }
+    let room = usize::try_from(header.room_len).unwrap_or(usize::MAX);
+    if !(MIN_ROOM..=max_room()).contains(&room) {
+        return Err(foreign(id, format!("a recovery room of {room} bytes")));
+    }
+    let laid_out = Sizes::of(expect.pages, room)
+        .and_then(|s| layout(s, expect.algorithm, expect.checksums, expect.device));
+    if laid_out.as_ref() != Some(header) || header.len != size as u64 {
+        return Err(foreign(
+            id,
+            "its layout is not the one its device's settings give".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A header's codec name (NUL-padded).
+fn algorithm_name(name: &[u8; 32]) -> String {
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    String::from_utf8_lossy(&name[..end]).into_owned()
 }
 
 impl Region {
-    /// Makes a new locked segment for a store of `sizes` with `algorithm`. Nothing in it is
-    /// committed until touched.
-    pub fn create(sizes: Sizes, algorithm: &str) -> Result<Region, RegionError> {
-        let units = |bytes: usize| bytes.div_ceil(UNIT) * UNIT;
-        let table_off = UNIT;
-        let dir_off = table_off + units(sizes.table_len * 8);
-        let states_off = dir_off + units(sizes.dir_len * 4);
-        let blocks = sizes.block_bytes.div_ceil(UNIT);
-        let room_off = states_off + units(blocks);
-        let blocks_off = room_off + sizes.room;
-        let len = blocks_off + blocks * UNIT;
-        let mut name = [0u8; 32];
-        let n = algorithm.len().min(name.len());
-        name[..n].copy_from_slice(&algorithm.as_bytes()[..n]);
-        let header = Header {
-            magic: MAGIC,
-            version: VERSION,
-            device: u32::MAX,
-            pages: sizes.pages,
-            table_off: table_off as u64,
-            table_len: sizes.table_len as u64,
-            dir_off: dir_off as u64,
-            dir_len: sizes.dir_len as u64,
-            blocks_off: blocks_off as u64,
-            len: len as u64,
-            algorithm: name,
-            room_off: room_off as u64,
-            room_len: sizes.room as u64,
-            states_off: states_off as u64,
-            states_len: blocks as u64,
-        };
-        let id = crate::sys::shm_create(len)
-            .map_err(sys("shmget (creating the store's shared memory)"))?;
-        let region = Self::map(id).inspect_err(|_| remove(id))?;
+    /// Makes a new locked segment for the store of device `device` (`u32::MAX` for none: a
+    /// `scratch` store, which is marked for removal before anything of it is locked or
+    /// touched, so that it goes with this process however it ends: a benchmark's, a test's).
+    /// Nothing in it is committed until touched, but for the header and the recovery room.
+    pub fn create(
+        sizes: Sizes,
+        algorithm: &str,
+        checksums: bool,
+        device: u32,
+        scratch: bool,
+    ) -> Result<Region, RegionError> {
+        let header = layout(sizes, algorithm, checksums, device)
+            .ok_or_else(|| foreign(-1, "the store's parts overflow the address space".into()))?;
+        let len = usize::try_from(header.len)
+            .map_err(|_| foreign(-1, "the store is larger than the address space".into()))?;
+        let id = crate::shm::create(len)?;
+        let mapped = crate::shm::Attached::map(id, false);
+        if scratch || mapped.is_err() {
+            let _ = crate::shm::remove(id);
+        }
+        let base = mapped?.keep();
         // SAFETY: the header page lies in our fresh read-write mapping, nobody else uses it.
-        unsafe { ptr::write_volatile(region.base as *mut Header, header) };
-        let region = Region { header, ..region };
+        // Written before the segment is locked: from here on `uzram list` knows it as a
+        // store (and whose), should this process be killed before its device serves.
+        unsafe { ptr::write_volatile(base as *mut Header, header) };
+        let region = Region { id, base, header };
+        if let Err(e) = crate::shm::lock(id) {
+            let _ = crate::shm::remove(id);
+            return Err(e.into());
+        }
         region.lock_parts();
         region.commit_room();
         Ok(region)
     }
 
-    /// Takes over segment `id` left by an earlier daemon: attaches it and checks its header.
-    pub fn attach(id: i32) -> Result<Region, RegionError> {
-        let region = Self::map(id)?;
-        let size = crate::sys::shm_size(id).map_err(sys("shmctl IPC_STAT"))?;
+    /// Takes over segment `id` left by an earlier daemon of the device `expect` names:
+    /// attaches it (root's alone) and checks its header against what the device lays out.
+    pub fn attach(id: i32, expect: Expected<'_>) -> Result<Region, RegionError> {
+        let mapped = crate::shm::Attached::map(id, false)?;
+        let size = mapped.size();
         if size < UNIT {
             return Err(foreign(id, format!("only {size} bytes")));
         }
         // SAFETY: the segment is at least one unit long, so the header lies in the mapping.
-        let header = unsafe { ptr::read_volatile(region.base as *const Header) };
-        let fits = |off: u64, len: u64| off.checked_add(len).is_some_and(|end| end <= size as u64);
-        if header.magic != MAGIC {
-            return Err(foreign(id, "no uzram store header".into()));
-        }
-        if header.version != VERSION && header.version != VERSION_NO_STATES {
-            return Err(foreign(id, format!("layout version {}", header.version)));
-        }
-        let blocks = (header.len.saturating_sub(header.blocks_off)) / UNIT as u64;
-        let states_ok = match header.version {
-            VERSION => {
-                header.states_len == blocks
-                    && fits(header.states_off, header.states_len)
-                    && header.states_off + header.states_len <= header.room_off
-            }
-            _ => header.states_off == 0 && header.states_len == 0,
+        let header = unsafe { ptr::read_volatile(mapped.base() as *const Header) };
+        check_header(id, &header, size, expect)?;
+        crate::shm::lock(id)?;
+        let region = Region {
+            id,
+            base: mapped.keep(),
+            header,
         };
-        if !states_ok {
-            return Err(foreign(id, "its block states do not fit its blocks".into()));
-        }
-        if header.len != size as u64
-            || !fits(header.table_off, header.table_len * 8)
-            || !fits(header.dir_off, header.dir_len * 4)
-            || !fits(header.blocks_off, 0)
-            || !fits(header.room_off, header.room_len)
-            || header.room_off + header.room_len > header.blocks_off
-            || header.room_off % 4096 != 0
-            || header.table_off % 8 != 0
-            || header.dir_off % 4 != 0
-            || header.blocks_off % UNIT as u64 != 0
-        {
-            return Err(foreign(id, "its layout does not fit its size".into()));
-        }
-        let region = Region { header, ..region };
         region.lock_parts();
         Ok(region)
-    }
-
-    fn map(id: i32) -> Result<Region, RegionError> {
-        crate::sys::shm_lock(id).map_err(sys("shmctl SHM_LOCK (keeping the store resident)"))?;
-        // SAFETY: shmat maps the segment at an address the kernel picks; no memory of ours is
-        // touched.
-        let base = unsafe { libc::shmat(id, ptr::null(), 0) };
-        if base as isize == -1 {
-            return Err(sys("shmat (mapping the store)")(
-                std::io::Error::last_os_error(),
-            ));
-        }
-        let len = crate::sys::shm_size(id).unwrap_or(0);
-        Ok(Region {
-            id,
-            base: base as usize,
-            header: Header {
-                magic: [0; 8],
-                version: 0,
-                device: u32::MAX,
-                pages: 0,
-                table_off: 0,
-                table_len: 0,
-                dir_off: 0,
-                dir_len: 0,
-                blocks_off: 0,
-                len: len as u64,
-                algorithm: [0; 32],
-                room_off: 0,
-                room_len: 0,
-                states_off: 0,
-                states_len: 0,
-            },
-        })
     }
 
     /// Header, page table and directory: populated and locked now, since queue threads write
@@ -320,27 +350,15 @@ impl Region {
         )
     }
 
+    /// The mapping's address, for tests that play a killed process.
+    #[cfg(test)]
+    pub fn base_for_tests(&self) -> usize {
+        self.base
+    }
+
     /// The segment's id (what `uzram recover` attaches to).
     pub fn id(&self) -> i32 {
         self.id
-    }
-
-    /// Device pages the store in it has.
-    pub fn pages(&self) -> u64 {
-        self.header.pages
-    }
-
-    /// The store's codec, as written at creation.
-    pub fn algorithm(&self) -> String {
-        let end = self.header.algorithm.iter().position(|&b| b == 0);
-        String::from_utf8_lossy(&self.header.algorithm[..end.unwrap_or(32)]).into_owned()
-    }
-
-    /// Records the device id (once the kernel gave it).
-    pub fn set_device(&mut self, id: u32) {
-        self.header.device = id;
-        // SAFETY: the header lies at the start of our mapping.
-        unsafe { ptr::write_volatile(self.base as *mut Header, self.header) };
     }
 
     fn staging_word(&self) -> &AtomicU64 {
@@ -373,13 +391,14 @@ impl Region {
         }
     }
 
-    /// The page table. Call once: the store owns it from then on.
-    pub fn take_table(&self) -> &'static mut [u64] {
+    /// The page table's words. Shared atomics: handing them out twice is sound, and a store
+    /// built on them must be the only writer while it lives (`Persistence::table`).
+    pub fn table(&self) -> &'static [AtomicU64] {
         // SAFETY: `attach`/`create` checked that the table lies in the mapping (8-aligned);
-        // the mapping is never detached, and this is its only handle.
+        // its words are only ever accessed atomically; the mapping is never detached.
         unsafe {
-            std::slice::from_raw_parts_mut(
-                (self.base + self.header.table_off as usize) as *mut u64,
+            std::slice::from_raw_parts(
+                (self.base + self.header.table_off as usize) as *const AtomicU64,
                 self.header.table_len as usize,
             )
         }
@@ -396,8 +415,7 @@ impl Region {
         }
     }
 
-    /// A byte per block (`pool::BlockState`), for regions of layout 3; `None` for one of
-    /// layout 2.
+    /// A byte per block (`pool::BlockState`).
     pub fn block_states(&self) -> Option<&'static [AtomicU8]> {
         if self.header.states_len == 0 {
             return None;
@@ -490,58 +508,40 @@ fn with_room(
     f: impl FnOnce(usize, usize) -> Result<usize, RegionError>,
 ) -> Result<usize, RegionError> {
     let attached = attach_room(id)?;
-    let result = f(attached.room, attached.len);
-    // SAFETY: detaches the mapping made by attach_room; nothing refers to it.
-    unsafe { libc::shmdt(attached.base) };
-    result
+    f(attached.room, attached.len)
 }
 
-/// Segment `id` mapped whole, its header checked to be a store's whose room lies in it.
+/// Segment `id` mapped whole (root's alone), its header checked to be a store's whose room
+/// lies in it.
 struct AttachedRoom {
-    base: *mut libc::c_void,
-    size: usize,
+    mapped: crate::shm::Attached,
     room: usize,
     len: usize,
 }
 
 fn attach_room(id: i32) -> Result<AttachedRoom, RegionError> {
-    // SAFETY: shmat maps the segment where the kernel picks; none of our memory is touched.
-    let base = unsafe { libc::shmat(id, ptr::null(), 0) };
-    if base as isize == -1 {
-        return Err(sys("shmat (the store, for its recovery room)")(
-            std::io::Error::last_os_error(),
-        ));
+    let mapped = crate::shm::Attached::map(id, false)?;
+    let size = mapped.size();
+    if size < UNIT {
+        return Err(foreign(id, format!("only {size} bytes")));
     }
-    let size = crate::sys::shm_size(id).unwrap_or(0);
-    let checked = if size < UNIT {
-        Err(foreign(id, format!("only {size} bytes")))
-    } else {
-        // SAFETY: the segment is at least one unit long, so the header lies in the mapping.
-        let header = unsafe { ptr::read_volatile(base as *const Header) };
-        let end = header.room_off.checked_add(header.room_len);
-        if header.magic != MAGIC
-            || (header.version != VERSION && header.version != VERSION_NO_STATES)
-        {
-            Err(foreign(id, "no uzram store header of this version".into()))
-        } else if !end.is_some_and(|end| end <= size as u64)
-            || header.room_off % 4096 != 0
-            || header.room_len % 4096 != 0
-        {
-            Err(foreign(id, "its recovery room does not fit".into()))
-        } else {
-            Ok(AttachedRoom {
-                base,
-                size,
-                room: base as usize + header.room_off as usize,
-                len: header.room_len as usize,
-            })
-        }
-    };
-    if checked.is_err() {
-        // SAFETY: detaches the mapping made above; nothing refers to it.
-        unsafe { libc::shmdt(base) };
+    // SAFETY: the segment is at least one unit long, so the header lies in the mapping.
+    let header = unsafe { ptr::read_volatile(mapped.base() as *const Header) };
+    let end = header.room_off.checked_add(header.room_len);
+    if header.magic != MAGIC || header.version != VERSION {
+        return Err(foreign(id, "no uzram store header of this version".into()));
     }
-    checked
+    if !end.is_some_and(|end| end <= size as u64)
+        || header.room_off % 4096 != 0
+        || header.room_len % 4096 != 0
+    {
+        return Err(foreign(id, "its recovery room does not fit".into()));
+    }
+    Ok(AttachedRoom {
+        room: mapped.base() as usize + header.room_off as usize,
+        len: header.room_len as usize,
+        mapped,
+    })
 }
 
 /// The recovery room of a store, mapped by a process that waits for the store's daemon to
@@ -559,9 +559,11 @@ impl MappedRoom {
     /// Maps the room of segment `id`, and only the room.
     pub fn map(id: i32) -> Result<MappedRoom, RegionError> {
         let attached = attach_room(id)?;
-        let (base, room, len) = (attached.base as usize, attached.room, attached.len);
+        let (room, len) = (attached.room, attached.len);
+        let size = attached.mapped.size();
+        let base = attached.mapped.keep();
         let tail = room + len;
-        let end = base + attached.size.next_multiple_of(4096);
+        let end = base + size.next_multiple_of(4096);
         let failed = |what: &str| tracing::warn!(id, what, error = %std::io::Error::last_os_error(), "mapping a store's recovery room ahead");
         // SAFETY: both ranges lie in the mapping made by attach_room, outside the room,
         // and nothing of ours refers to them (the header was copied out).
@@ -623,27 +625,63 @@ fn staging_id(word: u64) -> Option<i32> {
     (word & 0xffff_ffff_0000_0000 == STAGING_TAG).then_some(word as u32 as i32)
 }
 
-/// Marks segment `id` for removal, and the GPU staging segment it records: they go once no
-/// process has them attached (at once when none has). For a deleted device's store.
+/// Marks store segment `id` for removal, and the GPU staging segment it records: they go
+/// once no process has them attached (at once when none has). For a deleted device's store.
+/// A segment that is not a uzram store, root's alone (its id was freed and reused), is left
+/// as it is.
 pub fn remove(id: i32) {
-    let is_store = crate::sys::shm_size(id).is_ok_and(|size| size >= UNIT)
-        && crate::sys::shm_peek::<Header>(id, 0).is_ok_and(|h| h.magic == MAGIC);
-    if is_store {
-        if let Some(staging) = crate::sys::shm_peek::<u64>(id, STAGING_OFF)
-            .ok()
-            .and_then(staging_id)
-        {
-            super::staging::remove(staging);
+    match crate::shm::peek::<Header>(id, 0) {
+        Ok(h) if h.magic == MAGIC => {}
+        Ok(_) => {
+            tracing::warn!(id, "not removing a segment that is no uzram store");
+            return;
+        }
+        Err(error) => {
+            tracing::warn!(id, %error, "not removing the recorded store");
+            return;
         }
     }
-    if let Err(error) = crate::sys::shm_remove(id) {
+    if let Some(staging) = crate::shm::peek::<u64>(id, STAGING_OFF)
+        .ok()
+        .and_then(staging_id)
+    {
+        super::staging::remove(staging);
+    }
+    if let Err(error) = crate::shm::remove(id) {
         tracing::warn!(id, %error, "removing the store's shared memory failed");
     }
 }
 
 /// Whether segment `id` exists.
 pub fn exists(id: i32) -> bool {
-    crate::sys::shm_size(id).is_ok()
+    crate::shm::stat(id).is_ok()
+}
+
+/// What a root-only segment holds, as far as its header tells (for `uzram list` and
+/// `uzram destroy`, which find segments no device takes back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreFacts {
+    /// The device it is the store of (`u32::MAX`: none yet).
+    pub device: u32,
+    /// Its device's pages.
+    pub pages: u64,
+    /// The GPU staging segment it records.
+    pub staging: Option<i32>,
+}
+
+/// The facts of segment `id` if it is a uzram store (root's alone).
+pub fn store_facts(id: i32) -> Option<StoreFacts> {
+    let header = crate::shm::peek::<Header>(id, 0).ok()?;
+    if header.magic != MAGIC {
+        return None;
+    }
+    Some(StoreFacts {
+        device: header.device,
+        pages: header.pages,
+        staging: crate::shm::peek::<u64>(id, STAGING_OFF)
+            .ok()
+            .and_then(staging_id),
+    })
 }
 
 /// Longest a new arena segment waits for the pool keeper before the write that needs it fails
@@ -706,24 +744,30 @@ mod tests {
     use super::*;
     use crate::daemon::staging::Staging;
 
-    /// A region of 16 pages and `blocks` blocks; `None` (printed) where segments cannot be
-    /// locked (containers without CAP_IPC_LOCK).
-    fn small_region(blocks: usize) -> Option<Region> {
-        let sizes = Sizes {
-            pages: 16,
-            table_len: 16,
-            dir_len: 4,
-            block_bytes: blocks * UNIT,
-            room: MIN_ROOM,
-        };
-        Region::create(sizes, "lz4")
+    const DEVICE: u32 = 7;
+
+    /// The store of a 16-page device; `None` (printed) where segments cannot be locked
+    /// (containers without CAP_IPC_LOCK). Marked for removal when made: it goes with the
+    /// test process however the test ends.
+    fn small_region() -> Option<Region> {
+        let sizes = Sizes::of(16, MIN_ROOM).unwrap();
+        Region::create(sizes, "lz4", true, DEVICE, true)
             .inspect_err(|e| println!("SKIP: {e}"))
             .ok()
     }
 
+    fn expected() -> Expected<'static> {
+        Expected {
+            device: DEVICE,
+            pages: 16,
+            algorithm: "lz4",
+            checksums: true,
+        }
+    }
+
     #[test]
     fn removing_a_store_removes_its_staging() {
-        let Some(region) = small_region(1) else {
+        let Some(region) = small_region() else {
             return;
         };
         assert_eq!(region.staging(), None, "a new store has no staging");
@@ -731,10 +775,18 @@ mod tests {
         let id = staging.id();
         region.set_staging(Some(id));
         assert_eq!(region.staging(), Some(id));
-        assert_eq!(Region::attach(region.id()).unwrap().staging(), Some(id));
+        let again = Region::attach(region.id(), expected()).unwrap();
+        assert_eq!(again.staging(), Some(id));
+        assert_eq!(
+            store_facts(region.id()),
+            Some(StoreFacts {
+                device: DEVICE,
+                pages: 16,
+                staging: Some(id)
+            })
+        );
         // SAFETY: nothing uses the segment's memory.
         unsafe { staging.detach() };
-        assert!(exists(id));
         remove(region.id());
         assert!(!exists(id), "the staging segment outlived its store");
         region.set_staging(None);
@@ -742,59 +794,160 @@ mod tests {
     }
 
     #[test]
-    fn a_region_keeps_a_state_per_block_and_one_of_layout_2_is_still_taken_over() {
-        let Some(region) = small_region(3) else {
+    fn a_header_that_is_not_what_its_device_lays_out_is_refused() {
+        let Some(region) = small_region() else {
             return;
         };
-        let states = region.block_states().expect("layout 3 keeps block states");
-        assert_eq!(states.len(), 3);
-        assert!(states.iter().all(|s| s.load(Ordering::Relaxed) == 0));
+        let states = region.block_states().expect("block states");
+        assert_eq!(states.len(), region.blocks().1 / UNIT);
         states[1].store(1, Ordering::Relaxed);
-        let again = Region::attach(region.id()).expect("taken over");
+        let again = Region::attach(region.id(), expected()).expect("taken over");
         assert_eq!(again.block_states().unwrap()[1].load(Ordering::Relaxed), 1);
-
-        // A layout 2 header (what the daemon before this one wrote) has no states.
-        let old = Header {
-            version: VERSION_NO_STATES,
-            states_off: 0,
-            states_len: 0,
-            ..region.header
-        };
-        // SAFETY: the header lies at the start of our mapping; nothing else uses it.
-        unsafe { ptr::write_volatile(region.base as *mut Header, old) };
-        let v2 = Region::attach(region.id()).expect("a layout 2 region is taken over");
-        assert!(v2.block_states().is_none());
-        assert_eq!(v2.blocks().1, region.blocks().1);
-
-        // States that do not cover the blocks are refused.
-        let bad = Header {
-            states_len: 2,
-            ..region.header
-        };
+        // Another device, size, codec or checksum setting than the header's.
+        for (expect, what) in [
+            (
+                Expected {
+                    device: 8,
+                    ..expected()
+                },
+                "device 7, not 8",
+            ),
+            (
+                Expected {
+                    pages: 17,
+                    ..expected()
+                },
+                "16 pages",
+            ),
+            (
+                Expected {
+                    algorithm: "zstd",
+                    ..expected()
+                },
+                "lz4, not zstd",
+            ),
+            (
+                Expected {
+                    checksums: false,
+                    ..expected()
+                },
+                "checksums",
+            ),
+        ] {
+            let err = Region::attach(region.id(), expect).expect_err(what);
+            assert!(err.to_string().contains(what), "{err}");
+        }
+        // Damaged headers: lengths that overflow when multiplied, lengths that do not fit,
+        // an older layout, a room that is no device's.
+        let h = region.header;
+        for (bad, what) in [
+            (
+                Header {
+                    table_len: u64::MAX / 8 + 2,
+                    ..h
+                },
+                "layout",
+            ),
+            (
+                Header {
+                    dir_len: 1 << 62,
+                    ..h
+                },
+                "layout",
+            ),
+            (
+                Header {
+                    dir_len: h.dir_len + 1,
+                    ..h
+                },
+                "layout",
+            ),
+            (
+                Header {
+                    states_len: h.states_len - 1,
+                    ..h
+                },
+                "layout",
+            ),
+            (
+                Header {
+                    table_off: u64::MAX - 4,
+                    ..h
+                },
+                "layout",
+            ),
+            (
+                Header {
+                    len: h.len + UNIT as u64,
+                    ..h
+                },
+                "layout",
+            ),
+            (Header { version: 3, ..h }, "layout version 3"),
+            (
+                Header {
+                    room_len: u64::MAX,
+                    ..h
+                },
+                "recovery room",
+            ),
+            (
+                Header {
+                    room_len: (MIN_ROOM + UNIT) as u64,
+                    ..h
+                },
+                "layout",
+            ),
+            (
+                Header {
+                    magic: *b"UZRAMST0",
+                    ..h
+                },
+                "no uzram store header",
+            ),
+        ] {
+            // SAFETY: the header lies at the start of our mapping; nothing else uses it.
+            unsafe { ptr::write_volatile(region.base as *mut Header, bad) };
+            let err = Region::attach(region.id(), expected()).expect_err(what);
+            assert!(err.to_string().contains(what), "{what}: {err}");
+        }
         // SAFETY: as above.
-        unsafe { ptr::write_volatile(region.base as *mut Header, bad) };
-        let err = Region::attach(region.id()).expect_err("states for 2 of 3 blocks");
-        assert!(err.to_string().contains("block states"), "{err}");
-        remove(region.id());
+        unsafe { ptr::write_volatile(region.base as *mut Header, h) };
+        assert!(Region::attach(region.id(), expected()).is_ok());
     }
 
     #[test]
-    fn the_room_holds_the_heap_reserve_every_tags_buffer_and_the_rest() {
-        assert_eq!(room_bytes(1, 64), (8 << 20) + (8 << 20) + START_REST);
-        assert_eq!(room_bytes(1, 1), MIN_ROOM, "never under the smallest room");
-        assert_eq!(
-            room_bytes(2, 64),
-            (8 << 20) + (16 << 20) + START_REST,
-            "the guest's two queues"
-        );
-        assert_eq!(room_bytes(4, 64), (8 << 20) + (32 << 20) + START_REST);
-        assert_eq!(room_bytes(4, 64) % UNIT, 0);
-        assert!(room_bytes(u16::MAX, u16::MAX) > MIN_ROOM);
+    fn a_store_another_user_made_is_never_taken_over() {
+        // A segment of the right size whose header is a store's, made by nobody.
+        let Some(region) = small_region() else {
+            return;
+        };
+        let size = crate::shm::stat(region.id()).unwrap().size;
+        let Some(id) = crate::shm::tests::nobodys_segment(0, size, 0o666) else {
+            return;
+        };
+        let copy = crate::shm::Attached::map(id, false);
+        assert!(copy.is_err(), "root attached nobody's segment through shm");
+        // SAFETY: shmat of nobody's segment (mode 0666) to write a store's header into it,
+        // as its owner could; detached right after.
+        unsafe {
+            let base = libc::shmat(id, ptr::null(), 0);
+            assert_ne!(base as isize, -1);
+            ptr::write_volatile(base as *mut Header, region.header);
+            libc::shmdt(base);
+        }
+        let err = Region::attach(id, expected()).expect_err("nobody's store");
+        assert!(err.to_string().contains("not root's alone"), "{err}");
+        assert!(MappedRoom::map(id).is_err());
+        assert_eq!(store_facts(id), None);
+        remove(id);
+        assert!(exists(id), "remove() took someone else's segment");
+        crate::shm::remove(id).unwrap();
     }
 
     #[test]
     fn a_room_given_back_for_a_failed_handover_is_committed_again() {
-        let Some(region) = small_region(1) else {
+        let Some(region) = small_region() else {
             return;
         };
         let (room, len) = region.room();
@@ -830,7 +983,7 @@ mod tests {
 
     #[test]
     fn a_room_mapped_ahead_maps_only_the_room_and_gives_it_back() {
-        let Some(region) = small_region(1) else {
+        let Some(region) = small_region() else {
             return;
         };
         let (room, len) = region.room();
@@ -866,14 +1019,15 @@ mod tests {
 
     #[test]
     fn a_segment_that_is_no_store_has_no_room_to_map() {
-        let Ok(id) = crate::sys::shm_create(2 * UNIT) else {
+        let Ok(id) = crate::shm::create(2 * UNIT) else {
             println!("SKIP: no SysV shared memory");
             return;
         };
+        let held = crate::shm::Attached::map(id, true).unwrap();
+        crate::shm::remove(id).unwrap();
         let err = MappedRoom::map(id).unwrap_err();
         assert!(err.to_string().contains("header"), "{err}");
-        assert_eq!(attaches(id), 0, "nothing left mapped");
-        // SAFETY: IPC_RMID takes no buffer.
-        unsafe { libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()) };
+        assert_eq!(attaches(id), 1, "nothing left mapped but ours");
+        drop(held);
     }
 }

@@ -23,7 +23,8 @@ use uzram_core::PAGE_WORDS;
 use super::region::RegionError;
 
 const MAGIC: [u8; 8] = *b"UZRAMSG1";
-const VERSION: u32 = 1;
+/// Layout 2: the books hold each staged page's checksum.
+const VERSION: u32 = 2;
 const HEADER: usize = 4096;
 const ALIGN: usize = 4096;
 
@@ -59,9 +60,11 @@ fn foreign(id: i32, why: String) -> RegionError {
 /// The layout of a segment for `slots` slots of `slot_pages` pages (`None`: too large).
 fn layout(slots: usize, slot_pages: usize) -> Option<Header> {
     let books = slot_pages
+        .checked_mul(2)?
         .checked_add(1)?
         .checked_mul(slots)?
         .checked_mul(8)?;
+    debug_assert_eq!(books, book_words(slots, slot_pages) * 8);
     let books_off = HEADER;
     let inputs_off = books_off
         .checked_add(books)?
@@ -82,12 +85,11 @@ fn layout(slots: usize, slot_pages: usize) -> Option<Header> {
 /// about the segment changes), when it is a uzram staging segment of this version whose
 /// layout fits its size.
 fn header_of(id: i32) -> Result<Header, RegionError> {
-    let size = crate::sys::shm_size(id).map_err(sys("shmctl IPC_STAT (the GPU staging)"))?;
+    let size = crate::shm::check(id)?.size;
     if size < HEADER {
         return Err(foreign(id, format!("only {size} bytes")));
     }
-    let header: Header =
-        crate::sys::shm_peek(id, 0).map_err(sys("shmat (reading the GPU staging's header)"))?;
+    let header: Header = crate::shm::peek(id, 0)?;
     if header.magic != MAGIC || header.version != VERSION {
         return Err(foreign(
             id,
@@ -105,35 +107,44 @@ fn header_of(id: i32) -> Result<Header, RegionError> {
 
 impl Staging {
     /// A new locked, populated segment for `slots` slots of `slot_pages` pages. With
-    /// `scratch`, it is already marked for removal: it goes when this process does (a
-    /// benchmark's, which no later process recovers).
+    /// `scratch`, it is marked for removal before anything of it is locked or touched: it
+    /// goes when this process does, however it ends (a benchmark's, which no later process
+    /// recovers). Otherwise its header says what it is before it is locked, so that `uzram
+    /// list` finds it should this process die before its store records it.
     pub fn create(slots: usize, slot_pages: usize, scratch: bool) -> Result<Staging, RegionError> {
         let header = layout(slots, slot_pages).ok_or_else(|| RegionError::Sys {
             what: "sizing the GPU staging",
             source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
         })?;
-        let len = header.len as usize;
-        let id = crate::sys::shm_create(len)
-            .map_err(sys("shmget (creating the GPU staging's shared memory)"))?;
-        let made = Self::map(id).and_then(|base| {
-            // SAFETY: the header page lies in our fresh read-write mapping; nobody else
-            // knows the segment yet.
-            unsafe { ptr::write_volatile(base as *mut Header, header) };
-            let staging = Staging { id, base, header };
-            staging.populate()?;
-            Ok(staging)
-        });
-        if scratch || made.is_err() {
+        let len = usize::try_from(header.len).map_err(|_| foreign(-1, "too large".into()))?;
+        let id = crate::shm::create(len)?;
+        let mapped = crate::shm::Attached::map(id, false);
+        if scratch || mapped.is_err() {
             remove_ours(id);
         }
-        made
+        let base = mapped?.keep();
+        // SAFETY: the header page lies in our fresh read-write mapping; nobody else knows
+        // the segment yet.
+        unsafe { ptr::write_volatile(base as *mut Header, header) };
+        let staging = Staging { id, base, header };
+        let made = crate::shm::lock(id)
+            .map_err(RegionError::from)
+            .and_then(|()| staging.populate());
+        if let Err(e) = made {
+            remove_ours(id);
+            // SAFETY: nothing of the segment was handed out.
+            unsafe { staging.detach() };
+            return Err(e);
+        }
+        Ok(staging)
     }
 
     /// Takes over segment `id`, the staging of a daemon that is gone. A segment that is not
     /// one is left as it was.
     pub fn attach(id: i32) -> Result<Staging, RegionError> {
         let header = header_of(id)?;
-        let base = Self::map(id)?;
+        crate::shm::lock(id)?;
+        let base = crate::shm::Attached::map(id, false)?.keep();
         // The header again, through our mapping: what the slices below rely on.
         // SAFETY: the segment is at least a header page long (checked above).
         if unsafe { ptr::read_volatile(base as *const Header) } != header {
@@ -151,19 +162,6 @@ impl Staging {
             return Err(e);
         }
         Ok(staging)
-    }
-
-    fn map(id: i32) -> Result<usize, RegionError> {
-        crate::sys::shm_lock(id)
-            .map_err(sys("shmctl SHM_LOCK (keeping the GPU staging resident)"))?;
-        // SAFETY: shmat maps the segment where the kernel picks; no memory of ours is touched.
-        let base = unsafe { libc::shmat(id, ptr::null(), 0) };
-        if base as isize == -1 {
-            return Err(sys("shmat (mapping the GPU staging)")(
-                std::io::Error::last_os_error(),
-            ));
-        }
-        Ok(base as usize)
     }
 
     /// Faults every page in and keeps it in (see the module docs).
@@ -223,11 +221,17 @@ impl Staging {
         unsafe { libc::shmdt(self.base as *const libc::c_void) };
     }
 
-    /// The pages staged in it, as the store's recovery reads them.
-    pub fn copy(&self) -> Option<StagedCopy<'static>> {
+    /// The pages staged in it, as the store's recovery reads them (held to their
+    /// checksums when the store keeps them).
+    pub fn copy(&self, checksums: bool) -> Option<StagedCopy<'static>> {
         let (slots, slot_pages) = self.shape();
-        StagedCopy::new(self.books(), self.inputs(), slots, slot_pages)
+        StagedCopy::new(self.books(), self.inputs(), slots, slot_pages, checksums)
     }
+}
+
+/// Whether segment `id` is a uzram staging segment (root's alone, of this layout).
+pub fn is_staging(id: i32) -> bool {
+    header_of(id).is_ok()
 }
 
 /// Marks staging segment `id` (as a store records it) for removal: it goes once no process
@@ -241,7 +245,7 @@ pub fn remove(id: i32) {
 }
 
 fn remove_ours(id: i32) {
-    if let Err(error) = crate::sys::shm_remove(id) {
+    if let Err(error) = crate::shm::remove(id) {
         tracing::warn!(id, %error, "removing the GPU staging's shared memory failed");
     }
 }
@@ -254,7 +258,7 @@ mod tests {
 
     #[test]
     fn a_segment_is_found_again_with_its_contents() {
-        let made = match Staging::create(3, 5, false) {
+        let made = match Staging::create(3, 5, true) {
             Ok(s) => s,
             // Containers without CAP_IPC_LOCK cannot lock segments.
             Err(e) => {
@@ -264,6 +268,10 @@ mod tests {
         };
         assert_eq!(made.books().len(), book_words(3, 5));
         assert_eq!(made.inputs().len(), 3 * 5 * PAGE_WORDS);
+        // The books end before the inputs begin: a checksum written into the books never
+        // lands in a staged page.
+        let books_end = made.books().as_ptr_range().end as usize;
+        assert!(books_end <= made.inputs().as_ptr() as usize);
         assert_eq!(made.inputs().as_ptr() as usize % ALIGN, 0);
         made.books()[4].store(99, Ordering::Relaxed);
         made.inputs()[PAGE_WORDS * 14 + 511].store(7, Ordering::Relaxed);
@@ -275,23 +283,51 @@ mod tests {
             again.inputs()[PAGE_WORDS * 14 + 511].load(Ordering::Relaxed),
             7
         );
-        assert!(again.copy().is_some());
+        assert!(again.copy(true).is_some());
     }
 
     #[test]
     fn another_segment_is_neither_taken_over_nor_removed() {
         // A segment of someone else's under a recorded id (freed and reused).
-        // SAFETY: shmget takes no pointers.
-        let id = unsafe { libc::shmget(libc::IPC_PRIVATE, 65536, libc::IPC_CREAT | 0o600) };
-        assert!(id >= 0);
+        let Ok(id) = crate::shm::create(65536) else {
+            println!("SKIP: no SysV shared memory");
+            return;
+        };
         let err = Staging::attach(id).unwrap_err();
         assert!(err.to_string().contains("no uzram staging header"), "{err}");
         remove(id);
         assert!(
-            crate::sys::shm_size(id).is_ok(),
+            crate::shm::stat(id).is_ok(),
             "someone else's segment was removed"
         );
         remove_ours(id);
-        assert!(crate::sys::shm_size(id).is_err());
+        assert!(crate::shm::stat(id).is_err());
+    }
+
+    #[test]
+    fn a_staging_segment_another_user_made_is_never_taken_over() {
+        let Some(made) = Staging::create(2, 3, true).ok() else {
+            println!("SKIP: no SysV shared memory");
+            return;
+        };
+        let size = crate::shm::stat(made.id()).unwrap().size;
+        let Some(id) = crate::shm::tests::nobodys_segment(0, size, 0o666) else {
+            return;
+        };
+        // SAFETY: shmat of nobody's segment (mode 0666) to copy a staging header into it,
+        // as its owner could; detached right after.
+        unsafe {
+            let base = libc::shmat(id, ptr::null(), 0);
+            assert_ne!(base as isize, -1);
+            ptr::write_volatile(base as *mut Header, made.header);
+            libc::shmdt(base);
+        }
+        let err = Staging::attach(id).unwrap_err();
+        assert!(err.to_string().contains("not root's alone"), "{err}");
+        remove(id);
+        assert!(crate::shm::stat(id).is_ok(), "nobody's segment was removed");
+        crate::shm::remove(id).unwrap();
+        // SAFETY: nothing uses its memory.
+        unsafe { made.detach() };
     }
 }

@@ -8,54 +8,57 @@ use uzram_core::store::{PageStore, Persistence, Recovered, StoreConfig};
 use uzram_core::PAGE_SIZE;
 
 use super::pool;
-use super::region::{Region, Sizes};
+use super::region::{Expected, Region, Sizes};
 use super::staging::Staging;
 use crate::config::DeviceConfig;
-
-/// Bytes of pool blocks beyond the device size: room for holes and for 64 KiB allocations
-/// that are not the store's.
-const SLACK: usize = 64 << 20;
 
 fn store_config(cfg: &DeviceConfig) -> StoreConfig {
     let mut store_cfg = StoreConfig::new(cfg.size / PAGE_SIZE as u64, cfg.algorithm);
     store_cfg.mem_limit = cfg.mem_limit;
+    store_cfg.checksums = cfg.checksums;
     store_cfg
 }
 
-/// A new, empty store in a new region, and the pool serving the region's blocks.
-pub fn create(cfg: &DeviceConfig) -> anyhow::Result<(Arc<PageStore>, Region)> {
+/// A new, empty store for device `device` in a new region, and the pool serving the
+/// region's blocks.
+pub fn create(cfg: &DeviceConfig, device: u32) -> anyhow::Result<(Arc<PageStore>, Region)> {
     let store_cfg = store_config(cfg);
     let room = super::region::room_bytes(cfg.queues, cfg.depth);
-    let region = new_region(store_cfg.pages, &cfg.algorithm.to_string(), room)?;
+    let region = new_region(&store_cfg, room, device, false)?;
     let (start, len) = region.blocks();
     pool::init(start, len, region.block_states());
     let store = new_store(store_cfg, &region)?;
     Ok((Arc::new(store), region))
 }
 
-/// A new region for a store of up to `pages` pages: its table, its directory, and blocks
-/// for every page stored raw plus slack, and a recovery room of `room` bytes
-/// (`region::room_bytes`).
-pub fn new_region(pages: u64, algorithm: &str, room: usize) -> anyhow::Result<Region> {
-    let sizes = Sizes {
-        pages,
-        table_len: PageStore::table_len(pages).context("sizing the page table")?,
-        dir_len: PageStore::segment_capacity(pages),
-        block_bytes: usize::try_from(pages.saturating_mul(PAGE_SIZE as u64))
-            .unwrap_or(usize::MAX)
-            .saturating_add(SLACK),
-        room,
-    };
-    Region::create(sizes, algorithm).context("creating the store's shared memory")
+/// A new region for the store `store_cfg` describes (at most its pages): its table, its
+/// directory, and blocks for every page stored raw plus slack, and a recovery room of `room`
+/// bytes (`region::room_bytes`), recorded as the store of `device`. A `scratch` region is
+/// marked for removal before it is locked or touched (`Region::create`).
+pub fn new_region(
+    store_cfg: &StoreConfig,
+    room: usize,
+    device: u32,
+    scratch: bool,
+) -> anyhow::Result<Region> {
+    let sizes = Sizes::of(store_cfg.pages, room).context("sizing the store")?;
+    Region::create(
+        sizes,
+        &store_cfg.algorithm.to_string(),
+        store_cfg.checksums,
+        device,
+        scratch,
+    )
+    .context("creating the store's shared memory")
 }
 
 /// A new, empty store of `store_cfg.pages` (at most the region's) over `region`'s table and
 /// blocks, which the pool serves. The store before it in the region must be gone.
 pub fn new_store(store_cfg: StoreConfig, region: &Region) -> anyhow::Result<PageStore> {
     let len = PageStore::table_len(store_cfg.pages).context("sizing the page table")?;
-    let table = region.take_table();
+    let table = region.table();
     let have = table.len();
-    let Some(table) = table.get_mut(..len) else {
+    let Some(table) = table.get(..len) else {
         anyhow::bail!(
             "a store of {} pages needs {len} table entries; the region has {have}",
             store_cfg.pages
@@ -81,32 +84,27 @@ pub struct Taken {
     pub found: Recovered,
 }
 
-/// The store a dead daemon left in shared memory segment `shm`, taken over: refused, changing
-/// nothing, when it is not a store of this device's size and codec or is damaged. Pages it
-/// had staged for the GPU are read from its staging segment and installed. `step` is told
+/// The store a dead daemon of device `device` left in shared memory segment `shm`, taken
+/// over: refused, changing nothing, when it is not root's alone, not that device's store of
+/// this size, codec and checksum setting, or damaged. Pages it had staged for the GPU are
+/// read from its staging segment (held to their checksums) and installed. `step` is told
 /// when each part is done (`daemon::pause`).
 pub fn recover(
     cfg: &DeviceConfig,
+    device: u32,
     shm: i32,
     step: &mut dyn FnMut(&'static str),
 ) -> anyhow::Result<Taken> {
     let store_cfg = store_config(cfg);
-    let region = Region::attach(shm).context("taking over the store's shared memory")?;
-    step("store: attach");
-    if region.pages() != store_cfg.pages {
-        anyhow::bail!(
-            "the preserved store has {} pages; this device has {}",
-            region.pages(),
-            store_cfg.pages
-        );
-    }
     let algorithm = cfg.algorithm.to_string();
-    if region.algorithm() != algorithm {
-        anyhow::bail!(
-            "the preserved store is compressed with {}, not {algorithm}",
-            region.algorithm()
-        );
-    }
+    let expect = Expected {
+        device,
+        pages: store_cfg.pages,
+        algorithm: &algorithm,
+        checksums: store_cfg.checksums,
+    };
+    let region = Region::attach(shm, expect).context("taking over the store's shared memory")?;
+    step("store: attach");
     let mut used = region.used_blocks();
     used.sort_unstable();
     if let Some(w) = used.windows(2).find(|w| w[0] == w[1]) {
@@ -123,7 +121,7 @@ pub fn recover(
         "the old daemon's free blocks are the new pool"
     );
     let persist = Persistence {
-        table: region.take_table(),
+        table: region.table(),
         home: Arc::new(region.home()),
     };
     let staging = region.staging().and_then(|id| match Staging::attach(id) {
@@ -133,7 +131,7 @@ pub fn recover(
             None
         }
     });
-    let copy = staging.as_ref().and_then(Staging::copy);
+    let copy = staging.as_ref().and_then(|s| s.copy(store_cfg.checksums));
     let (store, found) = PageStore::recover(
         store_cfg,
         persist,
@@ -157,7 +155,8 @@ mod tests {
 
     #[test]
     fn a_region_holds_any_store_up_to_its_size_and_refuses_a_larger_one() {
-        let region = match new_region(4096, "lz4", crate::daemon::region::MIN_ROOM) {
+        let cfg = StoreConfig::new(4096, Algorithm::Lz4);
+        let region = match new_region(&cfg, crate::daemon::region::MIN_ROOM, u32::MAX, true) {
             Ok(r) => r,
             // Containers without CAP_IPC_LOCK cannot lock segments.
             Err(e) => {
@@ -165,7 +164,6 @@ mod tests {
                 return;
             }
         };
-        crate::daemon::region::remove(region.id());
         for pages in [4096, 1000, 4096] {
             let store = new_store(StoreConfig::new(pages, Algorithm::Lz4), &region)
                 .expect("a store that fits");

@@ -16,9 +16,7 @@ use super::io::{handle_with, Op};
 use super::queue_mode::{QueueMode, QueuePlan};
 use crate::control::proto::Stat;
 
-/// Largest request, in bytes (the size of each tag's I/O buffer). Every buffer is locked in
-/// RAM for the device's life (queues x depth x this), so it is kept modest.
-pub const IO_BUF_BYTES: u32 = 128 << 10;
+pub use crate::footprint::IO_BUF_BYTES;
 
 /// Requests between two reads of a queue thread's page-fault count.
 const FAULT_CHECK_EVERY: u32 = 64;

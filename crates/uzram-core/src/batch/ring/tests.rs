@@ -309,6 +309,64 @@ fn a_lying_backend_is_caught_by_the_spot_check_and_retired() {
     assert_reads(&store, &data);
 }
 
+#[test]
+fn a_backend_that_compressed_other_bytes_is_caught_by_the_checksums_and_retired() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let faults = FaultPlan {
+        misread_every: 7,
+        ..FaultPlan::default()
+    };
+    // No spot check: the checksum comparison alone catches it, on the first bad result.
+    let cfg = RingConfig {
+        spot_check_every: 0,
+        ..RingConfig::default()
+    };
+    let (store, ring) = ring_with(n, host(4, 64, faults), cfg);
+    write_all(&ring, 0, &data);
+    ring.flush();
+    let s = ring.stats();
+    assert!(s.checksum_mismatches > 0, "{s:?}");
+    assert!(s.checksum_checked_pages > 0, "{s:?}");
+    assert_eq!(s.retired, 1);
+    // Every page reads back as written: the mismatched ones were compressed on the CPU.
+    assert_reads(&store, &data);
+    assert_eq!(store.stats().checksum_failures, 0);
+}
+
+#[test]
+fn a_lying_backend_the_spot_check_misses_yields_io_errors_never_other_data() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let faults = FaultPlan {
+        corrupt_every: 5,
+        ..FaultPlan::default()
+    };
+    let cfg = RingConfig {
+        spot_check_every: 0,
+        ..RingConfig::default()
+    };
+    let (store, ring) = ring_with(n, host(4, 64, faults), cfg);
+    write_all(&ring, 0, &data);
+    ring.flush();
+    let mut failed = 0;
+    let mut out = [0u8; PAGE_SIZE];
+    for (i, page) in data.chunks_exact(PAGE_SIZE).enumerate() {
+        match store.read(i as u64, &mut out) {
+            Ok(()) => assert_eq!(&out[..], page, "page {i} read back other data"),
+            Err(e) => {
+                assert_eq!(e.errno(), -5, "page {i}: {e}");
+                failed += 1;
+            }
+        }
+    }
+    assert!(
+        failed > 0,
+        "the lying blocks were installed and must fail their reads"
+    );
+    assert_eq!(store.stats().checksum_failures, failed);
+}
+
 /// Delegates to a healthy [`HostSlots`] but reports a block as long as the threshold
 /// for page 0 of every slot: a result that breaks the layout's contract.
 struct Contractless(HostSlots);

@@ -1,0 +1,156 @@
+//! Shared memory no device takes back: a store whose device is gone (or never came to be:
+//! its daemon was killed while it started), a GPU staging segment no store records, a
+//! recovery record of a device the kernel no longer has. `uzram list` names them and `uzram
+//! destroy --all` frees them, so that no kill, at any instant, leaves locked memory behind
+//! that no command finds.
+//!
+//! Only segments that are root's alone, carry a uzram header (or sit on a record key) and
+//! that no process has attached are considered: a live daemon keeps its store and staging
+//! attached, and a standby keeps its store's recovery room mapped.
+
+use crate::control::anchor;
+use crate::daemon::{region, staging};
+use crate::devname::{dev_path, in_kernel};
+use crate::shm;
+use crate::size::Human;
+
+/// One segment no device takes back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leftover {
+    /// The segment id.
+    pub id: i32,
+    /// What it is, for messages.
+    pub what: String,
+    /// Its size.
+    pub bytes: u64,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Store,
+    Staging,
+    Record(u32),
+}
+
+/// Every segment on the host that no device takes back.
+pub fn find() -> Vec<Leftover> {
+    let segments = shm::root_only_segments();
+    let stores: Vec<(shm::Stat, region::StoreFacts)> = segments
+        .iter()
+        .filter_map(|s| region::store_facts(s.id).map(|f| (*s, f)))
+        .collect();
+    let mut found = Vec::new();
+    for seg in segments.iter().filter(|s| s.attached == 0) {
+        if let Some(device) = anchor::device_of_key(seg.key) {
+            if !in_kernel(device) {
+                found.push(Leftover {
+                    id: seg.id,
+                    what: format!(
+                        "the recovery record of {}, a device that is gone",
+                        dev_path(device)
+                    ),
+                    bytes: seg.size as u64,
+                    kind: Kind::Record(device),
+                });
+            }
+            continue;
+        }
+        if let Some((_, facts)) = stores.iter().find(|(s, _)| s.id == seg.id) {
+            if let Some(why) = store_orphaned(seg.id, facts) {
+                found.push(Leftover {
+                    id: seg.id,
+                    what: format!(
+                        "a store of {} pages ({}) {why}",
+                        facts.pages,
+                        Human(facts.pages * uzram_core::PAGE_SIZE as u64)
+                    ),
+                    bytes: seg.size as u64,
+                    kind: Kind::Store,
+                });
+            }
+            continue;
+        }
+        let recorded = stores.iter().any(|(_, f)| f.staging == Some(seg.id));
+        if !recorded && staging::is_staging(seg.id) {
+            found.push(Leftover {
+                id: seg.id,
+                what: "GPU staging that no store records".into(),
+                bytes: seg.size as u64,
+                kind: Kind::Staging,
+            });
+        }
+    }
+    found
+}
+
+/// Why no device takes store `id` back, if none does.
+fn store_orphaned(id: i32, facts: &region::StoreFacts) -> Option<String> {
+    if facts.device == u32::MAX {
+        return Some("whose daemon died before its device existed".into());
+    }
+    let dev = dev_path(facts.device);
+    if !in_kernel(facts.device) {
+        return Some(format!("of {dev}, a device that is gone"));
+    }
+    match anchor::read(facts.device) {
+        Some(record) if record.store_shm != Some(id) => Some(format!(
+            "of {dev}, which keeps another store (segment {})",
+            record.store_shm.map_or("none".into(), |s| s.to_string())
+        )),
+        _ => None,
+    }
+}
+
+/// Frees `leftover` (its staging too, for a store).
+pub fn free(leftover: &Leftover) {
+    match leftover.kind {
+        Kind::Store => region::remove(leftover.id),
+        Kind::Staging => staging::remove(leftover.id),
+        Kind::Record(device) => anchor::remove(device),
+    }
+}
+
+/// The line `uzram list` prints for a leftover.
+pub fn describe(leftover: &Leftover) -> String {
+    format!(
+        "shared memory segment {} ({}, {}) is kept by no device: uzram destroy --all frees it",
+        leftover.id,
+        leftover.what,
+        Human(leftover.bytes)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::region::{Region, Sizes, MIN_ROOM};
+
+    #[test]
+    fn a_store_of_a_device_that_never_came_to_be_is_found_and_freed() {
+        // Made as a daemon makes it, for a device id the kernel has not (this host has no
+        // ublk at all, or not this id), and not attached by anyone once we let go.
+        let sizes = Sizes::of(16, MIN_ROOM).unwrap();
+        let Ok(region) = Region::create(sizes, "lz4", true, (1 << 20) - 3, false) else {
+            println!("SKIP: no SysV shared memory");
+            return;
+        };
+        let id = region.id();
+        // The region stays mapped by this process: in use, so not a leftover.
+        assert!(!find().iter().any(|l| l.id == id));
+        // As a killed daemon leaves it: nobody attached. (A second process would have to be
+        // killed for real; detaching this one's mapping is what its death does.)
+        let base = region.base_for_tests();
+        // SAFETY: the region's only mapping, never used again.
+        unsafe { libc::shmdt(base as *const libc::c_void) };
+        let left = find();
+        let mine = left
+            .iter()
+            .find(|l| l.id == id)
+            .expect("the store is found");
+        assert!(mine.what.contains("a device that is gone"), "{mine:?}");
+        assert!(describe(mine).contains("uzram destroy --all"));
+        free(mine);
+        assert!(shm::stat(id).is_err(), "not freed");
+    }
+}

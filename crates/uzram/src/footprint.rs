@@ -1,0 +1,264 @@
+//! What a device's daemon holds in memory from the start, before it stores a page: the sizes
+//! its store's parts take (`daemon/region.rs` lays them out from [`Sizes`]), its recovery
+//! room, heap reserve and I/O buffers, and the GPU ring's pinned memory. All of it is locked
+//! and none of it can be reclaimed, so a device whose up-front memory the host cannot hold
+//! is refused before anything is taken ([`Upfront::check`]): a typo in a size (16T for 16G)
+//! once locked a 32 GiB page table in a 1 GiB guest, and the kernel panicked.
+
+use uzram_core::{PageStore, PAGE_SIZE};
+
+/// The unit a store's region is laid out in, and the pool's block.
+pub const UNIT: usize = 64 << 10;
+
+/// The bytes of one tag's I/O buffer: the largest request the device takes.
+pub const IO_BUF_BYTES: u32 = 128 << 10;
+
+/// Heap grown at start for the daemon's small allocations (`daemon/reserve.rs`).
+pub const HEAP_RESERVE: usize = 8 << 20;
+
+/// The smallest recovery room (`daemon/region.rs`): a new daemon's heap reserve, stacks and
+/// rings before it serves, with two queues' I/O buffers.
+pub const MIN_ROOM: usize = 24 << 20;
+
+/// What a recovering daemon allocates before it serves besides its heap reserve and I/O
+/// buffers: stacks, the recovered store's bookkeeping, static data, page tables, rings.
+/// Measured in the guest's crash test (1 GiB device, 2 queues, some 40 thousand pages
+/// stored): RssAnon 29 MiB against 24 MiB of reserve and buffers, page tables 0.4-0.7 MiB.
+/// A room without it was spent before the new daemon served when the hog had taken the
+/// dead daemon's freed memory first, and the daemon's queue threads then waited in reclaim
+/// for good (docs/recovery.md).
+pub const START_REST: usize = 8 << 20;
+
+/// Bytes of pool blocks beyond the device size: room for holes and for 64 KiB allocations
+/// that are not the store's.
+pub const SLACK: usize = 64 << 20;
+
+/// The recovery room for a device of `queues` queues of `depth` tags: the heap reserve,
+/// every tag's locked I/O buffer and the rest of what a new daemon allocates before it
+/// serves ([`START_REST`]); never under [`MIN_ROOM`]. A fixed 24 MiB fell 16 MiB short of
+/// the first two with four queues at the default depth.
+pub fn room_bytes(queues: u16, depth: u16) -> usize {
+    let buffers = usize::from(queues) * usize::from(depth) * IO_BUF_BYTES as usize;
+    (HEAP_RESERVE + buffers + START_REST)
+        .next_multiple_of(UNIT)
+        .max(MIN_ROOM)
+}
+
+/// The largest room any device has (the most queues at the greatest depth).
+pub fn max_room() -> usize {
+    room_bytes(crate::config::MAX_QUEUES, crate::config::MAX_DEPTH)
+}
+
+/// Sizes of a store's parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizes {
+    /// Device pages.
+    pub pages: u64,
+    /// Page table words (`PageStore::table_len`).
+    pub table_len: usize,
+    /// Directory entries (`PageStore::segment_capacity`).
+    pub dir_len: usize,
+    /// Bytes of blocks for the pool.
+    pub block_bytes: usize,
+    /// Bytes of the recovery room ([`room_bytes`]), a whole number of units.
+    pub room: usize,
+}
+
+/// Where a store's parts lie in its region, in bytes from its start: a header unit, the
+/// page table, the segment directory, the block states, the recovery room, the blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Offsets {
+    /// The page table (8 bytes a page).
+    pub table_off: usize,
+    /// The directory (4 bytes an arena segment).
+    pub dir_off: usize,
+    /// The block states (a byte a block).
+    pub states_off: usize,
+    /// Blocks.
+    pub blocks: usize,
+    /// The recovery room.
+    pub room_off: usize,
+    /// The blocks' start.
+    pub blocks_off: usize,
+    /// The whole region.
+    pub len: usize,
+}
+
+impl Sizes {
+    /// The parts of the store of a device of `pages` pages with a recovery room of `room`
+    /// bytes: its table, its directory, blocks for every page stored raw plus [`SLACK`].
+    /// `None` when they do not fit the address space.
+    pub fn of(pages: u64, room: usize) -> Option<Sizes> {
+        let block_bytes = usize::try_from(pages)
+            .ok()?
+            .checked_mul(PAGE_SIZE)?
+            .checked_add(SLACK)?;
+        Some(Sizes {
+            pages,
+            table_len: PageStore::table_len(pages).ok()?,
+            dir_len: PageStore::segment_capacity(pages),
+            block_bytes,
+            room,
+        })
+    }
+
+    /// Where the parts lie, with checked arithmetic (`None`: they overflow, or the room is
+    /// not a whole number of units).
+    pub fn offsets(self) -> Option<Offsets> {
+        let units = |bytes: usize| Some(bytes.checked_add(UNIT - 1)? / UNIT * UNIT);
+        if self.room % UNIT != 0 {
+            return None;
+        }
+        let table_off = UNIT;
+        let dir_off = table_off.checked_add(units(self.table_len.checked_mul(8)?)?)?;
+        let states_off = dir_off.checked_add(units(self.dir_len.checked_mul(4)?)?)?;
+        let blocks = self.block_bytes.div_ceil(UNIT);
+        let room_off = states_off.checked_add(units(blocks)?)?;
+        let blocks_off = room_off.checked_add(self.room)?;
+        let len = blocks_off.checked_add(blocks.checked_mul(UNIT)?)?;
+        Some(Offsets {
+            table_off,
+            dir_off,
+            states_off,
+            blocks,
+            room_off,
+            blocks_off,
+            len,
+        })
+    }
+}
+
+/// RAM a device's up-front memory may take: a quarter. The rest is what the host runs on,
+/// and what the device's pages are swapped out of.
+pub const MAX_SHARE_DIVISOR: u64 = 4;
+
+/// A device's up-front memory, part by part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Upfront {
+    /// The store's header, page table, segment directory and block states.
+    pub table: u64,
+    /// The recovery room.
+    pub room: u64,
+    /// The heap reserve and every tag's I/O buffer.
+    pub buffers: u64,
+    /// The GPU ring's pinned memory (0 without a GPU backend).
+    pub gpu: u64,
+}
+
+impl Upfront {
+    /// The up-front memory of a device of `size` bytes with `queues` of `depth` tags and
+    /// `gpu` bytes of pinned GPU memory; `None` when it overflows.
+    pub fn of(size: u64, queues: u16, depth: u16, gpu: u64) -> Option<Upfront> {
+        let pages = size.div_ceil(PAGE_SIZE as u64);
+        let room = room_bytes(queues, depth);
+        let offsets = Sizes::of(pages, room)?.offsets()?;
+        let buffers =
+            HEAP_RESERVE as u64 + u64::from(queues) * u64::from(depth) * u64::from(IO_BUF_BYTES);
+        Some(Upfront {
+            table: offsets.room_off as u64,
+            room: room as u64,
+            buffers,
+            gpu,
+        })
+    }
+
+    /// Every part together.
+    pub fn total(&self) -> u64 {
+        self.table
+            .saturating_add(self.room)
+            .saturating_add(self.buffers)
+            .saturating_add(self.gpu)
+    }
+
+    /// `Ok` when a host of `ram` bytes can hold it ([`MAX_SHARE_DIVISOR`]); otherwise the
+    /// most it may be, for the caller's message.
+    pub fn check(&self, ram: u64) -> Result<(), u64> {
+        let most = ram / MAX_SHARE_DIVISOR;
+        if self.total() <= most {
+            Ok(())
+        } else {
+            Err(most)
+        }
+    }
+
+    /// The largest device size (a whole number of pages, at most `limit`) whose up-front
+    /// memory, with the other settings of `self`'s device, fits in `most` bytes; `None`
+    /// when not even one page does.
+    pub fn largest_size(queues: u16, depth: u16, gpu: u64, most: u64, limit: u64) -> Option<u64> {
+        let fits = |pages: u64| {
+            Upfront::of(pages * PAGE_SIZE as u64, queues, depth, gpu)
+                .is_some_and(|u| u.total() <= most)
+        };
+        let (mut lo, mut hi) = (1u64, limit / PAGE_SIZE as u64);
+        if !fits(lo) {
+            return None;
+        }
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        Some(lo * PAGE_SIZE as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_room_holds_the_heap_reserve_every_tags_buffer_and_the_rest() {
+        assert_eq!(room_bytes(1, 64), (8 << 20) + (8 << 20) + START_REST);
+        assert_eq!(room_bytes(1, 1), MIN_ROOM, "never under the smallest room");
+        assert_eq!(
+            room_bytes(2, 64),
+            (8 << 20) + (16 << 20) + START_REST,
+            "the guest's two queues"
+        );
+        assert_eq!(room_bytes(4, 64), (8 << 20) + (32 << 20) + START_REST);
+        assert_eq!(room_bytes(4, 64) % UNIT, 0);
+        assert!(room_bytes(u16::MAX, u16::MAX) > MIN_ROOM);
+    }
+
+    #[test]
+    fn offsets_overflow_into_none_never_a_panic() {
+        let huge = Sizes {
+            pages: u64::MAX,
+            table_len: usize::MAX / 4,
+            dir_len: usize::MAX,
+            block_bytes: usize::MAX,
+            room: MIN_ROOM,
+        };
+        assert_eq!(huge.offsets(), None);
+        assert_eq!(Sizes::of(u64::MAX, MIN_ROOM), None);
+        let odd_room = Sizes::of(16, MIN_ROOM + 1).unwrap();
+        assert_eq!(odd_room.offsets(), None);
+    }
+
+    #[test]
+    fn a_16t_device_does_not_fit_a_small_host_and_the_largest_that_fits_does() {
+        let gib = 1u64 << 30;
+        let u = Upfront::of(16 << 40, 2, 64, 0).unwrap();
+        // 8 bytes of table a page: 32 GiB for 16 TiB.
+        assert!(u.table > 32 * gib, "{u:?}");
+        assert_eq!(u.check(gib), Err(gib / 4));
+        let largest = Upfront::largest_size(2, 64, 0, gib / 4, 16 << 40).unwrap();
+        let fits = Upfront::of(largest, 2, 64, 0).unwrap();
+        assert!(fits.check(gib).is_ok(), "{fits:?}");
+        let over = Upfront::of(largest + PAGE_SIZE as u64, 2, 64, 0).unwrap();
+        assert!(over.check(gib).is_err());
+        // A guest's device of 1 GiB fits its 449 MiB; 128 MiB of pinned GPU memory on top
+        // does not.
+        let guest = 449 << 20;
+        assert!(Upfront::of(gib, 2, 64, 0).unwrap().check(guest).is_ok());
+        assert!(Upfront::of(gib, 2, 64, 128 << 20)
+            .unwrap()
+            .check(guest)
+            .is_err());
+        // Settings that alone pass the share leave no size at all.
+        assert_eq!(Upfront::largest_size(2, 64, gib, gib / 4, 16 << 40), None);
+    }
+}

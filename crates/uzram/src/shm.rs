@@ -1,0 +1,439 @@
+//! Root-only SysV shared memory: the one place the daemon and the CLI make, find, check,
+//! attach, lock and remove segments (a device's store, its GPU staging, its recovery record).
+//!
+//! Swap holds every process's memory, so a segment is used only if it is root's alone:
+//! owner uid 0, creator uid 0 and mode 0600 ([`Stat::is_root_only`]). A segment is made with
+//! `IPC_EXCL` (never an existing one), and every attach checks the segment again through
+//! the new mapping's id: while mapped it cannot be removed and its id reused, so what was
+//! checked is what is mapped. The creator uid matters most: a user can hand a segment of
+//! theirs to uid 0 (`IPC_SET`), but its creator stays theirs.
+//!
+//! A keyed segment (the recovery record, whose key a recovery derives from the device id)
+//! that someone else made first is removed with a log line and made again: the key is
+//! predictable, so any user can try to take it first.
+
+use std::io;
+use std::ptr;
+
+/// The segment facts the checks read (`IPC_STAT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    /// The segment id.
+    pub id: i32,
+    /// Its key (0: private).
+    pub key: i32,
+    /// Owner uid.
+    pub uid: u32,
+    /// Creator uid.
+    pub cuid: u32,
+    /// Permission bits (the low nine of `shm_perm.mode`).
+    pub mode: u32,
+    /// Size in bytes.
+    pub size: usize,
+    /// Processes that have it attached.
+    pub attached: u64,
+}
+
+impl Stat {
+    /// Owner and creator root, readable and writable by the owner only.
+    pub fn is_root_only(&self) -> bool {
+        self.uid == 0 && self.cuid == 0 && self.mode == 0o600
+    }
+}
+
+/// Why a segment could not be made, found or used.
+#[derive(Debug, thiserror::Error)]
+pub enum ShmError {
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    Sys {
+        /// The call and its purpose.
+        what: &'static str,
+        /// The error.
+        source: io::Error,
+    },
+    /// The segment is not root's alone: it is never used.
+    #[error(
+        "shared memory segment {id} is not root's alone (owner uid {uid}, creator uid {cuid}, \
+         mode {mode:04o}): refusing to use it"
+    )]
+    NotRootOnly {
+        /// The segment id.
+        id: i32,
+        /// Owner uid.
+        uid: u32,
+        /// Creator uid.
+        cuid: u32,
+        /// Permission bits.
+        mode: u32,
+    },
+    /// A keyed segment kept coming back after it was removed.
+    #[error("shared memory key {key:#x}: another process keeps making a segment there")]
+    KeyTaken {
+        /// The key.
+        key: i32,
+    },
+}
+
+fn sys(what: &'static str) -> impl FnOnce(io::Error) -> ShmError {
+    move |source| ShmError::Sys { what, source }
+}
+
+/// The segment's facts; an error when there is no segment `id`.
+pub fn stat(id: i32) -> io::Result<Stat> {
+    let mut ds = std::mem::MaybeUninit::<libc::shmid_ds>::zeroed();
+    // SAFETY: IPC_STAT writes one shmid_ds into our buffer.
+    if unsafe { libc::shmctl(id, libc::IPC_STAT, ds.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: IPC_STAT succeeded, so the struct is initialized.
+    let ds = unsafe { ds.assume_init() };
+    Ok(Stat {
+        id,
+        key: ds.shm_perm.__key,
+        uid: ds.shm_perm.uid,
+        cuid: ds.shm_perm.cuid,
+        mode: u32::from(ds.shm_perm.mode) & 0o777,
+        size: ds.shm_segsz,
+        attached: ds.shm_nattch,
+    })
+}
+
+/// The facts of segment `id`, when it is root's alone; [`ShmError::NotRootOnly`] otherwise.
+pub fn check(id: i32) -> Result<Stat, ShmError> {
+    let st = stat(id).map_err(sys("shmctl IPC_STAT"))?;
+    if st.is_root_only() {
+        Ok(st)
+    } else {
+        Err(ShmError::NotRootOnly {
+            id,
+            uid: st.uid,
+            cuid: st.cuid,
+            mode: st.mode,
+        })
+    }
+}
+
+/// A new private segment of `len` bytes, root's alone, with no swap space reserved (nothing
+/// is committed until touched).
+pub fn create(len: usize) -> Result<i32, ShmError> {
+    create_at(libc::IPC_PRIVATE, len)
+}
+
+fn create_at(key: i32, len: usize) -> Result<i32, ShmError> {
+    // SAFETY: shmget takes no pointers.
+    let id = unsafe {
+        libc::shmget(
+            key,
+            len,
+            libc::IPC_CREAT | libc::IPC_EXCL | libc::SHM_NORESERVE | 0o600,
+        )
+    };
+    if id < 0 {
+        return Err(sys("shmget")(io::Error::last_os_error()));
+    }
+    // Made just now, by us, with IPC_EXCL: root's alone unless the process is not root (then
+    // nothing it makes is of any use to a root daemon's recovery, and it is refused).
+    if let Err(e) = check(id) {
+        let _ = remove(id);
+        return Err(e);
+    }
+    Ok(id)
+}
+
+/// The segment on `key`, root's alone, made if there is none (`len` bytes). One that is
+/// there and not root's alone is removed (with a log line) and made again; one that is root's
+/// alone is the caller's own from before (a recovery record of an earlier daemon).
+pub fn create_keyed(key: i32, len: usize) -> Result<i32, ShmError> {
+    for _ in 0..4 {
+        match create_at(key, len) {
+            Ok(id) => return Ok(id),
+            Err(ShmError::Sys { source, .. }) if source.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => return Err(e),
+        }
+        let Some(id) = lookup(key)? else {
+            continue; // removed meanwhile: make it
+        };
+        match check(id) {
+            Ok(_) => return Ok(id),
+            Err(ShmError::NotRootOnly {
+                uid, cuid, mode, ..
+            }) => {
+                tracing::warn!(
+                    key = format_args!("{key:#x}"),
+                    id,
+                    uid,
+                    cuid,
+                    mode = format_args!("{mode:04o}"),
+                    "a segment that is not root's alone sits on a uzram key: removing it"
+                );
+                remove(id)?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ShmError::KeyTaken { key })
+}
+
+/// The id of the segment on `key`, if there is one (unchecked: see [`find_keyed`]).
+fn lookup(key: i32) -> Result<Option<i32>, ShmError> {
+    // SAFETY: shmget takes no pointers.
+    let id = unsafe { libc::shmget(key, 0, 0) };
+    if id >= 0 {
+        return Ok(Some(id));
+    }
+    match io::Error::last_os_error() {
+        e if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        e => Err(sys("shmget (looking up a key)")(e)),
+    }
+}
+
+/// The root-only segment on `key`, if there is one. One that is not root's alone is never
+/// used: it is reported (logged) and taken for none.
+pub fn find_keyed(key: i32) -> Option<i32> {
+    let id = lookup(key).ok()??;
+    match check(id) {
+        Ok(_) => Some(id),
+        Err(e) => {
+            tracing::warn!(key = format_args!("{key:#x}"), error = %e, "ignoring a segment on a uzram key");
+            None
+        }
+    }
+}
+
+/// A mapping of a root-only segment, detached on drop (unless [`Attached::keep`]).
+#[derive(Debug)]
+pub struct Attached {
+    base: *mut u8,
+    size: usize,
+}
+
+impl Attached {
+    /// Maps segment `id` (read-only if asked) and checks it through the mapping: root's alone.
+    pub fn map(id: i32, read_only: bool) -> Result<Attached, ShmError> {
+        check(id)?;
+        let flags = if read_only { libc::SHM_RDONLY } else { 0 };
+        // SAFETY: shmat maps the segment where the kernel picks; none of our memory is touched.
+        let base = unsafe { libc::shmat(id, ptr::null(), flags) };
+        if base as isize == -1 {
+            return Err(sys("shmat")(io::Error::last_os_error()));
+        }
+        // Dropped (detached) if the check below fails.
+        let mut attached = Attached {
+            base: base.cast(),
+            size: 0,
+        };
+        // Again now that it is mapped: the id cannot be reused while we hold it.
+        attached.size = check(id)?.size;
+        Ok(attached)
+    }
+
+    /// The mapping's first byte.
+    pub fn base(&self) -> *mut u8 {
+        self.base
+    }
+
+    /// The segment's size in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Keeps the mapping for the rest of the process; returns its address.
+    pub fn keep(self) -> usize {
+        let base = self.base as usize;
+        std::mem::forget(self);
+        base
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        // SAFETY: detaches the mapping `map` made; whoever dropped it holds no reference into it.
+        unsafe { libc::shmdt(self.base as *const libc::c_void) };
+    }
+}
+
+/// A `T` read at byte `offset` of root-only segment `id`, through a read-only mapping
+/// dropped at once. `T` must be plain data that any bytes make valid (integers, arrays and
+/// structs of them).
+pub fn peek<T: Copy>(id: i32, offset: usize) -> Result<T, ShmError> {
+    let map = Attached::map(id, true)?;
+    let fits = offset
+        .checked_add(std::mem::size_of::<T>())
+        .is_some_and(|end| end <= map.size());
+    if !fits || offset % std::mem::align_of::<T>() != 0 {
+        return Err(sys("reading a segment")(io::Error::from(
+            io::ErrorKind::InvalidData,
+        )));
+    }
+    // SAFETY: the value lies inside the mapping (checked against its size) and is aligned
+    // (the mapping is page-aligned); callers read plain data that any bytes make valid.
+    Ok(unsafe { ptr::read_volatile(map.base().add(offset).cast::<T>()) })
+}
+
+/// Keeps segment `id` resident (`SHM_LOCK`; needs CAP_IPC_LOCK).
+pub fn lock(id: i32) -> Result<(), ShmError> {
+    // SAFETY: SHM_LOCK changes the segment's paging only and takes no buffer.
+    if unsafe { libc::shmctl(id, libc::SHM_LOCK, ptr::null_mut()) } != 0 {
+        return Err(sys("shmctl SHM_LOCK")(io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Marks segment `id` for removal (`IPC_RMID`): it goes once no process has it attached.
+pub fn remove(id: i32) -> Result<(), ShmError> {
+    // SAFETY: IPC_RMID takes no buffer.
+    if unsafe { libc::shmctl(id, libc::IPC_RMID, ptr::null_mut()) } != 0 {
+        return Err(sys("shmctl IPC_RMID")(io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Every segment on the host that is root's alone (`/proc/sysvipc/shm`; procfs, never
+/// swapped). Segments that cannot be stated are left out.
+pub fn root_only_segments() -> Vec<Stat> {
+    let Ok(text) = std::fs::read_to_string("/proc/sysvipc/shm") else {
+        return Vec::new();
+    };
+    text.lines()
+        .skip(1)
+        .filter_map(|line| line.split_whitespace().nth(1)?.parse::<i32>().ok())
+        .filter_map(|id| stat(id).ok())
+        .filter(Stat::is_root_only)
+        .collect()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Runs `f` in a child process that has dropped to `nobody` (uid and gid 65534), and
+    /// returns its exit status; `None` (the test prints why) when not root.
+    pub fn as_nobody(f: impl FnOnce() -> i32) -> Option<i32> {
+        if !crate::sys::is_root() {
+            eprintln!("skipped: playing another user needs root");
+            return None;
+        }
+        // SAFETY: the child only calls async-signal-safe functions and `f` (which the tests
+        // keep to system calls), then _exit; the parent waits for it.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            // SAFETY: plain system calls in the child.
+            let code = unsafe {
+                if libc::setgid(65534) != 0 || libc::setuid(65534) != 0 {
+                    100
+                } else {
+                    f()
+                }
+            };
+            // SAFETY: ends the child without running the parent's destructors.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child, writing its status into `status`.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        Some(libc::WEXITSTATUS(status))
+    }
+
+    /// A segment `nobody` makes on `key` (private when 0) with `mode`; its id.
+    pub fn nobodys_segment(key: i32, len: usize, mode: i32) -> Option<i32> {
+        let (read, write) = crate::sys::pipe_cloexec().unwrap();
+        use std::os::fd::AsRawFd;
+        let wfd = write.as_raw_fd();
+        let code = as_nobody(move || {
+            // SAFETY: shmget takes no pointers; write sends 4 bytes from a local.
+            unsafe {
+                let id = libc::shmget(key, len, libc::IPC_CREAT | libc::IPC_EXCL | mode);
+                if id < 0 {
+                    return 1;
+                }
+                let bytes = id.to_ne_bytes();
+                if libc::write(wfd, bytes.as_ptr().cast(), 4) != 4 {
+                    return 2;
+                }
+                0
+            }
+        })?;
+        drop(write);
+        assert_eq!(code, 0, "nobody could not make a segment");
+        let mut bytes = [0u8; 4];
+        use std::io::Read;
+        std::fs::File::from(read).read_exact(&mut bytes).unwrap();
+        Some(i32::from_ne_bytes(bytes))
+    }
+
+    /// A key no one uses, for tests.
+    fn free_key(seed: i32) -> i32 {
+        (0x7571_0000 + seed * 97 + std::process::id() as i32 % 4096) & 0x7fff_ffff
+    }
+
+    #[test]
+    fn a_new_segment_is_root_only_and_a_removed_one_is_gone() {
+        if !crate::sys::is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let id = create(65536).unwrap();
+        let st = check(id).unwrap();
+        assert!(st.is_root_only());
+        assert_eq!((st.size, st.attached, st.key), (65536, 0, 0));
+        assert!(root_only_segments().iter().any(|s| s.id == id));
+        remove(id).unwrap();
+        assert!(stat(id).is_err());
+    }
+
+    #[test]
+    fn a_segment_another_user_made_is_never_attached_even_if_handed_to_root() {
+        let Some(id) = nobodys_segment(0, 65536, 0o666) else {
+            return;
+        };
+        let err = Attached::map(id, true).unwrap_err();
+        assert!(
+            matches!(err, ShmError::NotRootOnly { cuid: 65534, .. }),
+            "{err}"
+        );
+        assert!(peek::<u64>(id, 0).is_err());
+        // Root owns it now, mode 0600: its creator is still nobody.
+        let mut ds = std::mem::MaybeUninit::<libc::shmid_ds>::zeroed();
+        // SAFETY: IPC_STAT and IPC_SET of a segment with our own buffer.
+        unsafe {
+            assert_eq!(libc::shmctl(id, libc::IPC_STAT, ds.as_mut_ptr()), 0);
+            let mut ds = ds.assume_init();
+            ds.shm_perm.uid = 0;
+            ds.shm_perm.gid = 0;
+            ds.shm_perm.mode = 0o600;
+            assert_eq!(libc::shmctl(id, libc::IPC_SET, &mut ds), 0);
+        }
+        let st = stat(id).unwrap();
+        assert_eq!((st.uid, st.mode), (0, 0o600));
+        assert!(
+            Attached::map(id, false).is_err(),
+            "a segment nobody made was attached"
+        );
+        assert!(!root_only_segments().iter().any(|s| s.id == id));
+        remove(id).unwrap();
+    }
+
+    #[test]
+    fn a_squatter_on_a_key_is_removed_and_never_used() {
+        let key = free_key(1);
+        let Some(squat) = nobodys_segment(key, 16 << 10, 0o666) else {
+            return;
+        };
+        assert_eq!(find_keyed(key), None, "a squatter's segment was found");
+        let id = create_keyed(key, 16 << 10).unwrap();
+        assert_ne!(id, squat);
+        assert!(
+            stat(squat).is_err(),
+            "the squatter's segment is still there"
+        );
+        let st = check(id).unwrap();
+        assert_eq!(st.key, key);
+        // Ours is found, and made again is the same one.
+        assert_eq!(find_keyed(key), Some(id));
+        assert_eq!(create_keyed(key, 16 << 10).unwrap(), id);
+        remove(id).unwrap();
+        assert_eq!(find_keyed(key), None);
+    }
+}
