@@ -67,12 +67,17 @@ create_flags() {
   [ -z "${UZ_queues:-}" ] || printf -- '--queues %s ' "$UZ_queues"
   [ -z "${UZ_depth:-}" ] || printf -- '--depth %s ' "$UZ_depth"
 }
-# uzram_create ARGS...: sets DEV (path printed alone on stdout) or fails the check; checks the
-# queue mode against uzram.expect_queue_mode.
+# uzram_create [--default] ARGS...: sets DEV (path printed alone on stdout) or fails the
+# check; checks the queue mode against uzram.expect_queue_mode. Without --default the device
+# gets no standby (--no-standby): the scenarios measure memory with the daemon alone, and the
+# ones that crash a daemon start their recovery themselves. --default creates it as a user
+# would, with its standby.
 uzram_create() {
   DEV=
+  _sb=--no-standby
+  [ "${1:-}" = --default ] && { _sb=; shift; }
   # shellcheck disable=SC2046 # create_flags is a list of words
-  run_t "$TMO" /tmp/create.out uzram create "$@" $(create_flags)
+  run_t "$TMO" /tmp/create.out uzram create "$@" $_sb $(create_flags)
   _rc=$?
   _out=$(grep -E '^/dev/ublkb[0-9]+$' /tmp/create.out | head -1)
   if [ $_rc != 0 ] || [ -z "$_out" ] || [ ! -b "$_out" ]; then

@@ -8,6 +8,8 @@ mod control;
 mod daemon;
 mod devname;
 mod footprint;
+#[cfg(test)]
+mod fuzz_tests;
 mod hibernate;
 mod inuse;
 mod metrics;

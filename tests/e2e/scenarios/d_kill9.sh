@@ -116,9 +116,9 @@ if uzram_create --size 64M; then
       [ $rc = 0 ] && grep -q "nothing to recover" /tmp/d-wait.out && ok "uzram recover --wait exits 0 when its device is destroyed" \
         || { fail_check "uzram recover --wait on a destroyed device: rc=$rc"; tail -5 /tmp/d-wait.out; }
     fi
-    # A device made with --standby recovers by itself, crash after crash, and its standby
-    # ends with it.
-    if uzram_create --size 16M --standby; then
+    # A device made as a user makes it (with its standby, the default) recovers by itself,
+    # crash after crash, and its standby ends with it.
+    if uzram_create --default --size 16M; then
       check "fio write 0..8M (standby device)" fio_job region.fio DEV="$DEV" OFFSET=0 LEN=8M VONLY=0
       for n in 1 2; do
         P=$(daemon_pid "$DEV")

@@ -5,6 +5,17 @@ begin e_bad_cli
 expect_refused "size 0" 'size' uzram create --size 0
 expect_refused "absurd size" 'size|too (large|big)|exceed|memory' uzram create --size 1000000T
 expect_refused "unparsable size" 'size|invalid' uzram create --size 12Q
+# a size whose page table alone the guest cannot hold (a typo: T for G), refused before any
+# memory is taken, with the largest size that fits
+_n0=$(tail -n +2 /proc/sysvipc/shm | wc -l)
+expect_refused "a device the host cannot hold" 'RAM.*largest device that fits' uzram create --size 16T
+expect_refused "a memory limit below the page table" 'mem-limit.*page table' uzram create --size 1G --mem-limit 4K
+_n1=$(tail -n +2 /proc/sysvipc/shm | wc -l)
+[ "$_n1" = "$_n0" ] && ok "no shared memory taken by the refused creates" \
+  || fail_check "$((_n1 - _n0)) shared memory segments made by refused creates"
+printf 'size = "16T"\n' > /tmp/e-big.toml
+expect_refused "check-config of a device the host cannot hold" 'RAM' uzram check-config --config /tmp/e-big.toml
+expect_refused "check-config of a file that is no config" 'larger than|not a uzram config' uzram check-config --config /dev/zero
 expect_refused "unknown algorithm" 'algorithm|foo' uzram create --size 64M --algorithm foo
 expect_refused "gpu backend without a GPU" 'gpu|cuda|nvidia' uzram create --size 64M --backend gpu
 expect_refused "unknown queue mode" 'queue mode.*turbo' uzram create --size 64M --queue-mode turbo

@@ -85,6 +85,19 @@ fn served_by(id: u32) -> Option<DaemonState> {
     }
 }
 
+/// Tells the user that `serving`'s daemon serves `dev`, so there is nothing to recover.
+fn say_served(dev: &str, serving: &DaemonState) {
+    eprintln!(
+        "uzram: {dev} is served by its daemon (pid {}){}: nothing to recover",
+        serving.pid,
+        if serving.recovered {
+            ", which took it over from the one that died (its standby)"
+        } else {
+            ""
+        }
+    );
+}
+
 /// Starts a new daemon for device `id`, once the kernel holds it for recovery, with the
 /// settings its dead daemon published; returns the device path once the new one serves.
 /// A device a live daemon serves (its standby took it over already) is reported as such.
@@ -92,15 +105,7 @@ fn recover_now(id: u32) -> anyhow::Result<String> {
     let dev = dev_path(id);
     let start = std::time::Instant::now();
     if let Some(serving) = served_by(id) {
-        eprintln!(
-            "uzram: {dev} is served by its daemon (pid {}){}: nothing to recover",
-            serving.pid,
-            if serving.recovered {
-                ", which took it over from the one that died (its standby)"
-            } else {
-                ""
-            }
-        );
+        say_served(&dev, &serving);
         return Ok(dev);
     }
     let state =
@@ -116,7 +121,17 @@ fn recover_now(id: u32) -> anyhow::Result<String> {
     let daemon_args = recovery_daemon_args(&state)?;
     make_room(&state);
     let room_ms = start.elapsed().as_millis() as u64 - orphan_ms;
-    let started = super::create::start_detached(daemon_args);
+    let started = super::create::start_detached(daemon_args).or_else(|err| {
+        // A standby that took the device the moment its daemon died wins the race for its
+        // lock, and ours gives up: the device is served all the same.
+        match served_by(id) {
+            Some(serving) => {
+                say_served(&dev, &serving);
+                Ok(dev.clone())
+            }
+            None => Err(err),
+        }
+    });
     // Where the part of a crash's pause that the new daemon does not see goes.
     tracing::info!(
         %dev,

@@ -159,6 +159,56 @@ fn check_ublk_json(id: u32, json: &serde_json::Value) -> Result<(), String> {
     }
 }
 
+/// Seeds for the recovery-record fuzz target: the bytes of valid records of device 3.
+#[cfg(test)]
+pub fn fuzz_seeds() -> Vec<Vec<u8>> {
+    let state = DaemonState {
+        pid: 99,
+        started: Some(1234),
+        size: 1 << 30,
+        settings: Some(Box::new(crate::config::RawDevice {
+            size: "1G".into(),
+            queues: Some(2),
+            metrics_textfile: Some("/var/lib/node/u.prom".into()),
+            ..Default::default()
+        })),
+        store_shm: Some(5),
+        config: Some("/etc/uzram/swap0.toml".into()),
+        ..DaemonState::example(3)
+    };
+    [None, Some(serde_json::json!({"dev_info": {"dev_id": 3}}))]
+        .into_iter()
+        .map(|ublk| {
+            let json = serde_json::to_vec(&Record {
+                state: state.clone(),
+                ublk,
+            })
+            .unwrap();
+            let mut page = MAGIC.to_vec();
+            page.extend_from_slice(&(json.len() as u32).to_ne_bytes());
+            page.extend_from_slice(&[0; 4]);
+            page.extend_from_slice(&json);
+            page
+        })
+        .collect()
+}
+
+/// The recovery-record fuzz target: a record from arbitrary bytes is refused, or it is device
+/// 3's, names its node, and its settings pass a config file's validation.
+#[cfg(test)]
+pub fn fuzz_check(input: &[u8], host: crate::config::Host) {
+    let Ok(record) = parse_record(3, input, host) else {
+        return;
+    };
+    let state = record.state;
+    assert_eq!((state.id, state.dev.as_str()), (3, "/dev/ublkb3"));
+    if let Some(settings) = &state.settings {
+        let cfg = settings.validate(host).expect("accepted settings validate");
+        assert_eq!(cfg.size, state.size);
+    }
+    assert!(state.config.as_ref().is_none_or(|c| c.is_absolute()));
+}
+
 fn read_record(id: u32) -> Option<Record> {
     let page = record_bytes(id)?;
     let host = crate::config::Host::current().ok()?;

@@ -250,6 +250,116 @@ fn check_header(
     Ok(())
 }
 
+/// Seeds for the store-header fuzz target: a valid header of a small device and its
+/// segment size, as bytes ([`header_bytes`]).
+#[cfg(test)]
+pub fn fuzz_seeds() -> Vec<Vec<u8>> {
+    let sizes = Sizes::of(16, MIN_ROOM).unwrap();
+    let header = layout(sizes, "lz4", true, 7).unwrap();
+    let mut seed = header_bytes(&header);
+    seed.extend_from_slice(&header.len.to_le_bytes());
+    vec![seed]
+}
+
+/// The store-header fuzz target: a header (and then a segment size) from arbitrary bytes is
+/// refused by a takeover, or every part it names lies inside the segment.
+#[cfg(test)]
+pub fn fuzz_check(input: &[u8]) {
+    let mut bytes = input.to_vec();
+    bytes.resize(std::mem::size_of::<Header>() + 8, 0);
+    let header = header_from_bytes(&bytes);
+    let size = u64::from_le_bytes(bytes[bytes.len() - 8..].try_into().unwrap()) as usize;
+    let expect = Expected {
+        device: 7,
+        pages: 16,
+        algorithm: "lz4",
+        checksums: true,
+    };
+    if check_header(1, &header, size, expect).is_err() {
+        return;
+    }
+    let end = |off: u64, len: u64| {
+        off.checked_add(len)
+            .expect("no overflow in an accepted header")
+    };
+    assert!(end(header.table_off, header.table_len * 8) <= header.dir_off);
+    assert!(end(header.dir_off, header.dir_len * 4) <= header.states_off);
+    assert!(end(header.states_off, header.states_len) <= header.room_off);
+    assert!(end(header.room_off, header.room_len) <= header.blocks_off);
+    assert!(header.blocks_off <= header.len && header.len == size as u64);
+    assert!(header.dir_len as usize >= uzram_core::PageStore::segment_capacity(16));
+}
+
+/// A header's bytes, field by field, little-endian.
+#[cfg(test)]
+fn header_bytes(h: &Header) -> Vec<u8> {
+    let mut v = Vec::new();
+    v.extend_from_slice(&h.magic);
+    v.extend_from_slice(&h.version.to_le_bytes());
+    v.extend_from_slice(&h.device.to_le_bytes());
+    for x in [
+        h.pages,
+        h.table_off,
+        h.table_len,
+        h.dir_off,
+        h.dir_len,
+        h.blocks_off,
+        h.len,
+    ] {
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.extend_from_slice(&h.algorithm);
+    for x in [h.room_off, h.room_len, h.states_off, h.states_len] {
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.extend_from_slice(&h.checksums.to_le_bytes());
+    v.extend_from_slice(&h._pad.to_le_bytes());
+    v
+}
+
+/// The inverse of [`header_bytes`] (any bytes make a header).
+#[cfg(test)]
+fn header_from_bytes(b: &[u8]) -> Header {
+    let mut at = 0;
+    let mut take = |n: usize| {
+        let s = &b[at..at + n];
+        at += n;
+        s
+    };
+    let mut magic = [0u8; 8];
+    magic.copy_from_slice(take(8));
+    let version = u32::from_le_bytes(take(4).try_into().unwrap());
+    let device = u32::from_le_bytes(take(4).try_into().unwrap());
+    let mut u = || u64::from_le_bytes(take(8).try_into().unwrap());
+    let (pages, table_off, table_len, dir_off, dir_len, blocks_off, len) =
+        (u(), u(), u(), u(), u(), u(), u());
+    let mut algorithm = [0u8; 32];
+    algorithm.copy_from_slice(take(32));
+    let mut u = || u64::from_le_bytes(take(8).try_into().unwrap());
+    let (room_off, room_len, states_off, states_len) = (u(), u(), u(), u());
+    let checksums = u32::from_le_bytes(take(4).try_into().unwrap());
+    let _pad = u32::from_le_bytes(take(4).try_into().unwrap());
+    Header {
+        magic,
+        version,
+        device,
+        pages,
+        table_off,
+        table_len,
+        dir_off,
+        dir_len,
+        blocks_off,
+        len,
+        algorithm,
+        room_off,
+        room_len,
+        states_off,
+        states_len,
+        checksums,
+        _pad,
+    }
+}
+
 /// A header's codec name (NUL-padded).
 fn algorithm_name(name: &[u8; 32]) -> String {
     let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
