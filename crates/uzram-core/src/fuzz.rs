@@ -30,7 +30,7 @@ impl Rng {
     }
 
     /// The next 64 random bits.
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -42,13 +42,13 @@ impl Rng {
         if n == 0 {
             0
         } else {
-            (self.next() % n as u64) as usize
+            (self.next_u64() % n as u64) as usize
         }
     }
 
     /// `len` random bytes.
     pub fn bytes(&mut self, len: usize) -> Vec<u8> {
-        (0..len).map(|_| self.next() as u8).collect()
+        (0..len).map(|_| self.next_u64() as u8).collect()
     }
 }
 
@@ -77,7 +77,7 @@ pub fn mutate(rng: &mut Rng, data: &mut Vec<u8>, other: &[u8], max_len: usize) {
         }
         1 if len > 0 => {
             let i = rng.below(len);
-            data[i] = rng.next() as u8;
+            data[i] = rng.next_u64() as u8;
         }
         2 if len > 0 => {
             // An interesting value, little-endian, 1 to 8 bytes wide.
@@ -122,7 +122,7 @@ pub fn mutate(rng: &mut Rng, data: &mut Vec<u8>, other: &[u8], max_len: usize) {
             // a small step up or down, as a counter or length nearby would be
             data[i] = data[i].wrapping_add((rng.below(35) as i8 - 17) as u8);
         }
-        _ => data.push(rng.next() as u8),
+        _ => data.push(rng.next_u64() as u8),
     }
 }
 

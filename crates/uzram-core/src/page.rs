@@ -26,26 +26,13 @@ pub fn same_filled_word(page: &[u8; PAGE_SIZE]) -> Option<u64> {
     same_fill::same_filled_word(page)
 }
 
-/// The checksum every stored page carries: CRC32C (Castagnoli) of its 4096 bytes, with the
-/// CPU's CRC32C instructions where it has them (SSE 4.2, ARMv8 CRC). The GPU computes the
-/// same function over the pages it compresses, so the two can be compared.
+/// The checksum every stored page carries: CRC32C (Castagnoli) of its 4096 bytes, by
+/// carry-less multiplication where the CPU has it (x86-64 PCLMULQDQ and VPCLMULQDQ, ARMv8
+/// PMULL). The GPU computes the same function over the pages it compresses, so the two can
+/// be compared.
 #[inline]
 pub fn page_checksum(page: &[u8; PAGE_SIZE]) -> u32 {
-    crc32c::crc32c(page)
-}
-
-/// [`page_checksum`] of a page held as [`PAGE_WORDS`] little-endian words (staging memory).
-pub fn words_checksum(words: &[AtomicU64]) -> u32 {
-    // A cache line at a time: the CRC instructions run on bytes, the words are atomics.
-    let mut crc = 0;
-    let mut line = [0u8; 64];
-    for chunk in words.chunks(8) {
-        for (bytes, w) in line.chunks_exact_mut(8).zip(chunk) {
-            bytes.copy_from_slice(&w.load(Relaxed).to_le_bytes());
-        }
-        crc = crc32c::crc32c_append(crc, &line[..chunk.len() * 8]);
-    }
-    crc
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, page) as u32
 }
 
 /// Fills `page` with `word` repeated: the inverse of [`same_filled_word`].

@@ -169,6 +169,12 @@ const KNOWN: &[(Group, &str, &str, &str)] = &[
         "Pages written to the store.",
     ),
     (
+        Group::Store,
+        "checksum_failures",
+        "uzram_checksum_failures_total",
+        "Reads of stored pages that failed their checksum (each an I/O error, never other data).",
+    ),
+    (
         Group::Requests,
         "read_requests",
         "uzram_read_requests_total",

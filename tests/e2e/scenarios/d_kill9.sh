@@ -19,7 +19,7 @@ begin d_kill9
 shm_segments() { tail -n +2 /proc/sysvipc/shm | wc -l; }
 standby_pids() {
   for _p in /proc/[0-9]*; do
-    tr '\0' ' ' < "$_p/cmdline" 2>/dev/null | grep -q 'recover --wait --kee[p]' && echo "${_p#/proc/}"
+    { tr '\0' ' ' < "$_p/cmdline"; } 2>/dev/null | grep -q 'recover --wait --kee[p]' && echo "${_p#/proc/}"
   done
 }
 if uzram_create --size 64M; then

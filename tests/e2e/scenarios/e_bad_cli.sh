@@ -13,9 +13,15 @@ expect_refused "a memory limit below the page table" 'mem-limit.*page table' uzr
 _n1=$(tail -n +2 /proc/sysvipc/shm | wc -l)
 [ "$_n1" = "$_n0" ] && ok "no shared memory taken by the refused creates" \
   || fail_check "$((_n1 - _n0)) shared memory segments made by refused creates"
+# check-config refuses what the daemon refuses (exit 255: an invalid file), and reads no
+# more than a config's worth of a file that is none
 printf 'size = "16T"\n' > /tmp/e-big.toml
-expect_refused "check-config of a device the host cannot hold" 'RAM' uzram check-config --config /tmp/e-big.toml
-expect_refused "check-config of a file that is no config" 'larger than|not a uzram config' uzram check-config --config /dev/zero
+for _c in "/tmp/e-big.toml:RAM" "/dev/zero:larger than"; do
+  run_t "$TMO" /tmp/refused.out uzram check-config --config "${_c%%:*}"; _rc=$?
+  [ $_rc = 255 ] && grep -q "${_c#*:}" /tmp/refused.out \
+    && ok "check-config ${_c%%:*}: rc=255 in ${RUN_SECS}s: $(head -c 200 /tmp/refused.out | tr '\n' ' ')" \
+    || fail_check "check-config ${_c%%:*}: rc=$_rc, $(head -c 300 /tmp/refused.out | tr '\n' ' ')"
+done
 expect_refused "unknown algorithm" 'algorithm|foo' uzram create --size 64M --algorithm foo
 expect_refused "gpu backend without a GPU" 'gpu|cuda|nvidia' uzram create --size 64M --backend gpu
 expect_refused "unknown queue mode" 'queue mode.*turbo' uzram create --size 64M --queue-mode turbo

@@ -10,7 +10,7 @@
 begin s_crash_safe_default
 standby_pids() {
   for _p in /proc/[0-9]*; do
-    tr '\0' ' ' < "$_p/cmdline" 2>/dev/null | grep -q 'recover --wait --kee[p]' && echo "${_p#/proc/}"
+    { tr '\0' ' ' < "$_p/cmdline"; } 2>/dev/null | grep -q 'recover --wait --kee[p]' && echo "${_p#/proc/}"
   done
 }
 AVAIL0=$(mem_avail_mib)

@@ -540,18 +540,29 @@ impl Arena {
         true
     }
 
-    /// The `N` bytes at byte `at` of the object at `handle` (its trailer); `None` if they
-    /// are not in the arena.
-    pub(crate) fn load_trailer<const N: usize>(&self, handle: u64, at: usize) -> Option<[u8; N]> {
+    /// [`Arena::load`], and the [`CHECKSUM_BYTES`] trailer after the `len` bytes (with one
+    /// look-up of the segment). `None` if the object is not in the arena.
+    pub(crate) fn load_with_trailer(
+        &self,
+        handle: u64,
+        len: usize,
+        out: &mut [u8],
+    ) -> Option<[u8; CHECKSUM_BYTES]> {
         let (seg, off) = split(handle);
         let segment = self.segments.read(seg)?;
-        let start = off.checked_add(at)?;
-        let words = segment.words().get(start / 8..(start + N).div_ceil(8))?;
+        let end = off.checked_add(len)?;
+        let words = segment.words();
+        let out = out.get_mut(..len)?;
+        words_to_bytes(words.get(off / 8..end.div_ceil(8))?, out);
+        let tail = words.get(end / 8..(end + CHECKSUM_BYTES).div_ceil(8))?;
         let mut bytes = [0u8; 16];
-        for (chunk, w) in bytes.chunks_exact_mut(8).zip(words) {
+        for (chunk, w) in bytes.chunks_exact_mut(8).zip(tail) {
             chunk.copy_from_slice(&w.load(Relaxed).to_le_bytes());
         }
-        bytes.get(start % 8..start % 8 + N)?.try_into().ok()
+        bytes
+            .get(end % 8..end % 8 + CHECKSUM_BYTES)?
+            .try_into()
+            .ok()
     }
 
     /// Writes objects (`handle`, payload, trailer) at handles `alloc_many` just returned:
@@ -1073,12 +1084,14 @@ mod tests {
         }
         for (h, data, trailer) in &kept {
             assert_eq!(&read(&arena, *h, data.len()), data, "len {}", data.len());
+            let mut back = vec![0u8; data.len()];
             assert_eq!(
-                arena.load_trailer::<4>(*h, data.len()),
+                arena.load_with_trailer(*h, data.len(), &mut back),
                 Some(*trailer),
                 "len {}",
                 data.len()
             );
+            assert_eq!(&back, data);
         }
         // a raw page with its checksum is one object of the largest class
         assert_eq!(class_of(MAX_OBJECT) * CLASS_GRANULE, MAX_HOLE as usize);

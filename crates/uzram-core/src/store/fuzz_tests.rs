@@ -147,7 +147,10 @@ fn damage(image: &Image, input: &[u8]) -> (Vec<u64>, HashMap<usize, Vec<u64>>, b
 fn stored_checksum(store: &PageStore, index: u64) -> Option<u32> {
     let (shard, idx) = store.locate(index);
     match read_lock(shard).get(idx) {
-        Some(Slot::Stored { handle, len }) => store.stored_checksum(handle, usize::from(len)),
+        Some(Slot::Stored { handle, len }) => {
+            let mut bytes = [0u8; PAGE_SIZE];
+            store.load_stored(handle, usize::from(len), &mut bytes)
+        }
         _ => None,
     }
 }

@@ -503,14 +503,14 @@ impl PageStore {
         }
     }
 
-    /// The checksum stored after the `len` payload bytes at `handle` (`Some(0)` in a store
-    /// without checksums); `None` when it is not in the arena.
-    fn stored_checksum(&self, handle: u64, len: usize) -> Option<u32> {
+    /// Copies the `len` payload bytes at `handle` into `out` and returns the checksum stored
+    /// after them (0 in a store without checksums); `None` when they are not in the arena.
+    fn load_stored(&self, handle: u64, len: usize, out: &mut [u8]) -> Option<u32> {
         if !self.checksums {
-            return Some(0);
+            return self.arena.load(handle, len, out).then_some(0);
         }
         self.arena
-            .load_trailer::<CHECKSUM_BYTES>(handle, len)
+            .load_with_trailer(handle, len, out)
             .map(u32::from_le_bytes)
     }
 
@@ -680,20 +680,18 @@ impl PageStore {
             Some(Slot::Stored { handle, len }) => (handle, usize::from(len)),
         };
         if len == PAGE_SIZE {
-            let loaded = self.arena.load(handle, len, page);
-            let stored = self.stored_checksum(handle, len);
+            let stored = self.load_stored(handle, len, page);
             drop(shard);
             return match stored {
-                Some(stored) if loaded => self.verify(index, page, stored),
-                _ => Err(self.failed_check(corrupt(index, "arena range missing"))),
+                Some(stored) => self.verify(index, page, stored),
+                None => Err(self.failed_check(corrupt(index, "arena range missing"))),
             };
         }
         // Copy the compressed bytes out under the shard lock, decode after dropping it.
         worker::with_codec(self.algorithm, |codec, scratch| {
-            let loaded = self.arena.load(handle, len, scratch);
-            let stored = self.stored_checksum(handle, len);
+            let stored = self.load_stored(handle, len, scratch);
             drop(shard);
-            let Some(stored) = stored.filter(|_| loaded) else {
+            let Some(stored) = stored else {
                 return Err(self.failed_check(corrupt(index, "arena range missing")));
             };
             codec

@@ -66,27 +66,39 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let mut all_verified = true;
     let mut reports = Vec::new();
     for (name, corpus) in &corpora {
-        for (&backend, &checksums) in backends
+        let setups: Vec<(Backend, measure::Setup)> = backends
             .iter()
-            .flat_map(|b| checksums.iter().map(move |c| (b, c)))
-        {
-            let setup = measure::Setup {
-                algorithm,
-                backend,
-                gpu: gpu.clone(),
-                raw_threshold: args.raw_threshold,
-                queues: args.queues,
-                pages,
-                warmup: args.warmup,
-                checksums,
-            };
+            .flat_map(|&b| checksums.iter().map(move |&c| (b, c)))
+            .map(|(backend, checksums)| {
+                let setup = measure::Setup {
+                    algorithm,
+                    backend,
+                    gpu: gpu.clone(),
+                    raw_threshold: args.raw_threshold,
+                    queues: args.queues,
+                    pages,
+                    warmup: args.warmup,
+                    checksums,
+                };
+                (backend, setup)
+            })
+            .collect();
+        for (_, setup) in &setups {
             for _ in 0..args.warmup {
-                measure::run(corpus, &setup, &memory)?;
+                measure::run(corpus, setup, &memory)?;
             }
-            let runs = (0..args.repeat)
-                .map(|_| measure::run(corpus, &setup, &memory))
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            let r = report::Report::new(name, backend, &setup, &runs);
+        }
+        // The settings' runs interleaved (A B A B ...), not one after the other: a run's
+        // place in the invocation moved its numbers by more than the settings did (a first
+        // setting's writes cost up to 40 % more CPU on a loaded host).
+        let mut runs: Vec<Vec<measure::Run>> = setups.iter().map(|_| Vec::new()).collect();
+        for _ in 0..args.repeat {
+            for ((_, setup), runs) in setups.iter().zip(runs.iter_mut()) {
+                runs.push(measure::run(corpus, setup, &memory)?);
+            }
+        }
+        for ((backend, setup), runs) in setups.iter().zip(&runs) {
+            let r = report::Report::new(name, *backend, setup, runs);
             all_verified &= r.verified;
             if args.json {
                 println!("{}", serde_json::to_string(&r)?);
