@@ -175,7 +175,7 @@ null_down() {
 # pcp_fraction_boot: vm.percpu_pagelist_high_fraction as the boot set it: the kernel's default
 # (0), or the value the kernel command line gave (scripts/test's 7.3 boots hold the per-CPU
 # free lists short, as the systemd unit does). A recovery holds them short only from the
-# default and puts the default back (daemon/free_lists.rs): r and d expect this value after.
+# default and puts the default back (memory/free_lists.rs): r and d expect this value after.
 pcp_fraction_boot() {
   _v=$(tr ' ' '\n' < /proc/cmdline | sed -n 's/^sysctl\.vm\.percpu_pagelist_high_fraction=//p' | tail -1)
   echo "${_v:-0}"

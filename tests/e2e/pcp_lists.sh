@@ -1,5 +1,5 @@
 # Measurement (run by hand: scripts/e2e pcp_lists): where the pages of a freed 48 MiB range
-# go, as a recovery's room does when it is given back (daemon/free_lists.rs). Frees 48 MiB of
+# go, as a recovery's room does when it is given back (memory/free_lists.rs). Frees 48 MiB of
 # tmpfs on CPU 0 twice at each setting of vm.percpu_pagelist_high_fraction: the kernel's
 # default (0) and the one a recovery holds (1048576), and prints each CPU's free list
 # (count/limit/batch of /proc/zoneinfo) and MemFree right after. Fails unless, held short,

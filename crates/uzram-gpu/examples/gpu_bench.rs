@@ -167,7 +167,7 @@ fn reference(unique: &[u8], threshold: usize) -> Reference {
 /// Single-thread decode speed (GB/s of pages) of `ours` and of `reference` with uzram's
 /// decoder, measured in turns (a fifth of a second each, best of `iters` turns each), so that
 /// both see the same host: this host's speed was seen to swing by 1.75x within a minute
-/// (docs/gpu-notes.md, run 116).
+/// (docs/bench/gpu-runs.md).
 fn decode_gbps(ours: &[&[u8]], reference: &[&[u8]], iters: usize) -> (f64, f64) {
     let mut codec = Lz4Codec::new();
     let mut out = [0u8; PAGE_SIZE];

@@ -14,7 +14,7 @@
 // uzram_lz4_fast: each block is one warp and compresses whole pages (grid-stride). The page
 // (plus 16 bytes of zero padding) and a 2048-entry u16 hash table live in shared memory
 // (8.2 KB per warp: 25 warps per SM on Hopper; a 4096-entry table gives 17 warps, a 0.4 %
-// better ratio and a 20 % slower kernel; see docs/gpu-notes.md).
+// better ratio and a 20 % slower kernel; see docs/gpu.md).
 // The parse is LZ4's parse with LZ4's insertion rule (every position tested outside a match
 // is inserted; inside a match only end-2), but every position is tested (no skip
 // acceleration), 32 at a time: lane i tests position ip+i against the most recent earlier
@@ -55,7 +55,7 @@
 // (mapped into the device's address space), and so do the packed bytes of the results that
 // pass, except the first ctrl[4] bytes of `packed`, which the host copies with a copy
 // engine (launch.rs, `copied_bytes`): the check's stores into mapped memory hold SMs while
-// they cross PCIe (docs/gpu-notes.md, runs 110 and 113). A block that fails is reported as
+// they cross PCIe (docs/bench/gpu-runs.md). A block that fails is reported as
 // SIZE_REJECTED, and the host, which reads only results that passed, compresses that page
 // on the CPU. A block is never trusted because the compressor wrote it.
 // It also computes the CRC32C of every page as the device holds it (each lane the CRC of
@@ -68,7 +68,7 @@
 #ifndef HASH_LOG
 #define HASH_LOG 11u
 #endif
-// LAZY n: up to n lazy-match steps per match (0: plain greedy); see docs/gpu-notes.md.
+// LAZY n: up to n lazy-match steps per match (0: plain greedy); see docs/gpu.md.
 #ifndef LAZY
 #define LAZY 2u
 #endif
@@ -232,7 +232,7 @@ __device__ __forceinline__ u32 extend_match(const u32* words, u32 s, u32 r, u32 
 // offset in the (i+2)-th u16 from the top. NO_HINTS (or any count the area cannot hold)
 // leaves the check to its serial walk. (When the hints shared the block's 4096 bytes, the
 // longer blocks left no room for them: 80 of mixed-swap's 65536 pages were walked serially,
-// and those few walks held back the fast ring by 15 %: docs/gpu-notes.md, run 111.)
+// and those few walks held back the fast ring by 15 %: docs/bench/gpu-runs.md.)
 #define NO_HINTS 0xffffu
 #define MAX_HINTS (PAGE_BYTES / 2u - 1u)
 // Bytes of a page's scratch slot: the block being built, then the hint area.
@@ -930,15 +930,14 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 //     never beats the best, which starts at MIN_MATCH - 1), so most candidates cost one
 //     shared-memory byte load. (Comparing the 4 bytes ending at byte L and the first 4,
 //     as LZ4HC does, with 3 steps a turn, the kernel ran 13 % / 10 % slower, python-heap /
-//     mixed-swap: docs/gpu-notes.md, runs 128-129.)
+//     mixed-swap: docs/bench/gpu-runs.md.)
 //     A warp settles 32 positions at a
 //     time where no search is needed (no earlier position of their hash, or a sampled
 //     match that covers them) and queues the rest; each lane takes HIGH_STEPS chain steps
 //     per loop turn, and idle lanes take the next queued positions once HIGH_REFILL of them
 //     are idle, so the lanes of a warp stay converged however long their chains are (a
 //     loop per position kept 12 of 32 lanes busy; fetching each lane's next position inside
-//     the walk's loop, whether it needed a search or not, was 9 % slower: docs/gpu-notes.md,
-//     run 90);
+//     the walk's loop, whether it needed a search or not, was 9 % slower: docs/bench/gpu-runs.md);
 //  3. a greedy parse, taking the best match at the next position that has one, with up to
 //     HIGH_LAZY lazy steps (as LZ4HC), measuring matches longer than HIGH_CAP in full: the
 //     lazy steps of every position first (all threads), then warp 0's walk from sequence
@@ -948,7 +947,7 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 // sequences, the best offsets, the hash heads, the best lengths and then the block), so 8
 // pages share an SM: the serial steps of one page overlap the others' searches. (A backward
 // price DP over positions instead of step 3 gained 0.5 % in ratio at a quarter of the
-// speed: docs/gpu-notes.md.)
+// speed: docs/gpu.md.)
 // ---------------------------------------------------------------------------------------
 
 #ifndef HIGH_DEPTH
@@ -965,7 +964,7 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 // Every HIGH_SAMPLE-th position (a power of two; 1: all) is searched first; a position
 // between two inherits its sampled position's match when that still covers MIN_MATCH bytes
 // of it, and otherwise searches its own chain. 16 (with inheritance from 4 bytes on)
-// measured best (docs/gpu-notes.md, run 24): 1.5-1.9x the speed of searching every
+// measured best (docs/bench/gpu-runs.md): 1.5-1.9x the speed of searching every
 // position, for 0.1 % of ratio.
 #ifndef HIGH_SAMPLE
 #define HIGH_SAMPLE 16u
@@ -976,7 +975,7 @@ static_assert((HIGH_SAMPLE & (HIGH_SAMPLE - 1u)) == 0u, "HIGH_SAMPLE must be a p
 static_assert(HIGH_SAMPLE - 1u + MIN_MATCH <= HIGH_CAP, "an inherited HIGH_CAP must still cover MIN_MATCH bytes");
 // 8 warps a page, 8 pages an SM (64 warps, the most an SM holds; 32 registers a thread,
 // with a few bytes spilled): 17 % / 14 % faster than 4 warps and 9 pages (36 warps),
-// 6 warps and 8 pages 6 % / 0 % (docs/gpu-notes.md, run 95). The host launches the block
+// 6 warps and 8 pages 6 % / 0 % (docs/bench/gpu-runs.md). The host launches the block
 // size the kernel declares (launch.rs checks it).
 #ifndef HIGH_THREADS
 #define HIGH_THREADS 256u
@@ -986,13 +985,13 @@ static_assert(HIGH_SAMPLE - 1u + MIN_MATCH <= HIGH_CAP, "an inherited HIGH_CAP m
 #endif
 // Chain steps a busy lane takes per turn of the search loop, between the warp's votes on
 // who is idle: with the one-byte test 4 is 6-7 % faster than 3, 5 and 6 slower than 4
-// (with the two-word test, 3 was best: docs/gpu-notes.md, runs 99 and 129). A lane whose
+// (with the two-word test, 3 was best: docs/bench/gpu-runs.md). A lane whose
 // walk ends in a turn's first step idles for the rest of it.
 #ifndef HIGH_STEPS
 #define HIGH_STEPS 4u
 #endif
 // Idle lanes take new positions once this many are idle (or all are): 1 % faster than at
-// every idle lane, 4 as fast, 16 slower (docs/gpu-notes.md, run 104).
+// every idle lane, 4 as fast, 16 slower (docs/bench/gpu-runs.md).
 #ifndef HIGH_REFILL
 #define HIGH_REFILL 8
 #endif
@@ -1022,7 +1021,7 @@ __device__ __forceinline__ u32 high_pos(u32 pass, u32 i) {
 
 // match_len compares HIGH_MATCH_WORDS words a turn, each word of the two positions loaded
 // once and funnel-shifted into place (a word a turn through read32, two loads per side, was
-// 10 % slower; one loaded word a turn 8 %, 2 and 3 words 4-6 %: docs/gpu-notes.md, runs 90-93).
+// 10 % slower; one loaded word a turn 8 %, 2 and 3 words 4-6 %: docs/bench/gpu-runs.md).
 #ifndef HIGH_MATCH_WORDS
 #define HIGH_MATCH_WORDS 4u
 #endif
@@ -1138,7 +1137,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
         //    until the search) keeps the hash and whether the position is the first and the
         //    last of its hash in its 32. b) Warp 0, in position order: a first takes its
         //    link from the heads, a last becomes the head. (Warp 0 alone doing both, with
-        //    the other warps waiting, made the kernel 5 % slower: docs/gpu-notes.md, run 97.)
+        //    the other warps waiting, made the kernel 5 % slower: docs/bench/gpu-runs.md.)
         for (u32 base = warp * 32u; base <= last_start; base += HIGH_THREADS) {
             const u32 p = base + lane;
             const bool active = p <= last_start;
@@ -1301,8 +1300,8 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
         // The block is the serial parse's, byte for byte (a sequence's end does not depend
         // on where the previous one ended, and the block fits exactly when its total does).
         // Warp 0 parsing and emitting alone, the other warps waiting, took 27-32 % of the
-        // kernel; the parallel decisions made it 7-10 % faster (docs/gpu-notes.md, runs
-        // 97-99), a thread per sequence writing them another 11 % (run 104).
+        // kernel; the parallel decisions made it 7-10 % faster (docs/bench/gpu-runs.md),
+        // a thread per sequence writing them another 11 %.
         {
             u8* const step_of = (u8*)s_link;                  // a): per position
             u32* const seq_end = (u32*)s_link + PAGE_BYTES / 4u;   // b): mp | len << 16
@@ -1442,7 +1441,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
             // d) Sequence i by thread i, into s_small (the lengths are no longer needed),
             //    then the block into `packed` by all threads, a word a store. (A warp per
             //    sequence was 11 % slower in all, its lanes idle on short literal runs; byte
-            //    stores straight into `packed` 3 % slower: docs/gpu-notes.md, runs 102-104.)
+            //    stores straight into `packed` 3 % slower: docs/bench/gpu-runs.md.)
             const u32 nseq = s_emit[0];
             u8* const blk = (u8*)s_small;
             for (u32 i = tid; i < nseq; i += HIGH_THREADS) {

@@ -67,7 +67,7 @@ pub const fn device_buffer_bytes(pages: usize) -> [usize; 5] {
 /// slot's graph), while the packed total is known only once the run is done, so a copy
 /// moves bytes the run may not have packed.
 ///
-/// Measured per parse (docs/gpu-notes.md, runs 113-114): the high parse's ring runs 8-15 %
+/// Measured per parse (docs/bench/gpu-runs.md): the high parse's ring runs 8-15 %
 /// faster with half its input's worth copied (its packed bytes are 0.27-0.37 of the input,
 /// so nearly all of them), its SMs then free of the stores; the fast parse's ring runs up to
 /// 30 % slower with any copy in its slot's run (an eighth of the input to all of it), so it

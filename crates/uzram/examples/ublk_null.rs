@@ -10,8 +10,8 @@
 //! tuned io_uring rings) and serves it in uzram's `per-queue` mode or, with `--batch`, its
 //! `batch` mode (`UBLK_F_BATCH_IO`, Linux 7.0), so only the work per request differs. Its
 //! queue threads keep the default priority, unlike uzram's (nice -20): in the guest a build at
-//! nice -20 served a third as many 4K reads at queue depth 32 (README, "The transport's
-//! floor"), and a floor is the best a server can do.
+//! nice -20 served a third as many 4K reads at queue depth 32 (the transport's floor, docs/bench/),
+//! and a floor is the best a server can do.
 //!
 //! Usage: `ublk_null [--batch] [--queues N] [--depth D] [--size-mib M]`; prints
 //! `/dev/ublkbID` once the device serves, and deletes it on SIGTERM or SIGINT. Needs root and
@@ -30,10 +30,10 @@ use libublk::{sys, BufDesc, UblkError, UblkFlags, UblkIORes};
 /// uzram's queue rings (`COOP_TASKRUN | SINGLE_ISSUER | DEFER_TASKRUN`, or `COOP_TASKRUN`
 /// alone where the kernel refuses those): the daemon's own module, so both set up the same ring.
 #[allow(dead_code)]
-#[path = "../src/daemon/ring.rs"]
+#[path = "../src/ublk/uring.rs"]
 mod ring;
 
-/// uzram's largest request (`daemon::target::IO_BUF_BYTES`).
+/// uzram's largest request (`footprint::IO_BUF_BYTES`).
 const IO_BUF_BYTES: u32 = 128 << 10;
 const SECTOR_SHIFT: u32 = 9;
 const PAGE_SHIFT: u8 = 12;
@@ -118,7 +118,7 @@ fn serve_per_request(queue: UblkQueue<'_>, dev: &UblkDev) -> Result<(), UblkErro
     Ok(())
 }
 
-/// uzram's `batch` loop (`daemon/batch_io.rs`): multishot fetches of request groups, one
+/// uzram's `batch` loop (`ublk/batch.rs`): multishot fetches of request groups, one
 /// commit command for every result of a wake-up.
 fn serve_batch(queue: &UblkQueue<'_>, dev: &UblkDev) -> Result<(), UblkError> {
     let depth = queue.get_depth() as usize;

@@ -84,10 +84,10 @@ pub struct DeviceArgs {
     /// Device size: bytes or with a K, M, G or T suffix (rounded up to whole 4 KiB pages).
     #[arg(long, short = 's')]
     pub size: String,
-    /// Compression algorithm: lz4, zstd or zstd:LEVEL.
+    /// WriteBackend algorithm: lz4, zstd or zstd:LEVEL.
     #[arg(long, short = 'a', default_value = "lz4")]
     pub algorithm: String,
-    /// Compression backend: cpu, gpu or auto.
+    /// WriteBackend backend: cpu, gpu or auto.
     #[arg(long, short = 'b', default_value = "cpu")]
     pub backend: String,
     /// Hardware queues (default: one per CPU, at most 4).
@@ -242,8 +242,28 @@ pub struct DestroyArgs {
     pub all: bool,
 }
 
+/// The column list of `uzram list --help`, with what each column means for uzram.
+pub const COLUMNS_HELP: &str = "\
+Available output columns (zramctl's names and meanings; -o takes a comma-separated list,
++LIST appends to the defaults NAME,ALGORITHM,DISKSIZE,DATA,COMPR,TOTAL,STREAMS,MOUNTPOINT):
+        NAME  device name (/dev/ublkbN)
+    DISKSIZE  limit on the uncompressed amount of data (the device size)
+        DATA  uncompressed size of stored data
+       COMPR  compressed size of stored data
+   ALGORITHM  the selected compression algorithm
+     STREAMS  number of concurrent compress operations: one per hardware queue, whose thread
+              compresses its own writes
+  ZERO-PAGES  same-filled pages, stored with no compressed data
+       TOTAL  all memory the store holds: arena, page table and bookkeeping
+   MEM-LIMIT  memory limit used to store compressed data (0B: none)
+    MEM-USED  peak memory usage to store compressed data
+    MIGRATED  pages of memory given back by compaction (zram's pages_compacted)
+  COMP-RATIO  compression ratio: DATA/TOTAL
+  MOUNTPOINT  where the device is mounted, [SWAP] when it is active swap
+     BACKEND  where writes are compressed: cpu or gpu (uzram only)";
+
 #[derive(Debug, clap::Args)]
-#[command(after_help = crate::cmd::list::COLUMNS_HELP)]
+#[command(after_help = COLUMNS_HELP)]
 pub struct ListArgs {
     /// Columns to print (comma-separated); +LIST appends them to the defaults.
     #[arg(short = 'o', long, value_name = "LIST", allow_hyphen_values = true)]
@@ -342,7 +362,7 @@ pub struct BenchArgs {
     /// give it more than once to run each corpus.
     #[arg(long, required = true)]
     pub corpus: Vec<PathBuf>,
-    /// Compression algorithm: lz4, zstd or zstd:LEVEL.
+    /// WriteBackend algorithm: lz4, zstd or zstd:LEVEL.
     #[arg(long, default_value = "lz4")]
     pub algorithm: String,
     /// Backends to run side by side: cpu, gpu, auto, comma-separated (e.g. cpu,gpu).

@@ -12,6 +12,7 @@
 //! and `create` refuse exactly what the daemon would: it includes what the host can hold
 //! (`footprint.rs`) and what the store needs (a memory limit above its page table).
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -19,14 +20,10 @@ use uzram_core::codec::Algorithm;
 use uzram_core::store::MAX_SLOT_PAGES;
 use uzram_gpu::Parse;
 
-use crate::daemon::queue_mode::QueueModeChoice;
 use crate::size::{parse_size, SizeError, MAX_SIZE};
 use crate::sizeexpr::{eval_mib, mib_to_bytes, ExprError};
 
-/// Most hardware queues a device may have (the kernel's `UBLK_MAX_NR_QUEUES`).
-pub const MAX_QUEUES: u16 = 4096;
-/// Deepest queue the kernel accepts (`UBLK_MAX_QUEUE_DEPTH`).
-pub const MAX_DEPTH: u16 = 4096;
+pub use crate::footprint::{MAX_DEPTH, MAX_QUEUES};
 /// Default queue depth (each tag holds a locked 128 KiB buffer: 8 MiB per queue).
 pub const DEFAULT_DEPTH: u16 = 64;
 /// Highest device id uzram accepts (the kernel allows ids below 2^20).
@@ -66,7 +63,7 @@ impl Backend {
 
     /// Refuses `gpu` early (before a daemon starts) where it cannot work: an algorithm other
     /// than LZ4, or no NVIDIA driver or GPU. `auto` is decided when the device starts
-    /// (`daemon::compression`), the one place that chooses.
+    /// (`daemon::backend`), the one place that chooses.
     pub fn check(self, algorithm: Algorithm) -> Result<(), ConfigError> {
         match self {
             Backend::Gpu if algorithm != Algorithm::Lz4 => Err(ConfigError::GpuNeedsLz4),
@@ -141,8 +138,7 @@ pub struct GpuSettings {
     pub memory: u64,
     /// The GPU's LZ4 parse. `high` by default: through the daemon it ingests as fast as
     /// `fast` at the same CPU per GiB and stores 1.05-1.10x as much per byte of memory, and
-    /// its ring (25-32 GB/s) is above what a host's queue threads push (docs/gpu-notes.md,
-    /// runs 129-133).
+    /// its ring (25-32 GB/s) is above what a host's queue threads push (docs/bench/gpu-runs.md).
     pub parse: Parse,
     /// Threads that install the GPU's results into the store.
     pub installers: usize,
@@ -163,7 +159,7 @@ pub const MAX_GPU_INSTALLERS: u64 = 64;
 
 /// Default wait for a free slot of the GPU ring, µs: about a slot's install time. Waiting
 /// costs no CPU; compressing on the CPU instead costs several times the GPU path's CPU per
-/// page (docs/gpu-notes.md, runs 34-35). A waiting queue thread holds back the other
+/// page (docs/bench/gpu-runs.md). A waiting queue thread holds back the other
 /// requests of its queue, hence the cap.
 pub const DEFAULT_GPU_SLOT_WAIT_US: u64 = 2000;
 /// Longest allowed wait for a free slot, µs.
@@ -178,6 +174,69 @@ impl Default for GpuSettings {
             installers: DEFAULT_GPU_INSTALLERS,
             slot_pages: DEFAULT_GPU_SLOT_PAGES,
             slot_wait_us: DEFAULT_GPU_SLOT_WAIT_US,
+        }
+    }
+}
+
+/// A queue mode the daemon can serve with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueMode {
+    /// `UBLK_F_BATCH_IO`: batched prepare/fetch/commit, one thread per queue.
+    Batch,
+    /// `UBLK_F_PER_IO_DAEMON`: several threads per queue.
+    PerIoDaemon,
+    /// One thread per queue, one command per request.
+    PerQueue,
+}
+
+impl QueueMode {
+    /// The name `uzram status` shows and `--queue-mode` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            QueueMode::Batch => "batch",
+            QueueMode::PerIoDaemon => "per-io-daemon",
+            QueueMode::PerQueue => "per-queue",
+        }
+    }
+}
+
+impl fmt::Display for QueueMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What the user asked for: a mode by name, or the fastest one the kernel offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QueueModeChoice {
+    /// The fastest mode the kernel offers.
+    #[default]
+    Auto,
+    /// This mode, or an error where the kernel lacks it.
+    Exactly(QueueMode),
+}
+
+impl QueueModeChoice {
+    /// Every value `--queue-mode` takes.
+    pub const NAMES: &'static str = "auto, batch, per-io-daemon or per-queue";
+
+    /// Parses `auto`, `batch`, `per-io-daemon` or `per-queue`.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "auto" => QueueModeChoice::Auto,
+            "batch" => QueueModeChoice::Exactly(QueueMode::Batch),
+            "per-io-daemon" => QueueModeChoice::Exactly(QueueMode::PerIoDaemon),
+            "per-queue" => QueueModeChoice::Exactly(QueueMode::PerQueue),
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for QueueModeChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QueueModeChoice::Auto => f.write_str("auto"),
+            QueueModeChoice::Exactly(mode) => mode.fmt(f),
         }
     }
 }
@@ -365,7 +424,7 @@ pub enum ConfigError {
 pub struct DeviceConfig {
     /// Device size in bytes, a whole number of pages.
     pub size: u64,
-    /// Compression algorithm.
+    /// WriteBackend algorithm.
     pub algorithm: Algorithm,
     /// Backend as asked for (`auto` is kept so `list` shows what the user chose).
     pub backend: Backend,
@@ -1228,7 +1287,7 @@ mod tests {
 
     #[test]
     fn queue_mode_defaults_to_auto_and_names_are_checked() {
-        use crate::daemon::queue_mode::QueueMode;
+        use crate::ublk::queue_mode::QueueMode;
         assert_eq!(
             parse("size = \"1G\"").unwrap().device.queue_mode,
             QueueModeChoice::Auto

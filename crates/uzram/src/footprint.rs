@@ -1,5 +1,5 @@
 //! What a device's daemon holds in memory from the start, before it stores a page: the sizes
-//! its store's parts take (`daemon/region.rs` lays them out from [`Sizes`]), its recovery
+//! its store's parts take (`takeover/store_segment.rs` lays them out from [`Sizes`]), its recovery
 //! room, heap reserve and I/O buffers, and the GPU ring's pinned memory. All of it is locked
 //! and none of it can be reclaimed, so a device whose up-front memory the host cannot hold
 //! is refused before anything is taken ([`Upfront::check`]): a typo in a size (16T for 16G)
@@ -13,16 +13,16 @@ pub const UNIT: usize = 64 << 10;
 /// The bytes of one tag's I/O buffer: the largest request the device takes.
 pub const IO_BUF_BYTES: u32 = 128 << 10;
 
-/// Heap grown at start for the daemon's small allocations (`daemon/reserve.rs`).
+/// Heap grown at start for the daemon's small allocations (`memory/reserve.rs`).
 pub const HEAP_RESERVE: usize = 8 << 20;
 
-/// The smallest recovery room (`daemon/region.rs`): a new daemon's heap reserve, stacks and
+/// The smallest recovery room (`takeover/store_segment.rs`): a new daemon's heap reserve, stacks and
 /// rings before it serves, with two queues' I/O buffers.
 pub const MIN_ROOM: usize = 24 << 20;
 
 /// What a recovering daemon allocates before it serves besides its heap reserve and I/O
 /// buffers: stacks, the recovered store's bookkeeping, static data, page tables, rings.
-/// Measured in the guest's crash test (1 GiB device, 2 queues, some 40 thousand pages
+/// Measured after a crash under a swap hog (1 GiB device, 2 queues, some 40 thousand pages
 /// stored): RssAnon 29 MiB against 24 MiB of reserve and buffers, page tables 0.4-0.7 MiB.
 /// A room without it was spent before the new daemon served when the hog had taken the
 /// dead daemon's freed memory first, and the daemon's queue threads then waited in reclaim
@@ -44,9 +44,14 @@ pub fn room_bytes(queues: u16, depth: u16) -> usize {
         .max(MIN_ROOM)
 }
 
+/// Most hardware queues a device may have (the kernel's `UBLK_MAX_NR_QUEUES`).
+pub const MAX_QUEUES: u16 = 4096;
+/// Deepest queue the kernel accepts (`UBLK_MAX_QUEUE_DEPTH`).
+pub const MAX_DEPTH: u16 = 4096;
+
 /// The largest room any device has (the most queues at the greatest depth).
 pub fn max_room() -> usize {
-    room_bytes(crate::config::MAX_QUEUES, crate::config::MAX_DEPTH)
+    room_bytes(MAX_QUEUES, MAX_DEPTH)
 }
 
 /// Sizes of a store's parts.

@@ -100,9 +100,9 @@ fn fuzz_control_lines_decode_or_are_refused() {
 fn fuzz_recovery_records_are_refused_or_pass_every_check() {
     fuzz::run(
         "record",
-        &crate::control::anchor::fuzz_seeds(),
+        &crate::takeover::record::fuzz_seeds(),
         16 << 10,
-        |input| crate::control::anchor::fuzz_check(input, HOST),
+        |input| crate::takeover::record::fuzz_check(input, HOST),
     );
 }
 
@@ -110,8 +110,8 @@ fn fuzz_recovery_records_are_refused_or_pass_every_check() {
 fn fuzz_store_headers_are_refused_or_lie_inside_their_segment() {
     fuzz::run(
         "store_header",
-        &crate::daemon::region::fuzz_seeds(),
+        &crate::takeover::store_segment::fuzz_seeds(),
         512,
-        crate::daemon::region::fuzz_check,
+        crate::takeover::store_segment::fuzz_check,
     );
 }

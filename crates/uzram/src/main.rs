@@ -12,12 +12,15 @@ mod footprint;
 mod fuzz_tests;
 mod hibernate;
 mod inuse;
+mod memory;
 mod metrics;
 mod shm;
 mod size;
 mod sizeexpr;
 mod stdio_route;
 mod sys;
+mod takeover;
+mod ublk;
 
 use std::process::ExitCode;
 
@@ -25,34 +28,34 @@ use clap::Parser;
 
 /// 64 KiB blocks (the page store's arena segments) come from a pre-faulted pool while serving.
 #[global_allocator]
-static ALLOC: daemon::pool::PoolAlloc = daemon::pool::PoolAlloc;
+static ALLOC: memory::pool::PoolAlloc = memory::pool::PoolAlloc;
 
 fn main() -> ExitCode {
     // Before any thread exists (std reads it at the first spawn): threads started with
     // `std::thread::spawn`, libublk's queue threads among them, get 1 MiB stacks instead of
     // Rust's 2 MiB. A daemon populates and locks every thread's whole stack, and a queue
     // thread's deepest path is a fraction of the 512 KiB it faults in up front
-    // (`daemon::fault_guard`): the other MiB of each was locked memory for nothing, and a
+    // (`memory::fault_guard`): the other MiB of each was locked memory for nothing, and a
     // takeover faulted it in during its pause. A larger value in the environment is kept; a
     // smaller one is not (a queue thread's prefault would run past its stack).
     let asked = std::env::var("RUST_MIN_STACK")
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok());
-    if asked.map_or(true, |n| n < daemon::fault_guard::DEFAULT_STACK) {
+    if asked.map_or(true, |n| n < memory::fault_guard::DEFAULT_STACK) {
         std::env::set_var(
             "RUST_MIN_STACK",
-            daemon::fault_guard::DEFAULT_STACK.to_string(),
+            memory::fault_guard::DEFAULT_STACK.to_string(),
         );
     }
     // Before any thread exists: with threads already running, glibc may have given one its own
     // malloc arena, and later threads (the daemon's queue threads) can be handed that arena,
     // whose heap grows by fresh page faults outside the daemon's pre-grown headroom (seen in
     // the guest: a queue thread stuck faulting in such a heap under memory pressure).
-    let malloc_configured = daemon::reserve::configure_malloc();
+    let malloc_configured = memory::reserve::configure_malloc();
     let cli = cli::Cli::parse();
     // Before any thread exists too, so that every thread inherits it, the log writer's
     // included: a daemon thread whose reclaim queues swap writes can wait for its own device
-    // forever. After a kill -9 under memory pressure (7.3 guest), the dying daemon's log
+    // forever. After a kill -9 under memory pressure, the dying daemon's log
     // thread allocated in do_exit, reclaimed into a swap write to the very device, and the
     // process never died, so no recovery could start. Every `daemon::serve` runs under one of
     // these commands. So does `recover`: while the device is paused, a swap write to it waits
@@ -150,7 +153,7 @@ fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         Command::CheckConfig(args) => cmd::check::run(args),
         Command::Completions(args) => cmd::docs::completions(args),
         Command::Man(args) => cmd::docs::man(args),
-        Command::Daemon(args) => cmd::create::daemon(args),
+        Command::Daemon(args) => cmd::daemon::run(args),
         Command::Standby(args) => cmd::run::standby(args),
         Command::Bench(args) => bench::run(args),
     }

@@ -4,17 +4,16 @@
 //!
 //! Each `uzram status` counter becomes one metric family with a `device` label (`ublkbN`,
 //! as node_exporter's disk metrics name the device). The counters with zram's names
-//! (`mm_stat`, `io_stat`) and the daemon's request and pool counters have hand-written names
-//! and help; any other stat, such as a backend counter added later, is exported by a
+//! (`mm_stat`, `io_stat`) and the daemon's request and pool counters take their names and
+//! help from `control::counters`; any other stat, such as a backend counter added later, is exported by a
 //! generic rule, so a new stat needs no change here:
 //! - the name is `uzram_` (`uzram_backend_` for backend stats) plus the stat's name, with
 //!   characters Prometheus does not allow replaced by `_`;
 //! - units become base units at the end of the name: `_us`, `_ms`, `_ns` → `_seconds` (the
 //!   value scaled), `_size` → `_bytes`, a `bytes` word elsewhere moves to the end
 //!   (`gpu_bytes_in` → `gpu_in_bytes`);
-//! - it is a counter (`_total` appended), since `uzram status` counts events since the
-//!   daemon started, unless its name is in [`GAUGES`]: a new stat whose value can go down
-//!   belongs there.
+//! - it is a counter (`_total` appended): a stat whose value can go down belongs in the
+//!   table of `control::counters`, as a gauge.
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
@@ -23,48 +22,8 @@ use std::path::{Path, PathBuf};
 use crate::control::proto::{DeviceStatus, Stat};
 use crate::sys;
 
-/// Stats whose value can go down (current amounts, not counts of events).
-pub const GAUGES: &[&str] = &[
-    "orig_data_size",
-    "compr_data_size",
-    "mem_used_total",
-    "mem_limit",
-    "mem_used_max",
-    "same_pages",
-    "huge_pages",
-    "pages_stored",
-    "staged_pages",
-    "pool_free_blocks",
-    "daemon_rss_bytes",
-    "io_threads_per_queue",
-    "queue_ring_setup_flags",
-];
-
-/// Which part of [`DeviceStatus`] a stat comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Group {
-    /// `stats`: the store's counters (zram's mm_stat and io_stat names).
-    Store,
-    /// `requests`: the daemon's request and pool counters.
-    Requests,
-    /// `backend_stats`: the compression backend's counters.
-    Backend,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Counter,
-    Gauge,
-}
-
-impl Kind {
-    fn name(self) -> &'static str {
-        match self {
-            Kind::Counter => "counter",
-            Kind::Gauge => "gauge",
-        }
-    }
-}
+pub use crate::control::counters::Group;
+use crate::control::counters::Kind;
 
 /// One exported metric family.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,204 +33,6 @@ struct Metric {
     help: String,
     /// Multiplier from the stat's unit to the metric's (1 unless converted to seconds).
     scale: f64,
-}
-
-/// Stats with hand-written names and help: (group, stat, metric name, help).
-const KNOWN: &[(Group, &str, &str, &str)] = &[
-    (
-        Group::Store,
-        "orig_data_size",
-        "uzram_orig_data_bytes",
-        "Uncompressed size of the data stored (zram mm_stat orig_data_size).",
-    ),
-    (
-        Group::Store,
-        "compr_data_size",
-        "uzram_compr_data_bytes",
-        "Compressed size of the data stored (zram mm_stat compr_data_size).",
-    ),
-    (
-        Group::Store,
-        "mem_used_total",
-        "uzram_mem_used_bytes",
-        "Memory the store holds: arena, page table and bookkeeping (zram mm_stat mem_used_total).",
-    ),
-    (
-        Group::Store,
-        "mem_limit",
-        "uzram_mem_limit_bytes",
-        "Memory limit for compressed data, 0 for none (zram mm_stat mem_limit).",
-    ),
-    (
-        Group::Store,
-        "mem_used_max",
-        "uzram_mem_used_max_bytes",
-        "Peak memory the store held (zram mm_stat mem_used_max).",
-    ),
-    (
-        Group::Store,
-        "same_pages",
-        "uzram_same_pages",
-        "Pages stored as one repeated word, with no compressed data (zram mm_stat same_pages).",
-    ),
-    (
-        Group::Store,
-        "pages_compacted",
-        "uzram_pages_compacted_total",
-        "Pages of memory given back by compaction (zram mm_stat pages_compacted).",
-    ),
-    (
-        Group::Store,
-        "huge_pages",
-        "uzram_huge_pages",
-        "Pages stored uncompressed because they did not compress enough (zram mm_stat huge_pages).",
-    ),
-    (
-        Group::Store,
-        "failed_reads",
-        "uzram_failed_reads_total",
-        "Failed read requests (zram io_stat failed_reads).",
-    ),
-    (
-        Group::Store,
-        "failed_writes",
-        "uzram_failed_writes_total",
-        "Failed write requests (zram io_stat failed_writes).",
-    ),
-    (
-        Group::Store,
-        "invalid_io",
-        "uzram_invalid_io_total",
-        "Requests refused as out of range or misaligned (zram io_stat invalid_io).",
-    ),
-    (
-        Group::Store,
-        "notify_free",
-        "uzram_notify_free_total",
-        "Pages freed by discard (zram io_stat notify_free).",
-    ),
-    (
-        Group::Store,
-        "pages_stored",
-        "uzram_pages_stored",
-        "Pages that hold data, same-filled ones included.",
-    ),
-    (
-        Group::Store,
-        "reads",
-        "uzram_pages_read_total",
-        "Pages read from the store.",
-    ),
-    (
-        Group::Store,
-        "writes",
-        "uzram_pages_written_total",
-        "Pages written to the store.",
-    ),
-    (
-        Group::Store,
-        "checksum_failures",
-        "uzram_checksum_failures_total",
-        "Reads of stored pages that failed their checksum (each an I/O error, never other data).",
-    ),
-    (
-        Group::Requests,
-        "read_requests",
-        "uzram_read_requests_total",
-        "Read requests served.",
-    ),
-    (
-        Group::Requests,
-        "read_bytes",
-        "uzram_read_bytes_total",
-        "Bytes read by requests.",
-    ),
-    (
-        Group::Requests,
-        "write_requests",
-        "uzram_write_requests_total",
-        "Write requests served.",
-    ),
-    (
-        Group::Requests,
-        "write_bytes",
-        "uzram_write_bytes_total",
-        "Bytes written by requests.",
-    ),
-    (
-        Group::Requests,
-        "flush_requests",
-        "uzram_flush_requests_total",
-        "Flush requests served.",
-    ),
-    (
-        Group::Requests,
-        "discard_requests",
-        "uzram_discard_requests_total",
-        "Discard requests served.",
-    ),
-    (
-        Group::Requests,
-        "write_zeroes_requests",
-        "uzram_write_zeroes_requests_total",
-        "Write-zeroes requests served.",
-    ),
-    (
-        Group::Requests,
-        "failed_requests",
-        "uzram_failed_requests_total",
-        "Requests completed with an error.",
-    ),
-    (
-        Group::Requests,
-        "queue_page_faults",
-        "uzram_queue_page_faults_total",
-        "Major page faults taken by the queue threads (each one is a stall under memory pressure).",
-    ),
-    (
-        Group::Requests,
-        "pool_free_blocks",
-        "uzram_pool_free_blocks",
-        "Free 64 KiB blocks in the daemon's pre-faulted block pool.",
-    ),
-    (
-        Group::Requests,
-        "pool_released_blocks",
-        "uzram_pool_released_blocks_total",
-        "Free pool blocks given back to the system (holes punched in the pool's memfd).",
-    ),
-    (
-        Group::Requests,
-        "daemon_rss_bytes",
-        "uzram_daemon_resident_bytes",
-        "Memory the daemon holds: resident pages, the block pool's shared memory included.",
-    ),
-    (
-        Group::Requests,
-        "pool_refused_blocks",
-        "uzram_pool_refused_blocks_total",
-        "Block requests the empty pool refused (each one failed a write with ENOMEM).",
-    ),
-    (
-        Group::Requests,
-        "pool_waited_takes",
-        "uzram_pool_waited_takes_total",
-        "New arena segments that found the pool empty and waited for its keeper.",
-    ),
-    (
-        Group::Requests,
-        "pool_take_timeouts",
-        "uzram_pool_take_timeouts_total",
-        "Waits for the pool keeper that ended with no block (each one failed a write with ENOMEM).",
-    ),
-];
-
-fn kind_of(stat: &str) -> Kind {
-    if GAUGES.contains(&stat) {
-        Kind::Gauge
-    } else {
-        Kind::Counter
-    }
 }
 
 fn sanitize(name: &str) -> String {
@@ -287,7 +48,8 @@ fn sanitize(name: &str) -> String {
 
 /// The generic rule of the module docs.
 fn generic(group: Group, stat: &str) -> Metric {
-    let kind = kind_of(stat);
+    // Not listed in `counters`: a backend's, which count events.
+    let kind = Kind::Counter;
     let mut words: Vec<String> = sanitize(stat)
         .split('_')
         .filter(|w| !w.is_empty())
@@ -330,11 +92,11 @@ fn generic(group: Group, stat: &str) -> Metric {
 }
 
 fn metric_for(group: Group, stat: &str) -> Metric {
-    match KNOWN.iter().find(|k| k.0 == group && k.1 == stat) {
-        Some(&(_, _, name, help)) => Metric {
-            name: name.to_string(),
-            kind: kind_of(stat),
-            help: help.to_string(),
+    match crate::control::counters::find(stat).filter(|c| c.group == group) {
+        Some(c) => Metric {
+            name: c.metric.to_string(),
+            kind: c.kind,
+            help: c.help.to_string(),
             scale: 1.0,
         },
         None => generic(group, stat),

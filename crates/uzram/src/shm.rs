@@ -248,9 +248,18 @@ impl Attached {
 
 impl Drop for Attached {
     fn drop(&mut self) {
-        // SAFETY: detaches the mapping `map` made; whoever dropped it holds no reference into it.
-        unsafe { libc::shmdt(self.base as *const libc::c_void) };
+        // SAFETY: the mapping `map` made; whoever dropped it holds no reference into it.
+        unsafe { detach(self.base as usize) };
     }
+}
+
+/// Detaches the mapping at `base` that [`Attached::keep`] kept.
+///
+/// # Safety
+/// `base` must be such a mapping, and nothing may refer to it any more.
+pub unsafe fn detach(base: usize) {
+    // SAFETY: the caller's contract.
+    unsafe { libc::shmdt(base as *const libc::c_void) };
 }
 
 /// A `T` read at byte `offset` of root-only segment `id`, through a read-only mapping
@@ -361,6 +370,44 @@ pub(crate) mod tests {
         use std::io::Read;
         std::fs::File::from(read).read_exact(&mut bytes).unwrap();
         Some(i32::from_ne_bytes(bytes))
+    }
+
+    /// The bytes of a plain-data header, to write into a segment.
+    pub fn bytes_of<T: Copy>(value: &T) -> &[u8] {
+        // SAFETY: any `T` is readable as its bytes for its size; callers pass `repr(C)`
+        // headers of integers, which have no padding.
+        unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }
+    }
+
+    /// Writes `bytes` at the start of segment `id` as its owner could, whoever that is
+    /// (nobody's 0666 segment, in the attacks the tests try).
+    pub fn write_as_owner(id: i32, bytes: &[u8]) {
+        assert!(bytes.len() <= stat(id).unwrap().size);
+        // SAFETY: a mapping of our own, detached right after; `bytes` fit in the segment.
+        unsafe {
+            let base = libc::shmat(id, ptr::null(), 0);
+            assert_ne!(base as isize, -1, "shmat: {}", io::Error::last_os_error());
+            ptr::copy_nonoverlapping(bytes.as_ptr(), base.cast::<u8>(), bytes.len());
+            libc::shmdt(base);
+        }
+    }
+
+    /// Whether uid 65534, in a child, can map (read-only) or remove segment `id`: 0 when
+    /// it can do neither, 1 when it mapped it, 2 when it removed it.
+    pub fn nobody_maps_or_removes(id: i32) -> Option<i32> {
+        as_nobody(move || {
+            // SAFETY: plain system calls in the child.
+            unsafe {
+                let base = libc::shmat(id, ptr::null(), libc::SHM_RDONLY);
+                if base as isize != -1 {
+                    return 1;
+                }
+                if libc::shmctl(id, libc::IPC_RMID, ptr::null_mut()) == 0 {
+                    return 2;
+                }
+                0
+            }
+        })
     }
 
     /// A key no one uses, for tests.

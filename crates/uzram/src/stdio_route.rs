@@ -17,7 +17,7 @@
 //! pipe, whose reader dies with the daemon: [`original`] gives it the descriptor as it was.
 
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd, RawFd};
 use std::sync::{mpsc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -89,9 +89,7 @@ pub fn install(fds: &[RawFd], sink: impl Write + Send + 'static) -> io::Result<S
     // From here the pipe's only writers are the routed descriptors (and children that
     // inherit them): `write` itself closes at the end of this function.
     for &fd in fds {
-        // SAFETY: both descriptors are open; dup2 takes no pointers and replaces `fd` atomically.
-        if unsafe { libc::dup2(write.as_raw_fd(), fd) } == -1 {
-            let err = io::Error::last_os_error();
+        if let Err(err) = crate::sys::redirect_fd(write.as_fd(), fd) {
             restore(&saved);
             return Err(err);
         }
@@ -168,15 +166,15 @@ impl Drop for StdioRoute {
 
 fn restore(saved: &[(RawFd, OwnedFd)]) {
     for (fd, old) in saved {
-        // SAFETY: `old` is open (owned here) and `fd` is a descriptor number; dup2 takes no
-        // pointers. A failure leaves `fd` on the pipe, which still reaches the log.
-        unsafe { libc::dup2(old.as_raw_fd(), *fd) };
+        // A failure leaves `fd` on the pipe, which still reaches the log.
+        let _ = crate::sys::redirect_fd(old.as_fd(), *fd);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
     use std::os::fd::FromRawFd;
     use std::sync::{Arc, Mutex};
     use std::time::Instant;

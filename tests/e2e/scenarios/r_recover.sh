@@ -44,12 +44,12 @@ crash_done() {
   _d=$(cat /run/uzram/*.log | tr -d '\033' | sed 's/\[[0-9;]*m//g' | grep -a 'first thread is gone' | tail -1)
   [ -z "$_d" ] || say "  $CW: ${_d#*INFO }"
   # the recovery held the per-CPU free lists short to give its room back; the new daemon
-  # puts the kernel's default back once it serves (daemon/free_lists.rs), and a setting the
+  # puts the kernel's default back once it serves (memory/free_lists.rs), and a setting the
   # boot made is left alone
   _f0=$(pcp_fraction_boot)
   _f=$(pcp_fraction_settles "$_f0") && ok "$CW: per-CPU free lists back to the boot's setting ($_f0)" \
     || fail_check "$CW: vm.percpu_pagelist_high_fraction is $_f after the recovery, not $_f0"
-  # the takeover ran realtime (daemon/realtime.rs) and put every thread back once it served
+  # the takeover ran realtime (memory/realtime.rs) and put every thread back once it served
   case "$_p" in
     "${PREV_P:-}") fail_check "$CW: the new daemon's serving line never came" ;;
     *realtime=true*) ok "$CW: the takeover ran at realtime priority" ;;

@@ -12,10 +12,10 @@ use uzram_core::{PageStore, StoreConfig, PAGE_SIZE};
 
 use super::memory::StoreMemory;
 use crate::config::{Backend, GpuSettings};
-use crate::daemon::compression::{Compression, StagingHome};
-use crate::daemon::io::{handle_with, Op};
-use crate::daemon::pool;
+use crate::daemon::backend::{StagingHome, WriteBackend};
+use crate::memory::pool;
 use crate::sys::{cpu_time, usage, CpuOf};
+use crate::ublk::handler::{handle, Op};
 
 /// Pages per write request: 64 KiB, a typical swap-out request.
 pub const REQUEST_PAGES: usize = 16;
@@ -123,13 +123,13 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
     cfg.checksums = setup.checksums;
     let pool_before = pool::take_waits();
     let store = Arc::new(memory.store(cfg)?);
-    let compression = Compression::start(
+    let compression = WriteBackend::start(
         store.clone(),
         setup.backend,
         &setup.gpu,
         // The daemon's installer set-up (strict pool takes, a prefaulted 256 KiB stack,
         // nice -20): the GPU host has no ublk, so only the bench runs it there.
-        Some(Arc::new(crate::daemon::io_path_thread)),
+        Some(Arc::new(crate::memory::io_path_thread)),
         StagingHome::Scratch,
     )
     .with_context(|| format!("starting the {} backend", setup.backend.name()))?;
@@ -311,9 +311,9 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
 }
 
 /// One write request through the handler.
-fn write(s: &PageStore, c: &Compression, first: usize, buf: &mut [u8]) -> anyhow::Result<()> {
+fn write(s: &PageStore, c: &WriteBackend, first: usize, buf: &mut [u8]) -> anyhow::Result<()> {
     let pages = buf.len() / PAGE_SIZE;
-    let r = handle_with(
+    let r = handle(
         Op::Write,
         first as u64 * SECTORS_PER_PAGE,
         (pages as u64 * SECTORS_PER_PAGE) as u32,
@@ -330,7 +330,7 @@ fn write(s: &PageStore, c: &Compression, first: usize, buf: &mut [u8]) -> anyhow
 /// A random 4 KiB read of the corpus region, timed (ns) and checked.
 fn timed_read(
     s: &PageStore,
-    c: &Compression,
+    c: &WriteBackend,
     corpus: &[u8],
     seed: &mut u64,
     page: &mut [u8],
@@ -338,7 +338,7 @@ fn timed_read(
     let cpages = corpus.len() / PAGE_SIZE;
     let p = (next(seed) % cpages as u64) as usize;
     let t = Instant::now();
-    let r = handle_with(Op::Read, p as u64 * SECTORS_PER_PAGE, 8, page, s, c);
+    let r = handle(Op::Read, p as u64 * SECTORS_PER_PAGE, 8, page, s, c);
     let lat = u32::try_from(t.elapsed().as_nanos()).unwrap_or(u32::MAX);
     (
         lat,
@@ -349,7 +349,7 @@ fn timed_read(
 /// Reads every page back through the handler on `threads` threads and compares it.
 fn verify_all(
     s: &PageStore,
-    c: &Compression,
+    c: &WriteBackend,
     corpus: &[u8],
     base: usize,
     total: usize,
@@ -367,7 +367,7 @@ fn verify_all(
                     while first < hi {
                         let n = REQUEST_PAGES.min(hi - first);
                         let buf = &mut buf[..n * PAGE_SIZE];
-                        let r = handle_with(
+                        let r = handle(
                             Op::Read,
                             first as u64 * SECTORS_PER_PAGE,
                             (n as u64 * SECTORS_PER_PAGE) as u32,

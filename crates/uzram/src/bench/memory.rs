@@ -1,6 +1,6 @@
 //! The store's memory during a bench, as the daemon has it: the page table and the arena's
-//! segments in a region of locked shared memory (`daemon/region.rs`), the segments taken
-//! from the block pool over its blocks (`daemon/pool.rs`), and the pool kept full by its
+//! segments in a region of locked shared memory (`takeover/store_segment.rs`), the segments taken
+//! from the block pool over its blocks (`memory/pool.rs`), and the pool kept full by its
 //! keeper thread. A store on the process heap would measure memory the daemon never uses:
 //! the daemon's installers take segments only from the pool, which the keeper fills by
 //! faulting blocks in, and nothing zeroes them.
@@ -14,14 +14,14 @@ use anyhow::Context;
 use uzram_core::codec::Algorithm;
 use uzram_core::{PageStore, StoreConfig};
 
-use crate::daemon::pool;
-use crate::daemon::region::{self, Region};
-use crate::daemon::store_memory;
+use crate::daemon::store;
+use crate::memory::pool;
+use crate::takeover::store_segment::{self, StoreSegment};
 
 /// See the module docs.
 #[derive(Debug)]
 pub struct StoreMemory {
-    region: Region,
+    region: StoreSegment,
 }
 
 impl StoreMemory {
@@ -30,7 +30,7 @@ impl StoreMemory {
     /// (the pool is the global allocator's).
     pub fn new(pages: u64, algorithm: Algorithm) -> anyhow::Result<Self> {
         let cfg = StoreConfig::new(pages, algorithm);
-        let region = store_memory::new_region(&cfg, region::MIN_ROOM, u32::MAX, true).context(
+        let region = store::new_region(&cfg, store_segment::MIN_ROOM, u32::MAX, true).context(
             "the bench keeps pages in locked shared memory, as the daemon does; run it as root \
              (or with CAP_IPC_LOCK), with kernel.shmmax and kernel.shmall large enough for --total",
         )?;
@@ -52,6 +52,6 @@ impl StoreMemory {
 
     /// A fresh, empty store in the region. The previous one must have been dropped.
     pub fn store(&self, cfg: StoreConfig) -> anyhow::Result<PageStore> {
-        store_memory::new_store(cfg, &self.region)
+        store::new_store(cfg, &self.region)
     }
 }

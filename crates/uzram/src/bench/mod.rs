@@ -3,8 +3,8 @@
 //!
 //! Each run sets up a store and its compression backend exactly as the daemon does (the
 //! store in locked shared memory over the block pool, `memory.rs`; the backend by
-//! `daemon::compression::Compression::start`), then `--queues` threads send 64 KiB writes
-//! through the daemon's own request handler (`daemon::io::handle_with`), as ublk queue
+//! `daemon::backend::WriteBackend::start`), then `--queues` threads send 64 KiB writes
+//! through the daemon's own request handler (`ublk::handler::handle`), as ublk queue
 //! threads do, while one more thread times random 4 KiB reads of pages written before.
 //! Reported per corpus and backend, medians over `--repeat` runs:
 //! - ingest GB/s (written and compressed), time to acknowledge every write, time until

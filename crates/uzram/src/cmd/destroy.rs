@@ -9,13 +9,13 @@ use libublk::ctrl::UblkCtrl;
 
 use super::{probe, Probe};
 use crate::cli::DestroyArgs;
-use crate::control::anchor;
 use crate::control::client;
 use crate::control::proto::{Request, Response};
 use crate::control::state::{DaemonState, StateDir};
-use crate::daemon::region;
 use crate::devname::{dev_path, parse_device};
 use crate::inuse::in_use;
+use crate::takeover::record;
+use crate::takeover::store_segment;
 
 /// How long to wait for a daemon to delete its device.
 const STOP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -74,10 +74,10 @@ fn destroy(states: &StateDir, state: &DaemonState) -> anyhow::Result<()> {
     };
     eprintln!("uzram: {dev}: {why}; deleting the device directly");
     delete_orphan(state.id)?;
-    if let Some(shm) = state.store_shm.filter(|&shm| region::exists(shm)) {
-        region::remove(shm);
+    if let Some(shm) = state.store_shm.filter(|&shm| store_segment::exists(shm)) {
+        store_segment::remove(shm);
     }
-    anchor::remove(state.id);
+    record::remove(state.id);
     states.remove(state.id);
     Ok(())
 }

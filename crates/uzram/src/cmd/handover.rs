@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crate::control::client;
 use crate::control::proto::{Request, Response};
 use crate::control::state::{DaemonState, StateDir};
-use crate::daemon::standby::spawn_in_scope;
+use crate::takeover::standby::spawn_in_scope;
 
 /// How long a daemon gets to exit after a handover request.
 const EXIT_WAIT: Duration = Duration::from_secs(10);

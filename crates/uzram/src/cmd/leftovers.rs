@@ -8,11 +8,11 @@
 //! that no process has attached are considered: a live daemon keeps its store and staging
 //! attached, and a standby keeps its store's recovery room mapped.
 
-use crate::control::anchor;
-use crate::daemon::{region, staging};
 use crate::devname::{dev_path, in_kernel};
 use crate::shm;
 use crate::size::Human;
+use crate::takeover::record;
+use crate::takeover::{staging_segment, store_segment};
 
 /// One segment no device takes back.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,13 +36,13 @@ enum Kind {
 /// Every segment on the host that no device takes back.
 pub fn find() -> Vec<Leftover> {
     let segments = shm::root_only_segments();
-    let stores: Vec<(shm::Stat, region::StoreFacts)> = segments
+    let stores: Vec<(shm::Stat, store_segment::StoreFacts)> = segments
         .iter()
-        .filter_map(|s| region::store_facts(s.id).map(|f| (*s, f)))
+        .filter_map(|s| store_segment::store_facts(s.id).map(|f| (*s, f)))
         .collect();
     let mut found = Vec::new();
     for seg in segments.iter().filter(|s| s.attached == 0) {
-        if let Some(device) = anchor::device_of_key(seg.key) {
+        if let Some(device) = record::device_of_key(seg.key) {
             if !in_kernel(device) {
                 found.push(Leftover {
                     id: seg.id,
@@ -72,7 +72,7 @@ pub fn find() -> Vec<Leftover> {
             continue;
         }
         let recorded = stores.iter().any(|(_, f)| f.staging == Some(seg.id));
-        if !recorded && staging::is_staging(seg.id) {
+        if !recorded && staging_segment::is_staging(seg.id) {
             found.push(Leftover {
                 id: seg.id,
                 what: "GPU staging that no store records".into(),
@@ -85,7 +85,7 @@ pub fn find() -> Vec<Leftover> {
 }
 
 /// Why no device takes store `id` back, if none does.
-fn store_orphaned(id: i32, facts: &region::StoreFacts) -> Option<String> {
+fn store_orphaned(id: i32, facts: &store_segment::StoreFacts) -> Option<String> {
     if facts.device == u32::MAX {
         return Some("whose daemon died before its device existed".into());
     }
@@ -93,7 +93,7 @@ fn store_orphaned(id: i32, facts: &region::StoreFacts) -> Option<String> {
     if !in_kernel(facts.device) {
         return Some(format!("of {dev}, a device that is gone"));
     }
-    match anchor::read(facts.device) {
+    match record::read(facts.device) {
         Some(record) if record.store_shm != Some(id) => Some(format!(
             "of {dev}, which keeps another store (segment {})",
             record.store_shm.map_or("none".into(), |s| s.to_string())
@@ -105,9 +105,9 @@ fn store_orphaned(id: i32, facts: &region::StoreFacts) -> Option<String> {
 /// Frees `leftover` (its staging too, for a store).
 pub fn free(leftover: &Leftover) {
     match leftover.kind {
-        Kind::Store => region::remove(leftover.id),
-        Kind::Staging => staging::remove(leftover.id),
-        Kind::Record(device) => anchor::remove(device),
+        Kind::Store => store_segment::remove(leftover.id),
+        Kind::Staging => staging_segment::remove(leftover.id),
+        Kind::Record(device) => record::remove(device),
     }
 }
 
@@ -124,14 +124,14 @@ pub fn describe(leftover: &Leftover) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::daemon::region::{Region, Sizes, MIN_ROOM};
+    use crate::takeover::store_segment::{Sizes, StoreSegment, MIN_ROOM};
 
     #[test]
     fn a_store_of_a_device_that_never_came_to_be_is_found_and_freed() {
         // Made as a daemon makes it, for a device id the kernel has not (this host has no
         // ublk at all, or not this id), and not attached by anyone once we let go.
         let sizes = Sizes::of(16, MIN_ROOM).unwrap();
-        let Ok(region) = Region::create(sizes, "lz4", true, (1 << 20) - 3, false) else {
+        let Ok(region) = StoreSegment::create(sizes, "lz4", true, (1 << 20) - 3, false) else {
             println!("SKIP: no SysV shared memory");
             return;
         };
@@ -142,7 +142,7 @@ mod tests {
         // killed for real; detaching this one's mapping is what its death does.)
         let base = region.base_for_tests();
         // SAFETY: the region's only mapping, never used again.
-        unsafe { libc::shmdt(base as *const libc::c_void) };
+        unsafe { crate::shm::detach(base) };
         let left = find();
         let mine = left
             .iter()

@@ -158,26 +158,6 @@ impl Column {
     }
 }
 
-/// The column list of `uzram list --help`, with what each column means for uzram.
-pub const COLUMNS_HELP: &str = "\
-Available output columns (zramctl's names and meanings; -o takes a comma-separated list,
-+LIST appends to the defaults NAME,ALGORITHM,DISKSIZE,DATA,COMPR,TOTAL,STREAMS,MOUNTPOINT):
-        NAME  device name (/dev/ublkbN)
-    DISKSIZE  limit on the uncompressed amount of data (the device size)
-        DATA  uncompressed size of stored data
-       COMPR  compressed size of stored data
-   ALGORITHM  the selected compression algorithm
-     STREAMS  number of concurrent compress operations: one per hardware queue, whose thread
-              compresses its own writes
-  ZERO-PAGES  same-filled pages, stored with no compressed data
-       TOTAL  all memory the store holds: arena, page table and bookkeeping
-   MEM-LIMIT  memory limit used to store compressed data (0B: none)
-    MEM-USED  peak memory usage to store compressed data
-    MIGRATED  pages of memory given back by compaction (zram's pages_compacted)
-  COMP-RATIO  compression ratio: DATA/TOTAL
-  MOUNTPOINT  where the device is mounted, [SWAP] when it is active swap
-     BACKEND  where writes are compressed: cpu or gpu (uzram only)";
-
 /// Why an output list was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ColumnError {

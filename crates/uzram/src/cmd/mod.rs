@@ -2,6 +2,7 @@
 
 pub mod check;
 pub mod create;
+pub mod daemon;
 pub mod destroy;
 pub mod docs;
 pub mod handover;
@@ -9,6 +10,7 @@ pub mod leftovers;
 pub mod list;
 pub mod recover;
 pub mod run;
+pub mod spawn;
 pub mod status;
 pub mod swap;
 
@@ -82,7 +84,7 @@ pub const ORPHAN_MODE: &str = "none: daemon gone, I/O paused, pages kept; run uz
 /// Asks the daemon of `state` for its status.
 pub fn probe(states: &StateDir, state: &DaemonState) -> Probe {
     if !state.daemon_alive() {
-        return match recover::check_orphan(state.id) {
+        return match crate::takeover::orphan::check_orphan(state.id) {
             Ok(_) => Probe::Orphan,
             Err(_) => Probe::Stale(format!("daemon pid {} is gone", state.pid)),
         };

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use crate::cli::{RunArgs, StandbyArgs};
 use crate::config::load_device_config;
 use crate::control::state::{DaemonState, StateDir};
-use crate::daemon::pause::{self, PauseClock};
 use crate::daemon::{self, Launch, Readiness, Reporter};
 use crate::sys;
+use crate::takeover::pause::{self, PauseClock};
 
 /// How long `uzram run` waits for another daemon that is taking the device over (a standby
 /// after a crash) to serve, so that it can take the device from it.
@@ -49,16 +49,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                     // While the old daemon still serves: its room first (memory for what
                     // follows; it is committed again once we serve), then what needs no
                     // pause.
-                    super::recover::make_room(&live);
+                    crate::takeover::orphan::make_room(&live);
                     daemon::prepare_takeover(&cfg.device);
                 }
                 tracing::info!(dev = %live.dev, pid = live.pid, bridge = live.bridge, "taking the device over from its running daemon");
                 let mut clock = PauseClock::now();
                 if let Err(err) = super::handover::request(&live) {
                     if let Some(shm) = live.store_shm {
-                        crate::daemon::region::restore_room(shm);
+                        crate::takeover::store_segment::restore_room(shm);
                     }
-                    crate::daemon::free_lists::restore();
+                    crate::memory::free_lists::restore();
                     return Err(err);
                 }
                 clock.step("old daemon exits");
@@ -124,7 +124,7 @@ fn serve_config(
 ) -> anyhow::Result<ExitCode> {
     let (recover, lock) = match orphan {
         Some((state, lock)) => {
-            super::recover::make_room(&state);
+            crate::takeover::orphan::make_room(&state);
             pause::step(&mut pause, "room");
             (Some(state.id), Some(lock))
         }
@@ -159,13 +159,13 @@ enum Taken {
 /// recovery. The lock comes first: while another daemon adopts the store, the device stops
 /// looking quiesced, and waiting for that would only time out.
 fn take_orphan(states: &StateDir, config: &Path) -> anyhow::Result<Taken> {
-    let Some(dead) = super::recover::dead_record_of_config(config) else {
+    let Some(dead) = crate::takeover::orphan::dead_record_of_config(config) else {
         // A daemon of this config that does not serve as a live one (the caller asked
         // first) but whose process is still there: most likely killed and still exiting.
         // Its device waits for a daemon once it is gone; a new device now would leave that
         // one, and whatever is in swap on it, without a daemon (seen in the guest: a standby
         // killed right after it took the device over).
-        if let Some(running) = super::recover::running_record_of_config(config) {
+        if let Some(running) = crate::takeover::orphan::running_record_of_config(config) {
             return Ok(Taken::Busy(running.dev));
         }
         return Ok(Taken::Nothing);
@@ -173,7 +173,7 @@ fn take_orphan(states: &StateDir, config: &Path) -> anyhow::Result<Taken> {
     let Some(lock) = states.try_lock(dead.id)? else {
         return Ok(Taken::Busy(dead.dev));
     };
-    match super::recover::wait_orphan(dead.id) {
+    match crate::takeover::orphan::wait_orphan(dead.id) {
         Ok(state) => Ok(Taken::Orphan(state, lock)),
         Err(why) => {
             tracing::warn!(dev = %dead.dev, why, "a device of this config lost its daemon but cannot be recovered");
@@ -194,17 +194,17 @@ pub fn standby(args: StandbyArgs) -> anyhow::Result<ExitCode> {
     // What it has touched so far stays in RAM; the rest is locked as it is touched.
     sys::mlock_all().map_err(|e| anyhow::anyhow!("mlockall: {e}"))?;
     // The code a takeover runs is not faulted in from a swap device that waits for it.
-    if let Err(err) = crate::daemon::fault_guard::populate_file_code() {
+    if let Err(err) = crate::memory::fault_guard::populate_file_code() {
         tracing::warn!(error = %err, "populating the binary's code failed");
     }
     // Before the wait: the crash wakes this thread ahead of every ordinary task, and the
-    // takeover's allocations may use what they cannot (`daemon::realtime`).
+    // takeover's allocations may use what they cannot (`memory::realtime`).
     crate::daemon::take_over_at_realtime();
     // Its daemon's store room, mapped now: given back the moment the daemon is gone, before
     // anything here allocates (after a crash under swap pressure, nothing else frees memory).
-    let room = super::recover::running_record_of_config(&config_path)
+    let room = crate::takeover::orphan::running_record_of_config(&config_path)
         .filter(|s| s.pid == args.pid)
-        .map(|s| super::recover::RoomAhead::map(&s));
+        .map(|s| crate::takeover::orphan::RoomAhead::map(&s));
     let gone = match &room {
         Some(room) => room.wait_for_daemon(args.pid, args.started)?,
         None => {
@@ -223,7 +223,7 @@ pub fn standby(args: StandbyArgs) -> anyhow::Result<ExitCode> {
             // A normal stop (the device is gone): the per-CPU lists held short for the room
             // go back to the default. (Not for `Busy`: the daemon taking over holds them
             // short until it serves.)
-            crate::daemon::free_lists::restore();
+            crate::memory::free_lists::restore();
             return Ok(ExitCode::SUCCESS);
         }
         Taken::Busy(_) => return Ok(ExitCode::SUCCESS),

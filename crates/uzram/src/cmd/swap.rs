@@ -75,7 +75,7 @@ pub fn off(off_args: SwapOffArgs) -> anyhow::Result<ExitCode> {
     }
     super::require_root()?;
     let canonical = std::fs::canonicalize(&args.config).unwrap_or_else(|_| args.config.clone());
-    if let Some(orphan) = super::recover::dead_record_of_config(&canonical) {
+    if let Some(orphan) = crate::takeover::orphan::dead_record_of_config(&canonical) {
         // The daemon died (systemd runs ExecStop after a crash too): swapoff would wait for
         // a server that is not there. Swap stays on; its standby or the restarted daemon
         // recovers the device.

@@ -48,8 +48,8 @@ pub fn request(socket: &Path, req: &Request, timeout: Duration) -> Result<Respon
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::control::listener;
     use crate::control::proto::{DeviceStatus, Stat};
-    use crate::control::server;
 
     fn status() -> DeviceStatus {
         DeviceStatus {
@@ -78,10 +78,10 @@ mod tests {
         let path = dir.join("5.sock");
         // A stale file in the way is replaced.
         std::fs::write(&path, b"stale").unwrap();
-        let listener = server::bind(&path).unwrap();
+        let socket = listener::bind(&path).unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            server::serve(listener, move |req| match req {
+            listener::serve(socket, move |req| match req {
                 Request::Status => Response::Status(status()),
                 Request::Stop => {
                     tx.send(()).unwrap();

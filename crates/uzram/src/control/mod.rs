@@ -5,13 +5,13 @@
 //! - `<id>.sock`: a unix socket speaking line-delimited JSON ([`proto`]) for status and stop;
 //! - `<id>.log`: its log, when started detached by `uzram create`.
 //!
-//! and, for recovery after a crash, a copy of the state in memory that is never swapped
-//! ([`anchor`]).
+//! For recovery after a crash, a copy of the state lives in memory that is never swapped
+//! (`takeover::record`).
 
-pub mod anchor;
 pub mod client;
+pub mod counters;
+pub mod listener;
 pub mod proto;
-pub mod server;
 pub mod state;
 
 /// Errors talking to a daemon or reading its published state.

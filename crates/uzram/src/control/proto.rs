@@ -55,7 +55,7 @@ pub struct DeviceStatus {
     pub pid: u32,
     /// Device size in bytes.
     pub size: u64,
-    /// Compression algorithm (`lz4`, `zstd:1`, ...).
+    /// WriteBackend algorithm (`lz4`, `zstd:1`, ...).
     pub algorithm: String,
     /// Backend serving writes (`cpu`, ...).
     pub backend: String,

@@ -25,7 +25,7 @@ pub struct DaemonState {
     pub dev: String,
     /// Device size in bytes.
     pub size: u64,
-    /// Compression algorithm.
+    /// WriteBackend algorithm.
     pub algorithm: String,
     /// Backend as configured (`cpu`, `auto`, ...).
     pub backend: String,

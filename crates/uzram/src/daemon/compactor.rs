@@ -38,7 +38,7 @@ const QUIET_AFTER: Duration = Duration::from_secs(3);
 /// The peak, not the count at the last write: the store is sampled once a second, and when
 /// the last writes and the frees that follow (a hog exiting, its slots discarded) fall into
 /// the same second, the count at the last write already has the frees in it, and memory
-/// would never go back (seen once in scenario h).
+/// would never go back.
 #[derive(Debug)]
 pub struct Shrinking {
     writes: u64,
@@ -88,7 +88,7 @@ pub fn keep(store: Arc<PageStore>) {
         std::thread::sleep(CHECK_EVERY);
         let stats = store.stats();
         let give_back = shrinking.update(stats.writes, stats.pages_stored, Instant::now());
-        super::pool::set_give_back(give_back);
+        crate::memory::pool::set_give_back(give_back);
         if !give_back || last.is_some_and(|t| t.elapsed() < MIN_INTERVAL) {
             continue;
         }

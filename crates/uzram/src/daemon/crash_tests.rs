@@ -8,7 +8,7 @@
 //! shared memory, over a slow slot backend so that many pages wait in staging when the kill
 //! comes: the second child installs them from there, and not one page is lost. And, where
 //! there is a GPU (`scripts/gpu-check` runs it), with the daemon's own GPU backend
-//! (`Compression` with `backend = "gpu"`, staging in the store's region).
+//! (`WriteBackend` with `backend = "gpu"`, staging in the store's region).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -19,12 +19,14 @@ use uzram_core::batch::{FaultPlan, HostSlots, Ring, RingConfig};
 use uzram_core::codec::Algorithm;
 use uzram_core::PAGE_SIZE;
 
-use super::compression::{Compression, StagingHome};
-use super::io::PageWriter;
-use super::staging::Staging;
-use super::{carry, pool, region, store_memory};
 use crate::config::{Backend, DeviceConfig, RawDevice};
 use crate::control::proto::Stat;
+use crate::daemon::backend::{StagingHome, WriteBackend};
+use crate::daemon::store;
+use crate::memory::pool;
+use crate::takeover::staging_segment::StagingSegment;
+use crate::takeover::{carry, store_segment};
+use crate::ublk::handler::PageWriter;
 
 const PAGES: u64 = 2048;
 const ENV: &str = "UZRAM_CRASH_CHILD";
@@ -100,7 +102,7 @@ fn write_retrying(writer: &dyn PageWriter, page: u64, bytes: &[u8]) {
     }
 }
 
-/// Staging slots of the ring writer, and pages per slot.
+/// StagingSegment slots of the ring writer, and pages per slot.
 const RING_SLOTS: usize = 4;
 const RING_SLOT_PAGES: usize = 64;
 
@@ -112,14 +114,14 @@ enum Via {
     /// A ring over host slots that take 20 ms a slot, staging in a segment the store's
     /// region records.
     HostRing,
-    /// The daemon's GPU backend (`Compression`, staging in the store's region).
+    /// The daemon's GPU backend (`WriteBackend`, staging in the store's region).
     Gpu,
 }
 
 /// Child: writes generations of every page (discarding some) with compaction running
 /// beside, forever; prints the segment id first.
 fn writer(via: Via) {
-    let (store, region) = match store_memory::create(&config(), DEVICE) {
+    let (store, region) = match store::create(&config(), DEVICE) {
         Ok(made) => made,
         Err(err) => {
             println!("SKIP {err:#}");
@@ -130,11 +132,11 @@ fn writer(via: Via) {
     std::thread::spawn(|| pool::keep(64));
     let gpu = (via == Via::Gpu).then(|| {
         let cfg = config();
-        let home = StagingHome::Region {
+        let home = StagingHome::StoreSegment {
             region: &region,
             found: None,
         };
-        match Compression::start(store.clone(), Backend::Gpu, &cfg.gpu, None, home) {
+        match WriteBackend::start(store.clone(), Backend::Gpu, &cfg.gpu, None, home) {
             Ok(c) if c.staging_kept() => c,
             Ok(_) => {
                 println!("SKIP the GPU backend did not keep its staging in shared memory");
@@ -147,7 +149,7 @@ fn writer(via: Via) {
         }
     });
     let ring = (via == Via::HostRing).then(|| {
-        let staging = Staging::create(RING_SLOTS, RING_SLOT_PAGES, false).expect("staging");
+        let staging = StagingSegment::create(RING_SLOTS, RING_SLOT_PAGES, false).expect("staging");
         region.set_staging(Some(staging.id()));
         let slow = FaultPlan::slow(Duration::from_millis(20));
         let backend = HostSlots::over(
@@ -200,7 +202,7 @@ fn writer(via: Via) {
 /// Child: takes the store over and checks every page, then compacts, writes and checks again.
 fn verifier(shm: i32) {
     let t = Instant::now();
-    let taken = store_memory::recover(&config(), DEVICE, shm, &mut |_| {})
+    let taken = store::recover(&config(), DEVICE, shm, &mut |_| {})
         .expect("the killed writer's store is recoverable");
     println!("RECOVERED in {:?}", t.elapsed());
     let (store, region) = (taken.store, taken.region);
@@ -375,7 +377,7 @@ fn crash_rounds(mode: &str) -> (u64, u64) {
             .env(SHM_ENV, shm.to_string())
             .output()
             .expect("running the verifier");
-        region::remove(shm);
+        store_segment::remove(shm);
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success() && text.contains("VERIFIED"),

@@ -20,16 +20,14 @@ pub fn configure_malloc() -> bool {
         (libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD as i32),
         (libc::M_TOP_PAD, STEP as i32),
     ];
-    settings.iter().all(|&(param, value)| {
-        // SAFETY: mallopt takes two integers and only changes malloc's tuning.
-        unsafe { libc::mallopt(param, value) == 1 }
-    })
+    settings
+        .iter()
+        .all(|&(param, value)| crate::sys::memory::mallopt(param, value))
 }
 
 /// Free bytes at the top of the heap: what can be handed out without touching the kernel.
 pub fn headroom() -> usize {
-    // SAFETY: mallinfo2 only reads malloc's statistics and returns them by value.
-    unsafe { libc::mallinfo2() }.keepcost
+    crate::sys::memory::mallinfo().keepcost
 }
 
 /// [`grow`], once per process: a daemon taking a device over from a running one grows its
@@ -66,11 +64,9 @@ mod tests {
         assert!(configure_malloc());
         // Test threads use their own malloc arenas, so count free bytes over all arenas
         // (`fordblks`) rather than the main heap's top.
-        // SAFETY: mallinfo2 only reads malloc's statistics.
-        let before = unsafe { libc::mallinfo2() }.fordblks;
+        let before = crate::sys::memory::mallinfo().fordblks;
         grow(4 * STEP);
-        // SAFETY: as above.
-        let after = unsafe { libc::mallinfo2() }.fordblks;
+        let after = crate::sys::memory::mallinfo().fordblks;
         assert!(
             after >= before + 3 * STEP,
             "free heap {before} -> {after} after growing {} bytes",

@@ -1,56 +1,24 @@
-//! ublk glue only: device parameters, per-queue setup, request counters and the per-request
-//! loop around [`super::io::handle_with`] (the batch loop is in `batch_io`).
+//! A queue thread's state: its request counters, the store and writer it serves with, its
+//! page-fault accounting, its I/O buffers, and which failed waits it waits again. Both
+//! serving loops (`queue.rs` per request, `batch.rs` in groups) go through [`Server`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use libublk::helpers::IoBuf;
-use libublk::io::{BufDescList, UblkDev, UblkIOCtx, UblkQueue};
+use libublk::io::{UblkDev, UblkQueue};
 use libublk::sys;
-use libublk::{BufDesc, UblkIORes};
 use uzram_core::store::PageStore;
-use uzram_core::{PAGE_SHIFT, PAGE_SIZE, SECTOR_SHIFT};
+use uzram_core::PAGE_SIZE;
 
-use super::compression::Compression;
-use super::io::{handle_with, Op};
-use super::queue_mode::{QueueMode, QueuePlan};
+use super::handler::{handle, Op, PageWriter};
+use crate::control::counters;
 use crate::control::proto::Stat;
-
-pub use crate::footprint::IO_BUF_BYTES;
+use crate::footprint::IO_BUF_BYTES;
+use crate::memory::{fault_guard, pool};
 
 /// Requests between two reads of a queue thread's page-fault count.
 const FAULT_CHECK_EVERY: u32 = 64;
-
-/// The device parameters: 4 KiB logical and physical blocks, discard and write-zeroes.
-pub fn params(size: u64) -> sys::ublk_params {
-    let max_sectors = IO_BUF_BYTES >> SECTOR_SHIFT;
-    // Largest discard, in sectors, that is a whole number of pages.
-    let max_discard = !((1u32 << (PAGE_SHIFT - SECTOR_SHIFT)) - 1);
-    sys::ublk_params {
-        types: sys::UBLK_PARAM_TYPE_BASIC | sys::UBLK_PARAM_TYPE_DISCARD,
-        basic: sys::ublk_param_basic {
-            // No UBLK_ATTR_VOLATILE_CACHE: a write is as durable as RAM gets once it completes,
-            // so the kernel need not send FLUSH (which is still answered if it does).
-            attrs: 0,
-            logical_bs_shift: PAGE_SHIFT as u8,
-            physical_bs_shift: PAGE_SHIFT as u8,
-            io_opt_shift: PAGE_SHIFT as u8,
-            io_min_shift: PAGE_SHIFT as u8,
-            max_sectors,
-            dev_sectors: size >> SECTOR_SHIFT,
-            ..Default::default()
-        },
-        discard: sys::ublk_param_discard {
-            discard_alignment: 0,
-            discard_granularity: 1 << PAGE_SHIFT,
-            max_discard_sectors: max_discard,
-            max_write_zeroes_sectors: max_discard,
-            max_discard_segments: 1,
-            reserved0: 0,
-        },
-        ..Default::default()
-    }
-}
 
 /// One queue's request counters, on its own cache line.
 #[derive(Default)]
@@ -69,15 +37,15 @@ struct QueueCounters {
 }
 
 /// Per-operation request counters of every queue thread.
-pub struct Counters {
+pub struct RequestCounters {
     queues: Box<[QueueCounters]>,
 }
 
-impl Counters {
+impl RequestCounters {
     /// Counters for `threads` queue threads (queues x threads per queue); thread `k` of queue
     /// `q` counts in slot `q * threads_per_queue + k`.
     pub fn new(threads: u16) -> Self {
-        Counters {
+        RequestCounters {
             queues: (0..threads.max(1))
                 .map(|_| QueueCounters::default())
                 .collect(),
@@ -129,15 +97,15 @@ impl Counters {
         };
         type Field = fn(&QueueCounters) -> &AtomicU64;
         let fields: [(&str, Field); 9] = [
-            ("read_requests", |q| &q.reads),
-            ("read_bytes", |q| &q.read_bytes),
-            ("write_requests", |q| &q.writes),
-            ("write_bytes", |q| &q.write_bytes),
-            ("flush_requests", |q| &q.flushes),
-            ("discard_requests", |q| &q.discards),
-            ("write_zeroes_requests", |q| &q.write_zeroes),
-            ("failed_requests", |q| &q.errors),
-            ("queue_page_faults", |q| &q.page_faults),
+            (counters::READ_REQUESTS, |q| &q.reads),
+            (counters::READ_BYTES, |q| &q.read_bytes),
+            (counters::WRITE_REQUESTS, |q| &q.writes),
+            (counters::WRITE_BYTES, |q| &q.write_bytes),
+            (counters::FLUSH_REQUESTS, |q| &q.flushes),
+            (counters::DISCARD_REQUESTS, |q| &q.discards),
+            (counters::WRITE_ZEROES_REQUESTS, |q| &q.write_zeroes),
+            (counters::FAILED_REQUESTS, |q| &q.errors),
+            (counters::QUEUE_PAGE_FAULTS, |q| &q.page_faults),
         ];
         fields
             .iter()
@@ -154,18 +122,18 @@ impl Counters {
 pub struct Server<'a> {
     slot: u16,
     store: &'a PageStore,
-    writer: &'a Compression,
-    counters: &'a Counters,
+    writer: &'a dyn PageWriter,
+    counters: &'a RequestCounters,
     served: u32,
     faults_at_start: Option<u64>,
 }
 
 impl<'a> Server<'a> {
-    fn new(
+    pub fn new(
         slot: u16,
         store: &'a PageStore,
-        writer: &'a Compression,
-        counters: &'a Counters,
+        writer: &'a dyn PageWriter,
+        counters: &'a RequestCounters,
     ) -> Self {
         Server {
             slot,
@@ -180,22 +148,22 @@ impl<'a> Server<'a> {
     /// The thread's setup is done (buffers allocated and locked): from here on it serves swap
     /// I/O and must never page-fault (see `fault_guard`).
     pub fn start(&mut self) {
-        super::pool::strict_current_thread();
-        super::fault_guard::prefault_stack();
+        pool::strict_current_thread();
+        fault_guard::prefault_stack();
         // This queue's own setup allocated after the daemon-wide populate in `serve`.
-        if let Err(err) = super::fault_guard::populate_writable_mappings() {
+        if let Err(err) = fault_guard::populate_writable_mappings() {
             tracing::warn!(slot = self.slot, error = %err, "populating writable memory failed");
         }
-        if let Err(err) = crate::sys::set_thread_nice(super::pool::IO_NICE) {
+        if let Err(err) = crate::sys::set_thread_nice(crate::sys::IO_NICE) {
             tracing::warn!(slot = self.slot, error = %err, "raising the queue thread's priority failed");
         }
-        self.faults_at_start = super::fault_guard::thread_faults();
+        self.faults_at_start = crate::sys::sched::thread_faults();
     }
 
     /// Serves one request whose data is in `data` (the tag's I/O buffer); returns its result.
     pub fn handle(&mut self, iod: &sys::ublksrv_io_desc, data: &mut [u8]) -> i32 {
         let op = Op::from_ublk(iod.op_flags);
-        let res = handle_with(
+        let res = handle(
             op,
             iod.start_sector,
             iod.nr_sectors,
@@ -208,92 +176,13 @@ impl<'a> Server<'a> {
         // A syscall, so only now and then.
         if self.served % FAULT_CHECK_EVERY == 0 {
             if let (Some(start), Some(now)) =
-                (self.faults_at_start, super::fault_guard::thread_faults())
+                (self.faults_at_start, crate::sys::sched::thread_faults())
             {
                 self.counters
                     .set_faults(self.slot, now.saturating_sub(start));
             }
         }
         res
-    }
-}
-
-/// `per-queue` and `per-io-daemon`: one FETCH / COMMIT_AND_FETCH uring command per request,
-/// for the tags this thread owns (all of the queue's, or its share under per-io-daemon).
-/// Buffers are allocated (and locked) before the first request; serving allocates nothing.
-fn serve_per_request(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
-    let queue = match UblkQueue::new(qid, dev) {
-        Ok(queue) => queue,
-        Err(err) => {
-            tracing::error!(qid, error = %err, "queue setup failed");
-            return;
-        }
-    };
-    let bufs = own_io_bufs(&queue, dev);
-    let queue = match queue.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))) {
-        Ok(queue) => queue,
-        Err(err) => {
-            tracing::error!(qid, error = %err, "queue setup failed");
-            return;
-        }
-    };
-    server.start();
-    let handler = |q: &UblkQueue, tag: u16| {
-        let Some(buf) = bufs.get(usize::from(tag)) else {
-            tracing::error!(qid, tag, "request for a tag without a buffer");
-            return;
-        };
-        // SAFETY: `buf` is this tag's I/O buffer, allocated above with `buf.len()` bytes and
-        // alive as long as `bufs`. Between delivering request `tag` and our commit below, the
-        // kernel does not touch it and no other code on this thread uses it (tags are not
-        // shared between threads), so this is the only reference to its bytes.
-        let data = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr(), buf.len()) };
-        let res = server.handle(q.get_iod(tag), data);
-        if let Err(err) = q.complete_io_cmd_unified(
-            tag,
-            BufDesc::Slice(buf.as_slice()),
-            Ok(UblkIORes::Result(res)),
-        ) {
-            tracing::error!(qid, tag, error = %err, "committing a request failed");
-        }
-    };
-    wait_and_handle_io(&queue, handler);
-    tracing::info!(qid, "queue stopped");
-}
-
-/// libublk's `UblkQueue::wait_and_handle_io`, except that a wait interrupted by a signal, or
-/// refused for want of resources ([`short_of_resources`]), is waited again, and that any
-/// other error leaves the device to the next daemon (`leave.rs`). libublk's loop ends the
-/// queue on any error, and a stop signal (`kill -STOP`, a debugger attaching) interrupts
-/// every queue's `io_uring_enter` with `EINTR`: each queue thread ended, and the daemon, its
-/// queues gone, deleted the device (scenario a).
-fn wait_and_handle_io(queue: &UblkQueue<'_>, mut handle: impl FnMut(&UblkQueue<'_>, u16)) {
-    let mut retries = WaitRetries::default();
-    loop {
-        let waited = queue.flush_and_wake_io_tasks(
-            |user_data, cqe, _last| {
-                // As libublk's loop: a fetched request. (This ring carries no target I/O.)
-                let target = user_data & libublk::UblkUringData::Target as u64 != 0;
-                if !target && cqe.result() == sys::UBLK_IO_RES_OK as i32 {
-                    handle(queue, UblkIOCtx::user_data_to_tag(user_data) as u16);
-                }
-            },
-            1,
-        );
-        match waited {
-            Ok(_) => {}
-            Err(err) if retries.retry(queue.get_qid(), &err) => {}
-            // Stopped with nothing left in flight.
-            Err(libublk::UblkError::QueueIsDown) => break,
-            Err(err) => {
-                // Returns only while the device stops.
-                super::leave::queue_failed(queue.get_qid(), &err);
-                break;
-            }
-        }
-    }
-    for tag in queue.tags() {
-        queue.unregister_io_buf(tag);
     }
 }
 
@@ -392,47 +281,11 @@ pub fn queue_io_bufs(dev: &UblkDev) -> Vec<IoBuf<u8>> {
 /// queue the others' tags get a token page: libublk indexes buffers by tag, but registers and
 /// locks only the thread's own (`UblkDev::alloc_queue_io_bufs` would lock nothing more, yet
 /// cost every thread the whole queue's buffers).
-fn own_io_bufs(queue: &UblkQueue<'_>, dev: &UblkDev) -> Vec<IoBuf<u8>> {
+pub fn own_io_bufs(queue: &UblkQueue<'_>, dev: &UblkDev) -> Vec<IoBuf<u8>> {
     let full = dev.dev_info.max_io_buf_bytes as usize;
     (0..dev.dev_info.queue_depth)
         .map(|tag| io_buf(if queue.owns_tag(tag) { full } else { PAGE_SIZE }))
         .collect()
-}
-
-/// A shareable queue function for `UblkCtrl::run_target`: sets up the thread's ring and serves
-/// its share of queue `qid` in `plan`'s mode until the device stops.
-pub fn queue_fn(
-    store: Arc<PageStore>,
-    writer: Arc<Compression>,
-    counters: Arc<Counters>,
-    plan: QueuePlan,
-) -> impl FnOnce(u16, &UblkDev) + Send + Sync + Clone + 'static {
-    move |qid, dev| {
-        let slot = qid
-            .saturating_mul(plan.threads_per_queue)
-            .saturating_add(libublk::io::io_thread_idx());
-        let (sq, cq) = (u32::from(dev.tgt.sq_depth), u32::from(dev.tgt.cq_depth));
-        match super::ring::init_queue_ring(sq, cq) {
-            Ok(flags) => tracing::debug!(qid, ring = %super::ring::describe(flags), "queue ring"),
-            Err(err) => {
-                tracing::error!(qid, error = %err, "creating the queue's io_uring failed");
-                return;
-            }
-        }
-        // The codec this thread compresses and decodes with, made now: a failure to allocate
-        // it must stop the queue at start, not fail requests later.
-        if let Err(err) = store.prepare_thread() {
-            tracing::error!(qid, error = %err, "creating the queue's codec failed");
-            return;
-        }
-        let mut server = Server::new(slot, &store, &writer, &counters);
-        match plan.mode {
-            QueueMode::Batch => super::batch_io::serve(qid, dev, &mut server),
-            QueueMode::PerIoDaemon | QueueMode::PerQueue => {
-                serve_per_request(qid, dev, &mut server)
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -458,19 +311,6 @@ mod tests {
         drop_stashed_io_bufs();
         assert_eq!(len(), 0);
         assert!(io_buf(IO_BUF_BYTES as usize).len() == IO_BUF_BYTES as usize);
-    }
-
-    #[test]
-    fn params_advertise_4k_blocks_and_discard() {
-        let p = params(8 << 30);
-        assert_eq!(p.basic.logical_bs_shift, 12);
-        assert_eq!(p.basic.physical_bs_shift, 12);
-        assert_eq!(p.basic.dev_sectors, (8u64 << 30) >> 9);
-        assert_eq!(p.basic.max_sectors, 256);
-        assert_ne!(p.types & sys::UBLK_PARAM_TYPE_DISCARD, 0);
-        assert_eq!(p.discard.discard_granularity, 4096);
-        assert_eq!(p.discard.max_discard_sectors % 8, 0);
-        assert!(p.discard.max_write_zeroes_sectors > 0);
     }
 
     #[test]
@@ -500,7 +340,7 @@ mod tests {
 
     #[test]
     fn counters_sum_queues_and_split_errors() {
-        let c = Counters::new(2);
+        let c = RequestCounters::new(2);
         c.record(0, Op::Read, 4096);
         c.record(1, Op::Read, 8192);
         c.record(1, Op::Write, 4096);

@@ -21,8 +21,8 @@ use std::ptr;
 
 use serde::{Deserialize, Serialize};
 
-use super::state::DaemonState;
-use super::ControlError;
+use crate::control::state::DaemonState;
+use crate::control::ControlError;
 use crate::shm;
 
 /// Keys are `KEY_BASE + id` (0x757 for "uz" in the top bits); ublk ids stay below 2^20.
@@ -472,13 +472,7 @@ mod tests {
             ..DaemonState::example(id)
         };
         let page = page_of(&forged);
-        // SAFETY: shmat of nobody's 0666 segment to write into it as its owner could.
-        unsafe {
-            let base = libc::shmat(squat, std::ptr::null(), 0);
-            assert_ne!(base as isize, -1);
-            ptr::copy_nonoverlapping(page.as_ptr(), base.cast::<u8>(), LEN);
-            libc::shmdt(base);
-        }
+        shm::tests::write_as_owner(squat, &page[..LEN]);
         assert_eq!(read(id), None, "a record in nobody's segment was read");
         // The daemon publishes: the squatter's segment goes, and root's own is made.
         let state = DaemonState {
@@ -493,20 +487,7 @@ mod tests {
         assert_eq!(read(id), Some(state));
         let ours = shm::find_keyed(key).unwrap();
         // nobody can neither map nor remove it
-        let code = shm::tests::as_nobody(move || {
-            // SAFETY: plain system calls in the child.
-            unsafe {
-                let base = libc::shmat(ours, std::ptr::null(), libc::SHM_RDONLY);
-                if base as isize != -1 {
-                    return 1;
-                }
-                if libc::shmctl(ours, libc::IPC_RMID, std::ptr::null_mut()) == 0 {
-                    return 2;
-                }
-                0
-            }
-        })
-        .unwrap();
+        let code = shm::tests::nobody_maps_or_removes(ours).unwrap();
         assert_eq!(code, 0, "nobody read or removed root's record");
         remove(id);
     }

@@ -60,7 +60,7 @@ pub struct Populated {
 /// serving; reserved (`PROT_NONE`) ranges are left alone.
 pub fn populate_writable_mappings() -> std::io::Result<Populated> {
     // MADV_POPULATE_WRITE on writable mappings: a write fault that changes no byte.
-    populate(private_writable_range, libc::MADV_POPULATE_WRITE)
+    populate(private_writable_range, crate::sys::memory::populate_write)
 }
 
 /// Read-faults every page of the process's read-only file mappings (the binary's code and
@@ -68,8 +68,8 @@ pub fn populate_writable_mappings() -> std::io::Result<Populated> {
 /// resident and locked (`MCL_ONFAULT` locks a page once it is mapped). Without it, code that
 /// first runs under memory pressure (an error path, a log line's formatting) faults: from
 /// disk on a real host, but from swap where the binary lives on tmpfs, and that swap can be
-/// this very device. Seen in the 7.3 guest (tmpfs root): two queue threads in `D` state in
-/// `shmem_swapin_folio`, and the device hung.
+/// this very device: with a tmpfs root, queue threads then wait in `shmem_swapin_folio` for
+/// their own device, and it hangs.
 ///
 /// Once per process (those mappings never change, and they stay locked): a later call, such
 /// as `serve`'s after a takeover prepared before its pause, populates nothing.
@@ -78,7 +78,10 @@ pub fn populate_file_code() -> std::io::Result<Populated> {
     if DONE.load(std::sync::atomic::Ordering::Relaxed) {
         return Ok(Populated::default());
     }
-    let done = populate(private_read_only_file_range, libc::MADV_POPULATE_READ)?;
+    let done = populate(
+        private_read_only_file_range,
+        crate::sys::memory::populate_read,
+    )?;
     DONE.store(true, std::sync::atomic::Ordering::Relaxed);
     Ok(done)
 }
@@ -91,16 +94,14 @@ pub const DEFAULT_STACK: usize = 1 << 20;
 /// process that `select` picks from its /proc/self/maps line.
 fn populate(
     select: fn(&str) -> Option<(usize, usize)>,
-    advice: libc::c_int,
+    advice: fn(usize, usize) -> std::io::Result<()>,
 ) -> std::io::Result<Populated> {
     let maps = std::fs::read_to_string("/proc/self/maps")?;
     let mut done = Populated::default();
     for (start, end) in maps.lines().filter_map(select) {
         let len = end - start;
-        // SAFETY: [start, end) is a mapping of this process as listed in /proc/self/maps;
-        // populating only faults its pages in, which changes no byte and cannot invalidate
-        // any reference.
-        if unsafe { libc::madvise(start as *mut libc::c_void, len, advice) } == 0 {
+        // Populating only faults pages in, which changes no byte.
+        if advice(start, len).is_ok() {
             done.mappings += 1;
             done.bytes += len as u64;
         } else {
@@ -136,25 +137,10 @@ fn private_writable_range(line: &str) -> Option<(usize, usize)> {
     (perms.contains('w') && perms.ends_with('p')).then_some((start, end))
 }
 
-/// Page faults (minor and major) the calling thread has taken so far, or `None` where
-/// `getrusage(RUSAGE_THREAD)` fails.
-pub fn thread_faults() -> Option<u64> {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage writes one `rusage` into the pointer, which points to a zeroed,
-    // properly sized and aligned value that lives across the call.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr()) };
-    if rc != 0 {
-        return None;
-    }
-    // SAFETY: getrusage succeeded, so it filled the struct (and zeroed is valid for it anyway).
-    let usage = unsafe { usage.assume_init() };
-    let count = |v: libc::c_long| u64::try_from(v).unwrap_or(0);
-    Some(count(usage.ru_minflt) + count(usage.ru_majflt))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::sched::thread_faults;
 
     #[test]
     fn parses_private_writable_mappings_only() {
@@ -195,7 +181,11 @@ mod tests {
             assert_eq!(private_read_only_file_range(other), None, "{other}");
         }
         // This test binary's own code is such a mapping.
-        let code = populate(private_read_only_file_range, libc::MADV_POPULATE_READ).unwrap();
+        let code = populate(
+            private_read_only_file_range,
+            crate::sys::memory::populate_read,
+        )
+        .unwrap();
         assert!(code.mappings > 0 && code.bytes > 0, "{code:?}");
     }
 

@@ -1,4 +1,11 @@
-//! The few raw system calls uzram needs, each wrapped in a safe function.
+//! The raw system calls of the binary, each wrapped in a function with its SAFETY note:
+//! process, signals, files and sockets here; [`memory`] for address ranges; [`sched`] for
+//! scheduling. SysV shared memory has its own room, `crate::shm`.
+
+pub mod memory;
+pub mod sched;
+
+pub use sched::{set_thread_nice, IO_NICE};
 
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -50,17 +57,22 @@ pub fn protect_from_oom_killer() -> io::Result<()> {
     std::fs::write("/proc/self/oom_score_adj", "-1000")
 }
 
-/// Sets the calling thread's nice value (root may lower it below 0). Used for the threads
-/// that serve swap I/O and refill the block pool: under pressure they compete for CPU with the
-/// very tasks whose memory they are swapping out, and zram does this work in the writer's
-/// own context, ahead of everything else.
-pub fn set_thread_nice(nice: i32) -> io::Result<()> {
-    // SAFETY: gettid takes no arguments and cannot fail.
-    let tid = unsafe { libc::gettid() };
-    let tid = libc::id_t::try_from(tid).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
-    // SAFETY: setpriority takes only integers; PRIO_PROCESS with a thread id changes that
-    // thread alone on Linux.
-    check(unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) })
+/// Ends the process at once with `code` (`_exit`): no destructors, no atexit handlers, no
+/// flushing of buffers shared with a parent.
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit takes an integer and never returns.
+    unsafe { libc::_exit(code) }
+}
+
+/// Makes `fd` a copy of `from` (`dup2`), closing what `fd` was.
+pub fn redirect_fd(from: std::os::fd::BorrowedFd<'_>, fd: i32) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: dup2 takes two descriptors; `from` is open for the call's duration, and
+    // replacing `fd` is what the caller asks.
+    if unsafe { libc::dup2(from.as_raw_fd(), fd) } == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Moves the process into its own mount namespace, with `/` made a recursive slave so mounts
@@ -647,6 +659,32 @@ pub fn poll(fds: &mut [libc::pollfd], timeout: Option<std::time::Duration>) -> i
     let ready = unsafe { libc::poll(fds.as_mut_ptr(), n, ms) };
     check(ready)?;
     Ok(ready as usize)
+}
+
+#[cfg(test)]
+/// Makes the calling thread alone uid and gid 65534, for good. The raw system calls
+/// change one thread's credentials (glibc's wrappers would change every thread's), and
+/// SO_PEERCRED records the connecting thread's. Such a thread must never exit: parked, it keeps its credentials to itself.
+pub fn become_nobody_thread() {
+    const NOBODY: libc::c_long = 65534;
+    let no_groups: libc::c_long = 0;
+    // SAFETY: setgroups with a count of 0 reads no list.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_setgroups,
+            no_groups,
+            std::ptr::null::<libc::gid_t>(),
+        )
+    };
+    assert_eq!(rc, 0, "setgroups: {}", std::io::Error::last_os_error());
+    // SAFETY: setresgid and setresuid take integers only.
+    let rc = unsafe { libc::syscall(libc::SYS_setresgid, NOBODY, NOBODY, NOBODY) };
+    assert_eq!(rc, 0, "setresgid: {}", std::io::Error::last_os_error());
+    // SAFETY: as above.
+    let rc = unsafe { libc::syscall(libc::SYS_setresuid, NOBODY, NOBODY, NOBODY) };
+    assert_eq!(rc, 0, "setresuid: {}", std::io::Error::last_os_error());
+    // SAFETY: geteuid has no preconditions; it reads the calling thread's credentials.
+    assert_eq!(i64::from(unsafe { libc::geteuid() }), NOBODY);
 }
 
 #[cfg(test)]

@@ -422,31 +422,6 @@ mod tests {
         }
     }
 
-    /// Makes the calling thread alone uid and gid 65534, for good. The raw system calls
-    /// change one thread's credentials (glibc's wrappers would change every thread's), and
-    /// SO_PEERCRED records the connecting thread's. Such a thread ends in [`park_forever`].
-    fn become_nobody() {
-        const NOBODY: libc::c_long = 65534;
-        let no_groups: libc::c_long = 0;
-        // SAFETY: setgroups with a count of 0 reads no list.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_setgroups,
-                no_groups,
-                std::ptr::null::<libc::gid_t>(),
-            )
-        };
-        assert_eq!(rc, 0, "setgroups: {}", std::io::Error::last_os_error());
-        // SAFETY: setresgid and setresuid take integers only.
-        let rc = unsafe { libc::syscall(libc::SYS_setresgid, NOBODY, NOBODY, NOBODY) };
-        assert_eq!(rc, 0, "setresgid: {}", std::io::Error::last_os_error());
-        // SAFETY: as above.
-        let rc = unsafe { libc::syscall(libc::SYS_setresuid, NOBODY, NOBODY, NOBODY) };
-        assert_eq!(rc, 0, "setresuid: {}", std::io::Error::last_os_error());
-        // SAFETY: geteuid has no preconditions; it reads the calling thread's credentials.
-        assert_eq!(i64::from(unsafe { libc::geteuid() }), NOBODY);
-    }
-
     /// Where a test's own thread ends instead of exiting. glibc keeps an exited thread's
     /// stack for the next thread, and `fault_guard`'s tests populate every mapping and then
     /// count the faults of a fresh thread's stack: one handed down, already populated, takes
@@ -470,7 +445,7 @@ mod tests {
         let nobody_addr = addr.clone();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            become_nobody();
+            crate::sys::become_nobody_thread();
             let stream = UnixStream::connect_addr(&nobody_addr).unwrap();
             stream
                 .set_read_timeout(Some(Duration::from_secs(5)))

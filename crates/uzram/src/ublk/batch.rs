@@ -11,7 +11,8 @@ use libublk::io::{
 };
 use libublk::UblkError;
 
-use super::target::{Server, WaitRetries};
+use super::server::{queue_io_bufs, Server, WaitRetries};
+use crate::takeover::leave;
 
 /// Serves queue `qid` until the device stops; returns after the kernel released every buffer.
 /// Buffers are allocated (and locked) before the first request; serving allocates nothing.
@@ -27,7 +28,7 @@ pub fn serve(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
     // One fetch buffer can carry every tag of the queue: a full queue arrives in one CQE.
     let config = UblkBatchConfig::new()
         .with_tags_per_fetch_buffer(u16::try_from(depth).unwrap_or(u16::MAX).max(1));
-    let buffers = UblkBatchBuffers::IoBufs(super::target::queue_io_bufs(dev));
+    let buffers = UblkBatchBuffers::IoBufs(queue_io_bufs(dev));
     let mut batch = match UblkBatchQueue::new(&queue, buffers, config) {
         Ok(batch) => batch,
         Err(err) => {
@@ -40,7 +41,7 @@ pub fn serve(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
     server.start();
     if let Err(err) = run(&queue, &mut batch, &mut pending, server) {
         // The queue can serve no more. Returns only while the device stops.
-        super::leave::queue_failed(qid, &err);
+        leave::queue_failed(qid, &err);
         return;
     }
     tracing::info!(qid, "queue stopped");

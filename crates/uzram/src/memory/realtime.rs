@@ -18,10 +18,10 @@
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::sys::check;
+use crate::sys::sched;
 
 /// The lowest realtime priority: ahead of every ordinary task, behind the kernel's own.
-const PRIORITY: libc::c_int = 1;
+const PRIORITY: i32 = 1;
 
 /// Set by [`begin`], cleared by [`end`]: only a policy this module gave is taken back (a
 /// daemon an administrator runs realtime keeps it).
@@ -33,11 +33,7 @@ const PASSES: usize = 3;
 
 /// Runs the calling thread, and every thread it starts from now on, as `SCHED_FIFO`.
 pub fn begin() -> io::Result<()> {
-    let param = libc::sched_param {
-        sched_priority: PRIORITY,
-    };
-    // SAFETY: `param` is a valid sched_param for the call's duration; pid 0 is this thread.
-    check(unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) })?;
+    sched::set_fifo(0, PRIORITY)?;
     BEGUN.store(true, Ordering::Release);
     Ok(())
 }
@@ -49,14 +45,8 @@ pub fn begun() -> bool {
 
 /// Whether thread `tid` (0: the calling thread) runs under a realtime policy (`SCHED_FIFO`,
 /// `SCHED_RR`).
-pub fn is_realtime(tid: libc::pid_t) -> io::Result<bool> {
-    // SAFETY: sched_getscheduler takes a thread id and returns a policy or -1.
-    let policy = unsafe { libc::sched_getscheduler(tid) };
-    if policy == -1 {
-        return Err(io::Error::last_os_error());
-    }
-    let policy = policy & !libc::SCHED_RESET_ON_FORK;
-    Ok(policy == libc::SCHED_FIFO || policy == libc::SCHED_RR)
+pub fn is_realtime(tid: sched::Tid) -> io::Result<bool> {
+    sched::is_realtime(tid)
 }
 
 /// After [`begin`], moves every realtime thread of this process back to `SCHED_OTHER`, each
@@ -82,10 +72,7 @@ pub fn end() -> io::Result<usize> {
                     continue;
                 }
             }
-            let param = libc::sched_param { sched_priority: 0 };
-            // SAFETY: `param` is a valid sched_param for the call's duration; the call takes
-            // only a thread id (of ours, or gone: ESRCH) and reads nothing else.
-            match check(unsafe { libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) }) {
+            match sched::set_normal(tid) {
                 Ok(()) => moved += 1,
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
                 Err(e) => {
@@ -104,7 +91,7 @@ pub fn end() -> io::Result<usize> {
 }
 
 /// The ids of this process's threads.
-fn threads() -> io::Result<Vec<libc::pid_t>> {
+fn threads() -> io::Result<Vec<sched::Tid>> {
     Ok(std::fs::read_dir("/proc/self/task")?
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
         .collect())
@@ -114,23 +101,7 @@ fn threads() -> io::Result<Vec<libc::pid_t>> {
 mod tests {
     use super::*;
 
-    fn gettid() -> libc::pid_t {
-        // SAFETY: gettid takes no arguments and cannot fail.
-        unsafe { libc::gettid() }
-    }
-
-    fn nice_of(tid: libc::pid_t) -> i32 {
-        // getpriority may return -1 as a value; errno tells.
-        // SAFETY: __errno_location returns this thread's errno, valid for the thread's life;
-        // getpriority takes only integers (PRIO_PROCESS with a thread id: that thread).
-        let (n, errno) = unsafe {
-            *libc::__errno_location() = 0;
-            let n = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
-            (n, *libc::__errno_location())
-        };
-        assert_eq!(errno, 0, "getpriority({tid})");
-        n
-    }
+    use crate::sys::sched::{gettid, nice_of, set_nice_of};
 
     #[test]
     fn threads_started_in_a_takeover_are_realtime_until_it_ends_and_keep_their_nice() {
@@ -153,9 +124,7 @@ mod tests {
             let child = std::thread::spawn(move || {
                 let tid = gettid();
                 // as a queue thread does (`sys::set_thread_nice`), while still realtime
-                // SAFETY: setpriority takes only integers.
-                let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 7) };
-                assert_eq!(r, 0, "setpriority: {}", io::Error::last_os_error());
+                set_nice_of(tid, 7).unwrap();
                 tx.send(tid).unwrap();
                 go_rx.recv().unwrap();
             });
@@ -171,7 +140,11 @@ mod tests {
             );
             assert!(!is_realtime(me).unwrap());
             assert!(!is_realtime(tid).unwrap());
-            assert_eq!(nice_of(tid), 7, "the nice value set while realtime holds");
+            assert_eq!(
+                nice_of(tid).unwrap(),
+                7,
+                "the nice value set while realtime holds"
+            );
             assert_eq!(end().unwrap(), 0, "nothing left to move");
             go_tx.send(()).unwrap();
             child.join().unwrap();

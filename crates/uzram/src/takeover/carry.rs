@@ -5,7 +5,7 @@
 //!
 //! The store's gauges (pages, bytes, memory) are rebuilt from the store itself; the counts
 //! are not in it. So each daemon writes its totals (its own counts plus what it carried
-//! in) into a small table in the store's shared memory (`region.rs`, in the header's unit):
+//! in) into a small table in the store's shared memory (`store_segment.rs`, in the header's unit):
 //! every second, and once more right before it hands the device over. The next daemon
 //! reads that table before it serves and adds it to everything it reports. A crash loses
 //! at most the last second's counts.
@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::control::counters::{find, Carried};
 use crate::control::proto::{DeviceStatus, Stat};
 
 /// Slots in the table.
@@ -25,34 +26,9 @@ pub const SLOTS: usize = 64;
 pub const WORDS: usize = SLOTS * 4;
 const NAME_BYTES: usize = 24;
 
-/// The peaks that are carried: the next daemon reports the larger of its own and this.
-const PEAKS: &[&str] = &["mem_used_max"];
-
-/// The counters that are carried: counts since the device was made, which the next daemon
-/// adds to its own. Gauges and per-daemon figures (pool, queue faults, backend) are not.
-const CARRIED: &[&str] = &[
-    // store (zram's io_stat and mm_stat's pages_compacted)
-    "failed_reads",
-    "failed_writes",
-    "invalid_io",
-    "notify_free",
-    "reads",
-    "writes",
-    "pages_compacted",
-    // requests
-    "read_requests",
-    "read_bytes",
-    "write_requests",
-    "write_bytes",
-    "flush_requests",
-    "discard_requests",
-    "write_zeroes_requests",
-    "failed_requests",
-];
-
-/// Whether `name` is carried from one daemon to the next.
+/// Whether `name` is carried from one daemon to the next (`control::counters`).
 pub fn is_carried(name: &str) -> bool {
-    CARRIED.contains(&name) || PEAKS.contains(&name)
+    find(name).is_some_and(|c| c.carried != Carried::No)
 }
 
 /// The table over its words (the region's, or any others in tests).
@@ -145,7 +121,7 @@ impl Carry<'_> {
 pub fn add_base(stats: &mut [Stat], base: &HashMap<String, u64>) {
     for stat in stats.iter_mut() {
         if let Some(&b) = base.get(&stat.name) {
-            stat.value = if PEAKS.contains(&stat.name.as_str()) {
+            stat.value = if find(&stat.name).is_some_and(|c| c.carried == Carried::Peak) {
                 stat.value.max(b)
             } else {
                 stat.value.saturating_add(b)

@@ -1,4 +1,4 @@
-//! The device's page store in its region (`region.rs`): a new one, or the one a dead daemon
+//! The device's page store in its segment (`takeover::store_segment`): a new one, or the one a dead daemon
 //! left behind, with the block pool over the region's blocks.
 
 use std::sync::Arc;
@@ -7,10 +7,10 @@ use anyhow::Context;
 use uzram_core::store::{PageStore, Persistence, Recovered, StoreConfig};
 use uzram_core::PAGE_SIZE;
 
-use super::pool;
-use super::region::{Expected, Region, Sizes};
-use super::staging::Staging;
 use crate::config::DeviceConfig;
+use crate::memory::pool;
+use crate::takeover::staging_segment::StagingSegment;
+use crate::takeover::store_segment::{Expected, Sizes, StoreSegment};
 
 fn store_config(cfg: &DeviceConfig) -> StoreConfig {
     let mut store_cfg = StoreConfig::new(cfg.size / PAGE_SIZE as u64, cfg.algorithm);
@@ -21,9 +21,9 @@ fn store_config(cfg: &DeviceConfig) -> StoreConfig {
 
 /// A new, empty store for device `device` in a new region, and the pool serving the
 /// region's blocks.
-pub fn create(cfg: &DeviceConfig, device: u32) -> anyhow::Result<(Arc<PageStore>, Region)> {
+pub fn create(cfg: &DeviceConfig, device: u32) -> anyhow::Result<(Arc<PageStore>, StoreSegment)> {
     let store_cfg = store_config(cfg);
-    let room = super::region::room_bytes(cfg.queues, cfg.depth);
+    let room = crate::takeover::store_segment::room_bytes(cfg.queues, cfg.depth);
     let region = new_region(&store_cfg, room, device, false)?;
     let (start, len) = region.blocks();
     pool::init(start, len, region.block_states());
@@ -34,15 +34,15 @@ pub fn create(cfg: &DeviceConfig, device: u32) -> anyhow::Result<(Arc<PageStore>
 /// A new region for the store `store_cfg` describes (at most its pages): its table, its
 /// directory, and blocks for every page stored raw plus slack, and a recovery room of `room`
 /// bytes (`region::room_bytes`), recorded as the store of `device`. A `scratch` region is
-/// marked for removal before it is locked or touched (`Region::create`).
+/// marked for removal before it is locked or touched (`StoreSegment::create`).
 pub fn new_region(
     store_cfg: &StoreConfig,
     room: usize,
     device: u32,
     scratch: bool,
-) -> anyhow::Result<Region> {
+) -> anyhow::Result<StoreSegment> {
     let sizes = Sizes::of(store_cfg.pages, room).context("sizing the store")?;
-    Region::create(
+    StoreSegment::create(
         sizes,
         &store_cfg.algorithm.to_string(),
         store_cfg.checksums,
@@ -54,7 +54,7 @@ pub fn new_region(
 
 /// A new, empty store of `store_cfg.pages` (at most the region's) over `region`'s table and
 /// blocks, which the pool serves. The store before it in the region must be gone.
-pub fn new_store(store_cfg: StoreConfig, region: &Region) -> anyhow::Result<PageStore> {
+pub fn new_store(store_cfg: StoreConfig, region: &StoreSegment) -> anyhow::Result<PageStore> {
     let len = PageStore::table_len(store_cfg.pages).context("sizing the page table")?;
     let table = region.table();
     let have = table.len();
@@ -77,9 +77,9 @@ pub struct Taken {
     /// The store.
     pub store: Arc<PageStore>,
     /// Its region.
-    pub region: Region,
+    pub region: StoreSegment,
     /// The dead daemon's GPU staging, its pages installed: the new ring may reuse it.
-    pub staging: Option<Staging>,
+    pub staging: Option<StagingSegment>,
     /// What the recovery found.
     pub found: Recovered,
 }
@@ -88,7 +88,7 @@ pub struct Taken {
 /// over: refused, changing nothing, when it is not root's alone, not that device's store of
 /// this size, codec and checksum setting, or damaged. Pages it had staged for the GPU are
 /// read from its staging segment (held to their checksums) and installed. `step` is told
-/// when each part is done (`daemon::pause`).
+/// when each part is done (`takeover::pause`).
 pub fn recover(
     cfg: &DeviceConfig,
     device: u32,
@@ -103,7 +103,8 @@ pub fn recover(
         algorithm: &algorithm,
         checksums: store_cfg.checksums,
     };
-    let region = Region::attach(shm, expect).context("taking over the store's shared memory")?;
+    let region =
+        StoreSegment::attach(shm, expect).context("taking over the store's shared memory")?;
     step("store: attach");
     let mut used = region.used_blocks();
     used.sort_unstable();
@@ -124,13 +125,15 @@ pub fn recover(
         table: region.table(),
         home: Arc::new(region.home()),
     };
-    let staging = region.staging().and_then(|id| match Staging::attach(id) {
-        Ok(staging) => Some(staging),
-        Err(error) => {
-            tracing::error!(id, %error, "the old daemon's GPU staging cannot be taken over");
-            None
-        }
-    });
+    let staging = region
+        .staging()
+        .and_then(|id| match StagingSegment::attach(id) {
+            Ok(staging) => Some(staging),
+            Err(error) => {
+                tracing::error!(id, %error, "the old daemon's GPU staging cannot be taken over");
+                None
+            }
+        });
     let copy = staging.as_ref().and_then(|s| s.copy(store_cfg.checksums));
     let (store, found) = PageStore::recover(
         store_cfg,
@@ -156,7 +159,12 @@ mod tests {
     #[test]
     fn a_region_holds_any_store_up_to_its_size_and_refuses_a_larger_one() {
         let cfg = StoreConfig::new(4096, Algorithm::Lz4);
-        let region = match new_region(&cfg, crate::daemon::region::MIN_ROOM, u32::MAX, true) {
+        let region = match new_region(
+            &cfg,
+            crate::takeover::store_segment::MIN_ROOM,
+            u32::MAX,
+            true,
+        ) {
             Ok(r) => r,
             // Containers without CAP_IPC_LOCK cannot lock segments.
             Err(e) => {
@@ -172,10 +180,11 @@ mod tests {
             let mut back = [1u8; PAGE_SIZE];
             store.read(999, &mut back).unwrap();
             assert_eq!(back, [0u8; PAGE_SIZE]);
-            // A same-filled page needs no arena segment (no pool in this test).
-            store.write(999, &[7u8; PAGE_SIZE]).unwrap();
+            // A same-filled page whose word fits its entry needs no arena segment (no pool
+            // in this test; a persistent store compresses other fills).
+            store.write(999, &[0xffu8; PAGE_SIZE]).unwrap();
             store.read(999, &mut back).unwrap();
-            assert_eq!(back, [7u8; PAGE_SIZE]);
+            assert_eq!(back, [0xffu8; PAGE_SIZE]);
         }
         let err = new_store(StoreConfig::new(1 << 20, Algorithm::Lz4), &region)
             .expect_err("a store larger than the region");

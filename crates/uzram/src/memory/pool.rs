@@ -23,7 +23,7 @@
 //!
 //! Blocks come from one address range, so `dealloc` knows its own blocks by address; freed
 //! blocks return to the free list. The range is the blocks of the device's store region
-//! (`region.rs`: shared memory that outlives the daemon, nothing committed until a block is
+//! (`takeover/store_segment.rs`: shared memory that outlives the daemon, nothing committed until a block is
 //! first touched, kept resident by `SHM_LOCK` rather than mlock). Shared memory lets the
 //! keeper return what the store no longer holds: free blocks beyond the target are punched out
 //! (`MADV_REMOVE`, [`trim`]) and refilled first when the pool needs blocks again.
@@ -36,8 +36,6 @@ use std::time::{Duration, Instant};
 
 /// The block size: the page store's arena segment.
 pub const BLOCK: usize = crate::footprint::UNIT;
-/// Nice value of the threads that keep swap moving (queue threads, pool keeper).
-pub const IO_NICE: i32 = -20;
 /// Blocks mapped per refill (4 MiB).
 const REFILL_BLOCKS: usize = 64;
 
@@ -63,12 +61,9 @@ static TAKE_WAITS: AtomicUsize = AtomicUsize::new(0);
 static TAKE_TIMEOUTS: AtomicUsize = AtomicUsize::new(0);
 /// Whether `MADV_POPULATE_WRITE` works here (Linux 5.14+); cleared at its first refusal.
 static POPULATE: AtomicBool = AtomicBool::new(true);
-/// Linux 5.14's `MADV_POPULATE_WRITE` (not in the libc crate): faults a range in, writable,
-/// in one call.
-const MADV_POPULATE_WRITE: libc::c_int = 23;
 
 /// Whether a block's pages are in memory, kept in the store's region (a byte a block,
-/// `region.rs`) so that a recovery adopts the old daemon's free blocks that are still in
+/// `store_segment.rs`) so that a recovery adopts the old daemon's free blocks that are still in
 /// memory without asking the kernel page by page. Changed before a block's pages are
 /// faulted in or punched out and again after, so a crash in between leaves `Changing`, never
 /// a state that claims more than is true.
@@ -155,7 +150,7 @@ unsafe fn push(block: *mut u8) {
 /// store's segments must lie in the region to outlive the daemon.
 ///
 /// Why: a GPU swap-out burst grows the store faster than the keeper faults blocks in (about
-/// 6 GB/s of compressed pages against its 1-2 GB/s, docs/gpu-notes.md run 40). Failing the
+/// 6 GB/s of compressed pages against its 1-2 GB/s, docs/bench/gpu-runs.md). Failing the
 /// write then turned a burst into swap write errors; a short wait slows the burst to the
 /// keeper's pace instead. Bounded, because when memory is truly gone the keeper's refill can
 /// itself wait for swap writes, which wait here: the write then fails after `wait`, as it
@@ -425,19 +420,16 @@ fn recorded_residency(states: &[AtomicU8]) -> Vec<Resident> {
 /// fails, which only costs refills).
 fn block_residency(base: usize, blocks: usize) -> Vec<Resident> {
     const PAGES: usize = BLOCK / 4096;
-    let mut vec = vec![0u8; blocks * PAGES];
-    if blocks == 0 {
-        return Vec::new();
-    }
-    // SAFETY: mincore reads the page tables of our own mapping of blocks * BLOCK bytes and
-    // writes one byte a page into `vec`, which has exactly that many.
-    let rc = unsafe { libc::mincore(base as *mut libc::c_void, blocks * BLOCK, vec.as_mut_ptr()) };
-    if rc != 0 {
-        tracing::warn!(error = %std::io::Error::last_os_error(), "mincore over the store's blocks failed: free blocks are refilled, not adopted");
-        return vec![Resident::None; blocks];
-    }
-    vec.chunks(PAGES)
-        .map(|c| match c.iter().filter(|&&v| v & 1 != 0).count() {
+    let pages = match crate::sys::memory::resident_pages(base, blocks * BLOCK) {
+        Ok(pages) => pages,
+        Err(err) => {
+            tracing::warn!(error = %err, "mincore over the store's blocks failed: free blocks are refilled, not adopted");
+            return vec![Resident::None; blocks];
+        }
+    };
+    pages
+        .chunks(PAGES)
+        .map(|c| match c.iter().filter(|&&v| v).count() {
             0 => Resident::None,
             n if n == PAGES => Resident::All,
             _ => Resident::Some,
@@ -481,8 +473,7 @@ const PAGE_TABLE_SPAN: usize = 2 << 20;
 /// region has no page tables over them, and the first touch of each 2 MiB allocates one.
 /// Once the device serves, that first touch is a queue thread's read, or the linking of the
 /// old daemon's holes under the arena's lock, and with memory exhausted the allocation sits
-/// in reclaim that only this device's swap writes can satisfy: seen in the guest's crash
-/// test, `uzram-holes` in `pte_alloc_one` with the lock held, the queue threads waiting for
+/// in reclaim that only this device's swap writes can satisfy: `uzram-holes` in `pte_alloc_one` with the lock held, the queue threads waiting for
 /// it, and the hog and kswapd waiting for bios that never completed. Here, before the
 /// device serves, the room the old daemon kept for its successor is free. (Adopted free
 /// blocks got theirs when their free-list links were written.)
@@ -502,12 +493,9 @@ fn map_page_tables(base: usize, in_use: &[bool]) {
 /// Gives the pages of `len` bytes of blocks at `start` back to the system; they read as
 /// zeros afterwards.
 fn punch(start: usize, len: usize) -> std::io::Result<()> {
-    // SAFETY: MADV_REMOVE frees the backing pages of whole blocks of our own shared mapping
-    // that nobody references (callers pass free blocks only); the mapping stays.
-    if unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_REMOVE) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    // SAFETY: whole blocks of our own shared mapping that nobody references (callers pass
+    // free blocks only); the mapping stays.
+    unsafe { crate::sys::memory::give_back(start, len) }
 }
 
 /// Maps `bytes` of anonymous shared memory and serves blocks from it: for tests that have no
@@ -515,22 +503,8 @@ fn punch(start: usize, len: usize) -> std::io::Result<()> {
 #[cfg(test)]
 pub fn reserve(bytes: usize) -> std::io::Result<()> {
     let len = bytes.div_ceil(BLOCK).max(1) * BLOCK;
-    // SAFETY: a new shared anonymous mapping at an address the kernel picks; no memory of
-    // ours is touched. MAP_NORESERVE: nothing is committed until a page is touched.
-    let base = unsafe {
-        libc::mmap(
-            ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if base == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
-    init(base as usize, len, None);
+    let base = crate::sys::memory::map_shared_anonymous(len, true)?;
+    init(base, len, None);
     Ok(())
 }
 
@@ -542,18 +516,16 @@ pub fn reserve(bytes: usize) -> std::io::Result<()> {
 unsafe fn commit(block: usize) {
     mark(block, BlockState::Changing);
     // One call per block instead of a fault per page: a fifth to a third less of the keeper's
-    // CPU per block (docs/gpu-notes.md run 41).
+    // CPU per block (docs/bench/gpu-runs.md).
     if POPULATE.load(Ordering::Relaxed) {
-        // SAFETY: the block is whole, mapped read-write and unused (the caller's contract);
-        // populating writes nothing visible (the pages read as zeros either way).
-        let rc = unsafe { libc::madvise(block as *mut libc::c_void, BLOCK, MADV_POPULATE_WRITE) };
-        if rc == 0 {
+        let populated = crate::sys::memory::populate_write(block, BLOCK);
+        if populated.is_ok() {
             mark(block, BlockState::Filled);
             // SAFETY: as below.
             unsafe { push(block as *mut u8) };
             return;
         }
-        if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+        if populated.is_err_and(|e| e.raw_os_error() == Some(libc::EINVAL)) {
             POPULATE.store(false, Ordering::Relaxed);
         }
     }
@@ -671,7 +643,7 @@ pub fn free_blocks() -> usize {
 /// A larger pool was tried and left the guest's swap test too little RAM: the swap device
 /// filled up. In a 449 MiB guest 64 MiB was a seventh of its memory, and under a hog of
 /// twice its available memory the pool never ran below 929 of its 1024 blocks
-/// (README, "A smaller block pool"); the keeper still raises the target when it runs low.)
+/// (docs/bench/swap-tuning.md); the keeper still raises the target when it runs low.)
 pub fn target_blocks(size: u64, ram: u64) -> usize {
     let bytes = usize::try_from((size / 4).min(ram / 16))
         .unwrap_or(usize::MAX)
@@ -695,7 +667,7 @@ pub fn ram_bytes() -> u64 {
 /// freed memory: they go back to the system ([`trim`]). Nothing is faulted in while
 /// [`hold_refills`] holds.
 pub fn keep(initial_target: usize) {
-    if let Err(err) = crate::sys::set_thread_nice(IO_NICE) {
+    if let Err(err) = crate::sys::set_thread_nice(crate::sys::IO_NICE) {
         tracing::warn!(error = %err, "raising the pool keeper's priority failed");
     }
     let _ = KEEPER.set(std::thread::current());
@@ -752,7 +724,7 @@ pub fn keep(initial_target: usize) {
 /// Why: one keeper faults blocks in at about 2.3 GB/s of blocks per CPU-second (shared
 /// memory pages cleared and charged one by one), and a GPU swap-out burst into a fresh device
 /// grows the store at about 6 GB/s: the burst ran at the keeper's pace, with thousands of
-/// segments waiting for a block. Measured on 16 CPUs (docs/gpu-notes.md, runs 44-45), 0, 1,
+/// segments waiting for a block. Measured on 16 CPUs (docs/bench/gpu-runs.md), 0, 1,
 /// 2 and 3 fillers ran a cold GPU burst at 5.0, 7.6, 8.8 and 10.1 GB/s, but each filler
 /// makes every fault dearer (the faults contend in the kernel): the process's CPU per GiB
 /// went 0.69, 0.68, 0.72, 0.75. Two is the knee. A small machine (the 2-CPU guest) keeps
@@ -783,7 +755,7 @@ fn start_fillers(n: usize) -> Vec<std::thread::Thread> {
 /// the pool reaches the keeper's target, a few blocks at a time so that the fillers and
 /// the keeper share the deficit. It sleeps otherwise: small top-ups are the keeper's alone.
 fn fill() {
-    if let Err(err) = crate::sys::set_thread_nice(IO_NICE) {
+    if let Err(err) = crate::sys::set_thread_nice(crate::sys::IO_NICE) {
         tracing::warn!(error = %err, "raising a pool filler's priority failed");
     }
     loop {
@@ -1060,28 +1032,14 @@ mod tests {
     fn a_recovered_store_gets_page_tables_over_each_2_mib_that_holds_a_segment() {
         // 8 MiB of shared memory, 2 MiB aligned: four page tables' worth of blocks.
         let span = 4 * PAGE_TABLE_SPAN;
-        // SAFETY: a new shared anonymous mapping at an address the kernel picks.
-        let raw = unsafe {
-            libc::mmap(
-                ptr::null_mut(),
-                span + PAGE_TABLE_SPAN,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(raw, libc::MAP_FAILED);
-        let base = (raw as usize).next_multiple_of(PAGE_TABLE_SPAN);
+        let raw = crate::sys::memory::map_shared_anonymous(span + PAGE_TABLE_SPAN, false).unwrap();
+        let base = raw.next_multiple_of(PAGE_TABLE_SPAN);
         // In memory but not mapped here: what a new daemon finds of the old one's segments.
         // SAFETY: writes within our own new mapping, then unmapping its pages from this
         // process (shared memory keeps them).
         unsafe {
             ptr::write_bytes(base as *mut u8, 0x5A, span);
-            assert_eq!(
-                libc::madvise(base as *mut libc::c_void, span, libc::MADV_DONTNEED),
-                0
-            );
+            crate::sys::memory::discard(base, span).unwrap();
         }
         let blocks = span / BLOCK;
         let per_table = PAGE_TABLE_SPAN / BLOCK;
@@ -1114,6 +1072,6 @@ mod tests {
         let kept = unsafe { ptr::read_volatile((base + 5 * BLOCK) as *const u8) };
         assert_eq!(kept, 0x5A);
         // SAFETY: unmapping the whole mapping made above.
-        unsafe { libc::munmap(raw, span + PAGE_TABLE_SPAN) };
+        unsafe { crate::sys::memory::unmap(raw, span + PAGE_TABLE_SPAN) }.unwrap();
     }
 }

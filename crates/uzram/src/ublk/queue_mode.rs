@@ -12,95 +12,32 @@
 //!
 //! `auto` takes `batch` where the kernel has it, then `per-io-daemon` where a queue has CPUs to
 //! spare, else `per-queue`. The order follows what each mode saves per request. In the
-//! guest (7.3, TCG, README "Swap tuning") the three modes ran the swap hog within 3 % of each
+//! TCG guest (docs/bench/swap-tuning.md) the three modes ran the swap hog within 3 % of each
 //! other, batch ahead; with fio, batch led on 4K writes at QD32 (+21 % over per-queue) and
 //! trailed on 4K reads at QD1 (−20 %).
 //! A mode asked for by name that the kernel lacks is an error, not a silent fallback.
 
-use std::fmt;
-
 use libublk::sys;
+
+pub use crate::config::{QueueMode, QueueModeChoice};
 
 /// Most threads `per-io-daemon` puts on one queue.
 pub const MAX_THREADS_PER_QUEUE: u16 = 4;
 
-/// A queue mode the daemon can serve with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QueueMode {
-    /// `UBLK_F_BATCH_IO`: batched prepare/fetch/commit, one thread per queue.
-    Batch,
-    /// `UBLK_F_PER_IO_DAEMON`: several threads per queue.
-    PerIoDaemon,
-    /// One thread per queue, one command per request.
-    PerQueue,
-}
-
-impl QueueMode {
-    /// The name `uzram status` shows and `--queue-mode` takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            QueueMode::Batch => "batch",
-            QueueMode::PerIoDaemon => "per-io-daemon",
-            QueueMode::PerQueue => "per-queue",
-        }
-    }
-
-    /// The driver feature the mode needs, if any.
-    fn feature(self) -> Option<(u64, &'static str)> {
-        match self {
-            QueueMode::Batch => Some((sys::UBLK_F_BATCH_IO as u64, "UBLK_F_BATCH_IO, Linux 7.0+")),
-            QueueMode::PerIoDaemon => Some((
-                sys::UBLK_F_PER_IO_DAEMON as u64,
-                "UBLK_F_PER_IO_DAEMON, Linux 6.16+",
-            )),
-            QueueMode::PerQueue => None,
-        }
-    }
-
-    fn offered_by(self, features: u64) -> bool {
-        self.feature().map_or(true, |(bit, _)| features & bit != 0)
+/// The driver feature `mode` needs, if any.
+fn feature(mode: QueueMode) -> Option<(u64, &'static str)> {
+    match mode {
+        QueueMode::Batch => Some((sys::UBLK_F_BATCH_IO as u64, "UBLK_F_BATCH_IO, Linux 7.0+")),
+        QueueMode::PerIoDaemon => Some((
+            sys::UBLK_F_PER_IO_DAEMON as u64,
+            "UBLK_F_PER_IO_DAEMON, Linux 6.16+",
+        )),
+        QueueMode::PerQueue => None,
     }
 }
 
-impl fmt::Display for QueueMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// What the user asked for: a mode by name, or the fastest one the kernel offers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum QueueModeChoice {
-    /// The fastest mode the kernel offers.
-    #[default]
-    Auto,
-    /// This mode, or an error where the kernel lacks it.
-    Exactly(QueueMode),
-}
-
-impl QueueModeChoice {
-    /// Every value `--queue-mode` takes.
-    pub const NAMES: &'static str = "auto, batch, per-io-daemon or per-queue";
-
-    /// Parses `auto`, `batch`, `per-io-daemon` or `per-queue`.
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "auto" => QueueModeChoice::Auto,
-            "batch" => QueueModeChoice::Exactly(QueueMode::Batch),
-            "per-io-daemon" => QueueModeChoice::Exactly(QueueMode::PerIoDaemon),
-            "per-queue" => QueueModeChoice::Exactly(QueueMode::PerQueue),
-            _ => return None,
-        })
-    }
-}
-
-impl fmt::Display for QueueModeChoice {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            QueueModeChoice::Auto => f.write_str("auto"),
-            QueueModeChoice::Exactly(mode) => mode.fmt(f),
-        }
-    }
+fn offered_by(mode: QueueMode, features: u64) -> bool {
+    feature(mode).map_or(true, |(bit, _)| features & bit != 0)
 }
 
 /// The chosen mode and what it takes to set the device up with it.
@@ -141,8 +78,8 @@ pub fn plan(
     let threads = spare.clamp(2, MAX_THREADS_PER_QUEUE).min(depth.max(1));
     let mode = match choice {
         QueueModeChoice::Exactly(mode) => {
-            if !mode.offered_by(features) {
-                let needs = mode.feature().map_or("", |(_, needs)| needs);
+            if !offered_by(mode, features) {
+                let needs = feature(mode).map_or("", |(_, needs)| needs);
                 return Err(UnsupportedQueueMode {
                     mode,
                     needs,
@@ -151,8 +88,8 @@ pub fn plan(
             }
             mode
         }
-        QueueModeChoice::Auto if QueueMode::Batch.offered_by(features) => QueueMode::Batch,
-        QueueModeChoice::Auto if QueueMode::PerIoDaemon.offered_by(features) && spare >= 2 => {
+        QueueModeChoice::Auto if offered_by(QueueMode::Batch, features) => QueueMode::Batch,
+        QueueModeChoice::Auto if offered_by(QueueMode::PerIoDaemon, features) && spare >= 2 => {
             QueueMode::PerIoDaemon
         }
         QueueModeChoice::Auto => QueueMode::PerQueue,
@@ -185,7 +122,7 @@ fn offered(features: u64) -> String {
         QueueMode::PerQueue,
     ]
     .into_iter()
-    .filter(|m| m.offered_by(features))
+    .filter(|&m| offered_by(m, features))
     .map(QueueMode::name)
     .collect::<Vec<_>>()
     .join(", ")

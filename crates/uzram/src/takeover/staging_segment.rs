@@ -6,7 +6,7 @@
 //! Why a segment of its own and not part of the store's region: its size follows the GPU
 //! settings (`gpu-memory`, `gpu-slot-pages`), which may change from one daemon to the next,
 //! and a CPU daemon needs none. The store's region records which segment is the device's
-//! staging ([`super::region::Region::staging`]), and removing the region removes it too.
+//! staging ([`crate::takeover::store_segment::StoreSegment::staging`]), and removing the region removes it too.
 //!
 //! Layout: a header page, the slots' books (`uzram_core::batch::book_words`), then the
 //! slots' input pages, each on a page of its own: the GPU backend registers them with the driver
@@ -20,7 +20,7 @@ use std::sync::atomic::AtomicU64;
 use uzram_core::batch::{book_words, StagedCopy};
 use uzram_core::PAGE_WORDS;
 
-use super::region::RegionError;
+use super::segment::{foreign, sys, SegmentError};
 
 const MAGIC: [u8; 8] = *b"UZRAMSG1";
 /// Layout 2: the books hold each staged page's checksum.
@@ -43,18 +43,10 @@ struct Header {
 /// An attached staging segment; never detached (the ring and the GPU use its memory for the
 /// rest of the process).
 #[derive(Debug)]
-pub struct Staging {
+pub struct StagingSegment {
     id: i32,
     base: usize,
     header: Header,
-}
-
-fn sys(what: &'static str) -> impl FnOnce(std::io::Error) -> RegionError {
-    move |source| RegionError::Sys { what, source }
-}
-
-fn foreign(id: i32, why: String) -> RegionError {
-    RegionError::Foreign { id, why }
 }
 
 /// The layout of a segment for `slots` slots of `slot_pages` pages (`None`: too large).
@@ -84,7 +76,7 @@ fn layout(slots: usize, slot_pages: usize) -> Option<Header> {
 /// The header of segment `id`, read through a read-only mapping dropped at once (nothing
 /// about the segment changes), when it is a uzram staging segment of this version whose
 /// layout fits its size.
-fn header_of(id: i32) -> Result<Header, RegionError> {
+fn header_of(id: i32) -> Result<Header, SegmentError> {
     let size = crate::shm::check(id)?.size;
     if size < HEADER {
         return Err(foreign(id, format!("only {size} bytes")));
@@ -105,14 +97,18 @@ fn header_of(id: i32) -> Result<Header, RegionError> {
     Ok(header)
 }
 
-impl Staging {
+impl StagingSegment {
     /// A new locked, populated segment for `slots` slots of `slot_pages` pages. With
     /// `scratch`, it is marked for removal before anything of it is locked or touched: it
     /// goes when this process does, however it ends (a benchmark's, which no later process
     /// recovers). Otherwise its header says what it is before it is locked, so that `uzram
     /// list` finds it should this process die before its store records it.
-    pub fn create(slots: usize, slot_pages: usize, scratch: bool) -> Result<Staging, RegionError> {
-        let header = layout(slots, slot_pages).ok_or_else(|| RegionError::Sys {
+    pub fn create(
+        slots: usize,
+        slot_pages: usize,
+        scratch: bool,
+    ) -> Result<StagingSegment, SegmentError> {
+        let header = layout(slots, slot_pages).ok_or_else(|| SegmentError::Sys {
             what: "sizing the GPU staging",
             source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
         })?;
@@ -126,9 +122,9 @@ impl Staging {
         // SAFETY: the header page lies in our fresh read-write mapping; nobody else knows
         // the segment yet.
         unsafe { ptr::write_volatile(base as *mut Header, header) };
-        let staging = Staging { id, base, header };
+        let staging = StagingSegment { id, base, header };
         let made = crate::shm::lock(id)
-            .map_err(RegionError::from)
+            .map_err(SegmentError::from)
             .and_then(|()| staging.populate());
         if let Err(e) = made {
             remove_ours(id);
@@ -141,7 +137,7 @@ impl Staging {
 
     /// Takes over segment `id`, the staging of a daemon that is gone. A segment that is not
     /// one is left as it was.
-    pub fn attach(id: i32) -> Result<Staging, RegionError> {
+    pub fn attach(id: i32) -> Result<StagingSegment, SegmentError> {
         let header = header_of(id)?;
         crate::shm::lock(id)?;
         let base = crate::shm::Attached::map(id, false)?.keep();
@@ -149,13 +145,13 @@ impl Staging {
         // SAFETY: the segment is at least a header page long (checked above).
         if unsafe { ptr::read_volatile(base as *const Header) } != header {
             // SAFETY: our own mapping, made above; nothing refers to it.
-            unsafe { libc::shmdt(base as *const libc::c_void) };
+            unsafe { crate::shm::detach(base) };
             return Err(foreign(
                 id,
                 "its header changed while it was taken over".into(),
             ));
         }
-        let staging = Staging { id, base, header };
+        let staging = StagingSegment { id, base, header };
         if let Err(e) = staging.populate() {
             // SAFETY: `staging` handed out no slice of its memory yet.
             unsafe { staging.detach() };
@@ -165,14 +161,9 @@ impl Staging {
     }
 
     /// Faults every page in and keeps it in (see the module docs).
-    fn populate(&self) -> Result<(), RegionError> {
-        // SAFETY: mlock only changes the paging of our own mapping of `len` bytes.
-        if unsafe { libc::mlock(self.base as *const libc::c_void, self.header.len as usize) } != 0 {
-            return Err(sys("mlock (the GPU staging)")(
-                std::io::Error::last_os_error(),
-            ));
-        }
-        Ok(())
+    fn populate(&self) -> Result<(), SegmentError> {
+        crate::sys::memory::lock(self.base, self.header.len as usize)
+            .map_err(sys("mlock (the GPU staging)"))
     }
 
     /// The segment id.
@@ -214,11 +205,11 @@ impl Staging {
     /// Unmaps the segment (it goes once marked for removal and detached everywhere).
     ///
     /// # Safety
-    /// Nothing may use the slices [`Staging::books`], [`Staging::inputs`] and
-    /// [`Staging::copy`] handed out, from now on.
+    /// Nothing may use the slices [`StagingSegment::books`], [`StagingSegment::inputs`] and
+    /// [`StagingSegment::copy`] handed out, from now on.
     pub unsafe fn detach(self) {
         // SAFETY: our own mapping; the caller promises nothing refers to it any more.
-        unsafe { libc::shmdt(self.base as *const libc::c_void) };
+        unsafe { crate::shm::detach(self.base) };
     }
 
     /// The pages staged in it, as the store's recovery reads them (held to their
@@ -258,7 +249,7 @@ mod tests {
 
     #[test]
     fn a_segment_is_found_again_with_its_contents() {
-        let made = match Staging::create(3, 5, true) {
+        let made = match StagingSegment::create(3, 5, true) {
             Ok(s) => s,
             // Containers without CAP_IPC_LOCK cannot lock segments.
             Err(e) => {
@@ -275,7 +266,7 @@ mod tests {
         assert_eq!(made.inputs().as_ptr() as usize % ALIGN, 0);
         made.books()[4].store(99, Ordering::Relaxed);
         made.inputs()[PAGE_WORDS * 14 + 511].store(7, Ordering::Relaxed);
-        let again = Staging::attach(made.id()).unwrap();
+        let again = StagingSegment::attach(made.id()).unwrap();
         remove(made.id());
         assert_eq!(again.shape(), (3, 5));
         assert_eq!(again.books()[4].load(Ordering::Relaxed), 99);
@@ -293,7 +284,7 @@ mod tests {
             println!("SKIP: no SysV shared memory");
             return;
         };
-        let err = Staging::attach(id).unwrap_err();
+        let err = StagingSegment::attach(id).unwrap_err();
         assert!(err.to_string().contains("no uzram staging header"), "{err}");
         remove(id);
         assert!(
@@ -306,7 +297,7 @@ mod tests {
 
     #[test]
     fn a_staging_segment_another_user_made_is_never_taken_over() {
-        let Some(made) = Staging::create(2, 3, true).ok() else {
+        let Some(made) = StagingSegment::create(2, 3, true).ok() else {
             println!("SKIP: no SysV shared memory");
             return;
         };
@@ -314,15 +305,8 @@ mod tests {
         let Some(id) = crate::shm::tests::nobodys_segment(0, size, 0o666) else {
             return;
         };
-        // SAFETY: shmat of nobody's segment (mode 0666) to copy a staging header into it,
-        // as its owner could; detached right after.
-        unsafe {
-            let base = libc::shmat(id, ptr::null(), 0);
-            assert_ne!(base as isize, -1);
-            ptr::write_volatile(base as *mut Header, made.header);
-            libc::shmdt(base);
-        }
-        let err = Staging::attach(id).unwrap_err();
+        crate::shm::tests::write_as_owner(id, crate::shm::tests::bytes_of(&made.header));
+        let err = StagingSegment::attach(id).unwrap_err();
         assert!(err.to_string().contains("not root's alone"), "{err}");
         remove(id);
         assert!(crate::shm::stat(id).is_ok(), "nobody's segment was removed");

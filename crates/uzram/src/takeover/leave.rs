@@ -38,8 +38,7 @@ pub fn exit_leaving_device(code: i32) -> ! {
     if let Some(save) = SAVE_COUNTS.get() {
         save();
     }
-    // SAFETY: _exit ends the process at once; it touches no memory of ours.
-    unsafe { libc::_exit(code) }
+    crate::sys::exit_now(code)
 }
 
 /// Queue `qid` can serve no more (`err`): unless the device is being stopped, leave it to the
@@ -89,7 +88,7 @@ mod tests {
         let status = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "daemon::leave::tests::leave_child",
+                "takeover::leave::tests::leave_child",
                 "--test-threads=1",
             ])
             .env(CHILD, &marker)

@@ -1,4 +1,5 @@
-//! The I/O handler: one ublk request against a [`PageStore`], as a pure function.
+//! The request handler: one ublk request against a [`PageStore`] and a [`PageWriter`], as a
+//! pure function.
 //!
 //! It knows nothing about ublk queues or buffers' origin, so every branch is unit-tested here
 //! without a kernel. It never panics: bad requests become `-EINVAL` plus zram's `invalid_io`
@@ -47,22 +48,6 @@ impl Op {
     }
 }
 
-/// Serves one request. Returns bytes transferred for READ/WRITE, 0 for FLUSH, DISCARD and
-/// WRITE_ZEROES, or a negative errno.
-///
-/// `buf` is the request's I/O buffer; READ fills its first `nr_sectors * 512` bytes, WRITE
-/// stores them. (The daemon calls [`handle_with`]; this form writes to the store itself.)
-#[cfg(test)]
-pub fn handle(
-    op: Op,
-    start_sector: u64,
-    nr_sectors: u32,
-    buf: &mut [u8],
-    store: &PageStore,
-) -> i32 {
-    handle_with(op, start_sector, nr_sectors, buf, store, store)
-}
-
 /// Where WRITE data goes: the store itself (compress inline), or a ring of staging slots in
 /// front of it (compress on a GPU). Reads, discards and counters always go to the store.
 pub trait PageWriter {
@@ -82,8 +67,13 @@ impl PageWriter for uzram_core::batch::Ring {
     }
 }
 
-/// [`handle`], with WRITE data going through `writer`.
-pub fn handle_with(
+/// Serves one request. Returns bytes transferred for READ/WRITE, 0 for FLUSH, DISCARD and
+/// WRITE_ZEROES, or a negative errno.
+///
+/// `buf` is the request's I/O buffer; READ fills its first `nr_sectors * 512` bytes, WRITE
+/// stores them through `writer` (the store itself, or a write backend in front of it).
+/// Reads, discards and the counters always go to `store`.
+pub fn handle(
     op: Op,
     start_sector: u64,
     nr_sectors: u32,
@@ -233,15 +223,18 @@ mod tests {
         let s = store(64);
         let mut data = pattern(4, 3);
         assert_eq!(
-            handle(Op::Write, 8 * 10, 32, &mut data, &s),
+            handle(Op::Write, 8 * 10, 32, &mut data, &s, &s),
             4 * PAGE as i32
         );
         let mut out = vec![0u8; 512 << 10];
-        assert_eq!(handle(Op::Read, 8 * 10, 32, &mut out, &s), 4 * PAGE as i32);
+        assert_eq!(
+            handle(Op::Read, 8 * 10, 32, &mut out, &s, &s),
+            4 * PAGE as i32
+        );
         assert_eq!(&out[..4 * PAGE], &data[..]);
         // A page never written reads as zeros.
         out.fill(0xAA);
-        assert_eq!(handle(Op::Read, 0, 8, &mut out, &s), PAGE as i32);
+        assert_eq!(handle(Op::Read, 0, 8, &mut out, &s, &s), PAGE as i32);
         assert!(out[..PAGE].iter().all(|b| *b == 0));
     }
 
@@ -249,7 +242,7 @@ mod tests {
     fn flush_succeeds_before_any_range_check() {
         let s = store(4);
         let mut buf = vec![0u8; PAGE];
-        assert_eq!(handle(Op::Flush, u64::MAX, 0, &mut buf, &s), 0);
+        assert_eq!(handle(Op::Flush, u64::MAX, 0, &mut buf, &s, &s), 0);
         assert_eq!(stat(&s, "invalid_io"), 0);
     }
 
@@ -257,11 +250,11 @@ mod tests {
     fn discard_and_write_zeroes_read_back_as_zeros() {
         let s = store(16);
         let mut data = pattern(4, 9);
-        assert_eq!(handle(Op::Write, 0, 32, &mut data, &s), 4 * PAGE as i32);
-        assert_eq!(handle(Op::Discard, 0, 16, &mut [], &s), 0);
-        assert_eq!(handle(Op::WriteZeroes, 16, 8, &mut [], &s), 0);
+        assert_eq!(handle(Op::Write, 0, 32, &mut data, &s, &s), 4 * PAGE as i32);
+        assert_eq!(handle(Op::Discard, 0, 16, &mut [], &s, &s), 0);
+        assert_eq!(handle(Op::WriteZeroes, 16, 8, &mut [], &s, &s), 0);
         let mut out = vec![0xFFu8; 4 * PAGE];
-        assert_eq!(handle(Op::Read, 0, 32, &mut out, &s), 4 * PAGE as i32);
+        assert_eq!(handle(Op::Read, 0, 32, &mut out, &s, &s), 4 * PAGE as i32);
         assert!(out[..3 * PAGE].iter().all(|b| *b == 0));
         assert_eq!(&out[3 * PAGE..], &data[3 * PAGE..]);
         assert_eq!(stat(&s, "orig_data_size"), PAGE as u64);
@@ -283,13 +276,16 @@ mod tests {
         ];
         for (i, (op, sector, n)) in cases.into_iter().enumerate() {
             assert_eq!(
-                handle(op, sector, n, &mut buf, &s),
+                handle(op, sector, n, &mut buf, &s, &s),
                 -libc::EINVAL,
                 "{op:?} {sector} {n}"
             );
             assert_eq!(stat(&s, "invalid_io"), i as u64 + 1);
         }
-        assert_eq!(handle(Op::Other(10), 0, 8, &mut buf, &s), -libc::EOPNOTSUPP);
+        assert_eq!(
+            handle(Op::Other(10), 0, 8, &mut buf, &s, &s),
+            -libc::EOPNOTSUPP
+        );
         assert_eq!(stat(&s, "invalid_io"), cases.len() as u64 + 1);
     }
 
@@ -297,8 +293,8 @@ mod tests {
     fn request_larger_than_buffer_is_invalid() {
         let s = store(64);
         let mut buf = vec![0u8; PAGE];
-        assert_eq!(handle(Op::Read, 0, 16, &mut buf, &s), -libc::EINVAL);
-        assert_eq!(handle(Op::Write, 0, 16, &mut buf, &s), -libc::EINVAL);
+        assert_eq!(handle(Op::Read, 0, 16, &mut buf, &s, &s), -libc::EINVAL);
+        assert_eq!(handle(Op::Write, 0, 16, &mut buf, &s, &s), -libc::EINVAL);
         assert_eq!(stat(&s, "invalid_io"), 2);
     }
 
@@ -317,7 +313,7 @@ mod tests {
                 x as u8
             })
             .collect();
-        let r = handle(Op::Write, 0, 64 * 8, &mut noise, &s);
+        let r = handle(Op::Write, 0, 64 * 8, &mut noise, &s, &s);
         assert!(r < 0, "write past the memory limit returned {r}");
         assert_eq!(stat(&s, "failed_writes"), 1);
         assert_eq!(stat(&s, "invalid_io"), 0);

@@ -15,7 +15,7 @@
 //! new daemon puts the kernel's default back once it serves ([`restore`]). A value an
 //! administrator set (anything but the default, 0) is left alone, and so is the setting on a
 //! kernel without it. The systemd unit holds the lists short for good with another value
-//! (524288; README, "Swap tuning": on 6.18 and later a swap-out's cluster table is allocated
+//! (524288; docs/bench/swap-tuning.md: on 6.18 and later a swap-out's cluster table is allocated
 //! without reserves), which a recovery therefore leaves as it is. A recovery that dies in between leaves the lists short until the next
 //! recovery's daemon serves: slower frees on a busy many-core host, nothing worse.
 

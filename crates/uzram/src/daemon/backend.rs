@@ -8,7 +8,7 @@
 //! and the CPU takes over, losing nothing.
 //!
 //! The daemon keeps the ring's staging (slot inputs and books) in a shared memory segment
-//! that the store's region records (`staging.rs`), so that the pages waiting there survive
+//! that the store's region records (`takeover::staging_segment`), so that the pages waiting there survive
 //! a crash of the daemon: the next one installs them when it takes the store over.
 
 use std::sync::Arc;
@@ -20,14 +20,14 @@ use uzram_core::store::PageStore;
 use uzram_core::CoreError;
 use uzram_gpu::{GpuConfig, GpuSlots};
 
-use super::io::PageWriter;
-use super::region::Region;
-use super::staging::{self, Staging};
 use crate::config::{Backend, GpuSettings};
 use crate::control::proto::Stat;
+use crate::takeover::staging_segment::{self, StagingSegment};
+use crate::takeover::store_segment::StoreSegment;
+use crate::ublk::handler::PageWriter;
 
 /// How the daemon compresses writes.
-pub struct Compression {
+pub struct WriteBackend {
     store: Arc<PageStore>,
     ring: Option<Ring>,
     /// Whether the ring's staging outlives the process (kept in a shared memory segment).
@@ -45,22 +45,22 @@ pub enum StagingHome<'a> {
     /// In a segment the store's region records, from which a later daemon installs the
     /// pages staged when this one died; `found` is the segment a dead daemon left (its
     /// pages already installed), reused when its shape fits.
-    Region {
+    StoreSegment {
         /// The store's region.
-        region: &'a Region,
+        region: &'a StoreSegment,
         /// The old daemon's staging.
-        found: Option<Staging>,
+        found: Option<StagingSegment>,
     },
 }
 
 impl StagingHome<'_> {
     /// The segment for a ring of `slots` slots of `slot_pages` pages, recorded in the
     /// region for a later daemon.
-    fn segment(&mut self, slots: usize, slot_pages: usize) -> anyhow::Result<Staging> {
+    fn segment(&mut self, slots: usize, slot_pages: usize) -> anyhow::Result<StagingSegment> {
         match self {
-            Self::Scratch => Staging::create(slots, slot_pages, true)
+            Self::Scratch => StagingSegment::create(slots, slot_pages, true)
                 .context("creating the GPU staging's shared memory"),
-            Self::Region { region, found } => {
+            Self::StoreSegment { region, found } => {
                 if let Some(old) = found.take() {
                     if old.shape() == (slots, slot_pages) {
                         return Ok(old);
@@ -72,9 +72,9 @@ impl StagingHome<'_> {
                 // The old segment (of another shape, or one that could not be attached).
                 if let Some(id) = region.staging() {
                     region.set_staging(None);
-                    staging::remove(id);
+                    staging_segment::remove(id);
                 }
-                let made = Staging::create(slots, slot_pages, false)
+                let made = StagingSegment::create(slots, slot_pages, false)
                     .context("creating the GPU staging's shared memory")?;
                 region.set_staging(Some(made.id()));
                 Ok(made)
@@ -85,16 +85,16 @@ impl StagingHome<'_> {
     /// No staging after all (the CPU compresses, or the GPU could not use the segment):
     /// the region records none, and a segment made or found goes. Nothing may use
     /// `segment`'s memory any more.
-    fn forget(&mut self, segment: Option<Staging>) {
-        if let Self::Region { region, found } = self {
+    fn forget(&mut self, segment: Option<StagingSegment>) {
+        if let Self::StoreSegment { region, found } = self {
             let recorded = region.staging();
             if let Some(id) = recorded {
                 region.set_staging(None);
-                staging::remove(id);
+                staging_segment::remove(id);
             }
             if let Some(old) = found.take() {
                 if Some(old.id()) != recorded {
-                    staging::remove(old.id());
+                    staging_segment::remove(old.id());
                 }
                 // SAFETY: its pages were installed by the store's recovery, which holds
                 // nothing of it; no ring or GPU was given its memory.
@@ -117,7 +117,7 @@ fn auto_on_cpu<T>(algorithm: Algorithm, gpu: &Result<T, anyhow::Error>) -> Optio
     gpu.as_ref().err().map(|e| format!("{e:#}"))
 }
 
-impl Compression {
+impl WriteBackend {
     /// Sets up the backend asked for. `gpu` fails when no GPU ring can start; `auto` then
     /// compresses on the CPU (and says why in the log). `hook` runs first on every thread
     /// the ring starts; `home` says where the ring's staging lives.
@@ -164,7 +164,7 @@ impl Compression {
                 None
             }
         };
-        let inputs = segment.as_ref().map(Staging::inputs);
+        let inputs = segment.as_ref().map(StagingSegment::inputs);
         let (slots, segment) = match GpuSlots::on_over(gpus.clone(), gpu_cfg.clone(), inputs) {
             Ok(slots) => (Ok(slots), segment),
             Err(error) if inputs.is_some() => {
@@ -186,7 +186,7 @@ impl Compression {
                 return Err(error.into());
             }
         };
-        let books = segment.as_ref().map(Staging::books);
+        let books = segment.as_ref().map(StagingSegment::books);
         Self::start_ring(store, slots, settings, hook, books)
     }
 
@@ -297,7 +297,7 @@ fn open_gpus(settings: &GpuSettings) -> anyhow::Result<(Vec<Arc<uzram_gpu::Gpu>>
     Ok((GpuSlots::open(&cfg)?, cfg))
 }
 
-impl PageWriter for Compression {
+impl PageWriter for WriteBackend {
     fn write_pages(&self, first_page: u64, data: &[u8]) -> Result<(), CoreError> {
         match &self.ring {
             Some(r) => r.write(first_page, data),
@@ -311,15 +311,15 @@ mod tests {
     use uzram_core::store::StoreConfig;
 
     use super::*;
-    use crate::daemon::io::{handle_with, Op};
+    use crate::ublk::handler::{handle, Op};
 
     fn store(algorithm: Algorithm) -> Arc<PageStore> {
         Arc::new(PageStore::new(StoreConfig::new(64, algorithm)).unwrap())
     }
 
     /// The backend asked for, with defaults, staging (if any) in a scratch segment.
-    fn start(s: Arc<PageStore>, asked: Backend) -> anyhow::Result<Compression> {
-        Compression::start(
+    fn start(s: Arc<PageStore>, asked: Backend) -> anyhow::Result<WriteBackend> {
+        WriteBackend::start(
             s,
             asked,
             &GpuSettings::default(),
@@ -328,13 +328,13 @@ mod tests {
         )
     }
 
-    fn round_trip(s: &Arc<PageStore>, c: &Compression) {
+    fn round_trip(s: &Arc<PageStore>, c: &WriteBackend) {
         let mut buf = b"uzram ".repeat(4096 * 2 / 6 + 1);
         buf.truncate(8192);
         let want = buf.clone();
-        assert_eq!(handle_with(Op::Write, 8, 16, &mut buf, s, c), 8192);
+        assert_eq!(handle(Op::Write, 8, 16, &mut buf, s, c), 8192);
         let mut back = vec![0u8; 8192];
-        assert_eq!(handle_with(Op::Read, 8, 16, &mut back, s, c), 8192);
+        assert_eq!(handle(Op::Read, 8, 16, &mut back, s, c), 8192);
         assert_eq!(back, want);
     }
 
@@ -353,29 +353,31 @@ mod tests {
     /// ever use its locked memory again.
     #[test]
     fn a_cpu_daemon_removes_the_staging_a_gpu_daemon_left() {
-        let sizes = crate::daemon::region::Sizes::of(16, crate::daemon::region::MIN_ROOM).unwrap();
-        let region = match Region::create(sizes, "lz4", true, u32::MAX, true) {
+        let sizes =
+            crate::takeover::store_segment::Sizes::of(16, crate::takeover::store_segment::MIN_ROOM)
+                .unwrap();
+        let region = match StoreSegment::create(sizes, "lz4", true, u32::MAX, true) {
             Ok(r) => r,
             Err(e) => {
                 println!("SKIP: no locked shared memory here: {e}");
                 return;
             }
         };
-        let old = Staging::create(2, 4, false).expect("a staging segment");
+        let old = StagingSegment::create(2, 4, false).expect("a staging segment");
         let id = old.id();
         region.set_staging(Some(id));
-        let home = StagingHome::Region {
+        let home = StagingHome::StoreSegment {
             region: &region,
             found: Some(old),
         };
         let s = store(Algorithm::Lz4);
-        let c = Compression::start(s.clone(), Backend::Cpu, &GpuSettings::default(), None, home)
+        let c = WriteBackend::start(s.clone(), Backend::Cpu, &GpuSettings::default(), None, home)
             .unwrap();
         assert_eq!(c.name(), "cpu");
         assert!(!c.staging_kept());
         assert_eq!(region.staging(), None, "the region still names the staging");
         assert!(
-            !crate::daemon::region::exists(id),
+            !crate::takeover::store_segment::exists(id),
             "the old staging segment is still there"
         );
         round_trip(&s, &c);

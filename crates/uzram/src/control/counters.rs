@@ -1,0 +1,232 @@
+//! Every counter of a device, named once: `uzram status` (text and JSON), the Prometheus
+//! export (`metrics`), the counters carried to the next daemon (`takeover::carry`) and the
+//! code that counts (`ublk::server::RequestCounters`, the daemon's pool and queue figures)
+//! all read this table. The store's counters are named by `uzram_core`'s `Stats::fields`;
+//! a test holds that every one of them is here.
+//!
+//! Backend counters are not listed: a backend may add any, and `metrics` exports them by
+//! its generic rule.
+
+/// Which part of `DeviceStatus` a counter comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Group {
+    /// `stats`: the store's counters (zram's mm_stat and io_stat names).
+    Store,
+    /// `requests`: the daemon's request, pool and queue counters.
+    Requests,
+    /// `backend_stats`: the compression backend's counters.
+    Backend,
+}
+
+/// Whether a value only grows (a count of events) or can go down (an amount now).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Counts events since the device was made (or the daemon started, when not carried).
+    Counter,
+    /// A current amount.
+    Gauge,
+}
+
+impl Kind {
+    /// As Prometheus' `# TYPE` line names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+        }
+    }
+}
+
+/// What the next daemon of the device does with the value this one leaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Carried {
+    /// Nothing: the value is rebuilt from the store, or belongs to one daemon.
+    No,
+    /// Adds it to its own count.
+    Sum,
+    /// Reports the larger of it and its own.
+    Peak,
+}
+
+/// One counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counter {
+    /// Its name in `uzram status` and the carried table.
+    pub name: &'static str,
+    /// Where it is reported.
+    pub group: Group,
+    /// Counter or gauge.
+    pub kind: Kind,
+    /// Whether it goes on across daemons.
+    pub carried: Carried,
+    /// Its Prometheus metric name.
+    pub metric: &'static str,
+    /// Its Prometheus help text.
+    pub help: &'static str,
+}
+
+macro_rules! counters {
+    ($($id:ident = $name:literal, $group:ident, $kind:ident, $carried:ident,
+        $metric:literal, $help:literal;)*) => {
+        $(
+            #[doc = $help]
+            // (a constant for every counter, also those no code of this crate names)
+            #[allow(dead_code)]
+            pub const $id: &str = $name;
+        )*
+        /// Every counter, in the order `uzram status` reports them.
+        pub const ALL: &[Counter] = &[$(Counter {
+            name: $name,
+            group: Group::$group,
+            kind: Kind::$kind,
+            carried: Carried::$carried,
+            metric: $metric,
+            help: $help,
+        }),*];
+    };
+}
+
+counters! {
+    ORIG_DATA_SIZE = "orig_data_size", Store, Gauge, No,
+        "uzram_orig_data_bytes",
+        "Uncompressed size of the data stored (zram mm_stat orig_data_size).";
+    COMPR_DATA_SIZE = "compr_data_size", Store, Gauge, No,
+        "uzram_compr_data_bytes",
+        "Compressed size of the data stored (zram mm_stat compr_data_size).";
+    MEM_USED_TOTAL = "mem_used_total", Store, Gauge, No,
+        "uzram_mem_used_bytes",
+        "Memory the store holds: arena, page table and bookkeeping (zram mm_stat mem_used_total).";
+    MEM_LIMIT = "mem_limit", Store, Gauge, No,
+        "uzram_mem_limit_bytes",
+        "Memory limit for compressed data, 0 for none (zram mm_stat mem_limit).";
+    MEM_USED_MAX = "mem_used_max", Store, Gauge, Peak,
+        "uzram_mem_used_max_bytes",
+        "Peak memory the store held (zram mm_stat mem_used_max).";
+    SAME_PAGES = "same_pages", Store, Gauge, No,
+        "uzram_same_pages",
+        "Pages stored as one repeated word, with no compressed data (zram mm_stat same_pages).";
+    PAGES_COMPACTED = "pages_compacted", Store, Counter, Sum,
+        "uzram_pages_compacted_total",
+        "Pages of memory given back by compaction (zram mm_stat pages_compacted).";
+    HUGE_PAGES = "huge_pages", Store, Gauge, No,
+        "uzram_huge_pages",
+        "Pages stored uncompressed because they did not compress enough (zram mm_stat huge_pages).";
+    FAILED_READS = "failed_reads", Store, Counter, Sum,
+        "uzram_failed_reads_total",
+        "Failed read requests (zram io_stat failed_reads).";
+    FAILED_WRITES = "failed_writes", Store, Counter, Sum,
+        "uzram_failed_writes_total",
+        "Failed write requests (zram io_stat failed_writes).";
+    INVALID_IO = "invalid_io", Store, Counter, Sum,
+        "uzram_invalid_io_total",
+        "Requests refused as out of range or misaligned (zram io_stat invalid_io).";
+    NOTIFY_FREE = "notify_free", Store, Counter, Sum,
+        "uzram_notify_free_total",
+        "Pages freed by discard (zram io_stat notify_free).";
+    PAGES_STORED = "pages_stored", Store, Gauge, No,
+        "uzram_pages_stored",
+        "Pages that hold data, same-filled ones included.";
+    READS = "reads", Store, Counter, Sum,
+        "uzram_pages_read_total",
+        "Pages read from the store.";
+    WRITES = "writes", Store, Counter, Sum,
+        "uzram_pages_written_total",
+        "Pages written to the store.";
+    CHECKSUM_FAILURES = "checksum_failures", Store, Counter, Sum,
+        "uzram_checksum_failures_total",
+        "Reads of stored pages that failed their checksum (each an I/O error, never other data).";
+    READ_REQUESTS = "read_requests", Requests, Counter, Sum,
+        "uzram_read_requests_total",
+        "Read requests served.";
+    READ_BYTES = "read_bytes", Requests, Counter, Sum,
+        "uzram_read_bytes_total",
+        "Bytes read by requests.";
+    WRITE_REQUESTS = "write_requests", Requests, Counter, Sum,
+        "uzram_write_requests_total",
+        "Write requests served.";
+    WRITE_BYTES = "write_bytes", Requests, Counter, Sum,
+        "uzram_write_bytes_total",
+        "Bytes written by requests.";
+    FLUSH_REQUESTS = "flush_requests", Requests, Counter, Sum,
+        "uzram_flush_requests_total",
+        "Flush requests served.";
+    DISCARD_REQUESTS = "discard_requests", Requests, Counter, Sum,
+        "uzram_discard_requests_total",
+        "Discard requests served.";
+    WRITE_ZEROES_REQUESTS = "write_zeroes_requests", Requests, Counter, Sum,
+        "uzram_write_zeroes_requests_total",
+        "Write-zeroes requests served.";
+    FAILED_REQUESTS = "failed_requests", Requests, Counter, Sum,
+        "uzram_failed_requests_total",
+        "Requests completed with an error.";
+    QUEUE_PAGE_FAULTS = "queue_page_faults", Requests, Counter, No,
+        "uzram_queue_page_faults_total",
+        "Major page faults taken by the queue threads (each one is a stall under memory pressure).";
+    POOL_FREE_BLOCKS = "pool_free_blocks", Requests, Gauge, No,
+        "uzram_pool_free_blocks",
+        "Free 64 KiB blocks in the daemon's pre-faulted block pool.";
+    POOL_RELEASED_BLOCKS = "pool_released_blocks", Requests, Counter, No,
+        "uzram_pool_released_blocks_total",
+        "Free pool blocks given back to the system (holes punched in the pool's memfd).";
+    DAEMON_RSS_BYTES = "daemon_rss_bytes", Requests, Gauge, No,
+        "uzram_daemon_resident_bytes",
+        "Memory the daemon holds: resident pages, the block pool's shared memory included.";
+    POOL_REFUSED_BLOCKS = "pool_refused_blocks", Requests, Counter, No,
+        "uzram_pool_refused_blocks_total",
+        "Block requests the empty pool refused (each one failed a write with ENOMEM).";
+    POOL_WAITED_TAKES = "pool_waited_takes", Requests, Counter, No,
+        "uzram_pool_waited_takes_total",
+        "New arena segments that found the pool empty and waited for its keeper.";
+    POOL_TAKE_TIMEOUTS = "pool_take_timeouts", Requests, Counter, No,
+        "uzram_pool_take_timeouts_total",
+        "Waits for the pool keeper that ended with no block (each one failed a write with ENOMEM).";
+    STAGED_PAGES = "staged_pages", Store, Gauge, No,
+        "uzram_staged_pages",
+        "Pages accepted for the GPU and not yet installed in the store.";
+    IO_THREADS_PER_QUEUE = "io_threads_per_queue", Requests, Gauge, No,
+        "uzram_io_threads_per_queue",
+        "Threads serving each hardware queue.";
+    QUEUE_RING_SETUP_FLAGS = "queue_ring_setup_flags", Requests, Gauge, No,
+        "uzram_queue_ring_setup_flags",
+        "IORING_SETUP_* bits of the queue threads' io_uring rings.";
+}
+
+/// The counter named `name`, if it is listed.
+pub fn find(name: &str) -> Option<&'static Counter> {
+    ALL.iter().find(|c| c.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_store_counter_of_the_core_is_listed_in_the_store_group() {
+        let stats = uzram_core::store::Stats::default();
+        for (name, _) in stats.fields() {
+            let counter = find(name).unwrap_or_else(|| panic!("{name} is not listed"));
+            assert_eq!(counter.group, Group::Store, "{name}");
+        }
+    }
+
+    #[test]
+    fn names_and_metrics_are_unique_and_counters_end_in_total() {
+        for (i, a) in ALL.iter().enumerate() {
+            for b in &ALL[i + 1..] {
+                assert_ne!(a.name, b.name);
+                assert_ne!(a.metric, b.metric);
+            }
+            assert_eq!(
+                a.kind == Kind::Counter,
+                a.metric.ends_with("_total"),
+                "{}",
+                a.name
+            );
+            assert!(
+                a.carried == Carried::No || a.kind == Kind::Counter || a.carried == Carried::Peak,
+                "{}: only counts and peaks go on",
+                a.name
+            );
+        }
+    }
+}

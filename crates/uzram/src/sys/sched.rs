@@ -1,0 +1,94 @@
+//! Scheduling calls: a thread's nice value, realtime policy, and its page-fault count.
+
+use std::io;
+
+use super::check;
+
+/// The nice value of the threads that serve swap I/O and refill the block pool: under
+/// pressure they compete for CPU with the very tasks whose memory they swap out, and zram
+/// does this work in the writer's own context, ahead of everything else.
+pub const IO_NICE: i32 = -20;
+
+/// A thread id (`gettid`).
+pub type Tid = libc::pid_t;
+
+/// The calling thread's id.
+pub fn gettid() -> Tid {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { libc::gettid() }
+}
+
+/// Sets thread `tid`'s nice value (root may lower it below 0).
+pub fn set_nice_of(tid: Tid, nice: i32) -> io::Result<()> {
+    let tid = libc::id_t::try_from(tid).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+    // SAFETY: setpriority takes only integers; PRIO_PROCESS with a thread id changes that
+    // thread alone on Linux.
+    check(unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) })
+}
+
+/// Sets the calling thread's nice value.
+pub fn set_thread_nice(nice: i32) -> io::Result<()> {
+    set_nice_of(gettid(), nice)
+}
+
+/// Thread `tid`'s nice value.
+#[cfg(test)]
+pub fn nice_of(tid: Tid) -> io::Result<i32> {
+    let tid = libc::id_t::try_from(tid).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+    // getpriority may return -1 as a value; errno tells.
+    // SAFETY: __errno_location returns this thread's errno, valid for the thread's life;
+    // getpriority takes only integers (PRIO_PROCESS with a thread id: that thread).
+    let (n, errno) = unsafe {
+        *libc::__errno_location() = 0;
+        let n = libc::getpriority(libc::PRIO_PROCESS, tid);
+        (n, *libc::__errno_location())
+    };
+    if errno != 0 {
+        return Err(io::Error::from_raw_os_error(errno));
+    }
+    Ok(n)
+}
+
+/// Runs thread `tid` (0: the calling one) as `SCHED_FIFO` at `priority`.
+pub fn set_fifo(tid: Tid, priority: i32) -> io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: `param` is a valid sched_param for the call's duration.
+    check(unsafe { libc::sched_setscheduler(tid, libc::SCHED_FIFO, &param) })
+}
+
+/// Runs thread `tid` under the normal policy (`SCHED_OTHER`), keeping its nice value.
+pub fn set_normal(tid: Tid) -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: as for `set_fifo`.
+    check(unsafe { libc::sched_setscheduler(tid, libc::SCHED_OTHER, &param) })
+}
+
+/// Whether thread `tid` (0: the calling thread) runs under a realtime policy (`SCHED_FIFO`,
+/// `SCHED_RR`).
+pub fn is_realtime(tid: Tid) -> io::Result<bool> {
+    // SAFETY: sched_getscheduler takes a thread id and returns a policy or -1.
+    let policy = unsafe { libc::sched_getscheduler(tid) };
+    if policy == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    let policy = policy & !libc::SCHED_RESET_ON_FORK;
+    Ok(policy == libc::SCHED_FIFO || policy == libc::SCHED_RR)
+}
+
+/// Page faults (minor and major) the calling thread has taken so far, or `None` where
+/// `getrusage(RUSAGE_THREAD)` fails.
+pub fn thread_faults() -> Option<u64> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes one `rusage` into the pointer, which points to a zeroed,
+    // properly sized and aligned value that lives across the call.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, usage.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: getrusage succeeded, so it filled the struct (and zeroed is valid for it anyway).
+    let usage = unsafe { usage.assume_init() };
+    let count = |v: libc::c_long| u64::try_from(v).unwrap_or(0);
+    Some(count(usage.ru_minflt) + count(usage.ru_majflt))
+}

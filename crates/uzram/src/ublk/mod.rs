@@ -1,0 +1,113 @@
+//! The ublk frontend: the device's parameters, its queues and the one request handler.
+//!
+//! - [`queue_mode`]: how requests reach the daemon (per queue, per I/O daemon, batched).
+//! - [`uring`]: the queues' io_uring setup.
+//! - [`queue_fn`] (here): each queue thread's start, in the loop of its mode;
+//!   [`queue`]: the per-queue and per-I/O-daemon loops; [`batch`]: the batch loop.
+//! - [`server`]: a queue thread's state.
+//! - [`handler`]: the request handler, which sees a store and a [`handler::PageWriter`] and
+//!   nothing else.
+//! - [`tuning`]: the block queue's settings once the device exists.
+
+pub mod batch;
+pub mod handler;
+pub mod queue;
+pub mod queue_mode;
+pub mod server;
+pub mod tuning;
+pub mod uring;
+
+use std::sync::Arc;
+
+use libublk::io::UblkDev;
+use libublk::sys;
+use uzram_core::store::PageStore;
+use uzram_core::{PAGE_SHIFT, SECTOR_SHIFT};
+
+use crate::footprint::IO_BUF_BYTES;
+use handler::PageWriter;
+use queue_mode::{QueueMode, QueuePlan};
+use server::{RequestCounters, Server};
+
+/// The device parameters: 4 KiB logical and physical blocks, discard and write-zeroes.
+pub fn params(size: u64) -> sys::ublk_params {
+    let max_sectors = IO_BUF_BYTES >> SECTOR_SHIFT;
+    // Largest discard, in sectors, that is a whole number of pages.
+    let max_discard = !((1u32 << (PAGE_SHIFT - SECTOR_SHIFT)) - 1);
+    sys::ublk_params {
+        types: sys::UBLK_PARAM_TYPE_BASIC | sys::UBLK_PARAM_TYPE_DISCARD,
+        basic: sys::ublk_param_basic {
+            // No UBLK_ATTR_VOLATILE_CACHE: a write is as durable as RAM gets once it completes,
+            // so the kernel need not send FLUSH (which is still answered if it does).
+            attrs: 0,
+            logical_bs_shift: PAGE_SHIFT as u8,
+            physical_bs_shift: PAGE_SHIFT as u8,
+            io_opt_shift: PAGE_SHIFT as u8,
+            io_min_shift: PAGE_SHIFT as u8,
+            max_sectors,
+            dev_sectors: size >> SECTOR_SHIFT,
+            ..Default::default()
+        },
+        discard: sys::ublk_param_discard {
+            discard_alignment: 0,
+            discard_granularity: 1 << PAGE_SHIFT,
+            max_discard_sectors: max_discard,
+            max_write_zeroes_sectors: max_discard,
+            max_discard_segments: 1,
+            reserved0: 0,
+        },
+        ..Default::default()
+    }
+}
+
+/// A shareable queue function for `UblkCtrl::run_target`: sets up the thread's ring and serves
+/// its share of queue `qid` in `plan`'s mode until the device stops.
+pub fn queue_fn(
+    store: Arc<PageStore>,
+    writer: Arc<dyn PageWriter + Send + Sync>,
+    counters: Arc<RequestCounters>,
+    plan: QueuePlan,
+) -> impl FnOnce(u16, &UblkDev) + Send + Sync + Clone + 'static {
+    move |qid, dev| {
+        let slot = qid
+            .saturating_mul(plan.threads_per_queue)
+            .saturating_add(libublk::io::io_thread_idx());
+        let (sq, cq) = (u32::from(dev.tgt.sq_depth), u32::from(dev.tgt.cq_depth));
+        match uring::init_queue_ring(sq, cq) {
+            Ok(flags) => tracing::debug!(qid, ring = %uring::describe(flags), "queue ring"),
+            Err(err) => {
+                tracing::error!(qid, error = %err, "creating the queue's io_uring failed");
+                return;
+            }
+        }
+        // The codec this thread compresses and decodes with, made now: a failure to allocate
+        // it must stop the queue at start, not fail requests later.
+        if let Err(err) = store.prepare_thread() {
+            tracing::error!(qid, error = %err, "creating the queue's codec failed");
+            return;
+        }
+        let mut server = Server::new(slot, &store, &*writer, &counters);
+        match plan.mode {
+            QueueMode::Batch => batch::serve(qid, dev, &mut server),
+            QueueMode::PerIoDaemon | QueueMode::PerQueue => queue::serve(qid, dev, &mut server),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_advertise_4k_blocks_and_discard() {
+        let p = params(8 << 30);
+        assert_eq!(p.basic.logical_bs_shift, 12);
+        assert_eq!(p.basic.physical_bs_shift, 12);
+        assert_eq!(p.basic.dev_sectors, (8u64 << 30) >> 9);
+        assert_eq!(p.basic.max_sectors, 256);
+        assert_ne!(p.types & sys::UBLK_PARAM_TYPE_DISCARD, 0);
+        assert_eq!(p.discard.discard_granularity, 4096);
+        assert_eq!(p.discard.max_discard_sectors % 8, 0);
+        assert!(p.discard.max_write_zeroes_sectors > 0);
+    }
+}

@@ -1,0 +1,87 @@
+//! The `per-queue` and `per-io-daemon` queue modes: one uring command per request.
+
+use libublk::io::{BufDescList, UblkDev, UblkIOCtx, UblkQueue};
+use libublk::sys;
+use libublk::{BufDesc, UblkIORes};
+
+use super::server::{own_io_bufs, Server, WaitRetries};
+use crate::takeover::leave;
+
+/// `per-queue` and `per-io-daemon`: one FETCH / COMMIT_AND_FETCH uring command per request,
+/// for the tags this thread owns (all of the queue's, or its share under per-io-daemon).
+/// Buffers are allocated (and locked) before the first request; serving allocates nothing.
+pub fn serve(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
+    let queue = match UblkQueue::new(qid, dev) {
+        Ok(queue) => queue,
+        Err(err) => {
+            tracing::error!(qid, error = %err, "queue setup failed");
+            return;
+        }
+    };
+    let bufs = own_io_bufs(&queue, dev);
+    let queue = match queue.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))) {
+        Ok(queue) => queue,
+        Err(err) => {
+            tracing::error!(qid, error = %err, "queue setup failed");
+            return;
+        }
+    };
+    server.start();
+    let handler = |q: &UblkQueue, tag: u16| {
+        let Some(buf) = bufs.get(usize::from(tag)) else {
+            tracing::error!(qid, tag, "request for a tag without a buffer");
+            return;
+        };
+        // SAFETY: `buf` is this tag's I/O buffer, allocated above with `buf.len()` bytes and
+        // alive as long as `bufs`. Between delivering request `tag` and our commit below, the
+        // kernel does not touch it and no other code on this thread uses it (tags are not
+        // shared between threads), so this is the only reference to its bytes.
+        let data = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr(), buf.len()) };
+        let res = server.handle(q.get_iod(tag), data);
+        if let Err(err) = q.complete_io_cmd_unified(
+            tag,
+            BufDesc::Slice(buf.as_slice()),
+            Ok(UblkIORes::Result(res)),
+        ) {
+            tracing::error!(qid, tag, error = %err, "committing a request failed");
+        }
+    };
+    wait_and_handle_io(&queue, handler);
+    tracing::info!(qid, "queue stopped");
+}
+
+/// libublk's `UblkQueue::wait_and_handle_io`, except that a wait interrupted by a signal, or
+/// refused for want of resources ([`short_of_resources`]), is waited again, and that any
+/// other error leaves the device to the next daemon (`leave.rs`). libublk's loop ends the
+/// queue on any error, and a stop signal (`kill -STOP`, a debugger attaching) interrupts
+/// every queue's `io_uring_enter` with `EINTR`: each queue thread ended, and the daemon, its
+/// queues gone, deleted the device (seen when a debugger attached).
+fn wait_and_handle_io(queue: &UblkQueue<'_>, mut handle: impl FnMut(&UblkQueue<'_>, u16)) {
+    let mut retries = WaitRetries::default();
+    loop {
+        let waited = queue.flush_and_wake_io_tasks(
+            |user_data, cqe, _last| {
+                // As libublk's loop: a fetched request. (This ring carries no target I/O.)
+                let target = user_data & libublk::UblkUringData::Target as u64 != 0;
+                if !target && cqe.result() == sys::UBLK_IO_RES_OK as i32 {
+                    handle(queue, UblkIOCtx::user_data_to_tag(user_data) as u16);
+                }
+            },
+            1,
+        );
+        match waited {
+            Ok(_) => {}
+            Err(err) if retries.retry(queue.get_qid(), &err) => {}
+            // Stopped with nothing left in flight.
+            Err(libublk::UblkError::QueueIsDown) => break,
+            Err(err) => {
+                // Returns only while the device stops.
+                leave::queue_failed(queue.get_qid(), &err);
+                break;
+            }
+        }
+    }
+    for tag in queue.tags() {
+        queue.unregister_io_buf(tag);
+    }
+}
