@@ -33,12 +33,13 @@ pub const START_REST: usize = 8 << 20;
 /// that are not the store's.
 pub const SLACK: usize = 64 << 20;
 
-/// The recovery room for a device of `queues` queues of `depth` tags: the heap reserve,
-/// every tag's locked I/O buffer and the rest of what a new daemon allocates before it
+/// The recovery room for a device of `queues` queues of `depth` tags, each with a locked
+/// I/O buffer of `io_buf_bytes` (the ublk frontend's [`IO_BUF_BYTES`]): the heap reserve,
+/// every tag's buffer and the rest of what a new daemon allocates before it
 /// serves ([`START_REST`]); never under [`MIN_ROOM`]. A fixed 24 MiB fell 16 MiB short of
 /// the first two with four queues at the default depth.
-pub fn room_bytes(queues: u16, depth: u16) -> usize {
-    let buffers = usize::from(queues) * usize::from(depth) * IO_BUF_BYTES as usize;
+pub fn room_bytes(queues: u16, depth: u16, io_buf_bytes: u32) -> usize {
+    let buffers = usize::from(queues) * usize::from(depth) * io_buf_bytes as usize;
     (HEAP_RESERVE + buffers + START_REST)
         .next_multiple_of(UNIT)
         .max(MIN_ROOM)
@@ -51,7 +52,7 @@ pub const MAX_DEPTH: u16 = 4096;
 
 /// The largest room any device has (the most queues at the greatest depth).
 pub fn max_room() -> usize {
-    room_bytes(MAX_QUEUES, MAX_DEPTH)
+    room_bytes(MAX_QUEUES, MAX_DEPTH, IO_BUF_BYTES)
 }
 
 /// Sizes of a store's parts.
@@ -155,7 +156,7 @@ impl Upfront {
     /// `gpu` bytes of pinned GPU memory; `None` when it overflows.
     pub fn of(size: u64, queues: u16, depth: u16, gpu: u64) -> Option<Upfront> {
         let pages = size.div_ceil(PAGE_SIZE as u64);
-        let room = room_bytes(queues, depth);
+        let room = room_bytes(queues, depth, IO_BUF_BYTES);
         let offsets = Sizes::of(pages, room)?.offsets()?;
         let buffers =
             HEAP_RESERVE as u64 + u64::from(queues) * u64::from(depth) * u64::from(IO_BUF_BYTES);
@@ -216,16 +217,26 @@ mod tests {
 
     #[test]
     fn the_room_holds_the_heap_reserve_every_tags_buffer_and_the_rest() {
-        assert_eq!(room_bytes(1, 64), (8 << 20) + (8 << 20) + START_REST);
-        assert_eq!(room_bytes(1, 1), MIN_ROOM, "never under the smallest room");
         assert_eq!(
-            room_bytes(2, 64),
+            room_bytes(1, 64, IO_BUF_BYTES),
+            (8 << 20) + (8 << 20) + START_REST
+        );
+        assert_eq!(
+            room_bytes(1, 1, IO_BUF_BYTES),
+            MIN_ROOM,
+            "never under the smallest room"
+        );
+        assert_eq!(
+            room_bytes(2, 64, IO_BUF_BYTES),
             (8 << 20) + (16 << 20) + START_REST,
             "the guest's two queues"
         );
-        assert_eq!(room_bytes(4, 64), (8 << 20) + (32 << 20) + START_REST);
-        assert_eq!(room_bytes(4, 64) % UNIT, 0);
-        assert!(room_bytes(u16::MAX, u16::MAX) > MIN_ROOM);
+        assert_eq!(
+            room_bytes(4, 64, IO_BUF_BYTES),
+            (8 << 20) + (32 << 20) + START_REST
+        );
+        assert_eq!(room_bytes(4, 64, IO_BUF_BYTES) % UNIT, 0);
+        assert!(room_bytes(u16::MAX, u16::MAX, IO_BUF_BYTES) > MIN_ROOM);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use uzram_core::{PageStore, StoreConfig};
 
 use crate::daemon::store;
 use crate::memory::pool;
-use crate::takeover::store_segment::{self, StoreSegment};
+use crate::takeover::store_segment::StoreSegment;
 
 /// See the module docs.
 #[derive(Debug)]
@@ -30,7 +30,7 @@ impl StoreMemory {
     /// (the pool is the global allocator's).
     pub fn new(pages: u64, algorithm: Algorithm) -> anyhow::Result<Self> {
         let cfg = StoreConfig::new(pages, algorithm);
-        let region = store::new_region(&cfg, store_segment::MIN_ROOM, u32::MAX, true).context(
+        let region = store::new_region(&cfg, crate::footprint::MIN_ROOM, u32::MAX, true).context(
             "the bench keeps pages in locked shared memory, as the daemon does; run it as root \
              (or with CAP_IPC_LOCK), with kernel.shmmax and kernel.shmall large enough for --total",
         )?;

@@ -124,7 +124,8 @@ pub fn describe(leftover: &Leftover) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::takeover::store_segment::{Sizes, StoreSegment, MIN_ROOM};
+    use crate::footprint::{Sizes, MIN_ROOM};
+    use crate::takeover::store_segment::StoreSegment;
 
     #[test]
     fn a_store_of_a_device_that_never_came_to_be_is_found_and_freed() {

@@ -353,9 +353,7 @@ mod tests {
     /// ever use its locked memory again.
     #[test]
     fn a_cpu_daemon_removes_the_staging_a_gpu_daemon_left() {
-        let sizes =
-            crate::takeover::store_segment::Sizes::of(16, crate::takeover::store_segment::MIN_ROOM)
-                .unwrap();
+        let sizes = crate::footprint::Sizes::of(16, crate::footprint::MIN_ROOM).unwrap();
         let region = match StoreSegment::create(sizes, "lz4", true, u32::MAX, true) {
             Ok(r) => r,
             Err(e) => {

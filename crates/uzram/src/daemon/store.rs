@@ -8,9 +8,10 @@ use uzram_core::store::{PageStore, Persistence, Recovered, StoreConfig};
 use uzram_core::PAGE_SIZE;
 
 use crate::config::DeviceConfig;
+use crate::footprint::Sizes;
 use crate::memory::pool;
 use crate::takeover::staging_segment::StagingSegment;
-use crate::takeover::store_segment::{Expected, Sizes, StoreSegment};
+use crate::takeover::store_segment::{Expected, StoreSegment};
 
 fn store_config(cfg: &DeviceConfig) -> StoreConfig {
     let mut store_cfg = StoreConfig::new(cfg.size / PAGE_SIZE as u64, cfg.algorithm);
@@ -23,7 +24,7 @@ fn store_config(cfg: &DeviceConfig) -> StoreConfig {
 /// region's blocks.
 pub fn create(cfg: &DeviceConfig, device: u32) -> anyhow::Result<(Arc<PageStore>, StoreSegment)> {
     let store_cfg = store_config(cfg);
-    let room = crate::takeover::store_segment::room_bytes(cfg.queues, cfg.depth);
+    let room = crate::footprint::room_bytes(cfg.queues, cfg.depth, crate::footprint::IO_BUF_BYTES);
     let region = new_region(&store_cfg, room, device, false)?;
     let (start, len) = region.blocks();
     pool::init(start, len, region.block_states());
@@ -33,7 +34,7 @@ pub fn create(cfg: &DeviceConfig, device: u32) -> anyhow::Result<(Arc<PageStore>
 
 /// A new region for the store `store_cfg` describes (at most its pages): its table, its
 /// directory, and blocks for every page stored raw plus slack, and a recovery room of `room`
-/// bytes (`region::room_bytes`), recorded as the store of `device`. A `scratch` region is
+/// bytes (`footprint::room_bytes`), recorded as the store of `device`. A `scratch` region is
 /// marked for removal before it is locked or touched (`StoreSegment::create`).
 pub fn new_region(
     store_cfg: &StoreConfig,
@@ -159,12 +160,7 @@ mod tests {
     #[test]
     fn a_region_holds_any_store_up_to_its_size_and_refuses_a_larger_one() {
         let cfg = StoreConfig::new(4096, Algorithm::Lz4);
-        let region = match new_region(
-            &cfg,
-            crate::takeover::store_segment::MIN_ROOM,
-            u32::MAX,
-            true,
-        ) {
+        let region = match new_region(&cfg, crate::footprint::MIN_ROOM, u32::MAX, true) {
             Ok(r) => r,
             // Containers without CAP_IPC_LOCK cannot lock segments.
             Err(e) => {

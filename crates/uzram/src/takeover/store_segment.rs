@@ -20,7 +20,7 @@
 //! 1.3 GiB of device on a 2-core host and 120-240 ms of a 1.2 GiB device's takeover pause
 //! in the TCG guest. A layout 2 region (no states) is still taken over, with `mincore`.
 //!
-//! The recovery room ([`room_bytes`], committed and never used) is memory a recovery gives
+//! The recovery room (`footprint::room_bytes`, committed and never used) is memory a recovery gives
 //! back to the system before the new daemon allocates anything ([`MappedRoom::release`]). A daemon
 //! that dies when memory has run out leaves a system in which every reclaim waits for this
 //! device, so nothing else would free a page, and the new daemon could not start (seen in
@@ -52,7 +52,7 @@ const MAGIC: [u8; 8] = *b"UZRAMST1";
 /// of an older layout (no checksums) is not taken over.
 const VERSION: u32 = 4;
 use crate::footprint::max_room;
-pub use crate::footprint::{room_bytes, Sizes, MIN_ROOM};
+use crate::footprint::{Sizes, MIN_ROOM};
 
 const UNIT: usize = crate::footprint::UNIT;
 /// Where the id of the device's GPU staging segment (`staging_segment.rs`) is recorded: a word in
