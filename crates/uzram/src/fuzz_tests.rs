@@ -6,7 +6,8 @@
 
 use uzram_core::fuzz;
 
-use crate::config::{parse_config, Host, Plan};
+use crate::config::file::parse_config;
+use crate::config::{Host, Plan};
 use crate::control::proto::{decode, encode, Request, Response};
 
 const HOST: Host = Host { ram_mib: 4096 };

@@ -1,0 +1,611 @@
+//! A uzram TOML config file: zram-generator's keys flat, plus uzram's own (see the parent
+//! module), read into a [`Plan`] for this host.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::{ConfigError, DeviceConfig, Host, RawDevice, SwapConfig, DEFAULT_SWAP_OPTIONS};
+use crate::size::MAX_SIZE;
+use crate::sizeexpr::{eval_mib, mib_to_bytes};
+
+/// A `zram-size` or `zram-resident-limit` in a TOML file: an expression (`"ram / 2"`) or a
+/// number, both in MiB.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ExprValue {
+    Int(u64),
+    Float(f64),
+    Text(String),
+}
+
+impl ExprValue {
+    fn text(self) -> String {
+        match self {
+            ExprValue::Int(n) => n.to_string(),
+            ExprValue::Float(f) => f.to_string(),
+            ExprValue::Text(t) => t,
+        }
+    }
+}
+
+/// `host-memory-limit`: MiB, or "none".
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum LimitValue {
+    Int(u64),
+    Text(String),
+}
+
+/// A size in a TOML file: `"8G"` or a plain number of bytes.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
+impl SizeValue {
+    fn text(self) -> String {
+        match self {
+            SizeValue::Bytes(b) => b.to_string(),
+            SizeValue::Text(t) => t,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub(super) struct FileConfig {
+    zram_size: Option<ExprValue>,
+    size: Option<SizeValue>,
+    zram_resident_limit: Option<ExprValue>,
+    host_memory_limit: Option<LimitValue>,
+    compression_algorithm: Option<String>,
+    backend: Option<String>,
+    mem_limit: Option<SizeValue>,
+    metrics_textfile: Option<PathBuf>,
+    swap_priority: Option<i64>,
+    options: Option<String>,
+    fs_type: Option<String>,
+    queues: Option<u64>,
+    depth: Option<u64>,
+    queue_mode: Option<String>,
+    id: Option<u64>,
+    gpus: Option<String>,
+    gpu_memory: Option<SizeValue>,
+    gpu_parse: Option<String>,
+    gpu_installers: Option<u64>,
+    gpu_slot_wait_us: Option<u64>,
+    gpu_slot_pages: Option<u64>,
+    checksums: Option<bool>,
+}
+
+/// A config file, validated: the device and its swap settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunConfig {
+    /// The device.
+    pub device: DeviceConfig,
+    /// How `uzram swap-on` activates it.
+    pub swap: SwapConfig,
+}
+
+/// What a config file asks for on this host.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Plan {
+    /// Serve this device.
+    Device(RunConfig),
+    /// No device here, as zram-generator would create none: the host has more RAM than
+    /// `host-memory-limit`, or the size evaluates to 0. The text says which.
+    Skip(String),
+}
+
+/// zram-generator's default `zram-size`.
+pub const DEFAULT_ZRAM_SIZE: &str = "min(ram / 2, 4096)";
+
+/// Evaluates a MiB expression into bytes; `None` for 0.
+fn expr_bytes(
+    path: &Path,
+    key: &'static str,
+    expr: &str,
+    host: Host,
+) -> Result<Option<u64>, ConfigError> {
+    let mib = eval_mib(key, expr, host.ram_mib).map_err(|why| ConfigError::Expr {
+        path: path.to_path_buf(),
+        why,
+    })?;
+    let bytes = mib_to_bytes(mib);
+    if bytes > MAX_SIZE {
+        return Err(ConfigError::ExprTooLarge {
+            path: path.to_path_buf(),
+            key,
+            expr: expr.to_string(),
+            mib,
+            ram_mib: host.ram_mib,
+        });
+    }
+    Ok((bytes > 0).then_some(bytes))
+}
+
+/// Parses config file text for `host`; `path` is only used in messages.
+pub fn parse_config(path: &Path, text: &str, host: Host) -> Result<Plan, ConfigError> {
+    let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        path: path.to_path_buf(),
+        message: e.message().to_string(),
+    })?;
+    plan(file, path, host)
+}
+
+/// What `file`'s keys make on `host`; `path` names them in messages.
+pub(super) fn plan(file: FileConfig, path: &Path, host: Host) -> Result<Plan, ConfigError> {
+    let duplicate = |a, b| ConfigError::Duplicate {
+        path: path.to_path_buf(),
+        a,
+        b,
+    };
+    if let Some(fs_type) = file.fs_type.filter(|t| t != "swap") {
+        return Err(ConfigError::FsType {
+            path: path.to_path_buf(),
+            fs_type,
+        });
+    }
+    let priority = file
+        .swap_priority
+        .map(|p| {
+            if (-1..=32767).contains(&p) {
+                Ok(p as i32)
+            } else {
+                Err(ConfigError::OutOfRange {
+                    what: "swap-priority",
+                    value: p,
+                    min: -1,
+                    max: 32767,
+                })
+            }
+        })
+        .transpose()?;
+    let host_limit = match file.host_memory_limit {
+        None => None,
+        Some(LimitValue::Int(mib)) => Some(mib),
+        Some(LimitValue::Text(t)) if t.trim() == "none" => None,
+        Some(LimitValue::Text(t)) => {
+            Some(
+                t.trim()
+                    .parse::<u64>()
+                    .map_err(|_| ConfigError::HostMemoryLimit {
+                        path: path.to_path_buf(),
+                        value: t.clone(),
+                    })?,
+            )
+        }
+    };
+    // Expressions are evaluated (and refused when bad) even where no device is made, so a
+    // broken file is found on every host.
+    let size = match (file.zram_size, file.size) {
+        (Some(_), Some(_)) => return Err(duplicate("zram-size", "size")),
+        (None, Some(bytes)) => Some(bytes.text()),
+        (expr, None) => {
+            let expr = expr.map_or_else(|| DEFAULT_ZRAM_SIZE.to_string(), ExprValue::text);
+            expr_bytes(path, "zram-size", &expr, host)?.map(|b| b.to_string())
+        }
+    };
+    let mem_limit = match (file.zram_resident_limit, file.mem_limit) {
+        (Some(_), Some(_)) => return Err(duplicate("zram-resident-limit", "mem-limit")),
+        (None, Some(bytes)) => Some(bytes.text()),
+        (Some(expr), None) => {
+            expr_bytes(path, "zram-resident-limit", &expr.text(), host)?.map(|b| b.to_string())
+        }
+        (None, None) => None,
+    };
+    if let Some(limit) = host_limit.filter(|&l| l < host.ram_mib) {
+        return Ok(Plan::Skip(format!(
+            "this host has {} MiB of RAM, more than host-memory-limit = {limit} MiB",
+            host.ram_mib
+        )));
+    }
+    let Some(size) = size else {
+        return Ok(Plan::Skip(format!(
+            "zram-size is 0 MiB with ram = {} MiB (a device of size 0 is not created)",
+            host.ram_mib
+        )));
+    };
+    let raw = RawDevice {
+        size,
+        algorithm: file.compression_algorithm,
+        backend: file.backend,
+        queues: file.queues,
+        depth: file.depth,
+        queue_mode: file.queue_mode,
+        mem_limit,
+        id: file.id,
+        gpus: file.gpus,
+        gpu_memory: file.gpu_memory.map(SizeValue::text),
+        gpu_parse: file.gpu_parse,
+        gpu_installers: file.gpu_installers,
+        gpu_slot_wait_us: file.gpu_slot_wait_us,
+        gpu_slot_pages: file.gpu_slot_pages,
+        metrics_textfile: file.metrics_textfile,
+        checksums: file.checksums,
+    };
+    Ok(Plan::Device(RunConfig {
+        device: raw.validate(host)?,
+        swap: SwapConfig {
+            priority,
+            // zram-generator's default: freed swap clusters reach the device as discards,
+            // the only way a ublk device learns that pages are free (zram gets a per-slot
+            // notification from the kernel that other block devices do not).
+            options: Some(
+                file.options
+                    .unwrap_or_else(|| DEFAULT_SWAP_OPTIONS.to_string()),
+            )
+            .filter(|o| !o.is_empty()),
+        },
+    }))
+}
+
+/// The most a config file may hold: far more than any real one, and a bound on what a read
+/// of a path that is no file (`/dev/zero`) takes.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Reads and parses a config file for this host.
+pub fn load_config(path: &Path) -> Result<Plan, ConfigError> {
+    let text = read_capped(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_config(path, &text, Host::current()?)
+}
+
+/// The text of `path`, refused when it passes [`MAX_CONFIG_BYTES`].
+pub(super) fn read_capped(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_CONFIG_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {MAX_CONFIG_BYTES} bytes: not a uzram config file"),
+        ));
+    }
+    Ok(text)
+}
+
+/// Reads a config file that must make a device here (`uzram run`, `uzram swap-on`).
+pub fn load_device_config(path: &Path) -> Result<RunConfig, anyhow::Error> {
+    match load_config(path)? {
+        Plan::Device(cfg) => Ok(cfg),
+        Plan::Skip(why) => anyhow::bail!(
+            "{}: no device on this host: {why} (the systemd unit skips it through \
+             ExecCondition=uzram check-config)",
+            path.display()
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::*;
+    use super::*;
+
+    const HOST: Host = Host { ram_mib: 8192 };
+
+    fn plan(text: &str, host: Host) -> Result<Plan, ConfigError> {
+        parse_config(Path::new("test.toml"), text, host)
+    }
+
+    fn parse(text: &str) -> Result<RunConfig, ConfigError> {
+        match plan(text, HOST)? {
+            Plan::Device(cfg) => Ok(cfg),
+            Plan::Skip(why) => panic!("unexpected skip: {why}"),
+        }
+    }
+
+    #[test]
+    fn full_file_parses() {
+        let cfg = parse(
+            r#"
+            size = "8G"
+            compression-algorithm = "zstd:3"
+            swap-priority = 100
+            mem-limit = "2G"
+            backend = "auto"
+            options = "discard"
+            fs-type = "swap"
+            queues = 2
+            depth = 64
+            id = 7
+            gpus = "0,1"
+            gpu-memory = "256M"
+            gpu-parse = "fast"
+            gpu-installers = 6
+            gpu-slot-wait-us = 500
+            metrics-textfile = "/var/lib/node_exporter/textfile_collector/uzram-swap0.prom"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(cfg.device.gpu.gpus, GpuSelect::List(vec![0, 1]));
+        assert_eq!(cfg.device.gpu.memory, 256 << 20);
+        assert_eq!(cfg.device.gpu.parse, Parse::Fast);
+        assert_eq!(cfg.device.gpu.installers, 6);
+        assert_eq!(cfg.device.gpu.slot_wait_us, 500);
+        assert_eq!(cfg.device.size, 8 << 30);
+        assert_eq!(cfg.device.algorithm, Algorithm::Zstd { level: 3 });
+        assert_eq!(cfg.device.backend, Backend::Auto);
+        assert_eq!(cfg.device.mem_limit, Some(2 << 30));
+        assert_eq!((cfg.device.queues, cfg.device.depth), (2, 64));
+        assert_eq!(cfg.device.id, Some(7));
+        assert_eq!(
+            cfg.device.metrics_textfile.as_deref(),
+            Some(Path::new(
+                "/var/lib/node_exporter/textfile_collector/uzram-swap0.prom"
+            ))
+        );
+        assert_eq!(cfg.swap.priority, Some(100));
+        assert_eq!(cfg.swap.options.as_deref(), Some("discard"));
+    }
+
+    #[test]
+    fn shipped_example_parses() {
+        let text = include_str!("../../../../systemd/uzram.toml.example");
+        let cfg = parse(text).unwrap();
+        // zram-size = "min(ram / 2, 4096)" on an 8 GiB host.
+        assert_eq!(cfg.device.size, 4096 << 20);
+        assert_eq!(cfg.swap.priority, Some(100));
+        assert_eq!(cfg.swap.options.as_deref(), Some("discard"));
+    }
+
+    #[test]
+    fn minimal_file_gets_defaults() {
+        let cfg = parse("size = 1048576").unwrap();
+        assert_eq!(cfg.device.size, 1 << 20);
+        assert_eq!(cfg.device.algorithm, Algorithm::Lz4);
+        assert_eq!(cfg.device.backend, Backend::Cpu);
+        assert_eq!(cfg.device.depth, DEFAULT_DEPTH);
+        assert_eq!(cfg.device.queues, default_queues());
+        assert_eq!(cfg.device.mem_limit, None);
+        assert_eq!(cfg.device.metrics_textfile, None);
+        assert_eq!(cfg.swap.priority, None);
+        assert_eq!(cfg.swap.options.as_deref(), Some(DEFAULT_SWAP_OPTIONS));
+        assert_eq!(cfg.device.gpu, GpuSettings::default());
+        assert_eq!(cfg.device.gpu.parse, Parse::High);
+        // An empty options string turns the default off.
+        let cfg = parse("size = 1048576\noptions = \"\"").unwrap();
+        assert_eq!(cfg.swap.options, None);
+        // No size at all: zram-generator's default, min(ram / 2, 4096) MiB.
+        let small = Host { ram_mib: 1000 };
+        let Plan::Device(cfg) = plan("", small).unwrap() else {
+            panic!("skipped")
+        };
+        assert_eq!(cfg.device.size, 500 << 20);
+        assert_eq!(parse("").unwrap().device.size, 4096 << 20);
+    }
+
+    #[test]
+    fn zram_generator_size_keys() {
+        // MiB expressions over ram, as zram-generator.conf(5) documents them.
+        let host = Host { ram_mib: 16384 };
+        let size = |text: &str| match plan(text, host).unwrap() {
+            Plan::Device(cfg) => (cfg.device.size, cfg.device.mem_limit),
+            Plan::Skip(why) => panic!("{text}: skipped: {why}"),
+        };
+        assert_eq!(size("zram-size = \"ram / 4\"").0, 4096 << 20);
+        assert_eq!(size("zram-size = 512").0, 512 << 20);
+        assert_eq!(
+            size("zram-size = 0.001").0,
+            4096,
+            "1048 bytes round up to one page"
+        );
+        assert_eq!(
+            size("zram-size = \"min(min(ram, 4096) + max(ram - 4096, 0) / 2, 32 * 1024)\"").0,
+            10240 << 20
+        );
+        assert_eq!(
+            size("zram-size = 1024\nzram-resident-limit = \"ram / 8\""),
+            (1024 << 20, Some(2048 << 20))
+        );
+        assert_eq!(size("zram-size = 1024\nzram-resident-limit = 0").1, None);
+        // host-memory-limit: no device when MemTotal is above it (MiB, or "none").
+        for (limit, made) in [
+            ("16384", true),
+            ("16383", false),
+            ("\"none\"", true),
+            ("\"100\"", false),
+        ] {
+            let p = plan(
+                &format!("zram-size = 64\nhost-memory-limit = {limit}"),
+                host,
+            )
+            .unwrap();
+            assert_eq!(
+                matches!(p, Plan::Device(_)),
+                made,
+                "host-memory-limit = {limit}"
+            );
+            if let Plan::Skip(why) = p {
+                assert!(why.contains("host-memory-limit"), "{why}");
+            }
+        }
+        // A size of 0: no device, like zram-generator.
+        let p = plan("zram-size = \"ram * 0\"", host).unwrap();
+        assert!(
+            matches!(p, Plan::Skip(ref why) if why.contains("0 MiB")),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn bad_expressions_name_the_key() {
+        for (text, key) in [
+            (
+                "zram-size = \"ram /\"",
+                "zram-size = \"ram /\" is not a valid expression",
+            ),
+            (
+                "zram-size = \"ram * swap\"",
+                "zram-size = \"ram * swap\" cannot be evaluated",
+            ),
+            ("zram-size = \"100 - ram\"", "must be 0 or more"),
+            (
+                "zram-size = 64\nzram-resident-limit = \"ram +\"",
+                "zram-resident-limit = ",
+            ),
+            // uzram's old byte syntax under zram-generator's key: 8e9 MiB.
+            (
+                "zram-size = \"8G\"",
+                "for 8 GiB write zram-size = 8192, or size = \"8G\"",
+            ),
+        ] {
+            let err = plan(text, HOST).unwrap_err();
+            let msg = format!("{:#}", anyhow::Error::new(err));
+            assert!(msg.contains(key), "{text}: {msg}");
+        }
+        assert!(matches!(
+            plan("size = \"1G\"\nzram-size = 1024", HOST),
+            Err(ConfigError::Duplicate {
+                a: "zram-size",
+                b: "size",
+                ..
+            })
+        ));
+        assert!(matches!(
+            plan(
+                "size = \"1G\"\nmem-limit = \"1G\"\nzram-resident-limit = 1",
+                HOST
+            ),
+            Err(ConfigError::Duplicate { .. })
+        ));
+        assert!(matches!(
+            plan("size = \"1G\"\nhost-memory-limit = \"lots\"", HOST),
+            Err(ConfigError::HostMemoryLimit { .. })
+        ));
+        // A bad expression is refused also where the host limit means no device.
+        assert!(plan("zram-size = \"ram /\"\nhost-memory-limit = 1", HOST).is_err());
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        assert!(matches!(
+            parse("size = \"0\""),
+            Err(ConfigError::Size { .. })
+        ));
+        assert!(matches!(
+            parse("size = \"lots\""),
+            Err(ConfigError::Size { .. })
+        ));
+        assert!(matches!(
+            parse("size = \"99T\""),
+            Err(ConfigError::Size { .. })
+        ));
+        assert!(matches!(
+            parse("size = \"1G\"\nmem-limit = \"x\""),
+            Err(ConfigError::Size { .. })
+        ));
+        assert!(matches!(
+            parse("size = \"1G\"\ncompression-algorithm = \"lzo\""),
+            Err(ConfigError::UnknownAlgorithm(_))
+        ));
+        assert!(matches!(
+            parse("size = \"1G\"\nbackend = \"tpu\""),
+            Err(ConfigError::UnknownBackend(_))
+        ));
+        assert!(matches!(
+            parse("size = \"1G\"\nbackend = \"gpu\""),
+            Err(ConfigError::GpuUnavailable(_))
+        ));
+        assert!(matches!(
+            parse("size = \"1G\"\nswap-priority = 40000"),
+            Err(ConfigError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            parse("size = \"1G\"\nqueues = 0"),
+            Err(ConfigError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            parse("size = \"1G\"\nfs-type = \"ext4\""),
+            Err(ConfigError::FsType { .. })
+        ));
+        for path in ["uzram.prom\"", "/tmp/uzram.txt\""] {
+            let err = parse(&format!("size = \"1G\"\nmetrics-textfile = \"{path}")).unwrap_err();
+            assert!(matches!(err, ConfigError::MetricsTextfile { .. }), "{err}");
+        }
+        for gpus in ["", "zero", "0,0", "1,,2", "-1"] {
+            let text = format!("size = \"1G\"\ngpus = \"{gpus}\"");
+            assert!(
+                matches!(parse(&text), Err(ConfigError::Gpus(_))),
+                "{gpus:?}"
+            );
+        }
+        let err = parse("size = \"1G\"\ngpu-parse = \"medium\"").unwrap_err();
+        assert!(err.to_string().contains("fast or high"), "{err}");
+        assert!(matches!(
+            parse("size = \"1G\"\ngpu-memory = \"16M\""),
+            Err(ConfigError::GpuMemory(_))
+        ));
+        let err = parse("size = \"1G\"\ngpu-slot-wait-us = 100001").unwrap_err();
+        assert!(matches!(err, ConfigError::OutOfRange { .. }), "{err}");
+        assert!(err.to_string().contains("gpu-slot-wait-us"), "{err}");
+        assert_eq!(
+            parse("size = \"1G\"\ngpu-slot-wait-us = 0")
+                .unwrap()
+                .device
+                .gpu
+                .slot_wait_us,
+            0
+        );
+    }
+
+    #[test]
+    fn gpus_select_all_or_a_list() {
+        assert_eq!(GpuSelect::parse("all").unwrap(), GpuSelect::All);
+        assert_eq!(
+            GpuSelect::parse("0, 2").unwrap(),
+            GpuSelect::List(vec![0, 2])
+        );
+        assert_eq!(GpuSelect::List(vec![0, 2]).to_string(), "0,2");
+        assert_eq!(GpuSelect::All.to_string(), "all");
+    }
+
+    #[test]
+    fn auto_with_zstd_is_accepted_and_gpu_with_zstd_is_not() {
+        let cfg =
+            parse("size = \"1G\"\ncompression-algorithm = \"zstd\"\nbackend = \"auto\"").unwrap();
+        assert_eq!(cfg.device.backend, Backend::Auto);
+        assert!(matches!(
+            parse("size = \"1G\"\ncompression-algorithm = \"zstd\"\nbackend = \"gpu\""),
+            Err(ConfigError::GpuNeedsLz4)
+        ));
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_toml_are_refused() {
+        let err = parse("size = \"1G\"\ncompresion-algorithm = \"lz4\"").unwrap_err();
+        assert!(matches!(err, ConfigError::Parse { .. }));
+        assert!(err.to_string().contains("compresion-algorithm"), "{err}");
+        assert!(matches!(parse("size = "), Err(ConfigError::Parse { .. })));
+        assert!(matches!(
+            parse("size = [1]"),
+            Err(ConfigError::Parse { .. })
+        ));
+    }
+
+    #[test]
+    fn queue_mode_defaults_to_auto_and_names_are_checked() {
+        use crate::ublk::queue_mode::QueueMode;
+        assert_eq!(
+            parse("size = \"1G\"").unwrap().device.queue_mode,
+            QueueModeChoice::Auto
+        );
+        assert_eq!(
+            parse("size = \"1G\"\nqueue-mode = \"per-io-daemon\"")
+                .unwrap()
+                .device
+                .queue_mode,
+            QueueModeChoice::Exactly(QueueMode::PerIoDaemon)
+        );
+        let err = parse("size = \"1G\"\nqueue-mode = \"turbo\"").unwrap_err();
+        assert!(matches!(err, ConfigError::UnknownQueueMode(_)), "{err}");
+        assert!(err.to_string().contains("per-queue"), "{err}");
+    }
+}
