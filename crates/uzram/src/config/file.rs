@@ -247,8 +247,12 @@ pub(super) fn plan(file: FileConfig, path: &Path, host: Host) -> Result<Plan, Co
 /// of a path that is no file (`/dev/zero`) takes.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
-/// Reads and parses a config file for this host.
+/// Reads and parses a config file for this host; `zram-generator:zramN` names a section of
+/// zram-generator's configuration instead.
 pub fn load_config(path: &Path) -> Result<Plan, ConfigError> {
+    if let Some(name) = super::zram_generator::section_of_spec(path) {
+        return super::zram_generator::load_section(name);
+    }
     let text = read_capped(path).map_err(|source| ConfigError::Read {
         path: path.to_path_buf(),
         source,

@@ -21,6 +21,7 @@ use uzram_core::store::MAX_SLOT_PAGES;
 use uzram_gpu::Parse;
 
 pub mod file;
+pub mod sources;
 pub mod zram_generator;
 
 pub use file::{load_config, load_device_config, Plan};
@@ -414,6 +415,16 @@ pub enum ConfigError {
     /// The host's MemTotal (zram-generator's `ram`) could not be read.
     #[error("cannot read MemTotal from /proc/meminfo (needed for ram in size expressions)")]
     MemInfo,
+    /// `zram-generator:zramN` names a section that no file has.
+    #[error(
+        "zram-generator's configuration has no [{name}] section (files read: {files:?})"
+    )]
+    NoSection {
+        /// The section.
+        name: String,
+        /// The files read.
+        files: Vec<PathBuf>,
+    },
     /// A zram-generator key that uzram cannot honour for this device.
     #[error("config file {path}: {why}")]
     Unsupported {

@@ -159,6 +159,39 @@ pub fn read_host() -> Result<ZramGeneratorConfig, ConfigError> {
     read(Path::new("/"), &cmdline)
 }
 
+/// The section a `zram-generator:zramN` spec names.
+pub fn section_of_spec(spec: &Path) -> Option<&str> {
+    spec.to_str()?
+        .strip_prefix(SPEC_PREFIX)
+        .filter(|name| is_device_name(name))
+}
+
+/// The spec of section `name`.
+pub fn spec_of(name: &str) -> PathBuf {
+    PathBuf::from(format!("{SPEC_PREFIX}{name}"))
+}
+
+/// What section `name` of this host's configuration makes, its notes logged.
+pub fn load_section(name: &str) -> Result<Plan, ConfigError> {
+    let cfg = read_host()?;
+    if cfg.disabled_by_cmdline {
+        return Ok(Plan::Skip(
+            "systemd.zram=0 on the kernel command line turns zram-generator's devices off".into(),
+        ));
+    }
+    let Some(section) = cfg.devices.get(name) else {
+        return Err(ConfigError::NoSection {
+            name: name.to_string(),
+            files: cfg.files,
+        });
+    };
+    let planned = section.plan(Host::current()?);
+    for note in &planned.notes {
+        tracing::warn!(section = name, "{note}");
+    }
+    planned.plan
+}
+
 /// Whether `name` is a section zram-generator makes a device of: `zram` and a number.
 pub fn is_device_name(name: &str) -> bool {
     name.strip_prefix("zram")

@@ -68,8 +68,11 @@ impl DaemonState {
             return Err("it names no store segment".into());
         }
         if let Some(config) = &self.config {
-            if !config.is_absolute() {
-                return Err(format!("its config path {config:?} is not absolute"));
+            let section = crate::config::zram_generator::section_of_spec(config);
+            if !config.is_absolute() && section.is_none() {
+                return Err(format!(
+                    "its config {config:?} is neither an absolute path nor a zram-generator section"
+                ));
             }
         }
         if let Some(settings) = &self.settings {
