@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use super::backend::{BackendError, BackendMemory, FailureKind, SlotBackend};
+use super::layout::SlotOutput;
 use super::layout::{meta_bytes, SIZE_RAW, SIZE_REJECTED, SIZE_SAME_FILLED};
 use super::staging::Words;
-use super::{BackendError, BackendMemory, FailureKind, SlotBackend, SlotOutput};
 use crate::codec::{Algorithm, PageCodec};
 use crate::page::{page_checksum, same_filled_word, words_to_page, PAGE_SIZE, PAGE_WORDS};
 use crate::CoreError;

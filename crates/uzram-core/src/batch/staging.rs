@@ -1,11 +1,13 @@
-//! Staging memory as the store reads it, and as a later process finds it.
+//! Staging memory as a ring fills it and the store reads it ([`Staging`]), and as a later
+//! process finds it ([`StagedCopy`]).
 //!
 //! A slot's **books** say which page each index of the slot holds in the slot's current
 //! fill (its epoch), and the checksum its writer computed of it: one word per slot for the
 //! epoch, then one word per index for the page number, then one per index for the checksum
 //! ([`book_words`]). The checksum goes with the page into the store, and every copy of the
-//! staged page (a read, an install, a recovery) is held to it. A staged page's entry names (slot, index, epoch); its bytes are
-//! the slot's input words at that index only while the books say so. The ring writes a
+//! staged page (a read, an install, a recovery) is held to it. A staged page's entry names
+//! (slot, index, epoch); its bytes are the slot's input words at that index only while the
+//! books say so. The ring writes a
 //! page's words, then its book word, then (after a fence) its entry, so memory as a killed
 //! process leaves it never has an entry whose books agree with words that are not the
 //! page's.
@@ -17,7 +19,9 @@
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
+use super::backend::SlotBackend;
 use crate::page::{page_checksum, words_to_page, PAGE_SIZE, PAGE_WORDS};
 use crate::store::{StagedAt, StagedPages, Ticket};
 
@@ -160,6 +164,124 @@ pub(crate) fn read_checked(
             !checksums || page_checksum(out) == checksum
         }
         None => false,
+    }
+}
+
+/// A ring's staging memory: the backend's inputs, checked against the books. The ring's
+/// writers stage pages into it, its installers read them back, and the store reads staged
+/// pages from it (it holds no reference to either). Everyone goes through its methods.
+pub(crate) struct Staging {
+    backend: Arc<dyn SlotBackend>,
+    books: Words,
+    slots: usize,
+    slot_pages: usize,
+    /// Writers record checksums and copies are held to them (the store's setting).
+    checksums: bool,
+}
+
+impl Staging {
+    /// The staging of `backend`'s `slots` slots of `slot_pages` pages, booked in `books`
+    /// ([`book_words`] words). Forgets every page the books name: a page an earlier process
+    /// staged there was recovered before, or is lost.
+    pub(crate) fn new(
+        backend: Arc<dyn SlotBackend>,
+        books: Words,
+        slots: usize,
+        slot_pages: usize,
+        checksums: bool,
+    ) -> Self {
+        let staging = Self {
+            backend,
+            books,
+            slots,
+            slot_pages,
+            checksums,
+        };
+        staging.books().clear_pages();
+        staging
+    }
+
+    fn books(&self) -> Books<'_> {
+        Books::new(&self.books, self.slots, self.slot_pages)
+    }
+
+    /// The backend whose inputs are the slots.
+    pub(crate) fn backend(&self) -> &dyn SlotBackend {
+        &*self.backend
+    }
+
+    /// Number of slots.
+    pub(crate) fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Bytes of the books.
+    pub(crate) fn book_bytes(&self) -> usize {
+        self.books.len() * 8
+    }
+
+    /// Whether writers record each page's checksum (the store's setting): without them,
+    /// results are installed without a comparison with their writer's.
+    pub(crate) fn checksums(&self) -> bool {
+        self.checksums
+    }
+
+    /// The fill epoch of `slot` (0 for a slot that does not exist).
+    pub(crate) fn epoch(&self, slot: usize) -> u64 {
+        self.books()
+            .epoch(slot)
+            .map_or(0, |e| e.load(Ordering::Relaxed))
+    }
+
+    /// Starts `slot`'s next fill: entries that name the one before no longer match.
+    pub(crate) fn next_epoch(&self, slot: usize) {
+        if let Some(epoch) = self.books().epoch(slot) {
+            epoch.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Books `page` at `index` of `slot` ([`NO_PAGE`]: none).
+    pub(crate) fn book_page(&self, slot: usize, index: usize, page: u64) {
+        if let Some(w) = self.books().page(slot, index) {
+            w.store(page, Ordering::Relaxed);
+        }
+    }
+
+    /// Records the checksum its writer computed of the page at `index` of `slot`.
+    pub(crate) fn book_checksum(&self, slot: usize, index: usize, checksum: u32) {
+        if let Some(w) = self.books().checksum(slot, index) {
+            w.store(u64::from(checksum), Ordering::Relaxed);
+        }
+    }
+
+    /// The words of the page at `index` of `slot`.
+    pub(crate) fn words(&self, slot: usize, index: usize) -> Option<&[AtomicU64]> {
+        self.backend
+            .input(slot)
+            .get(index * PAGE_WORDS..(index + 1) * PAGE_WORDS)
+    }
+
+    /// The ticket of the page staged at `index` of `slot` in its current fill, if any.
+    pub(crate) fn ticket(&self, slot: usize, index: usize) -> Option<Ticket> {
+        self.books().ticket(slot, index)
+    }
+
+    /// The checksum its writer recorded for `ticket`'s page, if the books say it is staged
+    /// where the ticket says.
+    pub(crate) fn checksum(&self, ticket: Ticket) -> Option<u32> {
+        self.books().checksum_of(ticket)
+    }
+}
+
+impl StagedPages for Staging {
+    fn read_staged(&self, page: u64, at: StagedAt, out: &mut [u8; PAGE_SIZE]) -> bool {
+        read_checked(
+            &self.books(),
+            self.backend.input(at.slot()),
+            Ticket { page, at },
+            self.checksums,
+            out,
+        )
     }
 }
 

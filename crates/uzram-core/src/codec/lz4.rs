@@ -7,13 +7,15 @@
 //! which gives the same result as `decode.rs` for every input, with unchecked copies.
 
 mod decode;
-// The crate's only `unsafe`: everything else is `deny(unsafe_code)` (see lib.rs).
+// One of the crate's three `unsafe` modules, each behind its own feature (with
+// `page/stream.rs` and `store/words.rs`): everything else is `deny(unsafe_code)`, and the
+// whole crate `forbid(unsafe_code)` without the three features (see lib.rs).
 #[cfg(feature = "unsafe-lz4")]
 #[allow(unsafe_code)]
 mod decode_fast;
 mod encode;
 
-use super::{Algorithm, CodecError, PageCodec};
+use super::page_codec::{Algorithm, CodecError, PageCodec};
 use crate::page::PAGE_SIZE;
 
 /// LZ4 block codec for 4 KiB pages; holds one worker's 16 KiB position table.

@@ -1,6 +1,6 @@
 //! zstd through the `zstd` crate (libzstd), with contexts reused across pages.
 
-use super::{Algorithm, CodecError, PageCodec};
+use super::page_codec::{Algorithm, CodecError, PageCodec};
 use crate::page::PAGE_SIZE;
 
 /// zstd codec for 4 KiB pages; holds one compression and one decompression context.

@@ -5,7 +5,7 @@
 //! they lost on the python-heap corpus, tied on mixed-swap, and won only on pages that are
 //! scanned to the end, by a few tens of nanoseconds per page; see the README's benchmarks.
 
-use super::PAGE_SIZE;
+use super::size::PAGE_SIZE;
 
 fn word_at(page: &[u8; PAGE_SIZE], i: usize) -> u64 {
     let mut w = [0u8; 8];

@@ -7,17 +7,18 @@
 
 use std::sync::atomic::AtomicU64;
 
-use super::PAGE_SIZE;
+use super::size::PAGE_SIZE;
+use super::words::page_to_words;
 
 /// [`super::page_to_words`] with non-temporal stores, for staging memory that a device
 /// reads next and the CPU does not: the copy neither reads the destination's cache lines
 /// in first (read-for-ownership) nor evicts the writer's own data. On the GPU ring's write
-/// path this copy is most of a queue thread's work per page (docs/gpu-notes.md, Run 22).
+/// path this copy is most of a queue thread's work per page (docs/gpu.md).
 /// `next`, the page the caller copies after this one, is prefetched line by line as this
 /// one is copied: the hardware's streamer stops at every 4 KiB boundary, and without the
-/// prefetch each page starts with a wait on memory (Run 34: 1.4x the GB/s per CPU-second
-/// with four writers on the GPU host). Call [`stream_fence`] before publishing the words to
-/// other threads or a device.
+/// prefetch each page starts with a wait on memory (the prefetch gave 1.4x the GB/s per
+/// CPU-second with four writers on the GPU host). Call [`stream_fence`] before publishing
+/// the words to other threads or a device.
 ///
 /// Nothing may read or write `words` while this runs (the ring leases each index to one
 /// writer, and publishes the page only afterwards, under the shard lock).
@@ -32,14 +33,14 @@ pub fn page_to_words_streaming(
         __m128i, _mm_loadu_si128, _mm_prefetch, _mm_stream_si128, _MM_HINT_T0,
     };
 
-    let Some(words) = words.get(..super::PAGE_WORDS) else {
-        return super::page_to_words(page, words);
+    let Some(words) = words.get(..super::size::PAGE_WORDS) else {
+        return page_to_words(page, words);
     };
     let dst = words.as_ptr().cast::<__m128i>().cast_mut();
     if !dst.is_aligned() {
         // Streaming stores need 16-byte alignment; staging from page-aligned allocations
         // always has it.
-        return super::page_to_words(page, words);
+        return page_to_words(page, words);
     }
     let src = page.as_ptr().cast::<__m128i>();
     // Without a next page, this one's lines again: already in cache, the prefetch is free.
@@ -67,13 +68,13 @@ pub fn page_to_words_streaming(
     _next: Option<&[u8; PAGE_SIZE]>,
     words: &[AtomicU64],
 ) {
-    super::page_to_words(page, words);
+    page_to_words(page, words);
 }
 
 /// Copies `n` bytes from `src` to `dst`: the 64-byte lines wholly inside the destination
 /// with streaming stores, the partial lines at either end with plain ones (a line written
-/// partly by streaming stores is flushed piecemeal, which made run 29's word-by-word
-/// streaming copy slower than plain stores).
+/// partly by streaming stores is flushed piecemeal, which made a word-by-word streaming
+/// copy slower than plain stores).
 ///
 /// # Safety
 /// `src` is readable and `dst` writable for `n` bytes, the ranges do not overlap, and no
@@ -106,7 +107,7 @@ unsafe fn copy_lines_streaming(src: *const u8, dst: *mut u8, n: usize) {
 
 /// Copies `bytes` (at most `words.len() * 8` of them) into the start of `words` for memory
 /// the CPU will not read soon (the arena, from the installers): whole lines with streaming
-/// stores, as [`copy_lines_streaming`]. Call [`stream_fence`] before publishing them.
+/// stores, as `copy_lines_streaming`. Call [`stream_fence`] before publishing them.
 ///
 /// Nothing may read or write those words while this runs (the arena hands new space to
 /// one writer, who publishes it under a shard lock only afterwards).

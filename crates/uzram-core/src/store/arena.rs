@@ -22,14 +22,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::entry::HANDLE_ALIGN;
 use super::persist::SegmentHome;
-use super::segments::{Segment, SegmentTable};
+use super::segments::{Segment, SegmentTable, SEGMENT_SIZE};
 use super::words;
-use super::ObjectBytes;
 use crate::page::PAGE_SIZE;
 use crate::CoreError;
 
-/// Bytes per segment: the unit in which the arena takes memory from the system.
-pub(crate) const SEGMENT_SIZE: usize = 64 * 1024;
 /// Size-class granularity in bytes.
 pub(crate) const CLASS_GRANULE: usize = HANDLE_ALIGN as usize;
 /// Bytes of the checksum the store keeps after an object's payload (`store/mod.rs`).
@@ -42,6 +39,23 @@ const MAX_HOLE: u64 = ((CLASSES - 1) * CLASS_GRANULE) as u64;
 const BITMAP_WORDS: usize = CLASSES.div_ceil(64);
 /// End of a free list.
 const NONE: u64 = u64::MAX;
+
+/// An object's bytes on their way into the arena.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ObjectBytes<'a> {
+    Bytes(&'a [u8]),
+    /// Little-endian words: `len() * 8` bytes.
+    Words(&'a [AtomicU64]),
+}
+
+impl ObjectBytes<'_> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            ObjectBytes::Bytes(b) => b.len(),
+            ObjectBytes::Words(w) => w.len() * 8,
+        }
+    }
+}
 
 /// The class of an object of `len` bytes (1..=MAX_OBJECT).
 fn class_of(len: usize) -> usize {

@@ -46,7 +46,7 @@ pub use self::stats::{MemoryUsage, Stats};
 /// Bytes each stored object spends on its checksum.
 pub const CHECKSUM_BYTES: usize = arena::CHECKSUM_BYTES;
 
-use self::arena::{Arena, Budget, Object};
+use self::arena::{Arena, Budget, Object, ObjectBytes};
 use self::entry::{Entry, Slot};
 use self::shard::{Entries, Shard};
 use self::stats::{Counters, PageCost, PageTotals};
@@ -129,23 +129,6 @@ pub enum Encoded<'a> {
     /// staging slot's copy, little-endian) are its bytes: stored raw straight from them,
     /// with no bounce through a page buffer. Nothing may write them during the commit.
     RawWords(&'a [AtomicU64]),
-}
-
-/// An object's bytes on their way into the arena.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum ObjectBytes<'a> {
-    Bytes(&'a [u8]),
-    /// Little-endian words: `len() * 8` bytes.
-    Words(&'a [AtomicU64]),
-}
-
-impl ObjectBytes<'_> {
-    pub(crate) fn len(&self) -> usize {
-        match self {
-            ObjectBytes::Bytes(b) => b.len(),
-            ObjectBytes::Words(w) => w.len() * 8,
-        }
-    }
 }
 
 /// How one [`Commit`] ended.
@@ -380,9 +363,9 @@ impl PageStore {
     /// Puts the free space [`PageStore::recover`] found between the stored pages onto the
     /// allocator's lists, a batch at a time (writers go on meanwhile). Until then new pages
     /// take new segments. A recovery leaves this for after I/O resumes: linking a hole
-    /// writes into it, the first touch of that memory in this process (run 56 measured the
-    /// step at 22 of a recovery's 37 ms natively, 9,259 holes for 250,000 pages; under the
-    /// guest's emulation a page fault costs far more).
+    /// writes into it, the first touch of that memory in this process (the step took 22 of
+    /// a recovery's 37 ms natively, 9,259 holes for 250,000 pages; in a virtual machine a
+    /// page fault costs far more).
     pub fn link_adopted_holes(&self) {
         while self.arena.link_adopted_holes(64) {}
     }
@@ -898,8 +881,8 @@ impl PageStore {
 
     /// The indices of `commits` grouped by shard, so that each shard is locked once, and
     /// each commit's shard. A counting sort: an installer's chunk is a thousand pages over
-    /// every shard, and a comparison sort of it took 7 % of the installers' time (run 52,
-    /// docs/gpu-notes.md).
+    /// every shard, and a comparison sort of it took 7 % of the installers' time
+    /// (docs/gpu.md).
     fn shard_order(&self, commits: &[Commit<'_>]) -> Result<(Vec<u32>, Vec<u32>), CoreError> {
         let mut starts = try_vec::<u32>(self.shards.len() + 1)?;
         starts.resize(self.shards.len() + 1, 0);
@@ -1285,7 +1268,7 @@ fn kept_shards(
 /// free holes, plus a few; the arena refuses to grow past it (`NoMemory`). Its table costs
 /// about 2 B per page only once the arena grows that far.
 fn max_segments(pages: usize) -> usize {
-    (pages.saturating_mul(2 * PAGE_SIZE) / arena::SEGMENT_SIZE).saturating_add(64)
+    (pages.saturating_mul(2 * PAGE_SIZE) / segments::SEGMENT_SIZE).saturating_add(64)
 }
 
 /// The bytes a waiting commit stores in the arena, if any.

@@ -17,7 +17,7 @@
 //! not kept in the side map (which lives in the process): such pages are compressed.
 //! Pages that were staged (for a GPU) are recovered from the staging the dead process left
 //! when the caller kept it too ([`crate::batch::StagedCopy`]); otherwise they become
-//! [`Slot::Lost`](super::entry::Slot) and fail reads until written again.
+//! `Slot::Lost` (`entry.rs`) and fail reads until written again.
 
 use std::fmt::Debug;
 use std::sync::atomic::AtomicU64;
@@ -44,7 +44,7 @@ pub trait SegmentHome: Send + Sync + Debug {
 }
 
 /// Bytes of one arena segment (the unit a [`SegmentHome`] hands out).
-pub const SEGMENT_BYTES: usize = super::arena::SEGMENT_SIZE;
+pub const SEGMENT_BYTES: usize = super::segments::SEGMENT_SIZE;
 
 /// What a persistent store is built on.
 #[derive(Debug)]

@@ -13,6 +13,10 @@ use std::sync::{OnceLock, PoisonError, RwLock, RwLockReadGuard};
 
 use crate::CoreError;
 
+/// Bytes per segment: the unit in which the arena takes memory from the system, and the
+/// one a persistent store's [`SegmentHome`](super::SegmentHome) hands out.
+pub(crate) const SEGMENT_SIZE: usize = 64 * 1024;
+
 /// A segment's bytes, as little-endian words written and read with relaxed atomic accesses.
 pub(crate) type Segment = Box<[AtomicU64]>;
 

@@ -2,11 +2,11 @@
 //! copied in. Under the `unsafe-arena` feature (little-endian targets) they are the
 //! allocator's `calloc` and `memcpy`; without it, safe Rust with the same results.
 //!
-//! Why: on the GPU write path the installers' CPU per GiB is half the path's, and run 34's
-//! profile (docs/gpu-notes.md) found most of it in these two: a `memset` of every new
-//! segment, even where the allocator hands out memory the kernel has just zeroed, and a copy
-//! of each compressed page that relaxed atomic stores hold to 8 bytes an instruction. Run 39
-//! measures the change on the path a user runs.
+//! Why: on the GPU write path the installers' CPU per GiB is half the path's, and a profile
+//! of it found most of it in these two: a `memset` of every new segment, even where the
+//! allocator hands out memory the kernel has just zeroed, and a copy of each compressed page
+//! that relaxed atomic stores hold to 8 bytes an instruction (docs/gpu.md has the profile and
+//! what the change saves on the path a user runs).
 
 #![cfg_attr(feature = "unsafe-arena", allow(unsafe_code))]
 
@@ -91,8 +91,8 @@ fn store_tail(tail: &[u8], trailer: &[u8], words: &[AtomicU64]) {
     }
 }
 
-/// Whole lines with streaming stores (run 54, docs/gpu-notes.md): no read for ownership of
-/// the arena's cold lines. The arena fences before anything publishes them.
+/// Whole lines with streaming stores: no read for ownership of the arena's cold lines,
+/// which the CPU does not read again soon. The arena fences before anything publishes them.
 #[cfg(all(
     feature = "unsafe-arena",
     target_arch = "x86_64",

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::batch::layout::{meta_bytes, SIZE_RAW};
-use crate::batch::{FailAt, FaultPlan, HostSlots};
+use crate::batch::{BackendError, FailAt, FailureKind, FaultPlan, HostSlots, SlotOutput};
 use crate::codec::Algorithm;
 use crate::store::StoreConfig;
 
@@ -596,4 +596,77 @@ fn slot_times_say_where_a_slow_device_spends_the_cycle() {
     );
     drop(ring);
     assert_reads(&store, &data);
+}
+
+#[test]
+fn stats_fields_keep_their_names_order_and_values() {
+    // `uzram status` and the metrics print these names in this order.
+    let s = RingStats {
+        staged_pages: 1,
+        same_filled_pages: 2,
+        overflow_pages: 3,
+        slot_waits: 4,
+        slot_wait_timeouts: 5,
+        retired_pages: 6,
+        slots_submitted: 7,
+        slots_installed: 8,
+        installed_pages: 9,
+        stale_pages: 10,
+        rejected_pages: 11,
+        fallback_slots: 12,
+        cpu_pages: 13,
+        checksum_checked_pages: 14,
+        checksum_mismatches: 15,
+        spot_checked_pages: 16,
+        spot_check_failures: 17,
+        contract_violations: 18,
+        backend_failures: 19,
+        retired: 20,
+        commit_retries: 21,
+        install_busy_us: 22,
+        busy_slots: 23,
+        slot_us: SlotTimes {
+            free: 24,
+            filling: 25,
+            sealed: 26,
+            submitting: 27,
+            queued: 28,
+            device: 29,
+            installing: 30,
+        },
+    };
+    let names = [
+        "ring_staged_pages",
+        "ring_same_filled_pages",
+        "ring_overflow_pages",
+        "ring_slot_waits",
+        "ring_slot_wait_timeouts",
+        "ring_retired_pages",
+        "ring_slots_submitted",
+        "ring_slots_installed",
+        "ring_installed_pages",
+        "ring_stale_pages",
+        "ring_rejected_pages",
+        "ring_fallback_slots",
+        "ring_cpu_pages",
+        "ring_checksum_checked_pages",
+        "ring_checksum_mismatches",
+        "ring_spot_checked_pages",
+        "ring_spot_check_failures",
+        "ring_contract_violations",
+        "ring_backend_failures",
+        "ring_backend_retired",
+        "ring_commit_retries",
+        "ring_install_busy_us",
+        "ring_busy_slots",
+        "ring_slot_free_us",
+        "ring_slot_filling_us",
+        "ring_slot_sealed_us",
+        "ring_slot_submitting_us",
+        "ring_slot_queued_us",
+        "ring_slot_device_us",
+        "ring_slot_installing_us",
+    ];
+    let expect: Vec<(&str, u64)> = names.into_iter().zip(1..).collect();
+    assert_eq!(s.fields(), expect);
 }

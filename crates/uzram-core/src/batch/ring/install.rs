@@ -1,0 +1,338 @@
+//! The installer threads: each takes a [`Job`] (a submitted or failed slot), waits for the
+//! backend's results, checks them against what the writers staged (checksums, spot checks,
+//! the layout's contract), plans each page (the backend's block, the staged words, or the
+//! CPU's own compression) and commits the plan to the store a chunk at a time. Staging is
+//! only read through [`Staging`](crate::batch::staging::Staging)'s questions: a page's
+//! words, its ticket and its writer's checksum.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::shared::{Job, Shared};
+use super::stats::{bump, Step};
+use crate::batch::backend::{BackendError, FailureKind};
+use crate::batch::layout::{PageResult, SlotOutput};
+use crate::codec::{Algorithm, PageCodec};
+use crate::page::{same_filled_word, words_to_page, PAGE_SIZE};
+use crate::store::{Commit, CommitState, Encoded, Ticket};
+use crate::CoreError;
+
+/// Most pages an installer commits at a time.
+const CHUNK: usize = 1024;
+/// Page buffers of an installer, for pages it compresses itself (the backend could not, or
+/// its result was refused): a chunk ends early when they are used up. Pages the backend
+/// found incompressible need none: they are stored from their staged words.
+pub(super) const BUFS: usize = 256;
+
+/// An installer thread's life: jobs until the ring stops.
+pub(super) fn installer_loop(sh: &Shared, tools: Tools) {
+    let mut installer = Installer { sh, tools };
+    while let Some(job) = sh.next_job() {
+        let start = Instant::now();
+        installer.run(job);
+        bump(
+            &sh.counters.install_busy_ns,
+            u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        );
+        bump(&sh.counters.slots_installed, 1);
+        sh.free(job.slot);
+    }
+}
+
+/// What one page of a chunk becomes.
+#[derive(Debug, Clone, Copy)]
+enum Plan {
+    Same(u64),
+    /// The backend's block for this index of the slot.
+    Block(usize),
+    /// This index of the slot, stored raw from its staged words.
+    Staged(usize),
+    /// `len` bytes of installer buffer `buf` (`len == PAGE_SIZE`: the raw page).
+    Buf {
+        buf: usize,
+        len: usize,
+    },
+}
+
+/// One installer thread's codec and buffers, allocated once when the ring starts.
+pub(super) struct Tools {
+    codec: Box<dyn PageCodec>,
+    bufs: Vec<[u8; PAGE_SIZE]>,
+    scratch: Box<[u8; PAGE_SIZE]>,
+    plan: Vec<(Ticket, Plan)>,
+    compressed_seen: u64,
+}
+
+impl Tools {
+    pub(super) fn new(algorithm: Algorithm) -> Result<Self, CoreError> {
+        let mut bufs = Vec::new();
+        bufs.try_reserve_exact(BUFS)
+            .map_err(|_| CoreError::NoMemory)?;
+        bufs.resize(BUFS, [0u8; PAGE_SIZE]);
+        let mut plan = Vec::new();
+        plan.try_reserve_exact(CHUNK)
+            .map_err(|_| CoreError::NoMemory)?;
+        Ok(Self {
+            codec: algorithm.try_codec().map_err(CoreError::Compress)?,
+            bufs,
+            scratch: Box::new([0u8; PAGE_SIZE]),
+            plan,
+            compressed_seen: 0,
+        })
+    }
+}
+
+/// An installer thread at work.
+struct Installer<'a> {
+    sh: &'a Shared,
+    tools: Tools,
+}
+
+impl Installer<'_> {
+    fn run(&mut self, job: Job) {
+        if job.submitted {
+            let sh = self.sh;
+            let mut completed = false;
+            let result = sh.staging.backend().complete(job.slot, &mut |out| {
+                if !completed {
+                    sh.mark(job.slot, Step::Device);
+                }
+                completed = true;
+                self.install(job, Some(out));
+            });
+            if !completed {
+                // The wait ended without results: that time was the device's, not installing.
+                sh.mark(job.slot, Step::Device);
+            }
+            match result {
+                Ok(()) if completed => {
+                    sh.failures_in_row.store(0, Ordering::Relaxed);
+                    return;
+                }
+                Ok(()) => sh.failed(&BackendError {
+                    backend: sh.staging.backend().name(),
+                    kind: FailureKind::Transient,
+                    message: "completed a slot without results".into(),
+                }),
+                Err(e) => sh.failed(&e),
+            }
+        }
+        bump(&self.sh.counters.fallback_slots, 1);
+        self.install(job, None);
+    }
+
+    /// Installs the slot's pages from `out`, or (without results) compresses them on the CPU.
+    fn install(&mut self, job: Job, out: Option<&SlotOutput<'_>>) {
+        let out = match out {
+            Some(o) if o.pages() != job.pages => {
+                self.violation(&format!(
+                    "{} results for a slot of {} pages",
+                    o.pages(),
+                    job.pages
+                ));
+                None
+            }
+            other => other,
+        };
+        let mut index = 0;
+        while index < job.pages {
+            index = self.plan_chunk(job.slot, index, job.pages, out);
+            self.commit_chunk(job.slot, out);
+        }
+    }
+
+    /// Plans pages from `start` on (at most a chunk, fewer when the buffers run out);
+    /// returns where the next chunk starts.
+    fn plan_chunk(
+        &mut self,
+        slot: usize,
+        start: usize,
+        pages: usize,
+        out: Option<&SlotOutput<'_>>,
+    ) -> usize {
+        self.tools.plan.clear();
+        let mut next_buf = 0;
+        let end = (start + CHUNK).min(pages);
+        for index in start..end {
+            if next_buf == BUFS {
+                return index;
+            }
+            let Some(ticket) = self.sh.staging.ticket(slot, index) else {
+                continue;
+            };
+            let result = out.map(|o| o.page(index));
+            let plan = match result {
+                Some(Ok(PageResult::SameFilled(word))) => self
+                    .checksum_holds(ticket, out, index)
+                    .then_some(Plan::Same(word)),
+                Some(Ok(PageResult::Compressed(block))) => {
+                    (self.checksum_holds(ticket, out, index) && self.spot_check(slot, index, block))
+                        .then_some(Plan::Block(index))
+                }
+                // Stored from the slot's own copy: no bounce through a buffer.
+                Some(Ok(PageResult::Raw)) => Some(Plan::Staged(index)),
+                Some(Ok(PageResult::Rejected)) => {
+                    bump(&self.sh.counters.rejected_pages, 1);
+                    None
+                }
+                Some(Err(bad)) => {
+                    self.violation(&bad.to_string());
+                    None
+                }
+                None => None,
+            };
+            let plan = match plan {
+                Some(p) => p,
+                None => {
+                    self.load(slot, index, next_buf);
+                    next_buf += 1;
+                    self.encode_on_cpu(next_buf - 1)
+                }
+            };
+            self.tools.plan.push((ticket, plan));
+        }
+        end
+    }
+
+    /// Copies the staged page into buffer `buf`.
+    fn load(&mut self, slot: usize, index: usize, buf: usize) {
+        if let Some(words) = self.sh.staging.words(slot, index) {
+            words_to_page(words, &mut self.tools.bufs[buf]);
+        }
+    }
+
+    /// Compresses the page in buffer `buf` on the CPU (the result replaces it there).
+    fn encode_on_cpu(&mut self, buf: usize) -> Plan {
+        bump(&self.sh.counters.cpu_pages, 1);
+        let page = &mut self.tools.bufs[buf];
+        if let Some(word) = same_filled_word(page) {
+            return Plan::Same(word);
+        }
+        let limit = self.sh.limit;
+        match self
+            .tools
+            .codec
+            .compress_below(page, &mut self.tools.scratch[..], limit)
+        {
+            Ok(Some(len)) => {
+                page[..len].copy_from_slice(&self.tools.scratch[..len]);
+                Plan::Buf { buf, len }
+            }
+            _ => Plan::Buf {
+                buf,
+                len: PAGE_SIZE,
+            },
+        }
+    }
+
+    /// Whether the checksum the backend reports for page `index` of the slot is the one its
+    /// writer recorded (always, in a store without checksums). False (the page goes to the
+    /// CPU, and the backend is retired) when not: the backend compressed other bytes than
+    /// were staged.
+    fn checksum_holds(&self, ticket: Ticket, out: Option<&SlotOutput<'_>>, index: usize) -> bool {
+        let sh = self.sh;
+        if !sh.staging.checksums() {
+            return true;
+        }
+        bump(&sh.counters.checksum_checked_pages, 1);
+        let theirs = out.and_then(|o| o.checksum(index).ok());
+        let ours = sh.staging.checksum(ticket);
+        if theirs.is_some() && theirs == ours {
+            return true;
+        }
+        bump(&sh.counters.checksum_mismatches, 1);
+        tracing::error!(
+            page = ticket.page,
+            backend = ?theirs,
+            writer = ?ours,
+            "a backend result is not of the page that was staged"
+        );
+        sh.retire("a result whose checksum is not its page's");
+        false
+    }
+
+    /// Decodes every n-th block on the CPU and compares it with the staged page. False
+    /// (and the backend retired) on a mismatch.
+    fn spot_check(&mut self, slot: usize, index: usize, block: &[u8]) -> bool {
+        let every = self.sh.cfg.spot_check_every;
+        self.tools.compressed_seen += 1;
+        if every == 0 || self.tools.compressed_seen % every != 0 {
+            return true;
+        }
+        bump(&self.sh.counters.spot_checked_pages, 1);
+        let decoded = self
+            .tools
+            .codec
+            .decompress(block, &mut self.tools.scratch)
+            .is_ok();
+        let same = decoded
+            && self.sh.staging.words(slot, index).is_some_and(|words| {
+                words
+                    .iter()
+                    .zip(self.tools.scratch.chunks_exact(8))
+                    .all(|(w, b)| w.load(Ordering::Relaxed).to_le_bytes() == *b)
+            });
+        if !same {
+            bump(&self.sh.counters.spot_check_failures, 1);
+            self.sh
+                .retire("a compressed page failed the CPU spot check");
+        }
+        same
+    }
+
+    fn violation(&self, what: &str) {
+        bump(&self.sh.counters.contract_violations, 1);
+        tracing::error!(what, "the batch backend broke the result contract");
+        self.sh.retire("a result that breaks the layout's contract");
+    }
+
+    /// Installs the planned chunk, retrying while the allocator has no memory (the staged
+    /// copies are the only ones: they are never given up).
+    fn commit_chunk(&mut self, slot: usize, out: Option<&SlotOutput<'_>>) {
+        let mut commits: Vec<Commit<'_>> = Vec::new();
+        let mut backoff = Duration::from_micros(100);
+        while commits.try_reserve_exact(self.tools.plan.len()).is_err() {
+            self.wait_for_memory(&mut backoff);
+        }
+        let staging = &self.sh.staging;
+        for &(ticket, plan) in &self.tools.plan {
+            // The writer's checksum: what every later read of the page is held to.
+            let checksum = staging.checksum(ticket).unwrap_or_default();
+            let encoded = match plan {
+                Plan::Same(word) => Encoded::SameFilled(word),
+                Plan::Block(index) => match out.map(|o| o.page(index)) {
+                    Some(Ok(PageResult::Compressed(block))) => Encoded::Compressed(block),
+                    _ => continue,
+                },
+                Plan::Staged(index) => match staging.words(slot, index) {
+                    Some(words) => Encoded::RawWords(words),
+                    None => continue,
+                },
+                Plan::Buf { buf, len } if len == PAGE_SIZE => Encoded::Raw(&self.tools.bufs[buf]),
+                Plan::Buf { buf, len } => Encoded::Compressed(&self.tools.bufs[buf][..len]),
+            };
+            commits.push(Commit::new(ticket, encoded, checksum));
+        }
+        let sh = self.sh;
+        let mut tries = 0u64;
+        while let Err(e) = sh.store.commit(&mut commits) {
+            if tries % 1000 == 0 {
+                tracing::warn!(error = %e, tries, "installing staged pages failed; retrying");
+            }
+            tries += 1;
+            self.wait_for_memory(&mut backoff);
+        }
+        let installed = commits
+            .iter()
+            .filter(|c| c.state == CommitState::Installed)
+            .count() as u64;
+        bump(&sh.counters.installed_pages, installed);
+        bump(&sh.counters.stale_pages, commits.len() as u64 - installed);
+    }
+
+    fn wait_for_memory(&self, backoff: &mut Duration) {
+        bump(&self.sh.counters.commit_retries, 1);
+        std::thread::sleep(*backoff);
+        *backoff = (*backoff * 2).min(Duration::from_millis(20));
+    }
+}

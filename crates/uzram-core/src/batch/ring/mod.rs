@@ -1,0 +1,332 @@
+//! [`Ring`]: written pages go once into a leased slot of a [`SlotBackend`]'s staging
+//! memory, whole slots are submitted, and a small pool of installer threads puts the
+//! results into the store while other slots are on the device.
+//!
+//! A slot goes Free → Filling (writers copy pages in; each page's entry says staged at
+//! slot, index, epoch) → Sealed (full, or its first page waited `max_delay`) → Busy
+//! (submitted, or failed and waiting for the CPU) → installed → Free. Nothing drains:
+//! slots are filled, submitted and installed independently.
+//!
+//! - **One copy in.** A write copies each page (that is not same-filled) into the slot and
+//!   completes; reads of a staged page copy it back out of the slot.
+//! - **Bounded waits, no loss.** When every slot is busy, a writer waits at most
+//!   `slot_wait` for one to be freed (once, until a slot is freed again, if none was);
+//!   then, or when the backend was retired, it compresses inline on the CPU (counted). A
+//!   slot the backend fails on is compressed on the CPU by an installer. A slot is only
+//!   freed once every page in it was installed or found stale, so the staged copy is
+//!   always there while an entry names it.
+//! - **Trust, then verify.** Each writer records the checksum of every page it stages
+//!   (with the store's checksums on). The backend proves its blocks (a GPU decodes and
+//!   compares them on the device) and reports the checksum of each page as it read it; a
+//!   page it rejects goes to the CPU. Every result's checksum is compared with the
+//!   writer's before the result is installed: a mismatch (the backend compressed other
+//!   bytes than were staged) sends the page to the CPU and retires the backend. The
+//!   installed page carries the writer's checksum, so every later read is held to the
+//!   bytes the kernel wrote. On top, every `spot_check_every`-th compressed page is
+//!   decoded on the CPU before it is installed, which catches a backend whose own check
+//!   lies; a mismatch retires the backend. So does a result that breaks the layout's
+//!   contract, a sticky failure, or `max_failures` failures in a row: one log line, then
+//!   the CPU from that point on.
+//!
+//! The code follows a slot around its cycle: `stage.rs` (writers lease indices, copy
+//! pages in and seal the slot), `submit.rs` (the slot goes to the backend and onto the
+//! installers' queue; failures are counted), `install.rs` (installers check, plan and
+//! commit the results). They are jobs on the state in `shared.rs`; `config.rs` says how a
+//! ring runs and `stats.rs` what it counts. The staging they fill is a [`Staging`]
+//! (`batch/staging.rs`), which the store reads staged pages from.
+
+mod config;
+mod install;
+mod shared;
+mod stage;
+mod stats;
+mod submit;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+pub use self::config::{RingConfig, ThreadHook};
+use self::install::{installer_loop, Tools, BUFS};
+use self::shared::{Phase, Shared, SlotState, State};
+use self::stats::Counters;
+pub use self::stats::{RingStats, SlotTimes};
+use super::backend::{BackendMemory, SlotBackend};
+use super::staging::{book_words, Staging, Words};
+use crate::page::{PAGE_SIZE, PAGE_WORDS};
+use crate::store::{PageStore, MAX_SLOT_PAGES, MAX_STAGING_SLOTS};
+use crate::CoreError;
+
+/// Stages writes into a [`SlotBackend`] and installs the results; see the module docs.
+pub struct Ring {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Ring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ring")
+            .field("backend", &self.shared.staging.backend().name())
+            .field("slots", &self.shared.staging.slots())
+            .field("slot_pages", &self.shared.slot_pages)
+            .field("cfg", &self.shared.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ring {
+    /// Attaches `backend`'s staging to `store` and starts the installer threads.
+    pub fn start(
+        store: Arc<PageStore>,
+        backend: Arc<dyn SlotBackend>,
+        cfg: RingConfig,
+    ) -> Result<Self, CoreError> {
+        let slots = backend.slots();
+        let slot_pages = backend.slot_pages();
+        if backend.algorithm() != store.algorithm() {
+            return Err(CoreError::Config(format!(
+                "the {} backend produces {}, the store holds {}",
+                backend.name(),
+                backend.algorithm(),
+                store.algorithm()
+            )));
+        }
+        if !(1..=MAX_STAGING_SLOTS).contains(&slots)
+            || !(1..=MAX_SLOT_PAGES).contains(&slot_pages)
+            || (0..slots).any(|s| backend.input(s).len() != slot_pages * PAGE_WORDS)
+        {
+            return Err(CoreError::Config(format!(
+                "a ring needs 1..={MAX_STAGING_SLOTS} slots of 1..={MAX_SLOT_PAGES} pages \
+                 with whole inputs; the {} backend has {slots} of {slot_pages}",
+                backend.name()
+            )));
+        }
+        if cfg.installers == 0 {
+            return Err(CoreError::Config("a ring needs an installer thread".into()));
+        }
+        let books = match cfg.books {
+            Some(kept) if kept.len() == book_words(slots, slot_pages) => Words::Kept(kept),
+            Some(kept) => {
+                return Err(CoreError::Config(format!(
+                    "{} words of books for {slots} slots of {slot_pages} pages; they need {}",
+                    kept.len(),
+                    book_words(slots, slot_pages)
+                )))
+            }
+            None => Words::zeroed(book_words(slots, slot_pages)),
+        };
+        let staging = Arc::new(Staging::new(
+            backend,
+            books,
+            slots,
+            slot_pages,
+            store.checksums(),
+        ));
+        store.attach_staging(staging.clone())?;
+        let shared = Arc::new(Shared {
+            limit: store.raw_threshold(),
+            store,
+            staging,
+            slot_pages,
+            state: Mutex::new(State {
+                open: None,
+                opened: None,
+                free: (0..slots).rev().collect(),
+                slots: vec![
+                    SlotState {
+                        phase: Phase::Free,
+                        filled: 0,
+                        writers: 0,
+                    };
+                    slots
+                ],
+                queue: VecDeque::with_capacity(slots),
+                stop: false,
+                stalled: false,
+            }),
+            work: Condvar::new(),
+            idle: Condvar::new(),
+            retired: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            failures_in_row: AtomicU32::new(0),
+            counters: Counters::default(),
+            started: Instant::now(),
+            slot_marks: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            cfg,
+        });
+        let mut ring = Ring {
+            shared,
+            threads: Vec::new(),
+        };
+        for n in 0..ring.shared.cfg.installers {
+            let name = format!("uzram-install-{n}");
+            let sh = Arc::clone(&ring.shared);
+            let thread_name = name.clone();
+            // Everything an installer holds is allocated here, before it serves.
+            let tools = Tools::new(ring.shared.store.algorithm())?;
+            let spawned = std::thread::Builder::new()
+                .name(name.clone())
+                .stack_size(256 << 10)
+                .spawn(move || {
+                    if let Some(hook) = &sh.cfg.on_thread_start {
+                        hook(&thread_name);
+                    }
+                    installer_loop(&sh, tools);
+                });
+            match spawned {
+                Ok(t) => ring.threads.push(t),
+                // Dropping `ring` stops the installers already started.
+                Err(e) => return Err(CoreError::Config(format!("cannot start {name}: {e}"))),
+            }
+        }
+        Ok(ring)
+    }
+
+    /// Writes whole pages starting at `first_page`: same-filled pages are stored at once,
+    /// the others are copied into slots (or compressed inline when no slot is free or the
+    /// backend is retired). When this returns every page is readable with its new content.
+    /// On an error some pages may hold their new content and the others their old one.
+    pub fn write(&self, first_page: u64, data: &[u8]) -> Result<(), CoreError> {
+        self.shared.write(first_page, data)
+    }
+
+    /// Waits until every page written before this call has been installed (submitting a
+    /// partly filled slot at once instead of after its delay).
+    pub fn flush(&self) {
+        self.flush_within(Duration::MAX);
+    }
+
+    /// [`Ring::flush`], giving up after `within`.
+    fn flush_within(&self, within: Duration) {
+        let start = Instant::now();
+        let sh = &*self.shared;
+        let mut st = sh.lock();
+        let mut submit = None;
+        if let Some(slot) = st.open {
+            if st.slots[slot].filled > 0 {
+                submit = sh.seal(&mut st, slot).map(|pages| (slot, pages));
+            }
+        }
+        let epochs: Vec<(usize, u64)> = st
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.phase != Phase::Free && s.filled > 0)
+            .map(|(i, _)| (i, sh.staging.epoch(i)))
+            .collect();
+        drop(st);
+        if let Some((slot, pages)) = submit {
+            sh.submit(slot, pages);
+        }
+        let mut st = sh.lock();
+        while epochs
+            .iter()
+            .any(|&(s, e)| st.slots[s].phase != Phase::Free && sh.staging.epoch(s) == e)
+            && start.elapsed() < within
+        {
+            st = sh
+                .idle
+                .wait_timeout(st, Duration::from_millis(50))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> RingStats {
+        let sh = &*self.shared;
+        let busy = sh
+            .lock()
+            .slots
+            .iter()
+            .filter(|s| s.phase != Phase::Free)
+            .count();
+        RingStats {
+            retired: u64::from(sh.retired.load(Ordering::Relaxed)),
+            install_busy_us: sh.counters.install_busy_ns.load(Ordering::Relaxed) / 1000,
+            busy_slots: busy as u64,
+            ..sh.counters.snapshot()
+        }
+    }
+
+    /// The backend's counters.
+    pub fn backend_stats(&self) -> Vec<(&'static str, u64)> {
+        self.shared.staging.backend().stats()
+    }
+
+    /// The backend's name.
+    pub fn backend_name(&self) -> &'static str {
+        self.shared.staging.backend().name()
+    }
+
+    /// Memory the ring holds besides the store: the backend's slots and the installers'
+    /// page buffers. Fixed from the start.
+    pub fn memory(&self) -> BackendMemory {
+        let mut m = self.shared.staging.backend().memory();
+        m.host_bytes += (self.shared.cfg.installers * BUFS * PAGE_SIZE) as u64
+            + self.shared.staging.book_bytes() as u64;
+        m
+    }
+
+    /// Stops staging and installs everything staged, so that no page lives only in this
+    /// process's staging memory (a handover: the next daemon cannot read it). Writes from
+    /// then on are compressed inline on the CPU (counted as overflow); slots already
+    /// submitted finish on the backend. Leases taken before the call are filled, submitted
+    /// and installed. False when slots still held pages after `within` (a hung device).
+    pub fn drain(&self, within: Duration) -> bool {
+        let sh = &*self.shared;
+        sh.draining.store(true, Ordering::Release);
+        let start = Instant::now();
+        loop {
+            if start.elapsed() > within {
+                return false;
+            }
+            self.flush_within(within.saturating_sub(start.elapsed()));
+            let st = sh.lock();
+            if st
+                .slots
+                .iter()
+                .all(|s| s.phase == Phase::Free || (s.filled == 0 && s.writers == 0))
+            {
+                return true;
+            }
+            drop(st);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// True once the backend was retired (every write is compressed on the CPU).
+    pub fn is_retired(&self) -> bool {
+        self.shared.retired.load(Ordering::Relaxed)
+    }
+
+    /// Installs everything staged, then stops the installer threads.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if self.threads.is_empty() {
+            return;
+        }
+        self.flush();
+        self.shared.lock().stop = true;
+        self.shared.work.notify_all();
+        for t in self.threads.drain(..) {
+            if t.join().is_err() {
+                tracing::error!("a ring installer thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,114 @@
+//! From a sealed slot to an installer: the slot is handed to the backend (or, retired or
+//! failing, left to the CPU) and queued as a [`Job`] for the installers, who take them with
+//! `next_job`; backend failures are counted here and retire the backend when there are too
+//! many; an installed slot is freed for the writers.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::shared::{Job, Phase, Shared, SlotState};
+use super::stats::{bump, Step};
+use crate::batch::backend::{BackendError, FailureKind};
+
+impl Shared {
+    /// Hands a sealed slot to the backend (or, retired or failing, to the CPU) and queues
+    /// it for an installer.
+    pub(super) fn submit(&self, slot: usize, pages: usize) {
+        self.mark(slot, Step::Sealed);
+        let submitted = if self.retired.load(Ordering::Relaxed) {
+            false
+        } else {
+            match self.staging.backend().submit(slot, pages, self.limit) {
+                Ok(()) => {
+                    bump(&self.counters.slots_submitted, 1);
+                    true
+                }
+                Err(e) => {
+                    self.failed(&e);
+                    false
+                }
+            }
+        };
+        self.mark(slot, Step::Submitting);
+        self.lock().queue.push_back(Job {
+            slot,
+            pages,
+            submitted,
+        });
+        self.work.notify_one();
+    }
+
+    /// Counts a backend failure; retires the backend when it is sticky or one too many.
+    pub(super) fn failed(&self, e: &BackendError) {
+        bump(&self.counters.backend_failures, 1);
+        let in_row = self.failures_in_row.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::warn!(error = %e, in_row, "batch backend failed; the slot goes to the CPU");
+        if e.kind == FailureKind::Sticky {
+            self.retire("a sticky failure");
+        } else if in_row >= self.cfg.max_failures {
+            self.retire("too many failures in a row");
+        }
+    }
+
+    /// From now on every write is compressed on the CPU (logged once).
+    pub(super) fn retire(&self, why: &str) {
+        if !self.retired.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                backend = self.staging.backend().name(),
+                why,
+                "retiring the batch backend: every write is compressed on the CPU from now on"
+            );
+        }
+    }
+
+    /// Frees an installed slot.
+    pub(super) fn free(&self, slot: usize) {
+        self.mark(slot, Step::Installing);
+        let mut st = self.lock();
+        st.slots[slot] = SlotState {
+            phase: Phase::Free,
+            filled: 0,
+            writers: 0,
+        };
+        st.free.push(slot);
+        st.stalled = false;
+        drop(st);
+        self.idle.notify_all();
+    }
+
+    /// The next job for an installer, sealing the open slot when its delay is up. `None`
+    /// when stopping.
+    pub(super) fn next_job(&self) -> Option<Job> {
+        let mut st = self.lock();
+        loop {
+            if let Some(job) = st.queue.pop_front() {
+                self.mark(job.slot, Step::Queued);
+                return Some(job);
+            }
+            if st.stop {
+                return None;
+            }
+            let wait = match (st.open, st.opened) {
+                (Some(slot), Some(since)) => {
+                    let waited = since.elapsed();
+                    if waited >= self.cfg.max_delay {
+                        if let Some(pages) = self.seal(&mut st, slot) {
+                            drop(st);
+                            self.submit(slot, pages);
+                            st = self.lock();
+                        }
+                        continue;
+                    }
+                    self.cfg.max_delay - waited
+                }
+                // Woken by the writer that opens the next slot, or to stop.
+                _ => Duration::from_millis(100),
+            };
+            st = self
+                .work
+                .wait_timeout(st, wait)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+}
