@@ -32,14 +32,19 @@ pub enum Command {
     /// swapoff the device started from a config file (systemd ExecStop); during a restart
     /// of --unit, hand the device over to the next daemon instead (swap stays on).
     SwapOff(SwapOffArgs),
-    /// Check a config file and say what it makes on this host (the unit's ExecCondition):
-    /// exit 0 when a device is made, 1 when none is (host-memory-limit, a size of 0), 255
-    /// when the file is invalid.
-    CheckConfig(ConfigArg),
+    /// Check a config and say what it makes on this host (the unit's ExecCondition): exit 0
+    /// when a device is made, 1 when none is (host-memory-limit, a size of 0), 255 when it is
+    /// invalid. Without --config, every device configured here: /etc/uzram/*.toml and
+    /// zram-generator.conf's sections.
+    CheckConfig(CheckArgs),
     /// Print shell completions for bash, zsh, fish, elvish or powershell.
     Completions(CompletionsArgs),
     /// Print the man page (roff), or write one page per command into a directory.
     Man(ManArgs),
+    /// The systemd generator (installed as uzram-generator): wants uzram@NAME.service into
+    /// swap.target for every configured device, at boot.
+    #[command(hide = true)]
+    Generator(GeneratorArgs),
     /// Internal: the detached daemon that `create` starts.
     #[command(hide = true)]
     Daemon(DaemonArgs),
@@ -50,6 +55,22 @@ pub enum Command {
     /// Drive the daemon's request handler with a corpus from several threads, as ublk queue
     /// threads do, while one thread times reads; report speed, CPU, memory, read latency.
     Bench(BenchArgs),
+}
+
+/// The arguments, with `generator` put in front when the binary runs as `uzram-generator`
+/// (the name systemd knows its generators by: a symlink to uzram).
+pub fn args_with_generator_name(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<_> = args.into_iter().collect();
+    let generator = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|n| n == "uzram-generator");
+    if generator {
+        args.insert(1, "generator".into());
+    }
+    args
 }
 
 impl Command {
@@ -300,7 +321,8 @@ pub struct StatusArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// TOML config file (see systemd/uzram.toml.example).
+    /// A uzram TOML file (uzram.toml(5)), or zram-generator:zramN for a section of
+    /// zram-generator.conf.
     #[arg(long)]
     pub config: PathBuf,
     /// Take the device over from the running daemon of this config and serve it until the
@@ -327,9 +349,25 @@ pub struct StandbyArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct ConfigArg {
-    /// The TOML config file the device was started from.
+    /// The config the device was started from: a uzram TOML file, or zram-generator:zramN
+    /// for a section of zram-generator.conf.
     #[arg(long)]
     pub config: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// A uzram TOML file, or zram-generator:zramN for a section of zram-generator.conf;
+    /// without it, every device configured on this host.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct GeneratorArgs {
+    /// systemd's normal, early and late generator folders (only the first is written).
+    #[arg(num_args = 1..=3, required = true)]
+    pub dirs: Vec<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]

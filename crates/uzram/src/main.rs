@@ -52,7 +52,7 @@ fn main() -> ExitCode {
     // whose heap grows by fresh page faults outside the daemon's pre-grown headroom (seen in
     // the guest: a queue thread stuck faulting in such a heap under memory pressure).
     let malloc_configured = memory::reserve::configure_malloc();
-    let cli = cli::Cli::parse();
+    let cli = cli::Cli::parse_from(cli::args_with_generator_name(std::env::args_os()));
     // Before any thread exists too, so that every thread inherits it, the log writer's
     // included: a daemon thread whose reclaim queues swap writes can wait for its own device
     // forever. After a kill -9 under memory pressure, the dying daemon's log
@@ -151,6 +151,7 @@ fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         Command::SwapOn(args) => cmd::swap::on(args),
         Command::SwapOff(args) => cmd::swap::off(args),
         Command::CheckConfig(args) => cmd::check::run(args),
+        Command::Generator(args) => cmd::generator::run(args),
         Command::Completions(args) => cmd::docs::completions(args),
         Command::Man(args) => cmd::docs::man(args),
         Command::Daemon(args) => cmd::daemon::run(args),

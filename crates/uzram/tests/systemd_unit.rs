@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 const UNIT: &str = include_str!("../../../systemd/uzram@.service");
-const INSTALLED_BIN: &str = "/usr/local/sbin/uzram";
+const INSTALLED_BIN: &str = "/usr/sbin/uzram";
 
 fn systemd_analyze() -> Option<&'static str> {
     ["/usr/bin/systemd-analyze", "/bin/systemd-analyze"]

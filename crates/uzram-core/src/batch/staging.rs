@@ -86,6 +86,7 @@ impl<'a> Books<'a> {
     }
 
     /// The fill epoch of `slot`.
+    #[inline]
     pub(crate) fn epoch(&self, slot: usize) -> Option<&'a AtomicU64> {
         if slot < self.slots {
             self.words.get(slot)
@@ -95,6 +96,7 @@ impl<'a> Books<'a> {
     }
 
     /// The page staged at `index` of `slot` in its current fill ([`NO_PAGE`]: none).
+    #[inline]
     pub(crate) fn page(&self, slot: usize, index: usize) -> Option<&'a AtomicU64> {
         if slot < self.slots && index < self.slot_pages {
             self.words.get(self.slots + slot * self.slot_pages + index)
@@ -104,6 +106,7 @@ impl<'a> Books<'a> {
     }
 
     /// The checksum of the page staged at `index` of `slot` (in its low 32 bits).
+    #[inline]
     pub(crate) fn checksum(&self, slot: usize, index: usize) -> Option<&'a AtomicU64> {
         if slot < self.slots && index < self.slot_pages {
             let pages = self.slots * self.slot_pages;
@@ -116,6 +119,7 @@ impl<'a> Books<'a> {
 
     /// The checksum its writer recorded for `ticket`'s page, if the books say it is staged
     /// where the ticket says.
+    #[inline]
     pub(crate) fn checksum_of(&self, ticket: Ticket) -> Option<u32> {
         let (slot, index) = (ticket.at.slot(), ticket.at.index());
         if self.ticket(slot, index) != Some(ticket) {
@@ -125,6 +129,7 @@ impl<'a> Books<'a> {
     }
 
     /// The ticket of the page staged at `index` of `slot` in its current fill, if any.
+    #[inline]
     pub(crate) fn ticket(&self, slot: usize, index: usize) -> Option<Ticket> {
         let page = self.page(slot, index)?.load(Ordering::Relaxed);
         let at = StagedAt::new(slot, index, self.epoch(slot)?.load(Ordering::Relaxed))?;
@@ -227,6 +232,7 @@ impl Staging {
     }
 
     /// The fill epoch of `slot` (0 for a slot that does not exist).
+    #[inline]
     pub(crate) fn epoch(&self, slot: usize) -> u64 {
         self.books()
             .epoch(slot)
@@ -234,6 +240,7 @@ impl Staging {
     }
 
     /// Starts `slot`'s next fill: entries that name the one before no longer match.
+    #[inline]
     pub(crate) fn next_epoch(&self, slot: usize) {
         if let Some(epoch) = self.books().epoch(slot) {
             epoch.fetch_add(1, Ordering::Relaxed);
@@ -241,6 +248,7 @@ impl Staging {
     }
 
     /// Books `page` at `index` of `slot` ([`NO_PAGE`]: none).
+    #[inline]
     pub(crate) fn book_page(&self, slot: usize, index: usize, page: u64) {
         if let Some(w) = self.books().page(slot, index) {
             w.store(page, Ordering::Relaxed);
@@ -248,6 +256,7 @@ impl Staging {
     }
 
     /// Records the checksum its writer computed of the page at `index` of `slot`.
+    #[inline]
     pub(crate) fn book_checksum(&self, slot: usize, index: usize, checksum: u32) {
         if let Some(w) = self.books().checksum(slot, index) {
             w.store(u64::from(checksum), Ordering::Relaxed);
@@ -255,6 +264,7 @@ impl Staging {
     }
 
     /// The words of the page at `index` of `slot`.
+    #[inline]
     pub(crate) fn words(&self, slot: usize, index: usize) -> Option<&[AtomicU64]> {
         self.backend
             .input(slot)
@@ -262,12 +272,14 @@ impl Staging {
     }
 
     /// The ticket of the page staged at `index` of `slot` in its current fill, if any.
+    #[inline]
     pub(crate) fn ticket(&self, slot: usize, index: usize) -> Option<Ticket> {
         self.books().ticket(slot, index)
     }
 
     /// The checksum its writer recorded for `ticket`'s page, if the books say it is staged
     /// where the ticket says.
+    #[inline]
     pub(crate) fn checksum(&self, ticket: Ticket) -> Option<u32> {
         self.books().checksum_of(ticket)
     }

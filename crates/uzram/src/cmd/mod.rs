@@ -5,6 +5,7 @@ pub mod create;
 pub mod daemon;
 pub mod destroy;
 pub mod docs;
+pub mod generator;
 pub mod handover;
 pub mod leftovers;
 pub mod list;

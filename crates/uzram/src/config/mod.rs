@@ -416,9 +416,7 @@ pub enum ConfigError {
     #[error("cannot read MemTotal from /proc/meminfo (needed for ram in size expressions)")]
     MemInfo,
     /// `zram-generator:zramN` names a section that no file has.
-    #[error(
-        "zram-generator's configuration has no [{name}] section (files read: {files:?})"
-    )]
+    #[error("zram-generator's configuration has no [{name}] section (files read: {files:?})")]
     NoSection {
         /// The section.
         name: String,

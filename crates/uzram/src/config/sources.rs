@@ -92,7 +92,10 @@ mod tests {
         std::fs::create_dir_all(&sd).unwrap();
         std::fs::write(sd.join("zram-generator.conf"), "[zram0]\n[zram1]\n").unwrap();
         let (sources, notes) = all(dir.path(), "").unwrap();
-        let names: Vec<_> = sources.iter().map(|s| (s.name.as_str(), s.spec.clone())).collect();
+        let names: Vec<_> = sources
+            .iter()
+            .map(|s| (s.name.as_str(), s.spec.clone()))
+            .collect();
         assert_eq!(
             names,
             [

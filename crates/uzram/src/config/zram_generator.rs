@@ -343,7 +343,10 @@ impl Section {
         }
         // zram-generator's default, where uzram's own files leave the kernel's.
         if !table.contains_key("swap-priority") {
-            table.insert("swap-priority".into(), toml::Value::Integer(DEFAULT_PRIORITY));
+            table.insert(
+                "swap-priority".into(),
+                toml::Value::Integer(DEFAULT_PRIORITY),
+            );
         }
         // zram-generator's obsolete pair replaces zram-size when either is set.
         if fraction.is_some() || max_size.is_some() {

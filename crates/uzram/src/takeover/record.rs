@@ -396,7 +396,14 @@ mod tests {
                     config: Some("etc/x.toml".into()),
                     ..good.clone()
                 },
-                "not absolute",
+                "neither an absolute path",
+            ),
+            (
+                DaemonState {
+                    config: Some("zram-generator:../../etc/shadow".into()),
+                    ..good.clone()
+                },
+                "neither an absolute path",
             ),
             (
                 DaemonState {

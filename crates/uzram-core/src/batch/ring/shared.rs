@@ -76,11 +76,13 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    #[inline]
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// `slot` ends step `ended` now (each slot's steps follow one another, so one mark each).
+    #[inline]
     pub(super) fn mark(&self, slot: usize, ended: Step) {
         let now = u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         if let Some(m) = self.slot_marks.get(slot) {

@@ -1,0 +1,284 @@
+//! `uzram-generator` (`uzram generator`): the systemd generator that makes a device of every
+//! configured source at boot, as zram-generator does, so that a config file is all a user
+//! writes. systemd runs it early, before most of the system is up: it reads only the config
+//! files and `/proc`, writes only into the folder it is given, logs to the kernel log, and
+//! exits 0 however a config is broken (the unit of a broken config fails and says why).
+//!
+//! For each source that makes a device on this host (`config::sources`) it wants
+//! `uzram@NAME.service` into `swap.target`; a zram-generator section also gets a drop-in
+//! that points the instance at the section (`UZRAM_CONFIG=zram-generator:zramN`). A source
+//! whose plan is to make no device here (`host-memory-limit`, a size of 0) gets no unit. In
+//! a container nothing is made: there is no ublk there, and zram-generator does the same.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use crate::cli::GeneratorArgs;
+use crate::config::sources::{self, Source};
+use crate::config::zram_generator::{self, section_of_spec};
+use crate::config::{Host, Plan};
+
+/// Where the template unit may be installed, in systemd's order.
+const TEMPLATE_DIRS: [&str; 3] = [
+    "etc/systemd/system",
+    "usr/lib/systemd/system",
+    "lib/systemd/system",
+];
+const TEMPLATE: &str = "uzram@.service";
+
+pub fn run(args: GeneratorArgs) -> anyhow::Result<ExitCode> {
+    let log = Kmsg::open();
+    let Some(normal) = args.dirs.first() else {
+        anyhow::bail!("usage: uzram-generator NORMAL-DIR [EARLY-DIR LATE-DIR]");
+    };
+    if in_container() {
+        log.info("in a container: no ublk device, nothing to do");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let root = Path::new("/");
+    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    let made = Host::current()
+        .map_err(anyhow::Error::from)
+        .and_then(|host| generate(root, &cmdline, host, normal, &log));
+    if let Err(err) = made {
+        log.error(&format!("{err:#}"));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes the units for every source under `root` into `normal`; returns the instances
+/// wanted.
+pub fn generate(
+    root: &Path,
+    cmdline: &str,
+    host: Host,
+    normal: &Path,
+    log: &dyn Log,
+) -> anyhow::Result<Vec<String>> {
+    let (list, notes) = sources::all(root, cmdline)?;
+    for note in notes {
+        log.info(&note);
+    }
+    if list.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(template) = TEMPLATE_DIRS
+        .iter()
+        .map(|d| root.join(d).join(TEMPLATE))
+        .find(|p| p.exists())
+    else {
+        anyhow::bail!("{TEMPLATE} is not installed: no device is started");
+    };
+    // The unit file the symlinks point at, as systemd sees it (not under a test's root).
+    let target = Path::new("/").join(template.strip_prefix(root).unwrap_or(&template));
+    let mut wanted = Vec::new();
+    for source in &list {
+        match plan_of(root, cmdline, source, host) {
+            Ok(Plan::Skip(why)) => {
+                log.info(&format!("{}: no device on this host: {why}", source.name));
+                continue;
+            }
+            Ok(Plan::Device(_)) => {}
+            // Still wanted: the unit's check-config fails it, and says why, where an
+            // administrator looks (systemctl status, the journal).
+            Err(err) => log.error(&format!("{}: {err:#}", source.name)),
+        }
+        want(root, normal, &target, source)?;
+        wanted.push(source.name.clone());
+    }
+    Ok(wanted)
+}
+
+fn plan_of(root: &Path, cmdline: &str, source: &Source, host: Host) -> anyhow::Result<Plan> {
+    if let Some(name) = section_of_spec(&source.spec) {
+        let cfg = zram_generator::read(root, cmdline)?;
+        let section = cfg
+            .devices
+            .get(name)
+            .ok_or_else(|| anyhow::anyhow!("no section [{name}]"))?;
+        return Ok(section.plan(host).plan?);
+    }
+    let path = root.join(source.spec.strip_prefix("/").unwrap_or(&source.spec));
+    let text = std::fs::read_to_string(&path)?;
+    Ok(crate::config::file::parse_config(
+        &source.spec,
+        &text,
+        host,
+    )?)
+}
+
+/// `swap.target.wants/uzram@NAME.service`, and for a zram-generator section its drop-in.
+fn want(root: &Path, normal: &Path, template: &Path, source: &Source) -> anyhow::Result<()> {
+    let unit = format!("uzram@{}.service", source.name);
+    let wants = normal.join("swap.target.wants");
+    std::fs::create_dir_all(&wants)?;
+    let link = wants.join(&unit);
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(template, &link)?;
+    if section_of_spec(&source.spec).is_some() {
+        let dir = normal.join(format!("{unit}.d"));
+        std::fs::create_dir_all(&dir)?;
+        let files = zram_generator::files(root);
+        let source_path = files
+            .first()
+            .map(|f| Path::new("/").join(f.strip_prefix(root).unwrap_or(f)))
+            .unwrap_or_else(|| PathBuf::from("/etc/systemd/zram-generator.conf"));
+        std::fs::write(
+            dir.join("zram-generator.conf"),
+            format!(
+                "# Automatically generated by uzram-generator\n\
+                 [Unit]\n\
+                 SourcePath={}\n\
+                 [Service]\n\
+                 Environment=UZRAM_CONFIG={}\n",
+                source_path.display(),
+                source.spec.display()
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+/// Where a generator's lines go.
+pub trait Log {
+    fn info(&self, msg: &str);
+    fn error(&self, msg: &str);
+}
+
+/// The kernel log (`/dev/kmsg`): the only log a generator has; stderr where it cannot be
+/// opened.
+struct Kmsg(Option<std::fs::File>);
+
+impl Kmsg {
+    fn open() -> Kmsg {
+        Kmsg(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/kmsg")
+                .ok(),
+        )
+    }
+
+    fn line(&self, level: u8, msg: &str) {
+        let line = format!("<{level}>uzram-generator[{}]: {msg}\n", std::process::id());
+        match &self.0 {
+            Some(file) => {
+                let _ = (&*file).write_all(line.as_bytes());
+            }
+            None => eprint!("{}", &line[3..]),
+        }
+    }
+}
+
+impl Log for Kmsg {
+    fn info(&self, msg: &str) {
+        self.line(6, msg);
+    }
+
+    fn error(&self, msg: &str) {
+        self.line(3, msg);
+    }
+}
+
+/// `systemd-detect-virt --container`, as zram-generator asks; no answer counts as no.
+fn in_container() -> bool {
+    std::process::Command::new("systemd-detect-virt")
+        .args(["--quiet", "--container"])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    #[derive(Default)]
+    struct Lines(RefCell<Vec<String>>);
+
+    impl Log for Lines {
+        fn info(&self, msg: &str) {
+            self.0.borrow_mut().push(format!("info: {msg}"));
+        }
+        fn error(&self, msg: &str) {
+            self.0.borrow_mut().push(format!("error: {msg}"));
+        }
+    }
+
+    fn write(root: &Path, path: &str, text: &str) {
+        let p = root.join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    #[test]
+    fn every_source_that_makes_a_device_is_wanted_into_swap_target() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        write(r, "usr/lib/systemd/system/uzram@.service", "[Unit]\n");
+        write(r, "etc/uzram/swap0.toml", "size = \"1G\"\n");
+        write(
+            r,
+            "etc/uzram/big.toml",
+            "size = \"1G\"\nhost-memory-limit = 1024\n",
+        );
+        write(
+            r,
+            "etc/systemd/zram-generator.conf",
+            "[zram0]\nzram-size = ram / 4\n[zram1]\nmount-point = /var/tmp\n",
+        );
+        let out = tempfile::tempdir().unwrap();
+        let lines = Lines::default();
+        let host = Host { ram_mib: 8192 };
+        let wanted = generate(r, "", host, out.path(), &lines).unwrap();
+        // big: more RAM than its host-memory-limit, no unit; zram1: wanted, so that its
+        // unit fails and says why.
+        assert_eq!(wanted, ["swap0", "zram0", "zram1"]);
+        let wants = out.path().join("swap.target.wants");
+        for name in &wanted {
+            let link = std::fs::read_link(wants.join(format!("uzram@{name}.service"))).unwrap();
+            assert_eq!(link, Path::new("/usr/lib/systemd/system/uzram@.service"));
+        }
+        assert!(!wants.join("uzram@big.service").exists());
+        let dropin =
+            std::fs::read_to_string(out.path().join("uzram@zram0.service.d/zram-generator.conf"))
+                .unwrap();
+        assert!(
+            dropin.contains("Environment=UZRAM_CONFIG=zram-generator:zram0"),
+            "{dropin}"
+        );
+        assert!(
+            dropin.contains("SourcePath=/etc/systemd/zram-generator.conf"),
+            "{dropin}"
+        );
+        assert!(!out.path().join("uzram@swap0.service.d").exists());
+        let lines = lines.0.into_inner();
+        assert!(
+            lines.iter().any(|l| l.starts_with("info: big: no device")),
+            "{lines:?}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("error: zram1:") && l.contains("mount-point")),
+            "{lines:?}"
+        );
+    }
+
+    #[test]
+    fn the_kernel_command_line_or_no_config_makes_nothing() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        write(r, "usr/lib/systemd/system/uzram@.service", "[Unit]\n");
+        let host = Host { ram_mib: 8192 };
+        let out = tempfile::tempdir().unwrap();
+        assert!(generate(r, "", host, out.path(), &Lines::default())
+            .unwrap()
+            .is_empty());
+        write(r, "etc/systemd/zram-generator.conf", "[zram0]\n");
+        let off = generate(r, "systemd.zram=0", host, out.path(), &Lines::default()).unwrap();
+        assert!(off.is_empty());
+        assert!(!out.path().join("swap.target.wants").exists());
+    }
+}
