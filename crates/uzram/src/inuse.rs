@@ -47,6 +47,28 @@ pub fn is_active_swap(dev: &str) -> std::io::Result<bool> {
     }))
 }
 
+/// `dev`'s line of `/proc/swaps`: (size, used) in KiB; `None` when it is not active swap.
+pub fn swap_usage(dev: &str) -> std::io::Result<Option<(u64, u64)>> {
+    let rdev = block_rdev(dev);
+    let swaps = std::fs::read_to_string("/proc/swaps")?;
+    Ok(swap_line(&swaps, dev, |path| {
+        rdev.is_some() && block_rdev(path) == rdev
+    }))
+}
+
+/// (size, used) in KiB of the `/proc/swaps` line of `dev`, or of a path for which
+/// `same_device` holds.
+fn swap_line(swaps: &str, dev: &str, same_device: impl Fn(&str) -> bool) -> Option<(u64, u64)> {
+    swaps.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let path = *f.first()?;
+        if path != dev && !same_device(path) {
+            return None;
+        }
+        Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?))
+    })
+}
+
 /// The device number of a block device node.
 pub fn block_rdev(path: &str) -> Option<u64> {
     use std::os::unix::fs::FileTypeExt;
@@ -107,6 +129,20 @@ fn open_by(dev: &str) -> Option<(u32, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn swap_usage_reads_size_and_used_of_the_device_line() {
+        let swaps = "Filename\tType\tSize\tUsed\tPriority\n\
+                     /dev/zram-uzram/ublkb0 partition\t1061884\t524288\t100\n\
+                     /swapfile file 2097148 0 -2\n";
+        let alias = |p: &str| p == "/dev/zram-uzram/ublkb0";
+        assert_eq!(
+            swap_line(swaps, "/dev/ublkb0", alias),
+            Some((1061884, 524288))
+        );
+        assert_eq!(swap_line(swaps, "/swapfile", |_| false), Some((2097148, 0)));
+        assert_eq!(swap_line(swaps, "/dev/ublkb1", |_| false), None);
+    }
 
     #[test]
     fn finds_active_swap() {

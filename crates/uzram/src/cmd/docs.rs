@@ -1,5 +1,6 @@
 //! `uzram completions SHELL` and `uzram man`: shell completions and man pages generated from
-//! the clap definitions, so they never disagree with `--help`.
+//! the clap definitions, so they never disagree with `--help`; and the two pages that are no
+//! command's, written by hand (`man/`): the config file's and the generator's.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -14,6 +15,15 @@ pub fn completions(args: CompletionsArgs) -> anyhow::Result<ExitCode> {
     clap_complete::generate(args.shell, &mut cmd, "uzram", &mut std::io::stdout());
     Ok(ExitCode::SUCCESS)
 }
+
+/// The hand-written pages: (file name, roff).
+const WRITTEN: [(&str, &str); 2] = [
+    ("uzram.toml.5", include_str!("../../../../man/uzram.toml.5")),
+    (
+        "uzram-generator.8",
+        include_str!("../../../../man/uzram-generator.8"),
+    ),
+];
 
 /// `uzram` is an administration tool: section 8, like zramctl(8).
 const SECTION: &str = "8";
@@ -41,10 +51,66 @@ pub fn man(args: ManArgs) -> anyhow::Result<ExitCode> {
         let sub = sub.clone().name(name.clone());
         pages.push((format!("{name}.{SECTION}"), page(sub)?));
     }
+    pages.extend(WRITTEN.map(|(file, text)| (file.to_string(), text.as_bytes().to_vec())));
     for (file, text) in pages {
         let path = dir.join(&file);
         std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
         println!("{}", path.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every key a uzram file accepts, as the config file's page must name them.
+    const KEYS: &[&str] = &[
+        "zram-size",
+        "size",
+        "zram-resident-limit",
+        "mem-limit",
+        "host-memory-limit",
+        "compression-algorithm",
+        "backend",
+        "metrics-textfile",
+        "swap-priority",
+        "options",
+        "fs-type",
+        "queues",
+        "depth",
+        "queue-mode",
+        "id",
+        "gpus",
+        "gpu-memory",
+        "gpu-parse",
+        "gpu-installers",
+        "gpu-slot-wait-us",
+        "gpu-slot-pages",
+        "checksums",
+    ];
+
+    #[test]
+    fn the_config_page_names_every_key_a_file_accepts() {
+        let page = WRITTEN[0].1;
+        let host = crate::config::Host { ram_mib: 8192 };
+        for key in KEYS {
+            let named = page
+                .split(|c: char| c.is_whitespace() || c == '"' || c == ',')
+                .any(|word| word == *key);
+            assert!(named, "uzram.toml(5) lacks {key}");
+            // and the key is one a file accepts (an unknown one is an error)
+            let text = format!("{key} = 1\n");
+            let err =
+                crate::config::file::parse_config(std::path::Path::new("t.toml"), &text, host)
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
+            assert!(!err.contains("unknown field"), "{key}: {err}");
+        }
+        let text = "no-such-key = 1\n";
+        let err = crate::config::file::parse_config(std::path::Path::new("t.toml"), text, host)
+            .unwrap_err();
+        assert!(err.to_string().contains("unknown field"), "{err}");
+    }
 }

@@ -14,6 +14,7 @@ pub mod run;
 pub mod spawn;
 pub mod status;
 pub mod swap;
+pub mod swapoff;
 
 use std::path::Path;
 use std::time::Duration;

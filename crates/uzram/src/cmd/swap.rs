@@ -102,7 +102,7 @@ pub fn off(off_args: SwapOffArgs) -> anyhow::Result<ExitCode> {
     if !is_swap(&dev)? {
         return Ok(ExitCode::SUCCESS);
     }
-    if let Err(err) = exec(Command::new("swapoff").arg(&dev)) {
+    if let Err(err) = super::swapoff::run(&dev) {
         // At shutdown systemd stops its own swap unit for the device (dev-ublkbN.swap) at the
         // same time, and the second swapoff fails with EINVAL while the first still reads
         // pages back. The device is off swap once /proc/swaps no longer lists it.
