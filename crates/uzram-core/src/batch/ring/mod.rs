@@ -43,14 +43,14 @@ mod stats;
 mod submit;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub use self::config::{RingConfig, ThreadHook};
 use self::install::{installer_loop, Tools, BUFS};
-use self::shared::{Phase, Shared, SlotState, State};
+use self::shared::{Phase, Shared, SlotState, State, NO_SLOT};
 use self::stats::Counters;
 pub use self::stats::{RingStats, SlotTimes};
 use super::backend::{BackendMemory, SlotBackend};
@@ -134,14 +134,7 @@ impl Ring {
                 open: None,
                 opened: None,
                 free: (0..slots).rev().collect(),
-                slots: vec![
-                    SlotState {
-                        phase: Phase::Free,
-                        filled: 0,
-                        writers: 0,
-                    };
-                    slots
-                ],
+                slots: vec![SlotState { phase: Phase::Free }; slots],
                 queue: VecDeque::with_capacity(slots),
                 stop: false,
                 stalled: false,
@@ -154,6 +147,8 @@ impl Ring {
             counters: Counters::default(),
             started: Instant::now(),
             slot_marks: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            leases: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            open_hint: AtomicUsize::new(NO_SLOT),
             cfg,
         });
         let mut ring = Ring {
@@ -205,7 +200,7 @@ impl Ring {
         let mut st = sh.lock();
         let mut submit = None;
         if let Some(slot) = st.open {
-            if st.slots[slot].filled > 0 {
+            if sh.leased(slot) > 0 {
                 submit = sh.seal(&mut st, slot).map(|pages| (slot, pages));
             }
         }
@@ -213,7 +208,7 @@ impl Ring {
             .slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.phase != Phase::Free && s.filled > 0)
+            .filter(|&(i, s)| s.phase != Phase::Free && sh.leased(i) > 0)
             .map(|(i, _)| (i, sh.staging.epoch(i)))
             .collect();
         drop(st);
@@ -288,7 +283,8 @@ impl Ring {
             if st
                 .slots
                 .iter()
-                .all(|s| s.phase == Phase::Free || (s.filled == 0 && s.writers == 0))
+                .enumerate()
+                .all(|(i, s)| s.phase == Phase::Free || (sh.leased(i) == 0 && !sh.held(i)))
             {
                 return true;
             }

@@ -1,9 +1,16 @@
 //! What the writers, the installers and the [`Ring`](super::Ring) handle share: the slots'
-//! state behind one mutex, the staging, the counters, and the marks that time each slot's
-//! steps. The jobs on it live in `stage.rs`, `submit.rs` and `install.rs`.
+//! state behind one mutex, each slot's lease word, the staging, the counters, and the marks
+//! that time each slot's steps. The jobs on it live in `stage.rs`, `submit.rs` and
+//! `install.rs`.
+//!
+//! A write leases pages of the open slot with one compare-and-swap on that slot's lease
+//! word (`LEASE_OPEN`) and gives them back with one atomic subtraction: the
+//! mutex is taken only to open, seal, submit and free a slot, a few times per slot instead
+//! of twice per write. With 16 queue threads the mutex held writers back (each write's
+//! CPU rose 40 % from 4 to 16 threads, and ingest fell a third).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
@@ -15,18 +22,38 @@ use crate::store::PageStore;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Phase {
     Free,
-    Filling,
-    /// Full or timed out; submitted once its last writer is done.
-    Sealed,
-    /// Submitted or failed, until its results are installed.
-    Busy,
+    /// Opened, until its results are installed (its lease word says how far it got).
+    InUse,
 }
+
+/// A slot's lease word: pages leased (low 32 bits), writers holding a lease (bits 32..62),
+/// and two flags. `OPEN`: writers may lease; set when the slot is opened, cleared when it is
+/// sealed. `SEALED`: no more leases; whoever sees `SEALED` with no writer left submits it:
+/// the sealer if none held a lease, else the last writer to let go.
+pub(super) const LEASE_OPEN: u64 = 1 << 63;
+/// See [`LEASE_OPEN`].
+pub(super) const LEASE_SEALED: u64 = 1 << 62;
+/// One writer in a lease word.
+pub(super) const LEASE_WRITER: u64 = 1 << 32;
+const LEASE_FILLED: u64 = (1 << 32) - 1;
+const LEASE_WRITERS: u64 = ((1 << 30) - 1) << 32;
+
+/// Pages leased in lease word `w`.
+pub(super) fn filled(w: u64) -> usize {
+    (w & LEASE_FILLED) as usize
+}
+
+/// Writers holding a lease in lease word `w`.
+pub(super) fn writers(w: u64) -> u64 {
+    (w & LEASE_WRITERS) >> 32
+}
+
+/// `open_hint` when no slot is open.
+pub(super) const NO_SLOT: usize = usize::MAX;
 
 #[derive(Debug, Clone, Copy)]
 pub(super) struct SlotState {
     pub(super) phase: Phase,
-    pub(super) filled: usize,
-    pub(super) writers: u32,
 }
 
 /// A slot an installer takes on.
@@ -73,6 +100,11 @@ pub(super) struct Shared {
     pub(super) started: Instant,
     /// Per slot, when its current step began (ns after `started`).
     pub(super) slot_marks: Vec<AtomicU64>,
+    /// Per slot, its lease word ([`LEASE_OPEN`]).
+    pub(super) leases: Vec<AtomicU64>,
+    /// The open slot, for writers that lease without the mutex ([`NO_SLOT`]: none). A hint:
+    /// the lease word decides.
+    pub(super) open_hint: AtomicUsize,
 }
 
 impl Shared {

@@ -6,7 +6,10 @@ use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 use std::time::Instant;
 
-use super::shared::{Phase, Shared, SlotState, State};
+use super::shared::{
+    filled, writers, Phase, Shared, SlotState, State, LEASE_OPEN, LEASE_SEALED, LEASE_WRITER,
+    NO_SLOT,
+};
 use super::stats::{bump, Step};
 use crate::batch::staging::NO_PAGE;
 use crate::page::{
@@ -145,6 +148,17 @@ impl Shared {
         if self.retired.load(Ordering::Relaxed) || self.draining.load(Ordering::Acquire) {
             return None;
         }
+        // Without the mutex: the open slot, if it has room.
+        let hint = self.open_hint.load(Ordering::Acquire);
+        if hint != NO_SLOT {
+            if let Some((lease, event)) = self.lease_in(hint, want) {
+                if event != Leased::Plain {
+                    let mut st = self.lock();
+                    self.after_lease(&mut st, hint, event);
+                }
+                return Some(lease);
+            }
+        }
         let mut st = self.lock();
         let mut waited = false;
         loop {
@@ -153,8 +167,28 @@ impl Shared {
             if st.stop || closed {
                 return None;
             }
-            if st.open.is_some() || !st.free.is_empty() {
-                break;
+            if let Some(slot) = st.open {
+                if let Some((lease, event)) = self.lease_in(slot, want) {
+                    self.after_lease(&mut st, slot, event);
+                    return Some(lease);
+                }
+                // Sealed by a writer that filled it, which clears `open` once it has the
+                // mutex: clear it now.
+                self.close(&mut st, slot);
+                continue;
+            }
+            if let Some(slot) = st.free.pop() {
+                self.mark(slot, Step::Free);
+                st.slots[slot] = SlotState {
+                    phase: Phase::InUse,
+                };
+                self.staging.next_epoch(slot);
+                // The epoch first: a writer whose lease succeeds on this word reads it.
+                self.leases[slot].store(LEASE_OPEN, Ordering::Release);
+                st.open = Some(slot);
+                st.opened = None;
+                self.open_hint.store(slot, Ordering::Release);
+                continue;
             }
             if waited || st.stalled || self.cfg.slot_wait.is_zero() {
                 return None;
@@ -171,78 +205,126 @@ impl Shared {
                 st.stalled = true;
             }
         }
-        let slot = match st.open {
-            Some(slot) => slot,
-            None => {
-                let slot = st.free.pop()?;
-                self.mark(slot, Step::Free);
-                st.slots[slot] = SlotState {
-                    phase: Phase::Filling,
-                    filled: 0,
-                    writers: 0,
-                };
-                self.staging.next_epoch(slot);
-                st.open = Some(slot);
-                st.opened = None;
-                slot
+    }
+
+    /// Leases up to `want` pages of `slot` with one compare-and-swap on its lease word;
+    /// `None` when it is not open or full.
+    fn lease_in(&self, slot: usize, want: usize) -> Option<(Lease, Leased)> {
+        let word = self.leases.get(slot)?;
+        let mut w = word.load(Ordering::Acquire);
+        loop {
+            let base = filled(w);
+            if w & LEASE_OPEN == 0 || w & LEASE_SEALED != 0 || base >= self.slot_pages {
+                return None;
             }
-        };
-        let slot_pages = self.slot_pages;
-        let s = &mut st.slots[slot];
-        let base = s.filled;
-        let count = want.min(slot_pages - base);
-        s.filled += count;
-        s.writers += 1;
-        if s.filled == slot_pages {
-            s.phase = Phase::Sealed;
-            self.mark(slot, Step::Filling);
+            let count = want.min(self.slot_pages - base);
+            let full = base + count == self.slot_pages;
+            let mut new = w + count as u64 + LEASE_WRITER;
+            if full {
+                new = (new | LEASE_SEALED) & !LEASE_OPEN;
+            }
+            match word.compare_exchange_weak(w, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    let event = match (full, base) {
+                        (true, _) => Leased::Filled,
+                        (false, 0) => Leased::First,
+                        _ => Leased::Plain,
+                    };
+                    // The slot cannot be reopened (its epoch move) while this lease holds it.
+                    let epoch = self.staging.epoch(slot);
+                    let lease = Lease {
+                        slot,
+                        base,
+                        count,
+                        epoch,
+                    };
+                    return Some((lease, event));
+                }
+                Err(now) => w = now,
+            }
+        }
+    }
+
+    /// What a lease that took a slot's first pages, or its last, tells the others.
+    fn after_lease(&self, st: &mut State, slot: usize, event: Leased) {
+        match event {
+            Leased::Plain => {}
+            // An installer times the open slot.
+            Leased::First => {
+                if st.open == Some(slot) && st.opened.is_none() {
+                    st.opened = Some(Instant::now());
+                    self.work.notify_one();
+                }
+            }
+            Leased::Filled => {
+                self.close(st, slot);
+                self.mark(slot, Step::Filling);
+            }
+        }
+    }
+
+    /// `slot` takes no more leases: it is no longer the open one.
+    fn close(&self, st: &mut State, slot: usize) {
+        if st.open == Some(slot) {
             st.open = None;
             st.opened = None;
-        } else if st.opened.is_none() {
-            st.opened = Some(Instant::now());
-            // An installer times the open slot.
-            self.work.notify_one();
         }
-        Some(Lease {
+        let _ = self.open_hint.compare_exchange(
             slot,
-            base,
-            count,
-            epoch: self.staging.epoch(slot),
-        })
+            NO_SLOT,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
     }
 
     /// A writer is done with its lease of `slot`; the last writer of a sealed slot
     /// submits it.
     fn release(&self, slot: usize) {
-        let submit = {
-            let mut st = self.lock();
-            let s = &mut st.slots[slot];
-            s.writers -= 1;
-            if s.phase == Phase::Sealed && s.writers == 0 {
-                s.phase = Phase::Busy;
-                Some(s.filled)
-            } else {
-                None
-            }
+        let Some(word) = self.leases.get(slot) else {
+            return;
         };
-        if let Some(pages) = submit {
-            self.submit(slot, pages);
+        let before = word.fetch_sub(LEASE_WRITER, Ordering::AcqRel);
+        if before & LEASE_SEALED != 0 && writers(before) == 1 {
+            self.submit(slot, filled(before));
         }
     }
 
-    /// Seals `slot` (no more leases); returns its page count when it can be submitted now.
+    /// Seals `slot` (no more leases); returns its page count when it can be submitted now
+    /// (no writer holds a lease; otherwise the last one to let go submits it). `None` too
+    /// when it was sealed already.
     pub(super) fn seal(&self, st: &mut State, slot: usize) -> Option<usize> {
-        if st.open == Some(slot) {
-            st.open = None;
-            st.opened = None;
-        }
+        self.close(st, slot);
+        let word = self.leases.get(slot)?;
+        let before = word
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                (w & LEASE_SEALED == 0).then_some((w | LEASE_SEALED) & !LEASE_OPEN)
+            })
+            .ok()?;
         self.mark(slot, Step::Filling);
-        let s = &mut st.slots[slot];
-        s.phase = Phase::Sealed;
-        if s.writers == 0 {
-            s.phase = Phase::Busy;
-            return Some(s.filled);
-        }
-        None
+        (writers(before) == 0).then_some(filled(before))
     }
+
+    /// Pages leased in `slot` so far.
+    pub(super) fn leased(&self, slot: usize) -> usize {
+        self.leases
+            .get(slot)
+            .map_or(0, |w| filled(w.load(Ordering::Acquire)))
+    }
+
+    /// Whether a writer holds a lease of `slot`.
+    pub(super) fn held(&self, slot: usize) -> bool {
+        self.leases
+            .get(slot)
+            .is_some_and(|w| writers(w.load(Ordering::Acquire)) > 0)
+    }
+}
+
+/// What a lease did to its slot besides leasing pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leased {
+    Plain,
+    /// It took the slot's first pages.
+    First,
+    /// It took the slot's last pages, sealing it.
+    Filled,
 }

@@ -65,11 +65,10 @@ impl Shared {
     pub(super) fn free(&self, slot: usize) {
         self.mark(slot, Step::Installing);
         let mut st = self.lock();
-        st.slots[slot] = SlotState {
-            phase: Phase::Free,
-            filled: 0,
-            writers: 0,
-        };
+        st.slots[slot] = SlotState { phase: Phase::Free };
+        if let Some(word) = self.leases.get(slot) {
+            word.store(0, Ordering::Release);
+        }
         st.free.push(slot);
         st.stalled = false;
         drop(st);
