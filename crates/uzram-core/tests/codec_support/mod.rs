@@ -6,11 +6,18 @@ use uzram_core::page::PAGE_SIZE;
 
 pub type Page = [u8; PAGE_SIZE];
 
-/// The checked-in corpus slices (512 pages each of a Python heap and a swap mix).
+/// The checked-in corpus slices (`testdata/*.slice.pages.zst`: a Python heap, a swap mix and
+/// heaps of a compiler, a JVM, node, postgres, redis and numpy).
 pub fn corpus_pages() -> Vec<Page> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .expect("testdata")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".slice.pages.zst"))
+        .collect();
+    names.sort();
     let mut pages = Vec::new();
-    for name in ["python-heap.slice.pages.zst", "mixed-swap.slice.pages.zst"] {
+    for name in names {
         let z = std::fs::read(dir.join(name)).expect("testdata slice");
         let raw = zstd::stream::decode_all(&z[..]).expect("zstd slice");
         assert_eq!(raw.len() % PAGE_SIZE, 0);

@@ -9,13 +9,19 @@ use uzram_core::PAGE_SIZE;
 /// A boxed page.
 pub type Page = Box<[u8; PAGE_SIZE]>;
 
-/// Real pages: the two checked-in corpus slices (512 pages each), concatenated.
+/// Real pages: the checked-in corpus slices (`testdata/*.slice.pages.zst`), concatenated.
 pub fn corpus_pages() -> &'static [u8] {
     static PAGES: OnceLock<Vec<u8>> = OnceLock::new();
     PAGES.get_or_init(|| {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata");
         let mut all = Vec::new();
-        for name in ["python-heap.slice.pages.zst", "mixed-swap.slice.pages.zst"] {
+        let mut names: Vec<_> = std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("{dir}: {e}"))
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.ends_with(".slice.pages.zst"))
+            .collect();
+        names.sort();
+        for name in names {
             let path = format!("{dir}/{name}");
             let packed = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
             let raw = zstd::decode_all(&packed[..]).unwrap_or_else(|e| panic!("{path}: {e}"));

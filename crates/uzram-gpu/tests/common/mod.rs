@@ -117,16 +117,21 @@ pub fn run_slots(slots: &GpuSlots, pages: &[u8], limit: usize) -> Result<Vec<Own
     Ok(out)
 }
 
-/// The checked-in 512-page slices of both corpora (`$UZRAM_TESTDATA_DIR`, default the
-/// repository's `testdata/`, for binaries run away from their build tree).
+/// The checked-in corpus slices, `testdata/*.slice.pages.zst` (`$UZRAM_TESTDATA_DIR`, default
+/// the repository's `testdata/`, for binaries run away from their build tree).
 pub fn slice_paths() -> Vec<PathBuf> {
     let dir = std::env::var_os("UZRAM_TESTDATA_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata"));
-    ["python-heap", "mixed-swap"]
-        .iter()
-        .map(|n| dir.join(format!("{n}.slice.pages.zst")))
-        .collect()
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|d| {
+            d.filter_map(|e| Some(e.ok()?.path()))
+                .filter(|p| p.to_string_lossy().ends_with(".slice.pages.zst"))
+                .collect()
+        })
+        .unwrap_or_default();
+    paths.sort();
+    paths
 }
 
 /// The full 64 MiB corpora in `$UZRAM_CORPUS_DIR` (`*.pages.zst`), if that is set.
