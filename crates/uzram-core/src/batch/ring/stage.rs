@@ -269,12 +269,9 @@ impl Shared {
             st.open = None;
             st.opened = None;
         }
-        let _ = self.open_hint.compare_exchange(
-            slot,
-            NO_SLOT,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        );
+        let _ = self
+            .open_hint
+            .compare_exchange(slot, NO_SLOT, Ordering::AcqRel, Ordering::Relaxed);
     }
 
     /// A writer is done with its lease of `slot`; the last writer of a sealed slot

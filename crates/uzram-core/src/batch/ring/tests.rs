@@ -717,6 +717,9 @@ fn many_writers_lease_without_the_mutex_and_every_slot_goes_round_once() {
         stats.staged_pages, stats.installed_pages,
         "every staged page installed once: {stats:?}"
     );
-    assert!(stats.slots_submitted > 50, "the slots went round: {stats:?}");
+    assert!(
+        stats.slots_submitted > 50,
+        "the slots went round: {stats:?}"
+    );
     assert_reads(&store, &data);
 }
