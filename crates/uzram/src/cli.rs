@@ -32,6 +32,11 @@ pub enum Command {
     /// swapoff the device started from a config file (systemd ExecStop); during a restart
     /// of --unit, hand the device over to the next daemon instead (swap stays on).
     SwapOff(SwapOffArgs),
+    /// Mark a device's pages idle (zram's idle): all of them, or those unused for --age.
+    Idle(IdleArgs),
+    /// Recompress a device's idle or huge pages with zstd now (zram's recompress); a page
+    /// is kept recompressed only if that saves memory.
+    Recompress(RecompressArgs),
     /// Check a config and say what it makes on this host (the unit's ExecCondition): exit 0
     /// when a device is made, 1 when none is (host-memory-limit, a size of 0), 255 when it is
     /// invalid. Without --config, every device configured here: /etc/uzram/*.toml and
@@ -138,6 +143,16 @@ pub struct DeviceArgs {
     /// every read, unless this is given; for measuring what the checksums cost).
     #[arg(long)]
     pub no_checksums: bool,
+    /// Recompress pages that went unused with zstd or zstd:LEVEL (default level 3), in the
+    /// background; a page is kept recompressed only if that saves memory.
+    #[arg(long, value_name = "ALGORITHM")]
+    pub recompress_algorithm: Option<String>,
+    /// How long a page goes unused before it is recompressed: 30s, 10m, 1h, 2d (default 1h).
+    #[arg(long, value_name = "AGE")]
+    pub recompress_idle_age: Option<String>,
+    /// Recompress only pages stored in at least this many bytes (zram's threshold=).
+    #[arg(long, value_name = "BYTES")]
+    pub recompress_threshold: Option<u64>,
 }
 
 /// How the GPU backend runs (`uzram create`, `run`'s daemon, `uzram bench`).
@@ -356,6 +371,34 @@ pub struct ConfigArg {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct IdleArgs {
+    /// The device: /dev/ublkbN, ublkbN or N.
+    pub device: String,
+    /// Only pages unused this long (30s, 10m, 1h, 2d); without it, every page.
+    #[arg(long)]
+    pub age: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RecompressArgs {
+    /// The device: /dev/ublkbN, ublkbN or N.
+    pub device: String,
+    /// Which pages: idle (unused for the device's recompress-idle-age, default 1h, or marked
+    /// with uzram idle), huge (stored uncompressed), or huge_idle (both).
+    #[arg(long = "type", default_value = "idle", value_name = "TYPE")]
+    pub kind: String,
+    /// Only pages stored in at least this many bytes (zram's threshold=).
+    #[arg(long, value_name = "BYTES")]
+    pub threshold: Option<u64>,
+    /// zstd or zstd:LEVEL (default: the device's recompress-algorithm, else zstd:3).
+    #[arg(long)]
+    pub algorithm: Option<String>,
+    /// Print the pass's report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
 pub struct CheckArgs {
     /// A uzram TOML file, or zram-generator:zramN for a section of zram-generator.conf;
     /// without it, every device configured on this host.
@@ -431,6 +474,10 @@ pub struct BenchArgs {
     /// Page checksums to run side by side: on, off, or both (on,off).
     #[arg(long, default_value = "on")]
     pub checksums: String,
+    /// After each run's writes, mark every page idle and recompress it with zstd or
+    /// zstd:LEVEL, as the cold tier does; report the idle set's memory before and after.
+    #[arg(long, value_name = "ALGORITHM")]
+    pub recompress: Option<String>,
 }
 
 impl DeviceArgs {
@@ -447,6 +494,9 @@ impl DeviceArgs {
             id: self.id,
             metrics_textfile: self.metrics_textfile.clone(),
             checksums: self.no_checksums.then_some(false),
+            recompress_algorithm: self.recompress_algorithm.clone(),
+            recompress_idle_age: self.recompress_idle_age.clone(),
+            recompress_threshold: self.recompress_threshold,
             ..crate::config::RawDevice::default()
         })
     }
@@ -472,6 +522,9 @@ impl DeviceArgs {
             },
             metrics_textfile: raw.metrics_textfile.clone(),
             no_checksums: raw.checksums == Some(false),
+            recompress_algorithm: raw.recompress_algorithm.clone(),
+            recompress_idle_age: raw.recompress_idle_age.clone(),
+            recompress_threshold: raw.recompress_threshold,
         }
     }
 
@@ -501,6 +554,17 @@ impl DeviceArgs {
         if self.no_checksums {
             v.push("--no-checksums".to_string());
         }
+        push_flag(
+            &mut v,
+            "--recompress-algorithm",
+            self.recompress_algorithm.as_ref(),
+        );
+        push_flag(
+            &mut v,
+            "--recompress-idle-age",
+            self.recompress_idle_age.as_ref(),
+        );
+        push_flag(&mut v, "--recompress-threshold", self.recompress_threshold);
         v
     }
 }

@@ -151,6 +151,8 @@ fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         Command::SwapOn(args) => cmd::swap::on(args),
         Command::SwapOff(args) => cmd::swap::off(args),
         Command::CheckConfig(args) => cmd::check::run(args),
+        Command::Idle(args) => cmd::tier::idle(args),
+        Command::Recompress(args) => cmd::tier::recompress(args),
         Command::Generator(args) => cmd::generator::run(args),
         Command::Completions(args) => cmd::docs::completions(args),
         Command::Man(args) => cmd::docs::man(args),

@@ -9,13 +9,16 @@
 //! - `TAG_SAME_EXT`: a fill word that does not fit; the shard keeps it in a side map;
 //! - `TAG_STORED`: bits 3..16 hold the stored length (1..=4096; 4096 means the page is
 //!   stored raw), bits 16..64 the arena offset in 8-byte units;
+//! - `TAG_RECOMPRESSED`: as `TAG_STORED`, for an object that recompression rewrote as a zstd
+//!   frame (whatever the store's own algorithm; a frame decodes at any level) and that is
+//!   always compressed (length 1..4096);
 //! - `TAG_STAGED`: the page waits, uncompressed, in a batch backend's staging memory: bits
 //!   3..11 hold the slot, bits 11..27 the page's index in it, bits 27..64 the slot's fill
 //!   epoch (so an entry from an earlier fill of the same slot never matches a later one);
 //! - `TAG_LOST`: a recovered store found the page staged: its bytes were in the dead
 //!   daemon's staging memory, so reads fail until it is written again.
 //!
-//! Tags 6 and 7 are never written: an entry with one decodes as [`Slot::Invalid`], and so
+//! Tag 7 is never written: an entry with it decodes as [`Slot::Invalid`], and so
 //! does a same-filled entry whose check byte does not match. Reads of such a page fail,
 //! and a recovery refuses a table that holds one.
 //!
@@ -31,6 +34,7 @@ const TAG_SAME_EXT: u64 = 2;
 const TAG_STORED: u64 = 3;
 const TAG_STAGED: u64 = 4;
 const TAG_LOST: u64 = 5;
+const TAG_RECOMPRESSED: u64 = 6;
 /// Bits of a same-filled entry's check byte, above the tag.
 const CHECK_BITS: u32 = 8;
 const FILL_SHIFT: u32 = TAG_BITS + CHECK_BITS;
@@ -106,12 +110,14 @@ pub(crate) enum Slot {
         handle: u64,
         /// Stored bytes.
         len: u16,
+        /// Rewritten by recompression as a zstd frame, not in the store's own algorithm.
+        recompressed: bool,
     },
     /// Uncompressed in a batch backend's staging memory, waiting for its compressed form.
     Staged(StagedAt),
     /// Staged when the daemon that held the staging memory died (see `persist.rs`).
     Lost,
-    /// Not an entry this store writes: tag 6 or 7, or a same-filled entry whose check byte
+    /// Not an entry this store writes: tag 7, or a same-filled entry whose check byte
     /// does not match its word (memory that was damaged, or never was a table).
     Invalid,
 }
@@ -134,13 +140,23 @@ impl Entry {
                 Entry((word << FILL_SHIFT) | (u64::from(fill_check(word)) << TAG_BITS) | TAG_SAME)
             }
             Slot::Same(_) | Slot::SameExt => Entry(TAG_SAME_EXT),
-            Slot::Stored { handle, len } => {
+            Slot::Stored {
+                handle,
+                len,
+                recompressed,
+            } => {
                 debug_assert!(handle % HANDLE_ALIGN == 0 && handle <= MAX_HANDLE);
                 debug_assert!(len >= 1 && usize::from(len) <= PAGE_SIZE);
+                debug_assert!(!recompressed || usize::from(len) < PAGE_SIZE);
+                let tag = if recompressed {
+                    TAG_RECOMPRESSED
+                } else {
+                    TAG_STORED
+                };
                 Entry(
                     ((handle / HANDLE_ALIGN) << HANDLE_SHIFT)
                         | ((u64::from(len) & LEN_MASK) << LEN_SHIFT)
-                        | TAG_STORED,
+                        | tag,
                 )
             }
             Slot::Staged(at) => Entry(
@@ -183,12 +199,20 @@ impl Entry {
                 }
             }
             TAG_SAME_EXT => Slot::SameExt,
-            TAG_STORED => {
+            tag @ (TAG_STORED | TAG_RECOMPRESSED) => {
                 let len = ((self.0 >> LEN_SHIFT) & LEN_MASK) as u16;
-                if (1..=PAGE_SIZE as u16).contains(&len) {
+                let recompressed = tag == TAG_RECOMPRESSED;
+                // A recompressed page is always compressed: never the raw page's length.
+                let most = if recompressed {
+                    PAGE_SIZE as u16 - 1
+                } else {
+                    PAGE_SIZE as u16
+                };
+                if (1..=most).contains(&len) {
                     Slot::Stored {
                         handle: (self.0 >> HANDLE_SHIFT) * HANDLE_ALIGN,
                         len,
+                        recompressed,
                     }
                 } else {
                     Slot::Invalid
@@ -258,14 +282,30 @@ mod tests {
             Slot::Same(0x0003_4567_89ab_cdef),
             Slot::Same(0xfff0_0000_0000_0001),
             Slot::Same(0x000f_ffff_ffff_ffff),
-            Slot::Stored { handle: 0, len: 1 },
+            Slot::Stored {
+                handle: 0,
+                len: 1,
+                recompressed: false,
+            },
             Slot::Stored {
                 handle: 8 * 12345,
                 len: 4095,
+                recompressed: false,
             },
             Slot::Stored {
                 handle: MAX_HANDLE,
                 len: PAGE_SIZE as u16,
+                recompressed: false,
+            },
+            Slot::Stored {
+                handle: 8,
+                len: 1,
+                recompressed: true,
+            },
+            Slot::Stored {
+                handle: MAX_HANDLE,
+                len: PAGE_SIZE as u16 - 1,
+                recompressed: true,
             },
             Slot::Staged(StagedAt::new(0, 0, 0).unwrap()),
             Slot::Staged(StagedAt::new(255, 65535, EPOCH_MODULUS - 1).unwrap()),
@@ -308,20 +348,25 @@ mod tests {
 
     #[test]
     fn words_no_entry_is_written_as_decode_as_invalid() {
-        for tag in [6u64, 7] {
-            for high in [0u64, 1 << 20, u64::MAX << 3] {
-                assert_eq!(Entry::from_word(high | tag).slot(), Slot::Invalid);
-            }
+        for high in [0u64, 1 << 20, u64::MAX << 3] {
+            assert_eq!(Entry::from_word(high | 7).slot(), Slot::Invalid);
         }
         // an empty tag with anything above it
         assert_eq!(Entry::from_word(1 << 40).slot(), Slot::Invalid);
-        // a stored page of no bytes, or of more than a page
+        // a stored page of no bytes, or of more than a page; a recompressed one as long as
+        // a raw page
         for len in [0u64, PAGE_SIZE as u64 + 1, LEN_MASK] {
-            assert_eq!(
-                Entry::from_word((len << LEN_SHIFT) | TAG_STORED).slot(),
-                Slot::Invalid
-            );
+            for tag in [TAG_STORED, TAG_RECOMPRESSED] {
+                assert_eq!(
+                    Entry::from_word((len << LEN_SHIFT) | tag).slot(),
+                    Slot::Invalid
+                );
+            }
         }
+        assert_eq!(
+            Entry::from_word(((PAGE_SIZE as u64) << LEN_SHIFT) | TAG_RECOMPRESSED).slot(),
+            Slot::Invalid
+        );
         assert_eq!(Entry::pack(Slot::Invalid).slot(), Slot::Invalid);
     }
 

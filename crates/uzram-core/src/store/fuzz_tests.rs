@@ -103,6 +103,18 @@ fn image() -> Image {
         store.write(i, &page(i)).unwrap();
     }
     store.discard(PAGES - 3, 2).unwrap();
+    // Some pages recompressed (zstd objects, their own tag), as a daemon with a cold tier
+    // leaves them.
+    store.mark_idle(None);
+    let recompressed = store
+        .recompress(crate::store::Recompress {
+            candidates: crate::store::Candidates::Idle { min_age: 0 },
+            level: 3,
+            threshold: 0,
+            max_pages: PAGES / 2,
+        })
+        .unwrap();
+    assert!(recompressed.rewritten > 0, "{recompressed:?}");
     let segments = store.arena.snapshot().into_iter().enumerate().collect();
     let table = table().iter().map(|w| w.load(Relaxed)).collect();
     drop(store);
@@ -147,7 +159,7 @@ fn damage(image: &Image, input: &[u8]) -> (Vec<u64>, HashMap<usize, Vec<u64>>, b
 fn stored_checksum(store: &PageStore, index: u64) -> Option<u32> {
     let (shard, idx) = store.locate(index);
     match read_lock(shard).get(idx) {
-        Some(Slot::Stored { handle, len }) => {
+        Some(Slot::Stored { handle, len, .. }) => {
             let mut bytes = [0u8; PAGE_SIZE];
             store.load_stored(handle, usize::from(len), &mut bytes)
         }

@@ -33,6 +33,7 @@ pub mod persist;
 mod segments;
 mod shard;
 mod stats;
+mod tier;
 mod words;
 mod worker;
 
@@ -42,6 +43,10 @@ use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWrite
 pub use self::entry::{StagedAt, MAX_SLOT_PAGES, MAX_STAGING_SLOTS};
 pub use self::persist::{Persistence, Recovered, SegmentHome, SegmentWords, SEGMENT_BYTES};
 pub use self::stats::{MemoryUsage, Stats};
+pub use self::tier::{
+    AgeCounts, Candidates, Recompress, Recompressed, AGE_BUCKETS,
+    DEFAULT_LEVEL as DEFAULT_RECOMPRESS_LEVEL, MAX_AGE,
+};
 
 /// Bytes each stored object spends on its checksum.
 pub const CHECKSUM_BYTES: usize = arena::CHECKSUM_BYTES;
@@ -207,6 +212,8 @@ pub struct PageStore {
     persistent: bool,
     /// Stored objects carry a checksum ([`StoreConfig::checksums`]).
     checksums: bool,
+    /// Each page's last use, for the cold tier (`tier.rs`).
+    ages: tier::Ages,
 }
 
 impl std::fmt::Debug for PageStore {
@@ -248,7 +255,7 @@ impl PageStore {
         let fixed = std::mem::size_of::<Self>() - std::mem::size_of::<Arena>()
             + layout.shards * std::mem::size_of::<RwLock<Shard>>();
         let entries = (layout.shards * layout.shard_len) as u64 * 8;
-        Ok(fixed as u64 + entries)
+        Ok(fixed as u64 + entries + tier::Ages::bytes_for(pages))
     }
 
     /// Most arena segments a store of `pages` pages can hold: the size of a
@@ -410,7 +417,8 @@ impl PageStore {
             + shards
                 .iter()
                 .map(|s| read_lock(s).table_bytes())
-                .sum::<u64>();
+                .sum::<u64>()
+            + tier::Ages::bytes_for(cfg.pages);
         if let Some(limit) = cfg.mem_limit {
             if limit < table_bytes {
                 return Err(CoreError::Config(format!(
@@ -420,6 +428,7 @@ impl PageStore {
         }
         let persistent = home.is_some();
         let checksums = cfg.checksums;
+        let ages = tier::Ages::new(usize::try_from(cfg.pages).map_err(|_| CoreError::NoMemory)?)?;
         Ok(Self {
             pages: cfg.pages,
             algorithm: cfg.algorithm,
@@ -435,6 +444,7 @@ impl PageStore {
             staging: OnceLock::new(),
             persistent,
             checksums,
+            ages,
         })
     }
 
@@ -481,7 +491,7 @@ impl PageStore {
     /// The arena object `(handle, bytes)` a slot holds, if any.
     fn stored_object(&self, slot: Slot) -> Option<(u64, usize)> {
         match slot {
-            Slot::Stored { handle, len } => Some((handle, self.object_len(usize::from(len)))),
+            Slot::Stored { handle, len, .. } => Some((handle, self.object_len(usize::from(len)))),
             _ => None,
         }
     }
@@ -522,7 +532,9 @@ impl PageStore {
     /// Creates the calling thread's codec now. Threads that serve I/O call this before
     /// serving, so that a codec that cannot be allocated fails the start, not a request.
     pub fn prepare_thread(&self) -> Result<(), CoreError> {
-        worker::prepare(self.algorithm)
+        worker::prepare(self.algorithm)?;
+        // Any page may have been recompressed, by this daemon or one before it.
+        worker::with_recompressed_decoder(|_, _| Ok(()))
     }
 
     /// Writes whole pages starting at `first_page`, compressing each on the calling thread
@@ -627,9 +639,10 @@ impl PageStore {
     }
 
     fn read_page(&self, index: u64, page: &mut [u8; PAGE_SIZE]) -> Result<(), CoreError> {
+        self.ages.read(index);
         let (shard, idx) = self.locate(index);
         let shard = read_lock(shard);
-        let (handle, len) = match shard.get(idx) {
+        let (handle, len, recompressed) = match shard.get(idx) {
             None => return Err(self.out_of_range(index, 1)),
             Some(Slot::Invalid) => {
                 return Err(self.failed_check(corrupt(index, "its table entry is damaged")))
@@ -660,7 +673,11 @@ impl PageStore {
                     ))),
                 };
             }
-            Some(Slot::Stored { handle, len }) => (handle, usize::from(len)),
+            Some(Slot::Stored {
+                handle,
+                len,
+                recompressed,
+            }) => (handle, usize::from(len), recompressed),
         };
         if len == PAGE_SIZE {
             let stored = self.load_stored(handle, len, page);
@@ -669,6 +686,19 @@ impl PageStore {
                 Some(stored) => self.verify(index, page, stored),
                 None => Err(self.failed_check(corrupt(index, "arena range missing"))),
             };
+        }
+        if recompressed {
+            return worker::with_recompressed_decoder(|decoder, scratch| {
+                let stored = self.load_stored(handle, len, scratch);
+                drop(shard);
+                let Some(stored) = stored else {
+                    return Err(self.failed_check(corrupt(index, "arena range missing")));
+                };
+                decoder
+                    .decompress(&scratch[..len], page)
+                    .map_err(|source| self.failed_check(CoreError::Corrupt { index, source }))?;
+                self.verify(index, page, stored)
+            });
         }
         // Copy the compressed bytes out under the shard lock, decode after dropping it.
         worker::with_codec(self.algorithm, |codec, scratch| {
@@ -767,6 +797,7 @@ impl PageStore {
                     continue;
                 };
                 shard.totals.replace(cost_of(old), staged_cost);
+                self.ages.written(page);
                 newly += u64::from(!matches!(old, Slot::Staged(_)));
                 if let Some(object) = self.stored_object(old) {
                     if nfreed == freed.len() {
@@ -1033,6 +1064,10 @@ impl PageStore {
             writes: Counters::get(&c.writes),
             staged_pages: totals.staged_pages,
             checksum_failures: Counters::get(&c.checksum_failures),
+            recompressed_pages: totals.recompressed_pages,
+            recompress_tried_pages: Counters::get(&c.recompress_tried),
+            recompress_kept_pages: Counters::get(&c.recompress_kept),
+            recompress_saved_bytes: Counters::get(&c.recompress_saved_bytes),
         }
     }
 
@@ -1115,6 +1150,7 @@ impl PageStore {
             }
         };
         shard.totals.replace(cost_of(old), cost);
+        self.ages.written(index);
         // Writes, discards and zeroes replace a staged copy; only `stage_many` makes one.
         if self.mem_limit.is_some() && matches!(old, Slot::Staged(_)) {
             self.staged.fetch_sub(1, Ordering::Relaxed);
@@ -1295,6 +1331,7 @@ fn stored(handle: u64, len: usize) -> (Slot, PageCost) {
         Slot::Stored {
             handle,
             len: len as u16,
+            recompressed: false,
         },
         PageCost {
             stored: true,
@@ -1314,7 +1351,14 @@ fn cost_of(slot: Slot) -> PageCost {
             staged: true,
             ..PageCost::default()
         },
-        Slot::Stored { handle, len } => stored(handle, usize::from(len)).1,
+        Slot::Stored {
+            handle,
+            len,
+            recompressed,
+        } => PageCost {
+            recompressed,
+            ..stored(handle, usize::from(len)).1
+        },
     }
 }
 

@@ -176,16 +176,25 @@ impl Shard {
     /// `(index, handle, len)` of every page whose bytes are in the arena.
     pub(crate) fn stored(&self) -> impl Iterator<Item = (u64, u64, u16)> + '_ {
         self.slots().filter_map(|(i, slot)| match slot {
-            Slot::Stored { handle, len } => Some((i, handle, len)),
+            Slot::Stored { handle, len, .. } => Some((i, handle, len)),
             _ => None,
         })
     }
 
     /// Points a stored page at its new place after compaction moved its bytes.
     pub(crate) fn rehome(&mut self, idx: u64, handle: u64) {
-        if let Some(Slot::Stored { len, .. }) = self.entries.get(idx).map(Entry::slot) {
-            self.entries
-                .put(idx, Entry::pack(Slot::Stored { handle, len }));
+        if let Some(Slot::Stored {
+            len, recompressed, ..
+        }) = self.entries.get(idx).map(Entry::slot)
+        {
+            self.entries.put(
+                idx,
+                Entry::pack(Slot::Stored {
+                    handle,
+                    len,
+                    recompressed,
+                }),
+            );
         }
     }
 }

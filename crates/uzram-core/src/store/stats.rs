@@ -42,6 +42,16 @@ pub struct Stats {
     /// Reads of stored pages that failed their check (the checksum, the decode, or a
     /// damaged table entry): each one failed with EIO instead of returning other data.
     pub checksum_failures: u64,
+    /// Pages held recompressed (zstd frames written by recompression).
+    pub recompressed_pages: u64,
+    /// Pages recompression tried (cumulative).
+    pub recompress_tried_pages: u64,
+    /// Pages recompression tried and kept as they were: not smaller by a size class
+    /// (cumulative).
+    pub recompress_kept_pages: u64,
+    /// Payload bytes recompression saved (cumulative; pages rewritten since count nothing
+    /// back).
+    pub recompress_saved_bytes: u64,
 }
 
 impl Stats {
@@ -65,6 +75,10 @@ impl Stats {
             ("writes", self.writes),
             ("staged_pages", self.staged_pages),
             ("checksum_failures", self.checksum_failures),
+            ("recompressed_pages", self.recompressed_pages),
+            ("recompress_tried_pages", self.recompress_tried_pages),
+            ("recompress_kept_pages", self.recompress_kept_pages),
+            ("recompress_saved_bytes", self.recompress_saved_bytes),
         ]
     }
 }
@@ -105,6 +119,9 @@ pub(crate) struct Counters {
     pub reads: AtomicU64,
     pub checksum_failures: AtomicU64,
     pub writes: AtomicU64,
+    pub recompress_tried: AtomicU64,
+    pub recompress_kept: AtomicU64,
+    pub recompress_saved_bytes: AtomicU64,
 }
 
 /// What a page contributes to the counters.
@@ -114,6 +131,7 @@ pub(crate) struct PageCost {
     pub same: bool,
     pub huge: bool,
     pub staged: bool,
+    pub recompressed: bool,
     pub payload: u64,
 }
 
@@ -124,6 +142,7 @@ pub(crate) struct PageTotals {
     pub same_pages: u64,
     pub huge_pages: u64,
     pub staged_pages: u64,
+    pub recompressed_pages: u64,
     pub compr_data_size: u64,
 }
 
@@ -134,6 +153,11 @@ impl PageTotals {
         adjust(&mut self.same_pages, old.same.into(), new.same.into());
         adjust(&mut self.huge_pages, old.huge.into(), new.huge.into());
         adjust(&mut self.staged_pages, old.staged.into(), new.staged.into());
+        adjust(
+            &mut self.recompressed_pages,
+            old.recompressed.into(),
+            new.recompressed.into(),
+        );
         adjust(&mut self.compr_data_size, old.payload, new.payload);
     }
 
@@ -143,6 +167,7 @@ impl PageTotals {
         self.same_pages += other.same_pages;
         self.huge_pages += other.huge_pages;
         self.staged_pages += other.staged_pages;
+        self.recompressed_pages += other.recompressed_pages;
         self.compr_data_size += other.compr_data_size;
     }
 }
@@ -185,10 +210,14 @@ mod tests {
             writes: 15,
             staged_pages: 16,
             checksum_failures: 17,
+            recompressed_pages: 18,
+            recompress_tried_pages: 19,
+            recompress_kept_pages: 20,
+            recompress_saved_bytes: 21,
         };
         let fields = stats.fields();
         let values: Vec<u64> = fields.iter().map(|f| f.1).collect();
-        assert_eq!(values, (1..=17).collect::<Vec<u64>>());
+        assert_eq!(values, (1..=21).collect::<Vec<u64>>());
         assert_eq!(fields[0].0, "orig_data_size");
         assert_eq!(fields[11].0, "notify_free");
     }

@@ -5,7 +5,7 @@
 
 use std::cell::RefCell;
 
-use crate::codec::{Algorithm, PageCodec};
+use crate::codec::{Algorithm, PageCodec, ZstdCodec};
 use crate::page::PAGE_SIZE;
 use crate::CoreError;
 
@@ -18,25 +18,65 @@ struct Worker {
 impl Worker {
     fn new(algorithm: Algorithm) -> Result<Self, CoreError> {
         let codec = algorithm.try_codec().map_err(CoreError::Compress)?;
+        Ok(Self {
+            algorithm,
+            codec,
+            scratch: Self::scratch()?,
+        })
+    }
+
+    /// A zeroed page on the heap, or `NoMemory`.
+    fn scratch() -> Result<Box<[u8; PAGE_SIZE]>, CoreError> {
         let mut scratch = Vec::new();
         scratch
             .try_reserve_exact(PAGE_SIZE)
             .map_err(|_| CoreError::NoMemory)?;
         scratch.resize(PAGE_SIZE, 0u8);
-        let scratch: Box<[u8; PAGE_SIZE]> = scratch
+        scratch
             .into_boxed_slice()
             .try_into()
-            .map_err(|_| CoreError::NoMemory)?;
-        Ok(Self {
-            algorithm,
-            codec,
-            scratch,
-        })
+            .map_err(|_| CoreError::NoMemory)
     }
 }
 
 thread_local! {
     static WORKER: RefCell<Option<Worker>> = const { RefCell::new(None) };
+    static RECOMPRESSED: RefCell<Option<Decoder>> = const { RefCell::new(None) };
+}
+
+/// A zstd decoder and a scratch page, for pages recompression rewrote (`tier.rs`); apart
+/// from the thread's own codec, so that a read of one never replaces it.
+struct Decoder {
+    codec: ZstdCodec,
+    scratch: Box<[u8; PAGE_SIZE]>,
+}
+
+/// Runs `f` with this thread's decoder of recompressed pages and its scratch page, made on
+/// first use (threads that serve I/O make it before serving:
+/// [`crate::PageStore::prepare_thread`]).
+pub(crate) fn with_recompressed_decoder<R>(
+    f: impl FnOnce(&mut dyn PageCodec, &mut [u8; PAGE_SIZE]) -> Result<R, CoreError>,
+) -> Result<R, CoreError> {
+    let make = || -> Result<Decoder, CoreError> {
+        let codec = ZstdCodec::try_new(1).map_err(CoreError::Compress)?;
+        Ok(Decoder {
+            codec,
+            scratch: Worker::scratch()?,
+        })
+    };
+    RECOMPRESSED.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut slot) => {
+            let d = match &mut *slot {
+                Some(d) => d,
+                none => none.insert(make()?),
+            };
+            f(&mut d.codec, &mut d.scratch)
+        }
+        Err(_) => {
+            let mut d = make()?;
+            f(&mut d.codec, &mut d.scratch)
+        }
+    })
 }
 
 /// Creates this thread's codec for `algorithm` now, if it has none.

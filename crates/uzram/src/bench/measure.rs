@@ -39,6 +39,24 @@ pub struct Setup {
     pub warmup: usize,
     /// A checksum with every stored page, checked on every read.
     pub checksums: bool,
+    /// After the writes: every page marked idle and recompressed with zstd at this level.
+    pub recompress: Option<i32>,
+}
+
+/// What recompressing every page after the writes did (`--recompress`).
+#[derive(Debug, Clone, Copy)]
+pub struct Recompressed {
+    /// The store's memory beyond its page table, before and after: the idle set's.
+    pub held_before: u64,
+    pub held_after: u64,
+    /// Payload before and after.
+    pub compr_before: u64,
+    pub compr_after: u64,
+    /// Wall time and CPU time of the pass (one thread).
+    pub wall: Duration,
+    pub cpu: Duration,
+    pub tried: u64,
+    pub rewritten: u64,
 }
 
 /// What one run measured.
@@ -72,6 +90,8 @@ pub struct Run {
     pub backend_stats: Vec<(String, u64)>,
     /// Every page read back equal to what was written last, and the reader saw no other.
     pub verified: bool,
+    /// The recompression pass, when asked for.
+    pub recompressed: Option<Recompressed>,
 }
 
 /// A copy of the corpus a thread can hand to the handler (which takes `&mut` buffers, as
@@ -265,8 +285,41 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
             ))
         })?;
 
-    let verified = ok && reader_ok && verify_all(s, c, corpus, base, total, setup.queues)?;
+    let mut verified = ok && reader_ok && verify_all(s, c, corpus, base, total, setup.queues)?;
     let stats = store.stats();
+    let recompressed = match setup.recompress {
+        None => None,
+        Some(level) => {
+            let table = store.table_bytes();
+            let before = store.stats();
+            store.mark_idle(None);
+            let (cpu_before, start) = (
+                crate::sys::cpu_time(crate::sys::CpuOf::Thread)?,
+                Instant::now(),
+            );
+            let done = store.recompress(uzram_core::store::Recompress {
+                candidates: uzram_core::store::Candidates::Idle { min_age: 0 },
+                level,
+                threshold: 0,
+                max_pages: u64::MAX,
+            })?;
+            let wall = start.elapsed();
+            let cpu = crate::sys::cpu_time(crate::sys::CpuOf::Thread)?.saturating_sub(cpu_before);
+            let after = store.stats();
+            // Every page again, now read from its zstd object.
+            verified = verified && verify_all(s, c, corpus, base, total, setup.queues)?;
+            Some(Recompressed {
+                held_before: before.mem_used_total.saturating_sub(table),
+                held_after: after.mem_used_total.saturating_sub(table),
+                compr_before: before.compr_data_size,
+                compr_after: after.compr_data_size,
+                wall,
+                cpu,
+                tried: done.tried,
+                rewritten: done.rewritten,
+            })
+        }
+    };
     let backend_memory = compression.memory();
     let (waits, timeouts) = pool::take_waits();
     let backend_stats = compression
@@ -307,6 +360,7 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
         backend_device: backend_memory.device_bytes,
         backend_stats,
         verified,
+        recompressed,
     })
 }
 

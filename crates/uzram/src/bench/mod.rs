@@ -43,6 +43,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     );
     let backends = parse_backends(&args.backend)?;
     let checksums = parse_checksums(&args.checksums)?;
+    let recompress = match args.recompress.as_deref() {
+        None => None,
+        Some("zstd") => Some(uzram_core::store::DEFAULT_RECOMPRESS_LEVEL),
+        Some(text) => match Algorithm::parse(text) {
+            Ok(Algorithm::Zstd { level }) => Some(level),
+            _ => anyhow::bail!("--recompress {text:?}: give zstd or zstd:LEVEL"),
+        },
+    };
     let total = parse_size(&args.total).context("--total")?;
     let pages = usize::try_from(total / PAGE_SIZE as u64).context("--total is too large")?;
     ensure!(
@@ -79,6 +87,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                     pages,
                     warmup: args.warmup,
                     checksums,
+                    recompress,
                 };
                 (backend, setup)
             })

@@ -58,6 +58,28 @@ pub struct Report {
     pub verified: bool,
     /// The backend's counters at the end of the last run.
     pub backend_stats: BTreeMap<String, u64>,
+    /// `--recompress`: every page marked idle and recompressed after the writes (medians).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recompress: Option<RecompressReport>,
+}
+
+/// What recompressing every page did, medians over runs.
+#[derive(Debug, Serialize)]
+pub struct RecompressReport {
+    /// zstd's level.
+    pub level: i32,
+    /// The idle set's memory (the store's beyond its page table) after ÷ before.
+    pub memory_after_over_before: f64,
+    /// Payload after ÷ before.
+    pub payload_after_over_before: f64,
+    pub held_before_bytes: u64,
+    pub held_after_bytes: u64,
+    /// Uncompressed GB recompressed per second of the pass (one thread).
+    pub gbps: f64,
+    /// CPU-seconds per GiB recompressed.
+    pub cpu_s_per_gib: f64,
+    /// Pages rewritten ÷ pages tried.
+    pub rewritten_share: f64,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -122,6 +144,30 @@ impl Report {
             backend_stats: last
                 .map(|r| r.backend_stats.iter().cloned().collect())
                 .unwrap_or_default(),
+            recompress: setup.recompress.and_then(|level| {
+                let rs: Vec<_> = runs.iter().filter_map(|r| r.recompressed).collect();
+                let last = rs.last()?;
+                let mm = |f: &dyn Fn(&super::measure::Recompressed) -> f64| {
+                    median(rs.iter().map(f).collect())
+                };
+                let gib = |r: &super::measure::Recompressed| {
+                    r.tried as f64 * PAGE_SIZE as f64 / (1u64 << 30) as f64
+                };
+                Some(RecompressReport {
+                    level,
+                    memory_after_over_before: mm(&|r| {
+                        r.held_after as f64 / r.held_before.max(1) as f64
+                    }),
+                    payload_after_over_before: mm(&|r| {
+                        r.compr_after as f64 / r.compr_before.max(1) as f64
+                    }),
+                    held_before_bytes: last.held_before,
+                    held_after_bytes: last.held_after,
+                    gbps: mm(&|r| r.tried as f64 * PAGE_SIZE as f64 / secs(r.wall) / 1e9),
+                    cpu_s_per_gib: mm(&|r| r.cpu.as_secs_f64() / gib(r).max(1e-9)),
+                    rewritten_share: mm(&|r| r.rewritten as f64 / r.tried.max(1) as f64),
+                })
+            }),
         }
     }
 }

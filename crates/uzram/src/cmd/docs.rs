@@ -88,6 +88,9 @@ mod tests {
         "gpu-slot-wait-us",
         "gpu-slot-pages",
         "checksums",
+        "recompress-algorithm",
+        "recompress-idle-age",
+        "recompress-threshold",
     ];
 
     #[test]

@@ -15,6 +15,7 @@ pub mod spawn;
 pub mod status;
 pub mod swap;
 pub mod swapoff;
+pub mod tier;
 
 use std::path::Path;
 use std::time::Duration;

@@ -79,6 +79,9 @@ pub(super) struct FileConfig {
     gpu_slot_wait_us: Option<u64>,
     gpu_slot_pages: Option<u64>,
     checksums: Option<bool>,
+    recompress_algorithm: Option<String>,
+    recompress_idle_age: Option<ExprValue>,
+    recompress_threshold: Option<u64>,
 }
 
 /// A config file, validated: the device and its swap settings.
@@ -226,6 +229,9 @@ pub(super) fn plan(file: FileConfig, path: &Path, host: Host) -> Result<Plan, Co
         gpu_slot_pages: file.gpu_slot_pages,
         metrics_textfile: file.metrics_textfile,
         checksums: file.checksums,
+        recompress_algorithm: file.recompress_algorithm,
+        recompress_idle_age: file.recompress_idle_age.map(ExprValue::text),
+        recompress_threshold: file.recompress_threshold,
     };
     Ok(Plan::Device(RunConfig {
         device: raw.validate(host)?,
@@ -611,5 +617,45 @@ mod tests {
         let err = parse("size = \"1G\"\nqueue-mode = \"turbo\"").unwrap_err();
         assert!(matches!(err, ConfigError::UnknownQueueMode(_)), "{err}");
         assert!(err.to_string().contains("per-queue"), "{err}");
+    }
+
+    #[test]
+    fn recompression_keys_take_zstd_an_age_and_a_threshold() {
+        let cfg = parse(
+            "size = \"1G\"\nrecompress-algorithm = \"zstd:7\"\nrecompress-idle-age = \"90s\"\n\
+             recompress-threshold = 1024\n",
+        )
+        .unwrap();
+        let r = cfg.device.recompress.unwrap();
+        assert_eq!((r.level, r.idle_age_minutes, r.threshold), (7, 2, 1024));
+        let default = parse("size = \"1G\"\nrecompress-algorithm = \"zstd\"\n").unwrap();
+        let r = default.device.recompress.unwrap();
+        assert_eq!((r.level, r.idle_age_minutes), (3, 60));
+        assert_eq!(parse("size = \"1G\"\n").unwrap().device.recompress, None);
+        for (text, want) in [
+            ("recompress-algorithm = \"lz4\"", "writes zstd"),
+            ("recompress-idle-age = \"1h\"", "need recompress-algorithm"),
+            (
+                "recompress-algorithm = \"zstd\"\nrecompress-idle-age = \"soon\"",
+                "bad age",
+            ),
+            (
+                "recompress-algorithm = \"zstd\"\nrecompress-idle-age = \"90d\"",
+                "bad age",
+            ),
+            (
+                "recompress-algorithm = \"zstd\"\nrecompress-threshold = 5000",
+                "recompress-threshold",
+            ),
+        ] {
+            let err = parse(&format!("size = \"1G\"\n{text}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+        assert_eq!(crate::config::parse_age("10m").unwrap(), 10);
+        assert_eq!(crate::config::parse_age("2h").unwrap(), 120);
+        assert_eq!(crate::config::parse_age("0").unwrap(), 0);
+        assert_eq!(crate::config::parse_age("1d").unwrap(), 1440);
     }
 }

@@ -32,6 +32,8 @@ use crate::sizeexpr::ExprError;
 pub use crate::footprint::{MAX_DEPTH, MAX_QUEUES};
 /// Default queue depth (each tag holds a locked 128 KiB buffer: 8 MiB per queue).
 pub const DEFAULT_DEPTH: u16 = 64;
+/// A page's bytes, the largest recompression threshold.
+const PAGE_BYTES: u64 = uzram_core::PAGE_SIZE as u64;
 /// Highest device id uzram accepts (the kernel allows ids below 2^20).
 pub const MAX_ID: u32 = (1 << 20) - 1;
 
@@ -423,6 +425,17 @@ pub enum ConfigError {
         /// The files read.
         files: Vec<PathBuf>,
     },
+    /// An age (`recompress-idle-age`, `uzram idle --age`) that does not parse.
+    #[error("bad age {0:?}: give a number with s, m, h or d (30s, 10m, 1h, 2d), at most 17 days")]
+    Age(String),
+    /// A recompression algorithm uzram cannot write.
+    #[error(
+        "recompress-algorithm {0:?}: recompression writes zstd: use zstd or zstd:LEVEL (1-22)"
+    )]
+    RecompressAlgorithm(String),
+    /// `recompress-idle-age` or `recompress-threshold` without `recompress-algorithm`.
+    #[error("recompress-idle-age and recompress-threshold need recompress-algorithm (e.g. zstd)")]
+    RecompressWithout,
     /// A zram-generator key that uzram cannot honour for this device.
     #[error("config file {path}: {why}")]
     Unsupported {
@@ -468,6 +481,47 @@ pub struct DeviceConfig {
     pub metrics_textfile: Option<PathBuf>,
     /// A checksum with every stored page, checked on every read (off only to measure it).
     pub checksums: bool,
+    /// Pages that go unused are recompressed in the background, if set.
+    pub recompress: Option<RecompressSettings>,
+}
+
+/// The cold tier's recompression (`recompress-*` keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecompressSettings {
+    /// zstd's level.
+    pub level: i32,
+    /// Minutes a page goes unused before it is recompressed (the store's clock ticks once a
+    /// minute).
+    pub idle_age_minutes: u32,
+    /// Only objects of at least this many bytes (zram's `threshold=`).
+    pub threshold: usize,
+}
+
+/// `recompress-idle-age` when none is given: Android's idle age.
+pub const DEFAULT_RECOMPRESS_IDLE_AGE: &str = "1h";
+
+/// An age as `uzram` takes it: a number with `s`, `m`, `h` or `d` (minutes without one), in
+/// whole minutes, rounded up (the store's clock ticks once a minute).
+pub fn parse_age(text: &str) -> Result<u32, ConfigError> {
+    let bad = || ConfigError::Age(text.to_string());
+    let t = text.trim();
+    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => t.split_at(i),
+        None => (t, "m"),
+    };
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let seconds = match unit {
+        "s" => n,
+        "m" | "min" => n.checked_mul(60).ok_or_else(bad)?,
+        "h" => n.checked_mul(3600).ok_or_else(bad)?,
+        "d" => n.checked_mul(86_400).ok_or_else(bad)?,
+        _ => return Err(bad()),
+    };
+    let minutes = seconds.div_ceil(60);
+    if minutes > u64::from(uzram_core::store::MAX_AGE) {
+        return Err(bad());
+    }
+    Ok(minutes as u32)
 }
 
 /// `swapon -o` options when the config file names none (zram-generator's default).
@@ -520,6 +574,15 @@ pub struct RawDevice {
     /// Page checksums (default on).
     #[serde(default)]
     pub checksums: Option<bool>,
+    /// Recompression algorithm text (zstd or zstd:N).
+    #[serde(default)]
+    pub recompress_algorithm: Option<String>,
+    /// Recompression idle age text (10m, 1h, ...).
+    #[serde(default)]
+    pub recompress_idle_age: Option<String>,
+    /// Recompress only objects of at least this many bytes.
+    #[serde(default)]
+    pub recompress_threshold: Option<u64>,
 }
 
 /// The default queue count: one per CPU, at most 4.
@@ -598,9 +661,41 @@ impl RawDevice {
             gpu,
             metrics_textfile: self.metrics_textfile.clone(),
             checksums: self.checksums.unwrap_or(true),
+            recompress: self.recompress_settings()?,
         };
         cfg.check_memory(host)?;
         Ok(cfg)
+    }
+
+    fn recompress_settings(&self) -> Result<Option<RecompressSettings>, ConfigError> {
+        let Some(text) = &self.recompress_algorithm else {
+            if self.recompress_idle_age.is_some() || self.recompress_threshold.is_some() {
+                return Err(ConfigError::RecompressWithout);
+            }
+            return Ok(None);
+        };
+        let text = match text.as_str() {
+            "zstd" => format!("zstd:{}", uzram_core::store::DEFAULT_RECOMPRESS_LEVEL),
+            other => other.to_string(),
+        };
+        let level = match Algorithm::parse(&text) {
+            Ok(Algorithm::Zstd { level }) => level,
+            _ => return Err(ConfigError::RecompressAlgorithm(text)),
+        };
+        let idle_age_minutes = parse_age(
+            self.recompress_idle_age
+                .as_deref()
+                .unwrap_or(DEFAULT_RECOMPRESS_IDLE_AGE),
+        )?;
+        let threshold = match self.recompress_threshold {
+            Some(t) => ranged("recompress-threshold", t, 0, PAGE_BYTES)? as usize,
+            None => 0,
+        };
+        Ok(Some(RecompressSettings {
+            level,
+            idle_age_minutes,
+            threshold,
+        }))
     }
 
     fn gpu_settings(&self) -> Result<GpuSettings, ConfigError> {

@@ -15,8 +15,9 @@
 //!
 //! Every key zram-generator knows is read. What uzram cannot do is said, naming the key: a
 //! `mount-point` or an `fs-type` other than swap refuses that device (it would not be swap);
-//! `writeback-device`, recompression algorithms and `fs-create-options` leave the device as
-//! swap without them, with a note; `set!` variables are not run (a size expression that uses
+//! `writeback-device` and `fs-create-options` leave the device as swap without them, with a
+//! note; a second `compression-algorithm` that is zstd recompresses pages that went unused
+//! (`recompress-algorithm`), others are noted; `set!` variables are not run (a size expression that uses
 //! one fails and says so). uzram's own keys (`backend`, `queues`, ...) are accepted in a
 //! section too. Unknown keys are ignored with a note, as zram-generator ignores them.
 
@@ -246,6 +247,7 @@ pub const DEFAULT_PRIORITY: i64 = 100;
 /// Keys uzram takes as numbers or booleans; every other key's value is text.
 const NUMBER_KEYS: &[&str] = &[
     "swap-priority",
+    "recompress-threshold",
     "queues",
     "depth",
     "id",
@@ -271,6 +273,9 @@ const UZRAM_KEYS: &[&str] = &[
     "gpu-slot-wait-us",
     "gpu-slot-pages",
     "checksums",
+    "recompress-algorithm",
+    "recompress-idle-age",
+    "recompress-threshold",
 ];
 
 impl Section {
@@ -308,9 +313,14 @@ impl Section {
                     table.insert("host-memory-limit".into(), value.into());
                 }
                 "compression-algorithm" => {
-                    let (algorithm, ignored) = primary_algorithm(value);
-                    notes.extend(ignored);
-                    table.insert(key.clone(), algorithm.into());
+                    let parsed = algorithms(value);
+                    notes.extend(parsed.notes);
+                    table.insert(key.clone(), parsed.primary.into());
+                    if let Some(recompress) = parsed.recompress {
+                        if !self.keys.contains_key("recompress-algorithm") {
+                            table.insert("recompress-algorithm".into(), recompress.into());
+                        }
+                    }
                 }
                 "fs-type" => {
                     table.insert(key.clone(), value.into());
@@ -391,43 +401,72 @@ fn typed(key: &str, value: &str, label: &Path) -> Result<toml::Value, ConfigErro
     Ok(value.into())
 }
 
-/// zram-generator's `compression-algorithm` (`lz4 zstd(level=3) (type=idle)`): the first
-/// algorithm, in uzram's spelling (`zstd:3`), and notes on what is not used.
-fn primary_algorithm(value: &str) -> (String, Vec<String>) {
-    let mut notes = Vec::new();
-    let mut primary = None;
+/// What zram-generator's `compression-algorithm` (`lz4 zstd(level=3) (type=idle)`) asks
+/// of uzram.
+struct Algorithms {
+    /// The first algorithm, in uzram's spelling (`zstd:3`).
+    primary: String,
+    /// The second, when uzram can recompress with it (zstd).
+    recompress: Option<String>,
+    /// What is not used, each naming its part.
+    notes: Vec<String>,
+}
+
+/// Reads zram-generator's `compression-algorithm`: the first algorithm compresses, the
+/// second (zram's first recompression algorithm) recompresses pages that went unused.
+fn algorithms(value: &str) -> Algorithms {
+    let mut out = Algorithms {
+        primary: String::new(),
+        recompress: None,
+        notes: Vec::new(),
+    };
+    let mut seen = 0;
     for token in value.split_whitespace() {
         let (name, params) = match token.split_once('(') {
             Some((name, rest)) => (name, rest.strip_suffix(')').unwrap_or(rest)),
             None => (token, ""),
         };
         if name.is_empty() {
-            notes.push(format!(
-                "recompression parameters ({params}) are ignored: uzram does not recompress yet"
-            ));
-            continue;
-        }
-        if primary.is_some() {
-            notes.push(format!(
-                "recompression algorithm {token} is ignored: uzram does not recompress yet"
-            ));
+            // zram's global recompression parameters: uzram recompresses pages that went
+            // unused (type=idle) by its own recompress-idle-age.
+            if params
+                .split(',')
+                .map(str::trim)
+                .any(|p| p != "type=idle" && !p.is_empty())
+            {
+                out.notes.push(format!(
+                    "recompression parameters ({params}) are ignored but type=idle: uzram \
+                     recompresses pages unused for recompress-idle-age"
+                ));
+            }
             continue;
         }
         let mut level = None;
         for param in params.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             match param.split_once('=') {
                 Some(("level", l)) if name == "zstd" => level = Some(l.to_string()),
-                _ => notes.push(format!(
+                _ => out.notes.push(format!(
                     "compression parameter {param} of {name} is ignored"
                 )),
             }
         }
-        primary = Some(match level {
+        let spelled = match level {
             Some(l) => format!("{name}:{l}"),
             None => name.to_string(),
-        });
+        };
+        match seen {
+            0 => out.primary = spelled,
+            1 if name == "zstd" => out.recompress = Some(spelled),
+            1 => out.notes.push(format!(
+                "recompression algorithm {token} is ignored: uzram recompresses with zstd only"
+            )),
+            _ => out.notes.push(format!(
+                "recompression algorithm {token} is ignored: uzram recompresses with one"
+            )),
+        }
+        seen += 1;
     }
-    (primary.unwrap_or_default(), notes)
+    out
 }
 
 #[cfg(test)]
@@ -593,13 +632,7 @@ mod tests {
         assert_eq!(run.device.algorithm.to_string(), "zstd:3");
         assert_eq!(run.swap.priority, Some(32767));
         assert_eq!(run.swap.options.as_deref(), Some("discard=pages"));
-        for key in [
-            "writeback-device",
-            "lz4",
-            "type=idle",
-            "fs-create-options",
-            "colour",
-        ] {
+        for key in ["writeback-device", "lz4", "fs-create-options", "colour"] {
             assert!(
                 zram0.notes.iter().any(|n| n.contains(key)),
                 "{key}: {:?}",
@@ -618,6 +651,31 @@ mod tests {
         let big = Host { ram_mib: 4096 };
         let zram2 = cfg.devices["zram2"].plan(big);
         assert_eq!(device(&zram2).device.size, 1000 << 20);
+    }
+
+    #[test]
+    fn a_second_zstd_algorithm_recompresses_idle_pages() {
+        let dir = tree(&[(
+            "etc/systemd/zram-generator.conf",
+            "[zram0]\ncompression-algorithm = lz4 zstd(level=5) (type=idle)\n\
+             [zram1]\ncompression-algorithm = lz4 zstd\nrecompress-idle-age = 10m\n\
+             [zram2]\ncompression-algorithm = lz4 lz4hc\n",
+        )]);
+        let cfg = read(dir.path(), "").unwrap();
+        let zram0 = cfg.devices["zram0"].plan(HOST);
+        let r = device(&zram0).device.recompress.expect("recompression");
+        assert_eq!((r.level, r.idle_age_minutes, r.threshold), (5, 60, 0));
+        assert!(zram0.notes.is_empty(), "{:?}", zram0.notes);
+        let zram1 = cfg.devices["zram1"].plan(HOST);
+        let r = device(&zram1).device.recompress.expect("recompression");
+        assert_eq!((r.level, r.idle_age_minutes), (3, 10));
+        let zram2 = cfg.devices["zram2"].plan(HOST);
+        assert_eq!(device(&zram2).device.recompress, None);
+        assert!(
+            zram2.notes.iter().any(|n| n.contains("lz4hc")),
+            "{:?}",
+            zram2.notes
+        );
     }
 
     #[test]

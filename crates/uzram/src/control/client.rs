@@ -88,6 +88,9 @@ mod tests {
                     Response::Stopping
                 }
                 Request::Handoff => Response::HandingOff,
+                _ => Response::Error {
+                    message: "not served by this test".into(),
+                },
             })
         });
         let t = Duration::from_secs(5);

@@ -189,6 +189,33 @@ counters! {
     QUEUE_RING_SETUP_FLAGS = "queue_ring_setup_flags", Requests, Gauge, No,
         "uzram_queue_ring_setup_flags",
         "IORING_SETUP_* bits of the queue threads' io_uring rings.";
+    RECOMPRESSED_PAGES = "recompressed_pages", Store, Gauge, No,
+        "uzram_recompressed_pages",
+        "Pages held recompressed (zstd frames written by the cold tier's recompression).";
+    RECOMPRESS_TRIED_PAGES = "recompress_tried_pages", Store, Counter, Sum,
+        "uzram_recompress_tried_pages_total",
+        "Pages recompression tried.";
+    RECOMPRESS_KEPT_PAGES = "recompress_kept_pages", Store, Counter, Sum,
+        "uzram_recompress_kept_pages_total",
+        "Pages recompression tried and kept as they were (not smaller by a size class).";
+    RECOMPRESS_SAVED_BYTES = "recompress_saved_bytes", Store, Counter, Sum,
+        "uzram_recompress_saved_bytes_total",
+        "Payload bytes recompression saved.";
+    PAGES_AGE_UNDER_1M = "pages_age_under_1m", Store, Gauge, No,
+        "uzram_pages_age_under_1m",
+        "Pages holding data, used (written or read) in the last minute.";
+    PAGES_AGE_UNDER_10M = "pages_age_under_10m", Store, Gauge, No,
+        "uzram_pages_age_under_10m",
+        "Pages holding data, last used 1 to 10 minutes ago.";
+    PAGES_AGE_UNDER_1H = "pages_age_under_1h", Store, Gauge, No,
+        "uzram_pages_age_under_1h",
+        "Pages holding data, last used 10 minutes to an hour ago.";
+    PAGES_AGE_UNDER_1D = "pages_age_under_1d", Store, Gauge, No,
+        "uzram_pages_age_under_1d",
+        "Pages holding data, last used an hour to a day ago.";
+    PAGES_AGE_1D_OR_MORE = "pages_age_1d_or_more", Store, Gauge, No,
+        "uzram_pages_age_1d_or_more",
+        "Pages holding data, unused for a day or more (or marked idle).";
 }
 
 /// The counter named `name`, if it is listed.

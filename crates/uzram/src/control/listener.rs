@@ -293,6 +293,9 @@ mod tests {
                     Request::Status => Response::Status(status()),
                     Request::Stop => Response::Stopping,
                     Request::Handoff => Response::HandingOff,
+                    _ => Response::Error {
+                        message: "not served by this test".into(),
+                    },
                 },
                 limits,
             )

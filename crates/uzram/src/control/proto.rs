@@ -16,6 +16,23 @@ pub enum Request {
     /// Exit at once and leave the device, its I/O paused, and the store to a new daemon (a
     /// planned restart: `systemctl restart` of the unit).
     Handoff,
+    /// Mark pages idle (zram's `idle`): all of them, or those unused for `min_age_minutes`.
+    Idle {
+        /// Only pages unused this long; `None`: every page.
+        #[serde(default)]
+        min_age_minutes: Option<u32>,
+    },
+    /// Recompress now (zram's `recompress`).
+    Recompress {
+        /// `idle`, `huge` or `huge_idle`.
+        kind: String,
+        /// Only objects of at least this many bytes.
+        #[serde(default)]
+        threshold: Option<u64>,
+        /// zstd's level; the device's, else the default.
+        #[serde(default)]
+        level: Option<i32>,
+    },
 }
 
 /// What a daemon answers.
@@ -29,6 +46,13 @@ pub enum Response {
     /// The daemon exits now and leaves the device to a new one.
     HandingOff,
     /// The request was not understood.
+    /// Pages marked idle.
+    Idled {
+        /// How many.
+        pages: u64,
+    },
+    /// A recompression pass ran.
+    Recompressed(RecompressReport),
     Error {
         /// Why.
         message: String,
@@ -36,6 +60,27 @@ pub enum Response {
 }
 
 /// One counter, named as zram names it.
+/// What a recompression pass did (`uzram recompress`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct RecompressReport {
+    /// Candidates tried.
+    pub tried: u64,
+    /// Rewritten smaller.
+    pub rewritten: u64,
+    /// Kept as they were.
+    pub kept: u64,
+    /// Payload bytes saved.
+    pub saved_bytes: u64,
+    /// Written while being recompressed (the write won).
+    pub raced: u64,
+    /// Not rewritten: no memory under the limit, or a failed checksum.
+    pub failed: u64,
+    /// mem_used_total before and after.
+    pub mem_used_before: u64,
+    /// See `mem_used_before`.
+    pub mem_used_after: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stat {
     /// zram's name (`orig_data_size`, `failed_reads`, ...) or a uzram counter.

@@ -10,6 +10,7 @@ pub mod notify;
 mod readiness;
 mod services;
 pub mod store;
+mod tier;
 
 pub use readiness::{Readiness, Reporter};
 

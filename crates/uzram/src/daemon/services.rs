@@ -84,8 +84,20 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
         save_counts();
     })?;
     let requests = Mutex::new(stop_tx.clone());
+    let (tiered, recompress) = (s.store.clone(), s.cfg.recompress);
     spawn("uzram-control", move || {
         listener::serve(socket, move |req| match req {
+            Request::Idle { min_age_minutes } => Response::Idled {
+                pages: tiered.mark_idle(min_age_minutes),
+            },
+            Request::Recompress {
+                kind,
+                threshold,
+                level,
+            } => match super::tier::recompress_now(&tiered, recompress, &kind, threshold, level) {
+                Ok(report) => Response::Recompressed(report),
+                Err(message) => Response::Error { message },
+            },
             Request::Status => Response::Status(snapshot()),
             Request::Stop => {
                 if let Ok(tx) = requests.lock() {
@@ -131,6 +143,8 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
     }
     let pool_target = s.pool_target;
     spawn("uzram-pool", move || crate::memory::pool::keep(pool_target))?;
+    let (aged, recompress) = (s.store.clone(), s.cfg.recompress);
+    spawn("uzram-tier", move || super::tier::keep(aged, recompress))?;
     let compacted = s.store.clone();
     spawn("uzram-compact", move || {
         crate::memory::io_path_thread("uzram-compact");
@@ -206,6 +220,7 @@ fn status_snapshot(s: &Setup<'_>) -> Arc<dyn Fn() -> DeviceStatus + Send + Sync>
                 value,
             })
             .collect();
+        stats.extend(super::tier::age_stats(&store));
         let mut requests = counters.snapshot();
         crate::takeover::carry::add_base(&mut stats, &carried_in);
         crate::takeover::carry::add_base(&mut requests, &carried_in);

@@ -1,0 +1,566 @@
+//! The store's cold tier in RAM: how long each page has gone unused, and recompression of
+//! the pages that went cold (or were stored raw) into zstd, which stores them tighter than
+//! the LZ4 the hot path writes and still decodes in microseconds.
+//!
+//! **Ages.** Each page keeps a 16-bit stamp beside its table entry: the store's clock (in
+//! ticks; the daemon ticks it once a minute) at its last write or read, in 15 bits, and a
+//! flag that recompression already tried the page and kept it as it was. The age of a page is
+//! the clock minus its stamp; [`PageStore::tick`] clamps old stamps before the 15 bits could
+//! wrap, so a page idle for weeks stays the oldest. With the 8-byte entry and the 4-byte
+//! checksum a page has 14 bytes of metadata. The stamps live in the process's heap, not in
+//! the persistent table: after a takeover every page starts young again, which only delays
+//! its recompression.
+//!
+//! **Recompression** ([`PageStore::recompress`]) reads a candidate's object, decodes it,
+//! compresses it with zstd, and keeps the result only if it saves at least one size class;
+//! the new object replaces the old one only if the page still holds the object read (a write
+//! in between wins). The entry then says `recompressed` (see `entry.rs`): reads decode it
+//! with zstd, whatever the store's own algorithm. The checksum of the page travels with it.
+
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
+
+use super::arena::Budget;
+use super::entry::Slot;
+use super::{read_lock, worker, write_lock, Counters, PageStore};
+use crate::codec::{PageCodec, ZstdCodec};
+use crate::page::PAGE_SIZE;
+use crate::CoreError;
+
+/// The stamp's flag: recompression tried the page and kept it as it was.
+const TRIED: u16 = 1 << 15;
+/// The stamp's clock bits.
+const CLOCK_MASK: u32 = (1 << 15) - 1;
+/// The oldest age a page shows; older stamps are moved up to it (see [`PageStore::tick`]).
+pub const MAX_AGE: u32 = 24 * 1024;
+/// How often (in ticks) [`PageStore::tick`] clamps old stamps: well before an age of
+/// `MAX_AGE` plus this could pass the 15 bits.
+const CLAMP_EVERY: u32 = 256;
+/// A recompressed object must save at least this much (one arena size class).
+const MIN_SAVING: usize = 8;
+
+/// The upper bounds, in ticks, of the age buckets [`PageStore::ages`] counts: with a tick
+/// of a minute, under a minute, 10 minutes, an hour, a day, and the rest.
+pub const AGE_BUCKETS: [u32; 4] = [1, 10, 60, 1440];
+
+/// Pages holding data, by age bucket ([`AGE_BUCKETS`], then the rest).
+pub type AgeCounts = [u64; AGE_BUCKETS.len() + 1];
+
+/// Which pages a recompression pass takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Candidates {
+    /// Pages unused for at least this many ticks.
+    Idle {
+        /// Age in ticks.
+        min_age: u32,
+    },
+    /// Pages stored raw (they did not compress below the raw threshold).
+    Huge,
+    /// Pages stored raw and unused for at least this many ticks.
+    HugeIdle {
+        /// Age in ticks.
+        min_age: u32,
+    },
+}
+
+/// One recompression pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recompress {
+    /// Which pages.
+    pub candidates: Candidates,
+    /// zstd's level.
+    pub level: i32,
+    /// Only pages whose stored object has at least this many bytes (zram's `threshold=`).
+    pub threshold: usize,
+    /// At most this many pages tried.
+    pub max_pages: u64,
+}
+
+/// What a pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recompressed {
+    /// Candidates tried.
+    pub tried: u64,
+    /// Rewritten smaller.
+    pub rewritten: u64,
+    /// Tried and kept as they were (not smaller by a size class).
+    pub kept: u64,
+    /// Payload bytes saved by the rewrites.
+    pub saved_bytes: u64,
+    /// Written (or freed) while they were being recompressed: the write won.
+    pub raced: u64,
+    /// Not rewritten for want of memory under the limit, or failing their checksum.
+    pub failed: u64,
+}
+
+/// The store's clock and the pages' stamps.
+#[derive(Debug)]
+pub(crate) struct Ages {
+    clock: AtomicU32,
+    stamps: Box<[AtomicU16]>,
+    /// Pages by age bucket, as the last [`PageStore::tick`] counted them.
+    counts: [AtomicU64; AGE_BUCKETS.len() + 1],
+}
+
+impl Ages {
+    /// Stamps for `pages` pages (all young), or `NoMemory`.
+    pub(crate) fn new(pages: usize) -> Result<Ages, CoreError> {
+        let mut stamps = Vec::new();
+        stamps
+            .try_reserve_exact(pages)
+            .map_err(|_| CoreError::NoMemory)?;
+        stamps.resize_with(pages, || AtomicU16::new(0));
+        Ok(Ages {
+            clock: AtomicU32::new(0),
+            stamps: stamps.into_boxed_slice(),
+            counts: Default::default(),
+        })
+    }
+
+    /// Bytes the stamps take for `pages` pages.
+    pub(crate) fn bytes_for(pages: u64) -> u64 {
+        pages * std::mem::size_of::<AtomicU16>() as u64
+    }
+
+    fn now(&self) -> u32 {
+        self.clock.load(Ordering::Relaxed)
+    }
+
+    fn stamp_now(&self) -> u16 {
+        (self.now() & CLOCK_MASK) as u16
+    }
+
+    fn age_of(&self, stamp: u16) -> u32 {
+        self.now().wrapping_sub(u32::from(stamp)) & CLOCK_MASK
+    }
+
+    /// Page `index` was written: young, and not yet tried.
+    pub(crate) fn written(&self, index: u64) {
+        if let Some(s) = self.stamps.get(index as usize) {
+            s.store(self.stamp_now(), Ordering::Relaxed);
+        }
+    }
+
+    /// Page `index` was read: young; its content, and so what recompression found of it,
+    /// is unchanged.
+    pub(crate) fn read(&self, index: u64) {
+        if let Some(s) = self.stamps.get(index as usize) {
+            let now = self.stamp_now();
+            // A store only when the stamp changes: reads of a hot page leave its line alone.
+            let old = s.load(Ordering::Relaxed);
+            if old & !TRIED != now {
+                s.store(now | (old & TRIED), Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn age(&self, index: u64) -> u32 {
+        self.stamps
+            .get(index as usize)
+            .map_or(0, |s| self.age_of(s.load(Ordering::Relaxed) & !TRIED))
+    }
+
+    fn tried(&self, index: u64) -> bool {
+        self.stamps
+            .get(index as usize)
+            .is_some_and(|s| s.load(Ordering::Relaxed) & TRIED != 0)
+    }
+
+    fn mark_tried(&self, index: u64) {
+        if let Some(s) = self.stamps.get(index as usize) {
+            s.fetch_or(TRIED, Ordering::Relaxed);
+        }
+    }
+
+    /// Sets page `index`'s age to at least `age` ticks.
+    fn make_old(&self, index: u64, age: u32) {
+        if self.age(index) < age {
+            self.set_age(index, age);
+        }
+    }
+
+    /// Sets page `index`'s age to `age` ticks, keeping its flag.
+    fn set_age(&self, index: u64, age: u32) {
+        if let Some(s) = self.stamps.get(index as usize) {
+            let stamp = (self.now().wrapping_sub(age) & CLOCK_MASK) as u16;
+            let old = s.load(Ordering::Relaxed);
+            s.store(stamp | (old & TRIED), Ordering::Relaxed);
+        }
+    }
+}
+
+fn bucket(age: u32) -> usize {
+    AGE_BUCKETS
+        .iter()
+        .position(|&b| age < b)
+        .unwrap_or(AGE_BUCKETS.len())
+}
+
+impl PageStore {
+    /// Advances the store's clock by one tick (the daemon: once a minute), counts the pages
+    /// by age ([`PageStore::ages`]) and, every so often, moves stamps older than
+    /// [`MAX_AGE`] up to it. Off the I/O path: a pass over the table.
+    pub fn tick(&self) {
+        let now = self.ages.clock.fetch_add(1, Ordering::Relaxed) + 1;
+        let clamp = now % CLAMP_EVERY == 0;
+        let mut counts = AgeCounts::default();
+        for (s, shard) in self.shards.iter().enumerate() {
+            let shard = read_lock(shard);
+            for (idx, slot) in shard.slots() {
+                if slot == Slot::Empty {
+                    continue;
+                }
+                let index = self.page_at(s, idx);
+                let age = self.ages.age(index);
+                if clamp && age > MAX_AGE {
+                    self.ages.set_age(index, MAX_AGE);
+                }
+                counts[bucket(age.min(MAX_AGE))] += 1;
+            }
+        }
+        for (c, n) in self.ages.counts.iter().zip(counts) {
+            c.store(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Pages holding data by age bucket ([`AGE_BUCKETS`] in ticks, then the rest), as of the
+    /// last [`PageStore::tick`].
+    pub fn ages(&self) -> AgeCounts {
+        let mut out = AgeCounts::default();
+        for (o, c) in out.iter_mut().zip(&self.ages.counts) {
+            *o = c.load(Ordering::Relaxed);
+        }
+        out
+    }
+
+    /// The age of page `index` in ticks (0 for a page outside the store).
+    pub fn age(&self, index: u64) -> u32 {
+        self.ages.age(index)
+    }
+
+    /// Marks pages idle (zram's `idle`): every page holding data, or with `min_age` only
+    /// those unused for that many ticks, gets the oldest age. Returns how many it marked.
+    pub fn mark_idle(&self, min_age: Option<u32>) -> u64 {
+        let mut marked = 0;
+        for (s, shard) in self.shards.iter().enumerate() {
+            let shard = read_lock(shard);
+            for (idx, slot) in shard.slots() {
+                let index = self.page_at(s, idx);
+                if slot == Slot::Empty || min_age.is_some_and(|a| self.ages.age(index) < a) {
+                    continue;
+                }
+                self.ages.make_old(index, MAX_AGE);
+                marked += 1;
+            }
+        }
+        marked
+    }
+
+    /// One recompression pass over the pages `pass` selects, in page order. Off the I/O
+    /// path: it decodes and compresses a page at a time on the calling thread, and holds a
+    /// shard's lock only to copy an object out and to swap it in.
+    pub fn recompress(&self, pass: Recompress) -> Result<Recompressed, CoreError> {
+        let mut zstd = ZstdCodec::try_new(pass.level).map_err(CoreError::Compress)?;
+        let mut done = Recompressed::default();
+        let mut stored = [0u8; PAGE_SIZE];
+        let mut page = [0u8; PAGE_SIZE];
+        let mut out = [0u8; PAGE_SIZE];
+        for index in 0..self.pages {
+            if done.tried >= pass.max_pages {
+                break;
+            }
+            let (shard, idx) = self.locate(index);
+            let (slot, checksum, len) = {
+                let shard = read_lock(shard);
+                let Some(
+                    slot @ Slot::Stored {
+                        handle,
+                        len,
+                        recompressed: false,
+                    },
+                ) = shard.get(idx)
+                else {
+                    continue;
+                };
+                let len = usize::from(len);
+                let huge = len == PAGE_SIZE;
+                let age = self.ages.age(index);
+                let wanted = match pass.candidates {
+                    Candidates::Idle { min_age } => age >= min_age,
+                    Candidates::Huge => huge,
+                    Candidates::HugeIdle { min_age } => huge && age >= min_age,
+                };
+                if !wanted || len < pass.threshold || self.ages.tried(index) {
+                    continue;
+                }
+                let Some(checksum) = self.load_stored(handle, len, &mut stored[..len]) else {
+                    continue;
+                };
+                (slot, checksum, len)
+            };
+            done.tried += 1;
+            if len == PAGE_SIZE {
+                page.copy_from_slice(&stored);
+            } else {
+                let decoded = worker::with_codec(self.algorithm, |codec, _| {
+                    codec
+                        .decompress(&stored[..len], &mut page)
+                        .map_err(|source| CoreError::Corrupt { index, source })
+                });
+                if decoded.is_err() {
+                    done.failed += 1;
+                    continue;
+                }
+            }
+            if self.checksums && self.checksum_of(&page) != checksum {
+                // A damaged object: left for its read to fail, never rewritten as good.
+                done.failed += 1;
+                continue;
+            }
+            let new_len = match zstd.compress(&page, &mut out[..PAGE_SIZE - 1]) {
+                Ok(Some(n)) if n + MIN_SAVING <= len => n,
+                _ => {
+                    self.ages.mark_tried(index);
+                    done.kept += 1;
+                    continue;
+                }
+            };
+            match self.swap_object(index, slot, &out[..new_len], checksum) {
+                Ok(true) => {
+                    done.rewritten += 1;
+                    done.saved_bytes += (len - new_len) as u64;
+                }
+                Ok(false) => done.raced += 1,
+                Err(_) => done.failed += 1,
+            }
+        }
+        Counters::bump(&self.counters.recompress_tried, done.tried);
+        Counters::bump(&self.counters.recompress_kept, done.kept);
+        Counters::bump(&self.counters.recompress_saved_bytes, done.saved_bytes);
+        Ok(done)
+    }
+
+    /// Stores `bytes` (a zstd frame of the page) and points page `index` at it, if the page
+    /// still holds `expected`; frees whichever object lost. `Ok(false)`: a write came first.
+    fn swap_object(
+        &self,
+        index: u64,
+        expected: Slot,
+        bytes: &[u8],
+        checksum: u32,
+    ) -> Result<bool, CoreError> {
+        let budget = Budget::Limited {
+            reserved: self.staged_room(),
+        };
+        let handle = self.arena.store(bytes, self.trailer(checksum), budget)?;
+        let new = Slot::Stored {
+            handle,
+            len: bytes.len() as u16,
+            recompressed: true,
+        };
+        let (shard, idx) = self.locate(index);
+        let mut shard = write_lock(shard);
+        if shard.get(idx) != Some(expected) {
+            drop(shard);
+            self.free_slot(new);
+            return Ok(false);
+        }
+        if shard.set(idx, new)?.is_none() {
+            drop(shard);
+            self.free_slot(new);
+            return Ok(false);
+        }
+        shard
+            .totals
+            .replace(super::cost_of(expected), super::cost_of(new));
+        drop(shard);
+        self.free_slot(expected);
+        Ok(true)
+    }
+}
+
+/// The zstd level recompression uses when none is given.
+pub const DEFAULT_LEVEL: i32 = 3;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::Algorithm;
+    use crate::store::StoreConfig;
+
+    /// The checked-in slices: real pages of several heaps.
+    fn corpus() -> Vec<u8> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
+        let mut out = Vec::new();
+        for name in ["python-heap", "mixed-swap", "jvm"] {
+            let f = std::fs::File::open(dir.join(format!("{name}.slice.pages.zst"))).unwrap();
+            out.extend(zstd::decode_all(f).unwrap());
+        }
+        out
+    }
+
+    fn filled(data: &[u8]) -> PageStore {
+        let pages = (data.len() / PAGE_SIZE) as u64;
+        let store = PageStore::new(StoreConfig::new(pages, Algorithm::Lz4)).unwrap();
+        store.write(0, data).unwrap();
+        store
+    }
+
+    fn pass(candidates: Candidates) -> Recompress {
+        Recompress {
+            candidates,
+            level: DEFAULT_LEVEL,
+            threshold: 0,
+            max_pages: u64::MAX,
+        }
+    }
+
+    fn reads_back(store: &PageStore, data: &[u8]) {
+        let mut back = vec![0u8; data.len()];
+        store.read(0, &mut back).unwrap();
+        for (i, (a, b)) in back
+            .chunks_exact(PAGE_SIZE)
+            .zip(data.chunks_exact(PAGE_SIZE))
+            .enumerate()
+        {
+            assert!(a == b, "page {i} differs");
+        }
+    }
+
+    #[test]
+    fn a_page_ages_by_the_tick_and_is_young_again_when_used() {
+        let data = corpus();
+        let store = filled(&data[..8 * PAGE_SIZE]);
+        assert_eq!(store.age(3), 0);
+        for _ in 0..70 {
+            store.tick();
+        }
+        assert_eq!(store.age(3), 70);
+        assert_eq!(
+            store.ages(),
+            [0, 0, 0, 8, 0],
+            "8 pages between an hour and a day"
+        );
+        let mut page = [0u8; PAGE_SIZE];
+        store.read(3, &mut page).unwrap();
+        store.write(5, &data[..PAGE_SIZE]).unwrap();
+        assert_eq!((store.age(3), store.age(5), store.age(4)), (0, 0, 70));
+        store.tick();
+        assert_eq!(store.ages(), [0, 2, 0, 6, 0]);
+        // Marked idle: the oldest age, and counted so.
+        assert_eq!(store.mark_idle(Some(60)), 6);
+        assert_eq!(store.age(4), MAX_AGE);
+        assert_eq!(store.mark_idle(None), 8);
+        store.tick();
+        assert_eq!(store.ages(), [0, 0, 0, 0, 8]);
+    }
+
+    #[test]
+    fn ages_never_wrap_back_to_young() {
+        let data = corpus();
+        let store = filled(&data[..2 * PAGE_SIZE]);
+        for _ in 0..(1 << 15) + 2 * CLAMP_EVERY {
+            store.tick();
+        }
+        assert!(store.age(0) >= MAX_AGE, "{}", store.age(0));
+        assert_eq!(store.ages()[AGE_BUCKETS.len()], 2);
+    }
+
+    #[test]
+    fn idle_pages_recompressed_as_zstd_take_less_memory_and_read_back_exact() {
+        let data = corpus();
+        let store = filled(&data);
+        let before = store.stats();
+        for _ in 0..10 {
+            store.tick();
+        }
+        // Written after the ticks: young, so left alone.
+        store.write(0, &data[..16 * PAGE_SIZE]).unwrap();
+        let done = store
+            .recompress(pass(Candidates::Idle { min_age: 10 }))
+            .unwrap();
+        let after = store.stats();
+        let pages = (data.len() / PAGE_SIZE) as u64;
+        assert!(done.tried > 0 && done.tried <= pages - 16, "{done:?}");
+        assert!(done.rewritten > done.tried / 2, "{done:?}");
+        assert_eq!(done.rewritten + done.kept, done.tried, "{done:?}");
+        assert_eq!(after.recompressed_pages, done.rewritten);
+        assert_eq!(
+            before.compr_data_size - after.compr_data_size,
+            done.saved_bytes,
+            "{before:?} {after:?}"
+        );
+        assert!(
+            (after.compr_data_size as f64) < 0.9 * before.compr_data_size as f64,
+            "zstd stores these heaps tighter than lz4: {} -> {}",
+            before.compr_data_size,
+            after.compr_data_size
+        );
+        assert_eq!(after.recompress_saved_bytes, done.saved_bytes);
+        reads_back(&store, &data);
+        // The young pages were not taken; a second pass finds nothing left to try.
+        assert_eq!(store.age(0), 0);
+        let again = store
+            .recompress(pass(Candidates::Idle { min_age: 10 }))
+            .unwrap();
+        assert_eq!(again.tried, 0, "{again:?}");
+        // Compaction moves recompressed objects like any other.
+        store.discard(16, 64).unwrap();
+        store.compact();
+        let mut expect = data.clone();
+        expect[16 * PAGE_SIZE..80 * PAGE_SIZE].fill(0);
+        reads_back(&store, &expect);
+    }
+
+    #[test]
+    fn huge_pages_are_tried_once_and_a_threshold_and_a_budget_hold() {
+        let mut data = corpus()[..64 * PAGE_SIZE].to_vec();
+        // Every other page noise: stored raw, and no better as zstd.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for page in data.chunks_exact_mut(PAGE_SIZE).step_by(2) {
+            for b in page.iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *b = x as u8;
+            }
+        }
+        let store = filled(&data);
+        let huge = store.stats().huge_pages;
+        assert!(huge >= 32, "{huge}");
+        let done = store.recompress(pass(Candidates::Huge)).unwrap();
+        assert_eq!(done.tried, huge);
+        assert_eq!(done.kept, huge, "noise does not shrink: {done:?}");
+        // Tried: not tried again until rewritten.
+        assert_eq!(store.recompress(pass(Candidates::Huge)).unwrap().tried, 0);
+        // Only objects of at least `threshold` bytes, at most `max_pages` of them.
+        for _ in 0..5 {
+            store.tick();
+        }
+        let some = store
+            .recompress(Recompress {
+                threshold: 1500,
+                max_pages: 7,
+                ..pass(Candidates::Idle { min_age: 5 })
+            })
+            .unwrap();
+        assert_eq!(some.tried, 7, "{some:?}");
+        reads_back(&store, &data);
+    }
+
+    #[test]
+    fn a_damaged_object_is_never_rewritten_as_good_and_its_read_still_fails() {
+        let data = corpus()[..32 * PAGE_SIZE].to_vec();
+        let store = filled(&data);
+        crate::store::tests::damage(&store, 7, 20, 3);
+        let mut page = [0u8; PAGE_SIZE];
+        assert!(store.read(7, &mut page).is_err());
+        let done = store
+            .recompress(pass(Candidates::Idle { min_age: 0 }))
+            .unwrap();
+        assert!(done.failed >= 1, "{done:?}");
+        assert!(
+            store.read(7, &mut page).is_err(),
+            "still fails, never other data"
+        );
+    }
+}

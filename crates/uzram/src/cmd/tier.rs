@@ -1,0 +1,92 @@
+//! `uzram idle DEV [--age AGE]` and `uzram recompress DEV [--type T] [--threshold B]`: zram's
+//! `idle` and `recompress` triggers, sent to the device's daemon. The daemon recompresses by
+//! itself when its config asks (`recompress-algorithm`); these run a pass now.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::cli::{IdleArgs, RecompressArgs};
+use crate::config::parse_age;
+use crate::control::client::request;
+use crate::control::proto::{Request, Response};
+use crate::control::state::StateDir;
+use crate::devname::{dev_path, parse_device};
+use crate::size::format_size;
+
+/// How long `recompress` waits for the pass: a large device takes a while (a few tens of
+/// microseconds a page).
+const RECOMPRESS_WAIT: Duration = Duration::from_secs(30 * 60);
+
+fn ask(device: &str, req: &Request, wait: Duration) -> anyhow::Result<(String, Response)> {
+    let id = parse_device(device).map_err(anyhow::Error::msg)?;
+    super::require_root()?;
+    let states = StateDir::default();
+    if states.read(id)?.is_none() {
+        anyhow::bail!(
+            "unknown device {}: no uzram device with id {id}",
+            dev_path(id)
+        );
+    }
+    let response = request(&states.socket_path(id), req, wait)
+        .map_err(|e| anyhow::anyhow!("{}: its daemon did not answer: {e}", dev_path(id)))?;
+    if let Response::Error { message } = &response {
+        anyhow::bail!("{}: {message}", dev_path(id));
+    }
+    Ok((dev_path(id), response))
+}
+
+pub fn idle(args: IdleArgs) -> anyhow::Result<ExitCode> {
+    let min_age_minutes = args.age.as_deref().map(parse_age).transpose()?;
+    let (dev, response) = ask(
+        &args.device,
+        &Request::Idle { min_age_minutes },
+        Duration::from_secs(60),
+    )?;
+    let Response::Idled { pages } = response else {
+        anyhow::bail!("{dev}: unexpected answer {response:?}");
+    };
+    println!("{dev}: {pages} pages marked idle");
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn recompress(args: RecompressArgs) -> anyhow::Result<ExitCode> {
+    let level = match args.algorithm.as_deref() {
+        None => None,
+        Some(text) => match uzram_core::codec::Algorithm::parse(text) {
+            Ok(uzram_core::codec::Algorithm::Zstd { level }) => Some(level),
+            _ if text == "zstd" => None,
+            _ => anyhow::bail!(
+                "recompression writes zstd: give --algorithm zstd or zstd:LEVEL, not {text:?}"
+            ),
+        },
+    };
+    let req = Request::Recompress {
+        kind: args.kind.clone(),
+        threshold: args.threshold,
+        level,
+    };
+    let (dev, response) = ask(&args.device, &req, RECOMPRESS_WAIT)?;
+    let Response::Recompressed(r) = response else {
+        anyhow::bail!("{dev}: unexpected answer {response:?}");
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{dev}: {} pages tried, {} recompressed, {} kept; {} saved; memory {} -> {}",
+        r.tried,
+        r.rewritten,
+        r.kept,
+        format_size(r.saved_bytes),
+        format_size(r.mem_used_before),
+        format_size(r.mem_used_after),
+    );
+    if r.raced > 0 || r.failed > 0 {
+        println!(
+            "{dev}: {} written meanwhile, {} not rewritten (no memory under the limit, or a failed checksum)",
+            r.raced, r.failed
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
