@@ -8,17 +8,16 @@
 //!   checksum to cover: the check byte is what catches a damaged entry;
 //! - `TAG_SAME_EXT`: a fill word that does not fit; the shard keeps it in a side map;
 //! - `TAG_STORED`: bits 3..16 hold the stored length (1..=4096; 4096 means the page is
-//!   stored raw), bits 16..64 the arena offset in 8-byte units;
-//! - `TAG_RECOMPRESSED`: as `TAG_STORED`, for an object that recompression rewrote as a zstd
-//!   frame (whatever the store's own algorithm; a frame decodes at any level) and that is
-//!   always compressed (length 1..4096);
+//!   stored raw), bits 16..63 the arena offset in 8-byte units, bit 63 whether recompression
+//!   rewrote the object as a zstd frame (whatever the store's own algorithm; a frame decodes
+//!   at any level): such an object is always compressed (length 1..4096);
 //! - `TAG_STAGED`: the page waits, uncompressed, in a batch backend's staging memory: bits
 //!   3..11 hold the slot, bits 11..27 the page's index in it, bits 27..64 the slot's fill
 //!   epoch (so an entry from an earlier fill of the same slot never matches a later one);
 //! - `TAG_LOST`: a recovered store found the page staged: its bytes were in the dead
 //!   daemon's staging memory, so reads fail until it is written again.
 //!
-//! Tag 7 is never written: an entry with it decodes as [`Slot::Invalid`], and so
+//! Tags 6 and 7 are never written: an entry with one decodes as [`Slot::Invalid`], and so
 //! does a same-filled entry whose check byte does not match. Reads of such a page fail,
 //! and a recovery refuses a table that holds one.
 //!
@@ -34,7 +33,8 @@ const TAG_SAME_EXT: u64 = 2;
 const TAG_STORED: u64 = 3;
 const TAG_STAGED: u64 = 4;
 const TAG_LOST: u64 = 5;
-const TAG_RECOMPRESSED: u64 = 6;
+/// A stored entry's flag: the object is a zstd frame written by recompression.
+const RECOMPRESSED: u64 = 1 << 63;
 /// Bits of a same-filled entry's check byte, above the tag.
 const CHECK_BITS: u32 = 8;
 const FILL_SHIFT: u32 = TAG_BITS + CHECK_BITS;
@@ -93,7 +93,7 @@ impl StagedAt {
 /// Arena offsets are multiples of this many bytes (the arena's size-class granularity).
 pub(crate) const HANDLE_ALIGN: u64 = 8;
 /// Largest arena byte offset an entry can hold.
-pub(crate) const MAX_HANDLE: u64 = ((1u64 << (64 - HANDLE_SHIFT)) - 1) * HANDLE_ALIGN;
+pub(crate) const MAX_HANDLE: u64 = ((1u64 << (63 - HANDLE_SHIFT)) - 1) * HANDLE_ALIGN;
 
 /// A page's state, decoded from its [`Entry`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,7 +117,7 @@ pub(crate) enum Slot {
     Staged(StagedAt),
     /// Staged when the daemon that held the staging memory died (see `persist.rs`).
     Lost,
-    /// Not an entry this store writes: tag 7, or a same-filled entry whose check byte
+    /// Not an entry this store writes: tag 6 or 7, or a same-filled entry whose check byte
     /// does not match its word (memory that was damaged, or never was a table).
     Invalid,
 }
@@ -148,15 +148,11 @@ impl Entry {
                 debug_assert!(handle % HANDLE_ALIGN == 0 && handle <= MAX_HANDLE);
                 debug_assert!(len >= 1 && usize::from(len) <= PAGE_SIZE);
                 debug_assert!(!recompressed || usize::from(len) < PAGE_SIZE);
-                let tag = if recompressed {
-                    TAG_RECOMPRESSED
-                } else {
-                    TAG_STORED
-                };
+                let flag = if recompressed { RECOMPRESSED } else { 0 };
                 Entry(
-                    ((handle / HANDLE_ALIGN) << HANDLE_SHIFT)
+                    flag | ((handle / HANDLE_ALIGN) << HANDLE_SHIFT)
                         | ((u64::from(len) & LEN_MASK) << LEN_SHIFT)
-                        | tag,
+                        | TAG_STORED,
                 )
             }
             Slot::Staged(at) => Entry(
@@ -199,9 +195,9 @@ impl Entry {
                 }
             }
             TAG_SAME_EXT => Slot::SameExt,
-            tag @ (TAG_STORED | TAG_RECOMPRESSED) => {
+            TAG_STORED => {
                 let len = ((self.0 >> LEN_SHIFT) & LEN_MASK) as u16;
-                let recompressed = tag == TAG_RECOMPRESSED;
+                let recompressed = self.0 & RECOMPRESSED != 0;
                 // A recompressed page is always compressed: never the raw page's length.
                 let most = if recompressed {
                     PAGE_SIZE as u16 - 1
@@ -210,7 +206,7 @@ impl Entry {
                 };
                 if (1..=most).contains(&len) {
                     Slot::Stored {
-                        handle: (self.0 >> HANDLE_SHIFT) * HANDLE_ALIGN,
+                        handle: ((self.0 & !RECOMPRESSED) >> HANDLE_SHIFT) * HANDLE_ALIGN,
                         len,
                         recompressed,
                     }
@@ -348,23 +344,25 @@ mod tests {
 
     #[test]
     fn words_no_entry_is_written_as_decode_as_invalid() {
-        for high in [0u64, 1 << 20, u64::MAX << 3] {
-            assert_eq!(Entry::from_word(high | 7).slot(), Slot::Invalid);
+        for tag in [6u64, 7] {
+            for high in [0u64, 1 << 20, u64::MAX << 3] {
+                assert_eq!(Entry::from_word(high | tag).slot(), Slot::Invalid);
+            }
         }
         // an empty tag with anything above it
         assert_eq!(Entry::from_word(1 << 40).slot(), Slot::Invalid);
         // a stored page of no bytes, or of more than a page; a recompressed one as long as
         // a raw page
         for len in [0u64, PAGE_SIZE as u64 + 1, LEN_MASK] {
-            for tag in [TAG_STORED, TAG_RECOMPRESSED] {
+            for flag in [0, RECOMPRESSED] {
                 assert_eq!(
-                    Entry::from_word((len << LEN_SHIFT) | tag).slot(),
+                    Entry::from_word(flag | (len << LEN_SHIFT) | TAG_STORED).slot(),
                     Slot::Invalid
                 );
             }
         }
         assert_eq!(
-            Entry::from_word(((PAGE_SIZE as u64) << LEN_SHIFT) | TAG_RECOMPRESSED).slot(),
+            Entry::from_word(RECOMPRESSED | ((PAGE_SIZE as u64) << LEN_SHIFT) | TAG_STORED).slot(),
             Slot::Invalid
         );
         assert_eq!(Entry::pack(Slot::Invalid).slot(), Slot::Invalid);
