@@ -103,7 +103,7 @@ fn image() -> Image {
         store.write(i, &page(i)).unwrap();
     }
     store.discard(PAGES - 3, 2).unwrap();
-    // Some pages recompressed (zstd objects, their own tag), as a daemon with a cold tier
+    // Some pages recompressed (zstd objects, flagged in their entries), as a daemon with a cold tier
     // leaves them.
     store.mark_idle(None);
     let recompressed = store
