@@ -303,6 +303,8 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
                 threshold: 0,
                 max_pages: u64::MAX,
             })?;
+            // The room the old objects left, given back as the daemon's tier does.
+            store.compact();
             let wall = start.elapsed();
             let cpu = crate::sys::cpu_time(crate::sys::CpuOf::Thread)?.saturating_sub(cpu_before);
             let after = store.stats();

@@ -39,14 +39,20 @@ pub(super) fn keep(store: Arc<PageStore>, settings: Option<RecompressSettings>) 
             max_pages: PAGES_PER_TICK,
         };
         match store.recompress(pass) {
-            Ok(done) if done.rewritten > 0 || done.failed > 0 => tracing::info!(
-                tried = done.tried,
-                rewritten = done.rewritten,
-                kept = done.kept,
-                saved_bytes = done.saved_bytes,
-                failed = done.failed,
-                "idle pages recompressed"
-            ),
+            Ok(done) if done.rewritten > 0 || done.failed > 0 => {
+                // The old objects' room is holes in their segments until compaction moves
+                // the live objects together and gives the segments back.
+                let compacted = if done.rewritten > 0 { store.compact() } else { 0 };
+                tracing::info!(
+                    tried = done.tried,
+                    rewritten = done.rewritten,
+                    kept = done.kept,
+                    saved_bytes = done.saved_bytes,
+                    failed = done.failed,
+                    compacted,
+                    "idle pages recompressed"
+                )
+            }
             Ok(_) => {}
             Err(err) => tracing::warn!(error = %err, "recompression failed"),
         }
@@ -87,6 +93,9 @@ pub(super) fn recompress_now(
     };
     let before = store.stats().mem_used_total;
     let done = store.recompress(pass).map_err(|e| e.to_string())?;
+    if done.rewritten > 0 {
+        store.compact();
+    }
     Ok(RecompressReport {
         tried: done.tried,
         rewritten: done.rewritten,
