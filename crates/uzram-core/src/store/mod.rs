@@ -55,7 +55,7 @@ use self::arena::{Arena, Budget, Object, ObjectBytes};
 use self::entry::{Entry, Slot};
 use self::shard::{Entries, Shard};
 use self::stats::{Counters, PageCost, PageTotals};
-use crate::codec::Algorithm;
+use crate::codec::{Algorithm, PageCodec};
 use crate::page::{fill_page, page_checksum, same_filled_word, PAGE_SIZE, PAGE_WORDS};
 use crate::CoreError;
 
@@ -1322,6 +1322,182 @@ fn same_cost() -> PageCost {
         stored: true,
         same: true,
         ..PageCost::default()
+    }
+}
+
+/// The cold tier: each page's age, and recompression (`tier.rs` has the why).
+impl PageStore {
+    /// Advances the store's clock by one tick (the daemon: once a minute), counts the pages
+    /// by age ([`PageStore::ages`]) and, every so often, moves stamps older than
+    /// [`MAX_AGE`] up to it. Off the I/O path: a pass over the table.
+    pub fn tick(&self) {
+        let now = self.ages.advance();
+        let clamp = now % tier::CLAMP_EVERY == 0;
+        let mut counts = tier::AgeCounts::default();
+        for (s, shard) in self.shards.iter().enumerate() {
+            let shard = read_lock(shard);
+            for (idx, slot) in shard.slots() {
+                if slot == Slot::Empty {
+                    continue;
+                }
+                let index = self.page_at(s, idx);
+                let age = self.ages.age(index);
+                if clamp && age > MAX_AGE {
+                    self.ages.set_age(index, MAX_AGE);
+                }
+                counts[tier::bucket(age.min(MAX_AGE))] += 1;
+            }
+        }
+        self.ages.set_counts(counts);
+    }
+
+    /// Pages holding data by age bucket ([`AGE_BUCKETS`] in ticks, then the rest), as of the
+    /// last [`PageStore::tick`].
+    pub fn ages(&self) -> AgeCounts {
+        self.ages.counts()
+    }
+
+    /// The age of page `index` in ticks (0 for a page outside the store).
+    pub fn age(&self, index: u64) -> u32 {
+        self.ages.age(index)
+    }
+
+    /// Marks pages idle (zram's `idle`): every page holding data, or with `min_age` only
+    /// those unused for that many ticks, gets the oldest age. Returns how many it marked.
+    pub fn mark_idle(&self, min_age: Option<u32>) -> u64 {
+        let mut marked = 0;
+        for (s, shard) in self.shards.iter().enumerate() {
+            let shard = read_lock(shard);
+            for (idx, slot) in shard.slots() {
+                let index = self.page_at(s, idx);
+                if slot == Slot::Empty || min_age.is_some_and(|a| self.ages.age(index) < a) {
+                    continue;
+                }
+                self.ages.make_old(index, MAX_AGE);
+                marked += 1;
+            }
+        }
+        marked
+    }
+
+    /// One recompression pass over the pages `pass` selects, in page order. Off the I/O
+    /// path: it decodes and compresses a page at a time on the calling thread, and holds a
+    /// shard's lock only to copy an object out and to swap it in.
+    pub fn recompress(&self, pass: Recompress) -> Result<Recompressed, CoreError> {
+        let mut zstd = crate::codec::ZstdCodec::try_new(pass.level).map_err(CoreError::Compress)?;
+        let mut done = Recompressed::default();
+        let mut stored = [0u8; PAGE_SIZE];
+        let mut page = [0u8; PAGE_SIZE];
+        let mut out = [0u8; PAGE_SIZE];
+        for index in 0..self.pages {
+            if done.tried >= pass.max_pages {
+                break;
+            }
+            let (shard, idx) = self.locate(index);
+            let (slot, checksum, len) = {
+                let shard = read_lock(shard);
+                let Some(
+                    slot @ Slot::Stored {
+                        handle,
+                        len,
+                        recompressed: false,
+                    },
+                ) = shard.get(idx)
+                else {
+                    continue;
+                };
+                let len = usize::from(len);
+                let huge = len == PAGE_SIZE;
+                let age = self.ages.age(index);
+                let wanted = match pass.candidates {
+                    Candidates::Idle { min_age } => age >= min_age,
+                    Candidates::Huge => huge,
+                    Candidates::HugeIdle { min_age } => huge && age >= min_age,
+                };
+                if !wanted || len < pass.threshold || self.ages.tried(index) {
+                    continue;
+                }
+                let Some(checksum) = self.load_stored(handle, len, &mut stored[..len]) else {
+                    continue;
+                };
+                (slot, checksum, len)
+            };
+            done.tried += 1;
+            if len == PAGE_SIZE {
+                page.copy_from_slice(&stored);
+            } else {
+                let decoded = worker::with_codec(self.algorithm, |codec, _| {
+                    codec
+                        .decompress(&stored[..len], &mut page)
+                        .map_err(|source| CoreError::Corrupt { index, source })
+                });
+                if decoded.is_err() {
+                    done.failed += 1;
+                    continue;
+                }
+            }
+            if self.checksums && self.checksum_of(&page) != checksum {
+                // A damaged object: left for its read to fail, never rewritten as good.
+                done.failed += 1;
+                continue;
+            }
+            let new_len = match zstd.compress(&page, &mut out[..PAGE_SIZE - 1]) {
+                Ok(Some(n)) if n + tier::MIN_SAVING <= len => n,
+                _ => {
+                    self.ages.mark_tried(index);
+                    done.kept += 1;
+                    continue;
+                }
+            };
+            match self.swap_object(index, slot, &out[..new_len], checksum) {
+                Ok(true) => {
+                    done.rewritten += 1;
+                    done.saved_bytes += (len - new_len) as u64;
+                }
+                Ok(false) => done.raced += 1,
+                Err(_) => done.failed += 1,
+            }
+        }
+        Counters::bump(&self.counters.recompress_tried, done.tried);
+        Counters::bump(&self.counters.recompress_kept, done.kept);
+        Counters::bump(&self.counters.recompress_saved_bytes, done.saved_bytes);
+        Ok(done)
+    }
+
+    /// Stores `bytes` (a zstd frame of the page) and points page `index` at it, if the page
+    /// still holds `expected`; frees whichever object lost. `Ok(false)`: a write came first.
+    fn swap_object(
+        &self,
+        index: u64,
+        expected: Slot,
+        bytes: &[u8],
+        checksum: u32,
+    ) -> Result<bool, CoreError> {
+        let budget = Budget::Limited {
+            reserved: self.staged_room(),
+        };
+        let handle = self.arena.store(bytes, self.trailer(checksum), budget)?;
+        let new = Slot::Stored {
+            handle,
+            len: bytes.len() as u16,
+            recompressed: true,
+        };
+        let (shard, idx) = self.locate(index);
+        let mut shard = write_lock(shard);
+        if shard.get(idx) != Some(expected) {
+            drop(shard);
+            self.free_slot(new);
+            return Ok(false);
+        }
+        if shard.set(idx, new)?.is_none() {
+            drop(shard);
+            self.free_slot(new);
+            return Ok(false);
+        }
+        shard.totals.replace(cost_of(expected), cost_of(new));
+        drop(shard);
+        self.free_slot(expected);
+        Ok(true)
     }
 }
 

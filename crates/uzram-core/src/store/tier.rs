@@ -5,13 +5,13 @@
 //! **Ages.** Each page keeps a 16-bit stamp beside its table entry: the store's clock (in
 //! ticks; the daemon ticks it once a minute) at its last write or read, in 15 bits, and a
 //! flag that recompression already tried the page and kept it as it was. The age of a page is
-//! the clock minus its stamp; [`PageStore::tick`] clamps old stamps before the 15 bits could
+//! the clock minus its stamp; the store's tick clamps old stamps before the 15 bits could
 //! wrap, so a page idle for weeks stays the oldest. With the 8-byte entry and the 4-byte
 //! checksum a page has 14 bytes of metadata. The stamps live in the process's heap, not in
 //! the persistent table: after a takeover every page starts young again, which only delays
 //! its recompression.
 //!
-//! **Recompression** ([`PageStore::recompress`]) reads a candidate's object, decodes it,
+//! **Recompression** (`PageStore::recompress`, in the store's module) reads a candidate's object, decodes it,
 //! compresses it with zstd, and keeps the result only if it saves at least one size class;
 //! the new object replaces the old one only if the page still holds the object read (a write
 //! in between wins). The entry then says `recompressed` (see `entry.rs`): reads decode it
@@ -19,11 +19,6 @@
 
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 
-use super::arena::Budget;
-use super::entry::Slot;
-use super::{read_lock, worker, write_lock, Counters, PageStore};
-use crate::codec::{PageCodec, ZstdCodec};
-use crate::page::PAGE_SIZE;
 use crate::CoreError;
 
 /// The stamp's flag: recompression tried the page and kept it as it was.
@@ -34,9 +29,9 @@ const CLOCK_MASK: u32 = (1 << 15) - 1;
 pub const MAX_AGE: u32 = 24 * 1024;
 /// How often (in ticks) [`PageStore::tick`] clamps old stamps: well before an age of
 /// `MAX_AGE` plus this could pass the 15 bits.
-const CLAMP_EVERY: u32 = 256;
+pub(crate) const CLAMP_EVERY: u32 = 256;
 /// A recompressed object must save at least this much (one arena size class).
-const MIN_SAVING: usize = 8;
+pub(crate) const MIN_SAVING: usize = 8;
 
 /// The upper bounds, in ticks, of the age buckets [`PageStore::ages`] counts: with a tick
 /// of a minute, under a minute, 10 minutes, an hour, a day, and the rest.
@@ -97,7 +92,7 @@ pub struct Recompressed {
 pub(crate) struct Ages {
     clock: AtomicU32,
     stamps: Box<[AtomicU16]>,
-    /// Pages by age bucket, as the last [`PageStore::tick`] counted them.
+    /// Pages by age bucket, as the last tick counted them.
     counts: [AtomicU64; AGE_BUCKETS.len() + 1],
 }
 
@@ -116,20 +111,41 @@ impl Ages {
         })
     }
 
+    /// Advances the clock by one tick; returns the new time.
+    pub(crate) fn advance(&self) -> u32 {
+        self.clock.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Publishes the pages counted by age bucket.
+    pub(crate) fn set_counts(&self, counts: AgeCounts) {
+        for (c, n) in self.counts.iter().zip(counts) {
+            c.store(n, Ordering::Relaxed);
+        }
+    }
+
+    /// The pages by age bucket, as last published.
+    pub(crate) fn counts(&self) -> AgeCounts {
+        let mut out = AgeCounts::default();
+        for (o, c) in out.iter_mut().zip(&self.counts) {
+            *o = c.load(Ordering::Relaxed);
+        }
+        out
+    }
+
     /// Bytes the stamps take for `pages` pages.
     pub(crate) fn bytes_for(pages: u64) -> u64 {
         pages * std::mem::size_of::<AtomicU16>() as u64
     }
 
-    fn now(&self) -> u32 {
+    pub(crate) fn now(&self) -> u32 {
         self.clock.load(Ordering::Relaxed)
     }
 
-    fn stamp_now(&self) -> u16 {
+    pub(crate) fn stamp_now(&self) -> u16 {
         (self.now() & CLOCK_MASK) as u16
     }
 
-    fn age_of(&self, stamp: u16) -> u32 {
+    pub(crate) fn age_of(&self, stamp: u16) -> u32 {
         self.now().wrapping_sub(u32::from(stamp)) & CLOCK_MASK
     }
 
@@ -153,33 +169,33 @@ impl Ages {
         }
     }
 
-    fn age(&self, index: u64) -> u32 {
+    pub(crate) fn age(&self, index: u64) -> u32 {
         self.stamps
             .get(index as usize)
             .map_or(0, |s| self.age_of(s.load(Ordering::Relaxed) & !TRIED))
     }
 
-    fn tried(&self, index: u64) -> bool {
+    pub(crate) fn tried(&self, index: u64) -> bool {
         self.stamps
             .get(index as usize)
             .is_some_and(|s| s.load(Ordering::Relaxed) & TRIED != 0)
     }
 
-    fn mark_tried(&self, index: u64) {
+    pub(crate) fn mark_tried(&self, index: u64) {
         if let Some(s) = self.stamps.get(index as usize) {
             s.fetch_or(TRIED, Ordering::Relaxed);
         }
     }
 
     /// Sets page `index`'s age to at least `age` ticks.
-    fn make_old(&self, index: u64, age: u32) {
+    pub(crate) fn make_old(&self, index: u64, age: u32) {
         if self.age(index) < age {
             self.set_age(index, age);
         }
     }
 
     /// Sets page `index`'s age to `age` ticks, keeping its flag.
-    fn set_age(&self, index: u64, age: u32) {
+    pub(crate) fn set_age(&self, index: u64, age: u32) {
         if let Some(s) = self.stamps.get(index as usize) {
             let stamp = (self.now().wrapping_sub(age) & CLOCK_MASK) as u16;
             let old = s.load(Ordering::Relaxed);
@@ -188,194 +204,11 @@ impl Ages {
     }
 }
 
-fn bucket(age: u32) -> usize {
+pub(crate) fn bucket(age: u32) -> usize {
     AGE_BUCKETS
         .iter()
         .position(|&b| age < b)
         .unwrap_or(AGE_BUCKETS.len())
-}
-
-impl PageStore {
-    /// Advances the store's clock by one tick (the daemon: once a minute), counts the pages
-    /// by age ([`PageStore::ages`]) and, every so often, moves stamps older than
-    /// [`MAX_AGE`] up to it. Off the I/O path: a pass over the table.
-    pub fn tick(&self) {
-        let now = self.ages.clock.fetch_add(1, Ordering::Relaxed) + 1;
-        let clamp = now % CLAMP_EVERY == 0;
-        let mut counts = AgeCounts::default();
-        for (s, shard) in self.shards.iter().enumerate() {
-            let shard = read_lock(shard);
-            for (idx, slot) in shard.slots() {
-                if slot == Slot::Empty {
-                    continue;
-                }
-                let index = self.page_at(s, idx);
-                let age = self.ages.age(index);
-                if clamp && age > MAX_AGE {
-                    self.ages.set_age(index, MAX_AGE);
-                }
-                counts[bucket(age.min(MAX_AGE))] += 1;
-            }
-        }
-        for (c, n) in self.ages.counts.iter().zip(counts) {
-            c.store(n, Ordering::Relaxed);
-        }
-    }
-
-    /// Pages holding data by age bucket ([`AGE_BUCKETS`] in ticks, then the rest), as of the
-    /// last [`PageStore::tick`].
-    pub fn ages(&self) -> AgeCounts {
-        let mut out = AgeCounts::default();
-        for (o, c) in out.iter_mut().zip(&self.ages.counts) {
-            *o = c.load(Ordering::Relaxed);
-        }
-        out
-    }
-
-    /// The age of page `index` in ticks (0 for a page outside the store).
-    pub fn age(&self, index: u64) -> u32 {
-        self.ages.age(index)
-    }
-
-    /// Marks pages idle (zram's `idle`): every page holding data, or with `min_age` only
-    /// those unused for that many ticks, gets the oldest age. Returns how many it marked.
-    pub fn mark_idle(&self, min_age: Option<u32>) -> u64 {
-        let mut marked = 0;
-        for (s, shard) in self.shards.iter().enumerate() {
-            let shard = read_lock(shard);
-            for (idx, slot) in shard.slots() {
-                let index = self.page_at(s, idx);
-                if slot == Slot::Empty || min_age.is_some_and(|a| self.ages.age(index) < a) {
-                    continue;
-                }
-                self.ages.make_old(index, MAX_AGE);
-                marked += 1;
-            }
-        }
-        marked
-    }
-
-    /// One recompression pass over the pages `pass` selects, in page order. Off the I/O
-    /// path: it decodes and compresses a page at a time on the calling thread, and holds a
-    /// shard's lock only to copy an object out and to swap it in.
-    pub fn recompress(&self, pass: Recompress) -> Result<Recompressed, CoreError> {
-        let mut zstd = ZstdCodec::try_new(pass.level).map_err(CoreError::Compress)?;
-        let mut done = Recompressed::default();
-        let mut stored = [0u8; PAGE_SIZE];
-        let mut page = [0u8; PAGE_SIZE];
-        let mut out = [0u8; PAGE_SIZE];
-        for index in 0..self.pages {
-            if done.tried >= pass.max_pages {
-                break;
-            }
-            let (shard, idx) = self.locate(index);
-            let (slot, checksum, len) = {
-                let shard = read_lock(shard);
-                let Some(
-                    slot @ Slot::Stored {
-                        handle,
-                        len,
-                        recompressed: false,
-                    },
-                ) = shard.get(idx)
-                else {
-                    continue;
-                };
-                let len = usize::from(len);
-                let huge = len == PAGE_SIZE;
-                let age = self.ages.age(index);
-                let wanted = match pass.candidates {
-                    Candidates::Idle { min_age } => age >= min_age,
-                    Candidates::Huge => huge,
-                    Candidates::HugeIdle { min_age } => huge && age >= min_age,
-                };
-                if !wanted || len < pass.threshold || self.ages.tried(index) {
-                    continue;
-                }
-                let Some(checksum) = self.load_stored(handle, len, &mut stored[..len]) else {
-                    continue;
-                };
-                (slot, checksum, len)
-            };
-            done.tried += 1;
-            if len == PAGE_SIZE {
-                page.copy_from_slice(&stored);
-            } else {
-                let decoded = worker::with_codec(self.algorithm, |codec, _| {
-                    codec
-                        .decompress(&stored[..len], &mut page)
-                        .map_err(|source| CoreError::Corrupt { index, source })
-                });
-                if decoded.is_err() {
-                    done.failed += 1;
-                    continue;
-                }
-            }
-            if self.checksums && self.checksum_of(&page) != checksum {
-                // A damaged object: left for its read to fail, never rewritten as good.
-                done.failed += 1;
-                continue;
-            }
-            let new_len = match zstd.compress(&page, &mut out[..PAGE_SIZE - 1]) {
-                Ok(Some(n)) if n + MIN_SAVING <= len => n,
-                _ => {
-                    self.ages.mark_tried(index);
-                    done.kept += 1;
-                    continue;
-                }
-            };
-            match self.swap_object(index, slot, &out[..new_len], checksum) {
-                Ok(true) => {
-                    done.rewritten += 1;
-                    done.saved_bytes += (len - new_len) as u64;
-                }
-                Ok(false) => done.raced += 1,
-                Err(_) => done.failed += 1,
-            }
-        }
-        Counters::bump(&self.counters.recompress_tried, done.tried);
-        Counters::bump(&self.counters.recompress_kept, done.kept);
-        Counters::bump(&self.counters.recompress_saved_bytes, done.saved_bytes);
-        Ok(done)
-    }
-
-    /// Stores `bytes` (a zstd frame of the page) and points page `index` at it, if the page
-    /// still holds `expected`; frees whichever object lost. `Ok(false)`: a write came first.
-    fn swap_object(
-        &self,
-        index: u64,
-        expected: Slot,
-        bytes: &[u8],
-        checksum: u32,
-    ) -> Result<bool, CoreError> {
-        let budget = Budget::Limited {
-            reserved: self.staged_room(),
-        };
-        let handle = self.arena.store(bytes, self.trailer(checksum), budget)?;
-        let new = Slot::Stored {
-            handle,
-            len: bytes.len() as u16,
-            recompressed: true,
-        };
-        let (shard, idx) = self.locate(index);
-        let mut shard = write_lock(shard);
-        if shard.get(idx) != Some(expected) {
-            drop(shard);
-            self.free_slot(new);
-            return Ok(false);
-        }
-        if shard.set(idx, new)?.is_none() {
-            drop(shard);
-            self.free_slot(new);
-            return Ok(false);
-        }
-        shard
-            .totals
-            .replace(super::cost_of(expected), super::cost_of(new));
-        drop(shard);
-        self.free_slot(expected);
-        Ok(true)
-    }
 }
 
 /// The zstd level recompression uses when none is given.
@@ -385,6 +218,8 @@ pub const DEFAULT_LEVEL: i32 = 3;
 mod tests {
     use super::*;
     use crate::codec::Algorithm;
+    use crate::page::PAGE_SIZE;
+    use crate::store::PageStore;
     use crate::store::StoreConfig;
 
     /// The checked-in slices: real pages of several heaps.

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::{ConfigError, DeviceConfig, Host, RawDevice, SwapConfig, DEFAULT_SWAP_OPTIONS};
+use super::device::{ConfigError, DeviceConfig, Host, RawDevice, SwapConfig, DEFAULT_SWAP_OPTIONS};
 use crate::size::MAX_SIZE;
 use crate::sizeexpr::{eval_mib, mib_to_bytes};
 
@@ -253,19 +253,6 @@ pub(super) fn plan(file: FileConfig, path: &Path, host: Host) -> Result<Plan, Co
 /// of a path that is no file (`/dev/zero`) takes.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
-/// Reads and parses a config file for this host; `zram-generator:zramN` names a section of
-/// zram-generator's configuration instead.
-pub fn load_config(path: &Path) -> Result<Plan, ConfigError> {
-    if let Some(name) = super::zram_generator::section_of_spec(path) {
-        return super::zram_generator::load_section(name);
-    }
-    let text = read_capped(path).map_err(|source| ConfigError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    parse_config(path, &text, Host::current()?)
-}
-
 /// The text of `path`, refused when it passes [`MAX_CONFIG_BYTES`].
 pub(super) fn read_capped(path: &Path) -> std::io::Result<String> {
     use std::io::Read;
@@ -282,22 +269,12 @@ pub(super) fn read_capped(path: &Path) -> std::io::Result<String> {
     Ok(text)
 }
 
-/// Reads a config file that must make a device here (`uzram run`, `uzram swap-on`).
-pub fn load_device_config(path: &Path) -> Result<RunConfig, anyhow::Error> {
-    match load_config(path)? {
-        Plan::Device(cfg) => Ok(cfg),
-        Plan::Skip(why) => anyhow::bail!(
-            "{}: no device on this host: {why} (the systemd unit skips it through \
-             ExecCondition=uzram check-config)",
-            path.display()
-        ),
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::*;
+    use super::super::device::*;
     use super::*;
+    use uzram_core::codec::Algorithm;
+    use uzram_gpu::Parse;
 
     const HOST: Host = Host { ram_mib: 8192 };
 

@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+use super::device::ConfigError;
 use super::zram_generator::{self, ZramGeneratorConfig};
-use super::ConfigError;
 
 /// Where uzram's own config files live.
 pub const UZRAM_DIR: &str = "etc/uzram";

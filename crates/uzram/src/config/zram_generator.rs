@@ -24,8 +24,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::file::{plan, read_capped, FileConfig};
-use super::{ConfigError, Host, Plan};
+use super::device::{ConfigError, Host};
+use super::file::{plan, read_capped, FileConfig, Plan};
 
 /// The places zram-generator reads, from lowest precedence to highest.
 const BASES: [&str; 4] = ["usr/lib", "usr/local/lib", "etc", "run"];

@@ -42,7 +42,11 @@ pub(super) fn keep(store: Arc<PageStore>, settings: Option<RecompressSettings>) 
             Ok(done) if done.rewritten > 0 || done.failed > 0 => {
                 // The old objects' room is holes in their segments until compaction moves
                 // the live objects together and gives the segments back.
-                let compacted = if done.rewritten > 0 { store.compact() } else { 0 };
+                let compacted = if done.rewritten > 0 {
+                    store.compact()
+                } else {
+                    0
+                };
                 tracing::info!(
                     tried = done.tried,
                     rewritten = done.rewritten,

@@ -2,6 +2,7 @@
 //! process, signals, files and sockets here; [`memory`] for address ranges; [`sched`] for
 //! scheduling. SysV shared memory has its own room, `crate::shm`.
 
+mod errno;
 pub mod memory;
 pub mod sched;
 
@@ -10,14 +11,7 @@ pub use sched::{set_thread_nice, IO_NICE};
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 
-/// `Ok` unless a system call returned -1, then its `errno`.
-pub(crate) fn check(ret: libc::c_int) -> io::Result<()> {
-    if ret == -1 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
+use errno::check;
 
 /// True when running with effective uid 0.
 pub fn is_root() -> bool {

@@ -2,7 +2,7 @@
 
 use std::io;
 
-use super::check;
+use super::errno::check;
 
 /// The nice value of the threads that serve swap I/O and refill the block pool: under
 /// pressure they compete for CPU with the very tasks whose memory they swap out, and zram

@@ -1,0 +1,814 @@
+//! A device's settings, validated: what `uzram create` arguments, a TOML file, a
+//! zram-generator section and a recovery record all become, through one validation
+//! ([`RawDevice::validate`]).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use uzram_core::codec::Algorithm;
+use uzram_core::store::MAX_SLOT_PAGES;
+use uzram_gpu::Parse;
+
+use crate::size::{parse_size, SizeError, MAX_SIZE};
+use crate::sizeexpr::ExprError;
+
+pub use crate::footprint::{MAX_DEPTH, MAX_QUEUES};
+/// Default queue depth (each tag holds a locked 128 KiB buffer: 8 MiB per queue).
+pub const DEFAULT_DEPTH: u16 = 64;
+/// A page's bytes, the largest recompression threshold.
+const PAGE_BYTES: u64 = uzram_core::PAGE_SIZE as u64;
+/// Highest device id uzram accepts (the kernel allows ids below 2^20).
+pub const MAX_ID: u32 = (1 << 20) - 1;
+
+/// Where page compression runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// Compress inline on the queue threads.
+    Cpu,
+    /// Compress in batches on an NVIDIA GPU.
+    Gpu,
+    /// The GPU when one is usable, else the CPU.
+    Auto,
+}
+
+impl Backend {
+    /// Parses `cpu`, `gpu` or `auto`.
+    pub fn parse(s: &str) -> Result<Self, ConfigError> {
+        match s {
+            "cpu" => Ok(Backend::Cpu),
+            "gpu" => Ok(Backend::Gpu),
+            "auto" => Ok(Backend::Auto),
+            other => Err(ConfigError::UnknownBackend(other.to_string())),
+        }
+    }
+
+    /// The name the CLI and config file use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Gpu => "gpu",
+            Backend::Auto => "auto",
+        }
+    }
+
+    /// Refuses `gpu` early (before a daemon starts) where it cannot work: an algorithm other
+    /// than LZ4, or no NVIDIA driver or GPU. `auto` is decided when the device starts
+    /// (`daemon::backend`), the one place that chooses.
+    pub fn check(self, algorithm: Algorithm) -> Result<(), ConfigError> {
+        match self {
+            Backend::Gpu if algorithm != Algorithm::Lz4 => Err(ConfigError::GpuNeedsLz4),
+            Backend::Gpu => uzram_gpu::probe()
+                .map(drop)
+                .map_err(|e| ConfigError::GpuUnavailable(e.to_string())),
+            Backend::Cpu | Backend::Auto => Ok(()),
+        }
+    }
+}
+
+/// Which GPUs the ring's slots are spread over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuSelect {
+    /// Every GPU the driver reports.
+    All,
+    /// These ordinals.
+    List(Vec<usize>),
+}
+
+impl GpuSelect {
+    /// Parses `all` or a comma-separated list of ordinals (`0,1`).
+    pub fn parse(s: &str) -> Result<Self, ConfigError> {
+        if s.trim() == "all" {
+            return Ok(GpuSelect::All);
+        }
+        let list: Result<Vec<usize>, _> = s.split(',').map(|p| p.trim().parse()).collect();
+        match list {
+            Ok(v) if !v.is_empty() => {
+                let mut sorted = v.clone();
+                sorted.sort_unstable();
+                sorted.dedup();
+                if sorted.len() != v.len() {
+                    return Err(ConfigError::Gpus(s.to_string()));
+                }
+                Ok(GpuSelect::List(v))
+            }
+            _ => Err(ConfigError::Gpus(s.to_string())),
+        }
+    }
+
+    /// The ordinals, with `all` resolved against the driver.
+    pub fn ordinals(&self) -> Result<Vec<usize>, uzram_gpu::GpuError> {
+        match self {
+            GpuSelect::All => Ok((0..uzram_gpu::probe()?).collect()),
+            GpuSelect::List(v) => Ok(v.clone()),
+        }
+    }
+}
+
+impl std::fmt::Display for GpuSelect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GpuSelect::All => f.write_str("all"),
+            GpuSelect::List(v) => {
+                let parts: Vec<String> = v.iter().map(ToString::to_string).collect();
+                f.write_str(&parts.join(","))
+            }
+        }
+    }
+}
+
+/// Default pinned host memory of the GPU ring: 7 slots of 2048 pages (staging and results).
+pub const DEFAULT_GPU_MEMORY: u64 = 128 << 20;
+
+/// How the GPU backend runs, when it does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuSettings {
+    /// GPUs to spread slots over.
+    pub gpus: GpuSelect,
+    /// Page-locked host memory for the ring (staging and results), in bytes.
+    pub memory: u64,
+    /// The GPU's LZ4 parse. `high` by default: through the daemon it ingests as fast as
+    /// `fast` at the same CPU per GiB and stores 1.05-1.10x as much per byte of memory, and
+    /// its ring (25-32 GB/s) is above what a host's queue threads push (docs/bench/gpu-runs.md).
+    pub parse: Parse,
+    /// Threads that install the GPU's results into the store.
+    pub installers: usize,
+    /// Pages per slot of the ring.
+    pub slot_pages: usize,
+    /// Longest a queue thread that finds every slot busy waits for one before it
+    /// compresses on the CPU, in microseconds (0: never waits).
+    pub slot_wait_us: u64,
+}
+
+/// Default pages per slot of the GPU ring.
+pub const DEFAULT_GPU_SLOT_PAGES: usize = 2048;
+
+/// Default installer threads of the GPU ring.
+pub const DEFAULT_GPU_INSTALLERS: usize = 4;
+/// Most installer threads of the GPU ring.
+pub const MAX_GPU_INSTALLERS: u64 = 64;
+
+/// Default wait for a free slot of the GPU ring, µs: about a slot's install time. Waiting
+/// costs no CPU; compressing on the CPU instead costs several times the GPU path's CPU per
+/// page (docs/bench/gpu-runs.md). A waiting queue thread holds back the other
+/// requests of its queue, hence the cap.
+pub const DEFAULT_GPU_SLOT_WAIT_US: u64 = 2000;
+/// Longest allowed wait for a free slot, µs.
+pub const MAX_GPU_SLOT_WAIT_US: u64 = 100_000;
+
+impl Default for GpuSettings {
+    fn default() -> Self {
+        Self {
+            gpus: GpuSelect::List(vec![0]),
+            memory: DEFAULT_GPU_MEMORY,
+            parse: Parse::High,
+            installers: DEFAULT_GPU_INSTALLERS,
+            slot_pages: DEFAULT_GPU_SLOT_PAGES,
+            slot_wait_us: DEFAULT_GPU_SLOT_WAIT_US,
+        }
+    }
+}
+
+/// A queue mode the daemon can serve with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueMode {
+    /// `UBLK_F_BATCH_IO`: batched prepare/fetch/commit, one thread per queue.
+    Batch,
+    /// `UBLK_F_PER_IO_DAEMON`: several threads per queue.
+    PerIoDaemon,
+    /// One thread per queue, one command per request.
+    PerQueue,
+}
+
+impl QueueMode {
+    /// The name `uzram status` shows and `--queue-mode` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            QueueMode::Batch => "batch",
+            QueueMode::PerIoDaemon => "per-io-daemon",
+            QueueMode::PerQueue => "per-queue",
+        }
+    }
+}
+
+impl fmt::Display for QueueMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What the user asked for: a mode by name, or the fastest one the kernel offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QueueModeChoice {
+    /// The fastest mode the kernel offers.
+    #[default]
+    Auto,
+    /// This mode, or an error where the kernel lacks it.
+    Exactly(QueueMode),
+}
+
+impl QueueModeChoice {
+    /// Every value `--queue-mode` takes.
+    pub const NAMES: &'static str = "auto, batch, per-io-daemon or per-queue";
+
+    /// Parses `auto`, `batch`, `per-io-daemon` or `per-queue`.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "auto" => QueueModeChoice::Auto,
+            "batch" => QueueModeChoice::Exactly(QueueMode::Batch),
+            "per-io-daemon" => QueueModeChoice::Exactly(QueueMode::PerIoDaemon),
+            "per-queue" => QueueModeChoice::Exactly(QueueMode::PerQueue),
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for QueueModeChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QueueModeChoice::Auto => f.write_str("auto"),
+            QueueModeChoice::Exactly(mode) => mode.fmt(f),
+        }
+    }
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A size or memory limit did not parse.
+    #[error("bad {what}")]
+    Size {
+        /// Which setting.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: SizeError,
+    },
+    /// The algorithm is not one uzram knows.
+    #[error("unknown compression algorithm {0:?}: use lz4, zstd or zstd:LEVEL (1-22)")]
+    UnknownAlgorithm(String),
+    /// The backend is not cpu, gpu or auto.
+    #[error("unknown backend {0:?}: use cpu, gpu or auto")]
+    UnknownBackend(String),
+    /// The queue mode is not one uzram knows.
+    #[error("unknown queue mode {0:?}: use {names}", names = QueueModeChoice::NAMES)]
+    UnknownQueueMode(String),
+    /// `--backend gpu` where no GPU or driver is usable.
+    #[error(
+        "the gpu backend is not available: {0}; use --backend cpu, or --backend auto to use \
+         a GPU only where there is one"
+    )]
+    GpuUnavailable(String),
+    /// `--backend gpu` with an algorithm other than LZ4.
+    #[error("the gpu backend compresses lz4 only: use --algorithm lz4 with --backend gpu")]
+    GpuNeedsLz4,
+    /// `gpus` is neither `all` nor a list of distinct ordinals.
+    #[error("bad gpus {0:?}: use all, or GPU numbers separated by commas (0,1)")]
+    Gpus(String),
+    /// `gpu-parse` is neither `fast` nor `high`.
+    #[error("bad gpu-parse {0:?}: use fast or high")]
+    GpuParse(String),
+    /// `gpu-memory` is too small for a ring.
+    #[error("gpu-memory: {0}")]
+    GpuMemory(String),
+    /// The device would lock more memory up front than the host can spare.
+    #[error(
+        "a device of {size} with these settings locks {total} before it stores a page (page \
+         table {table}, recovery room {room}, heap and I/O buffers {buffers}, GPU ring {gpu}); \
+         uzram holds that to 1/{divisor} of this host's {ram} of RAM ({most}): {advice}"
+    )]
+    TooLarge {
+        /// The device size.
+        size: crate::size::Human,
+        /// Everything locked up front.
+        total: crate::size::Human,
+        /// Page table, directory and block states.
+        table: crate::size::Human,
+        /// The recovery room.
+        room: crate::size::Human,
+        /// Heap reserve and I/O buffers.
+        buffers: crate::size::Human,
+        /// GPU pinned memory.
+        gpu: crate::size::Human,
+        /// The share's divisor.
+        divisor: u64,
+        /// The host's RAM.
+        ram: crate::size::Human,
+        /// The most allowed.
+        most: crate::size::Human,
+        /// What to do.
+        advice: String,
+    },
+    /// `mem-limit` is below what the store holds from the start.
+    #[error(
+        "mem-limit {limit} is below the {table} page table of a device of {size}: raise it \
+         (zram counts its table in mem_used_total too), or leave it out"
+    )]
+    MemLimitBelowTable {
+        /// The limit.
+        limit: crate::size::Human,
+        /// The page table.
+        table: crate::size::Human,
+        /// The device size.
+        size: crate::size::Human,
+    },
+    /// A number is out of its range.
+    #[error("{what} must be between {min} and {max}, got {value}")]
+    OutOfRange {
+        /// Which setting.
+        what: &'static str,
+        /// The value given.
+        value: i64,
+        /// Smallest allowed.
+        min: i64,
+        /// Largest allowed.
+        max: i64,
+    },
+    /// The config file could not be read.
+    #[error("cannot read config file {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The config file is not valid TOML for uzram.
+    #[error("config file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message.
+        message: String,
+    },
+    /// A setting is given twice under two names.
+    #[error("config file {path}: give only one of `{a}` and `{b}`")]
+    Duplicate {
+        /// The file.
+        path: PathBuf,
+        /// One name.
+        a: &'static str,
+        /// The other.
+        b: &'static str,
+    },
+    /// A `zram-size` or `zram-resident-limit` expression was refused.
+    #[error("config file {path}: {why}")]
+    Expr {
+        /// The file.
+        path: PathBuf,
+        /// Why (names the key). In the message, and so not a `source` as well: a message
+        /// chain would print it twice.
+        why: ExprError,
+    },
+    /// An expression's result is beyond what uzram serves.
+    #[error(
+        "config file {path}: {key} = {expr:?} is {mib} MiB with ram = {ram_mib}, above the 16T \
+         maximum; {key} is in MiB, as in zram-generator (and G there means 10^9): for 8 GiB \
+         write {key} = 8192, or size = \"8G\""
+    )]
+    ExprTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The key.
+        key: &'static str,
+        /// The text.
+        expr: String,
+        /// Its value.
+        mib: f64,
+        /// `ram` it was evaluated with.
+        ram_mib: u64,
+    },
+    /// `host-memory-limit` is not a number of MiB or "none".
+    #[error(
+        "config file {path}: host-memory-limit = {value:?}: expected a number of MiB or \"none\""
+    )]
+    HostMemoryLimit {
+        /// The file.
+        path: PathBuf,
+        /// The value given.
+        value: String,
+    },
+    /// `metrics-textfile` is not a usable path.
+    #[error("metrics-textfile {path:?}: {why}")]
+    MetricsTextfile {
+        /// The value given.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// The host's MemTotal (zram-generator's `ram`) could not be read.
+    #[error("cannot read MemTotal from /proc/meminfo (needed for ram in size expressions)")]
+    MemInfo,
+    /// `zram-generator:zramN` names a section that no file has.
+    #[error("zram-generator's configuration has no [{name}] section (files read: {files:?})")]
+    NoSection {
+        /// The section.
+        name: String,
+        /// The files read.
+        files: Vec<PathBuf>,
+    },
+    /// An age (`recompress-idle-age`, `uzram idle --age`) that does not parse.
+    #[error("bad age {0:?}: give a number with s, m, h or d (30s, 10m, 1h, 2d), at most 17 days")]
+    Age(String),
+    /// A recompression algorithm uzram cannot write.
+    #[error(
+        "recompress-algorithm {0:?}: recompression writes zstd: use zstd or zstd:LEVEL (1-22)"
+    )]
+    RecompressAlgorithm(String),
+    /// `recompress-idle-age` or `recompress-threshold` without `recompress-algorithm`.
+    #[error("recompress-idle-age and recompress-threshold need recompress-algorithm (e.g. zstd)")]
+    RecompressWithout,
+    /// A zram-generator key that uzram cannot honour for this device.
+    #[error("config file {path}: {why}")]
+    Unsupported {
+        /// The file or section.
+        path: PathBuf,
+        /// The key.
+        key: String,
+        /// Why, and what to do.
+        why: String,
+    },
+    /// `fs-type` other than swap.
+    #[error("config file {path}: fs-type {fs_type:?} is not supported (only \"swap\")")]
+    FsType {
+        /// The file.
+        path: PathBuf,
+        /// The value given.
+        fs_type: String,
+    },
+}
+
+/// Everything a daemon needs to serve one device, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceConfig {
+    /// Device size in bytes, a whole number of pages.
+    pub size: u64,
+    /// WriteBackend algorithm.
+    pub algorithm: Algorithm,
+    /// Backend as asked for (`auto` is kept so `list` shows what the user chose).
+    pub backend: Backend,
+    /// Hardware queues.
+    pub queues: u16,
+    /// Depth of each queue.
+    pub depth: u16,
+    /// How requests reach the queue threads (`auto`: the fastest the kernel offers).
+    pub queue_mode: QueueModeChoice,
+    /// Memory limit in bytes for compressed data, if any.
+    pub mem_limit: Option<u64>,
+    /// Device id to ask the kernel for; `None` lets it pick.
+    pub id: Option<u32>,
+    /// The GPU ring, for `gpu` and `auto`.
+    pub gpu: GpuSettings,
+    /// Where the daemon rewrites its Prometheus metrics every 15 s, if anywhere.
+    pub metrics_textfile: Option<PathBuf>,
+    /// A checksum with every stored page, checked on every read (off only to measure it).
+    pub checksums: bool,
+    /// Pages that go unused are recompressed in the background, if set.
+    pub recompress: Option<RecompressSettings>,
+}
+
+/// The cold tier's recompression (`recompress-*` keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecompressSettings {
+    /// zstd's level.
+    pub level: i32,
+    /// Minutes a page goes unused before it is recompressed (the store's clock ticks once a
+    /// minute).
+    pub idle_age_minutes: u32,
+    /// Only objects of at least this many bytes (zram's `threshold=`).
+    pub threshold: usize,
+}
+
+/// `recompress-idle-age` when none is given: Android's idle age.
+pub const DEFAULT_RECOMPRESS_IDLE_AGE: &str = "1h";
+
+/// An age as `uzram` takes it: a number with `s`, `m`, `h` or `d` (minutes without one), in
+/// whole minutes, rounded up (the store's clock ticks once a minute).
+pub fn parse_age(text: &str) -> Result<u32, ConfigError> {
+    let bad = || ConfigError::Age(text.to_string());
+    let t = text.trim();
+    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => t.split_at(i),
+        None => (t, "m"),
+    };
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let seconds = match unit {
+        "s" => n,
+        "m" | "min" => n.checked_mul(60).ok_or_else(bad)?,
+        "h" => n.checked_mul(3600).ok_or_else(bad)?,
+        "d" => n.checked_mul(86_400).ok_or_else(bad)?,
+        _ => return Err(bad()),
+    };
+    let minutes = seconds.div_ceil(60);
+    if minutes > u64::from(uzram_core::store::MAX_AGE) {
+        return Err(bad());
+    }
+    Ok(minutes as u32)
+}
+
+/// `swapon -o` options when the config file names none (zram-generator's default).
+pub const DEFAULT_SWAP_OPTIONS: &str = "discard";
+
+/// Swap settings from a config file (used by `uzram swap-on`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SwapConfig {
+    /// `swapon -p`; `None` leaves the kernel's default.
+    pub priority: Option<i32>,
+    /// `swapon -o` options, e.g. `discard`.
+    pub options: Option<String>,
+}
+
+/// Raw settings before validation (CLI flags and file keys both land here, and a device's
+/// recovery record keeps them: a recovery validates them again, as a config file).
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDevice {
+    /// Size text.
+    pub size: String,
+    /// Algorithm text.
+    pub algorithm: Option<String>,
+    /// Backend text.
+    pub backend: Option<String>,
+    /// Queues.
+    pub queues: Option<u64>,
+    /// Depth.
+    pub depth: Option<u64>,
+    /// Queue mode text.
+    pub queue_mode: Option<String>,
+    /// Memory limit text.
+    pub mem_limit: Option<String>,
+    /// Device id.
+    pub id: Option<u64>,
+    /// GPUs text.
+    pub gpus: Option<String>,
+    /// GPU ring pinned memory text.
+    pub gpu_memory: Option<String>,
+    /// GPU parse text.
+    pub gpu_parse: Option<String>,
+    /// GPU ring installer threads.
+    pub gpu_installers: Option<u64>,
+    /// Wait for a free GPU ring slot, µs.
+    pub gpu_slot_wait_us: Option<u64>,
+    /// Pages per GPU ring slot.
+    pub gpu_slot_pages: Option<u64>,
+    /// Metrics text file.
+    pub metrics_textfile: Option<PathBuf>,
+    /// Page checksums (default on).
+    #[serde(default)]
+    pub checksums: Option<bool>,
+    /// Recompression algorithm text (zstd or zstd:N).
+    #[serde(default)]
+    pub recompress_algorithm: Option<String>,
+    /// Recompression idle age text (10m, 1h, ...).
+    #[serde(default)]
+    pub recompress_idle_age: Option<String>,
+    /// Recompress only objects of at least this many bytes.
+    #[serde(default)]
+    pub recompress_threshold: Option<u64>,
+}
+
+/// The default queue count: one per CPU, at most 4.
+pub fn default_queues() -> u16 {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cpus.min(4) as u16
+}
+
+fn ranged(what: &'static str, value: u64, min: u64, max: u64) -> Result<u64, ConfigError> {
+    if (min..=max).contains(&value) {
+        Ok(value)
+    } else {
+        Err(ConfigError::OutOfRange {
+            what,
+            value: i64::try_from(value).unwrap_or(i64::MAX),
+            min: min as i64,
+            max: max as i64,
+        })
+    }
+}
+
+impl RawDevice {
+    /// Validates every field, and the device as a whole against `host`; the first bad one is
+    /// the error. The daemon's own validation: `create`, `check-config`, `run` and a
+    /// recovery all go through here.
+    pub fn validate(&self, host: Host) -> Result<DeviceConfig, ConfigError> {
+        let size = parse_size(&self.size).map_err(|source| ConfigError::Size {
+            what: "device size",
+            source,
+        })?;
+        let algorithm_text = self.algorithm.as_deref().unwrap_or("lz4");
+        let algorithm = Algorithm::parse(algorithm_text)
+            .map_err(|_| ConfigError::UnknownAlgorithm(algorithm_text.to_string()))?;
+        let backend = Backend::parse(self.backend.as_deref().unwrap_or("cpu"))?;
+        backend.check(algorithm)?;
+        let gpu = self.gpu_settings()?;
+        let queues = match self.queues {
+            Some(q) => ranged("queues", q, 1, MAX_QUEUES.into())? as u16,
+            None => default_queues(),
+        };
+        let depth = match self.depth {
+            Some(d) => ranged("depth", d, 1, MAX_DEPTH.into())? as u16,
+            None => DEFAULT_DEPTH,
+        };
+        let queue_mode = match self.queue_mode.as_deref() {
+            Some(text) => QueueModeChoice::parse(text)
+                .ok_or_else(|| ConfigError::UnknownQueueMode(text.to_string()))?,
+            None => QueueModeChoice::Auto,
+        };
+        let mem_limit = self
+            .mem_limit
+            .as_deref()
+            .map(parse_size)
+            .transpose()
+            .map_err(|source| ConfigError::Size {
+                what: "memory limit",
+                source,
+            })?;
+        let id = self
+            .id
+            .map(|id| ranged("id", id, 0, MAX_ID.into()))
+            .transpose()?
+            .map(|id| id as u32);
+        if let Some(path) = &self.metrics_textfile {
+            check_metrics_textfile(path)?;
+        }
+        let cfg = DeviceConfig {
+            size,
+            algorithm,
+            backend,
+            queues,
+            depth,
+            queue_mode,
+            mem_limit,
+            id,
+            gpu,
+            metrics_textfile: self.metrics_textfile.clone(),
+            checksums: self.checksums.unwrap_or(true),
+            recompress: self.recompress_settings()?,
+        };
+        cfg.check_memory(host)?;
+        Ok(cfg)
+    }
+
+    fn recompress_settings(&self) -> Result<Option<RecompressSettings>, ConfigError> {
+        let Some(text) = &self.recompress_algorithm else {
+            if self.recompress_idle_age.is_some() || self.recompress_threshold.is_some() {
+                return Err(ConfigError::RecompressWithout);
+            }
+            return Ok(None);
+        };
+        let text = match text.as_str() {
+            "zstd" => format!("zstd:{}", uzram_core::store::DEFAULT_RECOMPRESS_LEVEL),
+            other => other.to_string(),
+        };
+        let level = match Algorithm::parse(&text) {
+            Ok(Algorithm::Zstd { level }) => level,
+            _ => return Err(ConfigError::RecompressAlgorithm(text)),
+        };
+        let idle_age_minutes = parse_age(
+            self.recompress_idle_age
+                .as_deref()
+                .unwrap_or(DEFAULT_RECOMPRESS_IDLE_AGE),
+        )?;
+        let threshold = match self.recompress_threshold {
+            Some(t) => ranged("recompress-threshold", t, 0, PAGE_BYTES)? as usize,
+            None => 0,
+        };
+        Ok(Some(RecompressSettings {
+            level,
+            idle_age_minutes,
+            threshold,
+        }))
+    }
+
+    fn gpu_settings(&self) -> Result<GpuSettings, ConfigError> {
+        let mut gpu = GpuSettings::default();
+        if let Some(g) = &self.gpus {
+            gpu.gpus = GpuSelect::parse(g)?;
+        }
+        if let Some(n) = self.gpu_slot_pages {
+            gpu.slot_pages = ranged("gpu-slot-pages", n, 1, MAX_SLOT_PAGES as u64)? as usize;
+        }
+        if let Some(m) = &self.gpu_memory {
+            gpu.memory = parse_size(m).map_err(|source| ConfigError::Size {
+                what: "gpu-memory",
+                source,
+            })?;
+        }
+        uzram_gpu::GpuConfig::for_pinned_budget(gpu.memory, gpu.slot_pages)
+            .map_err(|e| ConfigError::GpuMemory(e.to_string()))?;
+        if let Some(p) = &self.gpu_parse {
+            gpu.parse = p.parse().map_err(|_| ConfigError::GpuParse(p.clone()))?;
+        }
+        if let Some(n) = self.gpu_installers {
+            gpu.installers = ranged("gpu-installers", n, 1, MAX_GPU_INSTALLERS)? as usize;
+        }
+        if let Some(us) = self.gpu_slot_wait_us {
+            gpu.slot_wait_us = ranged("gpu-slot-wait-us", us, 0, MAX_GPU_SLOT_WAIT_US)?;
+        }
+        Ok(gpu)
+    }
+}
+
+impl DeviceConfig {
+    /// Pinned host memory the GPU ring takes (none on the CPU backend).
+    pub fn gpu_pinned_bytes(&self) -> u64 {
+        match self.backend {
+            Backend::Cpu => 0,
+            Backend::Gpu | Backend::Auto => self.gpu.memory,
+        }
+    }
+
+    /// The device's up-front memory against what `host` can hold, and the memory limit
+    /// against the page table.
+    fn check_memory(&self, host: Host) -> Result<(), ConfigError> {
+        use crate::footprint::{Upfront, MAX_SHARE_DIVISOR};
+        use crate::size::Human;
+        let pages = self.size / uzram_core::PAGE_SIZE as u64;
+        let table = uzram_core::PageStore::table_bytes_for(pages).unwrap_or(u64::MAX);
+        if let Some(limit) = self.mem_limit.filter(|&l| l < table) {
+            return Err(ConfigError::MemLimitBelowTable {
+                limit: Human(limit),
+                table: Human(table),
+                size: Human(self.size),
+            });
+        }
+        let gpu = self.gpu_pinned_bytes();
+        let ram = host.ram_mib.saturating_mul(1 << 20);
+        let upfront = Upfront::of(self.size, self.queues, self.depth, gpu);
+        let most = match upfront.map(|u| (u, u.check(ram))) {
+            Some((_, Ok(()))) => return Ok(()),
+            Some((_, Err(most))) => most,
+            None => ram / MAX_SHARE_DIVISOR,
+        };
+        let u = upfront.unwrap_or(Upfront {
+            table: u64::MAX,
+            room: 0,
+            buffers: 0,
+            gpu,
+        });
+        let advice = match Upfront::largest_size(self.queues, self.depth, gpu, most, MAX_SIZE) {
+            Some(largest) => format!(
+                "the largest device that fits with these settings is {} (size = \"{}\")",
+                Human(largest),
+                crate::size::exact(largest)
+            ),
+            None => format!(
+                "with these settings no size fits: lower gpu-memory ({}), queues ({}) or depth ({})",
+                Human(gpu),
+                self.queues,
+                self.depth
+            ),
+        };
+        Err(ConfigError::TooLarge {
+            size: Human(self.size),
+            total: Human(u.total()),
+            table: Human(u.table),
+            room: Human(u.room),
+            buffers: Human(u.buffers),
+            gpu: Human(u.gpu),
+            divisor: MAX_SHARE_DIVISOR,
+            ram: Human(ram),
+            most: Human(most),
+            advice,
+        })
+    }
+}
+
+/// node_exporter's textfile collector reads `*.prom` files only, and the daemon's working
+/// directory is not the user's: refuse paths that would silently export nothing.
+fn check_metrics_textfile(path: &Path) -> Result<(), ConfigError> {
+    let why = if !path.is_absolute() {
+        Some("must be an absolute path")
+    } else if path.extension() != Some(std::ffi::OsStr::new("prom")) {
+        Some("must end in .prom (node_exporter's textfile collector reads *.prom files only)")
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(ConfigError::MetricsTextfile {
+            path: path.to_path_buf(),
+            why,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The host facts that size expressions use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Host {
+    /// MemTotal in whole MiB: zram-generator's `ram`.
+    pub ram_mib: u64,
+}
+
+impl Host {
+    /// This host, from `/proc/meminfo`.
+    pub fn current() -> Result<Host, ConfigError> {
+        std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|t| crate::sizeexpr::mem_total_mib(&t))
+            .map(|ram_mib| Host { ram_mib })
+            .ok_or(ConfigError::MemInfo)
+    }
+}
