@@ -7,9 +7,10 @@
 . /e2e/lib.sh
 begin t_tier
 SRC=/tmp/t_tier.src
-# shellcheck disable=SC2046 # the guest's programs, as files
-cat $(find /usr/local/bin /usr/bin /bin /sbin -type f 2>/dev/null) 2>/dev/null | head -c 24M > "$SRC"
+# shellcheck disable=SC2046 # the guest's programs, as files (busybox's head takes bytes, no M)
+cat $(find /usr/local/bin /usr/bin /bin /sbin -type f 2>/dev/null) 2>/dev/null | head -c 25165824 > "$SRC"
 MIB=$(( $(stat -c %s "$SRC") / 1048576 ))
+[ "$MIB" -ge 8 ] || fail_check "only $MIB MiB of programs in the guest to write"
 sum() { dd if="$1" bs=1M count="$MIB" iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1; }
 WANT=$(head -c $((MIB * 1048576)) "$SRC" | sha256sum | cut -d' ' -f1)
 say "  source: $MIB MiB of the guest's programs"
