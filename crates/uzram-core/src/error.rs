@@ -59,6 +59,14 @@ pub enum CoreError {
     /// points outside its memory, or objects overlap); nothing of it was used.
     #[error("the preserved store is damaged: {0}")]
     Damaged(String),
+    /// The backing device has no run of free blocks for a writeback write; nothing moved.
+    #[error("the backing device has no {blocks} free blocks in a row (it holds {capacity}); pages stay in memory")]
+    BackingFull {
+        /// Blocks the write needed.
+        blocks: u64,
+        /// Blocks the device holds.
+        capacity: u64,
+    },
     /// A batch backend failed; the caller may retry the batch on another backend.
     #[error("batch backend {backend} failed: {reason}")]
     Backend {
@@ -80,7 +88,9 @@ impl CoreError {
             CoreError::OutOfRange { .. } | CoreError::Unaligned { .. } | CoreError::Config(_) => {
                 -EINVAL
             }
-            CoreError::MemLimit { .. } | CoreError::NoMemory => -ENOMEM,
+            CoreError::MemLimit { .. } | CoreError::NoMemory | CoreError::BackingFull { .. } => {
+                -ENOMEM
+            }
             CoreError::Corrupt { .. }
             | CoreError::Checksum { .. }
             | CoreError::Compress(_)

@@ -16,8 +16,11 @@
 //!   epoch (so an entry from an earlier fill of the same slot never matches a later one);
 //! - `TAG_LOST`: a recovered store found the page staged: its bytes were in the dead
 //!   daemon's staging memory, so reads fail until it is written again.
+//! - `TAG_BACKED`: the page was written back: bits 3..16 hold its length as for
+//!   `TAG_STORED`, bit 16 the recompressed flag, bits 17..64 the byte on the backing device
+//!   where its sealed object starts (`backing.rs`).
 //!
-//! Tags 6 and 7 are never written: an entry with one decodes as [`Slot::Invalid`], and so
+//! Tag 7 is never written: an entry with it decodes as [`Slot::Invalid`], and so
 //! does a same-filled entry whose check byte does not match. Reads of such a page fail,
 //! and a recovery refuses a table that holds one.
 //!
@@ -33,6 +36,10 @@ const TAG_SAME_EXT: u64 = 2;
 const TAG_STORED: u64 = 3;
 const TAG_STAGED: u64 = 4;
 const TAG_LOST: u64 = 5;
+const TAG_BACKED: u64 = 6;
+/// A written-back entry's recompressed flag, and where its disk offset starts.
+const BACKED_RECOMPRESSED: u64 = 1 << 16;
+const DISK_SHIFT: u32 = 17;
 /// A stored entry's flag: the object is a zstd frame written by recompression.
 const RECOMPRESSED: u64 = 1 << 63;
 /// Bits of a same-filled entry's check byte, above the tag.
@@ -90,6 +97,9 @@ impl StagedAt {
     }
 }
 
+/// Largest backing-device byte offset an entry can hold (128 TiB).
+pub(crate) const MAX_DISK_OFFSET: u64 = (1 << (64 - DISK_SHIFT)) - 1;
+
 /// Arena offsets are multiples of this many bytes (the arena's size-class granularity).
 pub(crate) const HANDLE_ALIGN: u64 = 8;
 /// Largest arena byte offset an entry can hold.
@@ -117,6 +127,16 @@ pub(crate) enum Slot {
     Staged(StagedAt),
     /// Staged when the daemon that held the staging memory died (see `persist.rs`).
     Lost,
+    /// Written back: `len` bytes (and the checksum) sealed at byte `at` of the backing
+    /// device; `len == PAGE_SIZE` means raw.
+    Backed {
+        /// Byte offset of the sealed object on the backing device.
+        at: u64,
+        /// Stored bytes.
+        len: u16,
+        /// A zstd frame written by recompression.
+        recompressed: bool,
+    },
     /// Not an entry this store writes: tag 6 or 7, or a same-filled entry whose check byte
     /// does not match its word (memory that was damaged, or never was a table).
     Invalid,
@@ -162,6 +182,21 @@ impl Entry {
                     | TAG_STAGED,
             ),
             Slot::Lost => Entry(TAG_LOST),
+            Slot::Backed {
+                at,
+                len,
+                recompressed,
+            } => {
+                debug_assert!(at <= MAX_DISK_OFFSET);
+                debug_assert!(len >= 1 && usize::from(len) <= PAGE_SIZE);
+                let flag = if recompressed { BACKED_RECOMPRESSED } else { 0 };
+                Entry(
+                    (at << DISK_SHIFT)
+                        | flag
+                        | ((u64::from(len) & LEN_MASK) << LEN_SHIFT)
+                        | TAG_BACKED,
+                )
+            }
             // Never packed by the store; a word no decoder accepts, should a caller try.
             Slot::Invalid => Entry(TAG_MASK),
         }
@@ -198,13 +233,7 @@ impl Entry {
             TAG_STORED => {
                 let len = ((self.0 >> LEN_SHIFT) & LEN_MASK) as u16;
                 let recompressed = self.0 & RECOMPRESSED != 0;
-                // A recompressed page is always compressed: never the raw page's length.
-                let most = if recompressed {
-                    PAGE_SIZE as u16 - 1
-                } else {
-                    PAGE_SIZE as u16
-                };
-                if (1..=most).contains(&len) {
+                if len_fits(len, recompressed) {
                     Slot::Stored {
                         handle: ((self.0 & !RECOMPRESSED) >> HANDLE_SHIFT) * HANDLE_ALIGN,
                         len,
@@ -220,10 +249,34 @@ impl Entry {
                 epoch: self.0 >> EPOCH_SHIFT,
             }),
             TAG_LOST => Slot::Lost,
+            TAG_BACKED => {
+                let len = ((self.0 >> LEN_SHIFT) & LEN_MASK) as u16;
+                let recompressed = self.0 & BACKED_RECOMPRESSED != 0;
+                if len_fits(len, recompressed) {
+                    Slot::Backed {
+                        at: self.0 >> DISK_SHIFT,
+                        len,
+                        recompressed,
+                    }
+                } else {
+                    Slot::Invalid
+                }
+            }
             TAG_EMPTY if self.0 == TAG_EMPTY => Slot::Empty,
             _ => Slot::Invalid,
         }
     }
+}
+
+/// Whether a stored or written-back object of `len` bytes is one the store writes: a
+/// recompressed page is always compressed, never the raw page's length.
+fn len_fits(len: u16, recompressed: bool) -> bool {
+    let most = if recompressed {
+        PAGE_SIZE as u16 - 1
+    } else {
+        PAGE_SIZE as u16
+    };
+    (1..=most).contains(&len)
 }
 
 /// The check byte of a same-filled entry's word: CRC-8 (polynomial 0x07) of the 53 bits the
@@ -307,6 +360,21 @@ mod tests {
             Slot::Staged(StagedAt::new(255, 65535, EPOCH_MODULUS - 1).unwrap()),
             Slot::Staged(StagedAt::new(7, 4095, 123_456_789).unwrap()),
             Slot::Lost,
+            Slot::Backed {
+                at: 0,
+                len: 1,
+                recompressed: false,
+            },
+            Slot::Backed {
+                at: MAX_DISK_OFFSET,
+                len: PAGE_SIZE as u16,
+                recompressed: false,
+            },
+            Slot::Backed {
+                at: 4096 * 3 + 17,
+                len: 1234,
+                recompressed: true,
+            },
         ];
         for slot in slots {
             assert_eq!(Entry::pack(slot).slot(), slot, "{slot:?}");
@@ -344,11 +412,22 @@ mod tests {
 
     #[test]
     fn words_no_entry_is_written_as_decode_as_invalid() {
-        for tag in [6u64, 7] {
-            for high in [0u64, 1 << 20, u64::MAX << 3] {
-                assert_eq!(Entry::from_word(high | tag).slot(), Slot::Invalid);
-            }
+        for high in [0u64, 1 << 20, u64::MAX << 3] {
+            assert_eq!(Entry::from_word(high | 7).slot(), Slot::Invalid);
         }
+        // a written-back page of no bytes, or of more than a page; a recompressed one as
+        // long as a raw page
+        for len in [0u64, PAGE_SIZE as u64 + 1, LEN_MASK] {
+            assert_eq!(
+                Entry::from_word((5 << DISK_SHIFT) | (len << LEN_SHIFT) | TAG_BACKED).slot(),
+                Slot::Invalid
+            );
+        }
+        assert_eq!(
+            Entry::from_word(BACKED_RECOMPRESSED | ((PAGE_SIZE as u64) << LEN_SHIFT) | TAG_BACKED)
+                .slot(),
+            Slot::Invalid
+        );
         // an empty tag with anything above it
         assert_eq!(Entry::from_word(1 << 40).slot(), Slot::Invalid);
         // a stored page of no bytes, or of more than a page; a recompressed one as long as

@@ -17,9 +17,9 @@ const PAGES: u64 = 96;
 
 /// Segments in plain memory, found by index: what a daemon's region does, for tests.
 #[derive(Debug, Default)]
-struct MemHome {
+pub(super) struct MemHome {
     /// Segment words a recovery finds, by index.
-    found: Mutex<HashMap<usize, Vec<u64>>>,
+    pub(super) found: Mutex<HashMap<usize, Vec<u64>>>,
 }
 
 impl SegmentHome for MemHome {

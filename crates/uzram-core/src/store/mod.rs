@@ -28,6 +28,7 @@
 //! exactly that staged copy. The store knows nothing about batches or backends.
 
 mod arena;
+mod backing;
 mod entry;
 pub mod persist;
 mod segments;
@@ -36,10 +37,14 @@ mod stats;
 mod tier;
 mod words;
 mod worker;
+mod writeback;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+pub use self::backing::{
+    BackingDevice, NonceCounter, WritebackKey, BLOCK_BYTES, CHUNK_BLOCKS, KEY_BYTES, SEAL_BYTES,
+};
 pub use self::entry::{StagedAt, MAX_SLOT_PAGES, MAX_STAGING_SLOTS};
 pub use self::persist::{Persistence, Recovered, SegmentHome, SegmentWords, SEGMENT_BYTES};
 pub use self::stats::{MemoryUsage, Stats};
@@ -47,6 +52,7 @@ pub use self::tier::{
     AgeCounts, Candidates, Recompress, Recompressed, AGE_BUCKETS,
     DEFAULT_LEVEL as DEFAULT_RECOMPRESS_LEVEL, MAX_AGE,
 };
+pub use self::writeback::{Writeback, WritebackCandidates, WrittenBack};
 
 /// Bytes each stored object spends on its checksum.
 pub const CHECKSUM_BYTES: usize = arena::CHECKSUM_BYTES;
@@ -214,6 +220,8 @@ pub struct PageStore {
     checksums: bool,
     /// Each page's last use, for the cold tier (`tier.rs`).
     ages: tier::Ages,
+    /// Where written-back pages live (`backing.rs`), once attached.
+    backing: OnceLock<backing::Backing>,
 }
 
 impl std::fmt::Debug for PageStore {
@@ -226,6 +234,7 @@ impl std::fmt::Debug for PageStore {
             .field("mem_limit", &self.mem_limit)
             .field("shards", &self.shards.len())
             .field("staging", &self.staging.get().is_some())
+            .field("backing", &self.backing.get())
             .finish_non_exhaustive()
     }
 }
@@ -445,6 +454,7 @@ impl PageStore {
             persistent,
             checksums,
             ages,
+            backing: OnceLock::new(),
         })
     }
 
@@ -678,6 +688,13 @@ impl PageStore {
                 len,
                 recompressed,
             }) => (handle, usize::from(len), recompressed),
+            // Read under the shard's read lock: the object's blocks cannot be freed and
+            // written again meanwhile.
+            Some(Slot::Backed {
+                at,
+                len,
+                recompressed,
+            }) => return self.read_backed(index, at, usize::from(len), recompressed, page),
         };
         if len == PAGE_SIZE {
             let stored = self.load_stored(handle, len, page);
@@ -1045,6 +1062,11 @@ impl PageStore {
         let (totals, side) = self.shard_totals();
         let usage = self.arena.usage();
         let c = &self.counters;
+        let disk = |f: fn(&backing::DiskCounters) -> &AtomicU64| {
+            self.backing
+                .get()
+                .map_or(0, |b| f(&b.counters).load(Ordering::Relaxed))
+        };
         let pages_stored = totals.pages_stored;
         Stats {
             orig_data_size: pages_stored * PAGE_SIZE as u64,
@@ -1068,6 +1090,11 @@ impl PageStore {
             recompress_tried_pages: Counters::get(&c.recompress_tried),
             recompress_kept_pages: Counters::get(&c.recompress_kept),
             recompress_saved_bytes: Counters::get(&c.recompress_saved_bytes),
+            bd_count: totals.backed_pages,
+            bd_reads: disk(|d| &d.reads),
+            bd_writes: disk(|d| &d.writes),
+            bd_bytes_written: disk(|d| &d.bytes_written),
+            bd_failures: disk(|d| &d.failures),
         }
     }
 
@@ -1165,6 +1192,11 @@ impl PageStore {
     fn free_slot(&self, slot: Slot) {
         if let Some(object) = self.stored_object(slot) {
             self.arena.free(object.0, object.1);
+        }
+        if let Slot::Backed { at, len, .. } = slot {
+            if let Some(backing) = self.backing.get() {
+                backing.free(self.on_disk(at, usize::from(len)));
+            }
         }
     }
 
@@ -1535,6 +1567,11 @@ fn cost_of(slot: Slot) -> PageCost {
             recompressed,
             ..stored(handle, usize::from(len)).1
         },
+        Slot::Backed { .. } => PageCost {
+            stored: true,
+            backed: true,
+            ..PageCost::default()
+        },
     }
 }
 
@@ -1564,3 +1601,5 @@ fn write_lock<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 mod fuzz_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod writeback_tests;

@@ -52,6 +52,17 @@ pub struct Stats {
     /// Payload bytes recompression saved (cumulative; pages rewritten since count nothing
     /// back).
     pub recompress_saved_bytes: u64,
+    /// bd_stat: pages written back, on the backing device now.
+    pub bd_count: u64,
+    /// bd_stat: 4 KiB blocks read from the backing device (cumulative).
+    pub bd_reads: u64,
+    /// bd_stat: 4 KiB blocks written to the backing device (cumulative).
+    pub bd_writes: u64,
+    /// Bytes written to the backing device (cumulative).
+    pub bd_bytes_written: u64,
+    /// Backing-device reads and writes that failed, and written-back objects that failed
+    /// their tag (cumulative).
+    pub bd_failures: u64,
 }
 
 impl Stats {
@@ -79,6 +90,11 @@ impl Stats {
             ("recompress_tried_pages", self.recompress_tried_pages),
             ("recompress_kept_pages", self.recompress_kept_pages),
             ("recompress_saved_bytes", self.recompress_saved_bytes),
+            ("bd_count", self.bd_count),
+            ("bd_reads", self.bd_reads),
+            ("bd_writes", self.bd_writes),
+            ("bd_bytes_written", self.bd_bytes_written),
+            ("bd_failures", self.bd_failures),
         ]
     }
 }
@@ -132,6 +148,7 @@ pub(crate) struct PageCost {
     pub huge: bool,
     pub staged: bool,
     pub recompressed: bool,
+    pub backed: bool,
     pub payload: u64,
 }
 
@@ -143,6 +160,7 @@ pub(crate) struct PageTotals {
     pub huge_pages: u64,
     pub staged_pages: u64,
     pub recompressed_pages: u64,
+    pub backed_pages: u64,
     pub compr_data_size: u64,
 }
 
@@ -158,6 +176,7 @@ impl PageTotals {
             old.recompressed.into(),
             new.recompressed.into(),
         );
+        adjust(&mut self.backed_pages, old.backed.into(), new.backed.into());
         adjust(&mut self.compr_data_size, old.payload, new.payload);
     }
 
@@ -168,6 +187,7 @@ impl PageTotals {
         self.huge_pages += other.huge_pages;
         self.staged_pages += other.staged_pages;
         self.recompressed_pages += other.recompressed_pages;
+        self.backed_pages += other.backed_pages;
         self.compr_data_size += other.compr_data_size;
     }
 }
@@ -214,10 +234,15 @@ mod tests {
             recompress_tried_pages: 19,
             recompress_kept_pages: 20,
             recompress_saved_bytes: 21,
+            bd_count: 22,
+            bd_reads: 23,
+            bd_writes: 24,
+            bd_bytes_written: 25,
+            bd_failures: 26,
         };
         let fields = stats.fields();
         let values: Vec<u64> = fields.iter().map(|f| f.1).collect();
-        assert_eq!(values, (1..=21).collect::<Vec<u64>>());
+        assert_eq!(values, (1..=26).collect::<Vec<u64>>());
         assert_eq!(fields[0].0, "orig_data_size");
         assert_eq!(fields[11].0, "notify_free");
     }
