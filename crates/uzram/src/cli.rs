@@ -37,6 +37,10 @@ pub enum Command {
     /// Recompress a device's idle or huge pages with zstd now (zram's recompress); a page
     /// is kept recompressed only if that saves memory.
     Recompress(RecompressArgs),
+    /// Write a device's idle, huge or incompressible pages to its backing device now
+    /// (zram's writeback); the daemon also does so by itself for pages unused for its
+    /// writeback-idle-age.
+    Writeback(WritebackArgs),
     /// Check a config and say what it makes on this host (the unit's ExecCondition): exit 0
     /// when a device is made, 1 when none is (host-memory-limit, a size of 0), 255 when it is
     /// invalid. Without --config, every device configured here: /etc/uzram/*.toml and
@@ -153,6 +157,14 @@ pub struct DeviceArgs {
     /// Recompress only pages stored in at least this many bytes (zram's threshold=).
     #[arg(long, value_name = "BYTES")]
     pub recompress_threshold: Option<u64>,
+    /// Write pages that went unused back to this partition (used whole, opened exclusively)
+    /// or file (created 0600 and reserved if absent), packed and encrypted.
+    #[arg(long, value_name = "PATH")]
+    pub writeback_device: Option<PathBuf>,
+    /// How long a page goes unused before the daemon writes it back: 30s, 10m, 1h, 2d
+    /// (default 1h).
+    #[arg(long, value_name = "AGE")]
+    pub writeback_idle_age: Option<String>,
 }
 
 /// How the GPU backend runs (`uzram create`, `run`'s daemon, `uzram bench`).
@@ -399,6 +411,23 @@ pub struct RecompressArgs {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct WritebackArgs {
+    /// The device: /dev/ublkbN, ublkbN or N.
+    pub device: String,
+    /// Which pages: idle (unused for the device's writeback-idle-age, default 1h, or marked
+    /// with uzram idle), huge (stored uncompressed), or incompressible (stored uncompressed
+    /// after recompression could not shrink them).
+    #[arg(long = "type", default_value = "idle", value_name = "TYPE")]
+    pub kind: String,
+    /// At most this many pages, oldest first.
+    #[arg(long, value_name = "N")]
+    pub max_pages: Option<u64>,
+    /// Print the pass's report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
 pub struct CheckArgs {
     /// A uzram TOML file, or zram-generator:zramN for a section of zram-generator.conf;
     /// without it, every device configured on this host.
@@ -497,6 +526,8 @@ impl DeviceArgs {
             recompress_algorithm: self.recompress_algorithm.clone(),
             recompress_idle_age: self.recompress_idle_age.clone(),
             recompress_threshold: self.recompress_threshold,
+            writeback_device: self.writeback_device.clone(),
+            writeback_idle_age: self.writeback_idle_age.clone(),
             ..crate::config::RawDevice::default()
         })
     }
@@ -525,6 +556,8 @@ impl DeviceArgs {
             recompress_algorithm: raw.recompress_algorithm.clone(),
             recompress_idle_age: raw.recompress_idle_age.clone(),
             recompress_threshold: raw.recompress_threshold,
+            writeback_device: raw.writeback_device.clone(),
+            writeback_idle_age: raw.writeback_idle_age.clone(),
         }
     }
 
@@ -565,6 +598,18 @@ impl DeviceArgs {
             self.recompress_idle_age.as_ref(),
         );
         push_flag(&mut v, "--recompress-threshold", self.recompress_threshold);
+        push_flag(
+            &mut v,
+            "--writeback-device",
+            self.writeback_device
+                .as_ref()
+                .map(|p| p.to_string_lossy().into_owned()),
+        );
+        push_flag(
+            &mut v,
+            "--writeback-idle-age",
+            self.writeback_idle_age.as_ref(),
+        );
         v
     }
 }

@@ -153,6 +153,7 @@ fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         Command::CheckConfig(args) => cmd::check::run(args),
         Command::Idle(args) => cmd::tier::idle(args),
         Command::Recompress(args) => cmd::tier::recompress(args),
+        Command::Writeback(args) => cmd::tier::writeback(args),
         Command::Generator(args) => cmd::generator::run(args),
         Command::Completions(args) => cmd::docs::completions(args),
         Command::Man(args) => cmd::docs::man(args),

@@ -1,11 +1,13 @@
-//! `uzram idle DEV [--age AGE]` and `uzram recompress DEV [--type T] [--threshold B]`: zram's
-//! `idle` and `recompress` triggers, sent to the device's daemon. The daemon recompresses by
-//! itself when its config asks (`recompress-algorithm`); these run a pass now.
+//! `uzram idle DEV [--age AGE]`, `uzram recompress DEV [--type T] [--threshold B]` and
+//! `uzram writeback DEV [--type T] [--max-pages N]`: zram's `idle`, `recompress` and
+//! `writeback` triggers, sent to the device's daemon. The daemon recompresses and writes back
+//! by itself when its config asks (`recompress-algorithm`, `writeback-device`); these run a
+//! pass now.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::cli::{IdleArgs, RecompressArgs};
+use crate::cli::{IdleArgs, RecompressArgs, WritebackArgs};
 use crate::config::parse_age;
 use crate::control::client::request;
 use crate::control::proto::{Request, Response};
@@ -87,6 +89,34 @@ pub fn recompress(args: RecompressArgs) -> anyhow::Result<ExitCode> {
             "{dev}: {} written meanwhile, {} not rewritten (no memory under the limit, or a failed checksum)",
             r.raced, r.failed
         );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn writeback(args: WritebackArgs) -> anyhow::Result<ExitCode> {
+    let req = Request::Writeback {
+        kind: args.kind.clone(),
+        max_pages: args.max_pages,
+    };
+    let (dev, response) = ask(&args.device, &req, RECOMPRESS_WAIT)?;
+    let Response::WrittenBack(r) = response else {
+        anyhow::bail!("{dev}: unexpected answer {response:?}");
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{dev}: {} pages written back in {} blocks ({} of {} in RAM); memory {} -> {}",
+        r.pages,
+        r.blocks,
+        format_size(r.blocks * uzram_core::store::BLOCK_BYTES as u64),
+        format_size(r.payload_bytes),
+        format_size(r.mem_used_before),
+        format_size(r.mem_used_after),
+    );
+    if r.raced > 0 {
+        println!("{dev}: {} written meanwhile (they stay in RAM)", r.raced);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -417,6 +417,12 @@ pub enum ConfigError {
         "recompress-algorithm {0:?}: recompression writes zstd: use zstd or zstd:LEVEL (1-22)"
     )]
     RecompressAlgorithm(String),
+    /// `writeback-idle-age` without `writeback-device`.
+    #[error("writeback-idle-age needs writeback-device (a partition or a file path)")]
+    WritebackWithout,
+    /// A `writeback-device` that is no absolute path.
+    #[error("writeback-device {0:?} is not an absolute path (e.g. /dev/sdb2 or /var/lib/uzram/swap0.wb)")]
+    WritebackPath(PathBuf),
     /// `recompress-idle-age` or `recompress-threshold` without `recompress-algorithm`.
     #[error("recompress-idle-age and recompress-threshold need recompress-algorithm (e.g. zstd)")]
     RecompressWithout,
@@ -467,7 +473,21 @@ pub struct DeviceConfig {
     pub checksums: bool,
     /// Pages that go unused are recompressed in the background, if set.
     pub recompress: Option<RecompressSettings>,
+    /// Pages that go unused are written back to a file or partition, if set.
+    pub writeback: Option<WritebackSettings>,
 }
+
+/// Writeback to a backing device (`writeback-*` keys).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WritebackSettings {
+    /// The partition, or the file (created 0600 if absent).
+    pub device: PathBuf,
+    /// Minutes a page goes unused before the daemon writes it back.
+    pub idle_age_minutes: u32,
+}
+
+/// `writeback-idle-age` when none is given: Android's idle age.
+pub const DEFAULT_WRITEBACK_IDLE_AGE: &str = "1h";
 
 /// The cold tier's recompression (`recompress-*` keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -567,6 +587,12 @@ pub struct RawDevice {
     /// Recompress only objects of at least this many bytes.
     #[serde(default)]
     pub recompress_threshold: Option<u64>,
+    /// Backing file or partition for writeback.
+    #[serde(default)]
+    pub writeback_device: Option<PathBuf>,
+    /// Writeback idle age text (10m, 1h, ...).
+    #[serde(default)]
+    pub writeback_idle_age: Option<String>,
 }
 
 /// The default queue count: one per CPU, at most 4.
@@ -646,9 +672,31 @@ impl RawDevice {
             metrics_textfile: self.metrics_textfile.clone(),
             checksums: self.checksums.unwrap_or(true),
             recompress: self.recompress_settings()?,
+            writeback: self.writeback_settings()?,
         };
         cfg.check_memory(host)?;
         Ok(cfg)
+    }
+
+    fn writeback_settings(&self) -> Result<Option<WritebackSettings>, ConfigError> {
+        let Some(device) = &self.writeback_device else {
+            if self.writeback_idle_age.is_some() {
+                return Err(ConfigError::WritebackWithout);
+            }
+            return Ok(None);
+        };
+        if !device.is_absolute() {
+            return Err(ConfigError::WritebackPath(device.clone()));
+        }
+        let idle_age_minutes = parse_age(
+            self.writeback_idle_age
+                .as_deref()
+                .unwrap_or(DEFAULT_WRITEBACK_IDLE_AGE),
+        )?;
+        Ok(Some(WritebackSettings {
+            device: device.clone(),
+            idle_age_minutes,
+        }))
     }
 
     fn recompress_settings(&self) -> Result<Option<RecompressSettings>, ConfigError> {

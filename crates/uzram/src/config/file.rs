@@ -82,6 +82,8 @@ pub(super) struct FileConfig {
     recompress_algorithm: Option<String>,
     recompress_idle_age: Option<ExprValue>,
     recompress_threshold: Option<u64>,
+    writeback_device: Option<PathBuf>,
+    writeback_idle_age: Option<ExprValue>,
 }
 
 /// A config file, validated: the device and its swap settings.
@@ -232,6 +234,8 @@ pub(super) fn plan(file: FileConfig, path: &Path, host: Host) -> Result<Plan, Co
         recompress_algorithm: file.recompress_algorithm,
         recompress_idle_age: file.recompress_idle_age.map(ExprValue::text),
         recompress_threshold: file.recompress_threshold,
+        writeback_device: file.writeback_device,
+        writeback_idle_age: file.writeback_idle_age.map(ExprValue::text),
     };
     Ok(Plan::Device(RunConfig {
         device: raw.validate(host)?,

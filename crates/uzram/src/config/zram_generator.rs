@@ -276,6 +276,7 @@ const UZRAM_KEYS: &[&str] = &[
     "recompress-algorithm",
     "recompress-idle-age",
     "recompress-threshold",
+    "writeback-idle-age",
 ];
 
 impl Section {
@@ -335,10 +336,9 @@ impl Section {
                         ),
                     ))
                 }
-                "writeback-device" => notes.push(format!(
-                    "writeback-device = {value} is ignored: uzram writes nothing back to \
-                     disk yet, so every page stays in RAM"
-                )),
+                "writeback-device" => {
+                    table.insert(key.clone(), value.into());
+                }
                 "fs-create-options" => notes.push(format!(
                     "fs-create-options = {value} is ignored: uzram runs mkswap with its \
                      defaults"
@@ -632,7 +632,11 @@ mod tests {
         assert_eq!(run.device.algorithm.to_string(), "zstd:3");
         assert_eq!(run.swap.priority, Some(32767));
         assert_eq!(run.swap.options.as_deref(), Some("discard=pages"));
-        for key in ["writeback-device", "lz4", "fs-create-options", "colour"] {
+        assert_eq!(
+            run.device.writeback.as_ref().map(|w| w.device.clone()),
+            Some(PathBuf::from("/dev/sdb1"))
+        );
+        for key in ["lz4", "fs-create-options", "colour"] {
             assert!(
                 zram0.notes.iter().any(|n| n.contains(key)),
                 "{key}: {:?}",

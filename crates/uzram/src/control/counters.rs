@@ -201,6 +201,21 @@ counters! {
     RECOMPRESS_SAVED_BYTES = "recompress_saved_bytes", Store, Counter, Sum,
         "uzram_recompress_saved_bytes_total",
         "Payload bytes recompression saved.";
+    BD_COUNT = "bd_count", Store, Gauge, No,
+        "uzram_bd_count",
+        "Pages written back: on the backing device now, not in RAM (zram's bd_stat).";
+    BD_READS = "bd_reads", Store, Counter, Sum,
+        "uzram_bd_reads_total",
+        "4 KiB blocks read from the backing device (zram's bd_stat).";
+    BD_WRITES = "bd_writes", Store, Counter, Sum,
+        "uzram_bd_writes_total",
+        "4 KiB blocks written to the backing device (zram's bd_stat).";
+    BD_BYTES_WRITTEN = "bd_bytes_written", Store, Counter, Sum,
+        "uzram_bd_bytes_written_total",
+        "Bytes written to the backing device.";
+    BD_FAILURES = "bd_failures", Store, Counter, Sum,
+        "uzram_bd_failures_total",
+        "Backing-device reads and writes that failed, and written-back blocks that failed their tag (each one an I/O error, never other data).";
     PAGES_AGE_UNDER_1M = "pages_age_under_1m", Store, Gauge, No,
         "uzram_pages_age_under_1m",
         "Pages holding data, used (written or read) in the last minute.";

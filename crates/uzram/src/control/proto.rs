@@ -33,6 +33,14 @@ pub enum Request {
         #[serde(default)]
         level: Option<i32>,
     },
+    /// Write pages back to the backing device now (zram's `writeback`).
+    Writeback {
+        /// `idle`, `huge` or `incompressible`.
+        kind: String,
+        /// At most this many pages.
+        #[serde(default)]
+        max_pages: Option<u64>,
+    },
 }
 
 /// What a daemon answers.
@@ -45,7 +53,6 @@ pub enum Response {
     Stopping,
     /// The daemon exits now and leaves the device to a new one.
     HandingOff,
-    /// The request was not understood.
     /// Pages marked idle.
     Idled {
         /// How many.
@@ -53,13 +60,15 @@ pub enum Response {
     },
     /// A recompression pass ran.
     Recompressed(RecompressReport),
+    /// A writeback pass ran.
+    WrittenBack(WritebackReport),
+    /// The request failed or was not understood.
     Error {
         /// Why.
         message: String,
     },
 }
 
-/// One counter, named as zram names it.
 /// What a recompression pass did (`uzram recompress`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct RecompressReport {
@@ -81,6 +90,24 @@ pub struct RecompressReport {
     pub mem_used_after: u64,
 }
 
+/// What a writeback pass did (`uzram writeback`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct WritebackReport {
+    /// Pages now on the backing device.
+    pub pages: u64,
+    /// 4 KiB blocks written.
+    pub blocks: u64,
+    /// Compressed bytes the pages held in RAM.
+    pub payload_bytes: u64,
+    /// Written while being copied (the write won; they stay in RAM).
+    pub raced: u64,
+    /// mem_used_total before and after.
+    pub mem_used_before: u64,
+    /// See `mem_used_before`.
+    pub mem_used_after: u64,
+}
+
+/// One counter, named as zram names it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stat {
     /// zram's name (`orig_data_size`, `failed_reads`, ...) or a uzram counter.

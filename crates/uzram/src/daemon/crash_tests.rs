@@ -8,7 +8,9 @@
 //! shared memory, over a slow slot backend so that many pages wait in staging when the kill
 //! comes: the second child installs them from there, and not one page is lost. And, where
 //! there is a GPU (`scripts/gpu-check` runs it), with the daemon's own GPU backend
-//! (`WriteBackend` with `backend = "gpu"`, staging in the store's region).
+//! (`WriteBackend` with `backend = "gpu"`, staging in the store's region). And with a
+//! writeback pass running all the while to a backing file: the second child opens the
+//! pages the first one wrote back with the key the region kept.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -17,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use uzram_core::batch::{FaultPlan, HostSlots, Ring, RingConfig};
 use uzram_core::codec::Algorithm;
+use uzram_core::store::{Writeback, WritebackCandidates};
 use uzram_core::PAGE_SIZE;
 
 use crate::config::{Backend, DeviceConfig, RawDevice};
@@ -31,6 +34,7 @@ use crate::ublk::handler::PageWriter;
 const PAGES: u64 = 2048;
 const ENV: &str = "UZRAM_CRASH_CHILD";
 const SHM_ENV: &str = "UZRAM_CRASH_SHM";
+const BACKING_ENV: &str = "UZRAM_CRASH_BACKING";
 
 fn config() -> DeviceConfig {
     RawDevice {
@@ -116,6 +120,8 @@ enum Via {
     HostRing,
     /// The daemon's GPU backend (`WriteBackend`, staging in the store's region).
     Gpu,
+    /// `PageStore::write`, with writeback passes to a backing file beside.
+    Writeback,
 }
 
 /// Child: writes generations of every page (discarding some) with compaction running
@@ -130,6 +136,22 @@ fn writer(via: Via) {
     };
     println!("SHM {}", region.id());
     std::thread::spawn(|| pool::keep(64));
+    if via == Via::Writeback {
+        let path = std::env::var(BACKING_ENV).expect("UZRAM_CRASH_BACKING");
+        super::backing::attach(&store, &region, Some(std::path::Path::new(&path)))
+            .expect("the backing file");
+        let cold = store.clone();
+        std::thread::spawn(move || loop {
+            let pass = Writeback {
+                candidates: WritebackCandidates::Idle { min_age: 0 },
+                max_pages: 256,
+            };
+            if let Err(e) = cold.writeback(pass) {
+                println!("WRITEBACK FAILED {e}");
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        });
+    }
     let gpu = (via == Via::Gpu).then(|| {
         let cfg = config();
         let home = StagingHome::StoreSegment {
@@ -206,6 +228,14 @@ fn verifier(shm: i32) {
         .expect("the killed writer's store is recoverable");
     println!("RECOVERED in {:?}", t.elapsed());
     let (store, region) = (taken.store, taken.region);
+    let backing = std::env::var(BACKING_ENV).ok();
+    super::backing::attach(
+        &store,
+        &region,
+        backing.as_deref().map(std::path::Path::new),
+    )
+    .expect("the backing file of the killed writer");
+    println!("BACKED {}", store.stats().bd_count);
     // As the daemon does once it serves.
     store.link_adopted_holes();
     assert!(
@@ -282,6 +312,7 @@ fn crash_child() {
         Ok("writer") => writer(Via::Store),
         Ok("ring-writer") => writer(Via::HostRing),
         Ok("gpu-writer") => writer(Via::Gpu),
+        Ok("wb-writer") => writer(Via::Writeback),
         Ok("verifier") => verifier(
             std::env::var(SHM_ENV)
                 .ok()
@@ -307,13 +338,13 @@ fn child(mode: &str) -> Command {
 
 #[test]
 fn crash_at_random_instants_loses_nothing() {
-    let staged = crash_rounds("writer");
+    let staged = crash_rounds("writer").staged;
     assert_eq!(staged, (0, 0), "no ring, nothing staged");
 }
 
 #[test]
 fn crash_with_pages_in_staging_loses_nothing() {
-    let (installed, lost) = crash_rounds("ring-writer");
+    let (installed, lost) = crash_rounds("ring-writer").staged;
     eprintln!("staged pages installed by the verifiers: {installed}, lost: {lost}");
     assert_eq!(lost, 0, "staged pages lost");
     if installed != u64::MAX {
@@ -329,7 +360,7 @@ fn crash_on_the_gpu_loses_nothing() {
         eprintln!("skipping: no GPU here");
         return;
     }
-    let (installed, lost) = crash_rounds("gpu-writer");
+    let (installed, lost) = crash_rounds("gpu-writer").staged;
     eprintln!("staged pages installed by the verifiers: {installed}, lost: {lost}");
     assert_eq!(lost, 0, "staged pages lost");
     if installed != u64::MAX {
@@ -337,13 +368,46 @@ fn crash_on_the_gpu_loses_nothing() {
     }
 }
 
+/// Killed while writeback passes run: every page written back before the kill is read from
+/// the backing file by the next process, with the key its region kept.
+#[test]
+fn crash_during_writeback_loses_nothing() {
+    if !crate::sys::is_root() {
+        eprintln!("skipping: a backing file must be root's");
+        return;
+    }
+    let rounds = crash_rounds("wb-writer");
+    if rounds.staged.0 == u64::MAX {
+        return;
+    }
+    assert!(
+        rounds.backed > 0,
+        "no round found a page written back to take over"
+    );
+}
+
+/// What [`crash_rounds`] saw, in all.
+struct Rounds {
+    /// Staged pages the verifiers installed and lost (`u64::MAX` installed when skipped).
+    staged: (u64, u64),
+    /// Pages the verifiers found written back.
+    backed: u64,
+}
+
 /// Three rounds of: start a writer of `mode`, kill it, verify its store in a new process.
-/// Returns the staged pages the verifiers installed and lost, in all (`u64::MAX` installed
-/// when skipped).
-fn crash_rounds(mode: &str) -> (u64, u64) {
-    let (mut installed, mut lost) = (0, 0);
+fn crash_rounds(mode: &str) -> Rounds {
+    let (mut installed, mut lost, mut backed) = (0, 0, 0);
     for (round, delay_ms) in [37u64, 151, 409].into_iter().enumerate() {
-        let mut writer = child(mode)
+        let backing = (mode == "wb-writer").then(|| {
+            std::env::temp_dir().join(format!("uzram-crash-{}-{round}.wb", std::process::id()))
+        });
+        let with_backing = |mut cmd: Command| {
+            if let Some(path) = &backing {
+                cmd.env(BACKING_ENV, path);
+            }
+            cmd
+        };
+        let mut writer = with_backing(child(mode))
             .stdout(Stdio::piped())
             .spawn()
             .expect("starting the writer");
@@ -355,7 +419,10 @@ fn crash_rounds(mode: &str) -> (u64, u64) {
             if let Some((_, reason)) = line.split_once("SKIP ") {
                 let _ = writer.wait();
                 eprintln!("skipped: no locked shared memory here ({reason})");
-                return (u64::MAX, 0);
+                return Rounds {
+                    staged: (u64::MAX, 0),
+                    backed: 0,
+                };
             }
             if let Some((_, id)) = line.split_once("SHM ") {
                 shm = id.trim().parse::<i32>().ok();
@@ -373,11 +440,14 @@ fn crash_rounds(mode: &str) -> (u64, u64) {
         std::thread::sleep(Duration::from_millis(delay_ms));
         writer.kill().expect("SIGKILL the writer");
         let _ = writer.wait();
-        let out = child("verifier")
+        let out = with_backing(child("verifier"))
             .env(SHM_ENV, shm.to_string())
             .output()
             .expect("running the verifier");
         store_segment::remove(shm);
+        if let Some(path) = &backing {
+            let _ = std::fs::remove_file(path);
+        }
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success() && text.contains("VERIFIED"),
@@ -406,6 +476,18 @@ fn crash_rounds(mode: &str) -> (u64, u64) {
         );
         installed += counts[0];
         lost += counts[1];
+        let found_backed = text
+            .lines()
+            .find_map(|l| l.split_once("BACKED "))
+            .and_then(|(_, n)| n.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        if found_backed > 0 {
+            eprintln!("{mode} round {round}: {found_backed} pages were on the backing file");
+        }
+        backed += found_backed;
     }
-    (installed, lost)
+    Rounds {
+        staged: (installed, lost),
+        backed,
+    }
 }

@@ -2,6 +2,7 @@
 //! and on SIGTERM/SIGINT or a control `stop` delete the device and clean up.
 
 pub mod backend;
+mod backing;
 mod compactor;
 #[cfg(test)]
 mod crash_tests;
@@ -269,6 +270,7 @@ fn open_store(
         let mut unborn = device::Unborn::device(added.id());
         let (store, region) = store::create(cfg, added.id())?;
         unborn.store = Some(region.id());
+        backing::attach(&store, &region, writeback_path(cfg))?;
         return Ok(Opened {
             store,
             region,
@@ -284,6 +286,8 @@ fn open_store(
     })?;
     // Taken over before anything else is allocated: it frees memory for what follows.
     let taken = store::recover(cfg, id, shm, &mut |name| step(pause, name))?;
+    backing::attach(&taken.store, &taken.region, writeback_path(cfg))?;
+    step(pause, "backing device");
     let found = taken.found;
     tracing::info!(
         shm,
@@ -306,6 +310,10 @@ fn open_store(
         added: None,
         unborn: device::Unborn::none(),
     })
+}
+
+fn writeback_path(cfg: &DeviceConfig) -> Option<&Path> {
+    cfg.writeback.as_ref().map(|w| w.device.as_path())
 }
 
 /// Starts the write backend over the store, with the heap reserve and block pool it

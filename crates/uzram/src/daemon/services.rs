@@ -85,6 +85,7 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
     })?;
     let requests = Mutex::new(stop_tx.clone());
     let (tiered, recompress) = (s.store.clone(), s.cfg.recompress);
+    let writeback = s.cfg.writeback.clone();
     spawn("uzram-control", move || {
         listener::serve(socket, move |req| match req {
             Request::Idle { min_age_minutes } => Response::Idled {
@@ -98,6 +99,12 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
                 Ok(report) => Response::Recompressed(report),
                 Err(message) => Response::Error { message },
             },
+            Request::Writeback { kind, max_pages } => {
+                match super::tier::writeback_now(&tiered, writeback.as_ref(), &kind, max_pages) {
+                    Ok(report) => Response::WrittenBack(report),
+                    Err(message) => Response::Error { message },
+                }
+            }
             Request::Status => Response::Status(snapshot()),
             Request::Stop => {
                 if let Ok(tx) = requests.lock() {
@@ -143,8 +150,11 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
     }
     let pool_target = s.pool_target;
     spawn("uzram-pool", move || crate::memory::pool::keep(pool_target))?;
-    let (aged, recompress) = (s.store.clone(), s.cfg.recompress);
-    spawn("uzram-tier", move || super::tier::keep(aged, recompress))?;
+    let (aged, recompress, writeback) =
+        (s.store.clone(), s.cfg.recompress, s.cfg.writeback.clone());
+    spawn("uzram-tier", move || {
+        super::tier::keep(aged, recompress, writeback)
+    })?;
     let compacted = s.store.clone();
     spawn("uzram-compact", move || {
         crate::memory::io_path_thread("uzram-compact");

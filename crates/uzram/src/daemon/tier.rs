@@ -1,16 +1,17 @@
-//! The cold tier in RAM: the store's clock, which ages every page once a minute, and the
-//! background recompression of pages that went unused (`recompress-*` keys); the control
-//! socket's `idle` and `recompress` requests run here too (`uzram idle`, `uzram recompress`).
+//! The cold tiers: the store's clock, which ages every page once a minute, the background
+//! recompression of pages that went unused (`recompress-*` keys) and their writeback to the
+//! backing device (`writeback-*` keys); the control socket's `idle`, `recompress` and
+//! `writeback` requests run here too (`uzram idle`, `uzram recompress`, `uzram writeback`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use uzram_core::store::{Candidates, Recompress, AGE_BUCKETS};
+use uzram_core::store::{Candidates, Recompress, Writeback, WritebackCandidates, AGE_BUCKETS};
 use uzram_core::PageStore;
 
-use crate::config::RecompressSettings;
+use crate::config::{RecompressSettings, WritebackSettings};
 use crate::control::counters;
-use crate::control::proto::{RecompressReport, Stat};
+use crate::control::proto::{RecompressReport, Stat, WritebackReport};
 
 /// The store's tick: ages count in minutes.
 const TICK: Duration = Duration::from_secs(60);
@@ -20,16 +21,57 @@ const PAGES_PER_TICK: u64 = 1 << 16;
 /// The nice value of the background pass: behind every task that wants the CPU.
 const TIER_NICE: i32 = 19;
 
-/// Ticks the store's clock once a minute and, with `settings`, recompresses the pages unused
-/// for their idle age. Never returns.
-pub(super) fn keep(store: Arc<PageStore>, settings: Option<RecompressSettings>) {
+/// Ticks the store's clock once a minute; with `settings`, recompresses the pages unused for
+/// their idle age, and with `writeback`, then writes back those unused for its. Never
+/// returns.
+pub(super) fn keep(
+    store: Arc<PageStore>,
+    settings: Option<RecompressSettings>,
+    writeback: Option<WritebackSettings>,
+) {
     if let Err(err) = crate::sys::set_thread_nice(TIER_NICE) {
         tracing::warn!(error = %err, "lowering the tier thread's priority failed");
     }
     loop {
         std::thread::sleep(TICK);
         store.tick();
-        let Some(s) = settings else { continue };
+        recompress_idle(&store, settings);
+        if let Some(w) = &writeback {
+            write_back_idle(&store, w);
+        }
+    }
+}
+
+/// The background writeback of one tick: the oldest pages past the idle age, a bounded
+/// number of them.
+fn write_back_idle(store: &PageStore, settings: &WritebackSettings) {
+    let pass = Writeback {
+        candidates: WritebackCandidates::Idle {
+            min_age: settings.idle_age_minutes,
+        },
+        max_pages: PAGES_PER_TICK,
+    };
+    match store.writeback(pass) {
+        Ok(done) if done.pages > 0 => {
+            let compacted = store.compact();
+            tracing::info!(
+                pages = done.pages,
+                blocks = done.blocks,
+                payload_bytes = done.payload_bytes,
+                raced = done.raced,
+                compacted,
+                "idle pages written back"
+            );
+        }
+        Ok(_) => {}
+        Err(err) => tracing::warn!(error = %err, "writeback failed; the pages stay in RAM"),
+    }
+}
+
+/// The background recompression of one tick.
+fn recompress_idle(store: &PageStore, settings: Option<RecompressSettings>) {
+    {
+        let Some(s) = settings else { return };
         let pass = Recompress {
             candidates: Candidates::Idle {
                 min_age: s.idle_age_minutes,
@@ -61,6 +103,53 @@ pub(super) fn keep(store: Arc<PageStore>, settings: Option<RecompressSettings>) 
             Err(err) => tracing::warn!(error = %err, "recompression failed"),
         }
     }
+}
+
+/// A writeback pass now, of `kind` (`idle`, `huge` or `incompressible`; idle: unused for the
+/// device's writeback idle age, or marked idle), as `uzram writeback` asks.
+pub(super) fn writeback_now(
+    store: &PageStore,
+    settings: Option<&WritebackSettings>,
+    kind: &str,
+    max_pages: Option<u64>,
+) -> Result<WritebackReport, String> {
+    let Some(settings) = settings else {
+        return Err(
+            "this device has no backing device: create it with --writeback-device (the \
+             writeback-device key)"
+                .into(),
+        );
+    };
+    let candidates = match kind {
+        "idle" => WritebackCandidates::Idle {
+            min_age: settings.idle_age_minutes,
+        },
+        "huge" => WritebackCandidates::Huge,
+        "incompressible" => WritebackCandidates::Incompressible,
+        other => {
+            return Err(format!(
+                "unknown type {other:?}: use idle, huge or incompressible"
+            ))
+        }
+    };
+    let before = store.stats().mem_used_total;
+    let done = store
+        .writeback(Writeback {
+            candidates,
+            max_pages: max_pages.unwrap_or(u64::MAX),
+        })
+        .map_err(|e| e.to_string())?;
+    if done.pages > 0 {
+        store.compact();
+    }
+    Ok(WritebackReport {
+        pages: done.pages,
+        blocks: done.blocks,
+        payload_bytes: done.payload_bytes,
+        raced: done.raced,
+        mem_used_before: before,
+        mem_used_after: store.stats().mem_used_total,
+    })
 }
 
 /// A recompression pass now, of `kind` (`idle`, `huge` or `huge_idle`; idle: unused for the

@@ -42,7 +42,7 @@ use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::time::Duration;
 
-use uzram_core::store::{SegmentHome, SegmentWords, SEGMENT_BYTES};
+use uzram_core::store::{SegmentHome, SegmentWords, WritebackKey, SEGMENT_BYTES};
 
 use super::segment::{foreign, sys, SegmentError};
 use crate::memory::pool;
@@ -60,11 +60,20 @@ const UNIT: usize = crate::footprint::UNIT;
 /// an older daemon has 0 there).
 const STAGING_OFF: usize = 2048;
 const STAGING_TAG: u64 = 0x5354_4147 << 32;
+/// Where the device's writeback key and nonce counter live (`daemon/backing.rs`): a word
+/// with [`WRITEBACK_TAG`] once they are set (0: none; an older daemon has 0 there), the
+/// next nonce, then the key's 32 bytes. The segment is root's alone (0600, checked on every
+/// attach), as the pages in it are.
+const WRITEBACK_OFF: usize = 2560;
+const WRITEBACK_TAG: u64 = 0x5752_4954_4542_4b31; // "WRITEBK1"
+/// Words at [`WRITEBACK_OFF`]: the tag, the nonce counter, the key.
+const WRITEBACK_WORDS: usize = 2 + uzram_core::store::KEY_BYTES / 8;
 /// Where the carried counters (`carry.rs`) live: in the header's unit, after the header.
 const CARRY_OFF: usize = 4096;
 const _: () = assert!(
     std::mem::size_of::<Header>() <= STAGING_OFF
-        && STAGING_OFF + 8 <= CARRY_OFF
+        && STAGING_OFF + 8 <= WRITEBACK_OFF
+        && WRITEBACK_OFF + WRITEBACK_WORDS * 8 <= CARRY_OFF
         && CARRY_OFF + crate::takeover::carry::WORDS * 8 <= UNIT
 );
 
@@ -457,6 +466,44 @@ impl StoreSegment {
     pub fn set_staging(&self, id: Option<i32>) {
         let word = id.map_or(0, |id| STAGING_TAG | u64::from(id as u32));
         self.staging_word().store(word, Ordering::Release);
+    }
+
+    fn writeback_words(&self) -> &'static [AtomicU64] {
+        // SAFETY: the header's unit lies in the mapping (see `carried_counters`); the words
+        // are 8-aligned, only ever accessed atomically, and the mapping is never detached.
+        unsafe {
+            std::slice::from_raw_parts(
+                (self.base + WRITEBACK_OFF) as *const AtomicU64,
+                WRITEBACK_WORDS,
+            )
+        }
+    }
+
+    /// The device's writeback key and nonce counter, when a daemon set them.
+    pub fn writeback_key(&self) -> Option<(WritebackKey, &'static AtomicU64)> {
+        let words = self.writeback_words();
+        if words[0].load(Ordering::Acquire) != WRITEBACK_TAG {
+            return None;
+        }
+        let mut key = [0u8; uzram_core::store::KEY_BYTES];
+        for (bytes, w) in key.chunks_exact_mut(8).zip(&words[2..]) {
+            bytes.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+        }
+        Some((WritebackKey(key), &words[1]))
+    }
+
+    /// Records the device's writeback `key`, its nonce counter at 0; returns the counter.
+    pub fn set_writeback_key(&self, key: &WritebackKey) -> &'static AtomicU64 {
+        let words = self.writeback_words();
+        words[0].store(0, Ordering::Release);
+        for (bytes, w) in key.0.chunks_exact(8).zip(&words[2..]) {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(bytes);
+            w.store(u64::from_le_bytes(b), Ordering::Relaxed);
+        }
+        words[1].store(0, Ordering::Relaxed);
+        words[0].store(WRITEBACK_TAG, Ordering::Release);
+        &words[1]
     }
 
     /// The carried counters' words (`carry.rs`), in the header's unit.

@@ -1,0 +1,362 @@
+//! The device's backing file or partition for writeback (`writeback-device`), opened so that
+//! only root can read or change it, and the key its pages are sealed with.
+//!
+//! - A file that does not exist is created `0600` (never through a symbolic link) and
+//!   reserved with `fallocate`, so a writeback never fails for want of disk space. An
+//!   existing file must be a regular file of root's with no access for group or others.
+//! - A partition is used whole and opened `O_EXCL`: refused while it is mounted, swap, or
+//!   held by anyone else. Its blocks hold only sealed objects; anyone who can read the
+//!   partition (group `disk`) sees ciphertext, and a change to it is an I/O error.
+//! - Direct I/O, so written-back pages do not come back into RAM as page cache. A file on a
+//!   filesystem without it (tmpfs, ramfs: RAM anyway) is used through the page cache, with
+//!   a warning.
+//! - The key is random, made when the device first gets a backing device, and kept only in
+//!   the daemon's locked memory and the store's root-only segment (`store_segment.rs`), so
+//!   a recovered daemon opens what its predecessor wrote; it is never written to disk.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::AsFd;
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use uzram_core::store::{
+    BackingDevice, NonceCounter, PageStore, WritebackKey, BLOCK_BYTES, CHECKSUM_BYTES, KEY_BYTES,
+    SEAL_BYTES,
+};
+use uzram_core::PAGE_SIZE;
+
+use crate::sys::disk;
+use crate::takeover::store_segment::StoreSegment;
+
+/// An open backing file or partition.
+#[derive(Debug)]
+pub struct BackingFile {
+    file: File,
+    path: PathBuf,
+    blocks: u64,
+    partition: bool,
+}
+
+/// Bytes a backing file is made for a device of `pages`: every page written back raw.
+pub fn file_bytes(pages: u64) -> u64 {
+    let sealed = (PAGE_SIZE + CHECKSUM_BYTES + SEAL_BYTES) as u64;
+    (pages * sealed).div_ceil(BLOCK_BYTES as u64) * BLOCK_BYTES as u64
+}
+
+impl BackingFile {
+    /// Opens (or creates, for a file) the backing device at `path` for a device of `pages`.
+    pub fn open(path: &Path, pages: u64) -> anyhow::Result<Self> {
+        if !path.is_absolute() {
+            bail!(
+                "writeback-device {} is not an absolute path",
+                path.display()
+            );
+        }
+        match std::fs::symlink_metadata(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Self::create(path, pages),
+            Err(e) => Err(e).with_context(|| format!("looking at {}", path.display())),
+            Ok(meta) if meta.file_type().is_block_device() => Self::partition(path),
+            Ok(meta) if meta.file_type().is_file() => Self::existing_file(path, &meta, pages),
+            Ok(_) => bail!(
+                "writeback-device {} is neither a regular file nor a block device (a symbolic \
+                 link is not followed): name the file or partition itself",
+                path.display()
+            ),
+        }
+    }
+
+    fn create(path: &Path, pages: u64) -> anyhow::Result<Self> {
+        let file = open(path, true, false)
+            .with_context(|| format!("creating the backing file {}", path.display()))?;
+        let bytes = file_bytes(pages);
+        if let Err(e) = disk::allocate(file.as_fd(), bytes) {
+            let _ = std::fs::remove_file(path);
+            return Err(e).with_context(|| {
+                format!(
+                    "reserving {bytes} bytes for the backing file {} (free that much space, or \
+                     name a partition)",
+                    path.display()
+                )
+            });
+        }
+        tracing::info!(path = %path.display(), bytes, "backing file created");
+        Ok(Self::new(file, path, bytes / BLOCK_BYTES as u64, false))
+    }
+
+    fn existing_file(path: &Path, meta: &std::fs::Metadata, pages: u64) -> anyhow::Result<Self> {
+        check_private(path, meta)?;
+        let file = open(path, false, false)
+            .with_context(|| format!("opening the backing file {}", path.display()))?;
+        // Checked again on what was opened: the name may have been changed in between.
+        check_private(path, &file.metadata()?)?;
+        let want = file_bytes(pages);
+        if file.metadata()?.len() < want {
+            disk::allocate(file.as_fd(), want).with_context(|| {
+                format!(
+                    "growing the backing file {} to {want} bytes",
+                    path.display()
+                )
+            })?;
+        }
+        let bytes = file.metadata()?.len();
+        Ok(Self::new(file, path, bytes / BLOCK_BYTES as u64, false))
+    }
+
+    fn partition(path: &Path) -> anyhow::Result<Self> {
+        let file = open(path, false, true).with_context(|| {
+            format!(
+                "opening the partition {} for writeback (it must not be mounted, swap, or in \
+                 use)",
+                path.display()
+            )
+        })?;
+        let bytes = disk::block_device_bytes(file.as_fd())
+            .with_context(|| format!("sizing {}", path.display()))?;
+        Ok(Self::new(file, path, bytes / BLOCK_BYTES as u64, true))
+    }
+
+    fn new(file: File, path: &Path, blocks: u64, partition: bool) -> Self {
+        Self {
+            file,
+            path: path.to_path_buf(),
+            blocks,
+            partition,
+        }
+    }
+}
+
+/// Opens `path` read-write, never through a symbolic link: created `0600` (and refused if
+/// it appeared meanwhile) when `create`, `O_EXCL` on a block device when `exclusive`. Direct
+/// I/O where the filesystem has it.
+fn open(path: &Path, create: bool, exclusive: bool) -> io::Result<File> {
+    let attempt = |direct: bool| {
+        let mut flags = libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        if direct {
+            flags |= libc::O_DIRECT;
+        }
+        if exclusive {
+            flags |= libc::O_EXCL;
+        }
+        let mut o = std::fs::OpenOptions::new();
+        o.read(true).write(true).custom_flags(flags);
+        if create {
+            o.create_new(true).mode(0o600);
+        }
+        o.open(path)
+    };
+    match attempt(true) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            if create {
+                // create_new made the file before O_DIRECT was refused.
+                let _ = std::fs::remove_file(path);
+            }
+            tracing::warn!(
+                path = %path.display(),
+                "the backing file's filesystem has no direct I/O: written-back pages also \
+                 pass through the page cache"
+            );
+            attempt(false)
+        }
+        other => other,
+    }
+}
+
+/// A backing file must be root's alone: swap's pages go there.
+fn check_private(path: &Path, meta: &std::fs::Metadata) -> anyhow::Result<()> {
+    if !meta.file_type().is_file() {
+        bail!("{} is not a regular file", path.display());
+    }
+    if meta.uid() != 0 || meta.mode() & 0o077 != 0 {
+        bail!(
+            "the backing file {} is owned by uid {} with mode {:o}: only root may read or \
+             write it (chown root:root and chmod 600 it, or remove it and let uzram create it)",
+            path.display(),
+            meta.uid(),
+            meta.mode() & 0o7777
+        );
+    }
+    Ok(())
+}
+
+impl BackingDevice for BackingFile {
+    fn blocks(&self) -> u64 {
+        self.blocks
+    }
+
+    fn write_blocks(&self, first: u64, data: &[u8]) -> io::Result<()> {
+        let mut buf = Aligned::new(data.len())?;
+        buf.bytes().copy_from_slice(data);
+        self.file
+            .write_all_at(buf.bytes(), first * BLOCK_BYTES as u64)
+    }
+
+    /// On the I/O path (a read of a written-back page): the bounce buffer is the thread's
+    /// own, made once, so a read allocates nothing.
+    fn read_blocks(&self, first: u64, out: &mut [u8]) -> io::Result<()> {
+        READ_BUF.with(|cell| {
+            let mut slot = cell.borrow_mut();
+            let buf = match &mut *slot {
+                Some(b) if b.capacity() >= out.len() => b,
+                other => other.insert(Aligned::new(out.len().max(READ_BUF_BYTES))?),
+            };
+            let bytes = &mut buf.bytes()[..out.len()];
+            self.file.read_exact_at(bytes, first * BLOCK_BYTES as u64)?;
+            out.copy_from_slice(bytes);
+            Ok(())
+        })
+    }
+
+    fn release(&self, first: u64, count: u64) -> io::Result<()> {
+        let (at, len) = (first * BLOCK_BYTES as u64, count * BLOCK_BYTES as u64);
+        let done = if self.partition {
+            disk::discard(self.file.as_fd(), at, len)
+        } else {
+            disk::punch_hole(self.file.as_fd(), at, len)
+        };
+        match done {
+            // A device or filesystem that cannot free blocks still works: they are
+            // overwritten when taken again.
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
+            other => other,
+        }
+    }
+}
+
+/// A read's blocks: one object touches at most three.
+const READ_BUF_BYTES: usize = 3 * BLOCK_BYTES;
+
+thread_local! {
+    static READ_BUF: std::cell::RefCell<Option<Aligned>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A block-aligned buffer (direct I/O needs one), carved out of a slightly larger vector.
+struct Aligned {
+    vec: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl Aligned {
+    fn new(len: usize) -> io::Result<Self> {
+        let mut vec = Vec::new();
+        vec.try_reserve_exact(len + BLOCK_BYTES)
+            .map_err(|_| io::Error::from(io::ErrorKind::OutOfMemory))?;
+        vec.resize(len + BLOCK_BYTES, 0);
+        let start = vec.as_ptr().align_offset(BLOCK_BYTES);
+        Ok(Self { vec, start, len })
+    }
+
+    fn capacity(&self) -> usize {
+        self.len
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        &mut self.vec[self.start..self.start + self.len]
+    }
+}
+
+/// Opens the device's backing device and attaches it to `store` with the key its region
+/// keeps (a new random one, recorded there, when it has none). A store that has pages
+/// written back but no backing device configured is refused: they would all fail.
+pub fn attach(store: &PageStore, region: &StoreSegment, path: Option<&Path>) -> anyhow::Result<()> {
+    let Some(path) = path else {
+        let backed = store.stats().bd_count;
+        if backed > 0 {
+            bail!(
+                "the preserved store has {backed} pages on a backing device, and this \
+                 device's settings name none: start it with its writeback-device"
+            );
+        }
+        return Ok(());
+    };
+    let file = Arc::new(BackingFile::open(path, store.pages())?);
+    let (key, nonces) = match region.writeback_key() {
+        Some(kept) => kept,
+        None => {
+            let key = new_key()?;
+            let nonces = region.set_writeback_key(&key);
+            (key, nonces)
+        }
+    };
+    let adopted = store
+        .attach_backing(file.clone(), &key, NonceCounter::Kept(nonces))
+        .with_context(|| format!("attaching the backing device {}", path.display()))?;
+    tracing::info!(
+        path = %file.path.display(),
+        blocks = file.blocks,
+        partition = file.partition,
+        adopted,
+        "writeback to the backing device"
+    );
+    Ok(())
+}
+
+fn new_key() -> anyhow::Result<WritebackKey> {
+    let mut key = [0u8; KEY_BYTES];
+    File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut key))
+        .context("reading a writeback key from /dev/urandom")?;
+    Ok(WritebackKey(key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("uzram-backing-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_new_file_is_root_only_and_holds_every_page_raw() {
+        if !crate::sys::is_root() {
+            println!("SKIP: not root");
+            return;
+        }
+        let dir = scratch("new");
+        let path = dir.join("wb");
+        let f = BackingFile::open(&path, 1000).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        assert_eq!(meta.len(), file_bytes(1000));
+        assert!(f.blocks * BLOCK_BYTES as u64 >= 1000 * PAGE_SIZE as u64);
+        // Blocks written read back; a released one reads as zeros (or, where the
+        // filesystem cannot punch, as before).
+        let data: Vec<u8> = (0..2 * BLOCK_BYTES).map(|i| (i % 251) as u8).collect();
+        f.write_blocks(3, &data).unwrap();
+        let mut back = vec![0u8; 2 * BLOCK_BYTES];
+        f.read_blocks(3, &mut back).unwrap();
+        assert_eq!(back, data);
+        f.release(3, 1).unwrap();
+        drop(f);
+        // Reopened: the same file, not a new one.
+        let f = BackingFile::open(&path, 1000).unwrap();
+        f.read_blocks(4, &mut back[..BLOCK_BYTES]).unwrap();
+        assert_eq!(back[..BLOCK_BYTES], data[BLOCK_BYTES..]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_file_others_can_open_or_a_link_is_refused() {
+        let dir = scratch("refused");
+        let path = dir.join("wb");
+        std::fs::write(&path, b"").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = format!("{:#}", BackingFile::open(&path, 10).unwrap_err());
+        assert!(err.contains("only root may read or write it"), "{err}");
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        let err = format!("{:#}", BackingFile::open(&link, 10).unwrap_err());
+        assert!(err.contains("symbolic link is not followed"), "{err}");
+        let err = format!("{:#}", BackingFile::open(Path::new("wb"), 10).unwrap_err());
+        assert!(err.contains("not an absolute path"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
