@@ -81,7 +81,7 @@ uzram_create() {
   _rc=$?
   _out=$(grep -E '^/dev/ublkb[0-9]+$' /tmp/create.out | head -1)
   if [ $_rc != 0 ] || [ -z "$_out" ] || [ ! -b "$_out" ]; then
-    fail_check "uzram create $*: rc=$_rc after ${RUN_SECS}s, output: $(head -c 400 /tmp/create.out | tr '\n' ' ')"
+    fail_check "uzram create $*: rc=$_rc after ${RUN_SECS}s, output: $(head -c 400 /tmp/create.out | tr '\n' ' ') ... $(grep -v ' INFO ' /tmp/create.out | tail -c 600 | tr '\n' ' ')"
     return 1
   fi
   if [ "$(grep -c . /tmp/create.out)" != 1 ] && [ "$(head -1 /tmp/create.out)" != "$_out" ]; then

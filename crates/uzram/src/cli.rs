@@ -165,6 +165,10 @@ pub struct DeviceArgs {
     /// (default 1h).
     #[arg(long, value_name = "AGE")]
     pub writeback_idle_age: Option<String>,
+    /// The most writeback may write to the backing device a day, kept across restarts
+    /// and reboots (flash wears): SIZE/day, or none (default 1G/day).
+    #[arg(long, value_name = "LIMIT")]
+    pub writeback_limit: Option<String>,
 }
 
 /// How the GPU backend runs (`uzram create`, `run`'s daemon, `uzram bench`).
@@ -507,6 +511,11 @@ pub struct BenchArgs {
     /// zstd:LEVEL, as the cold tier does; report the idle set's memory before and after.
     #[arg(long, value_name = "ALGORITHM")]
     pub recompress: Option<String>,
+    /// After that, write the lower half of each run's device back to a backing file at
+    /// PATH (created 0600 if absent; give a file on the disk to measure), as the daemon's
+    /// writeback does; report disk bytes per page and read latencies during the pass.
+    #[arg(long, value_name = "PATH")]
+    pub writeback: Option<PathBuf>,
 }
 
 impl DeviceArgs {
@@ -528,6 +537,7 @@ impl DeviceArgs {
             recompress_threshold: self.recompress_threshold,
             writeback_device: self.writeback_device.clone(),
             writeback_idle_age: self.writeback_idle_age.clone(),
+            writeback_limit: self.writeback_limit.clone(),
             ..crate::config::RawDevice::default()
         })
     }
@@ -558,6 +568,7 @@ impl DeviceArgs {
             recompress_threshold: raw.recompress_threshold,
             writeback_device: raw.writeback_device.clone(),
             writeback_idle_age: raw.writeback_idle_age.clone(),
+            writeback_limit: raw.writeback_limit.clone(),
         }
     }
 
@@ -610,6 +621,7 @@ impl DeviceArgs {
             "--writeback-idle-age",
             self.writeback_idle_age.as_ref(),
         );
+        push_flag(&mut v, "--writeback-limit", self.writeback_limit.as_ref());
         v
     }
 }

@@ -43,6 +43,8 @@ pub struct Writeback {
     pub candidates: WritebackCandidates,
     /// At most this many pages written back.
     pub max_pages: u64,
+    /// At most this many bytes written to the backing device (whole blocks).
+    pub max_bytes: u64,
 }
 
 /// What a pass did.
@@ -129,6 +131,9 @@ impl PageStore {
             let bytes = &object[..self.object_len(usize::from(len))];
             if !chunk.fits(bytes.len()) {
                 self.flush(backing, &mut chunk, &mut done)?;
+            }
+            if (done.blocks + chunk.blocks_with(bytes.len())) * BLOCK_BYTES as u64 > pass.max_bytes {
+                break;
             }
             chunk.push(index, slot, bytes);
         }
@@ -303,8 +308,13 @@ struct Item {
 
 impl Chunk {
     fn fits(&self, bytes: usize) -> bool {
+        self.blocks_with(bytes) <= CHUNK_BLOCKS as u64
+    }
+
+    /// Blocks the chunk's write takes with an object of `bytes` more.
+    fn blocks_with(&self, bytes: usize) -> u64 {
         let sealed = self.bytes.len() + (self.items.len() + 1) * super::SEAL_BYTES + bytes;
-        sealed <= CHUNK_BLOCKS * BLOCK_BYTES
+        sealed.div_ceil(BLOCK_BYTES) as u64
     }
 
     fn push(&mut self, index: u64, slot: Slot, bytes: &[u8]) {

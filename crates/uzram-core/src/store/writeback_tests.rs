@@ -113,6 +113,7 @@ fn idle_pass(max_pages: u64) -> Writeback {
     Writeback {
         candidates: WritebackCandidates::Idle { min_age: 0 },
         max_pages,
+        max_bytes: u64::MAX,
     }
 }
 
@@ -158,6 +159,7 @@ fn only_the_candidates_go_oldest_first_and_at_most_max_pages() {
         .writeback(Writeback {
             candidates: WritebackCandidates::Huge,
             max_pages: u64::MAX,
+            max_bytes: u64::MAX,
         })
         .unwrap();
     assert_eq!(done.pages, huge);
@@ -167,6 +169,7 @@ fn only_the_candidates_go_oldest_first_and_at_most_max_pages() {
     let one_tick = |max_pages| Writeback {
         candidates: WritebackCandidates::Idle { min_age: 1 },
         max_pages,
+        max_bytes: u64::MAX,
     };
     assert_eq!(store.writeback(one_tick(u64::MAX)).unwrap().pages, 0);
     store.tick();
@@ -375,4 +378,25 @@ fn writes_racing_a_pass_win_and_nothing_is_lost() {
     }
     // Every page's last object is on disk; every other block was released.
     assert_eq!(store.stats().bd_count, PAGES);
+}
+
+#[test]
+fn a_pass_writes_no_more_blocks_than_its_byte_budget() {
+    let disk = MemDisk::new(1024);
+    let store = backed_store(&disk);
+    filled(&store, 0);
+    let mut total = 0;
+    for budget in [0u64, 4095, 4096, 3 * 4096 + 100, 40 * 4096] {
+        let done = store
+            .writeback(Writeback {
+                max_bytes: budget,
+                ..idle_pass(u64::MAX)
+            })
+            .unwrap();
+        assert!(done.blocks * BLOCK_BYTES as u64 <= budget, "{budget}: {done:?}");
+        assert_eq!(done.pages > 0, budget >= 4096, "{budget}: {done:?}");
+        total += done.blocks;
+    }
+    assert_eq!(store.stats().bd_writes, total);
+    reads_back(&store, 0);
 }

@@ -41,6 +41,8 @@ pub struct Setup {
     pub checksums: bool,
     /// After the writes: every page marked idle and recompressed with zstd at this level.
     pub recompress: Option<i32>,
+    /// After that: half the device written back to a backing file here.
+    pub writeback: Option<std::path::PathBuf>,
 }
 
 /// What recompressing every page after the writes did (`--recompress`).
@@ -92,6 +94,8 @@ pub struct Run {
     pub verified: bool,
     /// The recompression pass, when asked for.
     pub recompressed: Option<Recompressed>,
+    /// The writeback pass, when asked for.
+    pub written_back: Option<super::writeback::WrittenBack>,
 }
 
 /// A copy of the corpus a thread can hand to the handler (which takes `&mut` buffers, as
@@ -322,6 +326,15 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
             })
         }
     };
+    let written_back = match &setup.writeback {
+        None => None,
+        Some(path) => {
+            let wb = super::writeback::measure(s, c, corpus, base, total, path)?;
+            // Every page again, half of them now read from the disk.
+            verified = verified && wb.reads_ok && verify_all(s, c, corpus, base, total, setup.queues)?;
+            Some(wb)
+        }
+    };
     let backend_memory = compression.memory();
     let (waits, timeouts) = pool::take_waits();
     let backend_stats = compression
@@ -363,6 +376,7 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
         backend_stats,
         verified,
         recompressed,
+        written_back,
     })
 }
 

@@ -20,6 +20,7 @@ mod measure;
 mod memory;
 mod report;
 mod threads;
+mod writeback;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -88,6 +89,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                     warmup: args.warmup,
                     checksums,
                     recompress,
+                    writeback: args.writeback.clone(),
                 };
                 (backend, setup)
             })

@@ -61,6 +61,34 @@ pub struct Report {
     /// `--recompress`: every page marked idle and recompressed after the writes (medians).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recompress: Option<RecompressReport>,
+    /// `--writeback`: the lower half written back after that (medians).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub writeback: Option<WritebackReport>,
+}
+
+/// What writing back half the device did, medians over runs.
+#[derive(Debug, Serialize)]
+pub struct WritebackReport {
+    /// Pages written back (last run).
+    pub pages: u64,
+    /// Disk bytes written per page written back.
+    pub disk_bytes_per_page: f64,
+    /// That ÷ 4096, what zram writes for each page (padded, also with compressed_writeback).
+    pub disk_bytes_over_zram: f64,
+    /// Disk bytes ÷ the pages' compressed bytes in RAM (the seal and the packing).
+    pub disk_over_payload: f64,
+    /// Uncompressed GB written back per second of the pass.
+    pub gbps: f64,
+    /// Reads of pages in RAM before the pass and while it ran, p50 and p99, µs.
+    pub ram_idle_p50_us: f64,
+    pub ram_idle_p99_us: f64,
+    pub ram_busy_p50_us: f64,
+    pub ram_busy_p99_us: f64,
+    /// Reads while it ran.
+    pub ram_busy_reads: usize,
+    /// Reads of written-back pages, p50 and p99, µs.
+    pub disk_p50_us: f64,
+    pub disk_p99_us: f64,
 }
 
 /// What recompressing every page did, medians over runs.
@@ -168,8 +196,32 @@ impl Report {
                     rewritten_share: mm(&|r| r.rewritten as f64 / r.tried.max(1) as f64),
                 })
             }),
+            writeback: writeback_report(runs),
         }
     }
+}
+
+fn writeback_report(runs: &[Run]) -> Option<WritebackReport> {
+    let ws: Vec<_> = runs.iter().filter_map(|r| r.written_back.as_ref()).collect();
+    let last = ws.last()?;
+    let mm = |f: &dyn Fn(&super::writeback::WrittenBack) -> f64| {
+        median(ws.iter().map(|w| f(w)).collect())
+    };
+    let per_page = |w: &super::writeback::WrittenBack| w.disk_bytes as f64 / w.pages.max(1) as f64;
+    Some(WritebackReport {
+        pages: last.pages,
+        disk_bytes_per_page: mm(&per_page),
+        disk_bytes_over_zram: mm(&|w| per_page(w) / PAGE_SIZE as f64),
+        disk_over_payload: mm(&|w| w.disk_bytes as f64 / w.payload_bytes.max(1) as f64),
+        gbps: mm(&|w| w.pages as f64 * PAGE_SIZE as f64 / w.wall.as_secs_f64().max(1e-9) / 1e9),
+        ram_idle_p50_us: mm(&|w| pct(&w.ram_idle, 0.50)),
+        ram_idle_p99_us: mm(&|w| pct(&w.ram_idle, 0.99)),
+        ram_busy_p50_us: mm(&|w| pct(&w.ram_busy, 0.50)),
+        ram_busy_p99_us: mm(&|w| pct(&w.ram_busy, 0.99)),
+        ram_busy_reads: last.ram_busy.len(),
+        disk_p50_us: mm(&|w| pct(&w.disk, 0.50)),
+        disk_p99_us: mm(&|w| pct(&w.disk, 0.99)),
+    })
 }
 
 /// The human table: one row per corpus and backend, then each backend against the first
@@ -212,6 +264,30 @@ pub fn table(reports: &[Report]) -> String {
         ));
     }
     out.push_str("(GB/s of uncompressed pages; ratio = orig_data_size / mem_used_total)\n");
+    for r in reports {
+        if let Some(w) = &r.writeback {
+            out.push_str(&format!(
+                "{} {} writeback of {} pages: {:.0} disk bytes a page (x{:.3} of zram's 4096, \
+                 x{:.3} of the RAM payload), {:.2} GB/s; RAM reads p50/p99 {:.1}/{:.1} µs idle, \
+                 {:.1}/{:.1} µs during the pass (p99 x{:.2}, {} reads); disk reads {:.1}/{:.1} µs\n",
+                r.corpus,
+                r.backend,
+                w.pages,
+                w.disk_bytes_per_page,
+                w.disk_bytes_over_zram,
+                w.disk_over_payload,
+                w.gbps,
+                w.ram_idle_p50_us,
+                w.ram_idle_p99_us,
+                w.ram_busy_p50_us,
+                w.ram_busy_p99_us,
+                w.ram_busy_p99_us / w.ram_idle_p99_us.max(1e-9),
+                w.ram_busy_reads,
+                w.disk_p50_us,
+                w.disk_p99_us,
+            ));
+        }
+    }
     for r in reports {
         let Some(first) = reports
             .iter()

@@ -91,6 +91,9 @@ mod tests {
         "recompress-algorithm",
         "recompress-idle-age",
         "recompress-threshold",
+        "writeback-device",
+        "writeback-idle-age",
+        "writeback-limit",
     ];
 
     #[test]

@@ -118,5 +118,8 @@ pub fn writeback(args: WritebackArgs) -> anyhow::Result<ExitCode> {
     if r.raced > 0 {
         println!("{dev}: {} written meanwhile (they stay in RAM)", r.raced);
     }
+    if let Some(left) = r.budget_left_bytes {
+        println!("{dev}: {} of today's writeback-limit left", format_size(left));
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -417,9 +417,12 @@ pub enum ConfigError {
         "recompress-algorithm {0:?}: recompression writes zstd: use zstd or zstd:LEVEL (1-22)"
     )]
     RecompressAlgorithm(String),
-    /// `writeback-idle-age` without `writeback-device`.
-    #[error("writeback-idle-age needs writeback-device (a partition or a file path)")]
+    /// `writeback-idle-age` or `writeback-limit` without `writeback-device`.
+    #[error("writeback-idle-age and writeback-limit need writeback-device (a partition or a file path)")]
     WritebackWithout,
+    /// A `writeback-limit` that does not parse.
+    #[error("writeback-limit {0:?}: give SIZE/day (e.g. 1G/day, 512M/day) or none")]
+    WritebackLimit(String),
     /// A `writeback-device` that is no absolute path.
     #[error("writeback-device {0:?} is not an absolute path (e.g. /dev/sdb2 or /var/lib/uzram/swap0.wb)")]
     WritebackPath(PathBuf),
@@ -484,10 +487,26 @@ pub struct WritebackSettings {
     pub device: PathBuf,
     /// Minutes a page goes unused before the daemon writes it back.
     pub idle_age_minutes: u32,
+    /// Bytes writeback may write to the device per UTC day (`None`: no limit).
+    pub limit_per_day: Option<u64>,
 }
 
 /// `writeback-idle-age` when none is given: Android's idle age.
 pub const DEFAULT_WRITEBACK_IDLE_AGE: &str = "1h";
+/// `writeback-limit` when none is given.
+pub const DEFAULT_WRITEBACK_LIMIT: &str = "1G/day";
+
+/// A `writeback-limit`: `SIZE/day` in bytes, or `none`.
+pub fn parse_writeback_limit(text: &str) -> Result<Option<u64>, ConfigError> {
+    let t = text.trim();
+    if t == "none" {
+        return Ok(None);
+    }
+    let bad = || ConfigError::WritebackLimit(text.to_string());
+    let size = t.strip_suffix("/day").ok_or_else(bad)?;
+    let bytes = parse_size(size).map_err(|_| bad())?;
+    Ok(Some(bytes))
+}
 
 /// The cold tier's recompression (`recompress-*` keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -593,6 +612,9 @@ pub struct RawDevice {
     /// Writeback idle age text (10m, 1h, ...).
     #[serde(default)]
     pub writeback_idle_age: Option<String>,
+    /// Writeback budget text (1G/day, none).
+    #[serde(default)]
+    pub writeback_limit: Option<String>,
 }
 
 /// The default queue count: one per CPU, at most 4.
@@ -680,7 +702,7 @@ impl RawDevice {
 
     fn writeback_settings(&self) -> Result<Option<WritebackSettings>, ConfigError> {
         let Some(device) = &self.writeback_device else {
-            if self.writeback_idle_age.is_some() {
+            if self.writeback_idle_age.is_some() || self.writeback_limit.is_some() {
                 return Err(ConfigError::WritebackWithout);
             }
             return Ok(None);
@@ -693,9 +715,15 @@ impl RawDevice {
                 .as_deref()
                 .unwrap_or(DEFAULT_WRITEBACK_IDLE_AGE),
         )?;
+        let limit_per_day = parse_writeback_limit(
+            self.writeback_limit
+                .as_deref()
+                .unwrap_or(DEFAULT_WRITEBACK_LIMIT),
+        )?;
         Ok(Some(WritebackSettings {
             device: device.clone(),
             idle_age_minutes,
+            limit_per_day,
         }))
     }
 

@@ -84,6 +84,7 @@ pub(super) struct FileConfig {
     recompress_threshold: Option<u64>,
     writeback_device: Option<PathBuf>,
     writeback_idle_age: Option<ExprValue>,
+    writeback_limit: Option<String>,
 }
 
 /// A config file, validated: the device and its swap settings.
@@ -236,6 +237,7 @@ pub(super) fn plan(file: FileConfig, path: &Path, host: Host) -> Result<Plan, Co
         recompress_threshold: file.recompress_threshold,
         writeback_device: file.writeback_device,
         writeback_idle_age: file.writeback_idle_age.map(ExprValue::text),
+        writeback_limit: file.writeback_limit,
     };
     Ok(Plan::Device(RunConfig {
         device: raw.validate(host)?,

@@ -277,6 +277,7 @@ const UZRAM_KEYS: &[&str] = &[
     "recompress-idle-age",
     "recompress-threshold",
     "writeback-idle-age",
+    "writeback-limit",
 ];
 
 impl Section {

@@ -105,6 +105,9 @@ pub struct WritebackReport {
     pub mem_used_before: u64,
     /// See `mem_used_before`.
     pub mem_used_after: u64,
+    /// What is left of today's `writeback-limit`, when the device has one.
+    #[serde(default)]
+    pub budget_left_bytes: Option<u64>,
 }
 
 /// One counter, named as zram names it.

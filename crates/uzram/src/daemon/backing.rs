@@ -72,7 +72,7 @@ impl BackingFile {
         let file = open(path, true, false)
             .with_context(|| format!("creating the backing file {}", path.display()))?;
         let bytes = file_bytes(pages);
-        if let Err(e) = disk::allocate(file.as_fd(), bytes) {
+        if let Err(e) = reserve(&file, path, bytes) {
             let _ = std::fs::remove_file(path);
             return Err(e).with_context(|| {
                 format!(
@@ -94,7 +94,7 @@ impl BackingFile {
         check_private(path, &file.metadata()?)?;
         let want = file_bytes(pages);
         if file.metadata()?.len() < want {
-            disk::allocate(file.as_fd(), want).with_context(|| {
+            reserve(&file, path, want).with_context(|| {
                 format!(
                     "growing the backing file {} to {want} bytes",
                     path.display()
@@ -125,6 +125,22 @@ impl BackingFile {
             blocks,
             partition,
         }
+    }
+}
+
+/// Reserves `bytes` for a backing file; on a filesystem that cannot (ramfs), sizes it
+/// sparse instead, with a warning: a writeback may then fail for want of space (the pages
+/// stay in RAM).
+fn reserve(file: &File, path: &Path, bytes: u64) -> io::Result<()> {
+    match disk::allocate(file.as_fd(), bytes) {
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+            tracing::warn!(
+                path = %path.display(),
+                "the backing file's filesystem cannot reserve space: it is sized sparse"
+            );
+            file.set_len(bytes)
+        }
+        other => other,
     }
 }
 
@@ -294,7 +310,8 @@ pub fn attach(store: &PageStore, region: &StoreSegment, path: Option<&Path>) -> 
     Ok(())
 }
 
-fn new_key() -> anyhow::Result<WritebackKey> {
+/// A new random device key.
+pub fn new_key() -> anyhow::Result<WritebackKey> {
     let mut key = [0u8; KEY_BYTES];
     File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut key))

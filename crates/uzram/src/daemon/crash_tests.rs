@@ -145,6 +145,7 @@ fn writer(via: Via) {
             let pass = Writeback {
                 candidates: WritebackCandidates::Idle { min_age: 0 },
                 max_pages: 256,
+                max_bytes: u64::MAX,
             };
             if let Err(e) = cold.writeback(pass) {
                 println!("WRITEBACK FAILED {e}");

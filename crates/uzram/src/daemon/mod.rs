@@ -2,7 +2,8 @@
 //! and on SIGTERM/SIGINT or a control `stop` delete the device and clean up.
 
 pub mod backend;
-mod backing;
+pub mod backing;
+mod budget;
 mod compactor;
 #[cfg(test)]
 mod crash_tests;

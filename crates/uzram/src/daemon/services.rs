@@ -5,6 +5,7 @@ use std::sync::atomic::AtomicU32;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
+use anyhow::Context;
 use libublk::ctrl::UblkCtrl;
 use uzram_core::store::PageStore;
 
@@ -86,6 +87,22 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
     let requests = Mutex::new(stop_tx.clone());
     let (tiered, recompress) = (s.store.clone(), s.cfg.recompress);
     let writeback = s.cfg.writeback.clone();
+    let budget = match &writeback {
+        Some(w) => w
+            .limit_per_day
+            .map(|per_day| {
+                super::budget::Budget::open(
+                    std::path::Path::new(super::budget::BUDGET_DIR),
+                    &w.device,
+                    per_day,
+                )
+            })
+            .transpose()
+            .context("opening the writeback budget")?
+            .map(Arc::new),
+        None => None,
+    };
+    let kept_budget = budget.clone();
     spawn("uzram-control", move || {
         listener::serve(socket, move |req| match req {
             Request::Idle { min_age_minutes } => Response::Idled {
@@ -100,7 +117,13 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
                 Err(message) => Response::Error { message },
             },
             Request::Writeback { kind, max_pages } => {
-                match super::tier::writeback_now(&tiered, writeback.as_ref(), &kind, max_pages) {
+                match super::tier::writeback_now(
+                    &tiered,
+                    writeback.as_ref(),
+                    budget.as_deref(),
+                    &kind,
+                    max_pages,
+                ) {
                     Ok(report) => Response::WrittenBack(report),
                     Err(message) => Response::Error { message },
                 }
@@ -150,8 +173,8 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
     }
     let pool_target = s.pool_target;
     spawn("uzram-pool", move || crate::memory::pool::keep(pool_target))?;
-    let (aged, recompress, writeback) =
-        (s.store.clone(), s.cfg.recompress, s.cfg.writeback.clone());
+    let (aged, recompress) = (s.store.clone(), s.cfg.recompress);
+    let writeback = s.cfg.writeback.clone().map(|w| (w, kept_budget));
     spawn("uzram-tier", move || {
         super::tier::keep(aged, recompress, writeback)
     })?;

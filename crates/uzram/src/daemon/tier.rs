@@ -9,6 +9,7 @@ use std::time::Duration;
 use uzram_core::store::{Candidates, Recompress, Writeback, WritebackCandidates, AGE_BUCKETS};
 use uzram_core::PageStore;
 
+use super::budget::Budget;
 use crate::config::{RecompressSettings, WritebackSettings};
 use crate::control::counters;
 use crate::control::proto::{RecompressReport, Stat, WritebackReport};
@@ -27,7 +28,7 @@ const TIER_NICE: i32 = 19;
 pub(super) fn keep(
     store: Arc<PageStore>,
     settings: Option<RecompressSettings>,
-    writeback: Option<WritebackSettings>,
+    writeback: Option<(WritebackSettings, Option<Arc<Budget>>)>,
 ) {
     if let Err(err) = crate::sys::set_thread_nice(TIER_NICE) {
         tracing::warn!(error = %err, "lowering the tier thread's priority failed");
@@ -36,22 +37,31 @@ pub(super) fn keep(
         std::thread::sleep(TICK);
         store.tick();
         recompress_idle(&store, settings);
-        if let Some(w) = &writeback {
-            write_back_idle(&store, w);
+        if let Some((w, budget)) = &writeback {
+            write_back_idle(&store, w, budget.as_deref());
         }
     }
 }
 
 /// The background writeback of one tick: the oldest pages past the idle age, a bounded
-/// number of them.
-fn write_back_idle(store: &PageStore, settings: &WritebackSettings) {
+/// number of them, within the day's budget.
+fn write_back_idle(store: &PageStore, settings: &WritebackSettings, budget: Option<&Budget>) {
+    let max_bytes = budget.map_or(u64::MAX, Budget::left);
+    if max_bytes < uzram_core::store::BLOCK_BYTES as u64 {
+        return;
+    }
     let pass = Writeback {
         candidates: WritebackCandidates::Idle {
             min_age: settings.idle_age_minutes,
         },
         max_pages: PAGES_PER_TICK,
+        max_bytes,
     };
-    match store.writeback(pass) {
+    let done = store.writeback(pass);
+    if let (Ok(d), Some(b)) = (&done, budget) {
+        spend(b, d.blocks);
+    }
+    match done {
         Ok(done) if done.pages > 0 => {
             let compacted = store.compact();
             tracing::info!(
@@ -110,6 +120,7 @@ fn recompress_idle(store: &PageStore, settings: Option<RecompressSettings>) {
 pub(super) fn writeback_now(
     store: &PageStore,
     settings: Option<&WritebackSettings>,
+    budget: Option<&Budget>,
     kind: &str,
     max_pages: Option<u64>,
 ) -> Result<WritebackReport, String> {
@@ -137,8 +148,12 @@ pub(super) fn writeback_now(
         .writeback(Writeback {
             candidates,
             max_pages: max_pages.unwrap_or(u64::MAX),
+            max_bytes: budget.map_or(u64::MAX, Budget::left),
         })
         .map_err(|e| e.to_string())?;
+    if let Some(b) = budget {
+        spend(b, done.blocks);
+    }
     if done.pages > 0 {
         store.compact();
     }
@@ -149,7 +164,18 @@ pub(super) fn writeback_now(
         raced: done.raced,
         mem_used_before: before,
         mem_used_after: store.stats().mem_used_total,
+        budget_left_bytes: budget.map(Budget::left),
     })
+}
+
+/// Counts a pass's blocks against the day's budget.
+fn spend(budget: &Budget, blocks: u64) {
+    if blocks == 0 {
+        return;
+    }
+    if let Err(error) = budget.spend(blocks * uzram_core::store::BLOCK_BYTES as u64) {
+        tracing::error!(error = %format!("{error:#}"), "the writeback budget could not be kept on disk");
+    }
 }
 
 /// A recompression pass now, of `kind` (`idle`, `huge` or `huge_idle`; idle: unused for the

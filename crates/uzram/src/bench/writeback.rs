@@ -1,0 +1,147 @@
+//! `uzram bench --writeback PATH`: after a run's writes (and its recompression, if asked),
+//! the lower half of the device written back to a backing file as the daemon's writeback
+//! does it (packed and sealed, direct I/O): the disk bytes a written-back page costs
+//! against the 4 KiB zram writes for each, the latency of reads of pages still in RAM
+//! while the pass runs against before it, and of reads that come from the disk.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use uzram_core::store::{NonceCounter, Writeback, WritebackCandidates};
+use uzram_core::{PageStore, PAGE_SIZE};
+
+use crate::daemon::backend::WriteBackend;
+use crate::daemon::backing::{new_key, BackingFile};
+use crate::ublk::handler::{handle, Op};
+
+/// Timed reads of each kind.
+const READS: usize = 20_000;
+const SECTORS_PER_PAGE: u64 = (PAGE_SIZE / 512) as u64;
+
+/// What writing back half the device did.
+#[derive(Debug, Clone, Default)]
+pub struct WrittenBack {
+    /// Pages written back, and the bytes the pass wrote for them.
+    pub pages: u64,
+    pub disk_bytes: u64,
+    /// Their compressed bytes in RAM before.
+    pub payload_bytes: u64,
+    /// Wall time of the pass.
+    pub wall: Duration,
+    /// Reads of pages in RAM before the pass, while it ran, and reads from the disk (ns,
+    /// sorted).
+    pub ram_idle: Vec<u32>,
+    pub ram_busy: Vec<u32>,
+    pub disk: Vec<u32>,
+    /// Every timed read returned the page written.
+    pub reads_ok: bool,
+}
+
+/// Device page `p`'s bytes: the corpus once from page 0, then repeated from `base`.
+fn expected(corpus: &[u8], base: usize, p: usize) -> &[u8] {
+    let cpages = corpus.len() / PAGE_SIZE;
+    let i = if p < base { p } else { (p - base) % cpages };
+    &corpus[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]
+}
+
+/// Writes back pages `0..total / 2` of `store` (`total` pages, laid out as `measure.rs`
+/// lays them) to the backing file at `path`.
+pub fn measure(
+    store: &PageStore,
+    c: &WriteBackend,
+    corpus: &[u8],
+    base: usize,
+    total: usize,
+    path: &Path,
+) -> anyhow::Result<WrittenBack> {
+    let file = BackingFile::open(path, store.pages())?;
+    store
+        .attach_backing(
+            Arc::new(file),
+            &new_key()?,
+            NonceCounter::Owned(0.into()),
+        )
+        .context("attaching the backing file")?;
+    let half = total / 2;
+    // Every page idle, then the upper half used again: the pass takes the lower half only.
+    store.mark_idle(None);
+    let mut page = vec![0u8; PAGE_SIZE];
+    let mut ok = true;
+    for p in half..total {
+        ok &= read(store, c, p, &mut page) && page == expected(corpus, base, p);
+    }
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut timed = |lo: usize, hi: usize, page: &mut [u8]| {
+        let p = lo + (next(&mut seed) % (hi - lo) as u64) as usize;
+        let t = Instant::now();
+        let good = read(store, c, p, page) && page == expected(corpus, base, p);
+        (u32::try_from(t.elapsed().as_nanos()).unwrap_or(u32::MAX), good)
+    };
+    let mut ram_idle = Vec::with_capacity(READS);
+    for _ in 0..READS {
+        let (lat, good) = timed(half, total, &mut page);
+        ram_idle.push(lat);
+        ok &= good;
+    }
+    let before = store.stats();
+    let done = AtomicBool::new(false);
+    let (pass, ram_busy) = std::thread::scope(|scope| {
+        let pass = scope.spawn(|| {
+            let t = Instant::now();
+            let r = store.writeback(Writeback {
+                candidates: WritebackCandidates::Idle { min_age: 1 },
+                max_pages: u64::MAX,
+                max_bytes: u64::MAX,
+            });
+            done.store(true, Ordering::Release);
+            r.map(|r| (r, t.elapsed()))
+        });
+        let mut busy = Vec::new();
+        let mut page = vec![0u8; PAGE_SIZE];
+        while !done.load(Ordering::Acquire) {
+            let (lat, good) = timed(half, total, &mut page);
+            busy.push(lat);
+            ok &= good;
+        }
+        (pass.join(), busy)
+    });
+    let (pass, wall) = pass
+        .map_err(|_| anyhow::anyhow!("the writeback pass panicked"))?
+        .context("the writeback pass")?;
+    let after = store.stats();
+    let mut disk = Vec::with_capacity(READS);
+    for _ in 0..READS {
+        let (lat, good) = timed(0, half, &mut page);
+        disk.push(lat);
+        ok &= good;
+    }
+    let (mut ram_idle, mut ram_busy) = (ram_idle, ram_busy);
+    ram_idle.sort_unstable();
+    ram_busy.sort_unstable();
+    disk.sort_unstable();
+    Ok(WrittenBack {
+        pages: pass.pages,
+        disk_bytes: after.bd_bytes_written - before.bd_bytes_written,
+        payload_bytes: pass.payload_bytes,
+        wall,
+        ram_idle,
+        ram_busy,
+        disk,
+        reads_ok: ok,
+    })
+}
+
+fn read(store: &PageStore, c: &WriteBackend, p: usize, page: &mut [u8]) -> bool {
+    handle(Op::Read, p as u64 * SECTORS_PER_PAGE, 8, page, store, c) == PAGE_SIZE as i32
+}
+
+/// xorshift64.
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}

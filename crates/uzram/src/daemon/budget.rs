@@ -1,0 +1,278 @@
+//! The writeback budget (`writeback-limit = "1G/day"`): how many bytes writeback may write to
+//! a backing device per UTC day. Flash wears by what is written to it, whichever daemon
+//! wrote it, so the day's count is kept on disk, in [`BUDGET_DIR`], one file per backing
+//! device: a restart, a crash or a reboot goes on from it.
+//!
+//! The directory is made root's with mode 0700 and checked on every use; the file is
+//! written atomically (a temporary file and a rename, through the directory's descriptor).
+//! A file that does not parse, or that counts a day after today, is not trusted: the day's
+//! budget counts as spent (a warning says so), never as unspent.
+
+use std::ffi::OsString;
+use std::os::fd::AsFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+
+use crate::sys;
+
+/// Where the budgets live.
+pub const BUDGET_DIR: &str = "/var/lib/uzram/writeback-budget";
+/// The most a budget file may hold.
+const MAX_FILE: u64 = 4096;
+
+/// What a budget file holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct Day {
+    /// Days since 1970-01-01 (UTC).
+    day: u64,
+    /// Bytes written to the backing device that day.
+    spent: u64,
+}
+
+/// A backing device's budget; see the module docs.
+#[derive(Debug)]
+pub struct Budget {
+    dir: PathBuf,
+    name: OsString,
+    per_day: u64,
+    today: Mutex<Day>,
+}
+
+/// Today, in days since 1970-01-01 (UTC).
+pub fn today() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / 86_400)
+}
+
+/// The file name of `device`'s budget: its path with every character but letters, digits,
+/// `.` and `-` as `_` (`/dev/sdb2` is `_dev_sdb2.json`).
+fn file_name(device: &Path) -> OsString {
+    let text: String = device
+        .to_string_lossy()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    OsString::from(format!("{text}.json"))
+}
+
+impl Budget {
+    /// The budget of backing device `device`, `per_day` bytes, kept in `dir`; reads what
+    /// was spent today.
+    pub fn open(dir: &Path, device: &Path, per_day: u64) -> anyhow::Result<Self> {
+        let budget = Self {
+            dir: dir.to_path_buf(),
+            name: file_name(device),
+            per_day,
+            today: Mutex::new(Day {
+                day: today(),
+                spent: 0,
+            }),
+        };
+        let dir_fd = budget.open_dir()?;
+        let kept = budget.read();
+        let now = today();
+        let day = match kept {
+            Ok(Some(d)) if d.day == now => d,
+            Ok(Some(d)) if d.day < now => Day { day: now, spent: 0 },
+            Ok(None) => Day { day: now, spent: 0 },
+            Ok(Some(d)) => {
+                tracing::warn!(
+                    day = d.day,
+                    today = now,
+                    "the writeback budget file counts a day after today: today's budget counts as spent"
+                );
+                Day {
+                    day: now,
+                    spent: per_day,
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "the writeback budget file is not one uzram wrote: today's budget counts as spent");
+                Day {
+                    day: now,
+                    spent: per_day,
+                }
+            }
+        };
+        *budget.today.lock().unwrap_or_else(|e| e.into_inner()) = day;
+        budget.save(&dir_fd, day)?;
+        Ok(budget)
+    }
+
+    /// Bytes left today.
+    pub fn left(&self) -> u64 {
+        self.left_on(today())
+    }
+
+    fn left_on(&self, now: u64) -> u64 {
+        let mut d = self.today.lock().unwrap_or_else(|e| e.into_inner());
+        if d.day != now {
+            *d = Day { day: now, spent: 0 };
+        }
+        self.per_day.saturating_sub(d.spent)
+    }
+
+    /// Counts `bytes` written today and keeps the count on disk.
+    pub fn spend(&self, bytes: u64) -> anyhow::Result<()> {
+        self.spend_on(today(), bytes)
+    }
+
+    fn spend_on(&self, now: u64, bytes: u64) -> anyhow::Result<()> {
+        let day = {
+            let mut d = self.today.lock().unwrap_or_else(|e| e.into_inner());
+            if d.day != now {
+                *d = Day { day: now, spent: 0 };
+            }
+            d.spent = d.spent.saturating_add(bytes);
+            *d
+        };
+        let dir = self.open_dir()?;
+        self.save(&dir, day)
+    }
+
+    /// The directory, made root's and 0700 if absent, and checked: root's, no access for
+    /// group or others.
+    fn open_dir(&self) -> anyhow::Result<std::fs::File> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)
+            .with_context(|| format!("creating {}", self.dir.display()))?;
+        let dir = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            .open(&self.dir)
+            .with_context(|| format!("opening {}", self.dir.display()))?;
+        let meta = dir.metadata()?;
+        if meta.uid() != sys::effective_uid() || meta.mode() & 0o077 != 0 {
+            bail!(
+                "{} is owned by uid {} with mode {:o}: the writeback budget is kept only in a \
+                 directory of root's alone (chown root and chmod 700 it)",
+                self.dir.display(),
+                meta.uid(),
+                meta.mode() & 0o7777
+            );
+        }
+        Ok(dir)
+    }
+
+    /// The day kept in the file, `None` when there is none.
+    fn read(&self) -> anyhow::Result<Option<Day>> {
+        let path = self.dir.join(&self.name);
+        let file = match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+        {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            other => other.with_context(|| format!("opening {}", path.display()))?,
+        };
+        let meta = file.metadata()?;
+        if !meta.is_file() || meta.uid() != sys::effective_uid() || meta.len() > MAX_FILE {
+            bail!("{} is not a small file of root's", path.display());
+        }
+        let text = std::io::read_to_string(file)?;
+        let day: Day = serde_json::from_str(&text)
+            .with_context(|| format!("{} does not parse", path.display()))?;
+        Ok(Some(day))
+    }
+
+    fn save(&self, dir: &std::fs::File, day: Day) -> anyhow::Result<()> {
+        use std::io::Write;
+        let dir = dir.as_fd();
+        let mut tmp = OsString::from(".");
+        tmp.push(&self.name);
+        tmp.push(format!(".{}.tmp", std::process::id()));
+        let mut file = match sys::create_new_at(dir, &tmp, 0o600) {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                sys::unlink_at(dir, &tmp)?;
+                sys::create_new_at(dir, &tmp, 0o600)
+            }
+            other => other,
+        }
+        .context("creating the budget's temporary file")?;
+        let written = file
+            .write_all(serde_json::to_string(&day)?.as_bytes())
+            .and_then(|()| sys::rename_at(dir, &tmp, &self.name));
+        if written.is_err() {
+            let _ = sys::unlink_at(dir, &tmp);
+        }
+        written.with_context(|| format!("saving the writeback budget in {}", self.dir.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("uzram-budget-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn spending_is_kept_across_opens_and_a_new_day_starts_afresh() {
+        let dir = scratch("kept");
+        let dev = Path::new("/dev/sdb2");
+        let b = Budget::open(&dir, dev, 1000).unwrap();
+        assert_eq!(b.left(), 1000);
+        b.spend(300).unwrap();
+        assert_eq!(b.left(), 700);
+        drop(b);
+        // A restart goes on from the file.
+        let b = Budget::open(&dir, dev, 1000).unwrap();
+        assert_eq!(b.left(), 700);
+        b.spend(900).unwrap();
+        assert_eq!(b.left(), 0);
+        // Another device has its own budget.
+        assert_eq!(Budget::open(&dir, Path::new("/dev/sdc1"), 1000).unwrap().left(), 1000);
+        // Tomorrow, the budget is whole again, and that is kept too.
+        let tomorrow = today() + 1;
+        assert_eq!(b.left_on(tomorrow), 1000);
+        b.spend_on(tomorrow, 10).unwrap();
+        assert_eq!(b.left_on(tomorrow), 990);
+        let meta = std::fs::metadata(dir.join("_dev_sdb2.json")).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&dir).unwrap().mode() & 0o777,
+            0o700
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_file_that_is_not_uzrams_or_a_shared_directory_is_not_trusted() {
+        let dir = scratch("foreign");
+        let dev = Path::new("/var/lib/uzram/swap0.wb");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .unwrap();
+        let file = dir.join(file_name(dev));
+        for bad in ["not json", "{\"day\": 1}", "{\"day\": 99999999, \"spent\": 0}"] {
+            std::fs::write(&file, bad).unwrap();
+            let b = Budget::open(&dir, dev, 5000).unwrap();
+            assert_eq!(b.left(), 0, "{bad:?} counted as unspent");
+        }
+        // A day before today: a fresh budget.
+        std::fs::write(&file, "{\"day\": 3, \"spent\": 5000}").unwrap();
+        assert_eq!(Budget::open(&dir, dev, 5000).unwrap().left(), 5000);
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let err = format!("{:#}", Budget::open(&dir, dev, 5000).unwrap_err());
+        assert!(err.contains("root's alone"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
