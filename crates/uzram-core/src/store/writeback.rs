@@ -132,7 +132,8 @@ impl PageStore {
             if !chunk.fits(bytes.len()) {
                 self.flush(backing, &mut chunk, &mut done)?;
             }
-            if (done.blocks + chunk.blocks_with(bytes.len())) * BLOCK_BYTES as u64 > pass.max_bytes {
+            if (done.blocks + chunk.blocks_with(bytes.len())) * BLOCK_BYTES as u64 > pass.max_bytes
+            {
                 break;
             }
             chunk.push(index, slot, bytes);

@@ -393,7 +393,10 @@ fn a_pass_writes_no_more_blocks_than_its_byte_budget() {
                 ..idle_pass(u64::MAX)
             })
             .unwrap();
-        assert!(done.blocks * BLOCK_BYTES as u64 <= budget, "{budget}: {done:?}");
+        assert!(
+            done.blocks * BLOCK_BYTES as u64 <= budget,
+            "{budget}: {done:?}"
+        );
         assert_eq!(done.pages > 0, budget >= 4096, "{budget}: {done:?}");
         total += done.blocks;
     }

@@ -331,7 +331,8 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
         Some(path) => {
             let wb = super::writeback::measure(s, c, corpus, base, total, path)?;
             // Every page again, half of them now read from the disk.
-            verified = verified && wb.reads_ok && verify_all(s, c, corpus, base, total, setup.queues)?;
+            verified =
+                verified && wb.reads_ok && verify_all(s, c, corpus, base, total, setup.queues)?;
             Some(wb)
         }
     };

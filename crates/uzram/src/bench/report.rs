@@ -202,7 +202,10 @@ impl Report {
 }
 
 fn writeback_report(runs: &[Run]) -> Option<WritebackReport> {
-    let ws: Vec<_> = runs.iter().filter_map(|r| r.written_back.as_ref()).collect();
+    let ws: Vec<_> = runs
+        .iter()
+        .filter_map(|r| r.written_back.as_ref())
+        .collect();
     let last = ws.last()?;
     let mm = |f: &dyn Fn(&super::writeback::WrittenBack) -> f64| {
         median(ws.iter().map(|w| f(w)).collect())

@@ -59,11 +59,7 @@ pub fn measure(
 ) -> anyhow::Result<WrittenBack> {
     let file = BackingFile::open(path, store.pages())?;
     store
-        .attach_backing(
-            Arc::new(file),
-            &new_key()?,
-            NonceCounter::Owned(0.into()),
-        )
+        .attach_backing(Arc::new(file), &new_key()?, NonceCounter::Owned(0.into()))
         .context("attaching the backing file")?;
     let half = total / 2;
     // Every page idle, then the upper half used again: the pass takes the lower half only.
@@ -78,7 +74,10 @@ pub fn measure(
         let p = lo + (next(&mut seed) % (hi - lo) as u64) as usize;
         let t = Instant::now();
         let good = read(store, c, p, page) && page == expected(corpus, base, p);
-        (u32::try_from(t.elapsed().as_nanos()).unwrap_or(u32::MAX), good)
+        (
+            u32::try_from(t.elapsed().as_nanos()).unwrap_or(u32::MAX),
+            good,
+        )
     };
     let mut ram_idle = Vec::with_capacity(READS);
     for _ in 0..READS {

@@ -119,7 +119,10 @@ pub fn writeback(args: WritebackArgs) -> anyhow::Result<ExitCode> {
         println!("{dev}: {} written meanwhile (they stay in RAM)", r.raced);
     }
     if let Some(left) = r.budget_left_bytes {
-        println!("{dev}: {} of today's writeback-limit left", format_size(left));
+        println!(
+            "{dev}: {} of today's writeback-limit left",
+            format_size(left)
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -418,7 +418,9 @@ pub enum ConfigError {
     )]
     RecompressAlgorithm(String),
     /// `writeback-idle-age` or `writeback-limit` without `writeback-device`.
-    #[error("writeback-idle-age and writeback-limit need writeback-device (a partition or a file path)")]
+    #[error(
+        "writeback-idle-age and writeback-limit need writeback-device (a partition or a file path)"
+    )]
     WritebackWithout,
     /// A `writeback-limit` that does not parse.
     #[error("writeback-limit {0:?}: give SIZE/day (e.g. 1G/day, 512M/day) or none")]

@@ -238,7 +238,12 @@ mod tests {
         b.spend(900).unwrap();
         assert_eq!(b.left(), 0);
         // Another device has its own budget.
-        assert_eq!(Budget::open(&dir, Path::new("/dev/sdc1"), 1000).unwrap().left(), 1000);
+        assert_eq!(
+            Budget::open(&dir, Path::new("/dev/sdc1"), 1000)
+                .unwrap()
+                .left(),
+            1000
+        );
         // Tomorrow, the budget is whole again, and that is kept too.
         let tomorrow = today() + 1;
         assert_eq!(b.left_on(tomorrow), 1000);
@@ -246,10 +251,7 @@ mod tests {
         assert_eq!(b.left_on(tomorrow), 990);
         let meta = std::fs::metadata(dir.join("_dev_sdb2.json")).unwrap();
         assert_eq!(meta.mode() & 0o777, 0o600);
-        assert_eq!(
-            std::fs::metadata(&dir).unwrap().mode() & 0o777,
-            0o700
-        );
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -261,7 +263,11 @@ mod tests {
         std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .unwrap();
         let file = dir.join(file_name(dev));
-        for bad in ["not json", "{\"day\": 1}", "{\"day\": 99999999, \"spent\": 0}"] {
+        for bad in [
+            "not json",
+            "{\"day\": 1}",
+            "{\"day\": 99999999, \"spent\": 0}",
+        ] {
             std::fs::write(&file, bad).unwrap();
             let b = Budget::open(&dir, dev, 5000).unwrap();
             assert_eq!(b.left(), 0, "{bad:?} counted as unspent");
