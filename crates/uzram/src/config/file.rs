@@ -99,8 +99,8 @@ pub struct RunConfig {
 /// What a config file asks for on this host.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Plan {
-    /// Serve this device.
-    Device(RunConfig),
+    /// Serve this device (boxed: the config is large, a skip is a line of text).
+    Device(Box<RunConfig>),
     /// No device here, as zram-generator would create none: the host has more RAM than
     /// `host-memory-limit`, or the size evaluates to 0. The text says which.
     Skip(String),
@@ -239,7 +239,7 @@ pub(super) fn plan(file: FileConfig, path: &Path, host: Host) -> Result<Plan, Co
         writeback_idle_age: file.writeback_idle_age.map(ExprValue::text),
         writeback_limit: file.writeback_limit,
     };
-    Ok(Plan::Device(RunConfig {
+    Ok(Plan::Device(Box::new(RunConfig {
         device: raw.validate(host)?,
         swap: SwapConfig {
             priority,
@@ -252,7 +252,7 @@ pub(super) fn plan(file: FileConfig, path: &Path, host: Host) -> Result<Plan, Co
             )
             .filter(|o| !o.is_empty()),
         },
-    }))
+    })))
 }
 
 /// The most a config file may hold: far more than any real one, and a bound on what a read
@@ -290,7 +290,7 @@ mod tests {
 
     fn parse(text: &str) -> Result<RunConfig, ConfigError> {
         match plan(text, HOST)? {
-            Plan::Device(cfg) => Ok(cfg),
+            Plan::Device(cfg) => Ok(*cfg),
             Plan::Skip(why) => panic!("unexpected skip: {why}"),
         }
     }

@@ -23,7 +23,7 @@ pub fn load_config(path: &Path) -> Result<Plan, ConfigError> {
 /// Reads a config file that must make a device here (`uzram run`, `uzram swap-on`).
 pub fn load_device_config(path: &Path) -> Result<RunConfig, anyhow::Error> {
     match load_config(path)? {
-        Plan::Device(cfg) => Ok(cfg),
+        Plan::Device(cfg) => Ok(*cfg),
         Plan::Skip(why) => anyhow::bail!(
             "{}: no device on this host: {why} (the systemd unit skips it through \
              ExecCondition=uzram check-config)",
