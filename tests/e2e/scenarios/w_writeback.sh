@@ -5,7 +5,7 @@
 # disk (bd_reads) with every byte right (direct I/O, past the page cache). A byte changed on
 # the disk is an I/O error, not other data. Overwritten pages leave the disk. Then kill -9
 # during a writeback pass and `uzram recover`: every byte reads back, from RAM or the disk.
-# Last, a daily budget holds across a crash.
+# Then a daily budget holds across a crash, and a mem-limit makes room by writeback.
 . /e2e/lib.sh
 begin w_writeback
 WB=
@@ -121,6 +121,33 @@ if [ "$MIB" -ge 8 ] && uzram_create --size 64M --writeback-device "$BF" --writeb
     || fail_check "the budget did not hold across the restart: $(cat /tmp/w.out)"
   got=$(sum "$DEV")
   [ "$got" = "$WANT" ] && ok "every byte reads back" || fail_check "read back sha256 $got, wrote $WANT"
+  uzram_destroy "$DEV"
+fi
+
+# mem-limit with writeback: the store nears its limit and the daemon writes its oldest pages
+# back (each second, past 90 % of the limit, down to 75 %), so 14 MiB go into 8 MiB without
+# a failed write; the same writes without a backing device hit the limit.
+write_slowly() {  # DEV: MIB MiB of the source in 512 KiB writes, one a second
+  _i=0; _rc=0
+  while [ $_i -lt $((MIB * 2)) ]; do
+    dd if="$SRC" of="$1" bs=512K count=1 skip=$_i seek=$_i oflag=direct 2>/tmp/w.dd || { _rc=1; break; }
+    _i=$((_i + 1)); sleep 1
+  done
+  return $_rc
+}
+if [ "$MIB" -ge 8 ] && uzram_create --size 64M --mem-limit 8M --writeback-device "$WB"; then
+  if write_slowly "$DEV"; then ok "$MIB MiB written under an 8 MiB mem-limit"; else fail_check "a write failed under mem-limit with writeback: $(cat /tmp/w.dd)"; fi
+  used=$(stat_field "$DEV" mem_used_total); n=$(stat_field "$DEV" bd_count)
+  [ "${n:-0}" -gt 0 ] && [ "${used:-99999999}" -le 8388608 ] && ok "$n pages written back for room; mem_used_total $used" \
+    || fail_check "bd_count '$n', mem_used_total '$used' under an 8 MiB limit"
+  got=$(sum "$DEV")
+  [ "$got" = "$WANT" ] && ok "every byte reads back" || fail_check "read back sha256 $got, wrote $WANT"
+  uzram_destroy "$DEV"
+fi
+if [ "$MIB" -ge 8 ] && uzram_create --size 64M --mem-limit 8M; then
+  dd if="$SRC" of="$DEV" bs=1M count="$MIB" oflag=direct 2>/tmp/w.dd \
+    && fail_check "$MIB MiB fit in 8 MiB without writeback" \
+    || ok "without a backing device the writes hit the limit: $(grep -i error /tmp/w.dd | head -1)"
   uzram_destroy "$DEV"
 fi
 rm -f "$SRC" /tmp/w.b0 "$BF"

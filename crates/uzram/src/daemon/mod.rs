@@ -9,6 +9,7 @@ mod compactor;
 mod crash_tests;
 mod device;
 pub mod notify;
+mod pressure;
 mod readiness;
 mod services;
 pub mod store;

@@ -16,6 +16,8 @@ use crate::control::proto::{RecompressReport, Stat, WritebackReport};
 
 /// The store's tick: ages count in minutes.
 const TICK: Duration = Duration::from_secs(60);
+/// How often writeback looks at memory pressure (`pressure.rs`).
+const PRESSURE_EVERY: Duration = Duration::from_secs(1);
 /// Most pages a background pass tries per tick: bounds the CPU it takes (zstd at level 3
 /// compresses a page in tens of microseconds) while the backlog of a large device drains.
 const PAGES_PER_TICK: u64 = 1 << 16;
@@ -23,8 +25,8 @@ const PAGES_PER_TICK: u64 = 1 << 16;
 const TIER_NICE: i32 = 19;
 
 /// Ticks the store's clock once a minute; with `settings`, recompresses the pages unused for
-/// their idle age, and with `writeback`, then writes back those unused for its. Never
-/// returns.
+/// their idle age, and with `writeback`, then writes back those unused for its, and every
+/// second those memory pressure asks for (`pressure.rs`). Never returns.
 pub(super) fn keep(
     store: Arc<PageStore>,
     settings: Option<RecompressSettings>,
@@ -33,8 +35,31 @@ pub(super) fn keep(
     if let Err(err) = crate::sys::set_thread_nice(TIER_NICE) {
         tracing::warn!(error = %err, "lowering the tier thread's priority failed");
     }
+    let mut next_tick = std::time::Instant::now() + TICK;
     loop {
-        std::thread::sleep(TICK);
+        std::thread::sleep(if writeback.is_some() {
+            PRESSURE_EVERY
+        } else {
+            next_tick.saturating_duration_since(std::time::Instant::now())
+        });
+        if let Some((_, budget)) = &writeback {
+            let done = super::pressure::relieve(
+                &store,
+                budget.as_deref(),
+                super::pressure::host_some_avg10(),
+            );
+            if done != super::pressure::Relieved::default() {
+                tracing::info!(
+                    for_limit = done.for_limit,
+                    for_pressure = done.for_pressure,
+                    "pages written back for memory"
+                );
+            }
+        }
+        if std::time::Instant::now() < next_tick {
+            continue;
+        }
+        next_tick += TICK;
         store.tick();
         recompress_idle(&store, settings);
         if let Some((w, budget)) = &writeback {
@@ -169,7 +194,7 @@ pub(super) fn writeback_now(
 }
 
 /// Counts a pass's blocks against the day's budget.
-fn spend(budget: &Budget, blocks: u64) {
+pub(super) fn spend(budget: &Budget, blocks: u64) {
     if blocks == 0 {
         return;
     }

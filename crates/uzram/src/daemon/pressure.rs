@@ -1,0 +1,210 @@
+//! Writeback under pressure: besides the idle age, the tier thread writes pages back when
+//! the store nears its `mem-limit` (so writes keep finding room) and when the host is short
+//! of memory by its pressure stall information (`/proc/pressure/memory`), both within the
+//! day's budget, oldest pages first.
+//!
+//! - Past [`LIMIT_HIGH`] of `mem-limit`, the oldest pages go, whatever their age, until the
+//!   store holds [`LIMIT_LOW`] of it or nothing more can go.
+//! - When tasks stalled on memory for [`PSI_SOME_AVG10`] % or more of the last 10 s, up to
+//!   [`PSI_PAGES`] pages unused for [`PSI_MIN_AGE_MINUTES`] go each second.
+
+use uzram_core::store::{Writeback, WritebackCandidates, BLOCK_BYTES};
+use uzram_core::PageStore;
+
+use super::budget::Budget;
+
+/// Share of `mem-limit` (in percent) past which writeback makes room.
+pub const LIMIT_HIGH: u64 = 90;
+/// Share of `mem-limit` (in percent) it makes room down to.
+pub const LIMIT_LOW: u64 = 75;
+/// `some avg10` of memory pressure (percent) at which idle-ish pages go.
+pub const PSI_SOME_AVG10: f64 = 10.0;
+/// The least age of a page written back for pressure (minutes).
+pub const PSI_MIN_AGE_MINUTES: u32 = 10;
+/// Most pages written back for pressure each second.
+pub const PSI_PAGES: u64 = 4096;
+/// Pages a pass of [`make_room`] takes at a time.
+const ROOM_PASS_PAGES: u64 = 4096;
+
+/// `some avg10` of a `/proc/pressure/memory` text.
+pub fn some_avg10(text: &str) -> Option<f64> {
+    let line = text.lines().find(|l| l.starts_with("some "))?;
+    line.split_whitespace()
+        .find_map(|f| f.strip_prefix("avg10="))?
+        .parse()
+        .ok()
+}
+
+/// The host's memory pressure now (`None` without PSI: a kernel built without it).
+pub fn host_some_avg10() -> Option<f64> {
+    some_avg10(&std::fs::read_to_string("/proc/pressure/memory").ok()?)
+}
+
+/// What one second of the policy wrote back, in pages, and why.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Relieved {
+    /// For `mem-limit`.
+    pub for_limit: u64,
+    /// For the host's memory pressure.
+    pub for_pressure: u64,
+}
+
+/// One second of the policy: room under `mem-limit`, then pressure (`psi`: the host's
+/// `some avg10`).
+pub fn relieve(store: &PageStore, budget: Option<&Budget>, psi: Option<f64>) -> Relieved {
+    let mut done = Relieved {
+        for_limit: make_room(store, budget),
+        ..Relieved::default()
+    };
+    if psi.is_some_and(|p| p >= PSI_SOME_AVG10) {
+        done.for_pressure = pass(store, budget, PSI_MIN_AGE_MINUTES, PSI_PAGES).unwrap_or(0);
+    }
+    if done.for_limit + done.for_pressure > 0 {
+        store.compact();
+    }
+    done
+}
+
+/// Writes the oldest pages back while the store holds more than [`LIMIT_HIGH`] of its
+/// limit, down to [`LIMIT_LOW`]; returns how many went.
+fn make_room(store: &PageStore, budget: Option<&Budget>) -> u64 {
+    let limit = store.stats().mem_limit;
+    if limit == 0 || store.stats().mem_used_total * 100 <= limit * LIMIT_HIGH {
+        return 0;
+    }
+    let mut pages = 0;
+    loop {
+        let s = store.stats();
+        let target = limit / 100 * LIMIT_LOW;
+        if s.mem_used_total <= target {
+            break;
+        }
+        // About as many pages as hold the excess (their mean size in RAM), a few more for
+        // what compaction cannot give back at once.
+        let in_ram = s
+            .pages_stored
+            .saturating_sub(s.same_pages + s.bd_count + s.staged_pages)
+            .max(1);
+        let mean = (s.compr_data_size / in_ram).max(1);
+        let want = ((s.mem_used_total - target) / mean + 16).min(ROOM_PASS_PAGES);
+        match pass(store, budget, 0, want) {
+            Some(0) | None => break,
+            Some(n) => pages += n,
+        }
+        // The objects' room is holes until compaction gives their segments back.
+        store.compact();
+    }
+    pages
+}
+
+/// One writeback pass of up to `max_pages` pages unused for `min_age` minutes, within the
+/// budget; `None` when it failed (logged).
+fn pass(store: &PageStore, budget: Option<&Budget>, min_age: u32, max_pages: u64) -> Option<u64> {
+    let max_bytes = budget.map_or(u64::MAX, Budget::left);
+    if max_bytes < BLOCK_BYTES as u64 {
+        return Some(0);
+    }
+    let done = store.writeback(Writeback {
+        candidates: WritebackCandidates::Idle { min_age },
+        max_pages,
+        max_bytes,
+    });
+    match done {
+        Ok(d) => {
+            if let Some(b) = budget {
+                super::tier::spend(b, d.blocks);
+            }
+            Some(d.pages)
+        }
+        Err(error) => {
+            tracing::warn!(%error, "writeback for memory failed; the pages stay in RAM");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use uzram_core::codec::Algorithm;
+    use uzram_core::store::NonceCounter;
+    use uzram_core::{StoreConfig, PAGE_SIZE};
+
+    #[test]
+    fn pressure_is_read_from_the_some_line() {
+        let text = "some avg10=12.50 avg60=3.00 avg300=1.00 total=123\n\
+                    full avg10=99.00 avg60=0.00 avg300=0.00 total=0\n";
+        assert_eq!(some_avg10(text), Some(12.5));
+        assert_eq!(some_avg10("full avg10=1.00\n"), None);
+        assert_eq!(some_avg10("some avg10=x\n"), None);
+    }
+
+    fn page(i: u64) -> Vec<u8> {
+        let mut p = vec![0u8; PAGE_SIZE];
+        let mut x = i | 1;
+        for (k, c) in p.chunks_exact_mut(8).enumerate() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let w = if k % 4 == 0 { x } else { i };
+            c.copy_from_slice(&w.to_le_bytes());
+        }
+        p
+    }
+
+    /// A store filled to past [`LIMIT_HIGH`] of its limit gets back to [`LIMIT_LOW`] in one
+    /// call, by about the pages the excess takes; every page still reads back, and without
+    /// a limit nothing moves.
+    #[test]
+    fn past_the_high_share_of_the_limit_the_oldest_pages_go_down_to_the_low_share() {
+        if !crate::sys::is_root() {
+            println!("SKIP: a backing file must be root's");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("uzram-pressure-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let pages = 2048u64;
+        let fill = |limit: Option<u64>| {
+            let mut cfg = StoreConfig::new(pages, Algorithm::Lz4);
+            cfg.mem_limit = limit;
+            let store = PageStore::new(cfg).unwrap();
+            let file = super::super::backing::BackingFile::open(&dir.join("wb"), pages).unwrap();
+            let key = super::super::backing::new_key().unwrap();
+            store
+                .attach_backing(Arc::new(file), &key, NonceCounter::Owned(0.into()))
+                .unwrap();
+            store
+        };
+        // How much the pages take, then a limit they fill to 95 %.
+        let probe = fill(None);
+        for i in 0..pages {
+            probe.write(i, &page(i)).unwrap();
+        }
+        assert_eq!(relieve(&probe, None, Some(0.0)), Relieved::default());
+        let limit = probe.stats().mem_used_total * 100 / 95;
+        drop(probe);
+        let store = fill(Some(limit));
+        for i in 0..pages {
+            store.write(i, &page(i)).unwrap();
+        }
+        let before = store.stats().mem_used_total;
+        assert!(before * 100 > limit * LIMIT_HIGH, "{before} of {limit}");
+        let done = relieve(&store, None, None);
+        let after = store.stats().mem_used_total;
+        assert!(done.for_limit > 0, "{done:?}");
+        assert!(
+            after * 100 <= limit * LIMIT_LOW,
+            "{after} of {limit} after {done:?}"
+        );
+        let mut back = vec![0u8; PAGE_SIZE];
+        for i in 0..pages {
+            store.read(i, &mut back).unwrap();
+            assert_eq!(back, page(i), "page {i}");
+        }
+        // Below the high share, nothing more goes.
+        assert_eq!(relieve(&store, None, None).for_limit, 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
