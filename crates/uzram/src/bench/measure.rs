@@ -11,6 +11,7 @@ use uzram_core::codec::Algorithm;
 use uzram_core::{PageStore, StoreConfig, PAGE_SIZE};
 
 use super::memory::StoreMemory;
+use super::random::next;
 use crate::config::{Backend, GpuSettings};
 use crate::daemon::backend::{StagingHome, WriteBackend};
 use crate::memory::pool;
@@ -126,14 +127,6 @@ impl Source {
         }
         &mut scratch[..n * PAGE_SIZE]
     }
-}
-
-/// xorshift64: reproducible read offsets.
-fn next(x: &mut u64) -> u64 {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    *x
 }
 
 /// One run over `corpus` (whole pages).

@@ -18,6 +18,7 @@
 
 mod measure;
 mod memory;
+mod random;
 mod report;
 mod threads;
 mod writeback;

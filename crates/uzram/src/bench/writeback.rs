@@ -13,6 +13,7 @@ use anyhow::Context;
 use uzram_core::store::{NonceCounter, Writeback, WritebackCandidates};
 use uzram_core::{PageStore, PAGE_SIZE};
 
+use super::random::next;
 use crate::daemon::backend::WriteBackend;
 use crate::daemon::backing::{new_key, BackingFile};
 use crate::ublk::handler::{handle, Op};
@@ -135,12 +136,4 @@ pub fn measure(
 
 fn read(store: &PageStore, c: &WriteBackend, p: usize, page: &mut [u8]) -> bool {
     handle(Op::Read, p as u64 * SECTORS_PER_PAGE, 8, page, store, c) == PAGE_SIZE as i32
-}
-
-/// xorshift64.
-fn next(x: &mut u64) -> u64 {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    *x
 }

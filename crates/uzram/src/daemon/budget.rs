@@ -1,7 +1,8 @@
 //! The writeback budget (`writeback-limit = "1G/day"`): how many bytes writeback may write to
 //! a backing device per UTC day. Flash wears by what is written to it, whichever daemon
 //! wrote it, so the day's count is kept on disk, in [`BUDGET_DIR`], one file per backing
-//! device: a restart, a crash or a reboot goes on from it.
+//! device: a restart, a crash or a reboot goes on from it. Every writeback pass of the daemon
+//! (the tier's, pressure's, `uzram writeback`) goes through [`budgeted_writeback`].
 //!
 //! The directory is made root's with mode 0700 and checked on every use; the file is
 //! written atomically (a temporary file and a rename, through the directory's descriptor).
@@ -17,6 +18,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
+
+use uzram_core::store::{Writeback, WritebackCandidates, WrittenBack};
+use uzram_core::PageStore;
 
 use crate::sys;
 
@@ -210,6 +214,39 @@ impl Budget {
             let _ = sys::unlink_at(dir, &tmp);
         }
         written.with_context(|| format!("saving the writeback budget in {}", self.dir.display()))
+    }
+}
+
+/// A writeback pass of up to `max_pages` pages of `candidates`, within what is left of the
+/// day's budget, which it then spends.
+pub(super) fn budgeted_writeback(
+    store: &PageStore,
+    budget: Option<&Budget>,
+    candidates: WritebackCandidates,
+    max_pages: u64,
+) -> Result<WrittenBack, uzram_core::CoreError> {
+    let max_bytes = budget.map_or(u64::MAX, Budget::left);
+    if max_bytes < uzram_core::store::BLOCK_BYTES as u64 {
+        return Ok(WrittenBack::default());
+    }
+    let done = store.writeback(Writeback {
+        candidates,
+        max_pages,
+        max_bytes,
+    })?;
+    if let Some(b) = budget {
+        spend(b, done.blocks);
+    }
+    Ok(done)
+}
+
+/// Counts a pass's blocks against the day's budget.
+fn spend(budget: &Budget, blocks: u64) {
+    if blocks == 0 {
+        return;
+    }
+    if let Err(error) = budget.spend(blocks * uzram_core::store::BLOCK_BYTES as u64) {
+        tracing::error!(error = %format!("{error:#}"), "the writeback budget could not be kept on disk");
     }
 }
 

@@ -8,7 +8,7 @@
 //! - When tasks stalled on memory for [`PSI_SOME_AVG10`] % or more of the last 10 s, up to
 //!   [`PSI_PAGES`] pages unused for [`PSI_MIN_AGE_MINUTES`] go each second.
 
-use uzram_core::store::{Writeback, WritebackCandidates, BLOCK_BYTES};
+use uzram_core::store::WritebackCandidates;
 use uzram_core::PageStore;
 
 use super::budget::Budget;
@@ -100,22 +100,9 @@ fn make_room(store: &PageStore, budget: Option<&Budget>) -> u64 {
 /// One writeback pass of up to `max_pages` pages unused for `min_age` minutes, within the
 /// budget; `None` when it failed (logged).
 fn pass(store: &PageStore, budget: Option<&Budget>, min_age: u32, max_pages: u64) -> Option<u64> {
-    let max_bytes = budget.map_or(u64::MAX, Budget::left);
-    if max_bytes < BLOCK_BYTES as u64 {
-        return Some(0);
-    }
-    let done = store.writeback(Writeback {
-        candidates: WritebackCandidates::Idle { min_age },
-        max_pages,
-        max_bytes,
-    });
-    match done {
-        Ok(d) => {
-            if let Some(b) = budget {
-                super::tier::spend(b, d.blocks);
-            }
-            Some(d.pages)
-        }
+    let candidates = WritebackCandidates::Idle { min_age };
+    match super::budget::budgeted_writeback(store, budget, candidates, max_pages) {
+        Ok(d) => Some(d.pages),
         Err(error) => {
             tracing::warn!(%error, "writeback for memory failed; the pages stay in RAM");
             None

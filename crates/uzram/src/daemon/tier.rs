@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use uzram_core::store::{Candidates, Recompress, Writeback, WritebackCandidates, AGE_BUCKETS};
+use uzram_core::store::{Candidates, Recompress, WritebackCandidates, AGE_BUCKETS};
 use uzram_core::PageStore;
 
 use super::budget::Budget;
@@ -71,22 +71,10 @@ pub(super) fn keep(
 /// The background writeback of one tick: the oldest pages past the idle age, a bounded
 /// number of them, within the day's budget.
 fn write_back_idle(store: &PageStore, settings: &WritebackSettings, budget: Option<&Budget>) {
-    let max_bytes = budget.map_or(u64::MAX, Budget::left);
-    if max_bytes < uzram_core::store::BLOCK_BYTES as u64 {
-        return;
-    }
-    let pass = Writeback {
-        candidates: WritebackCandidates::Idle {
-            min_age: settings.idle_age_minutes,
-        },
-        max_pages: PAGES_PER_TICK,
-        max_bytes,
+    let candidates = WritebackCandidates::Idle {
+        min_age: settings.idle_age_minutes,
     };
-    let done = store.writeback(pass);
-    if let (Ok(d), Some(b)) = (&done, budget) {
-        spend(b, d.blocks);
-    }
-    match done {
+    match super::budget::budgeted_writeback(store, budget, candidates, PAGES_PER_TICK) {
         Ok(done) if done.pages > 0 => {
             let compacted = store.compact();
             tracing::info!(
@@ -105,38 +93,36 @@ fn write_back_idle(store: &PageStore, settings: &WritebackSettings, budget: Opti
 
 /// The background recompression of one tick.
 fn recompress_idle(store: &PageStore, settings: Option<RecompressSettings>) {
-    {
-        let Some(s) = settings else { return };
-        let pass = Recompress {
-            candidates: Candidates::Idle {
-                min_age: s.idle_age_minutes,
-            },
-            level: s.level,
-            threshold: s.threshold,
-            max_pages: PAGES_PER_TICK,
-        };
-        match store.recompress(pass) {
-            Ok(done) if done.rewritten > 0 || done.failed > 0 => {
-                // The old objects' room is holes in their segments until compaction moves
-                // the live objects together and gives the segments back.
-                let compacted = if done.rewritten > 0 {
-                    store.compact()
-                } else {
-                    0
-                };
-                tracing::info!(
-                    tried = done.tried,
-                    rewritten = done.rewritten,
-                    kept = done.kept,
-                    saved_bytes = done.saved_bytes,
-                    failed = done.failed,
-                    compacted,
-                    "idle pages recompressed"
-                )
-            }
-            Ok(_) => {}
-            Err(err) => tracing::warn!(error = %err, "recompression failed"),
+    let Some(s) = settings else { return };
+    let pass = Recompress {
+        candidates: Candidates::Idle {
+            min_age: s.idle_age_minutes,
+        },
+        level: s.level,
+        threshold: s.threshold,
+        max_pages: PAGES_PER_TICK,
+    };
+    match store.recompress(pass) {
+        Ok(done) if done.rewritten > 0 || done.failed > 0 => {
+            // The old objects' room is holes in their segments until compaction moves
+            // the live objects together and gives the segments back.
+            let compacted = if done.rewritten > 0 {
+                store.compact()
+            } else {
+                0
+            };
+            tracing::info!(
+                tried = done.tried,
+                rewritten = done.rewritten,
+                kept = done.kept,
+                saved_bytes = done.saved_bytes,
+                failed = done.failed,
+                compacted,
+                "idle pages recompressed"
+            )
         }
+        Ok(_) => {}
+        Err(err) => tracing::warn!(error = %err, "recompression failed"),
     }
 }
 
@@ -169,16 +155,9 @@ pub(super) fn writeback_now(
         }
     };
     let before = store.stats().mem_used_total;
-    let done = store
-        .writeback(Writeback {
-            candidates,
-            max_pages: max_pages.unwrap_or(u64::MAX),
-            max_bytes: budget.map_or(u64::MAX, Budget::left),
-        })
-        .map_err(|e| e.to_string())?;
-    if let Some(b) = budget {
-        spend(b, done.blocks);
-    }
+    let done =
+        super::budget::budgeted_writeback(store, budget, candidates, max_pages.unwrap_or(u64::MAX))
+            .map_err(|e| e.to_string())?;
     if done.pages > 0 {
         store.compact();
     }
@@ -191,16 +170,6 @@ pub(super) fn writeback_now(
         mem_used_after: store.stats().mem_used_total,
         budget_left_bytes: budget.map(Budget::left),
     })
-}
-
-/// Counts a pass's blocks against the day's budget.
-pub(super) fn spend(budget: &Budget, blocks: u64) {
-    if blocks == 0 {
-        return;
-    }
-    if let Err(error) = budget.spend(blocks * uzram_core::store::BLOCK_BYTES as u64) {
-        tracing::error!(error = %format!("{error:#}"), "the writeback budget could not be kept on disk");
-    }
 }
 
 /// A recompression pass now, of `kind` (`idle`, `huge` or `huge_idle`; idle: unused for the
