@@ -25,15 +25,15 @@ use crate::CoreError;
 const TRIED: u16 = 1 << 15;
 /// The stamp's clock bits.
 const CLOCK_MASK: u32 = (1 << 15) - 1;
-/// The oldest age a page shows; older stamps are moved up to it (see [`PageStore::tick`]).
+/// The oldest age a page shows; older stamps are moved up to it (see [`PageStore::tick`](crate::PageStore::tick)).
 pub const MAX_AGE: u32 = 24 * 1024;
-/// How often (in ticks) [`PageStore::tick`] clamps old stamps: well before an age of
+/// How often (in ticks) [`PageStore::tick`](crate::PageStore::tick) clamps old stamps: well before an age of
 /// `MAX_AGE` plus this could pass the 15 bits.
 pub(crate) const CLAMP_EVERY: u32 = 256;
 /// A recompressed object must save at least this much (one arena size class).
 pub(crate) const MIN_SAVING: usize = 8;
 
-/// The upper bounds, in ticks, of the age buckets [`PageStore::ages`] counts: with a tick
+/// The upper bounds, in ticks, of the age buckets [`PageStore::ages`](crate::PageStore::ages) counts: with a tick
 /// of a minute, under a minute, 10 minutes, an hour, a day, and the rest.
 pub const AGE_BUCKETS: [u32; 4] = [1, 10, 60, 1440];
 

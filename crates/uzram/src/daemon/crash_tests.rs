@@ -202,8 +202,14 @@ fn writer(via: Via) {
         std::thread::sleep(Duration::from_millis(2));
     });
     let mut writes = 0;
+    // With writeback, every fourth page is written once and left alone (a cold page), so
+    // the passes find pages that stay on the backing file until the kill.
+    let cold = |page: u64| via == Via::Writeback && page % 4 == 1;
     for gen in 1u64.. {
         for page in 0..PAGES {
+            if gen > 1 && cold(page) {
+                continue;
+            }
             if (page + gen) % 7 == 0 {
                 let _ = store.discard(page, 1);
             } else {
@@ -253,8 +259,11 @@ fn verifier(shm: i32) {
     // The counts it saved after each round (two at least) are there for the next daemon.
     let carried = carry::Carry::new(region.carried_counters()).load();
     let writes = carried.get("writes").copied().unwrap_or(0);
+    // A round writes every page but the discarded seventh (and, with writeback, the
+    // second leaves out the cold quarter).
+    let second = if backing.is_some() { PAGES * 3 / 4 } else { PAGES };
     assert!(
-        writes >= 2 * (PAGES - PAGES / 7 - 1),
+        writes >= (PAGES - PAGES / 7 - 1) + (second - PAGES / 7 - 1),
         "carried writes {writes}: {carried:?}"
     );
     // As a recovering daemon: the keeper faults nothing in until the device serves
