@@ -261,7 +261,11 @@ fn verifier(shm: i32) {
     let writes = carried.get("writes").copied().unwrap_or(0);
     // A round writes every page but the discarded seventh (and, with writeback, the
     // second leaves out the cold quarter).
-    let second = if backing.is_some() { PAGES * 3 / 4 } else { PAGES };
+    let second = if backing.is_some() {
+        PAGES * 3 / 4
+    } else {
+        PAGES
+    };
     assert!(
         writes >= (PAGES - PAGES / 7 - 1) + (second - PAGES / 7 - 1),
         "carried writes {writes}: {carried:?}"
