@@ -387,12 +387,16 @@ pub struct ConfigArg {
 }
 
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["all", "age"])))]
 pub struct IdleArgs {
     /// The device: /dev/ublkbN, ublkbN or N.
     pub device: String,
-    /// Only pages unused this long (30s, 10m, 1h, 2d); without it, every page.
+    /// Only pages unused this long (30s, 10m, 1h, 2d; zram's `echo SECONDS > idle`).
     #[arg(long)]
     pub age: Option<String>,
+    /// Every page holding data (zram's `echo all > idle`).
+    #[arg(long)]
+    pub all: bool,
 }
 
 #[derive(Debug, clap::Args)]

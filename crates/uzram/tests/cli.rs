@@ -70,6 +70,49 @@ fn help_lists_the_commands() {
 }
 
 #[test]
+fn the_cold_tiers_commands_check_their_arguments_first() {
+    // zram's idle takes "all" or an age: one of the two, never neither or both.
+    refused(&["idle", "0"], "--all");
+    refused(
+        &["idle", "0", "--all", "--age", "1h"],
+        "cannot be used with",
+    );
+    refused(&["idle", "0", "--age", "soon"], "bad age");
+    refused(&["recompress", "0", "--algorithm", "lz4"], "writes zstd");
+    for flag in [
+        "--writeback-device",
+        "--writeback-idle-age",
+        "--writeback-limit",
+    ] {
+        let out = uzram(&["create", "--help"]);
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(flag),
+            "create --help lacks {flag}"
+        );
+    }
+    refused(
+        &["create", "--size", "1G", "--writeback-device", "wb"],
+        "not an absolute path",
+    );
+    refused(
+        &["create", "--size", "1G", "--writeback-limit", "1G/day"],
+        "need writeback-device",
+    );
+    refused(
+        &[
+            "create",
+            "--size",
+            "1G",
+            "--writeback-device",
+            "/var/lib/uzram/a.wb",
+            "--writeback-limit",
+            "lots",
+        ],
+        "SIZE/day",
+    );
+}
+
+#[test]
 fn list_takes_zramctls_flags() {
     let out = uzram(&["list", "--help"]);
     assert!(out.status.success());

@@ -23,7 +23,7 @@ if uzram_create --size 64M --recompress-algorithm zstd:3 --recompress-idle-age 1
   tried=$(json_field /tmp/t.out tried)
   [ "$tried" = 0 ] && ok "recompress before anything is idle: nothing tried" \
     || fail_check "recompress of young pages: $(cat /tmp/t.out)"
-  run_t "$TMO" /tmp/t.out uzram idle "$DEV"
+  run_t "$TMO" /tmp/t.out uzram idle "$DEV" --all
   grep -q 'pages marked idle' /tmp/t.out && ok "uzram idle: $(cat /tmp/t.out)" || fail_check "uzram idle: $(cat /tmp/t.out)"
   run_t 300 /tmp/t.out uzram recompress "$DEV" --type idle --json
   rc=$?

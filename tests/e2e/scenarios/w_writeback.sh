@@ -4,7 +4,8 @@
 # ones to the disk, packed (fewer blocks than pages) and sealed; they read back through the
 # disk (bd_reads) with every byte right (direct I/O, past the page cache). A byte changed on
 # the disk is an I/O error, not other data. Overwritten pages leave the disk. Then kill -9
-# during a writeback pass and `uzram recover`: every byte reads back, from RAM or the disk.
+# during a writeback pass and `uzram recover`: every byte reads back, from RAM or the disk;
+# and kill -9 during a read-back from the disk: the read waits and ends right.
 # Then a daily budget holds across a crash, and a mem-limit makes room by writeback.
 . /e2e/lib.sh
 begin w_writeback
@@ -26,7 +27,7 @@ elif [ "$MIB" -lt 8 ]; then
 elif uzram_create --size 64M --writeback-device "$WB"; then
   say "  source: $MIB MiB of the guest's programs; backing device $WB"
   check "write $MIB MiB (direct)" dd if="$SRC" of="$DEV" bs=1M count="$MIB" oflag=direct
-  run_t "$TMO" /tmp/w.out uzram idle "$DEV"
+  run_t "$TMO" /tmp/w.out uzram idle "$DEV" --all
   grep -q 'pages marked idle' /tmp/w.out && ok "uzram idle: $(cat /tmp/w.out)" || fail_check "uzram idle: $(cat /tmp/w.out)"
   # fresh pages after the mark: they are not idle and stay in RAM
   check "write 4 MiB more at 48 MiB (direct)" dd if="$SRC" of="$DEV" bs=1M count=4 seek=48 oflag=direct
@@ -70,7 +71,7 @@ elif uzram_create --size 64M --writeback-device "$WB"; then
 
   # kill -9 while a writeback pass runs; then uzram recover
   check "write $MIB MiB again (direct)" dd if="$SRC" of="$DEV" bs=1M count="$MIB" oflag=direct
-  run_t "$TMO" /tmp/w.out uzram idle "$DEV"
+  run_t "$TMO" /tmp/w.out uzram idle "$DEV" --all
   PID=$(daemon_pid "$DEV")
   uzram writeback "$DEV" --type idle > /tmp/w.pass 2>&1 &
   usleep 100000
@@ -83,7 +84,7 @@ elif uzram_create --size 64M --writeback-device "$WB"; then
   [ "$got" = "$WANT" ] && ok "every byte reads back after the crash ($(stat_field "$DEV" bd_count) pages on the disk)" \
     || fail_check "read back sha256 $got after the crash, wrote $WANT"
   # ages start young in a new daemon: mark them again
-  run_t "$TMO" /tmp/w.out uzram idle "$DEV"
+  run_t "$TMO" /tmp/w.out uzram idle "$DEV" --all
   run_t 300 /tmp/w.out uzram writeback "$DEV" --type idle --json
   say "    | $(cat /tmp/w.out)"
   more=$(json_field /tmp/w.out pages)
@@ -91,6 +92,20 @@ elif uzram_create --size 64M --writeback-device "$WB"; then
   [ "${more:-0}" -gt 0 ] && [ "$got" = "$WANT" ] \
     && ok "the recovered daemon writes back $more more pages and reads every byte back with the kept key" \
     || fail_check "after the recovered daemon's pass of '${more}' pages: read back sha256 $got, wrote $WANT"
+  # kill -9 while written-back pages are read from the disk: the read waits, paused, and
+  # ends with every byte right once `uzram recover` took over
+  PID=$(daemon_pid "$DEV")
+  ( sum "$DEV" > /tmp/w.sum ) &
+  RPID=$!
+  usleep 300000
+  kill -9 "$PID"
+  wait_gone "$PID" || fail_check "daemon $PID still alive 10s after SIGKILL"
+  kill -0 $RPID 2>/dev/null && say "  killed daemon $PID during a read-back" || say "  note: the read-back ended before the kill"
+  check "uzram recover $DEV" uzram recover "$DEV"
+  wait $RPID
+  got=$(cat /tmp/w.sum)
+  [ "$got" = "$WANT" ] && ok "the read-back in flight at the kill ended with every byte right" \
+    || fail_check "read-back across kill -9: sha256 $got, wrote $WANT"
   uzram_destroy "$DEV"
 fi
 
@@ -103,7 +118,7 @@ if [ "$MIB" -ge 8 ] && uzram_create --size 64M --writeback-device "$BF" --writeb
   m=$(stat -c %a "$BF" 2>/dev/null)
   [ "$m" = 600 ] && ok "backing file $BF created with mode 600" || fail_check "backing file mode '$m'"
   check "write $MIB MiB (direct)" dd if="$SRC" of="$DEV" bs=1M count="$MIB" oflag=direct
-  run_t "$TMO" /tmp/w.out uzram idle "$DEV"
+  run_t "$TMO" /tmp/w.out uzram idle "$DEV" --all
   run_t 300 /tmp/w.out uzram writeback "$DEV" --json
   say "    | $(cat /tmp/w.out)"
   pages=$(json_field /tmp/w.out pages); blocks=$(json_field /tmp/w.out blocks)
@@ -115,7 +130,7 @@ if [ "$MIB" -ge 8 ] && uzram_create --size 64M --writeback-device "$BF" --writeb
   PID=$(daemon_pid "$DEV")
   kill -9 "$PID"; wait_gone "$PID"
   check "uzram recover $DEV" uzram recover "$DEV"
-  run_t "$TMO" /tmp/w.out uzram idle "$DEV"
+  run_t "$TMO" /tmp/w.out uzram idle "$DEV" --all
   run_t 300 /tmp/w.out uzram writeback "$DEV" --json
   [ "$(json_field /tmp/w.out pages)" = 0 ] && ok "after kill -9 and recover the day's budget is still spent" \
     || fail_check "the budget did not hold across the restart: $(cat /tmp/w.out)"

@@ -1,4 +1,4 @@
-//! `uzram idle DEV [--age AGE]`, `uzram recompress DEV [--type T] [--threshold B]` and
+//! `uzram idle DEV --all|--age AGE`, `uzram recompress DEV [--type T] [--threshold B]` and
 //! `uzram writeback DEV [--type T] [--max-pages N]`: zram's `idle`, `recompress` and
 //! `writeback` triggers, sent to the device's daemon. The daemon recompresses and writes back
 //! by itself when its config asks (`recompress-algorithm`, `writeback-device`); these run a
@@ -38,7 +38,11 @@ fn ask(device: &str, req: &Request, wait: Duration) -> anyhow::Result<(String, R
 }
 
 pub fn idle(args: IdleArgs) -> anyhow::Result<ExitCode> {
-    let min_age_minutes = args.age.as_deref().map(parse_age).transpose()?;
+    // clap lets through --all or --age, not both and not neither.
+    let min_age_minutes = match (&args.age, args.all) {
+        (Some(age), false) => Some(parse_age(age)?),
+        _ => None,
+    };
     let (dev, response) = ask(
         &args.device,
         &Request::Idle { min_age_minutes },
