@@ -213,18 +213,17 @@ impl Backing {
             sealed[..NONCE_BYTES].copy_from_slice(&nonce.to_le_bytes());
             let (body, tag) = sealed[NONCE_BYTES..].split_at_mut(o.bytes.len());
             body.copy_from_slice(o.bytes);
-            let sealed_tag = self
-                .cipher
-                .encrypt_in_place_detached(
-                    &nonce_of(nonce),
-                    &associated(o.index, at, o.recompressed),
-                    body,
-                )
-                .map_err(|_| {
-                    CoreError::Compress(crate::codec::CodecError::Corrupt(
-                        "the writeback cipher refused an object".into(),
-                    ))
-                })?;
+            let Ok(sealed_tag) = self.cipher.encrypt_in_place_detached(
+                &nonce_of(nonce),
+                &associated(o.index, at, o.recompressed),
+                body,
+            ) else {
+                // Only a message longer than the cipher takes is refused: never one of these.
+                self.drop_hold(first, blocks as u64);
+                return Err(CoreError::Compress(crate::codec::CodecError::Corrupt(
+                    "the writeback cipher refused an object".into(),
+                )));
+            };
             tag.copy_from_slice(&sealed_tag);
             off += at.sealed();
             placed.push(at);
