@@ -1457,18 +1457,12 @@ impl PageStore {
                 (slot, checksum, len)
             };
             done.tried += 1;
-            if len == PAGE_SIZE {
-                page.copy_from_slice(&stored);
-            } else {
-                let decoded = worker::with_codec(self.algorithm, |codec, _| {
-                    codec
-                        .decompress(&stored[..len], &mut page)
-                        .map_err(|source| CoreError::Corrupt { index, source })
-                });
-                if decoded.is_err() {
-                    done.failed += 1;
-                    continue;
-                }
+            if self
+                .decode(index, &stored[..len], false, &mut page)
+                .is_err()
+            {
+                done.failed += 1;
+                continue;
             }
             if self.checksums && self.checksum_of(&page) != checksum {
                 // A damaged object: left for its read to fail, never rewritten as good.
@@ -1516,22 +1510,11 @@ impl PageStore {
             len: bytes.len() as u16,
             recompressed: true,
         };
-        let (shard, idx) = self.locate(index);
-        let mut shard = write_lock(shard);
-        if shard.get(idx) != Some(expected) {
-            drop(shard);
+        let switched = self.switch(index, expected, new);
+        if !matches!(switched, Ok(true)) {
             self.free_slot(new);
-            return Ok(false);
         }
-        if shard.set(idx, new)?.is_none() {
-            drop(shard);
-            self.free_slot(new);
-            return Ok(false);
-        }
-        shard.totals.replace(cost_of(expected), cost_of(new));
-        drop(shard);
-        self.free_slot(expected);
-        Ok(true)
+        switched
     }
 }
 
@@ -1590,7 +1573,7 @@ impl PageStore {
         let mut object = [0u8; PAGE_SIZE + CHECKSUM_BYTES];
         for &(_, index) in &picked {
             let (shard, idx) = self.locate(index);
-            let slot = {
+            let (slot, bytes) = {
                 let shard = read_lock(shard);
                 let Some(slot @ Slot::Stored { handle, len, .. }) = shard.get(idx) else {
                     continue;
@@ -1599,12 +1582,9 @@ impl PageStore {
                 if !self.arena.load(handle, bytes, &mut object[..bytes]) {
                     continue;
                 }
-                slot
+                (slot, bytes)
             };
-            let Slot::Stored { len, .. } = slot else {
-                continue;
-            };
-            let bytes = &object[..self.object_len(usize::from(len))];
+            let bytes = &object[..bytes];
             if !chunk.fits(bytes.len()) {
                 self.flush(backing, &mut chunk, &mut done)?;
             }
@@ -1670,11 +1650,7 @@ impl PageStore {
             })
             .collect();
         let placed = backing.write(&outgoing)?;
-        done.blocks += outgoing
-            .iter()
-            .map(|o| o.bytes.len() + SEAL_BYTES)
-            .sum::<usize>()
-            .div_ceil(BLOCK_BYTES) as u64;
+        done.blocks += chunk.blocks();
         for (it, at) in chunk.items.iter().zip(placed) {
             let Slot::Stored {
                 len, recompressed, ..
@@ -1745,9 +1721,23 @@ impl PageStore {
         } else {
             0
         };
-        let body = &object[..len];
+        self.decode(index, &object[..len], recompressed, page)
+            .map_err(|e| self.failed_check(e))?;
+        self.verify(index, page, stored)
+    }
+
+    /// Decodes the stored bytes `body` of page `index` into `page`: a raw page as it is, a
+    /// recompressed one with the thread's zstd decoder, the rest with the store's codec.
+    /// (The read of a page in RAM decodes in place from its worker's scratch instead.)
+    fn decode(
+        &self,
+        index: u64,
+        body: &[u8],
+        recompressed: bool,
+        page: &mut [u8; PAGE_SIZE],
+    ) -> Result<(), CoreError> {
         let corrupt = |source| CoreError::Corrupt { index, source };
-        let decoded = if len == PAGE_SIZE {
+        if body.len() == PAGE_SIZE {
             page.copy_from_slice(body);
             Ok(())
         } else if recompressed {
@@ -1756,9 +1746,7 @@ impl PageStore {
             worker::with_codec(self.algorithm, |c, _| {
                 c.decompress(body, page).map_err(corrupt)
             })
-        };
-        decoded.map_err(|e| self.failed_check(e))?;
-        self.verify(index, page, stored)
+        }
     }
 
     /// Where a written-back object of `len` stored bytes at byte `at` lies.

@@ -76,10 +76,19 @@ impl Chunk {
         self.blocks_with(bytes) <= CHUNK_BLOCKS as u64
     }
 
+    /// Blocks the chunk's write takes.
+    pub(super) fn blocks(&self) -> u64 {
+        Self::blocks_for(self.items.len(), self.bytes.len())
+    }
+
     /// Blocks the chunk's write takes with an object of `bytes` more.
     pub(super) fn blocks_with(&self, bytes: usize) -> u64 {
-        let sealed = self.bytes.len() + (self.items.len() + 1) * SEAL_BYTES + bytes;
-        sealed.div_ceil(BLOCK_BYTES) as u64
+        Self::blocks_for(self.items.len() + 1, self.bytes.len() + bytes)
+    }
+
+    /// Blocks that `objects` objects of `bytes` in all take, each sealed.
+    fn blocks_for(objects: usize, bytes: usize) -> u64 {
+        (bytes + objects * SEAL_BYTES).div_ceil(BLOCK_BYTES) as u64
     }
 
     pub(super) fn push(&mut self, index: u64, slot: Slot, bytes: &[u8]) {

@@ -68,8 +68,9 @@ pub fn relieve(store: &PageStore, budget: Option<&Budget>, psi: Option<f64>) -> 
 /// Writes the oldest pages back while the store holds more than [`LIMIT_HIGH`] of its
 /// limit, down to [`LIMIT_LOW`]; returns how many went.
 fn make_room(store: &PageStore, budget: Option<&Budget>) -> u64 {
-    let limit = store.stats().mem_limit;
-    if limit == 0 || store.stats().mem_used_total * 100 <= limit * LIMIT_HIGH {
+    let now = store.stats();
+    let limit = now.mem_limit;
+    if limit == 0 || now.mem_used_total * 100 <= limit * LIMIT_HIGH {
         return 0;
     }
     let mut pages = 0;
