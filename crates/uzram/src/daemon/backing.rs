@@ -180,10 +180,20 @@ fn open(path: &Path, create: bool, exclusive: bool) -> io::Result<File> {
     }
 }
 
-/// A backing file must be root's alone: swap's pages go there.
+/// A backing file must be root's alone: swap's pages go there. A second name for it (a hard
+/// link someone made elsewhere to a root file, e.g. in a shared directory before the
+/// daemon's first start) is refused: writeback would overwrite that file.
 fn check_private(path: &Path, meta: &std::fs::Metadata) -> anyhow::Result<()> {
     if !meta.file_type().is_file() {
         bail!("{} is not a regular file", path.display());
+    }
+    if meta.nlink() != 1 {
+        bail!(
+            "the backing file {} has {} names (hard links): it may be another file of \
+             root's; remove it and let uzram create it",
+            path.display(),
+            meta.nlink()
+        );
     }
     if meta.uid() != 0 || meta.mode() & 0o077 != 0 {
         bail!(
@@ -374,6 +384,18 @@ mod tests {
         assert!(err.contains("symbolic link is not followed"), "{err}");
         let err = format!("{:#}", BackingFile::open(Path::new("wb"), 10).unwrap_err());
         assert!(err.contains("not an absolute path"), "{err}");
+        // A root file of mode 0600 with a second name is not taken as a backing file: the
+        // other name may be any file of root's.
+        let victim = dir.join("victim");
+        std::fs::write(&victim, b"root's data").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let planted = dir.join("planted.wb");
+        std::fs::hard_link(&victim, &planted).unwrap();
+        if crate::sys::is_root() {
+            let err = format!("{:#}", BackingFile::open(&planted, 10).unwrap_err());
+            assert!(err.contains("hard links"), "{err}");
+            assert_eq!(std::fs::read(&victim).unwrap(), b"root's data");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
