@@ -91,7 +91,7 @@ fn concurrent_writes_reads_discards_and_commits() {
             let mut rng = Rng::new(200);
             while !stop.load(Ordering::Relaxed) {
                 let first = rng.next() % PAGES;
-                if rng.next() % 2 == 0 {
+                if rng.next().is_multiple_of(2) {
                     store.discard(first, 1).unwrap();
                 } else {
                     store.write_zeroes(first, 1).unwrap();

@@ -340,7 +340,7 @@ impl PinnedWords {
     /// The caller's `words`, page-locked and registered with `gpu`'s context
     /// (`cuMemHostRegister`) until this value is dropped. They must start on a page.
     pub fn register(gpu: &Arc<Gpu>, words: &'static [AtomicU64]) -> Result<Self, GpuError> {
-        if words.as_ptr() as usize % 4096 != 0 {
+        if !(words.as_ptr() as usize).is_multiple_of(4096) {
             return Err(GpuError::Config(
                 "staging to register must start on a page".into(),
             ));

@@ -112,7 +112,7 @@ impl Sizes {
     /// not a whole number of units).
     pub fn offsets(self) -> Option<Offsets> {
         let units = |bytes: usize| Some(bytes.checked_add(UNIT - 1)? / UNIT * UNIT);
-        if self.room % UNIT != 0 {
+        if !self.room.is_multiple_of(UNIT) {
             return None;
         }
         let table_off = UNIT;

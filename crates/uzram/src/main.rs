@@ -41,7 +41,7 @@ fn main() -> ExitCode {
     let asked = std::env::var("RUST_MIN_STACK")
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok());
-    if asked.map_or(true, |n| n < memory::fault_guard::DEFAULT_STACK) {
+    if asked.is_none_or(|n| n < memory::fault_guard::DEFAULT_STACK) {
         std::env::set_var(
             "RUST_MIN_STACK",
             memory::fault_guard::DEFAULT_STACK.to_string(),

@@ -270,7 +270,7 @@ pub fn peek<T: Copy>(id: i32, offset: usize) -> Result<T, ShmError> {
     let fits = offset
         .checked_add(std::mem::size_of::<T>())
         .is_some_and(|end| end <= map.size());
-    if !fits || offset % std::mem::align_of::<T>() != 0 {
+    if !fits || !offset.is_multiple_of(std::mem::align_of::<T>()) {
         return Err(sys("reading a segment")(io::Error::from(
             io::ErrorKind::InvalidData,
         )));

@@ -109,7 +109,7 @@ impl std::fmt::Display for Human {
 /// it (`16G`, `1540M`, `4K`), for messages that propose a setting.
 pub fn exact(bytes: u64) -> String {
     for (shift, letter) in [(40, 'T'), (30, 'G'), (20, 'M'), (10, 'K')] {
-        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
             return format!("{}{letter}", bytes >> shift);
         }
     }

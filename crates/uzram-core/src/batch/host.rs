@@ -198,7 +198,7 @@ impl HostSlots {
         for i in 0..pages {
             words_to_page(&input[i * PAGE_WORDS..(i + 1) * PAGE_WORDS], &mut page);
             let seen = self.misread.fetch_add(1, Ordering::Relaxed) + 1;
-            if self.faults.misread_every > 0 && seen % self.faults.misread_every == 0 {
+            if self.faults.misread_every > 0 && seen.is_multiple_of(self.faults.misread_every) {
                 page[100] ^= 1;
             }
             let at = (2 * pages + 1 + i) * 4;
@@ -211,10 +211,10 @@ impl HostSlots {
                 match codec.compress_below(&page, &mut block, limit) {
                     Ok(Some(len)) => {
                         let n = self.compressed.fetch_add(1, Ordering::Relaxed) + 1;
-                        let reject =
-                            self.faults.reject_every > 0 && n % self.faults.reject_every == 0;
-                        let corrupt =
-                            self.faults.corrupt_every > 0 && n % self.faults.corrupt_every == 0;
+                        let reject = self.faults.reject_every > 0
+                            && n.is_multiple_of(self.faults.reject_every);
+                        let corrupt = self.faults.corrupt_every > 0
+                            && n.is_multiple_of(self.faults.corrupt_every);
                         if reject {
                             SIZE_REJECTED
                         } else {

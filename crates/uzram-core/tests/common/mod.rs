@@ -79,7 +79,7 @@ pub fn random_page(seed: u64) -> Page {
     while at < PAGE_SIZE {
         let run = 4 + (rng.next() % 60) as usize;
         let end = (at + run).min(PAGE_SIZE);
-        if at > 64 && rng.next() % 3 != 0 {
+        if at > 64 && !rng.next().is_multiple_of(3) {
             let from = (rng.next() as usize) % (at - 32);
             for i in at..end {
                 page[i] = page[from + (i - at) % 32];

@@ -43,7 +43,7 @@ pub fn newest_live(
         .into_iter()
         .filter(|s| {
             s.config.as_deref() == Some(config)
-                && bridge.map_or(true, |b| s.bridge == b)
+                && bridge.is_none_or(|b| s.bridge == b)
                 && s.daemon_alive()
         })
         .max_by_key(|s| s.id)

@@ -58,7 +58,7 @@ fn fill_word(gen: u64) -> u64 {
 /// Generation `gen` of `page`: its index and generation up front, then compressible bytes
 /// that depend on both; every 13th page is filled with a word instead.
 fn content(page: u64, gen: u64) -> Vec<u8> {
-    if page % 13 == 0 {
+    if page.is_multiple_of(13) {
         return fill_word(gen).to_le_bytes().repeat(PAGE_SIZE / 8);
     }
     let mut out = Vec::with_capacity(PAGE_SIZE);
@@ -81,7 +81,7 @@ fn check(page: u64, bytes: &[u8]) -> Result<(), String> {
     if bytes.iter().all(|&b| b == 0) {
         return Ok(());
     }
-    if page % 13 == 0 {
+    if page.is_multiple_of(13) {
         let word = u64::from_le_bytes(bytes[..8].try_into().unwrap_or_default());
         let gen = word & 0xff;
         return (word == fill_word(gen) && bytes == content(page, gen).as_slice())

@@ -891,7 +891,7 @@ mod tests {
         let base = BASE.load(Ordering::Acquire);
         assert!(all
             .iter()
-            .all(|&b| owns(b as *mut u8) && (b - base) % BLOCK == 0));
+            .all(|&b| owns(b as *mut u8) && (b - base).is_multiple_of(BLOCK)));
         for b in got.into_iter().chain(held) {
             // SAFETY: free pool blocks this test took off the list and nobody else uses.
             unsafe { push(b as *mut u8) };

@@ -157,7 +157,7 @@ pub fn process_alive(pid: u32, started: Option<u64>) -> bool {
         .and_then(|s| parse_stat(&s))
     {
         Some(stat) => {
-            !stat.exited && started.map_or(true, |t| stat.started.map_or(true, |now| now == t))
+            !stat.exited && started.is_none_or(|t| stat.started.is_none_or(|now| now == t))
         }
         // No stat: gone, unless the kernel still knows the pid (a /proc that is not this pid
         // namespace's), which is taken for alive, the safe answer: a caller that sees a live

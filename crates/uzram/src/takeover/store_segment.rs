@@ -658,7 +658,7 @@ fn attach_room(id: i32) -> Result<AttachedRoom, SegmentError> {
     if header.magic != MAGIC || header.version != VERSION {
         return Err(foreign(id, "no uzram store header of this version".into()));
     }
-    if !end.is_some_and(|end| end <= size as u64)
+    if end.is_none_or(|end| end > size as u64)
         || header.room_off % 4096 != 0
         || header.room_len % 4096 != 0
     {

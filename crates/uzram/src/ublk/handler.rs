@@ -91,7 +91,10 @@ pub fn handle(
         });
     }
     let sectors = u64::from(nr_sectors);
-    if sectors == 0 || start_sector % SECTORS_PER_PAGE != 0 || sectors % SECTORS_PER_PAGE != 0 {
+    if sectors == 0
+        || !start_sector.is_multiple_of(SECTORS_PER_PAGE)
+        || sectors % SECTORS_PER_PAGE != 0
+    {
         return invalid(store, -libc::EINVAL, || {
             format!("{op:?} of {sectors} sectors at sector {start_sector} is not 4 KiB aligned")
         });

@@ -37,7 +37,7 @@ fn feature(mode: QueueMode) -> Option<(u64, &'static str)> {
 }
 
 fn offered_by(mode: QueueMode, features: u64) -> bool {
-    feature(mode).map_or(true, |(bit, _)| features & bit != 0)
+    feature(mode).is_none_or(|(bit, _)| features & bit != 0)
 }
 
 /// The chosen mode and what it takes to set the device up with it.

@@ -174,7 +174,7 @@ impl<'a> Server<'a> {
         self.counters.record(self.slot, op, res);
         self.served = self.served.wrapping_add(1);
         // A syscall, so only now and then.
-        if self.served % FAULT_CHECK_EVERY == 0 {
+        if self.served.is_multiple_of(FAULT_CHECK_EVERY) {
             if let (Some(start), Some(now)) =
                 (self.faults_at_start, crate::sys::sched::thread_faults())
             {

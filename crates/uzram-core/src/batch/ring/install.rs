@@ -256,7 +256,7 @@ impl Installer<'_> {
     fn spot_check(&mut self, slot: usize, index: usize, block: &[u8]) -> bool {
         let every = self.sh.cfg.spot_check_every;
         self.tools.compressed_seen += 1;
-        if every == 0 || self.tools.compressed_seen % every != 0 {
+        if every == 0 || !self.tools.compressed_seen.is_multiple_of(every) {
             return true;
         }
         bump(&self.sh.counters.spot_checked_pages, 1);
@@ -316,7 +316,7 @@ impl Installer<'_> {
         let sh = self.sh;
         let mut tries = 0u64;
         while let Err(e) = sh.store.commit(&mut commits) {
-            if tries % 1000 == 0 {
+            if tries.is_multiple_of(1000) {
                 tracing::warn!(error = %e, tries, "installing staged pages failed; retrying");
             }
             tries += 1;
