@@ -18,7 +18,11 @@
 //!   stores) told of no next page, as it was before it prefetched;
 //! - `stream (crate)`: the same, prefetching the request's next page while it copies, as
 //!   the ring calls it;
-//! - `avx2+pf`: 32-byte non-temporal stores, prefetching as above.
+//! - `avx2+pf`: 32-byte non-temporal stores, prefetching as above;
+//! - `crc, then stream`: the page's CRC32C (`page_checksum`), then `stream (crate)`: what
+//!   the ring did with checksums on before the two were fused;
+//! - `crc+stream (crate)`: `page_to_words_streaming_checksummed`, the ring's copy with
+//!   checksums on (one pass: AVX-512 loads folded into the CRC as they are stored).
 //!
 //! Reported: GB/s per thread-CPU-second (median of the rounds, best in brackets), which is
 //! what a queue thread's CPU per GiB is the inverse of; and the wall GB/s of all threads.
@@ -31,7 +35,8 @@ use std::sync::Barrier;
 use std::time::Duration;
 
 use uzram_core::page::{
-    page_to_words, page_to_words_streaming, same_filled_word, stream_fence, PAGE_SIZE, PAGE_WORDS,
+    page_checksum, page_to_words, page_to_words_streaming, page_to_words_streaming_checksummed,
+    same_filled_word, stream_fence, PAGE_SIZE, PAGE_WORDS,
 };
 
 const REQUEST_PAGES: usize = 16;
@@ -43,14 +48,18 @@ enum Variant {
     StreamAlone,
     Stream,
     Avx2Prefetch,
+    CrcThenStream,
+    CrcStream,
 }
 
 impl Variant {
-    const ALL: [Variant; 4] = [
+    const ALL: [Variant; 6] = [
         Variant::Words,
         Variant::StreamAlone,
         Variant::Stream,
         Variant::Avx2Prefetch,
+        Variant::CrcThenStream,
+        Variant::CrcStream,
     ];
 
     fn name(self) -> &'static str {
@@ -59,12 +68,18 @@ impl Variant {
             Variant::StreamAlone => "stream, no next",
             Variant::Stream => "stream (crate)",
             Variant::Avx2Prefetch => "avx2+pf",
+            Variant::CrcThenStream => "crc, then stream",
+            Variant::CrcStream => "crc+stream (crate)",
         }
     }
 
     fn available(self) -> bool {
         match self {
-            Variant::Words | Variant::StreamAlone | Variant::Stream => true,
+            Variant::Words
+            | Variant::StreamAlone
+            | Variant::Stream
+            | Variant::CrcThenStream
+            | Variant::CrcStream => true,
             #[cfg(target_arch = "x86_64")]
             Variant::Avx2Prefetch => std::arch::is_x86_feature_detected!("avx2"),
             #[cfg(not(target_arch = "x86_64"))]
@@ -80,6 +95,17 @@ impl Variant {
             Variant::StreamAlone => page_to_words_streaming(page, None, words),
             Variant::Stream => {
                 page_to_words_streaming(page, next.and_then(|n| n.try_into().ok()), words)
+            }
+            Variant::CrcThenStream => {
+                black_box(page_checksum(page));
+                page_to_words_streaming(page, next.and_then(|n| n.try_into().ok()), words)
+            }
+            Variant::CrcStream => {
+                black_box(page_to_words_streaming_checksummed(
+                    page,
+                    next.and_then(|n| n.try_into().ok()),
+                    words,
+                ));
             }
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `words` is PAGE_WORDS long and 64-byte aligned (staging is carved in

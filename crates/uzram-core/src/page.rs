@@ -1,10 +1,12 @@
 //! Page geometry, same-filled page detection and page checksums.
 
+mod crc_copy;
 mod same_fill;
 mod size;
 mod stream;
 mod words;
 
+pub use self::crc_copy::page_to_words_streaming_checksummed;
 pub use self::size::{PAGE_SHIFT, PAGE_SIZE, PAGE_WORDS, SECTOR_SHIFT};
 pub use self::words::{page_to_words, words_to_page};
 #[cfg(all(target_arch = "x86_64", feature = "unsafe-stream"))]
@@ -20,12 +22,12 @@ pub fn same_filled_word(page: &[u8; PAGE_SIZE]) -> Option<u64> {
 }
 
 /// The checksum every stored page carries: CRC32C (Castagnoli) of its 4096 bytes, by
-/// carry-less multiplication where the CPU has it (x86-64 PCLMULQDQ and VPCLMULQDQ, ARMv8
-/// PMULL). The GPU computes the same function over the pages it compresses, so the two can
-/// be compared.
+/// carry-less multiplication where the CPU has it (x86-64 AVX-512 VPCLMULQDQ: the crate's
+/// own fold, `page/crc_copy.rs`; else crc-fast's PCLMULQDQ or ARMv8 PMULL). The GPU computes
+/// the same function over the pages it compresses, so the two can be compared.
 #[inline]
 pub fn page_checksum(page: &[u8; PAGE_SIZE]) -> u32 {
-    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, page) as u32
+    crc_copy::checksum(page)
 }
 
 /// Fills `page` with `word` repeated: the inverse of [`same_filled_word`].

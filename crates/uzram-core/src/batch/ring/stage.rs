@@ -13,7 +13,8 @@ use super::shared::{
 use super::stats::{bump, Step};
 use crate::batch::staging::NO_PAGE;
 use crate::page::{
-    page_checksum, page_to_words_streaming, same_filled_word, stream_fence, PAGE_SIZE,
+    page_checksum, page_to_words_streaming, page_to_words_streaming_checksummed, same_filled_word,
+    stream_fence, PAGE_SIZE,
 };
 use crate::store::StagedAt;
 use crate::CoreError;
@@ -33,12 +34,12 @@ impl Shared {
     /// [`Ring::write`](super::Ring::write).
     pub(super) fn write(&self, first_page: u64, data: &[u8]) -> Result<(), CoreError> {
         let sh = self;
-        if data.len() % PAGE_SIZE != 0 {
+        if !data.len().is_multiple_of(PAGE_SIZE) {
             return Err(CoreError::Unaligned { len: data.len() });
         }
         let n = (data.len() / PAGE_SIZE) as u64;
         let pages = sh.store.pages();
-        if !first_page.checked_add(n).is_some_and(|end| end <= pages) {
+        if first_page.checked_add(n).is_none_or(|end| end > pages) {
             return Err(CoreError::OutOfRange {
                 first: first_page,
                 end: first_page.saturating_add(n),
@@ -114,12 +115,16 @@ impl Shared {
                 .get(j + 1)
                 .and_then(|&(_, o)| data.get(o..o + PAGE_SIZE))
                 .and_then(|b| b.try_into().ok());
-            if checksums {
-                staging.book_checksum(lease.slot, index, page_checksum(bytes));
-            }
-            if let Some(words) = staging.words(lease.slot, index) {
-                // The device reads these words next, not this CPU.
-                page_to_words_streaming(bytes, next, words);
+            // The device reads these words next, not this CPU; with checksums on, the page
+            // is read once for both the copy and its CRC.
+            match (checksums, staging.words(lease.slot, index)) {
+                (true, Some(words)) => {
+                    let crc = page_to_words_streaming_checksummed(bytes, next, words);
+                    staging.book_checksum(lease.slot, index, crc);
+                }
+                (true, None) => staging.book_checksum(lease.slot, index, page_checksum(bytes)),
+                (false, Some(words)) => page_to_words_streaming(bytes, next, words),
+                (false, None) => {}
             }
             staging.book_page(lease.slot, index, page);
             let at = StagedAt::new(lease.slot, index, lease.epoch)
