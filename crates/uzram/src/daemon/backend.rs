@@ -20,6 +20,7 @@ use uzram_core::store::PageStore;
 use uzram_core::CoreError;
 use uzram_gpu::{GpuConfig, GpuSlots};
 
+use super::room::{self, Room};
 use crate::config::{Backend, GpuSettings};
 use crate::control::proto::Stat;
 use crate::takeover::staging_segment::{self, StagingSegment};
@@ -32,6 +33,8 @@ pub struct WriteBackend {
     ring: Option<Ring>,
     /// Whether the ring's staging outlives the process (kept in a shared memory segment).
     staging_kept: bool,
+    /// With a backing device: where a write at `mem-limit` asks for room (`room.rs`).
+    room: Option<Arc<Room>>,
 }
 
 /// Where the GPU ring's staging lives. Where no segment can be made, or the GPU cannot use
@@ -219,6 +222,7 @@ impl WriteBackend {
             store,
             ring: Some(ring),
             staging_kept: books.is_some(),
+            room: None,
         })
     }
 
@@ -227,6 +231,7 @@ impl WriteBackend {
             store,
             ring: None,
             staging_kept: false,
+            room: None,
         }
     }
 
@@ -297,11 +302,40 @@ fn open_gpus(settings: &GpuSettings) -> anyhow::Result<(Vec<Arc<uzram_gpu::Gpu>>
     Ok((GpuSlots::open(&cfg)?, cfg))
 }
 
-impl PageWriter for WriteBackend {
-    fn write_pages(&self, first_page: u64, data: &[u8]) -> Result<(), CoreError> {
+impl WriteBackend {
+    /// Writes at `mem-limit` ask `room` for writeback and try once more (`room.rs`).
+    pub fn make_room_with(&mut self, room: Arc<Room>) {
+        self.room = Some(room);
+    }
+
+    /// Where writes ask for room, with a backing device: the tier thread answers.
+    pub fn room(&self) -> Option<&Arc<Room>> {
+        self.room.as_ref()
+    }
+
+    fn write_once(&self, first_page: u64, data: &[u8]) -> Result<(), CoreError> {
         match &self.ring {
             Some(r) => r.write(first_page, data),
             None => self.store.write(first_page, data),
+        }
+    }
+}
+
+impl PageWriter for WriteBackend {
+    fn write_pages(&self, first_page: u64, data: &[u8]) -> Result<(), CoreError> {
+        let Some(room) = &self.room else {
+            return self.write_once(first_page, data);
+        };
+        let deadline = std::time::Instant::now() + room::WAIT;
+        loop {
+            match self.write_once(first_page, data) {
+                // The pages before the one that found no room are written; writing them
+                // again stores the same bytes. Other writers may take the room made before
+                // this one retries: it asks again until its deadline.
+                Err(CoreError::MemLimit { .. })
+                    if room.ask(deadline.saturating_duration_since(std::time::Instant::now())) => {}
+                result => return result,
+            }
         }
     }
 }

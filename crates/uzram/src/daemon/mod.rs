@@ -11,6 +11,7 @@ mod device;
 pub mod notify;
 mod pressure;
 mod readiness;
+mod room;
 mod services;
 pub mod store;
 mod tier;
@@ -329,7 +330,7 @@ fn start_backend(
     // Small allocations: a pre-grown heap that is never trimmed.
     crate::memory::reserve::grow_once(HEAP_RESERVE);
     step(pause, "heap");
-    let backend = WriteBackend::start(
+    let mut backend = WriteBackend::start(
         opened.store.clone(),
         cfg.backend,
         &cfg.gpu,
@@ -340,6 +341,9 @@ fn start_backend(
         },
     )
     .context("setting up the compression backend")?;
+    if cfg.writeback.is_some() {
+        backend.make_room_with(Arc::new(room::Room::default()));
+    }
     step(pause, "backend");
     let pool_target =
         crate::memory::pool::target_blocks(cfg.size, crate::memory::pool::ram_bytes());

@@ -1,17 +1,23 @@
-//! Writeback under pressure: besides the idle age, the tier thread writes pages back when
-//! the store nears its `mem-limit` (so writes keep finding room) and when the host is short
-//! of memory by its pressure stall information (`/proc/pressure/memory`), both within the
-//! day's budget, oldest pages first.
+//! Writeback under pressure: besides the idle age (the tier thread's), the room thread
+//! writes pages back when the store nears its `mem-limit` (so writes keep finding room),
+//! at once when a write finds it reached (`room.rs`), and when the host is short of memory
+//! by its pressure stall information (`/proc/pressure/memory`), all within the day's
+//! budget, oldest pages first. It runs at the queue threads' priority: writes wait for it,
+//! and at the tier thread's lowest priority a swap hog starved it of the CPU (scenario l).
 //!
 //! - Past [`LIMIT_HIGH`] of `mem-limit`, the oldest pages go, whatever their age, until the
 //!   store holds [`LIMIT_LOW`] of it or nothing more can go.
 //! - When tasks stalled on memory for [`PSI_SOME_AVG10`] % or more of the last 10 s, up to
 //!   [`PSI_PAGES`] pages unused for [`PSI_MIN_AGE_MINUTES`] go each second.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use uzram_core::store::WritebackCandidates;
 use uzram_core::PageStore;
 
 use super::budget::Budget;
+use super::room::Room;
 
 /// Share of `mem-limit` (in percent) past which writeback makes room.
 pub const LIMIT_HIGH: u64 = 90;
@@ -25,6 +31,41 @@ pub const PSI_MIN_AGE_MINUTES: u32 = 10;
 pub const PSI_PAGES: u64 = 4096;
 /// Pages a pass of [`make_room`] takes at a time.
 const ROOM_PASS_PAGES: u64 = 4096;
+
+/// How often the room thread looks at the limit and at memory pressure, when no write asks.
+const EVERY: Duration = Duration::from_secs(1);
+
+/// The room thread: every second, or at once when a write asks for room, writes back what
+/// `mem-limit` and memory pressure ask for. Never returns.
+///
+/// It is set up as an I/O-path thread (`memory::io_path_thread`), as the compactor is: its
+/// pool takes fail rather than wait. A pass ends in a compaction, which holds every shard's
+/// lock; a take that waited there for the pool's refill, which can wait for reclaim, which
+/// waits for swap writes to this device, which wait for those locks, would deadlock (the
+/// device stalled so in one guest run of scenario l).
+pub(super) fn keep_room(store: Arc<PageStore>, budget: Option<Arc<Budget>>, room: Arc<Room>) {
+    crate::memory::io_path_thread("uzram-room");
+    loop {
+        let asked = room.wait(EVERY);
+        let urgent = room.pending(asked);
+        let done = relieve(
+            &store,
+            budget.as_deref(),
+            host_some_avg10(),
+            urgent,
+            &|| room.answer(asked, true),
+        );
+        room.answer(asked, done.for_limit > 0);
+        if done != Relieved::default() {
+            tracing::info!(
+                for_limit = done.for_limit,
+                for_pressure = done.for_pressure,
+                asked = urgent,
+                "pages written back for memory"
+            );
+        }
+    }
+}
 
 /// `some avg10` of a `/proc/pressure/memory` text.
 pub fn some_avg10(text: &str) -> Option<f64> {
@@ -50,10 +91,20 @@ pub struct Relieved {
 }
 
 /// One second of the policy: room under `mem-limit`, then pressure (`psi`: the host's
-/// `some avg10`).
-pub fn relieve(store: &PageStore, budget: Option<&Budget>, psi: Option<f64>) -> Relieved {
+/// `some avg10`). `asked`: a write found the store at its limit (`room.rs`), so room is made
+/// whatever the share.
+/// `room_made` runs after each step that brought the store under [`LIMIT_HIGH`] of its
+/// limit (writes waiting for room go on then, not after the whole pass down to
+/// [`LIMIT_LOW`]).
+pub fn relieve(
+    store: &PageStore,
+    budget: Option<&Budget>,
+    psi: Option<f64>,
+    asked: bool,
+    room_made: &dyn Fn(),
+) -> Relieved {
     let mut done = Relieved {
-        for_limit: make_room(store, budget),
+        for_limit: make_room(store, budget, asked, room_made),
         ..Relieved::default()
     };
     if psi.is_some_and(|p| p >= PSI_SOME_AVG10) {
@@ -66,11 +117,13 @@ pub fn relieve(store: &PageStore, budget: Option<&Budget>, psi: Option<f64>) -> 
 }
 
 /// Writes the oldest pages back while the store holds more than [`LIMIT_HIGH`] of its
-/// limit, down to [`LIMIT_LOW`]; returns how many went.
-fn make_room(store: &PageStore, budget: Option<&Budget>) -> u64 {
+/// limit (or more than [`LIMIT_LOW`] when `asked`), down to [`LIMIT_LOW`]; returns how many
+/// went.
+fn make_room(store: &PageStore, budget: Option<&Budget>, asked: bool, room_made: &dyn Fn()) -> u64 {
     let now = store.stats();
     let limit = now.mem_limit;
-    if limit == 0 || now.mem_used_total * 100 <= limit * LIMIT_HIGH {
+    let high = if asked { LIMIT_LOW } else { LIMIT_HIGH };
+    if limit == 0 || now.mem_used_total * 100 <= limit * high {
         return 0;
     }
     let mut pages = 0;
@@ -94,6 +147,9 @@ fn make_room(store: &PageStore, budget: Option<&Budget>) -> u64 {
         }
         // The objects' room is holes until compaction gives their segments back.
         store.compact();
+        if store.stats().mem_used_total * 100 <= limit * LIMIT_HIGH {
+            room_made();
+        }
     }
     pages
 }
@@ -141,6 +197,115 @@ mod tests {
         p
     }
 
+    fn scratch_dir(name: &str) -> std::path::PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("uzram-pressure-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// A store of `pages` pages with `limit`, writing back to a file in `dir`.
+    fn with_backing(dir: &std::path::Path, pages: u64, limit: Option<u64>) -> PageStore {
+        let mut cfg = StoreConfig::new(pages, Algorithm::Lz4);
+        cfg.mem_limit = limit;
+        let store = PageStore::new(cfg).unwrap();
+        let file = super::super::backing::BackingFile::open(&dir.join("wb"), pages).unwrap();
+        let key = super::super::backing::new_key().unwrap();
+        store
+            .attach_backing(Arc::new(file), &key, NonceCounter::Owned(0.into()))
+            .unwrap();
+        store
+    }
+
+    /// Writes through the daemon's backend at a limit a quarter of what they take: with a
+    /// room-making tier thread every write succeeds at once (no write waits for the next
+    /// pressure second: the thread's period here is a minute) and every page reads back;
+    /// without room, the same writes hit the limit (ENOMEM).
+    #[test]
+    fn a_write_at_the_limit_gets_room_by_writeback_instead_of_failing() {
+        if !crate::sys::is_root() {
+            println!("SKIP: a backing file must be root's");
+            return;
+        }
+        use crate::config::{Backend, GpuSettings};
+        use crate::daemon::backend::{StagingHome, WriteBackend};
+        use crate::daemon::room::Room;
+        use crate::ublk::handler::{handle, Op};
+
+        let dir = scratch_dir("room");
+        let pages = 4096u64;
+        let probe = with_backing(&dir, pages, None);
+        for i in 0..pages {
+            probe.write(i, &page(i)).unwrap();
+        }
+        let limit = probe.stats().mem_used_total / 4;
+        drop(probe);
+        let request = 16usize; // pages a request, as a 64 KiB swap write
+        let write_all = |store: &Arc<PageStore>, backend: &WriteBackend| -> Vec<i32> {
+            (0..pages)
+                .step_by(request)
+                .map(|first| {
+                    let mut buf: Vec<u8> = (first..first + request as u64).flat_map(page).collect();
+                    let sectors = (buf.len() / 512) as u32;
+                    handle(Op::Write, first * 8, sectors, &mut buf, store, backend)
+                })
+                .collect()
+        };
+        let store = Arc::new(with_backing(&dir, pages, Some(limit)));
+        let start = |store: &Arc<PageStore>| {
+            WriteBackend::start(
+                store.clone(),
+                Backend::Cpu,
+                &GpuSettings::default(),
+                None,
+                StagingHome::Scratch,
+            )
+            .unwrap()
+        };
+        let mut backend = start(&store);
+        let room = Arc::new(Room::default());
+        backend.make_room_with(room.clone());
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let tier = {
+            let (store, room, stop) = (store.clone(), room.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut passes = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let asked = room.wait(std::time::Duration::from_millis(20));
+                    if room.pending(asked) {
+                        let made = relieve(&store, None, None, true, &|| {}).for_limit;
+                        passes += made.min(1);
+                        room.answer(asked, made > 0);
+                    }
+                }
+                passes
+            })
+        };
+        let results = write_all(&store, &backend);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let passes = tier.join().unwrap();
+        let bytes = (request * PAGE_SIZE) as i32;
+        assert!(results.iter().all(|&r| r == bytes), "{results:?}");
+        assert!(passes > 0, "no pass wrote anything back");
+        let s = store.stats();
+        assert!(s.bd_count > 0 && s.mem_used_total <= limit, "{s:?}");
+        let mut back = vec![0u8; PAGE_SIZE];
+        for i in 0..pages {
+            store.read(i, &mut back).unwrap();
+            assert_eq!(back, page(i), "page {i}");
+        }
+        drop((backend, store));
+
+        // Without room, the same writes hit the limit.
+        let _ = std::fs::remove_file(dir.join("wb"));
+        let store = Arc::new(with_backing(&dir, pages, Some(limit)));
+        let backend = start(&store);
+        let results = write_all(&store, &backend);
+        assert!(results.contains(&-libc::ENOMEM), "{results:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// A store filled to past [`LIMIT_HIGH`] of its limit gets back to [`LIMIT_LOW`] in one
     /// call, by about the pages the excess takes; every page still reads back, and without
     /// a limit nothing moves.
@@ -150,27 +315,18 @@ mod tests {
             println!("SKIP: a backing file must be root's");
             return;
         }
-        let dir = std::env::temp_dir().join(format!("uzram-pressure-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch_dir("high");
         let pages = 2048u64;
-        let fill = |limit: Option<u64>| {
-            let mut cfg = StoreConfig::new(pages, Algorithm::Lz4);
-            cfg.mem_limit = limit;
-            let store = PageStore::new(cfg).unwrap();
-            let file = super::super::backing::BackingFile::open(&dir.join("wb"), pages).unwrap();
-            let key = super::super::backing::new_key().unwrap();
-            store
-                .attach_backing(Arc::new(file), &key, NonceCounter::Owned(0.into()))
-                .unwrap();
-            store
-        };
+        let fill = |limit: Option<u64>| with_backing(&dir, pages, limit);
         // How much the pages take, then a limit they fill to 95 %.
         let probe = fill(None);
         for i in 0..pages {
             probe.write(i, &page(i)).unwrap();
         }
-        assert_eq!(relieve(&probe, None, Some(0.0)), Relieved::default());
+        assert_eq!(
+            relieve(&probe, None, Some(0.0), false, &|| {}),
+            Relieved::default()
+        );
         let limit = probe.stats().mem_used_total * 100 / 95;
         drop(probe);
         let store = fill(Some(limit));
@@ -179,7 +335,7 @@ mod tests {
         }
         let before = store.stats().mem_used_total;
         assert!(before * 100 > limit * LIMIT_HIGH, "{before} of {limit}");
-        let done = relieve(&store, None, None);
+        let done = relieve(&store, None, None, false, &|| {});
         let after = store.stats().mem_used_total;
         assert!(done.for_limit > 0, "{done:?}");
         assert!(
@@ -192,7 +348,7 @@ mod tests {
             assert_eq!(back, page(i), "page {i}");
         }
         // Below the high share, nothing more goes.
-        assert_eq!(relieve(&store, None, None).for_limit, 0);
+        assert_eq!(relieve(&store, None, None, false, &|| {}).for_limit, 0);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

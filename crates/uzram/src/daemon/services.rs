@@ -174,7 +174,16 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
     let pool_target = s.pool_target;
     spawn("uzram-pool", move || crate::memory::pool::keep(pool_target))?;
     let (aged, recompress) = (s.store.clone(), s.cfg.recompress);
-    let writeback = s.cfg.writeback.clone().map(|w| (w, kept_budget));
+    let writeback = s.cfg.writeback.clone().map(|w| super::tier::Writeback {
+        settings: w,
+        budget: kept_budget,
+    });
+    if let (Some(w), Some(room)) = (&writeback, s.backend.room()) {
+        let (store, budget, room) = (s.store.clone(), w.budget.clone(), room.clone());
+        spawn("uzram-room", move || {
+            super::pressure::keep_room(store, budget, room)
+        })?;
+    }
     spawn("uzram-tier", move || {
         super::tier::keep(aged, recompress, writeback)
     })?;

@@ -1,7 +1,7 @@
 //! The cold tiers: the store's clock, which ages every page once a minute, the background
 //! recompression of pages that went unused (`recompress-*` keys) and their writeback to the
-//! backing device (`writeback-*` keys); the control socket's `idle`, `recompress` and
-//! `writeback` requests run here too (`uzram idle`, `uzram recompress`, `uzram writeback`).
+//! backing device (`writeback-*` keys); and what the control socket's `idle`, `recompress`
+//! and `writeback` requests run (`uzram idle`, `uzram recompress`, `uzram writeback`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,54 +16,37 @@ use crate::control::proto::{RecompressReport, Stat, WritebackReport};
 
 /// The store's tick: ages count in minutes.
 const TICK: Duration = Duration::from_secs(60);
-/// How often writeback looks at memory pressure (`pressure.rs`).
-const PRESSURE_EVERY: Duration = Duration::from_secs(1);
 /// Most pages a background pass tries per tick: bounds the CPU it takes (zstd at level 3
 /// compresses a page in tens of microseconds) while the backlog of a large device drains.
 const PAGES_PER_TICK: u64 = 1 << 16;
 /// The nice value of the background pass: behind every task that wants the CPU.
 const TIER_NICE: i32 = 19;
 
+/// Writeback's settings and the day's budget, for the tier thread and the room thread.
+#[derive(Clone)]
+pub(super) struct Writeback {
+    pub settings: WritebackSettings,
+    pub budget: Option<Arc<Budget>>,
+}
+
 /// Ticks the store's clock once a minute; with `settings`, recompresses the pages unused for
-/// their idle age, and with `writeback`, then writes back those unused for its, and every
-/// second those memory pressure asks for (`pressure.rs`). Never returns.
+/// their idle age, and with `writeback`, then writes back those unused for its. Runs at the
+/// lowest priority; what memory asks for runs on the room thread (`pressure::keep_room`).
+/// Never returns.
 pub(super) fn keep(
     store: Arc<PageStore>,
     settings: Option<RecompressSettings>,
-    writeback: Option<(WritebackSettings, Option<Arc<Budget>>)>,
+    writeback: Option<Writeback>,
 ) {
     if let Err(err) = crate::sys::set_thread_nice(TIER_NICE) {
         tracing::warn!(error = %err, "lowering the tier thread's priority failed");
     }
-    let mut next_tick = std::time::Instant::now() + TICK;
     loop {
-        std::thread::sleep(if writeback.is_some() {
-            PRESSURE_EVERY
-        } else {
-            next_tick.saturating_duration_since(std::time::Instant::now())
-        });
-        if let Some((_, budget)) = &writeback {
-            let done = super::pressure::relieve(
-                &store,
-                budget.as_deref(),
-                super::pressure::host_some_avg10(),
-            );
-            if done != super::pressure::Relieved::default() {
-                tracing::info!(
-                    for_limit = done.for_limit,
-                    for_pressure = done.for_pressure,
-                    "pages written back for memory"
-                );
-            }
-        }
-        if std::time::Instant::now() < next_tick {
-            continue;
-        }
-        next_tick += TICK;
+        std::thread::sleep(TICK);
         store.tick();
         recompress_idle(&store, settings);
-        if let Some((w, budget)) = &writeback {
-            write_back_idle(&store, w, budget.as_deref());
+        if let Some(w) = &writeback {
+            write_back_idle(&store, &w.settings, w.budget.as_deref());
         }
     }
 }

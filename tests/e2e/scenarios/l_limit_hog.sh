@@ -1,0 +1,75 @@
+# Scenario l: swap on a device with a mem-limit far below what a hog of 3x the available
+# memory swaps out. With a backing device (the guest's blank virtio disk) the writes that
+# find the store at its limit ask for room, the oldest pages are written back, and the hog
+# fills and verifies every word, reading pages back from the disk; without one, the same hog
+# hits the limit: writes fail (failed_writes), and the hog cannot finish. The daily budget is
+# lifted (--writeback-limit none): the hog's fill and verify pass move more than the default
+# 1 GiB a day through the disk, and at the budget writes fail as without a backing device.
+. /e2e/lib.sh
+begin l_limit_hog
+WB=
+for d in /sys/block/vd*; do
+  [ "$(cat "$d/serial" 2>/dev/null)" = uzramscratch ] && WB=/dev/${d##*/}
+done
+LIMIT_MIB=${UZ_limit_mib:-64}
+echo 0 > /proc/sys/vm/compact_unevictable_allowed
+[ -z "${UZ_watermark_scale_factor:-}" ] || echo "$UZ_watermark_scale_factor" > /proc/sys/vm/watermark_scale_factor
+# run_hog SECS SIZE [WATCH]: the hog, killed after SECS, with a watch for hangs after WATCH
+# seconds; sets HRC and prints its lines. Under TCG the hog's pages cross the emulated disk
+# both ways (sealed and opened in emulated code): its fill and verify take minutes.
+run_hog() {
+  _w=
+  if [ -n "${3:-}" ]; then hangwatch "$3" uzram & _w=$!; fi
+  timeout -s KILL "$1" hog "$2" 1 > /tmp/l.hog 2>&1
+  HRC=$?
+  [ -z "$_w" ] || kill $_w 2>/dev/null
+  sed 's/^/    | /' /tmp/l.hog
+}
+if [ -z "$WB" ] || [ ! -b "$WB" ]; then
+  fail_check "no blank disk with serial uzramscratch in this guest"
+else
+  AVAIL0=$(mem_avail_mib)
+  SIZE_MIB=$((AVAIL0 * 4))
+  if uzram_create --size "${SIZE_MIB}M" --mem-limit "${LIMIT_MIB}M" --writeback-device "$WB" --writeback-limit none; then
+    AVAIL=$(mem_avail_mib)
+    HOG=$((AVAIL * 3))
+    say "  MemAvailable ${AVAIL} MiB with the daemon -> hog ${HOG} MiB; device ${SIZE_MIB} MiB, mem-limit ${LIMIT_MIB} MiB, backing $WB"
+    check "mkswap" mkswap "$DEV" && check "swapon --discard" swapon -d "$DEV"
+    out0=$(awk '/pswpout/{print $2}' /proc/vmstat)
+    t0=$(up)
+    run_hog "${UZ_limit_hog_secs:-900}" "$HOG" 600
+    out1=$(awk '/pswpout/{print $2}' /proc/vmstat)
+    say "  hog wall time $(since "$t0")s, pswpout +$(((out1 - out0) / 256)) MiB, pswpin $(awk '/pswpin/{print $2}' /proc/vmstat)"
+    [ $HRC = 0 ] && grep -q ' 0 bad words' /tmp/l.hog && ok "a hog of 3x the memory filled and verified every word" \
+      || fail_check "hog rc=$HRC with writeback under mem-limit"
+    used=$(stat_field "$DEV" mem_used_total); bd=$(stat_field "$DEV" bd_count)
+    bw=$(stat_field "$DEV" bd_writes); br=$(stat_field "$DEV" bd_reads); fw=$(stat_field "$DEV" failed_writes)
+    say "  mem_used_total $used, bd_count $bd, bd_writes $bw, bd_reads $br, failed_writes $fw"
+    say "  room thread: $(cat /run/uzram/*.log 2>/dev/null | grep -ac 'written back for memory') passes logged; last: $(cat /run/uzram/*.log 2>/dev/null | tr -d '\033' | grep -a 'written back for memory' | tail -1 | cut -c1-200)"
+    [ "${used:-99999999999}" -le $((LIMIT_MIB * 1048576)) ] && ok "the store stayed within its ${LIMIT_MIB} MiB limit" \
+      || fail_check "mem_used_total '$used' over the ${LIMIT_MIB} MiB limit"
+    [ "${bw:-0}" -gt 0 ] && [ "${br:-0}" -gt 0 ] && ok "pages went to the disk ($bw blocks) and came back from it ($br reads)" \
+      || fail_check "bd_writes '$bw', bd_reads '$br': the disk was not used"
+    if [ "${fw:-1}" = 0 ]; then
+      ok "no write failed"
+    else
+      fail_check "failed_writes '$fw' with writeback (pool_refused_blocks $(stat_field "$DEV" pool_refused_blocks), pool_take_timeouts $(stat_field "$DEV" pool_take_timeouts))"
+      cat /run/uzram/*.log 2>/dev/null | tr -d '\033' | grep -a 'WARN\|ERROR' | tail -5 | cut -c1-300 | sed 's/^/    | /'
+    fi
+    check "swapoff" swapoff "$DEV"
+    uzram_destroy "$DEV"
+  fi
+  # the same hog without a backing device: the limit is hit
+  if uzram_create --size "${SIZE_MIB}M" --mem-limit "${LIMIT_MIB}M"; then
+    check "mkswap" mkswap "$DEV" && check "swapon --discard" swapon -d "$DEV"
+    run_hog "${UZ_nolimit_hog_secs:-60}" "$HOG"
+    fw=$(stat_field "$DEV" failed_writes)
+    say "  without writeback: hog rc=$HRC, failed_writes $fw"
+    [ "${fw:-0}" -gt 0 ] && ok "without a backing device the writes hit the limit ($fw failed)" \
+      || fail_check "failed_writes '$fw' under a ${LIMIT_MIB} MiB limit without writeback"
+    [ $HRC != 0 ] && ok "and the hog could not finish (rc $HRC)" || fail_check "the hog finished without writeback"
+    swapoff "$DEV" 2>/dev/null
+    uzram_destroy "$DEV"
+  fi
+fi
+end
