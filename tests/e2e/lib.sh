@@ -194,6 +194,13 @@ pcp_fraction_settles() {
   [ "$_pv" = "$1" ]
 }
 
+# scratch_disk: the guest's blank virtio disk for writeback (serial uzramscratch, given by
+# scripts/guest/run-vm), or nothing.
+scratch_disk() {
+  for _d in /sys/block/vd*; do
+    [ "$(cat "$_d/serial" 2>/dev/null)" = uzramscratch ] && echo "/dev/${_d##*/}"
+  done
+}
 # hog_swap_device: swap (with discard) on a new device sized for a hog of 2x the memory that
 # is available once the daemon runs; sets DEV, AVAIL0 (MiB available before the daemon),
 # AVAIL (with it), HOG and SIZE_MIB, or fails the check.

@@ -7,10 +7,7 @@
 # 1 GiB a day through the disk, and at the budget writes fail as without a backing device.
 . /e2e/lib.sh
 begin l_limit_hog
-WB=
-for d in /sys/block/vd*; do
-  [ "$(cat "$d/serial" 2>/dev/null)" = uzramscratch ] && WB=/dev/${d##*/}
-done
+WB=$(scratch_disk)
 LIMIT_MIB=${UZ_limit_mib:-64}
 echo 0 > /proc/sys/vm/compact_unevictable_allowed
 [ -z "${UZ_watermark_scale_factor:-}" ] || echo "$UZ_watermark_scale_factor" > /proc/sys/vm/watermark_scale_factor

@@ -9,10 +9,7 @@
 # Then a daily budget holds across a crash, and a write at the mem-limit makes room by writeback.
 . /e2e/lib.sh
 begin w_writeback
-WB=
-for d in /sys/block/vd*; do
-  [ "$(cat "$d/serial" 2>/dev/null)" = uzramscratch ] && WB=/dev/${d##*/}
-done
+WB=$(scratch_disk)
 SRC=/tmp/w.src
 # shellcheck disable=SC2046 # the guest's programs, as files (busybox's head takes bytes, no M)
 cat $(find /usr/local/bin /usr/bin /bin /sbin -type f 2>/dev/null) 2>/dev/null | head -c 16777216 > "$SRC"

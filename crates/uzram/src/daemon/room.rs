@@ -52,11 +52,7 @@ impl Room {
             if left.is_zero() {
                 return false;
             }
-            st = self
-                .answered
-                .wait_timeout(st, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            st = wait_on(&self.answered, st, left);
         }
         st.made
     }
@@ -66,11 +62,7 @@ impl Room {
     pub fn wait(&self, period: Duration) -> u64 {
         let mut st = self.lock();
         if st.asked == st.answered {
-            st = self
-                .asked
-                .wait_timeout(st, period)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            st = wait_on(&self.asked, st, period);
         }
         st.asked
     }
@@ -90,6 +82,13 @@ impl Room {
             self.answered.notify_all();
         }
     }
+}
+
+/// Waits on `cv` for at most `wait`, through a poisoned lock too (see [`Room::lock`]).
+fn wait_on<'a>(cv: &Condvar, st: MutexGuard<'a, Asks>, wait: Duration) -> MutexGuard<'a, Asks> {
+    cv.wait_timeout(st, wait)
+        .unwrap_or_else(PoisonError::into_inner)
+        .0
 }
 
 #[cfg(test)]
