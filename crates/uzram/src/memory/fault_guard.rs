@@ -243,13 +243,16 @@ mod tests {
     }
 
     #[test]
-    // (on a stack of the size queue threads get: an overflow would abort the test binary)
     fn prefault_takes_the_stack_faults_up_front() {
         let _serial = SERIAL
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // A fresh stack: glibc hands a new thread the cached stack of an exited one when it is
+        // large enough, and that one's pages are already present (0 faults, seen in CI once
+        // other tests' threads had exited). No thread of this binary asks for this much.
+        let fresh = 64 << 20;
         let (first, second) = std::thread::Builder::new()
-            .stack_size(DEFAULT_STACK)
+            .stack_size(fresh + DEFAULT_STACK)
             .spawn(|| {
                 let start = thread_faults().unwrap();
                 prefault_stack();
