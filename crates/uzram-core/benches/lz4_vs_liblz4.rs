@@ -27,7 +27,7 @@ use std::hint::black_box;
 use std::os::raw::{c_char, c_int};
 use std::time::Duration;
 
-use support::Instant;
+use support::{median, Instant};
 
 use uzram_core::codec::{Algorithm, Lz4Codec, PageCodec};
 use uzram_core::page::{fill_page, same_filled_word, PAGE_SIZE};
@@ -196,11 +196,6 @@ fn decompress_pass(
         elapsed = start.elapsed();
     }
     (elapsed, bad)
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 struct Row {

@@ -16,7 +16,7 @@ mod support;
 
 use std::hint::black_box;
 
-use support::Instant;
+use support::{median, Instant};
 use uzram_core::page::{page_checksum, PAGE_SIZE};
 
 type Page = [u8; PAGE_SIZE];
@@ -93,15 +93,9 @@ fn main() {
                 ns[i].push(time(v, pages, passes));
             }
         }
-        for (i, v) in variants.iter().enumerate() {
-            let mut n = ns[i].clone();
-            n.sort_by(f64::total_cmp);
-            println!(
-                "{set:<5} {:<22} {:>8.1} [{:>6.1}]",
-                v.name(),
-                n[n.len() / 2],
-                n[0]
-            );
+        for (v, n) in variants.iter().zip(&mut ns) {
+            let mid = median(n);
+            println!("{set:<5} {:<22} {:>8.1} [{:>6.1}]", v.name(), mid, n[0]);
         }
     }
 }

@@ -25,7 +25,7 @@ mod support;
 
 use std::hint::black_box;
 
-use support::Instant;
+use support::{median, Instant};
 
 use uzram_core::page::{fill_page, same_filled_word, PAGE_SIZE};
 
@@ -228,11 +228,6 @@ fn pass(v: Variant, pages: &[Page]) -> f64 {
     }
     black_box(same);
     (rounds * pages.len() * PAGE_SIZE) as f64 / t.elapsed().as_secs_f64() / 1e9
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn cpu_model() -> String {

@@ -34,6 +34,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Barrier;
 use std::time::Duration;
 
+use support::median;
 use uzram_core::page::{
     page_checksum, page_to_words, page_to_words_streaming, page_to_words_streaming_checksummed,
     same_filled_word, stream_fence, PAGE_SIZE, PAGE_WORDS,
@@ -262,17 +263,14 @@ fn main() {
         "{:<16} {:>22} {:>14}",
         "variant", "GB/s per CPU-s [best]", "wall GB/s"
     );
-    for (vi, v) in variants.iter().enumerate() {
-        let mut c = per_cpu[vi].clone();
-        c.sort_by(f64::total_cmp);
-        let mut w = wall[vi].clone();
-        w.sort_by(f64::total_cmp);
+    for ((v, c), w) in variants.iter().zip(&mut per_cpu).zip(&mut wall) {
+        let (mid, wall_mid) = (median(c), median(w));
         println!(
             "{:<16} {:>14.2} [{:>5.2}] {:>14.2}",
             v.name(),
-            c[c.len() / 2],
+            mid,
             c[c.len() - 1],
-            w[w.len() / 2]
+            wall_mid
         );
     }
 }

@@ -1,5 +1,5 @@
-//! What the benches share: where their pages come from, how they are read, and the
-//! thread-CPU clock they are timed by.
+//! What the benches share: where their pages come from, how they are read, the
+//! thread-CPU clock they are timed by, and the median they report.
 
 // Each bench compiles this module on its own and uses only part of it.
 #![allow(dead_code)]
@@ -86,4 +86,11 @@ impl Instant {
     pub fn elapsed(&self) -> Duration {
         Self::now().0.saturating_sub(self.0)
     }
+}
+
+/// The median of `v`, which it leaves sorted (so `v[0]` and `v[v.len() - 1]` are the
+/// extremes).
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
