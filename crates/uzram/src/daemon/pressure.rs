@@ -46,25 +46,32 @@ const EVERY: Duration = Duration::from_secs(1);
 pub(super) fn keep_room(store: Arc<PageStore>, budget: Option<Arc<Budget>>, room: Arc<Room>) {
     crate::memory::io_path_thread("uzram-room");
     loop {
-        let asked = room.wait(EVERY);
-        let urgent = room.pending(asked);
-        let done = relieve(
-            &store,
-            budget.as_deref(),
-            host_some_avg10(),
-            urgent,
-            &|| room.answer(asked, true),
-        );
-        room.answer(asked, done.for_limit > 0);
-        if done != Relieved::default() {
-            tracing::info!(
-                for_limit = done.for_limit,
-                for_pressure = done.for_pressure,
-                asked = urgent,
-                "pages written back for memory"
-            );
-        }
+        room_round(&store, budget.as_deref(), &room, EVERY, host_some_avg10);
     }
+}
+
+/// One round of the room thread: waits up to `period` for an ask, runs the policy
+/// ([`relieve`], with the host's pressure from `psi`) and answers the asks it saw.
+fn room_round(
+    store: &PageStore,
+    budget: Option<&Budget>,
+    room: &Room,
+    period: Duration,
+    psi: impl FnOnce() -> Option<f64>,
+) -> Relieved {
+    let asked = room.wait(period);
+    let urgent = room.pending(asked);
+    let done = relieve(store, budget, psi(), urgent, &|| room.answer(asked, true));
+    room.answer(asked, done.for_limit > 0);
+    if done != Relieved::default() {
+        tracing::info!(
+            for_limit = done.for_limit,
+            for_pressure = done.for_pressure,
+            asked = urgent,
+            "pages written back for memory"
+        );
+    }
+    done
 }
 
 /// `some avg10` of a `/proc/pressure/memory` text.
@@ -218,10 +225,9 @@ mod tests {
         store
     }
 
-    /// Writes through the daemon's backend at a limit a quarter of what they take: with a
-    /// room-making tier thread every write succeeds at once (no write waits for the next
-    /// pressure second: the thread's period here is a minute) and every page reads back;
-    /// without room, the same writes hit the limit (ENOMEM).
+    /// Writes through the daemon's backend at a limit a quarter of what they take: with the
+    /// room thread's rounds answering every write that finds the limit, each succeeds and
+    /// every page reads back; without room, the same writes hit the limit (ENOMEM).
     #[test]
     fn a_write_at_the_limit_gets_room_by_writeback_instead_of_failing() {
         if !crate::sys::is_root() {
@@ -267,24 +273,21 @@ mod tests {
         let room = Arc::new(Room::default());
         backend.make_room_with(room.clone());
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let tier = {
+        let rounds = {
             let (store, room, stop) = (store.clone(), room.clone(), stop.clone());
             std::thread::spawn(move || {
                 let mut passes = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let asked = room.wait(std::time::Duration::from_millis(20));
-                    if room.pending(asked) {
-                        let made = relieve(&store, None, None, true, &|| {}).for_limit;
-                        passes += made.min(1);
-                        room.answer(asked, made > 0);
-                    }
+                    let period = std::time::Duration::from_millis(20);
+                    let done = room_round(&store, None, &room, period, || None);
+                    passes += u64::from(done.for_limit > 0);
                 }
                 passes
             })
         };
         let results = write_all(&store, &backend);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let passes = tier.join().unwrap();
+        let passes = rounds.join().unwrap();
         let bytes = (request * PAGE_SIZE) as i32;
         assert!(results.iter().all(|&r| r == bytes), "{results:?}");
         assert!(passes > 0, "no pass wrote anything back");

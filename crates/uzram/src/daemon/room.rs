@@ -29,18 +29,20 @@ struct Asks {
     asked: u64,
     /// Asks that a pass started after has answered.
     answered: u64,
-    /// Whether that pass made room.
-    made: bool,
+    /// Asks made before room was last made: room came after each of them, even where the
+    /// pass that made it started earlier (its write found the limit mid-pass) and the pass
+    /// that answers it then finds nothing left to do.
+    made_upto: u64,
 }
 
 impl Room {
     fn lock(&self) -> MutexGuard<'_, Asks> {
-        // Two counters that are only ever raised: a panicked holder leaves them consistent.
+        // Counters that are only ever raised: a panicked holder leaves them consistent.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Asks for a room-making pass and waits up to `wait` for one that starts after this
-    /// ask to answer. Returns whether it answered in time and made room.
+    /// ask to answer. Returns whether it answered in time and room was made since the ask.
     pub fn ask(&self, wait: Duration) -> bool {
         let deadline = Instant::now() + wait;
         let mut st = self.lock();
@@ -54,7 +56,7 @@ impl Room {
             }
             st = wait_on(&self.answered, st, left);
         }
-        st.made
+        st.made_upto >= mine
     }
 
     /// The room thread: waits up to `period` for an ask. Returns the asks to answer once
@@ -72,13 +74,15 @@ impl Room {
         seen > self.lock().answered
     }
 
-    /// A pass that started after ask `upto` made room (`made`), or ended without: wakes
-    /// its askers.
+    /// A pass that started after ask `upto` made room (`made`: for every ask so far), or
+    /// ended without: wakes its askers.
     pub fn answer(&self, upto: u64, made: bool) {
         let mut st = self.lock();
+        if made {
+            st.made_upto = st.asked;
+        }
         if upto > st.answered {
             st.answered = upto;
-            st.made = made;
             self.answered.notify_all();
         }
     }
@@ -134,6 +138,36 @@ mod tests {
         // Answers never go back: an old ask number answers nothing new.
         room.answer(1, true);
         assert!(!room.pending(5));
+    }
+
+    /// A write that found the limit while a pass was still making room: that pass's room
+    /// counts for it, though the pass that answers it finds nothing left to do (the daemon's
+    /// backend gave up with ENOMEM on such writes before).
+    #[test]
+    fn room_made_after_an_ask_counts_though_its_own_pass_makes_none() {
+        let room = Arc::new(Room::default());
+        let seen = room.wait(Duration::from_millis(1));
+        assert_eq!(seen, 0);
+        let writer = {
+            let room = room.clone();
+            std::thread::spawn(move || room.ask(Duration::from_secs(5)))
+        };
+        // The pass under way makes room after the ask came (its early answer, for ask 0).
+        while !room.pending(room.wait(Duration::from_millis(1))) {}
+        room.answer(seen, true);
+        // The next pass answers the ask and makes nothing: the writer still tries again.
+        let next = room.wait(Duration::from_millis(1));
+        room.answer(next, false);
+        assert!(writer.join().unwrap());
+        // An ask after the last room was made gets the truth: nothing.
+        let late = {
+            let room = room.clone();
+            std::thread::spawn(move || room.ask(Duration::from_secs(5)))
+        };
+        while !room.pending(room.wait(Duration::from_millis(1))) {}
+        let next = room.wait(Duration::from_millis(1));
+        room.answer(next, false);
+        assert!(!late.join().unwrap());
     }
 
     #[test]
