@@ -576,7 +576,8 @@ impl PageStore {
                 .map_err(CoreError::Compress)?;
             // After the compressor, not before: it takes the page's cache misses while it
             // computes, and the CRC then reads the page from cache. First, the CRC waited
-            // for the page to come from memory (+3 to +5 % CPU a GiB on the CPU path, run 155).
+            // for the page to come from memory (+3 to +5 % CPU a GiB on the CPU path, GPU
+            // runs 155-156).
             let checksum = self.checksum_of(page);
             let payload = match compressed {
                 Some(len) => Payload::Bytes(&scratch[..len], checksum),

@@ -303,12 +303,14 @@ fn open_gpus(settings: &GpuSettings) -> anyhow::Result<(Vec<Arc<uzram_gpu::Gpu>>
 }
 
 impl WriteBackend {
-    /// Writes at `mem-limit` ask `room` for writeback and try once more (`room.rs`).
+    /// Writes at `mem-limit` ask `room` for writeback and try again, until their deadline
+    /// (`room.rs`).
     pub fn make_room_with(&mut self, room: Arc<Room>) {
         self.room = Some(room);
     }
 
-    /// Where writes ask for room, with a backing device: the tier thread answers.
+    /// Where writes ask for room, with a backing device: the room thread answers
+    /// (`pressure::keep_room`).
     pub fn room(&self) -> Option<&Arc<Room>> {
         self.room.as_ref()
     }

@@ -22,8 +22,7 @@ const PAGES_PER_TICK: u64 = 1 << 16;
 /// The nice value of the background pass: behind every task that wants the CPU.
 const TIER_NICE: i32 = 19;
 
-/// Writeback's settings and the day's budget, for the tier thread and the room thread.
-#[derive(Clone)]
+/// Writeback's settings and the day's budget (shared with the room thread).
 pub(super) struct Writeback {
     pub settings: WritebackSettings,
     pub budget: Option<Arc<Budget>>,
