@@ -145,7 +145,8 @@ pub struct Upfront {
     pub table: u64,
     /// The recovery room.
     pub room: u64,
-    /// The heap reserve and every tag's I/O buffer.
+    /// The heap reserve, every tag's I/O buffer and, with a backing device, the buffers
+    /// writeback passes work in.
     pub buffers: u64,
     /// The GPU ring's pinned memory (0 without a GPU backend).
     pub gpu: u64,
@@ -166,6 +167,17 @@ impl Upfront {
             buffers,
             gpu,
         })
+    }
+
+    /// The same with a backing device (`writeback-device`): its passes' buffers are made
+    /// when it is attached, so that a pass allocates nothing.
+    pub fn with_writeback(mut self, writeback: bool) -> Self {
+        if writeback {
+            self.buffers = self
+                .buffers
+                .saturating_add(PageStore::WRITEBACK_SCRATCH_BYTES as u64);
+        }
+        self
     }
 
     /// Every part together.
@@ -190,10 +202,17 @@ impl Upfront {
     /// The largest device size (a whole number of pages, at most `limit`) whose up-front
     /// memory, with the other settings of `self`'s device, fits in `most` bytes; `None`
     /// when not even one page does.
-    pub fn largest_size(queues: u16, depth: u16, gpu: u64, most: u64, limit: u64) -> Option<u64> {
+    pub fn largest_size(
+        queues: u16,
+        depth: u16,
+        gpu: u64,
+        writeback: bool,
+        most: u64,
+        limit: u64,
+    ) -> Option<u64> {
         let fits = |pages: u64| {
             Upfront::of(pages * PAGE_SIZE as u64, queues, depth, gpu)
-                .is_some_and(|u| u.total() <= most)
+                .is_some_and(|u| u.with_writeback(writeback).total() <= most)
         };
         let (mut lo, mut hi) = (1u64, limit / PAGE_SIZE as u64);
         if !fits(lo) {
@@ -261,7 +280,7 @@ mod tests {
         // 8 bytes of table a page: 32 GiB for 16 TiB.
         assert!(u.table > 32 * gib, "{u:?}");
         assert_eq!(u.check(gib), Err(gib / 4));
-        let largest = Upfront::largest_size(2, 64, 0, gib / 4, 16 << 40).unwrap();
+        let largest = Upfront::largest_size(2, 64, 0, false, gib / 4, 16 << 40).unwrap();
         let fits = Upfront::of(largest, 2, 64, 0).unwrap();
         assert!(fits.check(gib).is_ok(), "{fits:?}");
         let over = Upfront::of(largest + PAGE_SIZE as u64, 2, 64, 0).unwrap();
@@ -275,6 +294,9 @@ mod tests {
             .check(guest)
             .is_err());
         // Settings that alone pass the share leave no size at all.
-        assert_eq!(Upfront::largest_size(2, 64, gib, gib / 4, 16 << 40), None);
+        assert_eq!(
+            Upfront::largest_size(2, 64, gib, false, gib / 4, 16 << 40),
+            None
+        );
     }
 }

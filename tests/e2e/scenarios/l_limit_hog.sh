@@ -59,7 +59,7 @@ else
   # the same hog without a backing device: the limit is hit
   if uzram_create --size "${SIZE_MIB}M" --mem-limit "${LIMIT_MIB}M"; then
     check "mkswap" mkswap "$DEV" && check "swapon --discard" swapon -d "$DEV"
-    run_hog "${UZ_nolimit_hog_secs:-60}" "$HOG"
+    run_hog "${UZ_nolimit_hog_secs:-30}" "$HOG"
     fw=$(stat_field "$DEV" failed_writes)
     say "  without writeback: hog rc=$HRC, failed_writes $fw"
     [ "${fw:-0}" -gt 0 ] && ok "without a backing device the writes hit the limit ($fw failed)" \

@@ -1,9 +1,13 @@
 //! Writeback's disk side: compressed objects packed into 4 KiB blocks of a backing file or
 //! partition, each sealed with ChaCha20-Poly1305, and which blocks still hold a live object.
 //!
-//! - **Packed.** A writeback pass writes its objects back to back into a run of free blocks
-//!   (one write of up to [`CHUNK_BLOCKS`] blocks); an object may cross a block boundary.
-//!   zram pads every page to a block; this costs an object its bytes plus [`SEAL_BYTES`].
+//! - **Packed.** A writeback pass writes its objects back to back into runs of free blocks
+//!   (one write of up to [`RUN_BLOCKS`] blocks each, [`RUNS_IN_FLIGHT`] of them in flight
+//!   at once); an object may cross a block boundary. zram pads every page to a block; this
+//!   costs an object its bytes plus [`SEAL_BYTES`].
+//! - **Made once.** A pass runs when memory is short (a write waits for its room), so it
+//!   allocates nothing: its runs ([`Run`]) are made when the device is attached, block-aligned
+//!   for direct I/O, and the objects are copied into them and sealed in place.
 //! - **Sealed.** On disk an object is `nonce (8 bytes) ‖ ciphertext ‖ tag (16 bytes)`. The
 //!   key is random per device and never written to the backing device (the daemon keeps it
 //!   in its locked memory and its root-only store segment). The nonce comes from a counter
@@ -12,8 +16,9 @@
 //!   object's place and form, so a block that was changed, moved, or is read for another
 //!   page fails its tag: an I/O error, never other data.
 //! - **Freed.** Each block counts the live objects that touch it. When the last one goes
-//!   (overwrite, discard) the block is released to the device ([`BackingDevice::release`]:
-//!   a hole punched in a file, a discard on a partition) and can be written again.
+//!   (overwrite, discard) the block can be written again, and its space is given back to
+//!   the device ([`BackingDevice::release`]: a hole punched in a file, a discard on a
+//!   partition) later, by a thread nothing waits for ([`Backing::release_freed`]).
 //!
 //! Known limit: a block rolled back to an older sealing of the same page at the same place
 //! (an attacker who can write the backing device and kept an old copy) still opens; the
@@ -26,6 +31,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use chacha20poly1305::aead::AeadInPlace;
 use chacha20poly1305::{ChaCha20Poly1305, Key, KeyInit, Nonce, Tag};
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
 use crate::page::PAGE_SIZE;
 use crate::CoreError;
@@ -34,27 +40,188 @@ use crate::CoreError;
 pub const BLOCK_BYTES: usize = 4096;
 /// Bytes an object takes on disk beyond its arena bytes: the nonce and the tag.
 pub const SEAL_BYTES: usize = NONCE_BYTES + TAG_BYTES;
-/// Most blocks one writeback write covers (1 MiB).
-pub const CHUNK_BLOCKS: usize = 256;
+/// Most blocks one writeback write covers (256 KiB).
+pub const RUN_BLOCKS: usize = 64;
+/// Writes a pass keeps in flight at once (zram keeps 32 single-block bios; these are runs).
+pub const RUNS_IN_FLIGHT: usize = 8;
+/// Most objects one run holds, so that its list is made once.
+pub(crate) const RUN_OBJECTS: usize = 1024;
 /// Bytes of a device key.
 pub const KEY_BYTES: usize = 32;
 const NONCE_BYTES: usize = 8;
 const TAG_BYTES: usize = 16;
 /// Most blocks one object can touch: the largest sealed object (a raw page, its checksum
 /// and the seal) is under two blocks, so it touches at most three.
-const MAX_OBJECT_BLOCKS: usize = 3;
+pub const MAX_OBJECT_BLOCKS: usize = 3;
+/// A block's user count while [`Backing::release_freed`] gives its space back: not free.
+const RELEASING: u32 = 1 << 31;
 
 /// A backing file or partition, in [`BLOCK_BYTES`] blocks. The daemon implements it with
-/// direct I/O; tests with memory.
+/// direct I/O through io_uring; tests with memory.
 pub trait BackingDevice: Send + Sync + fmt::Debug {
     /// Blocks the device holds.
     fn blocks(&self) -> u64;
-    /// Writes `data` (whole blocks) from block `first`; returns once the device has it.
-    fn write_blocks(&self, first: u64, data: &[u8]) -> io::Result<()>;
+    /// Writes every run (whole blocks from block `first`, block-aligned in memory), as many
+    /// in flight at once as the device takes, and returns once each is written or failed:
+    /// `failed[i]` (as long as `runs`, `None` on entry) is run `i`'s error.
+    fn write_runs(&self, runs: &[BlockRun<'_>], failed: &mut [Option<io::Error>]);
     /// Reads whole blocks from block `first` into `out`.
     fn read_blocks(&self, first: u64, out: &mut [u8]) -> io::Result<()>;
     /// Blocks `first..first + count` hold nothing live any more: give their space back.
     fn release(&self, first: u64, count: u64) -> io::Result<()>;
+    /// A file descriptor the caller may read the device's blocks through itself (direct
+    /// I/O: block-aligned offsets, lengths and memory), so that a read of a written-back page
+    /// can go through the caller's own io_uring instead of [`BackingDevice::read_blocks`].
+    /// `None` (the default): reads go through `read_blocks`.
+    fn fd(&self) -> Option<i32> {
+        None
+    }
+}
+
+/// One write of a pass: whole blocks from block `first`.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockRun<'a> {
+    /// The first block written.
+    pub first: u64,
+    /// The blocks' bytes, a multiple of [`BLOCK_BYTES`], aligned to a block in memory.
+    pub data: &'a [u8],
+}
+
+/// A block's bytes, aligned as direct I/O needs them.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C, align(4096))]
+struct Block([u8; BLOCK_BYTES]);
+
+/// An object a [`Run`] holds: its page, where it starts in the run (its seal's first
+/// byte), its arena bytes, and the entry flag the associated data binds it to.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    index: u64,
+    off: usize,
+    bytes: usize,
+    recompressed: bool,
+}
+
+/// The blocks of one writeback write, filled with sealed objects back to back. Made once
+/// (see the module docs) and reused by every pass.
+pub(crate) struct Run {
+    blocks: Vec<Block>,
+    /// Bytes taken: sealed objects back to back.
+    used: usize,
+    held: Vec<Held>,
+    /// The run's first block once [`Backing::write_runs`] wrote it.
+    written: Option<u64>,
+}
+
+impl fmt::Debug for Run {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Run")
+            .field("used", &self.used)
+            .field("objects", &self.held.len())
+            .field("written", &self.written)
+            .finish()
+    }
+}
+
+impl Run {
+    /// Bytes a run takes in memory (for the daemon's account of what it holds).
+    pub(crate) const BYTES: usize =
+        RUN_BLOCKS * BLOCK_BYTES + RUN_OBJECTS * std::mem::size_of::<Held>();
+
+    pub(crate) fn new() -> Result<Self, CoreError> {
+        let mut blocks = Vec::new();
+        blocks
+            .try_reserve_exact(RUN_BLOCKS)
+            .map_err(|_| CoreError::NoMemory)?;
+        blocks.extend((0..RUN_BLOCKS).map(|_| Block::new_zeroed()));
+        let mut held = Vec::new();
+        held.try_reserve_exact(RUN_OBJECTS)
+            .map_err(|_| CoreError::NoMemory)?;
+        Ok(Self {
+            blocks,
+            used: 0,
+            held,
+            written: None,
+        })
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// Objects in the run.
+    pub(crate) fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Whether an object of `bytes` arena bytes still fits.
+    pub(crate) fn fits(&self, bytes: usize) -> bool {
+        self.held.len() < RUN_OBJECTS && self.used + bytes + SEAL_BYTES <= RUN_BLOCKS * BLOCK_BYTES
+    }
+
+    /// Blocks the run's write takes.
+    pub(crate) fn blocks(&self) -> u64 {
+        self.used.div_ceil(BLOCK_BYTES) as u64
+    }
+
+    /// Blocks it would take with an object of `bytes` more.
+    pub(crate) fn blocks_with(&self, bytes: usize) -> u64 {
+        (self.used + bytes + SEAL_BYTES).div_ceil(BLOCK_BYTES) as u64
+    }
+
+    /// Adds page `index`'s object of `bytes` arena bytes, which `fill` copies in (`false`:
+    /// it could not, and nothing is added). The caller checked [`Run::fits`].
+    pub(crate) fn push(
+        &mut self,
+        index: u64,
+        bytes: usize,
+        recompressed: bool,
+        fill: impl FnOnce(&mut [u8]) -> bool,
+    ) -> bool {
+        if !self.fits(bytes) {
+            return false;
+        }
+        let off = self.used;
+        let body = off + NONCE_BYTES;
+        if !fill(&mut self.blocks.as_mut_bytes()[body..body + bytes]) {
+            return false;
+        }
+        self.held.push(Held {
+            index,
+            off,
+            bytes,
+            recompressed,
+        });
+        self.used += bytes + SEAL_BYTES;
+        true
+    }
+
+    /// Where object `i` lies on the device once the run was written.
+    pub(crate) fn placed(&self, i: usize) -> Option<OnDisk> {
+        let first = self.written?;
+        let h = self.held.get(i)?;
+        Some(OnDisk {
+            at: first * BLOCK_BYTES as u64 + h.off as u64,
+            bytes: h.bytes,
+        })
+    }
+
+    /// Page of object `i`.
+    pub(crate) fn index(&self, i: usize) -> u64 {
+        self.held.get(i).map_or(u64::MAX, |h| h.index)
+    }
+
+    /// Whether the last [`Backing::write_runs`] wrote the run.
+    pub(crate) fn written(&self) -> bool {
+        self.written.is_some()
+    }
+
+    /// Empties the run for the next write.
+    pub(crate) fn clear(&mut self) {
+        self.used = 0;
+        self.held.clear();
+        self.written = None;
+    }
 }
 
 /// A device's writeback key. Its `Debug` never shows the bytes.
@@ -99,21 +266,19 @@ impl OnDisk {
         self.bytes + SEAL_BYTES
     }
 
+    /// How many blocks the sealed object touches (at most [`MAX_OBJECT_BLOCKS`] for a
+    /// sound entry).
+    pub(crate) fn block_count(self) -> usize {
+        let b = self.blocks();
+        (b.end() - b.start() + 1) as usize
+    }
+
     /// The blocks the sealed object touches.
-    fn blocks(self) -> std::ops::RangeInclusive<u64> {
+    pub(crate) fn blocks(self) -> std::ops::RangeInclusive<u64> {
         let first = self.at / BLOCK_BYTES as u64;
         let last = (self.at + self.sealed() as u64 - 1) / BLOCK_BYTES as u64;
         first..=last
     }
-}
-
-/// An object to write back: the page it belongs to, its arena bytes, and the entry flags
-/// the associated data binds it to.
-#[derive(Debug)]
-pub(crate) struct Outgoing<'a> {
-    pub index: u64,
-    pub bytes: &'a [u8],
-    pub recompressed: bool,
 }
 
 /// Cumulative disk traffic, with zram's `bd_stat` meaning (in blocks).
@@ -132,9 +297,12 @@ pub(crate) struct Backing {
     nonces: NonceCounter,
     /// Live objects touching each block.
     users: Box<[AtomicU32]>,
-    /// Next-fit cursor; held while blocks are taken and while a freed block is released,
-    /// so a block is never released after it was taken again.
+    /// Next-fit cursor; held while blocks are taken and while a freed block is claimed for
+    /// release, so a block is never released after it was taken again.
     cursor: Mutex<u64>,
+    /// Blocks that lost their last user since [`Backing::release_freed`] last ran, a bit
+    /// each.
+    to_release: Box<[AtomicU64]>,
     pub counters: DiskCounters,
 }
 
@@ -160,14 +328,26 @@ impl Backing {
             .try_reserve_exact(blocks)
             .map_err(|_| CoreError::NoMemory)?;
         users.extend((0..blocks).map(|_| AtomicU32::new(0)));
+        let mut to_release = Vec::new();
+        to_release
+            .try_reserve_exact(blocks.div_ceil(64))
+            .map_err(|_| CoreError::NoMemory)?;
+        to_release.extend((0..blocks.div_ceil(64)).map(|_| AtomicU64::new(0)));
+        let to_release = to_release.into_boxed_slice();
         Ok(Self {
             device,
             cipher: ChaCha20Poly1305::new(Key::from_slice(&key.0)),
             nonces,
             users: users.into_boxed_slice(),
             cursor: Mutex::new(0),
+            to_release,
             counters: DiskCounters::default(),
         })
+    }
+
+    /// The device's file descriptor for reads outside the store ([`BackingDevice::fd`]).
+    pub(crate) fn fd(&self) -> Option<i32> {
+        self.device.fd()
     }
 
     /// Bytes the device holds.
@@ -187,68 +367,118 @@ impl Backing {
         true
     }
 
-    /// Seals `objects` into one run of free blocks and writes it; returns where each one
-    /// is, in order. Nothing is live on failure.
-    pub(crate) fn write(&self, objects: &[Outgoing<'_>]) -> Result<Vec<OnDisk>, CoreError> {
-        let total: usize = objects.iter().map(|o| o.bytes.len() + SEAL_BYTES).sum();
-        let blocks = total.div_ceil(BLOCK_BYTES);
-        if blocks == 0 {
-            return Ok(Vec::new());
+    /// Seals every run that holds objects into free blocks and writes them all at once.
+    /// A run that was written has its place ([`Run::placed`]); one that was not holds
+    /// nothing live. Allocates nothing. Returns the first error, after the writes that
+    /// could go went.
+    pub(crate) fn write_runs(&self, runs: &mut [Run]) -> Result<(), CoreError> {
+        let mut error = None;
+        let mut first = [0u64; RUNS_IN_FLIGHT];
+        let mut sealed = 0;
+        for (i, run) in runs.iter_mut().enumerate().take(RUNS_IN_FLIGHT) {
+            run.written = None;
+            if run.is_empty() {
+                continue;
+            }
+            match self.take(run.blocks() as usize) {
+                Ok(f) if self.seal(run, f) => {
+                    first[i] = f;
+                    sealed |= 1u32 << i;
+                }
+                Ok(f) => {
+                    self.drop_hold(f, run.blocks());
+                    error.get_or_insert(CoreError::Compress(crate::codec::CodecError::Corrupt(
+                        "the writeback cipher refused an object".into(),
+                    )));
+                }
+                Err(e) => {
+                    error.get_or_insert(e);
+                }
+            }
         }
-        let mut buf = Vec::new();
-        buf.try_reserve_exact(blocks * BLOCK_BYTES)
-            .map_err(|_| CoreError::NoMemory)?;
-        buf.resize(blocks * BLOCK_BYTES, 0);
-        let first = self.take(blocks)?;
+        let mut list = [BlockRun {
+            first: 0,
+            data: &[],
+        }; RUNS_IN_FLIGHT];
+        let mut which = [0usize; RUNS_IN_FLIGHT];
+        let mut n = 0;
+        for (i, run) in runs.iter().enumerate().take(RUNS_IN_FLIGHT) {
+            if sealed & (1 << i) != 0 {
+                let len = run.blocks() as usize * BLOCK_BYTES;
+                list[n] = BlockRun {
+                    first: first[i],
+                    data: &run.blocks.as_bytes()[..len],
+                };
+                which[n] = i;
+                n += 1;
+            }
+        }
+        let mut failed: [Option<io::Error>; RUNS_IN_FLIGHT] = Default::default();
+        self.device.write_runs(&list[..n], &mut failed[..n]);
+        for (k, &i) in which[..n].iter().enumerate() {
+            let run = &mut runs[i];
+            let blocks = run.blocks();
+            // The run was held (a user per block, see `take`) while it was sealed and
+            // written; its objects count in the blocks they touch from now.
+            run.written = Some(first[i]);
+            for o in 0..run.len() {
+                if let Some(at) = run.placed(o) {
+                    for b in at.blocks() {
+                        self.users[b as usize].fetch_add(1, Relaxed);
+                    }
+                }
+            }
+            self.drop_hold(first[i], blocks);
+            if let Some(e) = failed[k].take() {
+                for o in 0..run.len() {
+                    if let Some(at) = run.placed(o) {
+                        self.free(at);
+                    }
+                }
+                run.written = None;
+                self.counters.failures.fetch_add(1, Relaxed);
+                error.get_or_insert(disk_error("write", e));
+                continue;
+            }
+            self.counters.writes.fetch_add(blocks, Relaxed);
+            self.counters
+                .bytes_written
+                .fetch_add(blocks * BLOCK_BYTES as u64, Relaxed);
+        }
+        error.map_or(Ok(()), Err)
+    }
+
+    /// Seals each object of `run` in place for its place on the device (the run starting
+    /// at block `first`), and zeroes the last block's tail. `false` (never seen: the cipher
+    /// refuses only messages of 256 GiB and more) if an object could not be sealed; the run
+    /// then holds no plaintext either.
+    fn seal(&self, run: &mut Run, first: u64) -> bool {
         let base = first * BLOCK_BYTES as u64;
-        let mut placed = Vec::with_capacity(objects.len());
-        let mut off = 0;
-        for o in objects {
+        let len = run.blocks() as usize * BLOCK_BYTES;
+        let bytes = &mut run.blocks.as_mut_bytes()[..len];
+        bytes[run.used..].fill(0);
+        for h in &run.held {
             let at = OnDisk {
-                at: base + off as u64,
-                bytes: o.bytes.len(),
+                at: base + h.off as u64,
+                bytes: h.bytes,
             };
             let nonce = self.nonces.next();
-            let sealed = &mut buf[off..off + at.sealed()];
+            let sealed = &mut bytes[h.off..h.off + at.sealed()];
             sealed[..NONCE_BYTES].copy_from_slice(&nonce.to_le_bytes());
-            let (body, tag) = sealed[NONCE_BYTES..].split_at_mut(o.bytes.len());
-            body.copy_from_slice(o.bytes);
-            let Ok(sealed_tag) = self.cipher.encrypt_in_place_detached(
+            let (body, tag) = sealed[NONCE_BYTES..].split_at_mut(h.bytes);
+            match self.cipher.encrypt_in_place_detached(
                 &nonce_of(nonce),
-                &associated(o.index, at, o.recompressed),
+                &associated(h.index, at, h.recompressed),
                 body,
-            ) else {
-                // Only a message longer than the cipher takes is refused: never one of these.
-                self.drop_hold(first, blocks as u64);
-                return Err(CoreError::Compress(crate::codec::CodecError::Corrupt(
-                    "the writeback cipher refused an object".into(),
-                )));
-            };
-            tag.copy_from_slice(&sealed_tag);
-            off += at.sealed();
-            placed.push(at);
-        }
-        // The run is held (a user per block, see `take`) while the objects are sealed:
-        // count each object in the blocks it touches, then drop that hold.
-        for at in &placed {
-            for b in at.blocks() {
-                self.users[b as usize].fetch_add(1, Relaxed);
+            ) {
+                Ok(t) => tag.copy_from_slice(&t),
+                Err(_) => {
+                    bytes.fill(0);
+                    return false;
+                }
             }
         }
-        let written = self.device.write_blocks(first, &buf);
-        self.drop_hold(first, blocks as u64);
-        if let Err(e) = written {
-            for at in &placed {
-                self.free(*at);
-            }
-            self.counters.failures.fetch_add(1, Relaxed);
-            return Err(disk_error("write", e));
-        }
-        self.counters.writes.fetch_add(blocks as u64, Relaxed);
-        self.counters
-            .bytes_written
-            .fetch_add(buf.len() as u64, Relaxed);
-        Ok(placed)
+        true
     }
 
     /// Reads the object of page `index` at `at` and opens its seal into `out[..at.bytes]`.
@@ -259,23 +489,41 @@ impl Backing {
         recompressed: bool,
         out: &mut [u8],
     ) -> Result<(), CoreError> {
-        let blocks = at.blocks();
-        let n = (blocks.end() - blocks.start() + 1) as usize;
+        let n = at.block_count();
         let mut buf = [0u8; MAX_OBJECT_BLOCKS * BLOCK_BYTES];
-        let (Some(buf), Some(out)) = (buf.get_mut(..n * BLOCK_BYTES), out.get_mut(..at.bytes))
-        else {
+        let Some(buf) = buf.get_mut(..n * BLOCK_BYTES) else {
             return Err(self.failed(index, "its disk entry is damaged"));
         };
         if at.at.saturating_add(at.sealed() as u64) > self.capacity() {
             return Err(self.failed(index, "its disk entry points past the backing device"));
         }
-        if let Err(e) = self.device.read_blocks(*blocks.start(), buf) {
+        if let Err(e) = self.device.read_blocks(*at.blocks().start(), buf) {
             self.counters.failures.fetch_add(1, Relaxed);
             return Err(disk_error("read", e));
         }
-        self.counters.reads.fetch_add(n as u64, Relaxed);
+        self.open(index, at, recompressed, buf, out)
+    }
+
+    /// Opens the seal of page `index`'s object at `at` in `blocks` (the blocks it touches,
+    /// as read from the device) into `out[..at.bytes]`, and counts the read.
+    pub(crate) fn open(
+        &self,
+        index: u64,
+        at: OnDisk,
+        recompressed: bool,
+        blocks: &mut [u8],
+        out: &mut [u8],
+    ) -> Result<(), CoreError> {
         let start = (at.at % BLOCK_BYTES as u64) as usize;
-        let sealed = &mut buf[start..start + at.sealed()];
+        let (Some(sealed), Some(out)) = (
+            blocks.get_mut(start..start + at.sealed()),
+            out.get_mut(..at.bytes),
+        ) else {
+            return Err(self.failed(index, "its disk entry is damaged"));
+        };
+        self.counters
+            .reads
+            .fetch_add(at.block_count() as u64, Relaxed);
         let mut nonce = [0u8; NONCE_BYTES];
         nonce.copy_from_slice(&sealed[..NONCE_BYTES]);
         let (body, tag) = sealed[NONCE_BYTES..].split_at_mut(at.bytes);
@@ -295,31 +543,89 @@ impl Backing {
         Ok(())
     }
 
-    /// The object at `at` is gone: its blocks lose a user, and blocks left with none are
-    /// released.
+    /// Holds the blocks of the live object at `at` for a read outside the store's locks:
+    /// they cannot be released and taken again until [`Backing::free`] drops the hold.
+    /// `false` (nothing held) if it does not lie within the device.
+    pub(crate) fn hold(&self, at: OnDisk) -> bool {
+        self.adopt(at)
+    }
+
+    /// The object at `at` is gone (or a read's hold on it): its blocks lose a user, and
+    /// blocks left with none are marked for release ([`Backing::release_freed`]). Never
+    /// blocks: it runs on the queue threads (an overwrite or a discard of a written-back
+    /// page), and a discard there waited, in the guest, for a bio that only swap writes to
+    /// this very device would give back (scenario l).
     pub(crate) fn free(&self, at: OnDisk) {
-        let mut emptied = [0u64; MAX_OBJECT_BLOCKS];
-        let mut n = 0;
         for b in at.blocks() {
-            let Some(users) = self.users.get(b as usize) else {
-                continue;
-            };
-            if users.fetch_sub(1, Relaxed) == 1 && n < emptied.len() {
-                emptied[n] = b;
-                n += 1;
+            self.unuse(b);
+        }
+    }
+
+    /// Block `b` loses a user; marked for release when it has none left.
+    fn unuse(&self, b: u64) {
+        let Some(users) = self.users.get(b as usize) else {
+            return;
+        };
+        if users.fetch_sub(1, Relaxed) == 1 {
+            if let Some(word) = self.to_release.get((b / 64) as usize) {
+                word.fetch_or(1 << (b % 64), Relaxed);
             }
         }
-        if n > 0 {
-            let _cursor = self.cursor.lock().unwrap_or_else(PoisonError::into_inner);
-            for &b in &emptied[..n] {
-                // Taken again since it emptied: it is someone else's now.
-                if self.users[b as usize].load(Relaxed) == 0 {
-                    if let Err(e) = self.device.release(b, 1) {
-                        tracing::warn!(block = b, error = %e, "releasing a written-back block failed");
+    }
+
+    /// Gives the space of blocks that emptied since the last call back to the device (a
+    /// hole punched in a file, a discard on a partition), in runs of adjacent blocks; a
+    /// block taken again meanwhile is skipped. It can wait for the device (a discard waited
+    /// tens of seconds for a bio under memory pressure in the guest), so only a thread that
+    /// nothing waits for calls it (the daemon's `uzram-release`), and it holds no lock while
+    /// it waits: a block is claimed first (marked in use, so [`Backing::take`] passes it
+    /// by), released, then unmarked. Returns how many blocks it released.
+    pub(crate) fn release_freed(&self) -> u64 {
+        let mut released = 0;
+        let mut run: Option<(u64, u64)> = None;
+        let flush = |run: &mut Option<(u64, u64)>| {
+            let Some((first, count)) = run.take() else {
+                return 0;
+            };
+            if let Err(e) = self.device.release(first, count) {
+                tracing::warn!(first, count, error = %e, "releasing written-back blocks failed");
+            }
+            for b in first..first + count {
+                self.users[b as usize].store(0, Relaxed);
+            }
+            count
+        };
+        for (w, word) in self.to_release.iter().enumerate() {
+            let mut bits = word.swap(0, Relaxed);
+            while bits != 0 {
+                let b = w as u64 * 64 + u64::from(bits.trailing_zeros());
+                bits &= bits - 1;
+                if !self.claim(b) {
+                    continue;
+                }
+                match &mut run {
+                    Some((first, count)) if *first + *count == b => *count += 1,
+                    _ => {
+                        released += flush(&mut run);
+                        run = Some((b, 1));
                     }
                 }
             }
         }
+        released + flush(&mut run)
+    }
+
+    /// Marks free block `b` as being released, so that no run takes it meanwhile; `false`
+    /// if it is in use again.
+    fn claim(&self, b: u64) -> bool {
+        let Some(users) = self.users.get(b as usize) else {
+            return false;
+        };
+        // Under the cursor, as `take` checks and takes blocks under it.
+        let _cursor = self.cursor.lock().unwrap_or_else(PoisonError::into_inner);
+        users
+            .compare_exchange(0, RELEASING, Relaxed, Relaxed)
+            .is_ok()
     }
 
     /// Takes a run of `n` free blocks (next fit, wrapping once) and holds each with one
@@ -359,15 +665,10 @@ impl Backing {
     }
 
     /// Drops the hold [`Backing::take`] put on a run; blocks no object ended up in (none,
-    /// when the objects fill the run) are released.
+    /// when the objects fill the run) are marked for release.
     fn drop_hold(&self, first: u64, n: u64) {
         for b in first..first + n {
-            if self.users[b as usize].fetch_sub(1, Relaxed) == 1 {
-                let _cursor = self.cursor.lock().unwrap_or_else(PoisonError::into_inner);
-                if self.users[b as usize].load(Relaxed) == 0 {
-                    let _ = self.device.release(b, 1);
-                }
-            }
+            self.unuse(b);
         }
     }
 

@@ -29,6 +29,7 @@
 
 mod arena;
 mod backing;
+mod disk_read;
 mod entry;
 pub mod persist;
 mod segments;
@@ -43,8 +44,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 pub use self::backing::{
-    BackingDevice, NonceCounter, WritebackKey, BLOCK_BYTES, CHUNK_BLOCKS, KEY_BYTES, SEAL_BYTES,
+    BackingDevice, BlockRun, NonceCounter, WritebackKey, BLOCK_BYTES, KEY_BYTES, MAX_OBJECT_BLOCKS,
+    RUNS_IN_FLIGHT, RUN_BLOCKS, SEAL_BYTES,
 };
+pub use self::disk_read::DiskRead;
 pub use self::entry::{StagedAt, MAX_SLOT_PAGES, MAX_STAGING_SLOTS};
 pub use self::persist::{Persistence, Recovered, SegmentHome, SegmentWords, SEGMENT_BYTES};
 pub use self::stats::{MemoryUsage, Stats};
@@ -58,11 +61,11 @@ pub use self::writeback::{Writeback, WritebackCandidates, WrittenBack};
 pub const CHECKSUM_BYTES: usize = arena::CHECKSUM_BYTES;
 
 use self::arena::{Arena, Budget, Object, ObjectBytes};
-use self::backing::{Backing, OnDisk, Outgoing};
+use self::backing::{Backing, OnDisk};
 use self::entry::{Entry, Slot};
 use self::shard::{Entries, Shard};
 use self::stats::{Counters, PageCost, PageTotals};
-use self::writeback::Chunk;
+use self::writeback::{Pick, Scratch, PICK_PAGES};
 use crate::codec::{Algorithm, PageCodec};
 use crate::page::{fill_page, page_checksum, same_filled_word, PAGE_SIZE, PAGE_WORDS};
 use crate::CoreError;
@@ -224,6 +227,9 @@ pub struct PageStore {
     ages: tier::Ages,
     /// Where written-back pages live (`backing.rs`), once attached.
     backing: OnceLock<backing::Backing>,
+    /// What writeback passes work in, made with the backing device (`writeback.rs`); one
+    /// pass at a time.
+    pass: OnceLock<std::sync::Mutex<Scratch>>,
 }
 
 impl std::fmt::Debug for PageStore {
@@ -457,6 +463,7 @@ impl PageStore {
             checksums,
             ages,
             backing: OnceLock::new(),
+            pass: OnceLock::new(),
         })
     }
 
@@ -1523,6 +1530,18 @@ impl PageStore {
     }
 }
 
+/// What [`PageStore::copy_out`] did with a page.
+enum CopyOut {
+    /// Its object is in the run.
+    Added,
+    /// It holds no object any more (written, discarded, written back).
+    Gone,
+    /// The run has no room for it: try the next.
+    Full,
+    /// It would take the pass past its byte budget.
+    OverBudget,
+}
+
 /// Writeback (`writeback.rs` has the why, `backing.rs` the disk side).
 impl PageStore {
     /// Attaches the backing device that written-back pages go to, with the device's key
@@ -1536,6 +1555,7 @@ impl PageStore {
         nonces: NonceCounter,
     ) -> Result<u64, CoreError> {
         let backing = Backing::new(device, key, nonces)?;
+        let scratch = Scratch::new()?;
         let mut adopted = 0;
         for (s, shard) in self.shards.iter().enumerate() {
             let shard = read_lock(shard);
@@ -1555,6 +1575,7 @@ impl PageStore {
         self.backing
             .set(backing)
             .map_err(|_| CoreError::Config("a backing device is already attached".into()))?;
+        let _ = self.pass.set(std::sync::Mutex::new(scratch));
         Ok(adopted)
     }
 
@@ -1563,122 +1584,197 @@ impl PageStore {
         self.backing.get().is_some()
     }
 
-    /// One writeback pass over the pages `pass` selects, oldest first. Off the I/O path:
-    /// it runs on the calling thread and holds a shard's lock only to copy an object out
-    /// and to switch an entry.
+    /// Gives the space of written-back blocks that emptied (overwrites, discards, passes'
+    /// races, reads that held them) back to the backing device; returns how many. It can
+    /// wait for the device for long under memory pressure: call it from a thread that no
+    /// request and no writeback pass waits for.
+    pub fn release_freed_blocks(&self) -> u64 {
+        self.backing.get().map_or(0, Backing::release_freed)
+    }
+
+    /// Whether reads of written-back pages can go to the backing device's file descriptor
+    /// directly ([`PageStore::read_deferring`]).
+    pub fn backing_reads_directly(&self) -> bool {
+        self.backing.get().and_then(|b| b.fd()).is_some()
+    }
+
+    /// Bytes the buffers of writeback passes take, made when a backing device is attached.
+    pub const WRITEBACK_SCRATCH_BYTES: usize = Scratch::BYTES;
+
+    /// One writeback pass over the pages `pass` selects, oldest first. It runs on the
+    /// calling thread, allocates nothing (`writeback.rs`), and holds a shard's lock only to
+    /// copy an object out and to switch an entry. Objects go in runs of up to
+    /// [`RUN_BLOCKS`] blocks, [`RUNS_IN_FLIGHT`] runs written at once.
     pub fn writeback(&self, pass: Writeback) -> Result<WrittenBack, CoreError> {
-        let backing = self.backing.get().ok_or_else(|| {
-            CoreError::Config("this device has no backing device (writeback-device)".into())
-        })?;
-        let mut picked = self.writeback_candidates(pass)?;
-        picked.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        picked.truncate(usize::try_from(pass.max_pages).unwrap_or(usize::MAX));
+        let (Some(backing), Some(scratch)) = (self.backing.get(), self.pass.get()) else {
+            return Err(CoreError::Config(
+                "this device has no backing device (writeback-device)".into(),
+            ));
+        };
+        let mut scratch = scratch.lock().unwrap_or_else(PoisonError::into_inner);
+        let s = &mut *scratch;
+        let max_pages = usize::try_from(pass.max_pages).unwrap_or(usize::MAX);
         let mut done = WrittenBack::default();
-        let mut chunk = Chunk::default();
-        let mut object = [0u8; PAGE_SIZE + CHECKSUM_BYTES];
-        for &(_, index) in &picked {
-            let (shard, idx) = self.locate(index);
-            let (slot, bytes) = {
-                let shard = read_lock(shard);
-                let Some(slot @ Slot::Stored { handle, len, .. }) = shard.get(idx) else {
-                    continue;
-                };
-                let bytes = self.object_len(usize::from(len));
-                if !self.arena.load(handle, bytes, &mut object[..bytes]) {
-                    continue;
-                }
-                (slot, bytes)
-            };
-            let bytes = &object[..bytes];
-            if !chunk.fits(bytes.len()) {
-                self.flush(backing, &mut chunk, &mut done)?;
-            }
-            if (done.blocks + chunk.blocks_with(bytes.len())) * BLOCK_BYTES as u64 > pass.max_bytes
-            {
+        let mut taken = 0usize;
+        'scans: while taken < max_pages {
+            let want = (max_pages - taken).min(PICK_PAGES);
+            self.pick(pass.candidates, want, s);
+            let found = s.picked.len();
+            if found == 0 {
                 break;
             }
-            chunk.push(index, slot, bytes);
+            let before = done.pages;
+            let mut cur = 0;
+            for i in 0..found {
+                let index = s.picked[i].index;
+                loop {
+                    match self.copy_out(s, cur, index, done.blocks, pass.max_bytes) {
+                        CopyOut::Added => taken += 1,
+                        CopyOut::Gone => {}
+                        CopyOut::Full => {
+                            cur += 1;
+                            if cur == s.runs.len() {
+                                self.flush(backing, s, &mut done)?;
+                                cur = 0;
+                            }
+                            continue;
+                        }
+                        CopyOut::OverBudget => {
+                            self.flush(backing, s, &mut done)?;
+                            break 'scans;
+                        }
+                    }
+                    break;
+                }
+            }
+            self.flush(backing, s, &mut done)?;
+            if found < want || done.pages == before {
+                break;
+            }
         }
-        self.flush(backing, &mut chunk, &mut done)?;
         Ok(done)
     }
 
-    /// `(age, page)` of every page `pass` would take.
-    fn writeback_candidates(&self, pass: Writeback) -> Result<Vec<(u32, u64)>, CoreError> {
-        let mut picked = Vec::new();
-        for (s, shard) in self.shards.iter().enumerate() {
+    /// One scan: the best `want` (at most [`PICK_PAGES`]) pages the candidates name, into
+    /// `s.picked`, oldest first.
+    fn pick(&self, candidates: WritebackCandidates, want: usize, s: &mut Scratch) {
+        s.heap.clear();
+        for (sh, shard) in self.shards.iter().enumerate() {
             let shard = read_lock(shard);
             for (idx, slot) in shard.slots() {
                 let Slot::Stored { len, .. } = slot else {
                     continue;
                 };
-                let index = self.page_at(s, idx);
+                let index = self.page_at(sh, idx);
                 let age = self.ages.age(index);
                 let huge = usize::from(len) == PAGE_SIZE;
-                let wanted = match pass.candidates {
+                let wanted = match candidates {
                     WritebackCandidates::Idle { min_age } => age >= min_age,
                     WritebackCandidates::Huge => huge,
                     WritebackCandidates::Incompressible => huge && self.ages.tried(index),
                 };
                 if wanted {
-                    picked.try_reserve(1).map_err(|_| CoreError::NoMemory)?;
-                    picked.push((age, index));
+                    s.offer(
+                        Pick {
+                            youth: std::cmp::Reverse(age),
+                            index,
+                        },
+                        want,
+                    );
                 }
             }
         }
-        Ok(picked)
+        s.sort_picks();
     }
 
-    /// Writes the chunk's objects and points their pages at them.
+    /// Copies page `index`'s object into run `cur` of `s`, if the page still holds one, it
+    /// fits, and the writes stay within `max_bytes` (`written` blocks gone already).
+    fn copy_out(
+        &self,
+        s: &mut Scratch,
+        cur: usize,
+        index: u64,
+        written: u64,
+        max_bytes: u64,
+    ) -> CopyOut {
+        let (shard, idx) = self.locate(index);
+        let shard = read_lock(shard);
+        let Some(
+            slot @ Slot::Stored {
+                handle,
+                len,
+                recompressed,
+                ..
+            },
+        ) = shard.get(idx)
+        else {
+            return CopyOut::Gone;
+        };
+        let bytes = self.object_len(usize::from(len));
+        let run = &s.runs[cur];
+        if !run.fits(bytes) {
+            return CopyOut::Full;
+        }
+        let blocks = written + s.blocks() - run.blocks() + run.blocks_with(bytes);
+        if blocks.saturating_mul(BLOCK_BYTES as u64) > max_bytes {
+            return CopyOut::OverBudget;
+        }
+        let run = &mut s.runs[cur];
+        if !run.push(index, bytes, recompressed, |dst| {
+            self.arena.load(handle, bytes, dst)
+        }) {
+            return CopyOut::Gone;
+        }
+        s.slots[cur].push(slot);
+        CopyOut::Added
+    }
+
+    /// Writes the runs' objects and points their pages at them; empties the runs.
     fn flush(
         &self,
         backing: &Backing,
-        chunk: &mut Chunk,
+        s: &mut Scratch,
         done: &mut WrittenBack,
     ) -> Result<(), CoreError> {
-        if chunk.items.is_empty() {
+        if s.runs.iter().all(|r| r.is_empty()) {
             return Ok(());
         }
-        let outgoing: Vec<Outgoing<'_>> = chunk
-            .items
-            .iter()
-            .map(|it| Outgoing {
-                index: it.index,
-                bytes: &chunk.bytes[it.range.clone()],
-                recompressed: matches!(
-                    it.slot,
-                    Slot::Stored {
-                        recompressed: true,
-                        ..
-                    }
-                ),
-            })
-            .collect();
-        let placed = backing.write(&outgoing)?;
-        done.blocks += chunk.blocks();
-        for (it, at) in chunk.items.iter().zip(placed) {
-            let Slot::Stored {
-                len, recompressed, ..
-            } = it.slot
-            else {
+        let written = backing.write_runs(&mut s.runs);
+        for (run, slots) in s.runs.iter().zip(&s.slots) {
+            if !run.written() {
                 continue;
-            };
-            let new = Slot::Backed {
-                at: at.at,
-                len,
-                recompressed,
-            };
-            if self.switch(it.index, it.slot, new)? {
-                done.pages += 1;
-                done.payload_bytes += u64::from(len);
-            } else {
-                backing.free(at);
-                done.raced += 1;
+            }
+            done.blocks += run.blocks();
+            for (o, &slot) in slots.iter().enumerate() {
+                let (
+                    Some(at),
+                    Slot::Stored {
+                        len, recompressed, ..
+                    },
+                ) = (run.placed(o), slot)
+                else {
+                    continue;
+                };
+                let index = run.index(o);
+                let new = Slot::Backed {
+                    at: at.at,
+                    len,
+                    recompressed,
+                };
+                match self.switch(index, slot, new) {
+                    Ok(true) => {
+                        done.pages += 1;
+                        done.payload_bytes += u64::from(len);
+                    }
+                    _ => {
+                        backing.free(at);
+                        done.raced += 1;
+                    }
+                }
             }
         }
-        chunk.items.clear();
-        chunk.bytes.clear();
-        Ok(())
+        s.clear_runs();
+        written
     }
 
     /// Points page `index` at `new` if it still holds `expected`, and frees what
@@ -1719,6 +1815,19 @@ impl PageStore {
                 CoreError::Corrupt { .. } => self.failed_check(e),
                 other => other,
             })?;
+        self.finish_object(index, &object, len, recompressed, page)
+    }
+
+    /// Decodes a written-back object (`object`: its `len` payload bytes and the checksum
+    /// after them), as opened from its seal, into `page` and checks it.
+    fn finish_object(
+        &self,
+        index: u64,
+        object: &[u8; PAGE_SIZE + CHECKSUM_BYTES],
+        len: usize,
+        recompressed: bool,
+        page: &mut [u8; PAGE_SIZE],
+    ) -> Result<(), CoreError> {
         let stored = if self.checksums {
             let mut c = [0u8; CHECKSUM_BYTES];
             c.copy_from_slice(&object[len..len + CHECKSUM_BYTES]);

@@ -16,8 +16,15 @@
 //! The passes themselves are `PageStore` methods, in the store's module (they reach into
 //! its shards and arena); this file holds what they take and give.
 
-use super::backing::{BLOCK_BYTES, CHUNK_BLOCKS, SEAL_BYTES};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use super::backing::{Run, RUNS_IN_FLIGHT};
 use super::entry::Slot;
+use crate::CoreError;
+
+/// Most pages one scan of the table picks; a pass of more scans again.
+pub(super) const PICK_PAGES: usize = 4096;
 
 /// Which pages a writeback pass takes (zram's `writeback type=`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,47 +64,94 @@ pub struct WrittenBack {
     pub raced: u64,
 }
 
-/// Objects copied out for one write.
-#[derive(Default)]
-pub(super) struct Chunk {
-    pub(super) bytes: Vec<u8>,
-    pub(super) items: Vec<Item>,
-}
-
-/// A page in a [`Chunk`]: the entry it had when copied, and where its bytes are.
-pub(super) struct Item {
+/// A page a scan picked. Ordered by preference, so that the least wanted (the youngest, then
+/// the highest page) is the heap's top, the one a better candidate replaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Pick {
+    pub(super) youth: Reverse<u32>,
     pub(super) index: u64,
-    pub(super) slot: Slot,
-    pub(super) range: std::ops::Range<usize>,
 }
 
-impl Chunk {
-    pub(super) fn fits(&self, bytes: usize) -> bool {
-        self.blocks_with(bytes) <= CHUNK_BLOCKS as u64
+/// What a pass works in, made when the backing device is attached: a pass runs when memory
+/// is short (writes wait for the room it makes), and an allocation then could wait for
+/// reclaim, which waits for swap writes to this very device. A pass allocated its candidate
+/// list (every stored page), a 1 MiB chunk and a bounce buffer: in one guest run of scenario
+/// l the room thread sat in `brk`, behind the pool keeper's reclaim, and swap stalled.
+#[derive(Debug)]
+pub(super) struct Scratch {
+    /// The best [`PICK_PAGES`] candidates of a scan.
+    pub(super) heap: BinaryHeap<Pick>,
+    /// The same, best first.
+    pub(super) picked: Vec<Pick>,
+    /// The runs written together, and the entry each of their objects' pages had.
+    pub(super) runs: Vec<Run>,
+    pub(super) slots: Vec<Vec<Slot>>,
+}
+
+impl Scratch {
+    /// Bytes a scratch holds (for the daemon's account of what it holds).
+    pub const BYTES: usize = RUNS_IN_FLIGHT * Run::BYTES
+        + 2 * PICK_PAGES * std::mem::size_of::<Pick>()
+        + RUNS_IN_FLIGHT * super::backing::RUN_OBJECTS * std::mem::size_of::<Slot>();
+
+    pub(super) fn new() -> Result<Self, CoreError> {
+        let mut heap = BinaryHeap::new();
+        heap.try_reserve_exact(PICK_PAGES)
+            .map_err(|_| CoreError::NoMemory)?;
+        let mut picked = Vec::new();
+        picked
+            .try_reserve_exact(PICK_PAGES)
+            .map_err(|_| CoreError::NoMemory)?;
+        let mut runs = Vec::new();
+        let mut slots = Vec::new();
+        runs.try_reserve_exact(RUNS_IN_FLIGHT)
+            .map_err(|_| CoreError::NoMemory)?;
+        slots
+            .try_reserve_exact(RUNS_IN_FLIGHT)
+            .map_err(|_| CoreError::NoMemory)?;
+        for _ in 0..RUNS_IN_FLIGHT {
+            runs.push(Run::new()?);
+            let mut s = Vec::new();
+            s.try_reserve_exact(super::backing::RUN_OBJECTS)
+                .map_err(|_| CoreError::NoMemory)?;
+            slots.push(s);
+        }
+        Ok(Self {
+            heap,
+            picked,
+            runs,
+            slots,
+        })
     }
 
-    /// Blocks the chunk's write takes.
+    /// Offers a candidate to the scan's heap: kept if there is room or it is better than
+    /// the worst kept, which then goes. Allocates nothing.
+    pub(super) fn offer(&mut self, pick: Pick, want: usize) {
+        if self.heap.len() < want.min(PICK_PAGES) {
+            self.heap.push(pick);
+        } else if let Some(mut worst) = self.heap.peek_mut() {
+            if pick < *worst {
+                *worst = pick;
+            }
+        }
+    }
+
+    /// Moves the scan's picks into [`Scratch::picked`], best first.
+    pub(super) fn sort_picks(&mut self) {
+        self.picked.clear();
+        self.picked.extend(self.heap.drain());
+        self.picked.sort_unstable();
+    }
+
+    /// Blocks the runs' writes take so far.
     pub(super) fn blocks(&self) -> u64 {
-        Self::blocks_for(self.items.len(), self.bytes.len())
+        self.runs.iter().map(Run::blocks).sum()
     }
 
-    /// Blocks the chunk's write takes with an object of `bytes` more.
-    pub(super) fn blocks_with(&self, bytes: usize) -> u64 {
-        Self::blocks_for(self.items.len() + 1, self.bytes.len() + bytes)
-    }
-
-    /// Blocks that `objects` objects of `bytes` in all take, each sealed.
-    fn blocks_for(objects: usize, bytes: usize) -> u64 {
-        (bytes + objects * SEAL_BYTES).div_ceil(BLOCK_BYTES) as u64
-    }
-
-    pub(super) fn push(&mut self, index: u64, slot: Slot, bytes: &[u8]) {
-        let start = self.bytes.len();
-        self.bytes.extend_from_slice(bytes);
-        self.items.push(Item {
-            index,
-            slot,
-            range: start..self.bytes.len(),
-        });
+    pub(super) fn clear_runs(&mut self) {
+        for (run, slots) in self.runs.iter_mut().zip(&mut self.slots) {
+            run.clear();
+            slots.clear();
+        }
     }
 }

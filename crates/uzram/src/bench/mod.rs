@@ -18,6 +18,7 @@
 
 mod measure;
 mod memory;
+mod queue_reads;
 mod random;
 mod report;
 mod threads;
@@ -162,6 +163,7 @@ fn check_host_holds(pages: u64, backends: &[Backend], gpu: &GpuSettings) -> anyh
                 1,
                 1,
                 gpu_bytes,
+                false,
                 most,
                 crate::size::MAX_SIZE,
             );

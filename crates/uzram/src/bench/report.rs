@@ -89,6 +89,24 @@ pub struct WritebackReport {
     /// Reads of written-back pages, p50 and p99, µs.
     pub disk_p50_us: f64,
     pub disk_p99_us: f64,
+    /// One queue thread serving 16 one-page reads at a time, every other one for a
+    /// written-back page (`queue_reads.rs`): with those read synchronously on the thread,
+    /// and through its ring. `None` without io_uring.
+    pub queue_inline: Option<QueueReport>,
+    pub queue_ring: Option<QueueReport>,
+}
+
+/// Latencies of one queue's mixed reads, medians over runs.
+#[derive(Debug, Serialize)]
+pub struct QueueReport {
+    /// Requests for pages in RAM: from their arrival to their completion, p50 and p99, µs.
+    pub ram_p50_us: f64,
+    pub ram_p99_us: f64,
+    /// Requests for written-back pages, the same.
+    pub disk_p50_us: f64,
+    pub disk_p99_us: f64,
+    /// Requests served per second.
+    pub requests_per_s: f64,
 }
 
 /// What recompressing every page did, medians over runs.
@@ -224,6 +242,30 @@ fn writeback_report(runs: &[Run]) -> Option<WritebackReport> {
         ram_busy_reads: last.ram_busy.len(),
         disk_p50_us: mm(&|w| pct(&w.disk, 0.50)),
         disk_p99_us: mm(&|w| pct(&w.disk, 0.99)),
+        queue_inline: queue_report(&ws, |w| w.queue_inline.as_ref()),
+        queue_ring: queue_report(&ws, |w| w.queue_ring.as_ref()),
+    })
+}
+
+fn queue_report(
+    ws: &[&super::writeback::WrittenBack],
+    pick: impl Fn(&super::writeback::WrittenBack) -> Option<&super::queue_reads::QueueReads>,
+) -> Option<QueueReport> {
+    let qs: Vec<_> = ws.iter().filter_map(|w| pick(w)).collect();
+    if qs.is_empty() {
+        return None;
+    }
+    let mm = |f: &dyn Fn(&super::queue_reads::QueueReads) -> f64| {
+        median(qs.iter().map(|q| f(q)).collect())
+    };
+    Some(QueueReport {
+        ram_p50_us: mm(&|q| pct(&q.ram, 0.50)),
+        ram_p99_us: mm(&|q| pct(&q.ram, 0.99)),
+        disk_p50_us: mm(&|q| pct(&q.disk, 0.50)),
+        disk_p99_us: mm(&|q| pct(&q.disk, 0.99)),
+        requests_per_s: mm(&|q| {
+            (q.ram.len() + q.disk.len()) as f64 * 1e9 / q.wall_ns.max(1) as f64
+        }),
     })
 }
 
@@ -289,6 +331,27 @@ pub fn table(reports: &[Report]) -> String {
                 w.disk_p50_us,
                 w.disk_p99_us,
             ));
+            if let (Some(i), Some(q)) = (&w.queue_inline, &w.queue_ring) {
+                out.push_str(&format!(
+                    "{} {} one queue, 16 reads in flight, half from the disk: RAM reads p50/p99 \
+                     {:.1}/{:.1} µs with disk reads on the thread, {:.1}/{:.1} µs through its ring \
+                     (p99 x{:.3}); disk reads {:.1}/{:.1} against {:.1}/{:.1} µs; {:.0} against \
+                     {:.0} requests/s\n",
+                    r.corpus,
+                    r.backend,
+                    i.ram_p50_us,
+                    i.ram_p99_us,
+                    q.ram_p50_us,
+                    q.ram_p99_us,
+                    q.ram_p99_us / i.ram_p99_us.max(1e-9),
+                    i.disk_p50_us,
+                    i.disk_p99_us,
+                    q.disk_p50_us,
+                    q.disk_p99_us,
+                    i.requests_per_s,
+                    q.requests_per_s,
+                ));
+            }
         }
     }
     for r in reports {

@@ -13,6 +13,7 @@ use anyhow::Context;
 use uzram_core::store::{NonceCounter, Writeback, WritebackCandidates};
 use uzram_core::{PageStore, PAGE_SIZE};
 
+use super::queue_reads::{self, QueueReads};
 use super::random::next;
 use crate::daemon::backend::WriteBackend;
 use crate::daemon::backing::{new_key, BackingFile};
@@ -37,6 +38,10 @@ pub struct WrittenBack {
     pub ram_idle: Vec<u32>,
     pub ram_busy: Vec<u32>,
     pub disk: Vec<u32>,
+    /// One queue thread serving a mix of reads (`queue_reads.rs`), with written-back pages
+    /// read synchronously on it and through its ring; `None` without io_uring.
+    pub queue_inline: Option<QueueReads>,
+    pub queue_ring: Option<QueueReads>,
     /// Every timed read returned the page written.
     pub reads_ok: bool,
 }
@@ -118,6 +123,12 @@ pub fn measure(
         disk.push(lat);
         ok &= good;
     }
+    let page_of = |p: usize| expected(corpus, base, p);
+    let queue_inline = queue_reads::measure(store, c, 0..half, half..total, false, &page_of);
+    let queue_ring = queue_reads::measure(store, c, 0..half, half..total, true, &page_of);
+    for q in [&queue_inline, &queue_ring].into_iter().flatten() {
+        ok &= q.ok;
+    }
     let (mut ram_idle, mut ram_busy) = (ram_idle, ram_busy);
     ram_idle.sort_unstable();
     ram_busy.sort_unstable();
@@ -130,6 +141,8 @@ pub fn measure(
         ram_idle,
         ram_busy,
         disk,
+        queue_inline,
+        queue_ring,
         reads_ok: ok,
     })
 }

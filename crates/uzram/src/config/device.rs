@@ -814,7 +814,9 @@ impl DeviceConfig {
         }
         let gpu = self.gpu_pinned_bytes();
         let ram = host.ram_mib.saturating_mul(1 << 20);
-        let upfront = Upfront::of(self.size, self.queues, self.depth, gpu);
+        let writeback = self.writeback.is_some();
+        let upfront = Upfront::of(self.size, self.queues, self.depth, gpu)
+            .map(|u| u.with_writeback(writeback));
         let most = match upfront.map(|u| (u, u.check(ram))) {
             Some((_, Ok(()))) => return Ok(()),
             Some((_, Err(most))) => most,
@@ -826,7 +828,7 @@ impl DeviceConfig {
             buffers: 0,
             gpu,
         });
-        let advice = match Upfront::largest_size(self.queues, self.depth, gpu, most, MAX_SIZE) {
+        let advice = match Upfront::largest_size(self.queues, self.depth, gpu, writeback, most, MAX_SIZE) {
             Some(largest) => format!(
                 "the largest device that fits with these settings is {} (size = \"{}\")",
                 Human(largest),

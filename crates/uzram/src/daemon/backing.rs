@@ -10,21 +10,24 @@
 //! - Direct I/O, so written-back pages do not come back into RAM as page cache. A file on a
 //!   filesystem without it (tmpfs, ramfs: RAM anyway) is used through the page cache, with
 //!   a warning.
+//! - A pass's runs are written through an io_uring of the file's own, all in flight at once
+//!   (`write_runs`); where io_uring is refused (a sandbox without it), one after another.
 //! - The key is random, made when the device first gets a backing device, and kept only in
 //!   the daemon's locked memory and the store's root-only segment (`store_segment.rs`), so
 //!   a recovered daemon opens what its predecessor wrote; it is never written to disk.
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::{bail, Context};
+use io_uring::{opcode, types, IoUring};
 use uzram_core::store::{
-    BackingDevice, NonceCounter, PageStore, WritebackKey, BLOCK_BYTES, CHECKSUM_BYTES, KEY_BYTES,
-    SEAL_BYTES,
+    BackingDevice, BlockRun, NonceCounter, PageStore, WritebackKey, BLOCK_BYTES, CHECKSUM_BYTES,
+    KEY_BYTES, RUNS_IN_FLIGHT, SEAL_BYTES,
 };
 use uzram_core::PAGE_SIZE;
 
@@ -32,12 +35,23 @@ use crate::sys::disk;
 use crate::takeover::store_segment::StoreSegment;
 
 /// An open backing file or partition.
-#[derive(Debug)]
 pub struct BackingFile {
     file: File,
     path: PathBuf,
     blocks: u64,
     partition: bool,
+    /// The writes' ring; `None` where io_uring is refused, or after it failed.
+    ring: Mutex<Option<IoUring>>,
+}
+
+impl std::fmt::Debug for BackingFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackingFile")
+            .field("path", &self.path)
+            .field("blocks", &self.blocks)
+            .field("partition", &self.partition)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Bytes a backing file is made for a device of `pages`: every page written back raw.
@@ -119,12 +133,87 @@ impl BackingFile {
     }
 
     fn new(file: File, path: &Path, blocks: u64, partition: bool) -> Self {
+        let ring = match IoUring::new(RUNS_IN_FLIGHT as u32) {
+            Ok(ring) => Some(ring),
+            Err(e) => {
+                tracing::warn!(error = %e, "no io_uring for writeback: runs are written one at a time");
+                None
+            }
+        };
         Self {
             file,
             path: path.to_path_buf(),
             blocks,
             partition,
+            ring: Mutex::new(ring),
         }
+    }
+
+    /// Writes `runs` through `ring`, all submitted at once; fills `failed`. `Err`: the ring
+    /// itself failed (the runs it did not complete are marked failed with that error).
+    fn write_through(
+        &self,
+        ring: &mut IoUring,
+        runs: &[BlockRun<'_>],
+        failed: &mut [Option<io::Error>],
+    ) -> io::Result<()> {
+        let fd = types::Fd(self.file.as_raw_fd());
+        let mut pending = 0u32;
+        for (i, run) in runs.iter().enumerate() {
+            let Ok(len) = u32::try_from(run.data.len()) else {
+                failed[i] = Some(io::Error::from(io::ErrorKind::InvalidInput));
+                continue;
+            };
+            let write = opcode::Write::new(fd, run.data.as_ptr(), len)
+                .offset(run.first * BLOCK_BYTES as u64)
+                .build()
+                .user_data(i as u64);
+            // SAFETY: the run's bytes stay borrowed (and unchanged) until this function
+            // returns, and it returns only once every submitted write completed (or the
+            // ring failed, see below). The queue has RUNS_IN_FLIGHT entries, no more runs.
+            if unsafe { ring.submission().push(&write) }.is_err() {
+                failed[i] = Some(io::Error::other("the writeback ring is full"));
+                continue;
+            }
+            pending |= 1 << i;
+        }
+        while pending != 0 {
+            match ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+                    ) => {}
+                Err(e) => {
+                    for (i, f) in failed.iter_mut().enumerate() {
+                        if pending & (1 << i) != 0 {
+                            *f = Some(io::Error::new(e.kind(), e.to_string()));
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+            for cqe in ring.completion() {
+                let i = cqe.user_data() as usize;
+                let Some(run) = runs.get(i) else { continue };
+                pending &= !(1 << i);
+                let res = cqe.result();
+                if res < 0 {
+                    failed[i] = Some(io::Error::from_raw_os_error(-res));
+                } else if (res as usize) < run.data.len() {
+                    // Short (rare with direct I/O): the rest, synchronously.
+                    let done = res as usize;
+                    if let Err(e) = self.file.write_all_at(
+                        &run.data[done..],
+                        run.first * BLOCK_BYTES as u64 + done as u64,
+                    ) {
+                        failed[i] = Some(e);
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -212,11 +301,26 @@ impl BackingDevice for BackingFile {
         self.blocks
     }
 
-    fn write_blocks(&self, first: u64, data: &[u8]) -> io::Result<()> {
-        let mut buf = Aligned::new(data.len())?;
-        buf.bytes().copy_from_slice(data);
-        self.file
-            .write_all_at(buf.bytes(), first * BLOCK_BYTES as u64)
+    fn write_runs(&self, runs: &[BlockRun<'_>], failed: &mut [Option<io::Error>]) {
+        let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(r) = ring.as_mut() {
+            if let Err(e) = self.write_through(r, runs, failed) {
+                // Writes it had in flight may still land, on blocks that are free again
+                // (their runs count as failed): no page points at them, and one taken
+                // again is written after this.
+                tracing::warn!(error = %e, "the writeback ring failed: runs are written one at a time from now");
+                *ring = None;
+            }
+            return;
+        }
+        for (run, failed) in runs.iter().zip(failed) {
+            if let Err(e) = self
+                .file
+                .write_all_at(run.data, run.first * BLOCK_BYTES as u64)
+            {
+                *failed = Some(e);
+            }
+        }
     }
 
     /// On the I/O path (a read of a written-back page): the bounce buffer is the thread's
@@ -233,6 +337,12 @@ impl BackingDevice for BackingFile {
             out.copy_from_slice(bytes);
             Ok(())
         })
+    }
+
+    /// The queue threads read written-back pages through their own rings
+    /// (`ublk/disk_reads.rs`), from block-aligned buffers as direct I/O needs.
+    fn fd(&self) -> Option<i32> {
+        Some(self.file.as_raw_fd())
     }
 
     fn release(&self, first: u64, count: u64) -> io::Result<()> {
@@ -320,6 +430,25 @@ pub fn attach(store: &PageStore, region: &StoreSegment, path: Option<&Path>) -> 
     Ok(())
 }
 
+/// How often the release thread gives emptied blocks back.
+const RELEASE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The release thread (`uzram-release`): every second, gives the space of written-back
+/// blocks that emptied back to the backing device (a hole punched, a discard). A thread of
+/// its own, because a discard can wait long for the block layer's reserve of bios, which
+/// under memory pressure swap writes to this very device hold: on a queue thread it stalled
+/// the device, and on the room thread it held up the room a waiting write needs for 12 s
+/// (guest scenario l, 71 writes failed). Nothing waits for this thread. Never returns.
+pub fn keep_releasing(store: Arc<PageStore>) {
+    loop {
+        std::thread::sleep(RELEASE_EVERY);
+        let n = store.release_freed_blocks();
+        if n > 0 {
+            tracing::debug!(blocks = n, "written-back blocks released");
+        }
+    }
+}
+
 /// A new random device key.
 pub fn new_key() -> anyhow::Result<WritebackKey> {
     let mut key = [0u8; KEY_BYTES];
@@ -357,7 +486,30 @@ mod tests {
         // Blocks written read back; a released one reads as zeros (or, where the
         // filesystem cannot punch, as before).
         let data: Vec<u8> = (0..2 * BLOCK_BYTES).map(|i| (i % 251) as u8).collect();
-        f.write_blocks(3, &data).unwrap();
+        // Direct I/O needs block-aligned memory, as the store's runs are.
+        let mut aligned = Aligned::new(data.len()).unwrap();
+        aligned.bytes().copy_from_slice(&data);
+        let mut other = Aligned::new(BLOCK_BYTES).unwrap();
+        other.bytes().fill(0x5a);
+        let mut failed: [Option<io::Error>; 2] = Default::default();
+        // Two runs in one call: both land, each at its place.
+        f.write_runs(
+            &[
+                BlockRun {
+                    first: 3,
+                    data: aligned.bytes(),
+                },
+                BlockRun {
+                    first: 9,
+                    data: other.bytes(),
+                },
+            ],
+            &mut failed,
+        );
+        assert!(failed.iter().all(Option::is_none), "{failed:?}");
+        let mut nine = vec![0u8; BLOCK_BYTES];
+        f.read_blocks(9, &mut nine).unwrap();
+        assert!(nine.iter().all(|&b| b == 0x5a));
         let mut back = vec![0u8; 2 * BLOCK_BYTES];
         f.read_blocks(3, &mut back).unwrap();
         assert_eq!(back, data);

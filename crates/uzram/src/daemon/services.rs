@@ -184,6 +184,12 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
             super::pressure::keep_room(store, budget, room)
         })?;
     }
+    if writeback.is_some() {
+        let store = s.store.clone();
+        spawn("uzram-release", move || {
+            super::backing::keep_releasing(store)
+        })?;
+    }
     spawn("uzram-tier", move || {
         super::tier::keep(aged, recompress, writeback)
     })?;

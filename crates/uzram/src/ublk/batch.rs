@@ -38,7 +38,7 @@ pub fn serve(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
     };
     // Every tag is in flight at most once, so this never grows while serving.
     let mut pending: Vec<UblkBatchCompletion> = Vec::with_capacity(depth);
-    server.start();
+    server.start(u16::try_from(depth).unwrap_or(u16::MAX));
     if let Err(err) = run(&queue, &mut batch, &mut pending, server) {
         // The queue can serve no more. Returns only while the device stops.
         leave::queue_failed(qid, &err);
@@ -59,16 +59,28 @@ fn run(
     loop {
         let mut failed = None;
         let waited = queue.flush_and_wake_io_tasks(
-            |_user_data, cqe, _is_last| {
+            |user_data, cqe, _is_last| {
+                // One of our own reads (`disk_reads.rs`): its request may be done.
+                if user_data & libublk::UblkUringData::Target as u64 != 0 {
+                    let tag = libublk::io::UblkIOCtx::user_data_to_tag(user_data) as u16;
+                    let buf = batch.io_buf_mut(tag).map(|b| b.as_mut_slice());
+                    if let Some((tag, res)) = server.disk_read_done(user_data, cqe.result(), buf) {
+                        pending.push(UblkBatchCompletion::new(tag, res));
+                    }
+                    return;
+                }
                 let served = batch.handle_cqe(cqe, |batch, tags| {
                     for &tag in tags {
                         let iod = queue.get_iod(tag);
                         let res = match batch.io_buf_mut(tag) {
-                            Some(buf) => server.handle(iod, buf.as_mut_slice()),
+                            Some(buf) => server.handle(tag, iod, buf.as_mut_slice()),
                             // A tag the transport did not hand out: fail the request only.
-                            None => -libc::EIO,
+                            None => Some(-libc::EIO),
                         };
-                        pending.push(UblkBatchCompletion::new(tag, res));
+                        // None: it waits for disk reads, and is committed when they are done.
+                        if let Some(res) = res {
+                            pending.push(UblkBatchCompletion::new(tag, res));
+                        }
                     }
                     Ok(())
                 });

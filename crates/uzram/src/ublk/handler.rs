@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use uzram_core::store::PageStore;
+use uzram_core::store::{DiskRead, PageStore};
 use uzram_core::CoreError;
 use uzram_core::{PAGE_SHIFT, SECTOR_SHIFT};
 
@@ -81,6 +81,25 @@ pub fn handle(
     store: &PageStore,
     writer: &dyn PageWriter,
 ) -> i32 {
+    handle_deferring(op, start_sector, nr_sectors, buf, store, writer, None)
+}
+
+/// Takes a READ's written-back pages to read them outside the request
+/// ([`PageStore::read_deferring`]).
+pub type Defer<'a> = &'a mut dyn FnMut(usize, DiskRead) -> Result<(), DiskRead>;
+
+/// [`handle`], with the READ's written-back pages offered to `defer` (the queue thread's
+/// disk reads, `disk_reads.rs`): the result then counts them as read, and the caller
+/// completes the request once they are.
+pub fn handle_deferring(
+    op: Op,
+    start_sector: u64,
+    nr_sectors: u32,
+    buf: &mut [u8],
+    store: &PageStore,
+    writer: &dyn PageWriter,
+    defer: Option<Defer<'_>>,
+) -> i32 {
     // A FLUSH carries no range (its start_sector is u64::MAX): answer before any range check.
     if op == Op::Flush {
         return 0;
@@ -123,7 +142,10 @@ pub fn handle(
             // `data` is at most the I/O buffer (<= a few MiB), so its length fits in i32.
             let done = i32::try_from(data.len()).unwrap_or(i32::MAX);
             let result = if op == Op::Read {
-                store.read(first_page, data)
+                match defer {
+                    Some(defer) => store.read_deferring(first_page, data, defer),
+                    None => store.read(first_page, data),
+                }
             } else {
                 writer.write_pages(first_page, data)
             };

@@ -10,6 +10,7 @@
 //! - [`tuning`]: the block queue's settings once the device exists.
 
 pub mod batch;
+pub mod disk_reads;
 pub mod handler;
 pub mod queue;
 pub mod queue_mode;

@@ -26,18 +26,20 @@ pub fn serve(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
             return;
         }
     };
-    server.start();
-    let handler = |q: &UblkQueue, tag: u16| {
+    server.start(queue.get_depth() as u16);
+    let data_of = |tag: u16| -> Option<&mut [u8]> {
+        let buf = bufs.get(usize::from(tag))?;
+        // SAFETY: `buf` is this tag's I/O buffer, allocated above with `buf.len()` bytes and
+        // alive as long as `bufs`. Between delivering request `tag` and our commit, the
+        // kernel does not touch it and no other code on this thread uses it (tags are not
+        // shared between threads; a request waiting for disk reads is touched again only
+        // when one completes, on this thread), so this is the only reference to its bytes.
+        Some(unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr(), buf.len()) })
+    };
+    let commit = |q: &UblkQueue, tag: u16, res: i32| {
         let Some(buf) = bufs.get(usize::from(tag)) else {
-            tracing::error!(qid, tag, "request for a tag without a buffer");
             return;
         };
-        // SAFETY: `buf` is this tag's I/O buffer, allocated above with `buf.len()` bytes and
-        // alive as long as `bufs`. Between delivering request `tag` and our commit below, the
-        // kernel does not touch it and no other code on this thread uses it (tags are not
-        // shared between threads), so this is the only reference to its bytes.
-        let data = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr(), buf.len()) };
-        let res = server.handle(q.get_iod(tag), data);
         if let Err(err) = q.complete_io_cmd_unified(
             tag,
             BufDesc::Slice(buf.as_slice()),
@@ -46,8 +48,33 @@ pub fn serve(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
             tracing::error!(qid, tag, error = %err, "committing a request failed");
         }
     };
+    let handler = |q: &UblkQueue, event: Event| match event {
+        Event::Request(tag) => {
+            let Some(data) = data_of(tag) else {
+                tracing::error!(qid, tag, "request for a tag without a buffer");
+                return;
+            };
+            if let Some(res) = server.handle(tag, q.get_iod(tag), data) {
+                commit(q, tag, res);
+            }
+        }
+        Event::Target { user_data, res } => {
+            let tag = UblkIOCtx::user_data_to_tag(user_data) as u16;
+            if let Some((tag, res)) = server.disk_read_done(user_data, res, data_of(tag)) {
+                commit(q, tag, res);
+            }
+        }
+    };
     wait_and_handle_io(&queue, handler);
     tracing::info!(qid, "queue stopped");
+}
+
+/// What a completion on a queue thread's ring brings.
+enum Event {
+    /// Request `tag` was fetched.
+    Request(u16),
+    /// An I/O of the thread's own completed (a disk read, `disk_reads.rs`).
+    Target { user_data: u64, res: i32 },
 }
 
 /// libublk's `UblkQueue::wait_and_handle_io`, except that a wait interrupted by a signal, or
@@ -56,15 +83,21 @@ pub fn serve(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
 /// queue on any error, and a stop signal (`kill -STOP`, a debugger attaching) interrupts
 /// every queue's `io_uring_enter` with `EINTR`: each queue thread ended, and the daemon, its
 /// queues gone, deleted the device (seen when a debugger attached).
-fn wait_and_handle_io(queue: &UblkQueue<'_>, mut handle: impl FnMut(&UblkQueue<'_>, u16)) {
+fn wait_and_handle_io(queue: &UblkQueue<'_>, mut handle: impl FnMut(&UblkQueue<'_>, Event)) {
     let mut retries = WaitRetries::default();
     loop {
         let waited = queue.flush_and_wake_io_tasks(
             |user_data, cqe, _last| {
-                // As libublk's loop: a fetched request. (This ring carries no target I/O.)
+                // As libublk's loop: a fetched request; or one of our own reads.
                 let target = user_data & libublk::UblkUringData::Target as u64 != 0;
-                if !target && cqe.result() == sys::UBLK_IO_RES_OK as i32 {
-                    handle(queue, UblkIOCtx::user_data_to_tag(user_data) as u16);
+                if target {
+                    let res = cqe.result();
+                    handle(queue, Event::Target { user_data, res });
+                } else if cqe.result() == sys::UBLK_IO_RES_OK as i32 {
+                    handle(
+                        queue,
+                        Event::Request(UblkIOCtx::user_data_to_tag(user_data) as u16),
+                    );
                 }
             },
             1,

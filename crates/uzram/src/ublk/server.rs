@@ -11,7 +11,8 @@ use libublk::sys;
 use uzram_core::store::PageStore;
 use uzram_core::PAGE_SIZE;
 
-use super::handler::{handle, Op, PageWriter};
+use super::disk_reads::DiskReads;
+use super::handler::{handle_deferring, Op, PageWriter};
 use crate::control::counters;
 use crate::control::proto::Stat;
 use crate::footprint::IO_BUF_BYTES;
@@ -126,6 +127,10 @@ pub struct Server<'a> {
     counters: &'a RequestCounters,
     served: u32,
     faults_at_start: Option<u64>,
+    /// Reads of written-back pages in flight on the thread's ring (with a backing device
+    /// that reads can go to directly).
+    disk: Option<DiskReads>,
+    inline_disk_reads: bool,
 }
 
 impl<'a> Server<'a> {
@@ -142,12 +147,24 @@ impl<'a> Server<'a> {
             counters,
             served: 0,
             faults_at_start: None,
+            disk: None,
+            inline_disk_reads: false,
         }
     }
 
-    /// The thread's setup is done (buffers allocated and locked): from here on it serves swap
-    /// I/O and must never page-fault (see `fault_guard`).
-    pub fn start(&mut self) {
+    /// Written-back pages are read synchronously on the thread, as before the queue's ring
+    /// carried them (for `uzram bench` to compare the two).
+    pub fn reading_backed_pages_inline(mut self) -> Self {
+        self.inline_disk_reads = true;
+        self
+    }
+
+    /// The thread's setup is done (buffers allocated and locked) for a queue of `depth`
+    /// tags: from here on it serves swap I/O and must never page-fault (see `fault_guard`).
+    pub fn start(&mut self, depth: u16) {
+        if !self.inline_disk_reads && self.store.backing_reads_directly() {
+            self.disk = Some(DiskReads::new(depth));
+        }
         pool::strict_current_thread();
         fault_guard::prefault_stack();
         // This queue's own setup allocated after the daemon-wide populate in `serve`.
@@ -160,17 +177,66 @@ impl<'a> Server<'a> {
         self.faults_at_start = crate::sys::sched::thread_faults();
     }
 
-    /// Serves one request whose data is in `data` (the tag's I/O buffer); returns its result.
-    pub fn handle(&mut self, iod: &sys::ublksrv_io_desc, data: &mut [u8]) -> i32 {
+    /// Serves request `tag`, whose data is in `data` (the tag's I/O buffer); returns its
+    /// result, or `None` when it waits for disk reads ([`Server::disk_read_done`] returns
+    /// it then).
+    pub fn handle(&mut self, tag: u16, iod: &sys::ublksrv_io_desc, data: &mut [u8]) -> Option<i32> {
         let op = Op::from_ublk(iod.op_flags);
-        let res = handle(
-            op,
-            iod.start_sector,
-            iod.nr_sectors,
-            data,
-            self.store,
-            self.writer,
-        );
+        let res = match (&mut self.disk, op) {
+            (Some(disk), Op::Read) => {
+                disk.begin(tag);
+                let res = handle_deferring(
+                    op,
+                    iod.start_sector,
+                    iod.nr_sectors,
+                    data,
+                    self.store,
+                    self.writer,
+                    Some(&mut |page, read| disk.start(tag, page, read)),
+                );
+                if disk.pending(tag) > 0 {
+                    disk.served(tag, res);
+                    return None;
+                }
+                res
+            }
+            _ => handle_deferring(
+                op,
+                iod.start_sector,
+                iod.nr_sectors,
+                data,
+                self.store,
+                self.writer,
+                None,
+            ),
+        };
+        self.finished(op, res);
+        Some(res)
+    }
+
+    /// A completion on the thread's ring that is not a ublk command's: if it is a disk
+    /// read's, finishes its page into its request's buffer (`buf`, the I/O buffer of the
+    /// tag in `user_data`), and returns the request and its result once that was its last
+    /// read.
+    pub fn disk_read_done(
+        &mut self,
+        user_data: u64,
+        res: i32,
+        buf: Option<&mut [u8]>,
+    ) -> Option<(u16, i32)> {
+        if !DiskReads::owns(user_data) {
+            return None;
+        }
+        let done = self
+            .disk
+            .as_mut()?
+            .complete(self.store, user_data, res, buf)?;
+        self.finished(Op::Read, done.1);
+        Some(done)
+    }
+
+    /// Counts a request served with `res`.
+    fn finished(&mut self, op: Op, res: i32) {
         self.counters.record(self.slot, op, res);
         self.served = self.served.wrapping_add(1);
         // A syscall, so only now and then.
@@ -182,7 +248,6 @@ impl<'a> Server<'a> {
                     .set_faults(self.slot, now.saturating_sub(start));
             }
         }
-        res
     }
 }
 

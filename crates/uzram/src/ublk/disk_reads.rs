@@ -1,0 +1,358 @@
+//! Reads of written-back pages through the queue thread's own io_uring: a request that
+//! needs a page from the backing device waits for that read while the thread serves its
+//! other requests, and is committed when its last page came in.
+//!
+//! The store hands each written-back page of a read out as a [`DiskRead`] (its blocks held
+//! until the read is finished, `uzram_core::store::disk_read`); this module reads the blocks
+//! into one of its [`SLOTS`] block-aligned buffers (the backing device is opened for direct
+//! I/O), with the slot's number in the completion's user data, and gives them back to the
+//! store to open, decode and check into the request's buffer. With every slot busy, or the
+//! ring's submission queue full, a page is read synchronously on the thread, as before.
+//! Everything is made before the thread serves: a read allocates nothing.
+
+use io_uring::{opcode, squeue, types};
+use libublk::io::UblkIOCtx;
+use uzram_core::store::{DiskRead, PageStore, BLOCK_BYTES, MAX_OBJECT_BLOCKS};
+use uzram_core::PAGE_SIZE;
+
+/// Disk reads a queue thread keeps in flight at most.
+pub const SLOTS: usize = 32;
+
+/// The user data's operation byte that marks a disk read's completion (a target I/O of
+/// ours; the ublk commands' completions carry no target bit).
+const DISK_READ_OP: u32 = 0xd1;
+
+/// One disk read's blocks.
+#[repr(C, align(4096))]
+struct SlotBuf([u8; MAX_OBJECT_BLOCKS * BLOCK_BYTES]);
+
+/// A read in flight: the store's handle, and where the page goes.
+struct InFlight {
+    read: DiskRead,
+    tag: u16,
+    page: usize,
+}
+
+/// A request waiting for its disk reads.
+#[derive(Debug, Clone, Copy, Default)]
+struct Waiting {
+    pending: u16,
+    /// Bytes read, or the first error (a negative errno).
+    result: i32,
+}
+
+/// A queue thread's disk reads; see the module docs.
+pub struct DiskReads {
+    bufs: Vec<SlotBuf>,
+    inflight: Vec<Option<InFlight>>,
+    /// Bit `i` set: slot `i` is free.
+    free: u64,
+    tags: Vec<Waiting>,
+}
+
+const _: () = assert!(SLOTS <= 64);
+
+impl DiskReads {
+    /// Slots for a queue of `depth` tags.
+    pub fn new(depth: u16) -> Self {
+        DiskReads {
+            bufs: (0..SLOTS)
+                .map(|_| SlotBuf([0; MAX_OBJECT_BLOCKS * BLOCK_BYTES]))
+                .collect(),
+            inflight: (0..SLOTS).map(|_| None).collect(),
+            free: if SLOTS == 64 {
+                u64::MAX
+            } else {
+                (1 << SLOTS) - 1
+            },
+            tags: vec![Waiting::default(); usize::from(depth)],
+        }
+    }
+
+    /// Read request `tag` begins.
+    pub fn begin(&mut self, tag: u16) {
+        if let Some(w) = self.tags.get_mut(usize::from(tag)) {
+            *w = Waiting::default();
+        }
+    }
+
+    /// Request `tag` was served with `res` (bytes, or a negative errno), some of its pages
+    /// still to come: it is committed with that once they came, unless one of them fails.
+    pub fn served(&mut self, tag: u16, res: i32) {
+        if let Some(w) = self.tags.get_mut(usize::from(tag)) {
+            if w.result >= 0 {
+                w.result = res;
+            }
+        }
+    }
+
+    /// Disk reads request `tag` still waits for.
+    pub fn pending(&self, tag: u16) -> u16 {
+        self.tags.get(usize::from(tag)).map_or(0, |w| w.pending)
+    }
+
+    /// Submits `read` (page `page` of request `tag`) on the thread's ring; gives it back
+    /// when no slot or submission entry is free.
+    pub fn start(&mut self, tag: u16, page: usize, read: DiskRead) -> Result<(), DiskRead> {
+        if self.free == 0 || usize::from(tag) >= self.tags.len() {
+            return Err(read);
+        }
+        let slot = self.free.trailing_zeros() as usize;
+        let Ok(len) = u32::try_from(read.len()) else {
+            return Err(read);
+        };
+        let buf = &mut self.bufs[slot].0;
+        if buf.len() < read.len() {
+            return Err(read);
+        }
+        // ASYNC: issued from io_uring's own workers, never inline on this thread. Issued
+        // inline, a read whose bio has to wait for the block layer's reserve (which swap
+        // writes to this very device hold under memory pressure) would stop the queue.
+        let sqe = opcode::Read::new(types::Fd(read.fd()), buf.as_mut_ptr(), len)
+            .offset(read.offset())
+            .build()
+            .flags(squeue::Flags::ASYNC)
+            .user_data(UblkIOCtx::build_user_data(
+                tag,
+                DISK_READ_OP,
+                slot as u32,
+                true,
+            ));
+        let pushed = libublk::io::with_task_io_ring_mut(|ring| {
+            // SAFETY: the entry reads into slot `slot`'s buffer, which lives as long as this
+            // thread's `DiskReads` and is not touched until the completion arrives
+            // ([`DiskReads::complete`]): the slot stays taken until then, and a queue thread
+            // ends only once no request (hence no read) is in flight.
+            if unsafe { ring.submission().push(&sqe) }.is_ok() {
+                return true;
+            }
+            // Full: hand what is queued to the kernel and try once more.
+            ring.submit().is_ok()
+                // SAFETY: as above.
+                && unsafe { ring.submission().push(&sqe) }.is_ok()
+        });
+        if !pushed {
+            return Err(read);
+        }
+        self.free &= !(1 << slot);
+        self.inflight[slot] = Some(InFlight { read, tag, page });
+        self.tags[usize::from(tag)].pending += 1;
+        Ok(())
+    }
+
+    /// Whether a completion's user data is one of these reads'.
+    pub fn owns(user_data: u64) -> bool {
+        user_data & libublk::UblkUringData::Target as u64 != 0
+            && UblkIOCtx::user_data_to_op(user_data) == DISK_READ_OP
+    }
+
+    /// A disk read completed with `res` (bytes read, or a negative errno): its page is
+    /// finished into `buf`, the I/O buffer of its request (the tag in `user_data`). Returns
+    /// the request and its result when that was its last read.
+    pub fn complete(
+        &mut self,
+        store: &PageStore,
+        user_data: u64,
+        res: i32,
+        buf: Option<&mut [u8]>,
+    ) -> Option<(u16, i32)> {
+        let slot = usize::try_from(user_data >> 24 & 0xffff).ok()?;
+        let tag = UblkIOCtx::user_data_to_tag(user_data) as u16;
+        if self.inflight.get(slot)?.as_ref()?.tag != tag {
+            return None;
+        }
+        let done = self.inflight.get_mut(slot)?.take()?;
+        self.free |= 1 << slot;
+        let InFlight { read, tag, page } = done;
+        let outcome = if usize::try_from(res).ok() != Some(read.len()) {
+            store.cancel_disk_read(read);
+            Err(if res < 0 { res } else { -libc::EIO })
+        } else {
+            let blocks = &mut self.bufs[slot].0[..read.len()];
+            match buf
+                .and_then(|b| b.get_mut(page * PAGE_SIZE..(page + 1) * PAGE_SIZE))
+                .and_then(|p| <&mut [u8; PAGE_SIZE]>::try_from(p).ok())
+            {
+                Some(out) => store
+                    .finish_disk_read(read, blocks, out)
+                    .map_err(|e| e.errno()),
+                None => {
+                    store.cancel_disk_read(read);
+                    Err(-libc::EIO)
+                }
+            }
+        };
+        let w = self.tags.get_mut(usize::from(tag))?;
+        if let Err(errno) = outcome {
+            store.record_failed_read();
+            tracing::error!(tag, page, errno, "reading a written-back page failed");
+            if w.result >= 0 {
+                w.result = errno;
+            }
+        }
+        w.pending = w.pending.saturating_sub(1);
+        (w.pending == 0).then_some((tag, w.result))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completions_of_disk_reads_are_told_from_ublk_commands() {
+        let ours = UblkIOCtx::build_user_data(7, DISK_READ_OP, 31, true);
+        assert!(DiskReads::owns(ours));
+        assert_eq!(UblkIOCtx::user_data_to_tag(ours), 7);
+        assert_eq!(ours >> 24 & 0xffff, 31);
+        // A ublk command's completion, and another target I/O.
+        assert!(!DiskReads::owns(UblkIOCtx::build_user_data(7, 1, 0, false)));
+        assert!(!DiskReads::owns(UblkIOCtx::build_user_data(7, 1, 0, true)));
+    }
+
+    /// A queue thread's read of written-back pages, without a kernel device: the thread's
+    /// ring is the one a queue thread makes, the request goes through the server, waits for
+    /// its disk reads (the server returns no result), and the completions on the ring
+    /// finish it with every page as written; a read of pages in RAM still completes at once.
+    #[test]
+    fn a_read_of_written_back_pages_waits_on_the_ring_and_completes_whole() {
+        if !crate::sys::is_root() {
+            println!("SKIP: a backing file must be root's");
+            return;
+        }
+        std::thread::spawn(|| {
+            if let Err(err) = crate::ublk::uring::init_queue_ring(64, 128) {
+                println!("SKIP: no io_uring here: {err}");
+                return;
+            }
+            serve_written_back_reads();
+        })
+        .join()
+        .unwrap();
+    }
+
+    fn serve_written_back_reads() {
+        use crate::ublk::handler::PageWriter;
+        use crate::ublk::server::{RequestCounters, Server};
+        use std::sync::Arc;
+        use uzram_core::codec::Algorithm;
+        use uzram_core::store::{NonceCounter, Writeback, WritebackCandidates};
+        use uzram_core::StoreConfig;
+
+        let dir = std::env::temp_dir().join(format!("uzram-disk-reads-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        const PAGES: u64 = 96;
+        let page = |i: u64| -> Vec<u8> {
+            let mut p = vec![0u8; PAGE_SIZE];
+            let mut x = i | 1;
+            for (k, c) in p.chunks_exact_mut(8).enumerate() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let w = if k % 3 == 0 {
+                    x
+                } else {
+                    i * 31 + k as u64 / 64
+                };
+                c.copy_from_slice(&w.to_le_bytes());
+            }
+            p
+        };
+        let store = PageStore::new(StoreConfig::new(PAGES, Algorithm::Lz4)).unwrap();
+        store.prepare_thread().unwrap();
+        let file = crate::daemon::backing::BackingFile::open(&dir.join("wb"), PAGES).unwrap();
+        let key = crate::daemon::backing::new_key().unwrap();
+        store
+            .attach_backing(Arc::new(file), &key, NonceCounter::Owned(0.into()))
+            .unwrap();
+        for i in 0..PAGES {
+            store.write_pages(i, &page(i)).unwrap();
+        }
+        // The first 64 pages go to the disk; 64..96 stay in RAM.
+        let done = store
+            .writeback(Writeback {
+                candidates: WritebackCandidates::Idle { min_age: 0 },
+                max_pages: 64,
+                max_bytes: u64::MAX,
+            })
+            .unwrap();
+        assert_eq!(done.pages, 64);
+        let counters = RequestCounters::new(1);
+        let mut server = Server::new(0, &store, &store, &counters);
+        server.start(4);
+        let iod = |first: u64, pages: u32| libublk::sys::ublksrv_io_desc {
+            op_flags: libublk::sys::UBLK_IO_OP_READ,
+            nr_sectors: pages * 8,
+            start_sector: first * 8,
+            addr: 0,
+        };
+        // Tag 1: 32 pages, 24 on disk and 8 in RAM; tag 2: 16 pages, all on disk.
+        let mut bufs = [vec![0u8; 32 * PAGE_SIZE], vec![0u8; 32 * PAGE_SIZE]];
+        assert_eq!(server.handle(1, &iod(40, 32), &mut bufs[0]), None);
+        assert_eq!(
+            server.handle(2, &iod(0, 16), &mut bufs[1][..16 * PAGE_SIZE]),
+            None
+        );
+        let mut in_ram = vec![0u8; 8 * PAGE_SIZE];
+        assert_eq!(
+            server.handle(3, &iod(70, 8), &mut in_ram),
+            Some(8 * PAGE_SIZE as i32),
+            "a read of pages in RAM completes at once"
+        );
+        let mut results = std::collections::HashMap::new();
+        while results.len() < 2 {
+            let cqes: Vec<(u64, i32)> = libublk::io::with_task_io_ring_mut(|ring| {
+                ring.submit_and_wait(1).unwrap();
+                ring.completion()
+                    .map(|c| (c.user_data(), c.result()))
+                    .collect()
+            });
+            for (user_data, res) in cqes {
+                let tag = UblkIOCtx::user_data_to_tag(user_data) as usize;
+                let buf = bufs.get_mut(tag - 1).map(|b| b.as_mut_slice());
+                if let Some((tag, res)) = server.disk_read_done(user_data, res, buf) {
+                    assert!(
+                        results.insert(tag, res).is_none(),
+                        "tag {tag} completed twice"
+                    );
+                }
+            }
+        }
+        assert_eq!(results[&1], 32 * PAGE_SIZE as i32);
+        assert_eq!(results[&2], 16 * PAGE_SIZE as i32);
+        for (k, i) in (40..72).enumerate() {
+            assert!(
+                bufs[0][k * PAGE_SIZE..(k + 1) * PAGE_SIZE] == page(i),
+                "page {i}"
+            );
+        }
+        for i in 0..16 {
+            let k = i as usize;
+            assert!(
+                bufs[1][k * PAGE_SIZE..(k + 1) * PAGE_SIZE] == page(i),
+                "page {i}"
+            );
+        }
+        for (k, i) in (70..78).enumerate() {
+            assert!(
+                in_ram[k * PAGE_SIZE..(k + 1) * PAGE_SIZE] == page(i),
+                "page {i}"
+            );
+        }
+        let stats = store.stats();
+        assert!(stats.bd_reads >= 40, "{stats:?}");
+        assert_eq!(stats.failed_reads, 0);
+        drop(server);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn buffers_are_block_aligned_for_direct_io() {
+        let r = DiskReads::new(4);
+        for b in &r.bufs {
+            assert_eq!(b.0.as_ptr() as usize % BLOCK_BYTES, 0);
+        }
+        assert_eq!(r.free.count_ones() as usize, SLOTS);
+    }
+}
