@@ -11,6 +11,7 @@ use libublk::io::{
 };
 use libublk::UblkError;
 
+use super::disk_reads::DiskReads;
 use super::server::{queue_io_bufs, Server, WaitRetries};
 use crate::takeover::leave;
 
@@ -60,8 +61,10 @@ fn run(
         let mut failed = None;
         let waited = queue.flush_and_wake_io_tasks(
             |user_data, cqe, _is_last| {
-                // One of our own reads (`disk_reads.rs`): its request may be done.
-                if user_data & libublk::UblkUringData::Target as u64 != 0 {
+                // One of our own reads (`disk_reads.rs`): its request may be done. (The
+                // batch commands' completions carry the target bit too: only the read's
+                // operation byte tells them apart.)
+                if DiskReads::owns(user_data) {
                     let tag = libublk::io::UblkIOCtx::user_data_to_tag(user_data) as u16;
                     let buf = batch.io_buf_mut(tag).map(|b| b.as_mut_slice());
                     if let Some((tag, res)) = server.disk_read_done(user_data, cqe.result(), buf) {

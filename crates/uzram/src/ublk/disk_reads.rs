@@ -208,6 +208,15 @@ mod tests {
         // A ublk command's completion, and another target I/O.
         assert!(!DiskReads::owns(UblkIOCtx::build_user_data(7, 1, 0, false)));
         assert!(!DiskReads::owns(UblkIOCtx::build_user_data(7, 1, 0, true)));
+        // The batch queue's commands (libublk's io_batch.rs: the target bit, the queue id,
+        // operations 0xf0-0xf5, a command id and a magic above): never a disk read's. A
+        // loop that took every target completion for a read left the batch fetches
+        // unserved, and the device never started (7.3 guest).
+        for op in 0xf0..=0xf5u64 {
+            let batch =
+                libublk::UblkUringData::Target as u64 | 3 | op << 16 | 5 << 24 | 0xb47c << 40;
+            assert!(!DiskReads::owns(batch), "{op:#x}");
+        }
     }
 
     /// A queue thread's read of written-back pages, without a kernel device: the thread's

@@ -4,6 +4,7 @@ use libublk::io::{BufDescList, UblkDev, UblkIOCtx, UblkQueue};
 use libublk::sys;
 use libublk::{BufDesc, UblkIORes};
 
+use super::disk_reads::DiskReads;
 use super::server::{own_io_bufs, Server, WaitRetries};
 use crate::takeover::leave;
 
@@ -89,11 +90,12 @@ fn wait_and_handle_io(queue: &UblkQueue<'_>, mut handle: impl FnMut(&UblkQueue<'
         let waited = queue.flush_and_wake_io_tasks(
             |user_data, cqe, _last| {
                 // As libublk's loop: a fetched request; or one of our own reads.
-                let target = user_data & libublk::UblkUringData::Target as u64 != 0;
-                if target {
+                if DiskReads::owns(user_data) {
                     let res = cqe.result();
                     handle(queue, Event::Target { user_data, res });
-                } else if cqe.result() == sys::UBLK_IO_RES_OK as i32 {
+                } else if user_data & libublk::UblkUringData::Target as u64 == 0
+                    && cqe.result() == sys::UBLK_IO_RES_OK as i32
+                {
                     handle(
                         queue,
                         Event::Request(UblkIOCtx::user_data_to_tag(user_data) as u16),
