@@ -12,7 +12,7 @@ use uzram_core::store::PageStore;
 use uzram_core::PAGE_SIZE;
 
 use super::disk_reads::DiskReads;
-use super::handler::{handle_deferring, Op, PageWriter};
+use super::handler::{handle_deferring, Defer, Op, PageWriter};
 use crate::control::counters;
 use crate::control::proto::Stat;
 use crate::footprint::IO_BUF_BYTES;
@@ -182,33 +182,29 @@ impl<'a> Server<'a> {
     /// it then).
     pub fn handle(&mut self, tag: u16, iod: &sys::ublksrv_io_desc, data: &mut [u8]) -> Option<i32> {
         let op = Op::from_ublk(iod.op_flags);
-        let res = match (&mut self.disk, op) {
-            (Some(disk), Op::Read) => {
+        let (store, writer) = (self.store, self.writer);
+        let mut serve = |defer: Option<Defer<'_>>| {
+            handle_deferring(
+                op,
+                iod.start_sector,
+                iod.nr_sectors,
+                data,
+                store,
+                writer,
+                defer,
+            )
+        };
+        let res = match self.disk.as_mut().filter(|_| op == Op::Read) {
+            Some(disk) => {
                 disk.begin(tag);
-                let res = handle_deferring(
-                    op,
-                    iod.start_sector,
-                    iod.nr_sectors,
-                    data,
-                    self.store,
-                    self.writer,
-                    Some(&mut |page, read| disk.start(tag, page, read)),
-                );
+                let res = serve(Some(&mut |page, read| disk.start(tag, page, read)));
                 if disk.pending(tag) > 0 {
                     disk.served(tag, res);
                     return None;
                 }
                 res
             }
-            _ => handle_deferring(
-                op,
-                iod.start_sector,
-                iod.nr_sectors,
-                data,
-                self.store,
-                self.writer,
-                None,
-            ),
+            None => serve(None),
         };
         self.finished(op, res);
         Some(res)
