@@ -45,13 +45,8 @@ impl DiskRead {
     }
 
     /// Bytes to read: whole blocks, at most [`MAX_OBJECT_BLOCKS`] of them.
-    pub fn len(&self) -> usize {
+    pub fn bytes(&self) -> usize {
         self.at.block_count() * super::BLOCK_BYTES
-    }
-
-    /// Never: a read covers at least one block.
-    pub fn is_empty(&self) -> bool {
-        false
     }
 }
 
@@ -116,7 +111,7 @@ impl PageStore {
         })
     }
 
-    /// Finishes `read` with `blocks` (its [`DiskRead::len`] bytes as read from its offset):
+    /// Finishes `read` with `blocks` (its [`DiskRead::bytes`] bytes as read from its offset):
     /// opens the seal, decodes the page into `page` and checks it. A block changed on disk,
     /// or not this page's, fails with [`CoreError::Corrupt`] (counted as a failed check).
     pub fn finish_disk_read(

@@ -469,7 +469,7 @@ impl FileDisk {
     /// What a caller of `read_deferring` does with a [`DiskRead`]: read its blocks itself.
     fn read(&self, read: &DiskRead) -> Vec<u8> {
         use std::os::unix::fs::FileExt;
-        let mut blocks = vec![0u8; read.len()];
+        let mut blocks = vec![0u8; read.bytes()];
         self.file.read_exact_at(&mut blocks, read.offset()).unwrap();
         blocks
     }
@@ -561,7 +561,7 @@ fn written_back_pages_are_handed_out_read_by_the_caller_and_checked() {
     let mut deferred = read_deferred(&store, 0, &mut one).unwrap();
     let (_, held) = deferred.pop().expect("page 0 is written back");
     let held_blocks = (held.offset() / BLOCK_BYTES as u64)
-        ..(held.offset() + held.len() as u64) / BLOCK_BYTES as u64;
+        ..(held.offset() + held.bytes() as u64) / BLOCK_BYTES as u64;
     store.write(0, &page(0, 9)).unwrap();
     store.discard(1, PAGES / 2 - 1).unwrap();
     filled(&store, 1);

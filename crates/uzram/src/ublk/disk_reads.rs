@@ -98,11 +98,11 @@ impl DiskReads {
             return Err(read);
         }
         let slot = self.free.trailing_zeros() as usize;
-        let Ok(len) = u32::try_from(read.len()) else {
+        let Ok(len) = u32::try_from(read.bytes()) else {
             return Err(read);
         };
         let buf = &mut self.bufs[slot].0;
-        if buf.len() < read.len() {
+        if buf.len() < read.bytes() {
             return Err(read);
         }
         // ASYNC: issued from io_uring's own workers, never inline on this thread. Issued
@@ -164,11 +164,11 @@ impl DiskReads {
         let done = self.inflight.get_mut(slot)?.take()?;
         self.free |= 1 << slot;
         let InFlight { read, tag, page } = done;
-        let outcome = if usize::try_from(res).ok() != Some(read.len()) {
+        let outcome = if usize::try_from(res).ok() != Some(read.bytes()) {
             store.cancel_disk_read(read);
             Err(if res < 0 { res } else { -libc::EIO })
         } else {
-            let blocks = &mut self.bufs[slot].0[..read.len()];
+            let blocks = &mut self.bufs[slot].0[..read.bytes()];
             match buf
                 .and_then(|b| b.get_mut(page * PAGE_SIZE..(page + 1) * PAGE_SIZE))
                 .and_then(|p| <&mut [u8; PAGE_SIZE]>::try_from(p).ok())
