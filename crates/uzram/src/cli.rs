@@ -520,6 +520,9 @@ pub struct BenchArgs {
     /// writeback does; report disk bytes per page and read latencies during the pass.
     #[arg(long, value_name = "PATH")]
     pub writeback: Option<PathBuf>,
+    /// The timing reader's pause between reads, in µs (0: back to back, a whole core).
+    #[arg(long, default_value_t = 0, value_name = "US")]
+    pub read_gap_us: u64,
 }
 
 impl DeviceArgs {

@@ -44,6 +44,8 @@ pub struct Setup {
     pub recompress: Option<i32>,
     /// After that: half the device written back to a backing file here.
     pub writeback: Option<std::path::PathBuf>,
+    /// The timing reader's pause between reads (zero: back to back).
+    pub read_gap: Duration,
 }
 
 /// What recompressing every page after the writes did (`--recompress`).
@@ -69,9 +71,9 @@ pub struct Run {
     pub backend: &'static str,
     /// From the first write to the last acknowledged one.
     pub ack: Duration,
-    /// From the first write until the first writer had written its share (each writer
-    /// has an equal one): against `ack`, how unevenly the writers went.
-    pub first_writer_done: Duration,
+    /// The writers, first done first (each has an equal share): against `ack`, how
+    /// unevenly they went, and why.
+    pub writers: Vec<Writer>,
     /// From the first write until every page was compressed and installed.
     pub compressed: Duration,
     /// Process CPU time over that span, the timing reader's own left out.
@@ -97,6 +99,23 @@ pub struct Run {
     pub recompressed: Option<Recompressed>,
     /// The writeback pass, when asked for.
     pub written_back: Option<super::writeback::WrittenBack>,
+}
+
+/// One writer thread's run.
+#[derive(Debug, Clone, Copy)]
+pub struct Writer {
+    /// Its own CPU time.
+    pub cpu: Duration,
+    /// From the first write until it had written its share.
+    pub done: Duration,
+    /// Time it was runnable but waited for a CPU (zero where the kernel keeps no
+    /// scheduler stats). The rest of `done` beyond `cpu` and this, it slept: waiting for a
+    /// slot, a lock or memory.
+    pub runnable: Duration,
+}
+
+fn runqueue_wait() -> Duration {
+    crate::sys::sched::thread_runqueue_wait().unwrap_or_default()
 }
 
 /// A copy of the corpus a thread can hand to the handler (which takes `&mut` buffers, as
@@ -178,8 +197,10 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
     let stop = AtomicBool::new(false);
     let bad_reads = AtomicU64::new(0);
     let per = setup.pages.div_ceil(setup.queues);
-    // Each writer's buffers are made before the clock starts.
-    let sources: Vec<(Source, Vec<u8>)> = (0..setup.queues)
+    // Each writer's buffers are made before the clock starts, and freed after it stopped:
+    // freeing 16 writers' 64 MiB copies inside the clock took 40 ms of a 100 ms run
+    // (docs/bench/gpu-runs.md, run 162).
+    let mut sources: Vec<(Source, Vec<u8>)> = (0..setup.queues)
         .map(|_| {
             let src = Source {
                 data: corpus.to_vec(),
@@ -188,12 +209,14 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
             (src, vec![0u8; REQUEST_PAGES * PAGE_SIZE])
         })
         .collect();
-    let (ack, first_done, compressed, cpu, faults, cpu_by_role, busy, reader_ok) =
+    let (ack, writers, compressed, cpu, faults, cpu_by_role, busy, reader_ok) =
         std::thread::scope(|scope| {
             // Named, so profiles tell the threads apart.
             let reader = std::thread::Builder::new()
                 .name("bench-reader".into())
                 .spawn_scoped(scope, || -> anyhow::Result<(Vec<u32>, Duration)> {
+                    // It stands in for the queue threads' reads: their set-up.
+                    crate::memory::io_path_thread("bench-reader");
                     let start = cpu_time(CpuOf::Thread)?;
                     let mut lats = Vec::with_capacity(MAX_BUSY_SAMPLES);
                     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -204,6 +227,9 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
                         if !good {
                             bad_reads.fetch_add(1, Ordering::Relaxed);
                         }
+                        if !setup.read_gap.is_zero() {
+                            std::thread::sleep(setup.read_gap);
+                        }
                     }
                     Ok((lats, cpu_time(CpuOf::Thread)? - start))
                 })?;
@@ -211,26 +237,36 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
             let before = usage(CpuOf::Process)?;
             let t0 = Instant::now();
             let writers: std::io::Result<Vec<_>> = sources
-                .into_iter()
+                .iter_mut()
                 .enumerate()
-                .map(|(q, (mut src, mut scratch))| {
+                .map(|(q, (src, scratch))| {
                     let lo = base + q * per;
                     let hi = (base + (q + 1) * per).min(total);
-                    std::thread::Builder::new()
-                        .name(format!("bench-queue-{q}"))
-                        .spawn_scoped(scope, move || -> anyhow::Result<(Duration, Duration)> {
+                    let name = format!("bench-queue-{q}");
+                    std::thread::Builder::new().name(name.clone()).spawn_scoped(
+                        scope,
+                        move || -> anyhow::Result<Writer> {
+                            // A ublk queue thread's set-up (`Server::start`): strict pool
+                            // takes, a prefaulted stack, nice -20, as the installers have.
+                            crate::memory::io_path_thread(&name);
                             // Its own CPU, measured here: the thread is gone when the run
                             // ends.
                             let start = cpu_time(CpuOf::Thread)?;
+                            let queued = runqueue_wait();
                             let mut first = lo;
                             while first < hi {
                                 let n = REQUEST_PAGES.min(hi - first);
-                                let pages = src.pages_at(base, first, n, &mut scratch);
+                                let pages = src.pages_at(base, first, n, scratch);
                                 write(s, c, first, pages)?;
                                 first += n;
                             }
-                            Ok((cpu_time(CpuOf::Thread)? - start, t0.elapsed()))
-                        })
+                            Ok(Writer {
+                                cpu: cpu_time(CpuOf::Thread)? - start,
+                                done: t0.elapsed(),
+                                runnable: runqueue_wait().saturating_sub(queued),
+                            })
+                        },
+                    )
                 })
                 .collect();
             let writers = match writers {
@@ -242,20 +278,18 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
                 }
             };
             let mut result = Ok(());
-            let mut queues_cpu = Duration::ZERO;
-            let mut first_done = Duration::MAX;
+            let mut done_writers = Vec::with_capacity(writers.len());
             for w in writers {
                 match w
                     .join()
                     .unwrap_or_else(|_| Err(anyhow::anyhow!("a writer thread panicked")))
                 {
-                    Ok((cpu, done)) => {
-                        queues_cpu += cpu;
-                        first_done = first_done.min(done);
-                    }
+                    Ok(w) => done_writers.push(w),
                     Err(e) => result = Err(e),
                 }
             }
+            let queues_cpu: Duration = done_writers.iter().map(|w| w.cpu).sum();
+            done_writers.sort_unstable_by_key(|w| w.done);
             let ack = t0.elapsed();
             compression.flush();
             let compressed = t0.elapsed();
@@ -272,7 +306,7 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
             result?;
             anyhow::Ok((
                 ack,
-                first_done,
+                done_writers,
                 compressed,
                 (after.cpu - before.cpu).saturating_sub(reader_cpu),
                 after.faults - before.faults,
@@ -355,7 +389,7 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
     Ok(Run {
         backend,
         ack,
-        first_writer_done: first_done,
+        writers,
         compressed,
         cpu,
         faults,

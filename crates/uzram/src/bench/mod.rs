@@ -92,6 +92,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                     checksums,
                     recompress,
                     writeback: args.writeback.clone(),
+                    read_gap: std::time::Duration::from_micros(args.read_gap_us),
                 };
                 (backend, setup)
             })

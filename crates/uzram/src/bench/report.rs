@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::Serialize;
 use uzram_core::PAGE_SIZE;
 
-use super::measure::{Run, Setup};
+use super::measure::{Run, Setup, Writer};
 use crate::config::Backend;
 
 /// What `uzram bench` reports for one corpus and backend.
@@ -33,6 +33,11 @@ pub struct Report {
     /// When the first writer had written its equal share (median): against `ack_s`, how
     /// unevenly the writers went.
     pub first_writer_done_s: f64,
+    /// The median writer (by when it was done) and the last one: when each was done, its
+    /// own CPU-seconds, and the seconds it was runnable but waited for a CPU (medians over
+    /// runs). What is left of `done` beyond the two, the writer slept.
+    pub median_writer: WriterReport,
+    pub last_writer: WriterReport,
     pub compressed_s: f64,
     /// Process CPU-seconds per GiB ingested, the timing reader's own left out (median).
     pub cpu_s_per_gib: f64,
@@ -141,6 +146,32 @@ fn pct(sorted: &[u32], p: f64) -> f64 {
     f64::from(sorted[i]) / 1e3
 }
 
+/// One writer of each run, picked by its place in the finishing order.
+#[derive(Debug, Clone, Serialize)]
+pub struct WriterReport {
+    pub done_s: f64,
+    pub cpu_s: f64,
+    pub runnable_s: f64,
+}
+
+impl WriterReport {
+    fn of(runs: &[Run], pick: impl Fn(&[Writer]) -> Option<&Writer>) -> Self {
+        let m = |f: &dyn Fn(&Writer) -> Duration| {
+            median(
+                runs.iter()
+                    .filter_map(|r| pick(&r.writers))
+                    .map(|w| f(w).as_secs_f64())
+                    .collect(),
+            )
+        };
+        Self {
+            done_s: m(&|w| w.done),
+            cpu_s: m(&|w| w.cpu),
+            runnable_s: m(&|w| w.runnable),
+        }
+    }
+}
+
 impl Report {
     pub fn new(corpus: &str, asked: Backend, setup: &Setup, runs: &[Run]) -> Self {
         let bytes = (setup.pages * PAGE_SIZE) as u64;
@@ -161,7 +192,9 @@ impl Report {
             ingest_gbps: m(&|r| bytes as f64 / secs(r.compressed) / 1e9),
             ack_gbps: m(&|r| bytes as f64 / secs(r.ack) / 1e9),
             ack_s: m(&|r| r.ack.as_secs_f64()),
-            first_writer_done_s: m(&|r| r.first_writer_done.as_secs_f64()),
+            first_writer_done_s: m(&|r| r.writers.first().map_or(0.0, |w| w.done.as_secs_f64())),
+            median_writer: WriterReport::of(runs, |ws| ws.get(ws.len() / 2)),
+            last_writer: WriterReport::of(runs, |ws| ws.last()),
             compressed_s: m(&|r| r.compressed.as_secs_f64()),
             cpu_s_per_gib: m(&|r| r.cpu.as_secs_f64() / (bytes as f64 / (1u64 << 30) as f64)),
             faults_per_gib: m(&|r| r.faults as f64 / (bytes as f64 / (1u64 << 30) as f64)),

@@ -92,3 +92,11 @@ pub fn thread_faults() -> Option<u64> {
     let count = |v: libc::c_long| u64::try_from(v).unwrap_or(0);
     Some(count(usage.ru_minflt) + count(usage.ru_majflt))
 }
+
+/// Time the calling thread has spent waiting on a run queue (runnable, not running), from
+/// `/proc/thread-self/schedstat`; `None` where the kernel does not keep scheduler stats.
+pub fn thread_runqueue_wait() -> Option<std::time::Duration> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some(std::time::Duration::from_nanos(ns))
+}

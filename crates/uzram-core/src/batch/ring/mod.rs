@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 
 pub use self::config::{RingConfig, ThreadHook};
 use self::install::{installer_loop, Tools, BUFS};
-use self::shared::{Phase, Shared, SlotState, State, NO_SLOT};
+use self::shared::{Phase, Shared, SlotState, State, MAX_LINE, NO_SLOT};
 use self::stats::Counters;
 pub use self::stats::{RingStats, SlotTimes};
 use super::backend::{BackendMemory, SlotBackend};
@@ -138,6 +138,8 @@ impl Ring {
                 queue: VecDeque::with_capacity(slots),
                 stop: false,
                 stalled: false,
+                line: VecDeque::with_capacity(MAX_LINE),
+                next_ticket: 0,
             }),
             work: Condvar::new(),
             idle: Condvar::new(),
@@ -149,6 +151,7 @@ impl Ring {
             slot_marks: (0..slots).map(|_| AtomicU64::new(0)).collect(),
             leases: (0..slots).map(|_| AtomicU64::new(0)).collect(),
             open_hint: AtomicUsize::new(NO_SLOT),
+            waiting: AtomicUsize::new(0),
             cfg,
         });
         let mut ring = Ring {
@@ -273,6 +276,8 @@ impl Ring {
     pub fn drain(&self, within: Duration) -> bool {
         let sh = &*self.shared;
         sh.draining.store(true, Ordering::Release);
+        // Writers waiting in line for room compress inline instead.
+        sh.idle.notify_all();
         let start = Instant::now();
         loop {
             if start.elapsed() > within {
@@ -310,6 +315,7 @@ impl Ring {
         self.flush();
         self.shared.lock().stop = true;
         self.shared.work.notify_all();
+        self.shared.idle.notify_all();
         for t in self.threads.drain(..) {
             if t.join().is_err() {
                 tracing::error!("a ring installer thread panicked");

@@ -77,6 +77,33 @@ pub(super) struct State {
     pub(super) stop: bool,
     /// A writer's wait for a free slot ended with none freed; cleared when one is.
     pub(super) stalled: bool,
+    /// Writers waiting for room, in the order they came: room that appears goes to them
+    /// first, in that order ([`Waiter`]).
+    pub(super) line: VecDeque<Waiter>,
+    /// The next waiter's ticket.
+    pub(super) next_ticket: u64,
+}
+
+/// Most writers that wait in line at once; a writer that finds the line full compresses
+/// its pages inline. Far more than a device has queue threads.
+pub(super) const MAX_LINE: usize = 1024;
+
+/// A writer waiting in line for pages of a slot.
+#[derive(Debug)]
+pub(super) struct Waiter {
+    pub(super) ticket: u64,
+    pub(super) want: usize,
+    /// Pages leased for it while it slept: it fills them when it wakes.
+    pub(super) grant: Option<Lease>,
+}
+
+/// Pages `base..base + count` of `slot`, leased to one writer.
+#[derive(Debug)]
+pub(super) struct Lease {
+    pub(super) slot: usize,
+    pub(super) base: usize,
+    pub(super) count: usize,
+    pub(super) epoch: u64,
 }
 
 pub(super) struct Shared {
@@ -105,6 +132,9 @@ pub(super) struct Shared {
     /// The open slot, for writers that lease without the mutex ([`NO_SLOT`]: none). A hint:
     /// the lease word decides.
     pub(super) open_hint: AtomicUsize,
+    /// Waiters in [`State::line`] without a grant yet: while there are any, writers take the
+    /// mutex and queue behind them instead of leasing past them.
+    pub(super) waiting: AtomicUsize,
 }
 
 impl Shared {

@@ -7,8 +7,8 @@ use std::sync::PoisonError;
 use std::time::Instant;
 
 use super::shared::{
-    filled, writers, Phase, Shared, SlotState, State, LEASE_OPEN, LEASE_SEALED, LEASE_WRITER,
-    NO_SLOT,
+    filled, writers, Lease, Phase, Shared, SlotState, State, Waiter, LEASE_OPEN, LEASE_SEALED,
+    LEASE_WRITER, MAX_LINE, NO_SLOT,
 };
 use super::stats::{bump, Step};
 use crate::batch::staging::NO_PAGE;
@@ -21,14 +21,6 @@ use crate::CoreError;
 
 /// Most pages of one request a writer handles at a time.
 const RUN: usize = 64;
-
-/// Pages `base..base + count` of `slot`, leased to one writer.
-struct Lease {
-    slot: usize,
-    base: usize,
-    count: usize,
-    epoch: u64,
-}
 
 impl Shared {
     /// [`Ring::write`](super::Ring::write).
@@ -147,15 +139,22 @@ impl Shared {
 
     /// Leases up to `want` indices of the open slot (opening a free one if needed).
     /// `None`: the backend is retired, the ring is draining or stopping, or every slot is
-    /// busy (after waiting up to [`RingConfig::slot_wait`](super::RingConfig::slot_wait)
-    /// for one, unless stalled).
+    /// busy (after waiting in line up to
+    /// [`RingConfig::slot_wait`](super::RingConfig::slot_wait) for room, unless stalled).
+    ///
+    /// Waiters are served in the order they came: a freed slot's pages are leased to them
+    /// before anyone else's, and while anyone waits, a writer queues behind them. Without
+    /// the line, a writer that slept through a wake-up found the freed slot taken by
+    /// writers that were running, gave up after its one wait and compressed inline: at 16
+    /// queue threads 1,000-3,000 pages a GiB went to the CPU that way, none with the line
+    /// (docs/bench/gpu-runs.md, runs 160-161).
     fn reserve(&self, want: usize) -> Option<Lease> {
-        if self.retired.load(Ordering::Relaxed) || self.draining.load(Ordering::Acquire) {
+        if self.closed() {
             return None;
         }
-        // Without the mutex: the open slot, if it has room.
+        // Without the mutex: the open slot, if it has room and nobody waits for it.
         let hint = self.open_hint.load(Ordering::Acquire);
-        if hint != NO_SLOT {
+        if hint != NO_SLOT && self.waiting.load(Ordering::Acquire) == 0 {
             if let Some((lease, event)) = self.lease_in(hint, want) {
                 if event != Leased::Plain {
                     let mut st = self.lock();
@@ -165,50 +164,110 @@ impl Shared {
             }
         }
         let mut st = self.lock();
-        let mut waited = false;
+        if st.stop || self.closed() {
+            return None;
+        }
+        if self.waiting.load(Ordering::Acquire) == 0 {
+            if let Some(lease) = self.lease_now(&mut st, want) {
+                return Some(lease);
+            }
+        }
+        if st.stalled || self.cfg.slot_wait.is_zero() || st.line.len() == MAX_LINE {
+            return None;
+        }
+        let ticket = st.next_ticket;
+        st.next_ticket += 1;
+        st.line.push_back(Waiter {
+            ticket,
+            want,
+            grant: None,
+        });
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        bump(&self.counters.slot_waits, 1);
+        let start = Instant::now();
         loop {
-            let closed =
-                self.retired.load(Ordering::Relaxed) || self.draining.load(Ordering::Acquire);
-            if st.stop || closed {
+            let left = self.cfg.slot_wait.saturating_sub(start.elapsed());
+            let (guard, _) = self
+                .idle
+                .wait_timeout(st, left)
+                .unwrap_or_else(PoisonError::into_inner);
+            st = guard;
+            let at = st.line.iter().position(|w| w.ticket == ticket);
+            let granted = at
+                .and_then(|i| st.line.get_mut(i))
+                .and_then(|w| w.grant.take());
+            if let Some(lease) = granted {
+                // Its grant took it off the waiting count.
+                st.line.retain(|w| w.ticket != ticket);
+                return Some(lease);
+            }
+            let closed = st.stop || self.closed();
+            if closed || start.elapsed() >= self.cfg.slot_wait {
+                st.line.retain(|w| w.ticket != ticket);
+                self.waiting.fetch_sub(1, Ordering::AcqRel);
+                if !closed && st.open.is_none() && st.free.is_empty() {
+                    bump(&self.counters.slot_wait_timeouts, 1);
+                    st.stalled = true;
+                }
+                // Room it leaves behind goes to whoever waits after it.
+                self.serve_line(&mut st);
+                drop(st);
+                self.idle.notify_all();
                 return None;
             }
+        }
+    }
+
+    /// Retired, or draining: no more leases.
+    fn closed(&self) -> bool {
+        self.retired.load(Ordering::Relaxed) || self.draining.load(Ordering::Acquire)
+    }
+
+    /// Leases up to `want` pages of the open slot, or of a free slot it opens; `None` when
+    /// every slot is busy.
+    fn lease_now(&self, st: &mut State, want: usize) -> Option<Lease> {
+        loop {
             if let Some(slot) = st.open {
                 if let Some((lease, event)) = self.lease_in(slot, want) {
-                    self.after_lease(&mut st, slot, event);
+                    self.after_lease(st, slot, event);
                     return Some(lease);
                 }
                 // Sealed by a writer that filled it, which clears `open` once it has the
                 // mutex: clear it now.
-                self.close(&mut st, slot);
+                self.close(st, slot);
                 continue;
             }
-            if let Some(slot) = st.free.pop() {
-                self.mark(slot, Step::Free);
-                st.slots[slot] = SlotState {
-                    phase: Phase::InUse,
+            let slot = st.free.pop()?;
+            self.mark(slot, Step::Free);
+            st.slots[slot] = SlotState {
+                phase: Phase::InUse,
+            };
+            self.staging.next_epoch(slot);
+            // The epoch first: a writer whose lease succeeds on this word reads it.
+            self.leases[slot].store(LEASE_OPEN, Ordering::Release);
+            st.open = Some(slot);
+            st.opened = None;
+            self.open_hint.store(slot, Ordering::Release);
+        }
+    }
+
+    /// Leases room to the writers waiting in line, first come first served, as far as it
+    /// goes; they pick their grants up when they wake (`idle` is notified by the caller).
+    pub(super) fn serve_line(&self, st: &mut State) {
+        if self.closed() || st.stop {
+            return;
+        }
+        let mut i = 0;
+        while i < st.line.len() {
+            if st.line[i].grant.is_none() {
+                let want = st.line[i].want;
+                let Some(lease) = self.lease_now(st, want) else {
+                    return;
                 };
-                self.staging.next_epoch(slot);
-                // The epoch first: a writer whose lease succeeds on this word reads it.
-                self.leases[slot].store(LEASE_OPEN, Ordering::Release);
-                st.open = Some(slot);
-                st.opened = None;
-                self.open_hint.store(slot, Ordering::Release);
-                continue;
+                st.line[i].grant = Some(lease);
+                self.waiting.fetch_sub(1, Ordering::AcqRel);
             }
-            if waited || st.stalled || self.cfg.slot_wait.is_zero() {
-                return None;
-            }
-            bump(&self.counters.slot_waits, 1);
-            let (guard, timeout) = self
-                .idle
-                .wait_timeout(st, self.cfg.slot_wait)
-                .unwrap_or_else(PoisonError::into_inner);
-            st = guard;
-            waited = true;
-            if timeout.timed_out() && st.open.is_none() && st.free.is_empty() {
-                bump(&self.counters.slot_wait_timeouts, 1);
-                st.stalled = true;
-            }
+            i += 1;
         }
     }
 

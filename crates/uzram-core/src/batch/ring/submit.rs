@@ -71,6 +71,7 @@ impl Shared {
         }
         st.free.push(slot);
         st.stalled = false;
+        self.serve_line(&mut st);
         drop(st);
         self.idle.notify_all();
     }

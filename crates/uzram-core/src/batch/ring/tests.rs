@@ -725,3 +725,61 @@ fn many_writers_lease_without_the_mutex_and_every_slot_goes_round_once() {
     );
     assert_reads(&store, &data);
 }
+
+/// Writers that find every slot busy are served in the order they came: a freed slot's
+/// pages go to the first in line, and one who comes later waits behind it instead of
+/// taking them (or giving up and compressing inline) when it happens to wake first.
+#[test]
+fn writers_waiting_for_room_are_served_first_come_first_served() {
+    // Noise: no page is same-filled, so every page is staged.
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let data: Vec<u8> = (0..48 * PAGE_SIZE)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let n = 48u64;
+    let device = Duration::from_millis(60);
+    let cfg = RingConfig {
+        slot_wait: Duration::from_secs(5),
+        max_delay: Duration::from_secs(5),
+        ..RingConfig::default()
+    };
+    // One slot of 16 pages: each request fills it, and the next waits a device cycle.
+    let (store, ring) = ring_with(n, host(1, 16, FaultPlan::slow(device)), cfg);
+    let page = |p: usize| &data[p * PAGE_SIZE..(p + 16) * PAGE_SIZE];
+    let (a, b, c) = (0, 16, 32);
+    let start = Instant::now();
+    ring.write(a as u64, page(a)).unwrap();
+    let done = std::thread::scope(|s| {
+        let first = s.spawn(|| {
+            ring.write(b as u64, page(b)).unwrap();
+            start.elapsed()
+        });
+        // The first writer is in line before the second comes.
+        while ring.stats().slot_waits < 1 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let second = s.spawn(|| {
+            ring.write(c as u64, page(c)).unwrap();
+            start.elapsed()
+        });
+        (first.join().unwrap(), second.join().unwrap())
+    });
+    let s = ring.stats();
+    assert_eq!(s.slot_waits, 2, "{s:?}");
+    assert_eq!(s.overflow_pages + s.slot_wait_timeouts, 0, "{s:?}");
+    assert!(
+        done.0 < done.1,
+        "first in line finished at {:?}, second at {:?}",
+        done.0,
+        done.1
+    );
+    // The second waited for the slot the first one filled to come back.
+    assert!(done.1 >= device * 2, "{done:?}");
+    ring.flush();
+    assert_reads(&store, &data);
+}
