@@ -1,6 +1,7 @@
 //! A page built from the input goes through both codecs with an output budget taken from
-//! the input: LZ4 output is liblz4's byte for byte (or both refuse the budget), and every
-//! compressed page decodes back to itself.
+//! the input: LZ4 output is liblz4's byte for byte (`LZ4_compress_fast_continue` on a fresh
+//! stream, the parse the codec makes; or both refuse the budget), and every compressed page
+//! decodes back to itself.
 #![no_main]
 
 use std::os::raw::{c_char, c_int};
@@ -8,6 +9,18 @@ use std::os::raw::{c_char, c_int};
 use libfuzzer_sys::fuzz_target;
 use uzram_core::codec::{Lz4Codec, PageCodec, ZstdCodec};
 use uzram_core::page::PAGE_SIZE;
+
+extern "C" {
+    // In the liblz4 that lz4-sys builds; lz4-sys does not declare it.
+    fn LZ4_compress_fast_continue(
+        stream: *mut lz4_sys::LZ4StreamEncode,
+        src: *const c_char,
+        dst: *mut c_char,
+        src_size: c_int,
+        dst_capacity: c_int,
+        acceleration: c_int,
+    ) -> c_int;
+}
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 3 {
@@ -30,15 +43,22 @@ fuzz_target!(|data: &[u8]| {
         .compress(&page, &mut out)
         .expect("lz4 compress never errors");
     let mut theirs = vec![0u8; cap];
-    // SAFETY: `page` (PAGE_SIZE bytes) and `theirs` (cap bytes) are live and distinct;
-    // liblz4 writes at most `cap` bytes.
+    // SAFETY: LZ4_createStream returns an initialised stream or null (checked), used only
+    // here and freed once; `page` (PAGE_SIZE bytes) and `theirs` (cap bytes) are live and
+    // distinct; liblz4 writes at most `cap` bytes.
     let n = unsafe {
-        lz4_sys::LZ4_compress_default(
+        let stream = lz4_sys::LZ4_createStream();
+        assert!(!stream.is_null());
+        let n = LZ4_compress_fast_continue(
+            stream,
             page.as_ptr().cast::<c_char>(),
             theirs.as_mut_ptr().cast::<c_char>(),
             PAGE_SIZE as c_int,
             cap as c_int,
-        )
+            1,
+        );
+        lz4_sys::LZ4_freeStream(stream);
+        n
     };
     let theirs = (n > 0).then(|| &theirs[..n as usize]);
     assert_eq!(
