@@ -40,6 +40,19 @@ fn pages() -> Vec<u8> {
     v
 }
 
+/// `pages` pages of xorshift noise: incompressible, none same-filled.
+fn noise(pages: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed;
+    (0..pages * PAGE_SIZE)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 fn ring_with(pages: u64, backend: Arc<dyn SlotBackend>, cfg: RingConfig) -> (Arc<PageStore>, Ring) {
     let store = Arc::new(PageStore::new(StoreConfig::new(pages, Algorithm::Lz4)).unwrap());
     let ring = Ring::start(store.clone(), backend, cfg).unwrap();
@@ -549,15 +562,7 @@ fn start_checks_the_backend() {
 fn slots_of_raw_pages_are_stored_straight_from_the_staged_words() {
     // Incompressible pages are stored raw from the slot's words, not through the
     // installer's buffers (of which there are fewer than the slot's 1000 pages).
-    let mut x = 0x1234_5678_9abc_def1u64;
-    let data: Vec<u8> = (0..1000 * PAGE_SIZE)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let data = noise(1000, 0x1234_5678_9abc_def1);
     // A delay long enough that the slot is only submitted once full.
     let cfg = RingConfig {
         max_delay: Duration::from_secs(30),
@@ -732,15 +737,7 @@ fn many_writers_lease_without_the_mutex_and_every_slot_goes_round_once() {
 #[test]
 fn writers_waiting_for_room_are_served_first_come_first_served() {
     // Noise: no page is same-filled, so every page is staged.
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let data: Vec<u8> = (0..48 * PAGE_SIZE)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let data = noise(48, 0x2545_f491_4f6c_dd1d);
     let n = 48u64;
     let device = Duration::from_millis(60);
     let cfg = RingConfig {
