@@ -6,6 +6,11 @@
  *   hog MIB [PASSES [HOLD]]   PASSES verify passes after the fill (default 1); HOLD seconds
  *                             to sleep between the fill and the first verify pass (while
  *                             the filled pages sit in swap), announced by "hog: holding"
+ *   hog -t SECS MIB ...       the same in a child, killed (SIGKILL) after SECS by a parent
+ *                             whose memory is locked; exits as the child did, 137 if killed.
+ *                             `timeout -s KILL` could not kill a hog on a swap device that
+ *                             refuses writes: timeout's own pages were in swap, and its
+ *                             swap-in stalled in reclaim for good (scenario l, 7.3).
  *
  * Every page is one of 256 text-like template pages (log-like lines with random numbers),
  * picked by a hash of its index and stamped with the index in its first and middle words: never zero-filled or same-filled, and LZ4
@@ -17,7 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -74,7 +81,63 @@ static void fill_page(unsigned char *p, uint64_t idx)
 	memcpy(p + PAGE / 2, &idx, 8);
 }
 
+static int hog(int argc, char **argv);
+
+/* -t SECS: the hog in a child, a locked parent to kill it. */
+static int watched(unsigned secs, int argc, char **argv)
+{
+	if (mlockall(MCL_CURRENT | MCL_FUTURE) != 0) {
+		perror("hog: mlockall");
+		return 2;
+	}
+	pid_t child = fork();
+	if (child < 0) {
+		perror("hog: fork");
+		return 2;
+	}
+	if (child == 0) {
+		/* Locked memory is not inherited: the child's pages swap as a hog's must. */
+		munlockall();
+		int rc = hog(argc, argv);
+		fflush(NULL);
+		_exit(rc);
+	}
+	double end = now() + secs;
+	int status;
+	for (;;) {
+		pid_t r = waitpid(child, &status, WNOHANG);
+		if (r == child)
+			break;
+		if (r < 0) {
+			perror("hog: waitpid");
+			return 2;
+		}
+		if (now() >= end) {
+			kill(child, SIGKILL);
+			waitpid(child, &status, 0);
+			return 137;
+		}
+		usleep(100 * 1000);
+	}
+	if (WIFEXITED(status))
+		return WEXITSTATUS(status);
+	return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
 int main(int argc, char **argv)
+{
+	if (argc >= 3 && strcmp(argv[1], "-t") == 0) {
+		int secs = atoi(argv[2]);
+		if (secs <= 0) {
+			fprintf(stderr, "hog: -t SECS must be > 0\n");
+			return 2;
+		}
+		return watched((unsigned)secs, argc - 2, argv + 2);
+	}
+	return hog(argc, argv);
+}
+
+static int hog(int argc, char **argv)
 {
 	if (argc < 2 || argc > 4) {
 		fprintf(stderr, "usage: hog MIB [PASSES [HOLD]]\n");

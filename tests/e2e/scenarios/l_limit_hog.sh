@@ -17,7 +17,9 @@ echo 0 > /proc/sys/vm/compact_unevictable_allowed
 run_hog() {
   _w=
   if [ -n "${3:-}" ]; then hangwatch "$3" uzram & _w=$!; fi
-  timeout -s KILL "$1" hog "$2" 1 > /tmp/l.hog 2>&1
+  # hog -t, not timeout: without a backing device the swap device refuses writes, and on
+  # 7.3 timeout's own pages, swapped out, never came back to run its kill (hog.c).
+  hog -t "$1" "$2" 1 > /tmp/l.hog 2>&1
   HRC=$?
   [ -z "$_w" ] || kill $_w 2>/dev/null
   sed 's/^/    | /' /tmp/l.hog

@@ -114,6 +114,16 @@ pub struct Writer {
     pub runnable: Duration,
 }
 
+/// A ublk queue thread's priority (`Server::start`: nice -20, as the installers have), so
+/// that the writers share the CPUs with the installers as the daemon's queue threads do.
+/// Not its strict pool takes: an empty pool would fail a write, which the kernel retries
+/// and the bench cannot.
+fn queue_thread_priority(name: &str) {
+    if let Err(err) = crate::sys::set_thread_nice(crate::sys::IO_NICE) {
+        tracing::warn!(thread = name, error = %err, "raising the thread's priority failed");
+    }
+}
+
 fn runqueue_wait() -> Duration {
     crate::sys::sched::thread_runqueue_wait().unwrap_or_default()
 }
@@ -215,8 +225,8 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
             let reader = std::thread::Builder::new()
                 .name("bench-reader".into())
                 .spawn_scoped(scope, || -> anyhow::Result<(Vec<u32>, Duration)> {
-                    // It stands in for the queue threads' reads: their set-up.
-                    crate::memory::io_path_thread("bench-reader");
+                    // It stands in for the queue threads' reads: their priority.
+                    queue_thread_priority("bench-reader");
                     let start = cpu_time(CpuOf::Thread)?;
                     let mut lats = Vec::with_capacity(MAX_BUSY_SAMPLES);
                     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -246,9 +256,7 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
                     std::thread::Builder::new().name(name.clone()).spawn_scoped(
                         scope,
                         move || -> anyhow::Result<Writer> {
-                            // A ublk queue thread's set-up (`Server::start`): strict pool
-                            // takes, a prefaulted stack, nice -20, as the installers have.
-                            crate::memory::io_path_thread(&name);
+                            queue_thread_priority(&name);
                             // Its own CPU, measured here: the thread is gone when the run
                             // ends.
                             let start = cpu_time(CpuOf::Thread)?;
