@@ -65,8 +65,12 @@ else
     check "swapoff" swapoff "$DEV"
     uzram_destroy "$DEV"
   fi
-  # the same hog without a backing device: the limit is hit
-  if uzram_create --size "${SIZE_MIB}M" --mem-limit "${LIMIT_MIB}M"; then
+  # the same hog without a backing device: the limit is hit. Not on 7.3 (uzram.l_without=0
+  # there): with the device refusing writes, its hog sat in a page allocation stall for
+  # minutes, even past a SIGKILL (a CI boot); on 6.12 it is killed at its time.
+  if [ "${UZ_l_without:-1}" = 0 ]; then
+    say "  without a backing device: not run in this boot (uzram.l_without=0)"
+  elif uzram_create --size "${SIZE_MIB}M" --mem-limit "${LIMIT_MIB}M"; then
     check "mkswap" mkswap "$DEV" && check "swapon --discard" swapon -d "$DEV"
     run_hog "${UZ_nolimit_hog_secs:-30}" "$HOG"
     fw=$(stat_field "$DEV" failed_writes)
