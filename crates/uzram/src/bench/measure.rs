@@ -119,9 +119,7 @@ pub struct Writer {
 /// Not its strict pool takes: an empty pool would fail a write, which the kernel retries
 /// and the bench cannot.
 fn queue_thread_priority(name: &str) {
-    if let Err(err) = crate::sys::set_thread_nice(crate::sys::IO_NICE) {
-        tracing::warn!(thread = name, error = %err, "raising the thread's priority failed");
-    }
+    crate::sys::raise_io_thread_priority(name);
 }
 
 fn runqueue_wait() -> Duration {

@@ -22,7 +22,5 @@ pub mod reserve;
 pub fn io_path_thread(name: &str) {
     pool::strict_current_thread();
     fault_guard::prefault_small_stack();
-    if let Err(err) = crate::sys::set_thread_nice(crate::sys::IO_NICE) {
-        tracing::warn!(thread = name, error = %err, "raising the thread's priority failed");
-    }
+    crate::sys::raise_io_thread_priority(name);
 }

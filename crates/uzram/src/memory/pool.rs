@@ -667,9 +667,7 @@ pub fn ram_bytes() -> u64 {
 /// freed memory: they go back to the system ([`trim`]). Nothing is faulted in while
 /// [`hold_refills`] holds.
 pub fn keep(initial_target: usize) {
-    if let Err(err) = crate::sys::set_thread_nice(crate::sys::IO_NICE) {
-        tracing::warn!(error = %err, "raising the pool keeper's priority failed");
-    }
+    crate::sys::raise_io_thread_priority("pool keeper");
     let _ = KEEPER.set(std::thread::current());
     TARGET.store(initial_target, Ordering::Relaxed);
     let mut target = initial_target;
@@ -755,9 +753,7 @@ fn start_fillers(n: usize) -> Vec<std::thread::Thread> {
 /// the pool reaches the keeper's target, a few blocks at a time so that the fillers and
 /// the keeper share the deficit. It sleeps otherwise: small top-ups are the keeper's alone.
 fn fill() {
-    if let Err(err) = crate::sys::set_thread_nice(crate::sys::IO_NICE) {
-        tracing::warn!(error = %err, "raising a pool filler's priority failed");
-    }
+    crate::sys::raise_io_thread_priority("pool filler");
     loop {
         // An unpark before this park is not lost: it returns at once.
         std::thread::park();

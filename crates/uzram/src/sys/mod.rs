@@ -7,7 +7,7 @@ mod errno;
 pub mod memory;
 pub mod sched;
 
-pub use sched::{set_thread_nice, IO_NICE};
+pub use sched::{raise_io_thread_priority, set_thread_nice};
 
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};

@@ -31,6 +31,20 @@ pub fn set_thread_nice(nice: i32) -> io::Result<()> {
     set_nice_of(gettid(), nice)
 }
 
+/// Raises the calling thread, one on the swap I/O path (`thread` names it in the warning),
+/// to [`IO_NICE`]. Where that fails (no `CAP_SYS_NICE`) it warns and the thread runs on at
+/// the nice value it had: it then competes for CPU at normal priority with the tasks whose
+/// memory it swaps out.
+pub fn raise_io_thread_priority(thread: impl std::fmt::Display) {
+    if let Err(err) = set_thread_nice(IO_NICE) {
+        tracing::warn!(
+            thread = %thread,
+            error = %err,
+            "raising an I/O-path thread's priority failed: it competes at normal priority"
+        );
+    }
+}
+
 /// Thread `tid`'s nice value.
 #[cfg(test)]
 pub fn nice_of(tid: Tid) -> io::Result<i32> {

@@ -171,9 +171,7 @@ impl<'a> Server<'a> {
         if let Err(err) = fault_guard::populate_writable_mappings() {
             tracing::warn!(slot = self.slot, error = %err, "populating writable memory failed");
         }
-        if let Err(err) = crate::sys::set_thread_nice(crate::sys::IO_NICE) {
-            tracing::warn!(slot = self.slot, error = %err, "raising the queue thread's priority failed");
-        }
+        crate::sys::raise_io_thread_priority(format_args!("queue thread {}", self.slot));
         self.faults_at_start = crate::sys::sched::thread_faults();
     }
 
