@@ -133,7 +133,8 @@ pub(super) struct Shared {
     /// the lease word decides.
     pub(super) open_hint: AtomicUsize,
     /// Waiters in [`State::line`] without a grant yet: while there are any, writers take the
-    /// mutex and queue behind them instead of leasing past them.
+    /// mutex and queue behind them instead of leasing past them. Changed only with the
+    /// line, by `join_line`, `grant` and `leave_line`.
     pub(super) waiting: AtomicUsize,
 }
 

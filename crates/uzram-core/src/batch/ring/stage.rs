@@ -175,14 +175,7 @@ impl Shared {
         if st.stalled || self.cfg.slot_wait.is_zero() || st.line.len() == MAX_LINE {
             return None;
         }
-        let ticket = st.next_ticket;
-        st.next_ticket += 1;
-        st.line.push_back(Waiter {
-            ticket,
-            want,
-            grant: None,
-        });
-        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let ticket = self.join_line(&mut st, want);
         bump(&self.counters.slot_waits, 1);
         let start = Instant::now();
         loop {
@@ -193,18 +186,15 @@ impl Shared {
                 .unwrap_or_else(PoisonError::into_inner);
             st = guard;
             let at = st.line.iter().position(|w| w.ticket == ticket);
-            let granted = at
-                .and_then(|i| st.line.get_mut(i))
-                .and_then(|w| w.grant.take());
-            if let Some(lease) = granted {
-                // Its grant took it off the waiting count.
-                st.line.retain(|w| w.ticket != ticket);
-                return Some(lease);
+            if let Some(i) = at.filter(|&i| st.line[i].grant.is_some()) {
+                // Granted while it slept: it leaves the line with its lease.
+                return self.leave_line(&mut st, i);
             }
             let closed = st.stop || self.closed();
             if closed || start.elapsed() >= self.cfg.slot_wait {
-                st.line.retain(|w| w.ticket != ticket);
-                self.waiting.fetch_sub(1, Ordering::AcqRel);
+                if let Some(i) = at {
+                    self.leave_line(&mut st, i);
+                }
                 if !closed && st.open.is_none() && st.free.is_empty() {
                     bump(&self.counters.slot_wait_timeouts, 1);
                     st.stalled = true;
@@ -264,11 +254,40 @@ impl Shared {
                 let Some(lease) = self.lease_now(st, want) else {
                     return;
                 };
-                st.line[i].grant = Some(lease);
-                self.waiting.fetch_sub(1, Ordering::AcqRel);
+                self.grant(st, i, lease);
             }
             i += 1;
         }
+    }
+
+    /// Puts a writer that wants `want` pages at the end of the line, counted as waiting;
+    /// returns its ticket.
+    fn join_line(&self, st: &mut State, want: usize) -> u64 {
+        let ticket = st.next_ticket;
+        st.next_ticket += 1;
+        st.line.push_back(Waiter {
+            ticket,
+            want,
+            grant: None,
+        });
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        ticket
+    }
+
+    /// Gives waiter `i` of the line its `lease`, which takes it off the waiting count.
+    fn grant(&self, st: &mut State, i: usize, lease: Lease) {
+        st.line[i].grant = Some(lease);
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Takes waiter `i` out of the line; returns its grant, if it had one, and otherwise
+    /// takes it off the waiting count.
+    fn leave_line(&self, st: &mut State, i: usize) -> Option<Lease> {
+        let grant = st.line.remove(i)?.grant;
+        if grant.is_none() {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+        }
+        grant
     }
 
     /// Leases up to `want` pages of `slot` with one compare-and-swap on its lease word;
