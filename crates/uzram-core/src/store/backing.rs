@@ -573,6 +573,25 @@ impl Backing {
         }
     }
 
+    /// Marks every block no live object touches for release ([`Backing::release_freed`]):
+    /// what a daemon that died left there, objects freed after its last release, and blocks
+    /// of earlier devices sealed under keys nobody holds any more. Returns how many.
+    pub(crate) fn mark_unused(&self) -> u64 {
+        let mut marked = 0;
+        for (w, word) in self.to_release.iter().enumerate() {
+            let first = w * 64;
+            let mut bits = 0u64;
+            for (i, users) in self.users.iter().skip(first).take(64).enumerate() {
+                if users.load(Relaxed) == 0 {
+                    bits |= 1 << i;
+                }
+            }
+            marked += u64::from(bits.count_ones());
+            word.fetch_or(bits, Relaxed);
+        }
+        marked
+    }
+
     /// Gives the space of blocks that emptied since the last call back to the device (a
     /// hole punched in a file, a discard on a partition), in runs of adjacent blocks; a
     /// block taken again meanwhile is skipped. It can wait for the device (a discard waited

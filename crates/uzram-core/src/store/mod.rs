@@ -1579,6 +1579,15 @@ impl PageStore {
         Ok(adopted)
     }
 
+    /// Marks every block of the backing device that holds no live object for release by
+    /// [`PageStore::release_freed_blocks`], and returns how many: after a takeover, the
+    /// blocks the dead daemon freed but had not released yet, and those of earlier devices
+    /// on the same file or partition, would otherwise keep their space (and their
+    /// ciphertext) until taken again. 0 without a backing device.
+    pub fn mark_unused_blocks_for_release(&self) -> u64 {
+        self.backing.get().map_or(0, Backing::mark_unused)
+    }
+
     /// Whether a backing device is attached.
     pub fn has_backing(&self) -> bool {
         self.backing.get().is_some()

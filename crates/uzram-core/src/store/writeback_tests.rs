@@ -389,6 +389,64 @@ fn a_taken_over_store_reads_its_written_back_pages_with_the_key_and_fails_withou
 }
 
 #[test]
+fn a_taken_over_store_gives_back_the_blocks_no_page_uses() {
+    let len = PageStore::table_len(PAGES).unwrap();
+    let table: &'static [AtomicU64] = Box::leak((0..len).map(|_| AtomicU64::new(0)).collect());
+    let nonces: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+    let disk = MemDisk::new(1024);
+    let cfg = StoreConfig::new(PAGES, Algorithm::Lz4);
+    let persist = |home| Persistence { table, home };
+    let store =
+        PageStore::new_persistent(cfg.clone(), persist(Arc::new(MemHome::default()))).unwrap();
+    store
+        .attach_backing(disk.clone(), &KEY, NonceCounter::Kept(nonces))
+        .unwrap();
+    filled(&store, 0);
+    let pass = store.writeback(idle_pass(u64::MAX)).unwrap();
+    assert_eq!(pass.pages, PAGES);
+    // A quarter overwritten, and the daemon killed before its release thread ran.
+    for i in 0..PAGES / 4 {
+        store.write(i, &page(i, 1)).unwrap();
+    }
+    let segments: HashMap<usize, Vec<u64>> =
+        store.arena.snapshot().into_iter().enumerate().collect();
+    drop(store);
+    let home = Arc::new(MemHome {
+        found: Mutex::new(segments),
+    });
+    let (store, _) = PageStore::recover(cfg, persist(home), None).unwrap();
+    let adopted = store
+        .attach_backing(disk.clone(), &KEY, NonceCounter::Kept(nonces))
+        .unwrap();
+    assert_eq!(adopted, PAGES - PAGES / 4);
+    // The dead daemon's frees died with it: nothing is marked.
+    assert_eq!(store.release_freed_blocks(), 0);
+    let unused = store.mark_unused_blocks_for_release();
+    assert!(
+        unused > 1024 - pass.blocks,
+        "{unused} unused blocks: the overwritten quarter's are not among them"
+    );
+    assert_eq!(store.release_freed_blocks(), unused);
+    let released = disk.released.lock().unwrap().clone();
+    assert_eq!(released.len() as u64, unused);
+    // No block a page still lives in was given back: wiped, every page still reads.
+    for &b in &released {
+        disk.set_block(b as usize, &[0; BLOCK_BYTES]);
+    }
+    for i in 0..PAGES {
+        let mut out = [0u8; PAGE_SIZE];
+        store.read(i, &mut out).unwrap();
+        let want = if i < PAGES / 4 {
+            page(i, 1)
+        } else {
+            page(i, 0)
+        };
+        assert!(out == want, "page {i} read back other data");
+    }
+    assert_eq!(store.mark_unused_blocks_for_release(), unused);
+}
+
+#[test]
 fn writes_racing_a_pass_win_and_nothing_is_lost() {
     let disk = MemDisk::new(4096);
     let store = Arc::new(backed_store(&disk));

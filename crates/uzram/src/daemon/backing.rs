@@ -439,7 +439,20 @@ const RELEASE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// under memory pressure swap writes to this very device hold: on a queue thread it stalled
 /// the device, and on the room thread it held up the room a waiting write needs for 12 s
 /// (guest scenario l, 71 writes failed). Nothing waits for this thread. Never returns.
-pub fn keep_releasing(store: Arc<PageStore>) {
+///
+/// In a daemon that took a store over (`recovered`), it first marks every block no page
+/// uses: the dead daemon gave emptied blocks back once a second, so those of its last
+/// second would otherwise keep their space and ciphertext until taken again. Here, not in
+/// the takeover, because the scan covers every block of the device and the takeover's
+/// pause holds the device's I/O.
+pub fn keep_releasing(store: Arc<PageStore>, recovered: bool) {
+    if recovered {
+        let unused = store.mark_unused_blocks_for_release();
+        tracing::info!(
+            blocks = unused,
+            "blocks of the backing device that no page uses after the takeover: given back"
+        );
+    }
     loop {
         std::thread::sleep(RELEASE_EVERY);
         let n = store.release_freed_blocks();

@@ -308,6 +308,10 @@ fn verifier(shm: i32) {
         }
     };
     verify("after the crash");
+    if let Some(path) = &backing {
+        given_back_unused_blocks(&store, std::path::Path::new(path));
+        verify("after the unused blocks were given back");
+    }
     let held = store.stats().pages_stored;
     assert!(held > PAGES / 2, "only {held} pages survived");
     store.compact();
@@ -317,6 +321,29 @@ fn verifier(shm: i32) {
     }
     verify("after new writes");
     println!("VERIFIED {held}");
+}
+
+/// What the release thread of a daemon that took the store over does first: every block of
+/// the backing file that no page uses is given back (the killed writer's last frees, and
+/// the space the file reserved and nothing was written to), so the file then holds space
+/// for the blocks in use at most.
+fn given_back_unused_blocks(store: &uzram_core::store::PageStore, path: &std::path::Path) {
+    use std::os::unix::fs::MetadataExt;
+    let meta = || std::fs::metadata(path).expect("the backing file");
+    let (len, before) = (meta().len(), meta().blocks() * 512);
+    let unused = store.mark_unused_blocks_for_release();
+    assert!(unused > 0, "every block of the backing file is in use");
+    assert_eq!(store.release_freed_blocks(), unused);
+    let after = meta().blocks() * 512;
+    let in_use = len - unused * uzram_core::store::BLOCK_BYTES as u64;
+    // A file's blocks count the filesystem's own (ext4's extent tree, one block here).
+    let metadata = 64 * 1024;
+    assert!(
+        after <= in_use + metadata,
+        "the backing file holds {after} bytes after giving {unused} blocks back, more than \
+         the {in_use} its used blocks take and {metadata} (before: {before})"
+    );
+    println!("GAVE BACK {unused} blocks: {before} -> {after} bytes on disk");
 }
 
 #[test]

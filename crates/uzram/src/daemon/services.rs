@@ -185,9 +185,9 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
         })?;
     }
     if writeback.is_some() {
-        let store = s.store.clone();
+        let (store, recovered) = (s.store.clone(), s.recovered);
         spawn("uzram-release", move || {
-            super::backing::keep_releasing(store)
+            super::backing::keep_releasing(store, recovered)
         })?;
     }
     spawn("uzram-tier", move || {
