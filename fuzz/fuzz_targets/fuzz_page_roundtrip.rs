@@ -4,23 +4,10 @@
 //! decodes back to itself.
 #![no_main]
 
-use std::os::raw::{c_char, c_int};
-
 use libfuzzer_sys::fuzz_target;
 use uzram_core::codec::{Lz4Codec, PageCodec, ZstdCodec};
+use uzram_core::fuzz::liblz4;
 use uzram_core::page::PAGE_SIZE;
-
-extern "C" {
-    // In the liblz4 that lz4-sys builds; lz4-sys does not declare it.
-    fn LZ4_compress_fast_continue(
-        stream: *mut lz4_sys::LZ4StreamEncode,
-        src: *const c_char,
-        dst: *mut c_char,
-        src_size: c_int,
-        dst_capacity: c_int,
-        acceleration: c_int,
-    ) -> c_int;
-}
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 3 {
@@ -42,28 +29,10 @@ fuzz_target!(|data: &[u8]| {
     let ours = lz4
         .compress(&page, &mut out)
         .expect("lz4 compress never errors");
-    let mut theirs = vec![0u8; cap];
-    // SAFETY: LZ4_createStream returns an initialised stream or null (checked), used only
-    // here and freed once; `page` (PAGE_SIZE bytes) and `theirs` (cap bytes) are live and
-    // distinct; liblz4 writes at most `cap` bytes.
-    let n = unsafe {
-        let stream = lz4_sys::LZ4_createStream();
-        assert!(!stream.is_null());
-        let n = LZ4_compress_fast_continue(
-            stream,
-            page.as_ptr().cast::<c_char>(),
-            theirs.as_mut_ptr().cast::<c_char>(),
-            PAGE_SIZE as c_int,
-            cap as c_int,
-            1,
-        );
-        lz4_sys::LZ4_freeStream(stream);
-        n
-    };
-    let theirs = (n > 0).then(|| &theirs[..n as usize]);
+    let theirs = liblz4::compress(&page, cap);
     assert_eq!(
         ours.map(|n| &out[..n]),
-        theirs,
+        theirs.as_deref(),
         "LZ4 output differs from liblz4's"
     );
     let mut back = [0u8; PAGE_SIZE];

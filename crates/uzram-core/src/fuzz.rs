@@ -16,6 +16,9 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+#[cfg(feature = "liblz4-reference")]
+pub mod liblz4;
+
 /// Cases a target runs when `UZRAM_FUZZ_CASES` is not set.
 pub const DEFAULT_CASES: u64 = 2000;
 

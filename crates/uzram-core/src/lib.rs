@@ -15,13 +15,15 @@
 //! zeroed allocation and object copy (`unsafe-arena`, `store/words.rs`, which streams with
 //! both features on x86_64). Without the three features the whole
 //! crate is `forbid(unsafe_code)`; with them every other module still denies `unsafe` (the
-//! pattern lz4_flex uses for its safe and unsafe decoders).
+//! pattern lz4_flex uses for its safe and unsafe decoders). Test scaffolding adds a fourth,
+//! never in the binary: liblz4 as the LZ4 reference (`liblz4-reference`, `fuzz/liblz4.rs`).
 
 #![cfg_attr(
     not(any(
         feature = "unsafe-lz4",
         feature = "unsafe-stream",
-        feature = "unsafe-arena"
+        feature = "unsafe-arena",
+        feature = "liblz4-reference"
     )),
     forbid(unsafe_code)
 )]
@@ -29,7 +31,8 @@
     any(
         feature = "unsafe-lz4",
         feature = "unsafe-stream",
-        feature = "unsafe-arena"
+        feature = "unsafe-arena",
+        feature = "liblz4-reference"
     ),
     deny(unsafe_code)
 )]
