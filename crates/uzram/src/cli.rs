@@ -34,8 +34,8 @@ pub enum Command {
     SwapOff(SwapOffArgs),
     /// Mark a device's pages idle (zram's idle): all of them, or those unused for --age.
     Idle(IdleArgs),
-    /// Recompress a device's idle or huge pages with zstd now (zram's recompress); a page
-    /// is kept recompressed only if that saves memory.
+    /// Recompress a device's idle or huge pages now (zram's recompress), with its
+    /// recompress-algorithm or zstd; a page is kept recompressed only if that saves memory.
     Recompress(RecompressArgs),
     /// Write a device's idle, huge or incompressible pages to its backing device now
     /// (zram's writeback); the daemon also does so by itself for pages unused for its
@@ -147,7 +147,8 @@ pub struct DeviceArgs {
     /// every read, unless this is given; for measuring what the checksums cost).
     #[arg(long)]
     pub no_checksums: bool,
-    /// Recompress pages that went unused with zstd or zstd:LEVEL (default level 3), in the
+    /// Recompress pages that went unused with zstd or zstd:LEVEL (default level 3), or with
+    /// lz4-gpu (LZ4 again from an NVIDIA GPU's tighter parse; with --algorithm lz4), in the
     /// background; a page is kept recompressed only if that saves memory.
     #[arg(long, value_name = "ALGORITHM")]
     pub recompress_algorithm: Option<String>,
@@ -410,7 +411,8 @@ pub struct RecompressArgs {
     /// Only pages stored in at least this many bytes (zram's threshold=).
     #[arg(long, value_name = "BYTES")]
     pub threshold: Option<u64>,
-    /// zstd or zstd:LEVEL (default: the device's recompress-algorithm, else zstd:3).
+    /// zstd (level 3) or zstd:LEVEL (default: the device's recompress-algorithm, zstd or
+    /// lz4-gpu, else zstd:3).
     #[arg(long)]
     pub algorithm: Option<String>,
     /// Print the pass's report as JSON.
@@ -511,8 +513,9 @@ pub struct BenchArgs {
     /// Page checksums to run side by side: on, off, or both (on,off).
     #[arg(long, default_value = "on")]
     pub checksums: String,
-    /// After each run's writes, mark every page idle and recompress it with zstd or
-    /// zstd:LEVEL, as the cold tier does; report the idle set's memory before and after.
+    /// After each run's writes, mark every page idle and recompress it with zstd,
+    /// zstd:LEVEL or lz4-gpu (an NVIDIA GPU's high LZ4 parse), as the cold tier does; report
+    /// the idle set's memory before and after.
     #[arg(long, value_name = "ALGORITHM")]
     pub recompress: Option<String>,
     /// After that, write the lower half of each run's device back to a backing file at

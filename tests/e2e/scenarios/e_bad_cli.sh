@@ -24,6 +24,7 @@ for _c in "/tmp/e-big.toml:RAM" "/dev/zero:larger than"; do
 done
 expect_refused "unknown algorithm" 'algorithm|foo' uzram create --size 64M --algorithm foo
 expect_refused "gpu backend without a GPU" 'gpu|cuda|nvidia' uzram create --size 64M --backend gpu
+expect_refused "GPU recompressor without a GPU" 'lz4-gpu.*recompress-algorithm zstd' uzram create --size 64M --recompress-algorithm lz4-gpu
 expect_refused "unknown queue mode" 'queue mode.*turbo' uzram create --size 64M --queue-mode turbo
 # a mode asked for by name that the kernel lacks is refused, not silently replaced (6.12)
 if [ "${UZ_expect_queue_mode:-}" = per-queue ]; then

@@ -109,7 +109,7 @@ fn image() -> Image {
     let recompressed = store
         .recompress(crate::store::Recompress {
             candidates: crate::store::Candidates::Idle { min_age: 0 },
-            level: 3,
+            recompressor: crate::store::Recompressor::Zstd { level: 3 },
             threshold: 0,
             max_pages: PAGES / 2,
         })

@@ -32,6 +32,7 @@ mod backing;
 mod disk_read;
 mod entry;
 pub mod persist;
+mod recompress;
 mod segments;
 mod shard;
 mod stats;
@@ -52,7 +53,7 @@ pub use self::entry::{StagedAt, MAX_SLOT_PAGES, MAX_STAGING_SLOTS};
 pub use self::persist::{Persistence, Recovered, SegmentHome, SegmentWords, SEGMENT_BYTES};
 pub use self::stats::{MemoryUsage, Stats};
 pub use self::tier::{
-    AgeCounts, Candidates, Recompress, Recompressed, AGE_BUCKETS,
+    AgeCounts, Candidates, Recompress, Recompressed, Recompressor, AGE_BUCKETS,
     DEFAULT_LEVEL as DEFAULT_RECOMPRESS_LEVEL, MAX_AGE,
 };
 pub use self::writeback::{Writeback, WritebackCandidates, WrittenBack};
@@ -66,7 +67,7 @@ use self::entry::{Entry, Slot};
 use self::shard::{Entries, Shard};
 use self::stats::{Counters, PageCost, PageTotals};
 use self::writeback::{Pick, Scratch, PICK_PAGES};
-use crate::codec::{Algorithm, PageCodec};
+use crate::codec::Algorithm;
 use crate::page::{fill_page, page_checksum, same_filled_word, PAGE_SIZE, PAGE_WORDS};
 use crate::CoreError;
 
@@ -1103,6 +1104,7 @@ impl PageStore {
             recompressed_pages: totals.recompressed_pages,
             recompress_tried_pages: Counters::get(&c.recompress_tried),
             recompress_kept_pages: Counters::get(&c.recompress_kept),
+            recompress_rewritten_pages: Counters::get(&c.recompress_rewritten),
             recompress_saved_bytes: Counters::get(&c.recompress_saved_bytes),
             bd_count: totals.backed_pages,
             bd_reads: disk(|d| &d.reads),
@@ -1424,109 +1426,6 @@ impl PageStore {
             }
         }
         marked
-    }
-
-    /// One recompression pass over the pages `pass` selects, in page order. Off the I/O
-    /// path: it decodes and compresses a page at a time on the calling thread, and holds a
-    /// shard's lock only to copy an object out and to swap it in.
-    pub fn recompress(&self, pass: Recompress) -> Result<Recompressed, CoreError> {
-        let mut zstd = crate::codec::ZstdCodec::try_new(pass.level).map_err(CoreError::Compress)?;
-        let mut done = Recompressed::default();
-        let mut stored = [0u8; PAGE_SIZE];
-        let mut page = [0u8; PAGE_SIZE];
-        let mut out = [0u8; PAGE_SIZE];
-        for index in 0..self.pages {
-            if done.tried >= pass.max_pages {
-                break;
-            }
-            let (shard, idx) = self.locate(index);
-            let (slot, checksum, len) = {
-                let shard = read_lock(shard);
-                let Some(
-                    slot @ Slot::Stored {
-                        handle,
-                        len,
-                        recompressed: false,
-                    },
-                ) = shard.get(idx)
-                else {
-                    continue;
-                };
-                let len = usize::from(len);
-                let huge = len == PAGE_SIZE;
-                let age = self.ages.age(index);
-                let wanted = match pass.candidates {
-                    Candidates::Idle { min_age } => age >= min_age,
-                    Candidates::Huge => huge,
-                    Candidates::HugeIdle { min_age } => huge && age >= min_age,
-                };
-                if !wanted || len < pass.threshold || self.ages.tried(index) {
-                    continue;
-                }
-                let Some(checksum) = self.load_stored(handle, len, &mut stored[..len]) else {
-                    continue;
-                };
-                (slot, checksum, len)
-            };
-            done.tried += 1;
-            if self
-                .decode(index, &stored[..len], false, &mut page)
-                .is_err()
-            {
-                done.failed += 1;
-                continue;
-            }
-            if self.checksums && self.checksum_of(&page) != checksum {
-                // A damaged object: left for its read to fail, never rewritten as good.
-                done.failed += 1;
-                continue;
-            }
-            let new_len = match zstd.compress(&page, &mut out[..PAGE_SIZE - 1]) {
-                Ok(Some(n)) if n + tier::MIN_SAVING <= len => n,
-                _ => {
-                    self.ages.mark_tried(index);
-                    done.kept += 1;
-                    continue;
-                }
-            };
-            match self.swap_object(index, slot, &out[..new_len], checksum) {
-                Ok(true) => {
-                    done.rewritten += 1;
-                    done.saved_bytes += (len - new_len) as u64;
-                }
-                Ok(false) => done.raced += 1,
-                Err(_) => done.failed += 1,
-            }
-        }
-        Counters::bump(&self.counters.recompress_tried, done.tried);
-        Counters::bump(&self.counters.recompress_kept, done.kept);
-        Counters::bump(&self.counters.recompress_saved_bytes, done.saved_bytes);
-        Ok(done)
-    }
-
-    /// Stores `bytes` (a zstd frame of the page) and points page `index` at it, if the page
-    /// still holds `expected`; frees whichever object lost. `Ok(false)`: a write came first.
-    fn swap_object(
-        &self,
-        index: u64,
-        expected: Slot,
-        bytes: &[u8],
-        checksum: u32,
-    ) -> Result<bool, CoreError> {
-        let budget = Budget::Limited {
-            reserved: self.staged_room(),
-        };
-        let handle = self.arena.store(bytes, self.trailer(checksum), budget)?;
-        let new = Slot::Stored {
-            handle,
-            len: bytes.len() as u16,
-            recompressed: true,
-        };
-        let switched = self.switch(index, expected, new);
-        if !matches!(switched, Ok(true)) {
-            self.free_slot(new);
-        }
-        switched
     }
 }
 

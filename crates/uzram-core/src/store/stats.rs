@@ -49,6 +49,8 @@ pub struct Stats {
     /// Pages recompression tried and kept as they were: not smaller by a size class
     /// (cumulative).
     pub recompress_kept_pages: u64,
+    /// Pages recompression rewrote smaller, with either recompressor (cumulative).
+    pub recompress_rewritten_pages: u64,
     /// Payload bytes recompression saved (cumulative; pages rewritten since count nothing
     /// back).
     pub recompress_saved_bytes: u64,
@@ -89,6 +91,10 @@ impl Stats {
             ("recompressed_pages", self.recompressed_pages),
             ("recompress_tried_pages", self.recompress_tried_pages),
             ("recompress_kept_pages", self.recompress_kept_pages),
+            (
+                "recompress_rewritten_pages",
+                self.recompress_rewritten_pages,
+            ),
             ("recompress_saved_bytes", self.recompress_saved_bytes),
             ("bd_count", self.bd_count),
             ("bd_reads", self.bd_reads),
@@ -137,6 +143,7 @@ pub(crate) struct Counters {
     pub writes: AtomicU64,
     pub recompress_tried: AtomicU64,
     pub recompress_kept: AtomicU64,
+    pub recompress_rewritten: AtomicU64,
     pub recompress_saved_bytes: AtomicU64,
 }
 
@@ -233,16 +240,17 @@ mod tests {
             recompressed_pages: 18,
             recompress_tried_pages: 19,
             recompress_kept_pages: 20,
-            recompress_saved_bytes: 21,
-            bd_count: 22,
-            bd_reads: 23,
-            bd_writes: 24,
-            bd_bytes_written: 25,
-            bd_failures: 26,
+            recompress_rewritten_pages: 21,
+            recompress_saved_bytes: 22,
+            bd_count: 23,
+            bd_reads: 24,
+            bd_writes: 25,
+            bd_bytes_written: 26,
+            bd_failures: 27,
         };
         let fields = stats.fields();
         let values: Vec<u64> = fields.iter().map(|f| f.1).collect();
-        assert_eq!(values, (1..=26).collect::<Vec<u64>>());
+        assert_eq!(values, (1..=27).collect::<Vec<u64>>());
         assert_eq!(fields[0].0, "orig_data_size");
         assert_eq!(fields[11].0, "notify_free");
     }

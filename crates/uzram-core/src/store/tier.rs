@@ -19,6 +19,7 @@
 
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 
+use crate::batch::SlotBackend;
 use crate::CoreError;
 
 /// The stamp's flag: recompression tried the page and kept it as it was.
@@ -57,13 +58,45 @@ pub enum Candidates {
     },
 }
 
+/// What a recompression pass writes (`recompress.rs`).
+#[derive(Clone, Copy)]
+pub enum Recompressor<'a> {
+    /// zstd at this level, a page at a time on the calling thread.
+    Zstd {
+        /// zstd's level.
+        level: i32,
+    },
+    /// The store's own codec again, from a backend that parses tighter than the hot path
+    /// (a GPU's `high` LZ4 parse), a slot of pages at a time. The pass uses slot `slot`
+    /// of `backend`, which nothing else may use meanwhile.
+    Batched {
+        /// The compressor.
+        backend: &'a dyn SlotBackend,
+        /// The slot the pass fills.
+        slot: usize,
+    },
+}
+
+impl std::fmt::Debug for Recompressor<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Zstd { level } => f.debug_struct("Zstd").field("level", level).finish(),
+            Self::Batched { backend, slot } => f
+                .debug_struct("Batched")
+                .field("backend", &backend.name())
+                .field("slot", slot)
+                .finish(),
+        }
+    }
+}
+
 /// One recompression pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Recompress {
+#[derive(Debug, Clone, Copy)]
+pub struct Recompress<'a> {
     /// Which pages.
     pub candidates: Candidates,
-    /// zstd's level.
-    pub level: i32,
+    /// What it writes.
+    pub recompressor: Recompressor<'a>,
     /// Only pages whose stored object has at least this many bytes (zram's `threshold=`).
     pub threshold: usize,
     /// At most this many pages tried.
@@ -215,7 +248,7 @@ pub(crate) fn bucket(age: u32) -> usize {
 pub const DEFAULT_LEVEL: i32 = 3;
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::codec::Algorithm;
     use crate::page::PAGE_SIZE;
@@ -223,7 +256,7 @@ mod tests {
     use crate::store::StoreConfig;
 
     /// The checked-in slices: real pages of several heaps.
-    fn corpus() -> Vec<u8> {
+    pub(crate) fn corpus() -> Vec<u8> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
         let mut out = Vec::new();
         for name in ["python-heap", "mixed-swap", "jvm"] {
@@ -233,23 +266,25 @@ mod tests {
         out
     }
 
-    fn filled(data: &[u8]) -> PageStore {
+    pub(crate) fn filled(data: &[u8]) -> PageStore {
         let pages = (data.len() / PAGE_SIZE) as u64;
         let store = PageStore::new(StoreConfig::new(pages, Algorithm::Lz4)).unwrap();
         store.write(0, data).unwrap();
         store
     }
 
-    fn pass(candidates: Candidates) -> Recompress {
+    fn pass(candidates: Candidates) -> Recompress<'static> {
         Recompress {
             candidates,
-            level: DEFAULT_LEVEL,
+            recompressor: Recompressor::Zstd {
+                level: DEFAULT_LEVEL,
+            },
             threshold: 0,
             max_pages: u64::MAX,
         }
     }
 
-    fn reads_back(store: &PageStore, data: &[u8]) {
+    pub(crate) fn reads_back(store: &PageStore, data: &[u8]) {
         let mut back = vec![0u8; data.len()];
         store.read(0, &mut back).unwrap();
         for (i, (a, b)) in back

@@ -40,8 +40,8 @@ pub struct Setup {
     pub warmup: usize,
     /// A checksum with every stored page, checked on every read.
     pub checksums: bool,
-    /// After the writes: every page marked idle and recompressed with zstd at this level.
-    pub recompress: Option<i32>,
+    /// After the writes: every page marked idle and recompressed with this.
+    pub recompress: Option<crate::config::RecompressCodec>,
     /// After that: half the device written back to a backing file here.
     pub writeback: Option<std::path::PathBuf>,
     /// The timing reader's pause between reads (zero: back to back).
@@ -326,20 +326,19 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
     let stats = store.stats();
     let recompressed = match setup.recompress {
         None => None,
-        Some(level) => {
+        Some(codec) => {
             let table = store.table_bytes();
             let before = store.stats();
             store.mark_idle(None);
+            // Opened before the clock starts, as the daemon opens it before its passes.
+            let recompressor = crate::daemon::recompressor::Recompressor::new(codec, &setup.gpu);
+            recompressor.open()?;
             let (cpu_before, start) = (
                 crate::sys::cpu_time(crate::sys::CpuOf::Thread)?,
                 Instant::now(),
             );
-            let done = store.recompress(uzram_core::store::Recompress {
-                candidates: uzram_core::store::Candidates::Idle { min_age: 0 },
-                level,
-                threshold: 0,
-                max_pages: u64::MAX,
-            })?;
+            let idle = uzram_core::store::Candidates::Idle { min_age: 0 };
+            let done = recompressor.run(&store, idle, 0, u64::MAX, None)?;
             // The room the old objects left, given back as the daemon's tier does.
             store.compact();
             let wall = start.elapsed();

@@ -32,7 +32,7 @@ use uzram_core::codec::Algorithm;
 use uzram_core::PAGE_SIZE;
 
 use crate::cli::BenchArgs;
-use crate::config::{Backend, GpuSettings, RawDevice};
+use crate::config::{Backend, GpuSettings, RawDevice, RecompressCodec};
 use crate::size::parse_size;
 
 pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
@@ -48,10 +48,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let checksums = parse_checksums(&args.checksums)?;
     let recompress = match args.recompress.as_deref() {
         None => None,
-        Some("zstd") => Some(uzram_core::store::DEFAULT_RECOMPRESS_LEVEL),
+        Some("zstd") => Some(RecompressCodec::Zstd {
+            level: uzram_core::store::DEFAULT_RECOMPRESS_LEVEL,
+        }),
+        Some("lz4-gpu") if algorithm == Algorithm::Lz4 => Some(RecompressCodec::GpuLz4),
         Some(text) => match Algorithm::parse(text) {
-            Ok(Algorithm::Zstd { level }) => Some(level),
-            _ => anyhow::bail!("--recompress {text:?}: give zstd or zstd:LEVEL"),
+            Ok(Algorithm::Zstd { level }) => Some(RecompressCodec::Zstd { level }),
+            _ => anyhow::bail!(
+                "--recompress {text:?}: give zstd, zstd:LEVEL or (with --algorithm lz4) lz4-gpu"
+            ),
         },
     };
     let total = parse_size(&args.total).context("--total")?;

@@ -117,8 +117,8 @@ pub struct QueueReport {
 /// What recompressing every page did, medians over runs.
 #[derive(Debug, Serialize)]
 pub struct RecompressReport {
-    /// zstd's level.
-    pub level: i32,
+    /// The recompressor (`zstd:LEVEL`, `lz4-gpu`).
+    pub recompressor: String,
     /// The idle set's memory (the store's beyond its page table) after ÷ before.
     pub memory_after_over_before: f64,
     /// Payload after ÷ before.
@@ -223,7 +223,7 @@ impl Report {
             backend_stats: last
                 .map(|r| r.backend_stats.iter().cloned().collect())
                 .unwrap_or_default(),
-            recompress: setup.recompress.and_then(|level| {
+            recompress: setup.recompress.and_then(|codec| {
                 let rs: Vec<_> = runs.iter().filter_map(|r| r.recompressed).collect();
                 let last = rs.last()?;
                 let mm = |f: &dyn Fn(&super::measure::Recompressed) -> f64| {
@@ -233,7 +233,7 @@ impl Report {
                     r.tried as f64 * PAGE_SIZE as f64 / (1u64 << 30) as f64
                 };
                 Some(RecompressReport {
-                    level,
+                    recompressor: codec.name(),
                     memory_after_over_before: mm(&|r| {
                         r.held_after as f64 / r.held_before.max(1) as f64
                     }),

@@ -60,9 +60,10 @@ pub fn recompress(args: RecompressArgs) -> anyhow::Result<ExitCode> {
         None => None,
         Some(text) => match uzram_core::codec::Algorithm::parse(text) {
             Ok(uzram_core::codec::Algorithm::Zstd { level }) => Some(level),
-            _ if text == "zstd" => None,
+            _ if text == "zstd" => Some(uzram_core::store::DEFAULT_RECOMPRESS_LEVEL),
             _ => anyhow::bail!(
-                "recompression writes zstd: give --algorithm zstd or zstd:LEVEL, not {text:?}"
+                "uzram recompress --algorithm writes zstd: give zstd or zstd:LEVEL, not {text:?} \
+                 (leave it out for the device's recompress-algorithm, lz4-gpu included)"
             ),
         },
     };

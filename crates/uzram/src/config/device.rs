@@ -414,7 +414,7 @@ pub enum ConfigError {
     Age(String),
     /// A recompression algorithm uzram cannot write.
     #[error(
-        "recompress-algorithm {0:?}: recompression writes zstd: use zstd or zstd:LEVEL (1-22)"
+        "recompress-algorithm {0:?}: recompression writes zstd or the GPU's LZ4: use zstd, zstd:LEVEL (1-22) or lz4-gpu"
     )]
     RecompressAlgorithm(String),
     /// `writeback-idle-age` or `writeback-limit` without `writeback-device`.
@@ -428,6 +428,9 @@ pub enum ConfigError {
     /// A `writeback-device` that is no absolute path.
     #[error("writeback-device {0:?} is not an absolute path (e.g. /dev/sdb2 or /var/lib/uzram/swap0.wb)")]
     WritebackPath(PathBuf),
+    /// `recompress-algorithm = "lz4-gpu"` on a device that does not store LZ4.
+    #[error("recompress-algorithm lz4-gpu rewrites LZ4 pages: use it with algorithm lz4, or recompress with zstd")]
+    RecompressGpuNeedsLz4,
     /// `recompress-idle-age` or `recompress-threshold` without `recompress-algorithm`.
     #[error("recompress-idle-age and recompress-threshold need recompress-algorithm (e.g. zstd)")]
     RecompressWithout,
@@ -510,11 +513,34 @@ pub fn parse_writeback_limit(text: &str) -> Result<Option<u64>, ConfigError> {
     Ok(Some(bytes))
 }
 
+/// What recompression writes (`recompress-algorithm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecompressCodec {
+    /// zstd at this level (`zstd`, `zstd:N`).
+    Zstd {
+        /// zstd's level.
+        level: i32,
+    },
+    /// LZ4 again, from an NVIDIA GPU's `high` parse (`lz4-gpu`; the device's algorithm
+    /// must be lz4).
+    GpuLz4,
+}
+
+impl RecompressCodec {
+    /// Its name, as `recompress-algorithm` spells it.
+    pub fn name(self) -> String {
+        match self {
+            Self::Zstd { level } => format!("zstd:{level}"),
+            Self::GpuLz4 => "lz4-gpu".into(),
+        }
+    }
+}
+
 /// The cold tier's recompression (`recompress-*` keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecompressSettings {
-    /// zstd's level.
-    pub level: i32,
+    /// What it writes.
+    pub codec: RecompressCodec,
     /// Minutes a page goes unused before it is recompressed (the store's clock ticks once a
     /// minute).
     pub idle_age_minutes: u32,
@@ -599,7 +625,7 @@ pub struct RawDevice {
     /// Page checksums (default on).
     #[serde(default)]
     pub checksums: Option<bool>,
-    /// Recompression algorithm text (zstd or zstd:N).
+    /// Recompression algorithm text (zstd, zstd:N or lz4-gpu).
     #[serde(default)]
     pub recompress_algorithm: Option<String>,
     /// Recompression idle age text (10m, 1h, ...).
@@ -695,7 +721,7 @@ impl RawDevice {
             gpu,
             metrics_textfile: self.metrics_textfile.clone(),
             checksums: self.checksums.unwrap_or(true),
-            recompress: self.recompress_settings()?,
+            recompress: self.recompress_settings(algorithm)?,
             writeback: self.writeback_settings()?,
         };
         cfg.check_memory(host)?;
@@ -729,7 +755,10 @@ impl RawDevice {
         }))
     }
 
-    fn recompress_settings(&self) -> Result<Option<RecompressSettings>, ConfigError> {
+    fn recompress_settings(
+        &self,
+        algorithm: Algorithm,
+    ) -> Result<Option<RecompressSettings>, ConfigError> {
         let Some(text) = &self.recompress_algorithm else {
             if self.recompress_idle_age.is_some() || self.recompress_threshold.is_some() {
                 return Err(ConfigError::RecompressWithout);
@@ -740,8 +769,10 @@ impl RawDevice {
             "zstd" => format!("zstd:{}", uzram_core::store::DEFAULT_RECOMPRESS_LEVEL),
             other => other.to_string(),
         };
-        let level = match Algorithm::parse(&text) {
-            Ok(Algorithm::Zstd { level }) => level,
+        let codec = match Algorithm::parse(&text) {
+            Ok(Algorithm::Zstd { level }) => RecompressCodec::Zstd { level },
+            _ if text == "lz4-gpu" && algorithm == Algorithm::Lz4 => RecompressCodec::GpuLz4,
+            _ if text == "lz4-gpu" => return Err(ConfigError::RecompressGpuNeedsLz4),
             _ => return Err(ConfigError::RecompressAlgorithm(text)),
         };
         let idle_age_minutes = parse_age(
@@ -754,7 +785,7 @@ impl RawDevice {
             None => 0,
         };
         Ok(Some(RecompressSettings {
-            level,
+            codec,
             idle_age_minutes,
             threshold,
         }))

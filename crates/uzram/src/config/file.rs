@@ -610,13 +610,31 @@ mod tests {
         )
         .unwrap();
         let r = cfg.device.recompress.unwrap();
-        assert_eq!((r.level, r.idle_age_minutes, r.threshold), (7, 2, 1024));
+        assert_eq!(
+            (r.codec, r.idle_age_minutes, r.threshold),
+            (RecompressCodec::Zstd { level: 7 }, 2, 1024)
+        );
         let default = parse("size = \"1G\"\nrecompress-algorithm = \"zstd\"\n").unwrap();
         let r = default.device.recompress.unwrap();
-        assert_eq!((r.level, r.idle_age_minutes), (3, 60));
+        assert_eq!(
+            (r.codec, r.idle_age_minutes),
+            (RecompressCodec::Zstd { level: 3 }, 60)
+        );
+        let gpu = parse("size = \"1G\"\nrecompress-algorithm = \"lz4-gpu\"\n").unwrap();
+        assert_eq!(
+            gpu.device.recompress.unwrap().codec,
+            RecompressCodec::GpuLz4
+        );
         assert_eq!(parse("size = \"1G\"\n").unwrap().device.recompress, None);
         for (text, want) in [
-            ("recompress-algorithm = \"lz4\"", "writes zstd"),
+            (
+                "recompress-algorithm = \"lz4\"",
+                "use zstd, zstd:LEVEL (1-22) or lz4-gpu",
+            ),
+            (
+                "compression-algorithm = \"zstd\"\nrecompress-algorithm = \"lz4-gpu\"",
+                "use it with algorithm lz4",
+            ),
             ("recompress-idle-age = \"1h\"", "need recompress-algorithm"),
             (
                 "recompress-algorithm = \"zstd\"\nrecompress-idle-age = \"soon\"",

@@ -473,6 +473,7 @@ fn algorithms(value: &str) -> Algorithms {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::RecompressCodec;
 
     const HOST: Host = Host { ram_mib: 8192 };
 
@@ -669,11 +670,17 @@ mod tests {
         let cfg = read(dir.path(), "").unwrap();
         let zram0 = cfg.devices["zram0"].plan(HOST);
         let r = device(&zram0).device.recompress.expect("recompression");
-        assert_eq!((r.level, r.idle_age_minutes, r.threshold), (5, 60, 0));
+        assert_eq!(
+            (r.codec, r.idle_age_minutes, r.threshold),
+            (RecompressCodec::Zstd { level: 5 }, 60, 0)
+        );
         assert!(zram0.notes.is_empty(), "{:?}", zram0.notes);
         let zram1 = cfg.devices["zram1"].plan(HOST);
         let r = device(&zram1).device.recompress.expect("recompression");
-        assert_eq!((r.level, r.idle_age_minutes), (3, 10));
+        assert_eq!(
+            (r.codec, r.idle_age_minutes),
+            (RecompressCodec::Zstd { level: 3 }, 10)
+        );
         let zram2 = cfg.devices["zram2"].plan(HOST);
         assert_eq!(device(&zram2).device.recompress, None);
         assert!(

@@ -198,6 +198,9 @@ counters! {
     RECOMPRESS_KEPT_PAGES = "recompress_kept_pages", Store, Counter, Sum,
         "uzram_recompress_kept_pages_total",
         "Pages recompression tried and kept as they were (not smaller by a size class).";
+    RECOMPRESS_REWRITTEN_PAGES = "recompress_rewritten_pages", Store, Counter, Sum,
+        "uzram_recompress_rewritten_pages_total",
+        "Pages recompression rewrote smaller (zstd, or LZ4 from the GPU's tighter parse).";
     RECOMPRESS_SAVED_BYTES = "recompress_saved_bytes", Store, Counter, Sum,
         "uzram_recompress_saved_bytes_total",
         "Payload bytes recompression saved.";

@@ -11,6 +11,7 @@ mod device;
 pub mod notify;
 mod pressure;
 mod readiness;
+pub mod recompressor;
 mod room;
 mod services;
 pub mod store;
@@ -97,6 +98,9 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     }
     let mut opened = open_store(&cfg, recover, plan, features, &mut pause)?;
     let (backend, pool_target) = start_backend(&cfg, &mut opened, recover.is_some(), &mut pause)?;
+    // While a failure still removes the new device: a fresh start says at once when the GPU
+    // cannot recompress; a takeover does not wait for it (its first pass opens it).
+    let recompressor = recompressor::for_device(&cfg, recover.is_some())?;
     let Opened {
         store,
         region,
@@ -164,6 +168,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         counters: &counters,
         pool_target,
         recovered: recover.is_some(),
+        recompressor,
     })?;
     step(&mut pause, "threads");
     populate_memory();

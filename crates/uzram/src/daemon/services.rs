@@ -47,6 +47,8 @@ pub(super) struct Setup<'a> {
     pub pool_target: usize,
     /// A takeover: its follow-up work starts once the device serves.
     pub recovered: bool,
+    /// The device's recompressor (`recompress-algorithm`), if it has one.
+    pub recompressor: Option<Arc<super::recompressor::Recompressor>>,
 }
 
 /// The services started, as the rest of the daemon's life needs them.
@@ -85,7 +87,15 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
         save_counts();
     })?;
     let requests = Mutex::new(stop_tx.clone());
-    let (tiered, recompress) = (s.store.clone(), s.cfg.recompress);
+    let recompression =
+        s.cfg
+            .recompress
+            .zip(s.recompressor.clone())
+            .map(|(settings, recompressor)| super::tier::Recompression {
+                settings,
+                recompressor,
+            });
+    let (tiered, recompress) = (s.store.clone(), recompression.clone());
     let writeback = s.cfg.writeback.clone();
     let budget = match &writeback {
         Some(w) => w
@@ -112,7 +122,13 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
                 kind,
                 threshold,
                 level,
-            } => match super::tier::recompress_now(&tiered, recompress, &kind, threshold, level) {
+            } => match super::tier::recompress_now(
+                &tiered,
+                recompress.as_ref(),
+                &kind,
+                threshold,
+                level,
+            ) {
                 Ok(report) => Response::Recompressed(report),
                 Err(message) => Response::Error { message },
             },
@@ -173,7 +189,7 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
     }
     let pool_target = s.pool_target;
     spawn("uzram-pool", move || crate::memory::pool::keep(pool_target))?;
-    let (aged, recompress) = (s.store.clone(), s.cfg.recompress);
+    let aged = s.store.clone();
     let writeback = s.cfg.writeback.clone().map(|w| super::tier::Writeback {
         settings: w,
         budget: kept_budget,
@@ -191,7 +207,7 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
         })?;
     }
     spawn("uzram-tier", move || {
-        super::tier::keep(aged, recompress, writeback)
+        super::tier::keep(aged, recompression, writeback)
     })?;
     let compacted = s.store.clone();
     spawn("uzram-compact", move || {

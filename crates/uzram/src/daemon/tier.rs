@@ -6,10 +6,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use uzram_core::store::{Candidates, Recompress, WritebackCandidates, AGE_BUCKETS};
+use uzram_core::store::{Candidates, WritebackCandidates, AGE_BUCKETS};
 use uzram_core::PageStore;
 
 use super::budget::Budget;
+use super::recompressor::Recompressor;
 use crate::config::{RecompressSettings, WritebackSettings};
 use crate::control::counters;
 use crate::control::proto::{RecompressReport, Stat, WritebackReport};
@@ -28,13 +29,21 @@ pub(super) struct Writeback {
     pub budget: Option<Arc<Budget>>,
 }
 
-/// Ticks the store's clock once a minute; with `settings`, recompresses the pages unused for
-/// their idle age, and with `writeback`, then writes back those unused for its. Runs at the
-/// lowest priority; what memory asks for runs on the room thread (`pressure::keep_room`).
-/// Never returns.
+/// Recompression's settings and the recompressor they name (shared with the control
+/// thread's `uzram recompress`).
+#[derive(Clone)]
+pub(super) struct Recompression {
+    pub settings: RecompressSettings,
+    pub recompressor: Arc<Recompressor>,
+}
+
+/// Ticks the store's clock once a minute; with `recompression`, recompresses the pages
+/// unused for their idle age, and with `writeback`, then writes back those unused for its.
+/// Runs at the lowest priority; what memory asks for runs on the room thread
+/// (`pressure::keep_room`). Never returns.
 pub(super) fn keep(
     store: Arc<PageStore>,
-    settings: Option<RecompressSettings>,
+    recompression: Option<Recompression>,
     writeback: Option<Writeback>,
 ) {
     if let Err(err) = crate::sys::set_thread_nice(TIER_NICE) {
@@ -43,7 +52,9 @@ pub(super) fn keep(
     loop {
         std::thread::sleep(TICK);
         store.tick();
-        recompress_idle(&store, settings);
+        if let Some(r) = &recompression {
+            recompress_idle(&store, r);
+        }
         if let Some(w) = &writeback {
             write_back_idle(&store, &w.settings, w.budget.as_deref());
         }
@@ -74,17 +85,15 @@ fn write_back_idle(store: &PageStore, settings: &WritebackSettings, budget: Opti
 }
 
 /// The background recompression of one tick.
-fn recompress_idle(store: &PageStore, settings: Option<RecompressSettings>) {
-    let Some(s) = settings else { return };
-    let pass = Recompress {
-        candidates: Candidates::Idle {
-            min_age: s.idle_age_minutes,
-        },
-        level: s.level,
-        threshold: s.threshold,
-        max_pages: PAGES_PER_TICK,
+fn recompress_idle(store: &PageStore, r: &Recompression) {
+    let candidates = Candidates::Idle {
+        min_age: r.settings.idle_age_minutes,
     };
-    match store.recompress(pass) {
+    let threshold = r.settings.threshold;
+    match r
+        .recompressor
+        .run(store, candidates, threshold, PAGES_PER_TICK, None)
+    {
         Ok(done) if done.rewritten > 0 || done.failed > 0 => {
             // The old objects' room is holes in their segments until compaction moves
             // the live objects together and gives the segments back.
@@ -104,7 +113,11 @@ fn recompress_idle(store: &PageStore, settings: Option<RecompressSettings>) {
             )
         }
         Ok(_) => {}
-        Err(err) => tracing::warn!(error = %err, "recompression failed"),
+        Err(err) => tracing::warn!(
+            error = %err,
+            recompressor = r.recompressor.name(),
+            "recompression failed"
+        ),
     }
 }
 
@@ -156,13 +169,17 @@ pub(super) fn writeback_now(
 
 /// A recompression pass now, of `kind` (`idle`, `huge` or `huge_idle`; idle: unused for the
 /// device's idle age, or marked idle), as `uzram recompress` asks.
+///
+/// With `level`, or on a device without recompression settings, it writes zstd (at
+/// `level`, else the default); otherwise the device's own recompressor.
 pub(super) fn recompress_now(
     store: &PageStore,
-    settings: Option<RecompressSettings>,
+    recompression: Option<&Recompression>,
     kind: &str,
     threshold: Option<u64>,
     level: Option<i32>,
 ) -> Result<RecompressReport, String> {
+    let settings = recompression.map(|r| r.settings);
     let min_age = settings.map_or(uzram_core::store::MAX_AGE, |s| s.idle_age_minutes);
     let candidates = match kind {
         "idle" => Candidates::Idle { min_age },
@@ -174,20 +191,21 @@ pub(super) fn recompress_now(
             ))
         }
     };
-    let level = level
-        .or(settings.map(|s| s.level))
-        .unwrap_or(uzram_core::store::DEFAULT_RECOMPRESS_LEVEL);
-    let pass = Recompress {
-        candidates,
-        level,
-        threshold: threshold
-            .map(|t| t.min(uzram_core::PAGE_SIZE as u64) as usize)
-            .or(settings.map(|s| s.threshold))
-            .unwrap_or(0),
-        max_pages: u64::MAX,
-    };
+    let threshold = threshold
+        .map(|t| t.min(uzram_core::PAGE_SIZE as u64) as usize)
+        .or(settings.map(|s| s.threshold))
+        .unwrap_or(0);
     let before = store.stats().mem_used_total;
-    let done = store.recompress(pass).map_err(|e| e.to_string())?;
+    let done = match recompression {
+        Some(r) => r
+            .recompressor
+            .run(store, candidates, threshold, u64::MAX, level),
+        None => Recompressor::Zstd {
+            level: level.unwrap_or(uzram_core::store::DEFAULT_RECOMPRESS_LEVEL),
+        }
+        .run(store, candidates, threshold, u64::MAX, None),
+    }
+    .map_err(|e| e.to_string())?;
     if done.rewritten > 0 {
         store.compact();
     }

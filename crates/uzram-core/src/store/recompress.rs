@@ -1,0 +1,449 @@
+//! Recompression passes (`tier.rs` has the why): a page that went cold is read, decoded,
+//! checked and compressed again, and its new object replaces the old one only if the page
+//! still holds the object read (a write in between wins) and it saves a size class.
+//!
+//! Two recompressors:
+//! - **zstd**, a page at a time on the calling thread. The entry then says `recompressed`
+//!   and reads decode it with zstd.
+//! - **Batched LZ4** through a [`SlotBackend`]: a slot of cold pages at a time, compressed
+//!   by a backend that parses tighter than the hot path did (a GPU's `high` parse). The
+//!   result is the store's own LZ4, so reads decode it as before, at LZ4's speed. A block
+//!   is taken only if the backend's checksum of what it compressed is the page's and it
+//!   decodes, on the CPU, to the page: the old object is good, and a device whose own check
+//!   passed a bad block must not turn it into a failed read. That decode is most of the
+//!   pass's CPU; the GPU does the search.
+
+use super::tier::{Candidates, Recompress, Recompressed, Recompressor, MIN_SAVING};
+use super::{read_lock, Budget, Counters, PageStore, Slot};
+use crate::batch::{PageResult, SlotBackend};
+use crate::codec::{PageCodec, ZstdCodec};
+use crate::page::{page_checksum, page_to_words, PAGE_SIZE, PAGE_WORDS};
+use crate::CoreError;
+use std::sync::atomic::Ordering::Relaxed;
+
+/// A page a pass took: what it held when read, and the checksum it is stored with.
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    index: u64,
+    slot: Slot,
+    /// The stored object's checksum (0 in a store without checksums).
+    checksum: u32,
+    /// The stored object's length.
+    len: usize,
+}
+
+impl PageStore {
+    /// One recompression pass over the pages `pass` selects, in page order. Off the I/O
+    /// path: it holds a shard's lock only to copy an object out and to swap it in.
+    pub fn recompress(&self, pass: Recompress<'_>) -> Result<Recompressed, CoreError> {
+        let mut done = Recompressed::default();
+        let result = match pass.recompressor {
+            Recompressor::Zstd { level } => self.recompress_zstd(&pass, level, &mut done),
+            Recompressor::Batched { backend, slot } => {
+                self.recompress_batched(&pass, backend, slot, &mut done)
+            }
+        };
+        Counters::bump(&self.counters.recompress_tried, done.tried);
+        Counters::bump(&self.counters.recompress_kept, done.kept);
+        Counters::bump(&self.counters.recompress_rewritten, done.rewritten);
+        Counters::bump(&self.counters.recompress_saved_bytes, done.saved_bytes);
+        result.map(|()| done)
+    }
+
+    fn recompress_zstd(
+        &self,
+        pass: &Recompress<'_>,
+        level: i32,
+        done: &mut Recompressed,
+    ) -> Result<(), CoreError> {
+        let mut zstd = ZstdCodec::try_new(level).map_err(CoreError::Compress)?;
+        let mut page = [0u8; PAGE_SIZE];
+        let mut out = [0u8; PAGE_SIZE];
+        for index in 0..self.pages {
+            if done.tried >= pass.max_pages {
+                break;
+            }
+            let Some(c) = self.take_candidate(pass, index, &mut page, done) else {
+                continue;
+            };
+            let new_len = match zstd.compress(&page, &mut out[..PAGE_SIZE - 1]) {
+                Ok(Some(n)) if n + MIN_SAVING <= c.len => n,
+                _ => {
+                    self.ages.mark_tried(index);
+                    done.kept += 1;
+                    continue;
+                }
+            };
+            self.replace(c, &out[..new_len], true, done);
+        }
+        Ok(())
+    }
+
+    /// Fills slot `slot` of `backend` with candidates, compresses it, installs what came
+    /// back smaller, and again until the pass is done. The backend's slot is this pass's
+    /// alone: the caller holds it (a backend made for recompression, not the ring's).
+    fn recompress_batched(
+        &self,
+        pass: &Recompress<'_>,
+        backend: &dyn SlotBackend,
+        slot: usize,
+        done: &mut Recompressed,
+    ) -> Result<(), CoreError> {
+        if backend.algorithm() != self.algorithm {
+            return Err(CoreError::Config(format!(
+                "a batched recompressor writes {} and this store holds {}",
+                backend.algorithm(),
+                self.algorithm
+            )));
+        }
+        let room = backend.slot_pages();
+        let input = backend.input(slot);
+        if room == 0 || input.len() < room * PAGE_WORDS {
+            return Err(CoreError::Config(format!(
+                "slot {slot} of the {} backend has no room for pages",
+                backend.name()
+            )));
+        }
+        let mut batch = Vec::new();
+        batch
+            .try_reserve_exact(room)
+            .map_err(|_| CoreError::NoMemory)?;
+        let mut page = [0u8; PAGE_SIZE];
+        for index in 0..self.pages {
+            if done.tried >= pass.max_pages {
+                break;
+            }
+            let Some(c) = self.take_candidate(pass, index, &mut page, done) else {
+                continue;
+            };
+            let k = batch.len();
+            page_to_words(&page, &input[k * PAGE_WORDS..(k + 1) * PAGE_WORDS]);
+            batch.push((c, page_checksum(&page)));
+            if batch.len() == room {
+                self.compress_batch(backend, slot, &batch, done)?;
+                batch.clear();
+            }
+        }
+        if !batch.is_empty() {
+            self.compress_batch(backend, slot, &batch, done)?;
+        }
+        Ok(())
+    }
+
+    /// Compresses the staged `batch` in `slot` and installs each result that saves a size
+    /// class. `batch` pairs each candidate with the checksum of the page staged for it.
+    fn compress_batch(
+        &self,
+        backend: &dyn SlotBackend,
+        slot: usize,
+        batch: &[(Candidate, u32)],
+        done: &mut Recompressed,
+    ) -> Result<(), CoreError> {
+        let backend_failed = |e: crate::batch::BackendError| CoreError::Backend {
+            backend: e.backend,
+            reason: e.message,
+        };
+        backend
+            .submit(slot, batch.len(), PAGE_SIZE)
+            .map_err(backend_failed)?;
+        let input = backend.input(slot);
+        let mut decoded = [0u8; PAGE_SIZE];
+        let mut bad = None;
+        backend
+            .complete(slot, &mut |out| {
+                for (k, &(c, staged)) in batch.iter().enumerate() {
+                    let block = match (out.page(k), out.checksum(k)) {
+                        (Ok(PageResult::Compressed(block)), Ok(sum)) if sum == staged => block,
+                        (Ok(PageResult::Compressed(_)), _) | (Err(_), _) => {
+                            // It compressed other bytes than were staged, or broke the
+                            // format: never installed.
+                            done.failed += 1;
+                            bad.get_or_insert(k);
+                            continue;
+                        }
+                        // Raw, same-filled (not stored as an object, so not a candidate
+                        // that could come back so) or rejected: left as it is.
+                        _ => {
+                            self.ages.mark_tried(c.index);
+                            done.kept += 1;
+                            continue;
+                        }
+                    };
+                    if block.len() + MIN_SAVING > c.len {
+                        self.ages.mark_tried(c.index);
+                        done.kept += 1;
+                        continue;
+                    }
+                    // The old object is good: the new one replaces it only once it has
+                    // decoded, here, to the very page (a device whose check passed a bad
+                    // block would otherwise turn a good page into a failed read).
+                    let staged = &input[k * PAGE_WORDS..(k + 1) * PAGE_WORDS];
+                    let same = self.decode(c.index, block, false, &mut decoded).is_ok()
+                        && staged
+                            .iter()
+                            .zip(decoded.chunks_exact(8))
+                            .all(|(w, b)| w.load(Relaxed).to_le_bytes() == *b);
+                    if !same {
+                        done.failed += 1;
+                        bad.get_or_insert(k);
+                        continue;
+                    }
+                    if self.replace(c, block, false, done) {
+                        // Still LZ4, so still a candidate by its entry: the flag keeps the
+                        // next pass from trying it again until it is written.
+                        self.ages.mark_tried(c.index);
+                    }
+                }
+            })
+            .map_err(backend_failed)?;
+        if let Some(k) = bad {
+            tracing::warn!(
+                backend = backend.name(),
+                page = batch[k].0.index,
+                "a recompressor's result did not decode to the page staged: not installed"
+            );
+        }
+        Ok(())
+    }
+
+    /// Page `index` if `pass` takes it: decoded into `page` and checked against its
+    /// checksum (counted as tried; a damaged one counted failed and left for its read to
+    /// fail, never rewritten as good).
+    fn take_candidate(
+        &self,
+        pass: &Recompress<'_>,
+        index: u64,
+        page: &mut [u8; PAGE_SIZE],
+        done: &mut Recompressed,
+    ) -> Option<Candidate> {
+        let mut stored = [0u8; PAGE_SIZE];
+        let (shard, idx) = self.locate(index);
+        let (slot, checksum, len) = {
+            let shard = read_lock(shard);
+            let Some(
+                slot @ Slot::Stored {
+                    handle,
+                    len,
+                    recompressed: false,
+                },
+            ) = shard.get(idx)
+            else {
+                return None;
+            };
+            let len = usize::from(len);
+            let huge = len == PAGE_SIZE;
+            let age = self.ages.age(index);
+            let wanted = match pass.candidates {
+                Candidates::Idle { min_age } => age >= min_age,
+                Candidates::Huge => huge,
+                Candidates::HugeIdle { min_age } => huge && age >= min_age,
+            };
+            if !wanted || len < pass.threshold || self.ages.tried(index) {
+                return None;
+            }
+            let checksum = self.load_stored(handle, len, &mut stored[..len])?;
+            (slot, checksum, len)
+        };
+        done.tried += 1;
+        if self.decode(index, &stored[..len], false, page).is_err()
+            || (self.checksums && self.checksum_of(page) != checksum)
+        {
+            done.failed += 1;
+            return None;
+        }
+        Some(Candidate {
+            index,
+            slot,
+            checksum,
+            len,
+        })
+    }
+
+    /// Stores `bytes` (the page's new object: a zstd frame when `zstd`, else the store's
+    /// own codec) and points the page at it if it still holds what `c` read; frees
+    /// whichever object lost, and counts the outcome. `true` if the page took it.
+    fn replace(&self, c: Candidate, bytes: &[u8], zstd: bool, done: &mut Recompressed) -> bool {
+        let budget = Budget::Limited {
+            reserved: self.staged_room(),
+        };
+        let handle = match self.arena.store(bytes, self.trailer(c.checksum), budget) {
+            Ok(handle) => handle,
+            Err(_) => {
+                done.failed += 1;
+                return false;
+            }
+        };
+        let new = Slot::Stored {
+            handle,
+            len: bytes.len() as u16,
+            recompressed: zstd,
+        };
+        let switched = self.switch(c.index, c.slot, new);
+        match switched {
+            Ok(true) => {
+                done.rewritten += 1;
+                done.saved_bytes += (c.len - bytes.len()) as u64;
+                return true;
+            }
+            Ok(false) => done.raced += 1,
+            Err(_) => done.failed += 1,
+        }
+        self.free_slot(new);
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
+
+    use super::super::tier::tests::{corpus, reads_back};
+    use super::*;
+    use crate::batch::{BackendError, FaultPlan, HostSlots, SlotOutput};
+    use crate::codec::Algorithm;
+    use crate::store::StoreConfig;
+
+    /// A store that keeps every page that does not compress below 1 KiB raw: the hot path
+    /// at its loosest, so that a batch backend's LZ4 (the CPU's own, in these tests) finds
+    /// room to save.
+    fn loose(data: &[u8]) -> PageStore {
+        let pages = (data.len() / PAGE_SIZE) as u64;
+        let mut cfg = StoreConfig::new(pages, Algorithm::Lz4);
+        cfg.raw_threshold = 1024;
+        let store = PageStore::new(cfg).unwrap();
+        store.write(0, data).unwrap();
+        store
+    }
+
+    fn batched(backend: &dyn SlotBackend) -> Recompress<'_> {
+        Recompress {
+            candidates: Candidates::Huge,
+            recompressor: Recompressor::Batched { backend, slot: 0 },
+            threshold: 0,
+            max_pages: u64::MAX,
+        }
+    }
+
+    #[test]
+    fn a_batch_backend_rewrites_pages_smaller_in_the_stores_own_codec() {
+        let data = corpus();
+        let store = loose(&data);
+        let before = store.stats();
+        assert!(before.huge_pages > 100, "{before:?}");
+        let backend = HostSlots::new(Algorithm::Lz4, 1, 16);
+        let done = store.recompress(batched(&backend)).unwrap();
+        let after = store.stats();
+        assert_eq!(done.tried, before.huge_pages, "{done:?}");
+        assert!(done.rewritten > done.tried / 2, "{done:?}");
+        assert_eq!(done.rewritten + done.kept, done.tried, "{done:?}");
+        assert_eq!(after.recompress_rewritten_pages, done.rewritten);
+        assert_eq!(after.recompressed_pages, 0, "LZ4, not zstd frames");
+        assert_eq!(
+            before.compr_data_size - after.compr_data_size,
+            done.saved_bytes
+        );
+        assert_eq!(after.huge_pages, before.huge_pages - done.rewritten);
+        reads_back(&store, &data);
+        // Tried: a page is not tried again until it is written.
+        let again = Recompress {
+            candidates: Candidates::Idle { min_age: 0 },
+            ..batched(&backend)
+        };
+        let pages = (data.len() / PAGE_SIZE) as u64;
+        let second = store.recompress(again).unwrap();
+        assert_eq!(second.tried, pages - before.huge_pages - before.same_pages);
+        assert_eq!(second.rewritten, 0, "the same LZ4 saves nothing");
+    }
+
+    #[test]
+    fn a_backend_that_lies_or_misreads_installs_nothing_and_no_page_changes() {
+        let data = corpus();
+        let store = loose(&data);
+        for (what, faults) in [
+            (
+                "corrupt",
+                FaultPlan {
+                    corrupt_every: 3,
+                    ..FaultPlan::default()
+                },
+            ),
+            (
+                "misread",
+                FaultPlan {
+                    misread_every: 4,
+                    ..FaultPlan::default()
+                },
+            ),
+        ] {
+            let backend = HostSlots::with_faults(Algorithm::Lz4, 1, 16, faults);
+            let done = store.recompress(batched(&backend)).unwrap();
+            assert!(done.failed > 0, "{what}: {done:?}");
+            assert!(done.rewritten > 0, "{what}: {done:?}");
+            reads_back(&store, &data);
+        }
+    }
+
+    /// Writes new data to the pages of the first batch while the backend compresses it.
+    struct Racing<'a> {
+        inner: HostSlots,
+        store: &'a PageStore,
+        data: &'a [u8],
+        raced: AtomicU64,
+    }
+
+    impl SlotBackend for Racing<'_> {
+        fn name(&self) -> &'static str {
+            "racing"
+        }
+        fn algorithm(&self) -> Algorithm {
+            self.inner.algorithm()
+        }
+        fn slots(&self) -> usize {
+            self.inner.slots()
+        }
+        fn slot_pages(&self) -> usize {
+            self.inner.slot_pages()
+        }
+        fn input(&self, slot: usize) -> &[AtomicU64] {
+            self.inner.input(slot)
+        }
+        fn submit(&self, slot: usize, pages: usize, limit: usize) -> Result<(), BackendError> {
+            self.inner.submit(slot, pages, limit)
+        }
+        fn complete(
+            &self,
+            slot: usize,
+            install: &mut dyn FnMut(&SlotOutput<'_>),
+        ) -> Result<(), BackendError> {
+            if self.raced.fetch_add(1, Relaxed) == 0 {
+                for i in 0..64u64 {
+                    let from = (i as usize + 1) * PAGE_SIZE;
+                    self.store
+                        .write(i, &self.data[from..from + PAGE_SIZE])
+                        .unwrap();
+                }
+            }
+            self.inner.complete(slot, install)
+        }
+    }
+
+    #[test]
+    fn a_write_while_the_batch_is_compressed_wins() {
+        let data = corpus();
+        let store = Arc::new(loose(&data));
+        let racing = Racing {
+            inner: HostSlots::new(Algorithm::Lz4, 1, 4096),
+            store: &store,
+            data: &data,
+            raced: AtomicU64::new(0),
+        };
+        let done = store.recompress(batched(&racing)).unwrap();
+        assert!(done.raced > 0, "{done:?}");
+        assert_eq!(done.raced + done.rewritten + done.kept, done.tried);
+        // Pages 0..64 hold what the racing writes put there; the rest, the corpus.
+        let mut want = data.clone();
+        want.copy_within(PAGE_SIZE..65 * PAGE_SIZE, 0);
+        reads_back(&store, &want);
+    }
+}

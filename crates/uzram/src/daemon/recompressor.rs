@@ -1,0 +1,186 @@
+//! What a device's recompression writes (`recompress-algorithm`): zstd on the CPU, or LZ4
+//! again from an NVIDIA GPU's `high` parse (`lz4-gpu`), which stores pages the hot path
+//! wrote with the CPU's LZ4 tighter and reads them back at LZ4's speed. The GPU works
+//! through a slot of its own, not the write ring's, opened at the first pass (a takeover
+//! does not wait for it) or, on a fresh start, before the device serves, so that a host
+//! where it cannot work says so at once.
+
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use anyhow::Context;
+use uzram_core::store::{Candidates, Recompress, Recompressed, Recompressor as Pass};
+use uzram_core::{CoreError, PageStore};
+use uzram_gpu::{GpuConfig, GpuSlots, Parse};
+
+use crate::config::{DeviceConfig, GpuSettings, RecompressCodec, DEFAULT_GPU_SLOT_PAGES};
+
+/// The recompressor `cfg` asks for, if any; opened now unless `recovered` (a takeover does
+/// not wait for a GPU).
+pub fn for_device(
+    cfg: &DeviceConfig,
+    recovered: bool,
+) -> anyhow::Result<Option<Arc<Recompressor>>> {
+    let Some(settings) = cfg.recompress else {
+        return Ok(None);
+    };
+    let recompressor = Recompressor::new(settings.codec, &cfg.gpu);
+    if !recovered {
+        recompressor.open()?;
+    }
+    Ok(Some(Arc::new(recompressor)))
+}
+
+/// A device's recompressor; see the module docs.
+pub enum Recompressor {
+    /// zstd at this level.
+    Zstd {
+        /// zstd's level.
+        level: i32,
+    },
+    /// The GPU's `high` LZ4 parse.
+    Gpu(Box<OnGpu>),
+}
+
+/// The GPU recompressor's state.
+pub struct OnGpu {
+    /// The GPU settings of the device (which GPUs).
+    settings: GpuSettings,
+    /// The slot, once opened; passes take turns on it.
+    slots: OnceLock<Result<Mutex<GpuSlots>, String>>,
+}
+
+impl OnGpu {
+    /// The slot, opened at the first call.
+    fn slots(&self) -> Result<&Mutex<GpuSlots>, String> {
+        self.slots
+            .get_or_init(|| open_gpu(&self.settings))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+}
+
+impl Recompressor {
+    /// The recompressor for `codec` (the GPU not opened yet).
+    pub fn new(codec: RecompressCodec, gpu: &GpuSettings) -> Self {
+        match codec {
+            RecompressCodec::Zstd { level } => Self::Zstd { level },
+            RecompressCodec::GpuLz4 => Self::Gpu(Box::new(OnGpu {
+                settings: gpu.clone(),
+                slots: OnceLock::new(),
+            })),
+        }
+    }
+
+    /// Opens the GPU now, if it is one; the error says what to do.
+    pub fn open(&self) -> anyhow::Result<()> {
+        match self {
+            Self::Zstd { .. } => Ok(()),
+            Self::Gpu(gpu) => gpu.slots().map(|_| ()).map_err(anyhow::Error::msg),
+        }
+    }
+
+    /// One pass over `candidates`: at most `max_pages` tried, of at least `threshold`
+    /// stored bytes. With `level`, zstd at that level whatever the device's recompressor
+    /// (`uzram recompress --level`).
+    pub fn run(
+        &self,
+        store: &PageStore,
+        candidates: Candidates,
+        threshold: usize,
+        max_pages: u64,
+        level: Option<i32>,
+    ) -> Result<Recompressed, CoreError> {
+        let pass = |recompressor| Recompress {
+            candidates,
+            recompressor,
+            threshold,
+            max_pages,
+        };
+        match (self, level) {
+            (_, Some(level)) => store.recompress(pass(Pass::Zstd { level })),
+            (&Self::Zstd { level }, None) => store.recompress(pass(Pass::Zstd { level })),
+            (Self::Gpu(gpu), None) => {
+                let slot = gpu.slots().map_err(|reason| CoreError::Backend {
+                    backend: "gpu",
+                    reason,
+                })?;
+                let slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+                store.recompress(pass(Pass::Batched {
+                    backend: &*slot,
+                    slot: 0,
+                }))
+            }
+        }
+    }
+
+    /// Its name, as `recompress-algorithm` spells it.
+    pub fn name(&self) -> String {
+        match *self {
+            Self::Zstd { level } => RecompressCodec::Zstd { level },
+            Self::Gpu(_) => RecompressCodec::GpuLz4,
+        }
+        .name()
+    }
+}
+
+/// One slot of the `high` parse on the device's first GPU.
+fn open_gpu(settings: &GpuSettings) -> Result<Mutex<GpuSlots>, String> {
+    let opened = (|| -> anyhow::Result<GpuSlots> {
+        let devices = settings.gpus.ordinals()?;
+        let cfg = GpuConfig {
+            devices: devices.into_iter().take(1).collect(),
+            slots: 1,
+            slot_pages: DEFAULT_GPU_SLOT_PAGES,
+            parse: Parse::High,
+            graphs: true,
+        };
+        GpuSlots::new(cfg).context("opening the GPU")
+    })();
+    match opened {
+        Ok(slots) => {
+            tracing::info!(
+                devices = ?slots.device_names(),
+                "recompression with the GPU's high parse ready"
+            );
+            Ok(Mutex::new(slots))
+        }
+        Err(e) => Err(format!(
+            "recompress-algorithm lz4-gpu: {e:#} (use recompress-algorithm zstd on a host \
+             without a working NVIDIA GPU)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use uzram_core::codec::Algorithm;
+    use uzram_core::{StoreConfig, PAGE_SIZE};
+
+    use super::*;
+
+    #[test]
+    fn a_gpu_recompressor_without_a_gpu_says_what_to_do_and_zstd_still_runs() {
+        let r = Recompressor::new(RecompressCodec::GpuLz4, &GpuSettings::default());
+        assert_eq!(r.name(), "lz4-gpu");
+        let store = PageStore::new(StoreConfig::new(16, Algorithm::Lz4)).unwrap();
+        let text: Vec<u8> = (0..16 * PAGE_SIZE).map(|i| b"cold page "[i % 10]).collect();
+        store.write(0, &text).unwrap();
+        store.mark_idle(None);
+        let idle = Candidates::Idle { min_age: 0 };
+        if r.open().is_ok() {
+            eprintln!("skipping the no-GPU half: this host's GPU opened");
+        } else {
+            let err = r.open().unwrap_err().to_string();
+            assert!(err.contains("use recompress-algorithm zstd"), "{err}");
+            let pass = r.run(&store, idle, 0, u64::MAX, None).unwrap_err();
+            assert!(matches!(pass, CoreError::Backend { .. }), "{pass}");
+        }
+        // `uzram recompress --level` writes zstd whatever the device's recompressor.
+        let done = r.run(&store, idle, 0, u64::MAX, Some(3)).unwrap();
+        assert_eq!(done.tried, 16, "{done:?}");
+        assert_eq!(store.stats().recompressed_pages, done.rewritten);
+        let mut back = vec![0u8; text.len()];
+        store.read(0, &mut back).unwrap();
+        assert!(back == text);
+    }
+}
