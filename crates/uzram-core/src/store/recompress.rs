@@ -57,26 +57,19 @@ impl PageStore {
         done: &mut Recompressed,
     ) -> Result<(), CoreError> {
         let mut zstd = ZstdCodec::try_new(level).map_err(CoreError::Compress)?;
-        let mut page = [0u8; PAGE_SIZE];
         let mut out = [0u8; PAGE_SIZE];
-        for index in 0..self.pages {
-            if done.tried >= pass.max_pages {
-                break;
-            }
-            let Some(c) = self.take_candidate(pass, index, &mut page, done) else {
-                continue;
-            };
-            let new_len = match zstd.compress(&page, &mut out[..PAGE_SIZE - 1]) {
-                Ok(Some(n)) if n + MIN_SAVING <= c.len => n,
-                _ => {
-                    self.ages.mark_tried(index);
-                    done.kept += 1;
-                    continue;
+        self.each_candidate(pass, done, |done, c, page| {
+            match zstd.compress(page, &mut out[..PAGE_SIZE - 1]) {
+                Ok(Some(n)) if n + MIN_SAVING <= c.len => {
+                    self.replace(c, &out[..n], true, done);
                 }
-            };
-            self.replace(c, &out[..new_len], true, done);
-        }
-        Ok(())
+                _ => {
+                    self.ages.mark_tried(c.index);
+                    done.kept += 1;
+                }
+            }
+            Ok(())
+        })
     }
 
     /// Fills slot `slot` of `backend` with candidates, compresses it, installs what came
@@ -108,22 +101,16 @@ impl PageStore {
         batch
             .try_reserve_exact(room)
             .map_err(|_| CoreError::NoMemory)?;
-        let mut page = [0u8; PAGE_SIZE];
-        for index in 0..self.pages {
-            if done.tried >= pass.max_pages {
-                break;
-            }
-            let Some(c) = self.take_candidate(pass, index, &mut page, done) else {
-                continue;
-            };
+        self.each_candidate(pass, done, |done, c, page| {
             let k = batch.len();
-            page_to_words(&page, &input[k * PAGE_WORDS..(k + 1) * PAGE_WORDS]);
-            batch.push((c, page_checksum(&page)));
+            page_to_words(page, &input[k * PAGE_WORDS..(k + 1) * PAGE_WORDS]);
+            batch.push((c, page_checksum(page)));
             if batch.len() == room {
                 self.compress_batch(backend, slot, &batch, done)?;
                 batch.clear();
             }
-        }
+            Ok(())
+        })?;
         if !batch.is_empty() {
             self.compress_batch(backend, slot, &batch, done)?;
         }
@@ -202,6 +189,26 @@ impl PageStore {
                 page = batch[k].0.index,
                 "a recompressor's result did not decode to the page staged: not installed"
             );
+        }
+        Ok(())
+    }
+
+    /// Calls `f` with each page `pass` takes, in page order, decoded and checked, until
+    /// `pass.max_pages` were tried or `f` fails.
+    fn each_candidate(
+        &self,
+        pass: &Recompress<'_>,
+        done: &mut Recompressed,
+        mut f: impl FnMut(&mut Recompressed, Candidate, &[u8; PAGE_SIZE]) -> Result<(), CoreError>,
+    ) -> Result<(), CoreError> {
+        let mut page = [0u8; PAGE_SIZE];
+        for index in 0..self.pages {
+            if done.tried >= pass.max_pages {
+                break;
+            }
+            if let Some(c) = self.take_candidate(pass, index, &mut page, done) {
+                f(done, c, &page)?;
+            }
         }
         Ok(())
     }

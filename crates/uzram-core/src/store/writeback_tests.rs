@@ -306,37 +306,73 @@ fn a_block_changed_on_disk_or_moved_fails_its_reads_and_only_those() {
     assert!(wrong > failed, "the moved block failed no more reads");
 }
 
+/// A store in memory that outlives it (as a daemon's shared memory does), its nonce counter
+/// kept beside it: [`Kept::kill`] keeps what a SIGKILL leaves, [`Kept::recovered`] takes
+/// that over as the next daemon does (as often as asked).
+struct Kept {
+    table: &'static [AtomicU64],
+    nonces: &'static AtomicU64,
+    cfg: StoreConfig,
+    words: Vec<u64>,
+    segments: HashMap<usize, Vec<u64>>,
+}
+
+impl Kept {
+    /// A new store, `disk` attached.
+    fn new(disk: &Arc<MemDisk>) -> (PageStore, Kept) {
+        let len = PageStore::table_len(PAGES).unwrap();
+        let kept = Kept {
+            table: Box::leak((0..len).map(|_| AtomicU64::new(0)).collect()),
+            nonces: Box::leak(Box::new(AtomicU64::new(0))),
+            cfg: StoreConfig::new(PAGES, Algorithm::Lz4),
+            words: Vec::new(),
+            segments: HashMap::new(),
+        };
+        let store =
+            PageStore::new_persistent(kept.cfg.clone(), kept.persist(MemHome::default())).unwrap();
+        store
+            .attach_backing(disk.clone(), &KEY, NonceCounter::Kept(kept.nonces))
+            .unwrap();
+        (store, kept)
+    }
+
+    fn persist(&self, home: MemHome) -> Persistence {
+        Persistence {
+            table: self.table,
+            home: Arc::new(home),
+        }
+    }
+
+    /// The memory `store` leaves when its process is killed.
+    fn kill(&mut self, store: PageStore) {
+        self.segments = store.arena.snapshot().into_iter().enumerate().collect();
+        self.words = self.table.iter().map(|w| w.load(Relaxed)).collect();
+        drop(store);
+    }
+
+    /// A new process's store over that memory (no backing device attached yet).
+    fn recovered(&self) -> (PageStore, Recovered) {
+        for (w, v) in self.table.iter().zip(&self.words) {
+            w.store(*v, Relaxed);
+        }
+        let home = MemHome {
+            found: Mutex::new(self.segments.clone()),
+        };
+        PageStore::recover(self.cfg.clone(), self.persist(home), None).unwrap()
+    }
+}
+
 #[test]
 fn a_taken_over_store_reads_its_written_back_pages_with_the_key_and_fails_without_it() {
-    let len = PageStore::table_len(PAGES).unwrap();
-    let table: &'static [AtomicU64] = Box::leak((0..len).map(|_| AtomicU64::new(0)).collect());
-    let nonces: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
     let disk = MemDisk::new(1024);
-    let cfg = StoreConfig::new(PAGES, Algorithm::Lz4);
-    let persist = |home| Persistence { table, home };
-    let home = Arc::new(MemHome::default());
-    let store = PageStore::new_persistent(cfg.clone(), persist(home)).unwrap();
-    store
-        .attach_backing(disk.clone(), &KEY, NonceCounter::Kept(nonces))
-        .unwrap();
+    let (store, mut kept) = Kept::new(&disk);
+    let nonces = kept.nonces;
     filled(&store, 0);
     store.writeback(idle_pass(PAGES / 2)).unwrap();
     let used = nonces.load(Relaxed);
     assert_eq!(used, PAGES / 2, "a nonce per object");
-    let segments: HashMap<usize, Vec<u64>> =
-        store.arena.snapshot().into_iter().enumerate().collect();
-    let words: Vec<u64> = table.iter().map(|w| w.load(Relaxed)).collect();
-    drop(store);
-    // The memory a killed daemon leaves, each time.
-    let recovered = || {
-        for (w, v) in table.iter().zip(&words) {
-            w.store(*v, Relaxed);
-        }
-        let home = Arc::new(MemHome {
-            found: Mutex::new(segments.clone()),
-        });
-        PageStore::recover(cfg.clone(), persist(home), None).unwrap()
-    };
+    kept.kill(store);
+    let recovered = || kept.recovered();
 
     let (store, found) = recovered();
     assert_eq!(found.pages_stored, PAGES);
@@ -390,17 +426,8 @@ fn a_taken_over_store_reads_its_written_back_pages_with_the_key_and_fails_withou
 
 #[test]
 fn a_taken_over_store_gives_back_the_blocks_no_page_uses() {
-    let len = PageStore::table_len(PAGES).unwrap();
-    let table: &'static [AtomicU64] = Box::leak((0..len).map(|_| AtomicU64::new(0)).collect());
-    let nonces: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
     let disk = MemDisk::new(1024);
-    let cfg = StoreConfig::new(PAGES, Algorithm::Lz4);
-    let persist = |home| Persistence { table, home };
-    let store =
-        PageStore::new_persistent(cfg.clone(), persist(Arc::new(MemHome::default()))).unwrap();
-    store
-        .attach_backing(disk.clone(), &KEY, NonceCounter::Kept(nonces))
-        .unwrap();
+    let (store, mut kept) = Kept::new(&disk);
     filled(&store, 0);
     let pass = store.writeback(idle_pass(u64::MAX)).unwrap();
     assert_eq!(pass.pages, PAGES);
@@ -408,15 +435,10 @@ fn a_taken_over_store_gives_back_the_blocks_no_page_uses() {
     for i in 0..PAGES / 4 {
         store.write(i, &page(i, 1)).unwrap();
     }
-    let segments: HashMap<usize, Vec<u64>> =
-        store.arena.snapshot().into_iter().enumerate().collect();
-    drop(store);
-    let home = Arc::new(MemHome {
-        found: Mutex::new(segments),
-    });
-    let (store, _) = PageStore::recover(cfg, persist(home), None).unwrap();
+    kept.kill(store);
+    let (store, _) = kept.recovered();
     let adopted = store
-        .attach_backing(disk.clone(), &KEY, NonceCounter::Kept(nonces))
+        .attach_backing(disk.clone(), &KEY, NonceCounter::Kept(kept.nonces))
         .unwrap();
     assert_eq!(adopted, PAGES - PAGES / 4);
     // The dead daemon's frees died with it: nothing is marked.
