@@ -55,6 +55,9 @@ const TAG_BYTES: usize = 16;
 pub const MAX_OBJECT_BLOCKS: usize = 3;
 /// A block's user count while [`Backing::release_freed`] gives its space back: not free.
 const RELEASING: u32 = 1 << 31;
+/// Most blocks one release covers (16 MiB): the blocks of a release in flight are not free,
+/// and after a takeover most of a device can be one run of unused blocks.
+const RELEASE_RUN_BLOCKS: u64 = 4096;
 
 /// A backing file or partition, in [`BLOCK_BYTES`] blocks. The daemon implements it with
 /// direct I/O through io_uring; tests with memory.
@@ -623,7 +626,9 @@ impl Backing {
                     continue;
                 }
                 match &mut run {
-                    Some((first, count)) if *first + *count == b => *count += 1,
+                    Some((first, count)) if *first + *count == b && *count < RELEASE_RUN_BLOCKS => {
+                        *count += 1
+                    }
                     _ => {
                         released += flush(&mut run);
                         run = Some((b, 1));

@@ -508,6 +508,17 @@ impl PageStore {
         len + if self.checksums { CHECKSUM_BYTES } else { 0 }
     }
 
+    /// A fingerprint of the arena object `slot` holds (its payload and checksum): see
+    /// [`PageStore::switch`]. `None` for a slot that holds none.
+    fn fingerprint(&self, slot: Slot) -> Option<u64> {
+        let (handle, bytes) = self.stored_object(slot)?;
+        let mut object = [0u8; PAGE_SIZE + CHECKSUM_BYTES];
+        let object = object.get_mut(..bytes)?;
+        self.arena
+            .load(handle, bytes, object)
+            .then(|| object_fingerprint(object))
+    }
+
     /// The arena object `(handle, bytes)` a slot holds, if any.
     fn stored_object(&self, slot: Slot) -> Option<(u64, usize)> {
         match slot {
@@ -1628,12 +1639,15 @@ impl PageStore {
             return CopyOut::OverBudget;
         }
         let run = &mut s.runs[cur];
+        let mut fingerprint = 0;
         if !run.push(index, bytes, recompressed, |dst| {
-            self.arena.load(handle, bytes, dst)
+            let loaded = self.arena.load(handle, bytes, dst);
+            fingerprint = object_fingerprint(dst);
+            loaded
         }) {
             return CopyOut::Gone;
         }
-        s.slots[cur].push(slot);
+        s.slots[cur].push((slot, fingerprint));
         CopyOut::Added
     }
 
@@ -1653,7 +1667,7 @@ impl PageStore {
                 continue;
             }
             done.blocks += run.blocks();
-            for (o, &slot) in slots.iter().enumerate() {
+            for (o, &(slot, fingerprint)) in slots.iter().enumerate() {
                 let (
                     Some(at),
                     Slot::Stored {
@@ -1669,7 +1683,7 @@ impl PageStore {
                     len,
                     recompressed,
                 };
-                match self.switch(index, slot, new) {
+                match self.switch(index, slot, fingerprint, new, false) {
                     Ok(true) => {
                         done.pages += 1;
                         done.payload_bytes += u64::from(len);
@@ -1685,13 +1699,35 @@ impl PageStore {
         written
     }
 
-    /// Points page `index` at `new` if it still holds `expected`, and frees what
+    /// Points page `index` at `new` if it still holds `expected`, the very object whose
+    /// [`PageStore::fingerprint`] was `fingerprint` when it was read, and frees what
     /// `expected` held. `Ok(false)`: a write came first and nothing changed.
-    fn switch(&self, index: u64, expected: Slot, new: Slot) -> Result<bool, CoreError> {
+    ///
+    /// The entry alone does not tell: a page discarded and written again while a pass had
+    /// its object out (on the GPU, on its way to disk) can get the very handle back from
+    /// the arena, with the same length (a raw page always has it), and the pass would then
+    /// put the old page's copy in place of the new write. The new object's bytes differ.
+    ///
+    /// With `tried`, the page is flagged tried by recompression with it (see
+    /// `recompress.rs`), under the lock a write stamps it young under.
+    fn switch(
+        &self,
+        index: u64,
+        expected: Slot,
+        fingerprint: u64,
+        new: Slot,
+        tried: bool,
+    ) -> Result<bool, CoreError> {
         let (shard, idx) = self.locate(index);
         let mut shard = write_lock(shard);
-        if shard.get(idx) != Some(expected) || shard.set(idx, new)?.is_none() {
+        if shard.get(idx) != Some(expected)
+            || self.fingerprint(expected) != Some(fingerprint)
+            || shard.set(idx, new)?.is_none()
+        {
             return Ok(false);
+        }
+        if tried {
+            self.ages.mark_tried(index);
         }
         shard.totals.replace(cost_of(expected), cost_of(new));
         drop(shard);
@@ -1842,6 +1878,11 @@ fn read_lock<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 
 fn write_lock<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// CRC-64 of an object's bytes: two different objects share one with odds of 2^-64.
+fn object_fingerprint(object: &[u8]) -> u64 {
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc64Nvme, object)
 }
 
 #[cfg(test)]

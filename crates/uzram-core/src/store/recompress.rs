@@ -30,6 +30,8 @@ struct Candidate {
     checksum: u32,
     /// The stored object's length.
     len: usize,
+    /// Its object's fingerprint when it was read (`PageStore::switch`).
+    fingerprint: u64,
 }
 
 impl PageStore {
@@ -63,10 +65,7 @@ impl PageStore {
                 Ok(Some(n)) if n + MIN_SAVING <= c.len => {
                     self.replace(c, &out[..n], true, done);
                 }
-                _ => {
-                    self.ages.mark_tried(c.index);
-                    done.kept += 1;
-                }
+                _ => self.keep(c, done),
             }
             Ok(())
         })
@@ -106,8 +105,9 @@ impl PageStore {
             page_to_words(page, &input[k * PAGE_WORDS..(k + 1) * PAGE_WORDS]);
             batch.push((c, page_checksum(page)));
             if batch.len() == room {
-                self.compress_batch(backend, slot, &batch, done)?;
+                let compressed = self.compress_batch(backend, slot, &batch, done);
                 batch.clear();
+                compressed?;
             }
             Ok(())
         })?;
@@ -118,7 +118,8 @@ impl PageStore {
     }
 
     /// Compresses the staged `batch` in `slot` and installs each result that saves a size
-    /// class. `batch` pairs each candidate with the checksum of the page staged for it.
+    /// class. `batch` pairs each candidate with the checksum of the page staged for it. A
+    /// backend that fails fails the pass, its batch counted failed.
     fn compress_batch(
         &self,
         backend: &dyn SlotBackend,
@@ -130,59 +131,22 @@ impl PageStore {
             backend: e.backend,
             reason: e.message,
         };
-        backend
-            .submit(slot, batch.len(), PAGE_SIZE)
-            .map_err(backend_failed)?;
+        let mut installed = false;
         let input = backend.input(slot);
         let mut decoded = [0u8; PAGE_SIZE];
         let mut bad = None;
-        backend
-            .complete(slot, &mut |out| {
-                for (k, &(c, staged)) in batch.iter().enumerate() {
-                    let block = match (out.page(k), out.checksum(k)) {
-                        (Ok(PageResult::Compressed(block)), Ok(sum)) if sum == staged => block,
-                        (Ok(PageResult::Compressed(_)), _) | (Err(_), _) => {
-                            // It compressed other bytes than were staged, or broke the
-                            // format: never installed.
-                            done.failed += 1;
-                            bad.get_or_insert(k);
-                            continue;
-                        }
-                        // Raw, same-filled (not stored as an object, so not a candidate
-                        // that could come back so) or rejected: left as it is.
-                        _ => {
-                            self.ages.mark_tried(c.index);
-                            done.kept += 1;
-                            continue;
-                        }
-                    };
-                    if block.len() + MIN_SAVING > c.len {
-                        self.ages.mark_tried(c.index);
-                        done.kept += 1;
-                        continue;
-                    }
-                    // The old object is good: the new one replaces it only once it has
-                    // decoded, here, to the very page (a device whose check passed a bad
-                    // block would otherwise turn a good page into a failed read).
-                    let staged = &input[k * PAGE_WORDS..(k + 1) * PAGE_WORDS];
-                    let same = self.decode(c.index, block, false, &mut decoded).is_ok()
-                        && staged
-                            .iter()
-                            .zip(decoded.chunks_exact(8))
-                            .all(|(w, b)| w.load(Relaxed).to_le_bytes() == *b);
-                    if !same {
-                        done.failed += 1;
-                        bad.get_or_insert(k);
-                        continue;
-                    }
-                    if self.replace(c, block, false, done) {
-                        // Still LZ4, so still a candidate by its entry: the flag keeps the
-                        // next pass from trying it again until it is written.
-                        self.ages.mark_tried(c.index);
-                    }
-                }
+        let compressed = backend.submit(slot, batch.len(), PAGE_SIZE).and_then(|()| {
+            backend.complete(slot, &mut |out| {
+                installed = true;
+                self.install_batch(batch, out, input, &mut decoded, &mut bad, done);
             })
-            .map_err(backend_failed)?;
+        });
+        if let Err(e) = compressed {
+            if !installed {
+                done.failed += batch.len() as u64;
+            }
+            return Err(backend_failed(e));
+        }
         if let Some(k) = bad {
             tracing::warn!(
                 backend = backend.name(),
@@ -191,6 +155,80 @@ impl PageStore {
             );
         }
         Ok(())
+    }
+
+    /// Installs what came back for `batch` (`input`: the pages staged for it) where it
+    /// saves a size class and decodes to its page; `bad`: the first that did not.
+    fn install_batch(
+        &self,
+        batch: &[(Candidate, u32)],
+        out: &crate::batch::SlotOutput<'_>,
+        input: &[std::sync::atomic::AtomicU64],
+        decoded: &mut [u8; PAGE_SIZE],
+        bad: &mut Option<usize>,
+        done: &mut Recompressed,
+    ) {
+        for (k, &(c, staged)) in batch.iter().enumerate() {
+            let block = match (out.page(k), out.checksum(k)) {
+                (Ok(PageResult::Compressed(block)), Ok(sum)) if sum == staged => block,
+                (Ok(PageResult::Compressed(_)), _) | (Err(_), _) => {
+                    // It compressed other bytes than were staged, or broke the
+                    // format: never installed, nor tried again.
+                    self.refuse(c, done);
+                    bad.get_or_insert(k);
+                    continue;
+                }
+                // Raw, same-filled (not stored as an object, so not a candidate
+                // that could come back so) or rejected: left as it is.
+                _ => {
+                    self.keep(c, done);
+                    continue;
+                }
+            };
+            if block.len() + MIN_SAVING > c.len {
+                self.keep(c, done);
+                continue;
+            }
+            // The old object is good: the new one replaces it only once it has
+            // decoded, here, to the very page (a device whose check passed a bad
+            // block would otherwise turn a good page into a failed read).
+            let staged = &input[k * PAGE_WORDS..(k + 1) * PAGE_WORDS];
+            let same = self.decode(c.index, block, false, decoded).is_ok()
+                && staged
+                    .iter()
+                    .zip(decoded.chunks_exact(8))
+                    .all(|(w, b)| w.load(Relaxed).to_le_bytes() == *b);
+            if !same {
+                self.refuse(c, done);
+                bad.get_or_insert(k);
+                continue;
+            }
+            self.replace(c, block, false, done);
+        }
+    }
+
+    /// Leaves candidate `c` as it is, and flags it tried, if its page still holds what
+    /// was read (a write since made it another page).
+    fn keep(&self, c: Candidate, done: &mut Recompressed) {
+        self.mark_tried_if_held(c);
+        done.kept += 1;
+    }
+
+    /// A result for `c` that failed its check: counted failed, and `c` flagged tried so
+    /// that a device that gets it wrong each time is not asked again each pass.
+    fn refuse(&self, c: Candidate, done: &mut Recompressed) {
+        self.mark_tried_if_held(c);
+        done.failed += 1;
+    }
+
+    /// Flags `c`'s page tried if it still holds the object read: under the shard's lock,
+    /// which a write holds while it stamps the page young (and clears the flag).
+    fn mark_tried_if_held(&self, c: Candidate) {
+        let (shard, idx) = self.locate(c.index);
+        let shard = read_lock(shard);
+        if shard.get(idx) == Some(c.slot) && self.fingerprint(c.slot) == Some(c.fingerprint) {
+            self.ages.mark_tried(c.index);
+        }
     }
 
     /// Calls `f` with each page `pass` takes, in page order, decoded and checked, until
@@ -225,7 +263,7 @@ impl PageStore {
     ) -> Option<Candidate> {
         let mut stored = [0u8; PAGE_SIZE];
         let (shard, idx) = self.locate(index);
-        let (slot, checksum, len) = {
+        let (slot, checksum, len, fingerprint) = {
             let shard = read_lock(shard);
             let Some(
                 slot @ Slot::Stored {
@@ -249,7 +287,8 @@ impl PageStore {
                 return None;
             }
             let checksum = self.load_stored(handle, len, &mut stored[..len])?;
-            (slot, checksum, len)
+            let fingerprint = self.fingerprint(slot)?;
+            (slot, checksum, len, fingerprint)
         };
         done.tried += 1;
         if self.decode(index, &stored[..len], false, page).is_err()
@@ -263,13 +302,16 @@ impl PageStore {
             slot,
             checksum,
             len,
+            fingerprint,
         })
     }
 
     /// Stores `bytes` (the page's new object: a zstd frame when `zstd`, else the store's
     /// own codec) and points the page at it if it still holds what `c` read; frees
-    /// whichever object lost, and counts the outcome. `true` if the page took it.
-    fn replace(&self, c: Candidate, bytes: &[u8], zstd: bool, done: &mut Recompressed) -> bool {
+    /// whichever object lost, and counts the outcome. A page rewritten in its own codec is
+    /// still a candidate by its entry: it is flagged tried (under the lock) so that the
+    /// next pass leaves it until it is written.
+    fn replace(&self, c: Candidate, bytes: &[u8], zstd: bool, done: &mut Recompressed) {
         let budget = Budget::Limited {
             reserved: self.staged_room(),
         };
@@ -277,7 +319,7 @@ impl PageStore {
             Ok(handle) => handle,
             Err(_) => {
                 done.failed += 1;
-                return false;
+                return;
             }
         };
         let new = Slot::Stored {
@@ -285,18 +327,16 @@ impl PageStore {
             len: bytes.len() as u16,
             recompressed: zstd,
         };
-        let switched = self.switch(c.index, c.slot, new);
-        match switched {
+        match self.switch(c.index, c.slot, c.fingerprint, new, !zstd) {
             Ok(true) => {
                 done.rewritten += 1;
                 done.saved_bytes += (c.len - bytes.len()) as u64;
-                return true;
+                return;
             }
             Ok(false) => done.raced += 1,
             Err(_) => done.failed += 1,
         }
         self.free_slot(new);
-        false
     }
 }
 
@@ -364,9 +404,8 @@ mod tests {
     }
 
     #[test]
-    fn a_backend_that_lies_or_misreads_installs_nothing_and_no_page_changes() {
+    fn a_backend_that_lies_or_misreads_gets_none_of_its_bad_blocks_installed() {
         let data = corpus();
-        let store = loose(&data);
         for (what, faults) in [
             (
                 "corrupt",
@@ -383,19 +422,24 @@ mod tests {
                 },
             ),
         ] {
+            let store = loose(&data);
             let backend = HostSlots::with_faults(Algorithm::Lz4, 1, 16, faults);
             let done = store.recompress(batched(&backend)).unwrap();
+            // Its good blocks are taken, its bad ones refused, and every page reads back.
             assert!(done.failed > 0, "{what}: {done:?}");
             assert!(done.rewritten > 0, "{what}: {done:?}");
+            assert_eq!(done.rewritten + done.kept + done.failed, done.tried);
             reads_back(&store, &data);
+            // The refused pages are not offered again each pass.
+            let again = store.recompress(batched(&backend)).unwrap();
+            assert_eq!(again.tried, 0, "{what}: {again:?}");
         }
     }
 
-    /// Writes new data to the pages of the first batch while the backend compresses it.
+    /// Runs `race` (writes to the store) once, while the backend compresses the first batch.
     struct Racing<'a> {
         inner: HostSlots,
-        store: &'a PageStore,
-        data: &'a [u8],
+        race: &'a (dyn Fn() + Sync),
         raced: AtomicU64,
     }
 
@@ -424,12 +468,7 @@ mod tests {
             install: &mut dyn FnMut(&SlotOutput<'_>),
         ) -> Result<(), BackendError> {
             if self.raced.fetch_add(1, Relaxed) == 0 {
-                for i in 0..64u64 {
-                    let from = (i as usize + 1) * PAGE_SIZE;
-                    self.store
-                        .write(i, &self.data[from..from + PAGE_SIZE])
-                        .unwrap();
-                }
+                (self.race)();
             }
             self.inner.complete(slot, install)
         }
@@ -439,10 +478,15 @@ mod tests {
     fn a_write_while_the_batch_is_compressed_wins() {
         let data = corpus();
         let store = Arc::new(loose(&data));
+        let overwrite = || {
+            for i in 0..64u64 {
+                let from = (i as usize + 1) * PAGE_SIZE;
+                store.write(i, &data[from..from + PAGE_SIZE]).unwrap();
+            }
+        };
         let racing = Racing {
             inner: HostSlots::new(Algorithm::Lz4, 1, 4096),
-            store: &store,
-            data: &data,
+            race: &overwrite,
             raced: AtomicU64::new(0),
         };
         let done = store.recompress(batched(&racing)).unwrap();
@@ -452,5 +496,81 @@ mod tests {
         let mut want = data.clone();
         want.copy_within(PAGE_SIZE..65 * PAGE_SIZE, 0);
         reads_back(&store, &want);
+    }
+
+    /// A page discarded and written again while its batch is on the device gets the very
+    /// handle its old object had (a raw page has the same length too): the pass must see
+    /// that the object is another, and leave the new write.
+    #[test]
+    fn a_page_freed_and_written_again_on_the_same_handle_keeps_the_new_write() {
+        let mut cfg = StoreConfig::new(4, Algorithm::Lz4);
+        cfg.raw_threshold = 1024;
+        let store = PageStore::new(cfg).unwrap();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut noise = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        };
+        // Half noise, half zeros: LZ4 saves half, above the raw threshold, so stored raw.
+        let old: Vec<u8> = (0..PAGE_SIZE)
+            .map(|i| if i < PAGE_SIZE / 2 { noise() } else { 0 })
+            .collect();
+        let new: Vec<u8> = (0..PAGE_SIZE).map(|_| noise()).collect();
+        store.write(0, &old).unwrap();
+        assert_eq!(store.stats().huge_pages, 1);
+        let reuse = || {
+            store.discard(0, 1).unwrap();
+            store.write(0, &new).unwrap();
+        };
+        let racing = Racing {
+            inner: HostSlots::new(Algorithm::Lz4, 1, 16),
+            race: &reuse,
+            raced: AtomicU64::new(0),
+        };
+        let done = store.recompress(batched(&racing)).unwrap();
+        assert_eq!(
+            (done.tried, done.rewritten, done.raced),
+            (1, 0, 1),
+            "{done:?}"
+        );
+        let mut back = vec![0u8; PAGE_SIZE];
+        store.read(0, &mut back).unwrap();
+        assert!(
+            back == new,
+            "the discarded page came back in place of the new write"
+        );
+    }
+
+    /// A page written while its batch is on the device is another page: the pass's verdict
+    /// on the old one (kept as it was) must not flag the new one tried.
+    #[test]
+    fn a_page_written_during_the_batch_is_not_flagged_tried() {
+        let store = PageStore::new(StoreConfig::new(4, Algorithm::Lz4)).unwrap();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut noise = || -> Vec<u8> {
+            (0..PAGE_SIZE)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect()
+        };
+        let (old, new) = (noise(), noise());
+        store.write(0, &old).unwrap();
+        let overwrite = || store.write(0, &new).unwrap();
+        let racing = Racing {
+            inner: HostSlots::new(Algorithm::Lz4, 1, 16),
+            race: &overwrite,
+            raced: AtomicU64::new(0),
+        };
+        let done = store.recompress(batched(&racing)).unwrap();
+        assert_eq!((done.tried, done.kept), (1, 1), "{done:?}");
+        let plain = HostSlots::new(Algorithm::Lz4, 1, 16);
+        let next = store.recompress(batched(&plain)).unwrap();
+        assert_eq!(next.tried, 1, "the new page was never tried: {next:?}");
     }
 }

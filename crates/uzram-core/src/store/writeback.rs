@@ -83,16 +83,17 @@ pub(super) struct Scratch {
     pub(super) heap: BinaryHeap<Pick>,
     /// The same, best first.
     pub(super) picked: Vec<Pick>,
-    /// The runs written together, and the entry each of their objects' pages had.
+    /// The runs written together, and the entry each of their objects' pages had with its
+    /// object's fingerprint (`PageStore::fingerprint`).
     pub(super) runs: Vec<Run>,
-    pub(super) slots: Vec<Vec<Slot>>,
+    pub(super) slots: Vec<Vec<(Slot, u64)>>,
 }
 
 impl Scratch {
     /// Bytes a scratch holds (for the daemon's account of what it holds).
     pub const BYTES: usize = RUNS_IN_FLIGHT * Run::BYTES
         + 2 * PICK_PAGES * std::mem::size_of::<Pick>()
-        + RUNS_IN_FLIGHT * super::backing::RUN_OBJECTS * std::mem::size_of::<Slot>();
+        + RUNS_IN_FLIGHT * super::backing::RUN_OBJECTS * std::mem::size_of::<(Slot, u64)>();
 
     pub(super) fn new() -> Result<Self, CoreError> {
         let mut heap = BinaryHeap::new();

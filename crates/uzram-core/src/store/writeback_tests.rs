@@ -19,6 +19,18 @@ struct MemDisk {
     /// Runs per `write_runs` call, in order.
     batches: Mutex<Vec<usize>>,
     release_calls: Mutex<u64>,
+    /// Run once at the next `write_runs`, before it writes (writes racing the pass).
+    race: Race,
+}
+
+/// What a [`MemDisk`] runs at its next write.
+#[derive(Default)]
+struct Race(Mutex<Option<Box<dyn FnOnce() + Send>>>);
+
+impl std::fmt::Debug for Race {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Race")
+    }
 }
 
 impl MemDisk {
@@ -29,6 +41,7 @@ impl MemDisk {
             fail_writes: false.into(),
             batches: Mutex::new(Vec::new()),
             release_calls: Mutex::new(0),
+            race: Race::default(),
         })
     }
 
@@ -50,6 +63,10 @@ impl BackingDevice for MemDisk {
         (self.bytes.lock().unwrap().len() / BLOCK_BYTES) as u64
     }
     fn write_runs(&self, runs: &[BlockRun<'_>], failed: &mut [Option<io::Error>]) {
+        let race = self.race.0.lock().unwrap().take();
+        if let Some(race) = race {
+            race();
+        }
         self.batches.lock().unwrap().push(runs.len());
         for (run, failed) in runs.iter().zip(failed) {
             assert_eq!(
@@ -466,6 +483,53 @@ fn a_taken_over_store_gives_back_the_blocks_no_page_uses() {
         assert!(out == want, "page {i} read back other data");
     }
     assert_eq!(store.mark_unused_blocks_for_release(), unused);
+}
+
+/// After a takeover most of a device can be one run of unused blocks; its blocks are not
+/// free while their release is in flight, so a release covers at most 16 MiB.
+#[test]
+fn a_release_covers_a_bounded_run_of_blocks() {
+    let disk = MemDisk::new(9000);
+    let store = backed_store(&disk);
+    assert_eq!(store.mark_unused_blocks_for_release(), 9000);
+    assert_eq!(store.release_freed_blocks(), 9000);
+    assert_eq!(disk.released.lock().unwrap().len(), 9000);
+    assert_eq!(
+        *disk.release_calls.lock().unwrap(),
+        3,
+        "runs of 4096, 4096 and 808 blocks"
+    );
+}
+
+/// A page discarded and written again while its object is on its way to disk gets the very
+/// handle back from the arena (a raw page has the same length too): the pass must see that
+/// the object is another, and leave the new write in RAM.
+#[test]
+fn a_page_freed_and_written_again_on_the_same_handle_during_writeback_keeps_the_new_write() {
+    let disk = MemDisk::new(64);
+    let mut cfg = StoreConfig::new(4, Algorithm::Lz4);
+    cfg.raw_threshold = 1024;
+    let store = Arc::new(PageStore::new(cfg).unwrap());
+    store
+        .attach_backing(disk.clone(), &KEY, NonceCounter::Owned(AtomicU64::new(0)))
+        .unwrap();
+    let (old, new) = (page(2, 0), page(2, 1));
+    store.write(0, &old).unwrap();
+    assert_eq!(store.stats().huge_pages, 1, "noise is stored raw");
+    let racing = store.clone();
+    *disk.race.0.lock().unwrap() = Some(Box::new(move || {
+        racing.discard(0, 1).unwrap();
+        racing.write(0, &new).unwrap();
+    }));
+    let done = store.writeback(idle_pass(u64::MAX)).unwrap();
+    assert_eq!((done.pages, done.raced), (0, 1), "{done:?}");
+    assert_eq!(store.stats().bd_count, 0);
+    let mut back = [0u8; PAGE_SIZE];
+    store.read(0, &mut back).unwrap();
+    assert!(
+        back == page(2, 1),
+        "the discarded page came back in place of the new write"
+    );
 }
 
 #[test]

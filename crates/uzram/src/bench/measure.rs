@@ -338,7 +338,7 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
                 Instant::now(),
             );
             let idle = uzram_core::store::Candidates::Idle { min_age: 0 };
-            let done = recompressor.run(&store, idle, 0, u64::MAX, None)?;
+            let done = recompressor.run(&store, idle, 0, u64::MAX, None, true)?;
             // The room the old objects left, given back as the daemon's tier does.
             store.compact();
             let wall = start.elapsed();

@@ -821,12 +821,20 @@ impl RawDevice {
 }
 
 impl DeviceConfig {
-    /// Pinned host memory the GPU ring takes (none on the CPU backend).
+    /// Pinned host memory the GPU ring (none on the CPU backend) and the GPU recompressor
+    /// (`recompress-algorithm = "lz4-gpu"`, a slot of its own) take.
     pub fn gpu_pinned_bytes(&self) -> u64 {
-        match self.backend {
+        let ring = match self.backend {
             Backend::Cpu => 0,
             Backend::Gpu | Backend::Auto => self.gpu.memory,
-        }
+        };
+        let recompressor = match self.recompress.map(|r| r.codec) {
+            Some(RecompressCodec::GpuLz4) => {
+                uzram_gpu::GpuConfig::pinned_bytes_per_slot(DEFAULT_GPU_SLOT_PAGES)
+            }
+            _ => 0,
+        };
+        ring + recompressor
     }
 
     /// The device's up-front memory against what `host` can hold, and the memory limit

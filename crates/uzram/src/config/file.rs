@@ -625,6 +625,11 @@ mod tests {
             gpu.device.recompress.unwrap().codec,
             RecompressCodec::GpuLz4
         );
+        // Its GPU slot's pinned memory counts in what the device locks up front.
+        assert_eq!(
+            gpu.device.gpu_pinned_bytes() - default.device.gpu_pinned_bytes(),
+            uzram_gpu::GpuConfig::pinned_bytes_per_slot(DEFAULT_GPU_SLOT_PAGES)
+        );
         assert_eq!(parse("size = \"1G\"\n").unwrap().device.recompress, None);
         for (text, want) in [
             (

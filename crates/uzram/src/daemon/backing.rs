@@ -2,8 +2,11 @@
 //! only root can read or change it, and the key its pages are sealed with.
 //!
 //! - A file that does not exist is created `0600` (never through a symbolic link) and
-//!   reserved with `fallocate`, so a writeback never fails for want of disk space. An
-//!   existing file must be a regular file of root's with no access for group or others.
+//!   reserved with `fallocate`, so a file the filesystem cannot hold is refused at once. The
+//!   blocks that empty later are punched out and their space goes back to the filesystem
+//!   (after a takeover, every block no page uses): a later writeback into them can fail
+//!   for want of space if the filesystem filled meanwhile, and its pages then stay in RAM.
+//!   An existing file must be a regular file of root's with no access for group or others.
 //! - A partition is used whole and opened `O_EXCL`: refused while it is mounted, swap, or
 //!   held by anyone else. Its blocks hold only sealed objects; anyone who can read the
 //!   partition (group `disk`) sees ciphertext, and a change to it is an I/O error.
@@ -450,7 +453,7 @@ pub fn keep_releasing(store: Arc<PageStore>, recovered: bool) {
         let unused = store.mark_unused_blocks_for_release();
         tracing::info!(
             blocks = unused,
-            "blocks of the backing device that no page uses after the takeover: given back"
+            "blocks of the backing device that no page uses after the takeover: to be given back"
         );
     }
     loop {

@@ -5,7 +5,7 @@
 //! does not wait for it) or, on a fresh start, before the device serves, so that a host
 //! where it cannot work says so at once.
 
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, TryLockError};
 
 use anyhow::Context;
 use uzram_core::store::{Candidates, Recompress, Recompressed, Recompressor as Pass};
@@ -81,7 +81,8 @@ impl Recompressor {
 
     /// One pass over `candidates`: at most `max_pages` tried, of at least `threshold`
     /// stored bytes. With `level`, zstd at that level whatever the device's recompressor
-    /// (`uzram recompress --level`).
+    /// (`uzram recompress --level`). Passes take turns on the GPU; without `wait`, a pass
+    /// that finds another on it does nothing (the tier thread's tick, behind a manual pass).
     pub fn run(
         &self,
         store: &PageStore,
@@ -89,6 +90,7 @@ impl Recompressor {
         threshold: usize,
         max_pages: u64,
         level: Option<i32>,
+        wait: bool,
     ) -> Result<Recompressed, CoreError> {
         let pass = |recompressor| Recompress {
             candidates,
@@ -104,7 +106,14 @@ impl Recompressor {
                     backend: "gpu",
                     reason,
                 })?;
-                let slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+                let slot = match slot.try_lock() {
+                    Ok(slot) => slot,
+                    Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                    Err(TryLockError::WouldBlock) if !wait => return Ok(Recompressed::default()),
+                    Err(TryLockError::WouldBlock) => {
+                        slot.lock().unwrap_or_else(PoisonError::into_inner)
+                    }
+                };
                 store.recompress(pass(Pass::Batched {
                     backend: &*slot,
                     slot: 0,
@@ -172,11 +181,11 @@ mod tests {
         } else {
             let err = r.open().unwrap_err().to_string();
             assert!(err.contains("use recompress-algorithm zstd"), "{err}");
-            let pass = r.run(&store, idle, 0, u64::MAX, None).unwrap_err();
+            let pass = r.run(&store, idle, 0, u64::MAX, None, true).unwrap_err();
             assert!(matches!(pass, CoreError::Backend { .. }), "{pass}");
         }
         // `uzram recompress --level` writes zstd whatever the device's recompressor.
-        let done = r.run(&store, idle, 0, u64::MAX, Some(3)).unwrap();
+        let done = r.run(&store, idle, 0, u64::MAX, Some(3), true).unwrap();
         assert_eq!(done.tried, 16, "{done:?}");
         assert_eq!(store.stats().recompressed_pages, done.rewritten);
         let mut back = vec![0u8; text.len()];

@@ -49,11 +49,12 @@ pub(super) fn keep(
     if let Err(err) = crate::sys::set_thread_nice(TIER_NICE) {
         tracing::warn!(error = %err, "lowering the tier thread's priority failed");
     }
+    let mut last_error = None;
     loop {
         std::thread::sleep(TICK);
         store.tick();
         if let Some(r) = &recompression {
-            recompress_idle(&store, r);
+            recompress_idle(&store, r, &mut last_error);
         }
         if let Some(w) = &writeback {
             write_back_idle(&store, &w.settings, w.budget.as_deref());
@@ -85,15 +86,22 @@ fn write_back_idle(store: &PageStore, settings: &WritebackSettings, budget: Opti
 }
 
 /// The background recompression of one tick.
-fn recompress_idle(store: &PageStore, r: &Recompression) {
+/// `last_error`: the error the previous tick logged, so that one that stays (a GPU that
+/// does not open after a takeover) is logged once, not every minute.
+fn recompress_idle(store: &PageStore, r: &Recompression, last_error: &mut Option<String>) {
     let candidates = Candidates::Idle {
         min_age: r.settings.idle_age_minutes,
     };
     let threshold = r.settings.threshold;
-    match r
+    let ran = r
         .recompressor
-        .run(store, candidates, threshold, PAGES_PER_TICK, None)
-    {
+        .run(store, candidates, threshold, PAGES_PER_TICK, None, false);
+    let error = ran.as_ref().err().map(ToString::to_string);
+    if error.is_some() && error == *last_error {
+        return;
+    }
+    *last_error = error;
+    match ran {
         Ok(done) if done.rewritten > 0 || done.failed > 0 => {
             // The old objects' room is holes in their segments until compaction moves
             // the live objects together and gives the segments back.
@@ -199,11 +207,11 @@ pub(super) fn recompress_now(
     let done = match recompression {
         Some(r) => r
             .recompressor
-            .run(store, candidates, threshold, u64::MAX, level),
+            .run(store, candidates, threshold, u64::MAX, level, true),
         None => Recompressor::Zstd {
             level: level.unwrap_or(uzram_core::store::DEFAULT_RECOMPRESS_LEVEL),
         }
-        .run(store, candidates, threshold, u64::MAX, None),
+        .run(store, candidates, threshold, u64::MAX, None, true),
     }
     .map_err(|e| e.to_string())?;
     if done.rewritten > 0 {
