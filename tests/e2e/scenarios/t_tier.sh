@@ -36,6 +36,8 @@ if uzram_create --size 64M --recompress-algorithm zstd:3 --recompress-idle-age 1
   fi
   [ "$(stat_field "$DEV" recompressed_pages)" = "$rewritten" ] && ok "status: recompressed_pages $rewritten" \
     || fail_check "status recompressed_pages $(stat_field "$DEV" recompressed_pages), the pass rewrote $rewritten"
+  [ "$(stat_field "$DEV" recompress_rewritten_pages)" = "$rewritten" ] && ok "status: recompress_rewritten_pages $rewritten" \
+    || fail_check "status recompress_rewritten_pages $(stat_field "$DEV" recompress_rewritten_pages), the pass rewrote $rewritten"
   got=$(sum "$DEV")
   [ "$got" = "$WANT" ] && ok "every byte reads back (sha256 $got)" || fail_check "read back sha256 $got, wrote $WANT"
   run_t "$TMO" /tmp/t.out uzram recompress "$DEV" --type huge --algorithm lz4
