@@ -256,14 +256,18 @@ impl PageStore {
         let shards = (0..layout.shards)
             .map(|_| RwLock::new(Shard::new(layout.shard_len)))
             .collect();
-        Self::build(cfg, layout, shards, None)
+        let ages = tier::Ages::new(cfg.pages)?;
+        Self::build(cfg, layout, shards, ages, None)
     }
 
     /// Words of table memory a persistent store of `pages` pages needs
-    /// ([`PageStore::new_persistent`]).
+    /// ([`PageStore::new_persistent`]): the entries, then the pages' ages.
     pub fn table_len(pages: u64) -> Result<usize, CoreError> {
         let layout = Layout::of(&StoreConfig::new(pages, Algorithm::Lz4))?;
-        Ok(layout.shards * layout.shard_len)
+        usize::try_from(tier::Ages::words_for(pages))
+            .ok()
+            .and_then(|ages| (layout.shards * layout.shard_len).checked_add(ages))
+            .ok_or_else(|| CoreError::Config(format!("{pages} pages is too many")))
     }
 
     /// The bytes of page table a store of `pages` pages holds from the start (its
@@ -286,14 +290,15 @@ impl PageStore {
     /// cleared), so that after this process dies [`PageStore::recover`] can take it over.
     pub fn new_persistent(cfg: StoreConfig, persist: Persistence) -> Result<Self, CoreError> {
         let layout = Layout::of(&cfg)?;
-        let mut shards = kept_shards(&layout, persist.table)?;
+        let (mut shards, ages) = kept_parts(&layout, cfg.pages, persist.table)?;
         for shard in shards.iter_mut() {
             shard
                 .get_mut()
                 .unwrap_or_else(PoisonError::into_inner)
                 .clear();
         }
-        Self::build(cfg, layout, shards, Some(persist.home))
+        ages.clear();
+        Self::build(cfg, layout, shards, ages, Some(persist.home))
     }
 
     /// Takes over the store a dead process left in `persist` (built there by
@@ -312,8 +317,9 @@ impl PageStore {
         staged: Option<&dyn StagedPages>,
     ) -> Result<(Self, Recovered), CoreError> {
         let layout = Layout::of(&cfg)?;
-        let shards = kept_shards(&layout, persist.table)?;
-        let store = Self::build(cfg, layout, shards, Some(persist.home))?;
+        // The ages as the dead process left them: a page's age and tried flag go on.
+        let (shards, ages) = kept_parts(&layout, cfg.pages, persist.table)?;
+        let store = Self::build(cfg, layout, shards, ages, Some(persist.home))?;
         let mut found = Recovered::default();
         let mut objects: Vec<(u64, usize)> = Vec::new();
         let mut waiting: Vec<(u64, StagedAt)> = Vec::new();
@@ -427,6 +433,7 @@ impl PageStore {
         cfg: StoreConfig,
         layout: Layout,
         shards: Box<[RwLock<Shard>]>,
+        ages: tier::Ages,
         home: Option<Arc<dyn SegmentHome>>,
     ) -> Result<Self, CoreError> {
         // The store struct minus the arena inside it (the arena counts itself).
@@ -446,7 +453,6 @@ impl PageStore {
         }
         let persistent = home.is_some();
         let checksums = cfg.checksums;
-        let ages = tier::Ages::new(usize::try_from(cfg.pages).map_err(|_| CoreError::NoMemory)?)?;
         Ok(Self {
             pages: cfg.pages,
             algorithm: cfg.algorithm,
@@ -1342,21 +1348,29 @@ impl Layout {
 }
 
 /// Shards over consecutive parts of a kept table.
-fn kept_shards(
+/// A store's shards.
+type Shards = Box<[RwLock<Shard>]>;
+
+/// The shards and the ages of a store of `pages` pages over a kept table
+/// ([`PageStore::table_len`] words: the entries, then the ages).
+fn kept_parts(
     layout: &Layout,
+    pages: u64,
     table: &'static [AtomicU64],
-) -> Result<Box<[RwLock<Shard>]>, CoreError> {
-    let need = layout.shards * layout.shard_len;
+) -> Result<(Shards, tier::Ages), CoreError> {
+    let need = PageStore::table_len(pages)?;
     if table.len() != need {
         return Err(CoreError::Config(format!(
-            "the kept page table has {} entries; the store needs {need}",
+            "the kept page table has {} words; the store needs {need}",
             table.len()
         )));
     }
-    Ok(table
+    let (entries, ages) = table.split_at(layout.shards * layout.shard_len);
+    let shards = entries
         .chunks(layout.shard_len)
         .map(|part| RwLock::new(Shard::with_entries(Entries::Kept(part))))
-        .collect())
+        .collect();
+    Ok((shards, tier::Ages::kept(pages, ages)?))
 }
 
 /// Most arena segments a store of `pages` pages can need: every page raw, twice over for

@@ -7,9 +7,9 @@
 //! flag that recompression already tried the page and kept it as it was. The age of a page is
 //! the clock minus its stamp; the store's tick clamps old stamps before the 15 bits could
 //! wrap, so a page idle for weeks stays the oldest. With the 8-byte entry and the 4-byte
-//! checksum a page has 14 bytes of metadata. The stamps live in the process's heap, not in
-//! the persistent table: after a takeover every page starts young again, which only delays
-//! its recompression.
+//! checksum a page has 14 bytes of metadata. A persistent store keeps the clock and the
+//! stamps after its page table (`PageStore::table_len`), four stamps to a word: a takeover
+//! keeps every page's age and tried flag.
 //!
 //! **Recompression** (`PageStore::recompress`, in the store's module) reads a candidate's object, decodes it,
 //! compresses it with zstd, and keeps the result only if it saves at least one size class;
@@ -17,9 +17,9 @@
 //! in between wins). The entry then says `recompressed` (see `entry.rs`): reads decode it
 //! with zstd, whatever the store's own algorithm. The checksum of the page travels with it.
 
-use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::batch::SlotBackend;
+use crate::batch::{SlotBackend, Words};
 use crate::CoreError;
 
 /// The stamp's flag: recompression tried the page and kept it as it was.
@@ -120,33 +120,93 @@ pub struct Recompressed {
     pub failed: u64,
 }
 
-/// The store's clock and the pages' stamps.
+/// The store's clock and the pages' stamps, in words: the clock in the first, then four
+/// 16-bit stamps to a word (page `i`'s in word `1 + i / 4`, bits `16 * (i % 4)` up). A
+/// persistent store keeps them after its page table, in the memory a takeover finds, so a
+/// page's age and its tried flag outlive the daemon; a stamp is updated with one atomic
+/// read-modify-write of its word, since the other three pages' stamps in it change under
+/// other locks.
 #[derive(Debug)]
 pub(crate) struct Ages {
-    clock: AtomicU32,
-    stamps: Box<[AtomicU16]>,
+    words: Words,
     /// Pages by age bucket, as the last tick counted them.
     counts: [AtomicU64; AGE_BUCKETS.len() + 1],
 }
 
 impl Ages {
-    /// Stamps for `pages` pages (all young), or `NoMemory`.
-    pub(crate) fn new(pages: usize) -> Result<Ages, CoreError> {
-        let mut stamps = Vec::new();
-        stamps
-            .try_reserve_exact(pages)
+    /// Words the clock and the stamps of `pages` pages take.
+    pub(crate) fn words_for(pages: u64) -> u64 {
+        1 + pages.div_ceil(4)
+    }
+
+    /// Stamps for `pages` pages (all young) in this process's memory, or `NoMemory`.
+    pub(crate) fn new(pages: u64) -> Result<Ages, CoreError> {
+        let n = usize::try_from(Self::words_for(pages)).map_err(|_| CoreError::NoMemory)?;
+        let mut words = Vec::new();
+        words
+            .try_reserve_exact(n)
             .map_err(|_| CoreError::NoMemory)?;
-        stamps.resize_with(pages, || AtomicU16::new(0));
-        Ok(Ages {
-            clock: AtomicU32::new(0),
-            stamps: stamps.into_boxed_slice(),
+        words.resize_with(n, || AtomicU64::new(0));
+        Ok(Self::over(Words::Own(words.into_boxed_slice())))
+    }
+
+    /// The clock and stamps in `words` ([`Ages::words_for`] of them), as a dead process
+    /// left them (zeroed for a new store: every page young). Any value is an age, so
+    /// nothing in them needs checking beyond their number.
+    pub(crate) fn kept(pages: u64, words: &'static [AtomicU64]) -> Result<Ages, CoreError> {
+        if words.len() as u64 != Self::words_for(pages) {
+            return Err(CoreError::Config(format!(
+                "the kept ages have {} words; {pages} pages need {}",
+                words.len(),
+                Self::words_for(pages)
+            )));
+        }
+        Ok(Self::over(Words::Kept(words)))
+    }
+
+    fn over(words: Words) -> Ages {
+        Ages {
+            words,
             counts: Default::default(),
-        })
+        }
+    }
+
+    /// Every page young and not tried, the clock at 0 (a new store over kept memory).
+    pub(crate) fn clear(&self) {
+        for w in self.words.iter() {
+            w.store(0, Ordering::Relaxed);
+        }
+    }
+
+    fn clock(&self) -> &AtomicU64 {
+        &self.words[0]
+    }
+
+    /// Page `index`'s word and the shift of its stamp in it.
+    fn word(&self, index: u64) -> Option<(&AtomicU64, u32)> {
+        let w = usize::try_from(1 + index / 4).ok()?;
+        Some((self.words.get(w)?, 16 * (index % 4) as u32))
+    }
+
+    fn stamp(&self, index: u64) -> Option<u16> {
+        let (word, shift) = self.word(index)?;
+        Some((word.load(Ordering::Relaxed) >> shift) as u16)
+    }
+
+    /// Sets page `index`'s stamp to `f(old)`, storing only if it changes.
+    fn update(&self, index: u64, f: impl Fn(u16) -> u16) {
+        if let Some((word, shift)) = self.word(index) {
+            let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+                let old = (w >> shift) as u16;
+                let new = f(old);
+                (new != old).then(|| (w & !(0xffff << shift)) | (u64::from(new) << shift))
+            });
+        }
     }
 
     /// Advances the clock by one tick; returns the new time.
     pub(crate) fn advance(&self) -> u32 {
-        self.clock.fetch_add(1, Ordering::Relaxed) + 1
+        (self.clock().fetch_add(1, Ordering::Relaxed) + 1) as u32
     }
 
     /// Publishes the pages counted by age bucket.
@@ -165,13 +225,13 @@ impl Ages {
         out
     }
 
-    /// Bytes the stamps take for `pages` pages.
+    /// Bytes the clock and stamps take for `pages` pages.
     pub(crate) fn bytes_for(pages: u64) -> u64 {
-        pages * std::mem::size_of::<AtomicU16>() as u64
+        Self::words_for(pages) * 8
     }
 
     pub(crate) fn now(&self) -> u32 {
-        self.clock.load(Ordering::Relaxed)
+        self.clock().load(Ordering::Relaxed) as u32
     }
 
     pub(crate) fn stamp_now(&self) -> u16 {
@@ -184,40 +244,30 @@ impl Ages {
 
     /// Page `index` was written: young, and not yet tried.
     pub(crate) fn written(&self, index: u64) {
-        if let Some(s) = self.stamps.get(index as usize) {
-            s.store(self.stamp_now(), Ordering::Relaxed);
-        }
+        let now = self.stamp_now();
+        self.update(index, |_| now);
     }
 
     /// Page `index` was read: young; its content, and so what recompression found of it,
-    /// is unchanged.
+    /// is unchanged. Stores only when the stamp changes: reads of a hot page leave its
+    /// line alone.
     pub(crate) fn read(&self, index: u64) {
-        if let Some(s) = self.stamps.get(index as usize) {
-            let now = self.stamp_now();
-            // A store only when the stamp changes: reads of a hot page leave its line alone.
-            let old = s.load(Ordering::Relaxed);
-            if old & !TRIED != now {
-                s.store(now | (old & TRIED), Ordering::Relaxed);
-            }
+        let now = self.stamp_now();
+        if self.stamp(index).is_some_and(|old| old & !TRIED != now) {
+            self.update(index, |old| now | (old & TRIED));
         }
     }
 
     pub(crate) fn age(&self, index: u64) -> u32 {
-        self.stamps
-            .get(index as usize)
-            .map_or(0, |s| self.age_of(s.load(Ordering::Relaxed) & !TRIED))
+        self.stamp(index).map_or(0, |s| self.age_of(s & !TRIED))
     }
 
     pub(crate) fn tried(&self, index: u64) -> bool {
-        self.stamps
-            .get(index as usize)
-            .is_some_and(|s| s.load(Ordering::Relaxed) & TRIED != 0)
+        self.stamp(index).is_some_and(|s| s & TRIED != 0)
     }
 
     pub(crate) fn mark_tried(&self, index: u64) {
-        if let Some(s) = self.stamps.get(index as usize) {
-            s.fetch_or(TRIED, Ordering::Relaxed);
-        }
+        self.update(index, |old| old | TRIED);
     }
 
     /// Sets page `index`'s age to at least `age` ticks.
@@ -229,11 +279,8 @@ impl Ages {
 
     /// Sets page `index`'s age to `age` ticks, keeping its flag.
     pub(crate) fn set_age(&self, index: u64, age: u32) {
-        if let Some(s) = self.stamps.get(index as usize) {
-            let stamp = (self.now().wrapping_sub(age) & CLOCK_MASK) as u16;
-            let old = s.load(Ordering::Relaxed);
-            s.store(stamp | (old & TRIED), Ordering::Relaxed);
-        }
+        let stamp = (self.now().wrapping_sub(age) & CLOCK_MASK) as u16;
+        self.update(index, |old| stamp | (old & TRIED));
     }
 }
 
@@ -322,6 +369,46 @@ pub(crate) mod tests {
         assert_eq!(store.mark_idle(None), 8);
         store.tick();
         assert_eq!(store.ages(), [0, 0, 0, 0, 8]);
+    }
+
+    #[test]
+    fn a_taken_over_store_keeps_its_pages_ages_and_tried_flags() {
+        use crate::store::fuzz_tests::MemHome;
+        use crate::store::Persistence;
+        use std::sync::{Arc, Mutex};
+        let data = corpus()[..64 * PAGE_SIZE].to_vec();
+        let pages = 64;
+        let len = PageStore::table_len(pages).unwrap();
+        // What an earlier store left there: a new store starts from young pages anyway.
+        let table: &'static [AtomicU64] =
+            Box::leak((0..len).map(|_| AtomicU64::new(u64::MAX)).collect());
+        let cfg = StoreConfig::new(pages, Algorithm::Lz4);
+        let persist = |home: MemHome| Persistence {
+            table,
+            home: Arc::new(home),
+        };
+        let store = PageStore::new_persistent(cfg.clone(), persist(MemHome::default())).unwrap();
+        store.write(0, &data).unwrap();
+        assert_eq!((store.age(3), store.ages.tried(3)), (0, false));
+        for _ in 0..30 {
+            store.tick();
+        }
+        store.write(5, &data[..PAGE_SIZE]).unwrap();
+        store.ages.mark_tried(7);
+        let segments = store.arena.snapshot().into_iter().enumerate().collect();
+        drop(store);
+        let home = MemHome {
+            found: Mutex::new(segments),
+        };
+        let (store, _) = PageStore::recover(cfg, persist(home), None).unwrap();
+        assert_eq!((store.age(3), store.age(5), store.age(7)), (30, 0, 30));
+        assert!(store.ages.tried(7) && !store.ages.tried(3));
+        store.tick();
+        assert_eq!(store.age(3), 31, "the clock goes on from where it was");
+        assert_eq!(store.ages(), [0, 1, 63, 0, 0]);
+        let mut want = data.clone();
+        want.copy_within(..PAGE_SIZE, 5 * PAGE_SIZE);
+        reads_back(&store, &want);
     }
 
     #[test]

@@ -48,9 +48,10 @@ use super::segment::{foreign, sys, SegmentError};
 use crate::memory::pool;
 
 const MAGIC: [u8; 8] = *b"UZRAMST1";
-/// Layout 4: stored objects carry checksums, and the header says whether they do. A store
-/// of an older layout (no checksums) is not taken over.
-const VERSION: u32 = 4;
+/// Layout 5: the page table's words end with the pages' ages (`PageStore::table_len`), so a
+/// takeover keeps each page's age and tried flag. Layout 4 added the checksums. A store of an
+/// older layout is not taken over.
+const VERSION: u32 = 5;
 use crate::footprint::max_room;
 use crate::footprint::{Sizes, MIN_ROOM};
 
@@ -169,8 +170,8 @@ fn check_header(
             id,
             format!(
                 "layout version {} (this daemon keeps layout {VERSION}, with a checksum on \
-                 every page; a store of an older uzram is not taken over: stop the device \
-                 with the uzram that made it)",
+                 every page and its age; a store of an older uzram is not taken over: stop \
+                 the device with the uzram that made it)",
                 header.version
             ),
         ));
@@ -1002,6 +1003,7 @@ mod tests {
                 "layout",
             ),
             (Header { version: 3, ..h }, "layout version 3"),
+            (Header { version: 4, ..h }, "layout version 4"),
             (
                 Header {
                     room_len: u64::MAX,
