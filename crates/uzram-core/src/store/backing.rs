@@ -72,6 +72,12 @@ pub trait BackingDevice: Send + Sync + fmt::Debug {
     fn read_blocks(&self, first: u64, out: &mut [u8]) -> io::Result<()>;
     /// Blocks `first..first + count` hold nothing live any more: give their space back.
     fn release(&self, first: u64, count: u64) -> io::Result<()>;
+    /// Readies the calling thread to write through the device later without allocating:
+    /// a thread's first submission to an io_uring makes the kernel allocate a context for
+    /// it, and a writeback pass runs when memory is short, where that allocation can wait in
+    /// reclaim for swap writes to this very device (seen in the guest: the room thread sat
+    /// in it while every write waited for room). Default: nothing to ready.
+    fn prepare_thread(&self) {}
     /// A file descriptor the caller may read the device's blocks through itself (direct
     /// I/O: block-aligned offsets, lengths and memory), so that a read of a written-back page
     /// can go through the caller's own io_uring instead of [`BackingDevice::read_blocks`].
@@ -351,6 +357,11 @@ impl Backing {
     /// The device's file descriptor for reads outside the store ([`BackingDevice::fd`]).
     pub(crate) fn fd(&self) -> Option<i32> {
         self.device.fd()
+    }
+
+    /// See [`BackingDevice::prepare_thread`].
+    pub(crate) fn prepare_thread(&self) {
+        self.device.prepare_thread();
     }
 
     /// Bytes the device holds.

@@ -1512,6 +1512,15 @@ impl PageStore {
         self.backing.get().map_or(0, Backing::mark_unused)
     }
 
+    /// Readies the calling thread for writeback passes before memory runs short (see
+    /// [`BackingDevice::prepare_thread`]); nothing without a backing device. Every thread
+    /// that runs passes calls it once at its start.
+    pub fn prepare_backing_thread(&self) {
+        if let Some(backing) = self.backing.get() {
+            backing.prepare_thread();
+        }
+    }
+
     /// Whether a backing device is attached.
     pub fn has_backing(&self) -> bool {
         self.backing.get().is_some()

@@ -45,6 +45,7 @@ const EVERY: Duration = Duration::from_secs(1);
 /// device stalled so in one guest run of scenario l).
 pub(super) fn keep_room(store: Arc<PageStore>, budget: Option<Arc<Budget>>, room: Arc<Room>) {
     crate::memory::io_path_thread("uzram-room");
+    store.prepare_backing_thread();
     loop {
         room_round(&store, budget.as_deref(), &room, EVERY, host_some_avg10);
     }

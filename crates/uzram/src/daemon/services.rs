@@ -114,6 +114,8 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
     };
     let kept_budget = budget.clone();
     spawn("uzram-control", move || {
+        // `uzram writeback` runs its pass here.
+        tiered.prepare_backing_thread();
         listener::serve(socket, move |req| match req {
             Request::Idle { min_age_minutes } => Response::Idled {
                 pages: tiered.mark_idle(min_age_minutes),

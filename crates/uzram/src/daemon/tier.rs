@@ -49,6 +49,7 @@ pub(super) fn keep(
     if let Err(err) = crate::sys::set_thread_nice(TIER_NICE) {
         tracing::warn!(error = %err, "lowering the tier thread's priority failed");
     }
+    store.prepare_backing_thread();
     let mut last_error = None;
     loop {
         std::thread::sleep(TICK);
