@@ -68,6 +68,21 @@ pub enum GpuError {
     /// A configuration value is out of range.
     #[error("invalid GPU pipeline configuration: {0}")]
     Config(String),
+    /// NVIDIA nvCOMP 6 could not be loaded.
+    #[error(
+        "NVIDIA nvCOMP 6 is not installed where the loader finds it ({0}): install it \
+         (NVIDIA's packages, or the nvidia-libnvcomp-cu13 Python wheel) and make \
+         libnvcomp.so.6 visible to the loader (ldconfig, or LD_LIBRARY_PATH)"
+    )]
+    NoNvcomp(String),
+    /// An nvCOMP call failed.
+    #[error("nvCOMP call {call} failed with status {status}")]
+    Nvcomp {
+        /// The call, without its `nvcompBatched` prefix.
+        call: &'static str,
+        /// Its `nvcompStatus_t`.
+        status: i32,
+    },
 }
 
 impl GpuError {
@@ -79,7 +94,10 @@ impl GpuError {
     /// How the caller should react.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            GpuError::NoDriver | GpuError::NoDevice => ErrorKind::Unavailable,
+            GpuError::NoDriver | GpuError::NoDevice | GpuError::NoNvcomp(_) => {
+                ErrorKind::Unavailable
+            }
+            GpuError::Nvcomp { .. } => ErrorKind::Fault,
             GpuError::Driver { code, .. } => driver_kind(*code),
             GpuError::Poisoned | GpuError::BadLength { .. } | GpuError::HostWorker => {
                 ErrorKind::Fault

@@ -6,6 +6,8 @@
 //!   mapped host memory), slots spread over one or more GPUs.
 //! - [`GpuConfig`] / [`Parse`]: the ring's shape and memory, and the `fast` or `high` parse.
 //! - [`gpu_available`] / [`probe`]: is there a driver and a GPU? Never panics.
+//! - [`NvcompZstd`]: NVIDIA nvCOMP's batched zstd behind the same seam, one slot, for the
+//!   cold tier's recompressor (`zstd-gpu`); nvCOMP is loaded at run time ([`nvcomp`]).
 //! - [`GpuError`] with [`GpuError::kind`]: fall back to the CPU, or a caller bug.
 //!
 //! libcuda is loaded at run time and the kernels ship as PTX built from `kernels/lz4.cu`
@@ -20,12 +22,15 @@ mod config;
 pub mod driver;
 mod error;
 pub mod launch;
+pub mod nvcomp;
+mod nvcomp_zstd;
 pub mod ptx;
 mod slots;
 
 pub use config::{GpuConfig, Parse};
 pub use driver::{gpu_available, probe, Gpu, Kernel};
 pub use error::{ErrorKind, GpuError};
+pub use nvcomp_zstd::NvcompZstd;
 pub use slots::{to_backend_error, GpuSlots, GpuStats};
 
 #[cfg(test)]

@@ -1,18 +1,22 @@
-//! The cold tier's GPU recompressor as the daemon runs it: pages the CPU wrote with its LZ4
-//! go through a GPU slot of the `high` parse, and every page that comes back smaller (and
-//! decodes, on the CPU, to the page) replaces its object; the store then takes less memory,
-//! reads every page back exactly, and its entries stay plain LZ4. On every checked-in slice,
-//! and on the full corpora where `UZRAM_CORPUS_DIR` names them. Skips with a printed reason
-//! where there is no GPU.
+//! The cold tier's GPU recompressors as the daemon runs them: pages the CPU wrote with its
+//! LZ4 go through a GPU slot, and every page that comes back smaller (and decodes, on the
+//! CPU, to the page) replaces its object; the store then takes less memory and reads every
+//! page back exactly. With the `high` parse (`lz4-gpu`) the entries stay plain LZ4; with
+//! nvCOMP's zstd (`zstd-gpu`) they become zstd frames that the CPU's zstd decodes. On every
+//! checked-in slice, and on the full corpora where `UZRAM_CORPUS_DIR` names them. Skips
+//! with a printed reason where there is no GPU (or, for `zstd-gpu`, no nvCOMP).
 
 mod common;
 
+use uzram_core::batch::SlotBackend;
 use uzram_core::codec::Algorithm;
 use uzram_core::store::{Candidates, PageStore, Recompress, Recompressor, StoreConfig};
 use uzram_core::PAGE_SIZE;
-use uzram_gpu::Parse;
+use uzram_gpu::{ErrorKind, NvcompZstd, Parse};
 
-fn recompressed_exactly(name: &str, data: &[u8], slots: &uzram_gpu::GpuSlots) {
+fn recompressed_exactly(name: &str, data: &[u8], slots: &dyn SlotBackend) {
+    let frames = matches!(slots.algorithm(), Algorithm::Zstd { .. });
+    let name = format!("{name} ({})", slots.name());
     let pages = (data.len() / PAGE_SIZE) as u64;
     let store = PageStore::new(StoreConfig::new(pages, Algorithm::Lz4)).unwrap();
     store.write(0, data).unwrap();
@@ -49,7 +53,14 @@ fn recompressed_exactly(name: &str, data: &[u8], slots: &uzram_gpu::GpuSlots) {
     );
     assert_eq!(done.failed, 0, "{name}: {done:?}");
     assert_eq!(done.raced, 0, "{name}: {done:?}");
-    assert_eq!(after.recompressed_pages, 0, "{name}: LZ4 entries, not zstd");
+    if frames {
+        assert_eq!(
+            after.recompressed_pages, done.rewritten,
+            "{name}: zstd entries"
+        );
+    } else {
+        assert_eq!(after.recompressed_pages, 0, "{name}: LZ4 entries, not zstd");
+    }
     assert_eq!(after.recompress_rewritten_pages, done.rewritten, "{name}");
     assert_eq!(
         before.compr_data_size - after.compr_data_size,
@@ -59,7 +70,7 @@ fn recompressed_exactly(name: &str, data: &[u8], slots: &uzram_gpu::GpuSlots) {
     if done.tried > 64 {
         assert!(
             done.rewritten > 0,
-            "{name}: the high parse saved nothing: {done:?}"
+            "{name}: the recompressor saved nothing: {done:?}"
         );
         assert!(payload < 1.0, "{name}: payload {payload}");
     }
@@ -70,15 +81,32 @@ fn the_high_parse_recompresses_cpu_lz4_pages_smaller_and_every_page_reads_back()
     let Some(slots) = common::gpu(1, 2048, Parse::High, true) else {
         return;
     };
+    every_corpus(&slots);
+}
+
+#[test]
+fn nvcomp_zstd_recompresses_cpu_lz4_pages_smaller_and_every_page_reads_back() {
+    let zstd = match NvcompZstd::new(0, 2048) {
+        Ok(z) => z,
+        Err(e) if e.kind() == ErrorKind::Unavailable => {
+            eprintln!("skipping: no GPU or no nvCOMP: {e}");
+            return;
+        }
+        Err(e) => panic!("GPU and nvCOMP present but nvCOMP's zstd failed to start: {e}"),
+    };
+    every_corpus(&zstd);
+}
+
+fn every_corpus(slots: &dyn SlotBackend) {
     for path in common::slice_paths() {
         let data = common::load_pages(&path);
-        recompressed_exactly(&common::corpus_name(&path), &data, &slots);
+        recompressed_exactly(&common::corpus_name(&path), &data, slots);
     }
     match common::full_corpus_paths() {
         Ok(paths) => {
             for path in paths {
                 let data = common::load_pages(&path);
-                recompressed_exactly(&common::corpus_name(&path), &data, &slots);
+                recompressed_exactly(&common::corpus_name(&path), &data, slots);
             }
         }
         Err(why) => eprintln!("full corpora skipped: {why}"),

@@ -147,9 +147,10 @@ pub struct DeviceArgs {
     /// every read, unless this is given; for measuring what the checksums cost).
     #[arg(long)]
     pub no_checksums: bool,
-    /// Recompress pages that went unused with zstd or zstd:LEVEL (default level 3), or with
-    /// lz4-gpu (LZ4 again from an NVIDIA GPU's tighter parse; with --algorithm lz4), in the
-    /// background; a page is kept recompressed only if that saves memory.
+    /// Recompress pages that went unused with zstd or zstd:LEVEL (default level 3), with
+    /// zstd-gpu (zstd from NVIDIA nvCOMP on the GPU) or with lz4-gpu (LZ4 again from an
+    /// NVIDIA GPU's tighter parse; with --algorithm lz4), in the background; a page is kept
+    /// recompressed only if that saves memory.
     #[arg(long, value_name = "ALGORITHM")]
     pub recompress_algorithm: Option<String>,
     /// How long a page goes unused before it is recompressed: 30s, 10m, 1h, 2d (default 1h).
@@ -411,8 +412,8 @@ pub struct RecompressArgs {
     /// Only pages stored in at least this many bytes (zram's threshold=).
     #[arg(long, value_name = "BYTES")]
     pub threshold: Option<u64>,
-    /// zstd (level 3) or zstd:LEVEL (default: the device's recompress-algorithm, zstd or
-    /// lz4-gpu, else zstd:3).
+    /// zstd (level 3) or zstd:LEVEL (default: the device's recompress-algorithm, zstd,
+    /// zstd-gpu or lz4-gpu, else zstd:3).
     #[arg(long)]
     pub algorithm: Option<String>,
     /// Print the pass's report as JSON.
@@ -514,8 +515,8 @@ pub struct BenchArgs {
     #[arg(long, default_value = "on")]
     pub checksums: String,
     /// After each run's writes, mark every page idle and recompress it with zstd,
-    /// zstd:LEVEL or lz4-gpu (an NVIDIA GPU's high LZ4 parse), as the cold tier does; report
-    /// the idle set's memory before and after.
+    /// zstd:LEVEL, zstd-gpu (NVIDIA nvCOMP's zstd) or lz4-gpu (an NVIDIA GPU's high LZ4
+    /// parse), as the cold tier does; report the idle set's memory before and after.
     #[arg(long, value_name = "ALGORITHM")]
     pub recompress: Option<String>,
     /// After that, write the lower half of each run's device back to a backing file at

@@ -25,6 +25,7 @@ done
 expect_refused "unknown algorithm" 'algorithm|foo' uzram create --size 64M --algorithm foo
 expect_refused "gpu backend without a GPU" 'gpu|cuda|nvidia' uzram create --size 64M --backend gpu
 expect_refused "GPU recompressor without a GPU" 'lz4-gpu.*recompress-algorithm zstd' uzram create --size 64M --recompress-algorithm lz4-gpu
+expect_refused "nvCOMP recompressor without a GPU" 'zstd-gpu.*recompress-algorithm zstd' uzram create --size 64M --recompress-algorithm zstd-gpu
 expect_refused "unknown queue mode" 'queue mode.*turbo' uzram create --size 64M --queue-mode turbo
 # a mode asked for by name that the kernel lacks is refused, not silently replaced (6.12)
 if [ "${UZ_expect_queue_mode:-}" = per-queue ]; then

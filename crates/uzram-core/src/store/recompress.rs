@@ -5,21 +5,36 @@
 //! Two recompressors:
 //! - **zstd**, a page at a time on the calling thread. The entry then says `recompressed`
 //!   and reads decode it with zstd.
-//! - **Batched LZ4** through a [`SlotBackend`]: a slot of cold pages at a time, compressed
-//!   by a backend that parses tighter than the hot path did (a GPU's `high` parse). The
-//!   result is the store's own LZ4, so reads decode it as before, at LZ4's speed. A block
-//!   is taken only if the backend's checksum of what it compressed is the page's and it
-//!   decodes, on the CPU, to the page: the old object is good, and a device whose own check
-//!   passed a bad block must not turn it into a failed read. That decode is most of the
-//!   pass's CPU; the GPU does the search.
+//! - **Batched** through a [`SlotBackend`]: a slot of cold pages at a time, compressed by a
+//!   backend, in one of two outputs:
+//!   - the store's own codec again, from a backend that parses tighter than the hot path
+//!     did (a GPU's `high` LZ4 parse): reads decode it as before, at LZ4's speed;
+//!   - zstd frames (NVIDIA nvCOMP's batched zstd): the entry says `recompressed`, as for
+//!     the CPU's zstd, and reads decode it with zstd.
+//!
+//!   A block is taken only if the backend's checksum of what it compressed is the page's
+//!   and it decodes, on the CPU, to the page: the old object is good, and a device whose
+//!   own check passed a bad block must not turn it into a failed read. That decode is most
+//!   of the pass's CPU; the GPU does the search.
 
 use super::tier::{Candidates, Recompress, Recompressed, Recompressor, MIN_SAVING};
 use super::{read_lock, Budget, Counters, PageStore, Slot};
 use crate::batch::{PageResult, SlotBackend};
-use crate::codec::{PageCodec, ZstdCodec};
+use crate::codec::{Algorithm, PageCodec, ZstdCodec};
 use crate::page::{page_checksum, page_to_words, PAGE_SIZE, PAGE_WORDS};
 use crate::CoreError;
 use std::sync::atomic::Ordering::Relaxed;
+
+/// A batch on its way through a backend.
+#[derive(Clone, Copy)]
+struct Staged<'a> {
+    /// Each candidate with the checksum of the page staged for it.
+    batch: &'a [(Candidate, u32)],
+    /// The backend's slot, the pages staged in it.
+    input: &'a [std::sync::atomic::AtomicU64],
+    /// The backend writes zstd frames (installed as `recompressed`).
+    frames: bool,
+}
 
 /// A page a pass took: what it held when read, and the checksum it is stored with.
 #[derive(Debug, Clone, Copy)]
@@ -81,7 +96,10 @@ impl PageStore {
         slot: usize,
         done: &mut Recompressed,
     ) -> Result<(), CoreError> {
-        if backend.algorithm() != self.algorithm {
+        // zstd frames from a backend are the recompressed kind whatever the store holds;
+        // anything else must be the store's own codec.
+        let frames = matches!(backend.algorithm(), Algorithm::Zstd { .. });
+        if !frames && backend.algorithm() != self.algorithm {
             return Err(CoreError::Config(format!(
                 "a batched recompressor writes {} and this store holds {}",
                 backend.algorithm(),
@@ -105,26 +123,28 @@ impl PageStore {
             page_to_words(page, &input[k * PAGE_WORDS..(k + 1) * PAGE_WORDS]);
             batch.push((c, page_checksum(page)));
             if batch.len() == room {
-                let compressed = self.compress_batch(backend, slot, &batch, done);
+                let compressed = self.compress_batch(backend, slot, &batch, frames, done);
                 batch.clear();
                 compressed?;
             }
             Ok(())
         })?;
         if !batch.is_empty() {
-            self.compress_batch(backend, slot, &batch, done)?;
+            self.compress_batch(backend, slot, &batch, frames, done)?;
         }
         Ok(())
     }
 
     /// Compresses the staged `batch` in `slot` and installs each result that saves a size
-    /// class. `batch` pairs each candidate with the checksum of the page staged for it. A
-    /// backend that fails fails the pass, its batch counted failed.
+    /// class. `batch` pairs each candidate with the checksum of the page staged for it;
+    /// `frames`: the results are zstd frames. A backend that fails fails the pass, its
+    /// batch counted failed.
     fn compress_batch(
         &self,
         backend: &dyn SlotBackend,
         slot: usize,
         batch: &[(Candidate, u32)],
+        frames: bool,
         done: &mut Recompressed,
     ) -> Result<(), CoreError> {
         let backend_failed = |e: crate::batch::BackendError| CoreError::Backend {
@@ -138,7 +158,12 @@ impl PageStore {
         let compressed = backend.submit(slot, batch.len(), PAGE_SIZE).and_then(|()| {
             backend.complete(slot, &mut |out| {
                 installed = true;
-                self.install_batch(batch, out, input, &mut decoded, &mut bad, done);
+                let staged = Staged {
+                    batch,
+                    input,
+                    frames,
+                };
+                self.install_batch(&staged, out, &mut decoded, &mut bad, done);
             })
         });
         if let Err(e) = compressed {
@@ -157,17 +182,21 @@ impl PageStore {
         Ok(())
     }
 
-    /// Installs what came back for `batch` (`input`: the pages staged for it) where it
-    /// saves a size class and decodes to its page; `bad`: the first that did not.
+    /// Installs what came back for `staged` where it saves a size class and decodes to its
+    /// page; `bad`: the first that did not.
     fn install_batch(
         &self,
-        batch: &[(Candidate, u32)],
+        staged: &Staged<'_>,
         out: &crate::batch::SlotOutput<'_>,
-        input: &[std::sync::atomic::AtomicU64],
         decoded: &mut [u8; PAGE_SIZE],
         bad: &mut Option<usize>,
         done: &mut Recompressed,
     ) {
+        let Staged {
+            batch,
+            input,
+            frames,
+        } = *staged;
         for (k, &(c, staged)) in batch.iter().enumerate() {
             let block = match (out.page(k), out.checksum(k)) {
                 (Ok(PageResult::Compressed(block)), Ok(sum)) if sum == staged => block,
@@ -193,7 +222,7 @@ impl PageStore {
             // decoded, here, to the very page (a device whose check passed a bad
             // block would otherwise turn a good page into a failed read).
             let staged = &input[k * PAGE_WORDS..(k + 1) * PAGE_WORDS];
-            let same = self.decode(c.index, block, false, decoded).is_ok()
+            let same = self.decode(c.index, block, frames, decoded).is_ok()
                 && staged
                     .iter()
                     .zip(decoded.chunks_exact(8))
@@ -203,7 +232,7 @@ impl PageStore {
                 bad.get_or_insert(k);
                 continue;
             }
-            self.replace(c, block, false, done);
+            self.replace(c, block, frames, done);
         }
     }
 
@@ -404,26 +433,58 @@ mod tests {
     }
 
     #[test]
+    fn a_zstd_frame_backend_rewrites_pages_as_recompressed_zstd() {
+        let data = corpus();
+        let store = loose(&data);
+        let before = store.stats();
+        let backend = HostSlots::new(Algorithm::Zstd { level: 3 }, 1, 16);
+        let pass = Recompress {
+            candidates: Candidates::Idle { min_age: 0 },
+            ..batched(&backend)
+        };
+        let done = store.recompress(pass).unwrap();
+        let after = store.stats();
+        let stored = (data.len() / PAGE_SIZE) as u64 - before.same_pages;
+        assert_eq!(done.tried, stored, "{done:?}");
+        assert!(done.rewritten > done.tried / 2, "{done:?}");
+        assert_eq!(done.rewritten + done.kept, done.tried, "{done:?}");
+        // The entries say zstd, so reads decode them with zstd, and no pass takes them
+        // again (a recompressed entry is no candidate).
+        assert_eq!(after.recompressed_pages, done.rewritten);
+        assert_eq!(
+            before.compr_data_size - after.compr_data_size,
+            done.saved_bytes
+        );
+        reads_back(&store, &data);
+        let again = store.recompress(batched(&backend)).unwrap();
+        assert_eq!(again.tried, 0, "{again:?}");
+    }
+
+    #[test]
     fn a_backend_that_lies_or_misreads_gets_none_of_its_bad_blocks_installed() {
         let data = corpus();
-        for (what, faults) in [
-            (
-                "corrupt",
-                FaultPlan {
-                    corrupt_every: 3,
-                    ..FaultPlan::default()
-                },
-            ),
-            (
-                "misread",
-                FaultPlan {
-                    misread_every: 4,
-                    ..FaultPlan::default()
-                },
-            ),
-        ] {
+        let writes = [Algorithm::Lz4, Algorithm::Zstd { level: 3 }];
+        for ((what, faults), writes) in writes.iter().flat_map(|&w| {
+            [
+                (
+                    "corrupt",
+                    FaultPlan {
+                        corrupt_every: 3,
+                        ..FaultPlan::default()
+                    },
+                ),
+                (
+                    "misread",
+                    FaultPlan {
+                        misread_every: 4,
+                        ..FaultPlan::default()
+                    },
+                ),
+            ]
+            .map(|f| (f, w))
+        }) {
             let store = loose(&data);
-            let backend = HostSlots::with_faults(Algorithm::Lz4, 1, 16, faults);
+            let backend = HostSlots::with_faults(writes, 1, 16, faults);
             let done = store.recompress(batched(&backend)).unwrap();
             // Its good blocks are taken, its bad ones refused, and every page reads back.
             assert!(done.failed > 0, "{what}: {done:?}");

@@ -66,9 +66,11 @@ pub enum Recompressor<'a> {
         /// zstd's level.
         level: i32,
     },
-    /// The store's own codec again, from a backend that parses tighter than the hot path
-    /// (a GPU's `high` LZ4 parse), a slot of pages at a time. The pass uses slot `slot`
-    /// of `backend`, which nothing else may use meanwhile.
+    /// A backend's batch compressor, a slot of pages at a time: the store's own codec
+    /// again from one that parses tighter than the hot path (a GPU's `high` LZ4 parse), or
+    /// zstd frames (NVIDIA nvCOMP's batched zstd), which the entry then marks
+    /// `recompressed` as the CPU's zstd does. The pass uses slot `slot` of `backend`, which
+    /// nothing else may use meanwhile.
     Batched {
         /// The compressor.
         backend: &'a dyn SlotBackend,

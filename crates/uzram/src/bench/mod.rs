@@ -52,10 +52,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             level: uzram_core::store::DEFAULT_RECOMPRESS_LEVEL,
         }),
         Some("lz4-gpu") if algorithm == Algorithm::Lz4 => Some(RecompressCodec::GpuLz4),
+        Some("zstd-gpu") => Some(RecompressCodec::GpuZstd),
         Some(text) => match Algorithm::parse(text) {
             Ok(Algorithm::Zstd { level }) => Some(RecompressCodec::Zstd { level }),
             _ => anyhow::bail!(
-                "--recompress {text:?}: give zstd, zstd:LEVEL or (with --algorithm lz4) lz4-gpu"
+                "--recompress {text:?}: give zstd, zstd:LEVEL, zstd-gpu or (with --algorithm lz4) lz4-gpu"
             ),
         },
     };

@@ -117,7 +117,7 @@ pub struct QueueReport {
 /// What recompressing every page did, medians over runs.
 #[derive(Debug, Serialize)]
 pub struct RecompressReport {
-    /// The recompressor (`zstd:LEVEL`, `lz4-gpu`).
+    /// The recompressor (`zstd:LEVEL`, `zstd-gpu`, `lz4-gpu`).
     pub recompressor: String,
     /// The idle set's memory (the store's beyond its page table) after ÷ before.
     pub memory_after_over_before: f64,

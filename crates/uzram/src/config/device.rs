@@ -414,7 +414,7 @@ pub enum ConfigError {
     Age(String),
     /// A recompression algorithm uzram cannot write.
     #[error(
-        "recompress-algorithm {0:?}: recompression writes zstd or the GPU's LZ4: use zstd, zstd:LEVEL (1-22) or lz4-gpu"
+        "recompress-algorithm {0:?}: recompression writes zstd or the GPU's LZ4: use zstd, zstd:LEVEL (1-22), zstd-gpu or lz4-gpu"
     )]
     RecompressAlgorithm(String),
     /// `writeback-idle-age` or `writeback-limit` without `writeback-device`.
@@ -524,6 +524,8 @@ pub enum RecompressCodec {
     /// LZ4 again, from an NVIDIA GPU's `high` parse (`lz4-gpu`; the device's algorithm
     /// must be lz4).
     GpuLz4,
+    /// zstd frames from NVIDIA nvCOMP's batched zstd on the GPU (`zstd-gpu`).
+    GpuZstd,
 }
 
 impl RecompressCodec {
@@ -532,6 +534,7 @@ impl RecompressCodec {
         match self {
             Self::Zstd { level } => format!("zstd:{level}"),
             Self::GpuLz4 => "lz4-gpu".into(),
+            Self::GpuZstd => "zstd-gpu".into(),
         }
     }
 }
@@ -625,7 +628,7 @@ pub struct RawDevice {
     /// Page checksums (default on).
     #[serde(default)]
     pub checksums: Option<bool>,
-    /// Recompression algorithm text (zstd, zstd:N or lz4-gpu).
+    /// Recompression algorithm text (zstd, zstd:N, zstd-gpu or lz4-gpu).
     #[serde(default)]
     pub recompress_algorithm: Option<String>,
     /// Recompression idle age text (10m, 1h, ...).
@@ -771,6 +774,7 @@ impl RawDevice {
         };
         let codec = match Algorithm::parse(&text) {
             Ok(Algorithm::Zstd { level }) => RecompressCodec::Zstd { level },
+            _ if text == "zstd-gpu" => RecompressCodec::GpuZstd,
             _ if text == "lz4-gpu" && algorithm == Algorithm::Lz4 => RecompressCodec::GpuLz4,
             _ if text == "lz4-gpu" => return Err(ConfigError::RecompressGpuNeedsLz4),
             _ => return Err(ConfigError::RecompressAlgorithm(text)),
@@ -822,7 +826,7 @@ impl RawDevice {
 
 impl DeviceConfig {
     /// Pinned host memory the GPU ring (none on the CPU backend) and the GPU recompressor
-    /// (`recompress-algorithm = "lz4-gpu"`, a slot of its own) take.
+    /// (`recompress-algorithm = "lz4-gpu"` or `"zstd-gpu"`, a slot of its own) take.
     pub fn gpu_pinned_bytes(&self) -> u64 {
         let ring = match self.backend {
             Backend::Cpu => 0,
@@ -832,7 +836,10 @@ impl DeviceConfig {
             Some(RecompressCodec::GpuLz4) => {
                 uzram_gpu::GpuConfig::pinned_bytes_per_slot(DEFAULT_GPU_SLOT_PAGES)
             }
-            _ => 0,
+            Some(RecompressCodec::GpuZstd) => {
+                uzram_gpu::NvcompZstd::pinned_bytes_for(DEFAULT_GPU_SLOT_PAGES)
+            }
+            Some(RecompressCodec::Zstd { .. }) | None => 0,
         };
         ring + recompressor
     }

@@ -630,11 +630,27 @@ mod tests {
             gpu.device.gpu_pinned_bytes() - default.device.gpu_pinned_bytes(),
             uzram_gpu::GpuConfig::pinned_bytes_per_slot(DEFAULT_GPU_SLOT_PAGES)
         );
+        // nvCOMP's zstd on any device's algorithm; its slot counts too.
+        for algorithm in ["lz4", "zstd"] {
+            let text = format!(
+                "size = \"1G\"\ncompression-algorithm = \"{algorithm}\"\n\
+                 recompress-algorithm = \"zstd-gpu\"\n"
+            );
+            let nv = parse(&text).unwrap();
+            assert_eq!(
+                nv.device.recompress.unwrap().codec,
+                RecompressCodec::GpuZstd
+            );
+            assert_eq!(
+                nv.device.gpu_pinned_bytes(),
+                uzram_gpu::NvcompZstd::pinned_bytes_for(DEFAULT_GPU_SLOT_PAGES)
+            );
+        }
         assert_eq!(parse("size = \"1G\"\n").unwrap().device.recompress, None);
         for (text, want) in [
             (
                 "recompress-algorithm = \"lz4\"",
-                "use zstd, zstd:LEVEL (1-22) or lz4-gpu",
+                "use zstd, zstd:LEVEL (1-22), zstd-gpu or lz4-gpu",
             ),
             (
                 "compression-algorithm = \"zstd\"\nrecompress-algorithm = \"lz4-gpu\"",

@@ -1,16 +1,18 @@
-//! What a device's recompression writes (`recompress-algorithm`): zstd on the CPU, or LZ4
+//! What a device's recompression writes (`recompress-algorithm`): zstd on the CPU; LZ4
 //! again from an NVIDIA GPU's `high` parse (`lz4-gpu`), which stores pages the hot path
-//! wrote with the CPU's LZ4 tighter and reads them back at LZ4's speed. The GPU works
-//! through a slot of its own, not the write ring's, opened at the first pass (a takeover
-//! does not wait for it) or, on a fresh start, before the device serves, so that a host
-//! where it cannot work says so at once.
+//! wrote with the CPU's LZ4 tighter and reads them back at LZ4's speed; or zstd frames from
+//! NVIDIA nvCOMP's batched zstd (`zstd-gpu`), zstd's memory for a fraction of its CPU. A
+//! GPU works through a slot of its own, not the write ring's, opened at the first pass (a
+//! takeover does not wait for it) or, on a fresh start, before the device serves, so that a
+//! host where it cannot work says so at once.
 
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, TryLockError};
 
 use anyhow::Context;
+use uzram_core::batch::SlotBackend;
 use uzram_core::store::{Candidates, Recompress, Recompressed, Recompressor as Pass};
 use uzram_core::{CoreError, PageStore};
-use uzram_gpu::{GpuConfig, GpuSlots, Parse};
+use uzram_gpu::{GpuConfig, GpuSlots, NvcompZstd, Parse};
 
 use crate::config::{DeviceConfig, GpuSettings, RecompressCodec, DEFAULT_GPU_SLOT_PAGES};
 
@@ -37,23 +39,25 @@ pub enum Recompressor {
         /// zstd's level.
         level: i32,
     },
-    /// The GPU's `high` LZ4 parse.
+    /// A GPU: the `high` LZ4 parse, or nvCOMP's zstd.
     Gpu(Box<OnGpu>),
 }
 
-/// The GPU recompressor's state.
+/// A GPU recompressor's state.
 pub struct OnGpu {
+    /// `GpuLz4` or `GpuZstd`.
+    codec: RecompressCodec,
     /// The GPU settings of the device (which GPUs).
     settings: GpuSettings,
     /// The slot, once opened; passes take turns on it.
-    slots: OnceLock<Result<Mutex<GpuSlots>, String>>,
+    slots: OnceLock<Result<Mutex<Box<dyn SlotBackend>>, String>>,
 }
 
 impl OnGpu {
     /// The slot, opened at the first call.
-    fn slots(&self) -> Result<&Mutex<GpuSlots>, String> {
+    fn slots(&self) -> Result<&Mutex<Box<dyn SlotBackend>>, String> {
         self.slots
-            .get_or_init(|| open_gpu(&self.settings))
+            .get_or_init(|| open_gpu(self.codec, &self.settings))
             .as_ref()
             .map_err(Clone::clone)
     }
@@ -64,7 +68,8 @@ impl Recompressor {
     pub fn new(codec: RecompressCodec, gpu: &GpuSettings) -> Self {
         match codec {
             RecompressCodec::Zstd { level } => Self::Zstd { level },
-            RecompressCodec::GpuLz4 => Self::Gpu(Box::new(OnGpu {
+            RecompressCodec::GpuLz4 | RecompressCodec::GpuZstd => Self::Gpu(Box::new(OnGpu {
+                codec,
                 settings: gpu.clone(),
                 slots: OnceLock::new(),
             })),
@@ -115,7 +120,7 @@ impl Recompressor {
                     }
                 };
                 store.recompress(pass(Pass::Batched {
-                    backend: &*slot,
+                    backend: &**slot,
                     slot: 0,
                 }))
             }
@@ -124,38 +129,51 @@ impl Recompressor {
 
     /// Its name, as `recompress-algorithm` spells it.
     pub fn name(&self) -> String {
-        match *self {
-            Self::Zstd { level } => RecompressCodec::Zstd { level },
-            Self::Gpu(_) => RecompressCodec::GpuLz4,
+        match self {
+            &Self::Zstd { level } => RecompressCodec::Zstd { level },
+            Self::Gpu(gpu) => gpu.codec,
         }
         .name()
     }
 }
 
-/// One slot of the `high` parse on the device's first GPU.
-fn open_gpu(settings: &GpuSettings) -> Result<Mutex<GpuSlots>, String> {
-    let opened = (|| -> anyhow::Result<GpuSlots> {
-        let devices = settings.gpus.ordinals()?;
+/// One slot of `codec` (the `high` parse, or nvCOMP's zstd) on the device's first GPU.
+fn open_gpu(
+    codec: RecompressCodec,
+    settings: &GpuSettings,
+) -> Result<Mutex<Box<dyn SlotBackend>>, String> {
+    let opened = (|| -> anyhow::Result<(Box<dyn SlotBackend>, String)> {
+        let first = settings.gpus.ordinals()?.into_iter().next().unwrap_or(0);
+        if codec == RecompressCodec::GpuZstd {
+            let zstd = NvcompZstd::new(first, DEFAULT_GPU_SLOT_PAGES)
+                .context("opening nvCOMP's zstd on the GPU")?;
+            let name = zstd.device_name().to_string();
+            return Ok((Box::new(zstd), name));
+        }
         let cfg = GpuConfig {
-            devices: devices.into_iter().take(1).collect(),
+            devices: vec![first],
             slots: 1,
             slot_pages: DEFAULT_GPU_SLOT_PAGES,
             parse: Parse::High,
             graphs: true,
         };
-        GpuSlots::new(cfg).context("opening the GPU")
+        let slots = GpuSlots::new(cfg).context("opening the GPU")?;
+        let name = slots.device_names().join(", ");
+        Ok((Box::new(slots), name))
     })();
     match opened {
-        Ok(slots) => {
+        Ok((slots, device)) => {
             tracing::info!(
-                devices = ?slots.device_names(),
-                "recompression with the GPU's high parse ready"
+                recompressor = %codec.name(),
+                device,
+                "recompression on the GPU ready"
             );
             Ok(Mutex::new(slots))
         }
         Err(e) => Err(format!(
-            "recompress-algorithm lz4-gpu: {e:#} (use recompress-algorithm zstd on a host \
-             without a working NVIDIA GPU)"
+            "recompress-algorithm {}: {e:#} (use recompress-algorithm zstd on a host \
+             without a working NVIDIA GPU)",
+            codec.name()
         )),
     }
 }
@@ -169,27 +187,33 @@ mod tests {
 
     #[test]
     fn a_gpu_recompressor_without_a_gpu_says_what_to_do_and_zstd_still_runs() {
-        let r = Recompressor::new(RecompressCodec::GpuLz4, &GpuSettings::default());
-        assert_eq!(r.name(), "lz4-gpu");
-        let store = PageStore::new(StoreConfig::new(16, Algorithm::Lz4)).unwrap();
-        let text: Vec<u8> = (0..16 * PAGE_SIZE).map(|i| b"cold page "[i % 10]).collect();
-        store.write(0, &text).unwrap();
-        store.mark_idle(None);
-        let idle = Candidates::Idle { min_age: 0 };
-        if r.open().is_ok() {
-            eprintln!("skipping the no-GPU half: this host's GPU opened");
-        } else {
-            let err = r.open().unwrap_err().to_string();
-            assert!(err.contains("use recompress-algorithm zstd"), "{err}");
-            let pass = r.run(&store, idle, 0, u64::MAX, None, true).unwrap_err();
-            assert!(matches!(pass, CoreError::Backend { .. }), "{pass}");
+        for (codec, name) in [
+            (RecompressCodec::GpuLz4, "lz4-gpu"),
+            (RecompressCodec::GpuZstd, "zstd-gpu"),
+        ] {
+            let r = Recompressor::new(codec, &GpuSettings::default());
+            assert_eq!(r.name(), name);
+            let store = PageStore::new(StoreConfig::new(16, Algorithm::Lz4)).unwrap();
+            let text: Vec<u8> = (0..16 * PAGE_SIZE).map(|i| b"cold page "[i % 10]).collect();
+            store.write(0, &text).unwrap();
+            store.mark_idle(None);
+            let idle = Candidates::Idle { min_age: 0 };
+            if r.open().is_ok() {
+                eprintln!("skipping the no-GPU half of {name}: this host's GPU opened");
+            } else {
+                let err = r.open().unwrap_err().to_string();
+                assert!(err.contains("use recompress-algorithm zstd"), "{err}");
+                assert!(err.contains(name), "{err}");
+                let pass = r.run(&store, idle, 0, u64::MAX, None, true).unwrap_err();
+                assert!(matches!(pass, CoreError::Backend { .. }), "{pass}");
+            }
+            // `uzram recompress --level` writes zstd whatever the device's recompressor.
+            let done = r.run(&store, idle, 0, u64::MAX, Some(3), true).unwrap();
+            assert_eq!(done.tried, 16, "{done:?}");
+            assert_eq!(store.stats().recompressed_pages, done.rewritten);
+            let mut back = vec![0u8; text.len()];
+            store.read(0, &mut back).unwrap();
+            assert!(back == text);
         }
-        // `uzram recompress --level` writes zstd whatever the device's recompressor.
-        let done = r.run(&store, idle, 0, u64::MAX, Some(3), true).unwrap();
-        assert_eq!(done.tried, 16, "{done:?}");
-        assert_eq!(store.stats().recompressed_pages, done.rewritten);
-        let mut back = vec![0u8; text.len()];
-        store.read(0, &mut back).unwrap();
-        assert!(back == text);
     }
 }
