@@ -121,7 +121,13 @@ impl PageStore {
         self.each_candidate(pass, done, |done, c, page| {
             let k = batch.len();
             page_to_words(page, &input[k * PAGE_WORDS..(k + 1) * PAGE_WORDS]);
-            batch.push((c, page_checksum(page)));
+            // With checksums on, the candidate's was just checked against this page.
+            let staged = if self.checksums {
+                c.checksum
+            } else {
+                page_checksum(page)
+            };
+            batch.push((c, staged));
             if batch.len() == room {
                 let compressed = self.compress_batch(backend, slot, &batch, frames, done);
                 batch.clear();
@@ -379,6 +385,7 @@ mod tests {
     use crate::batch::{BackendError, FaultPlan, HostSlots, SlotOutput};
     use crate::codec::Algorithm;
     use crate::store::StoreConfig;
+    use crate::test_pages::noise;
 
     /// A store that keeps every page that does not compress below 1 KiB raw: the hot path
     /// at its loosest, so that a batch backend's LZ4 (the CPU's own, in these tests) finds
@@ -567,18 +574,10 @@ mod tests {
         let mut cfg = StoreConfig::new(4, Algorithm::Lz4);
         cfg.raw_threshold = 1024;
         let store = PageStore::new(cfg).unwrap();
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut noise = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        };
         // Half noise, half zeros: LZ4 saves half, above the raw threshold, so stored raw.
-        let old: Vec<u8> = (0..PAGE_SIZE)
-            .map(|i| if i < PAGE_SIZE / 2 { noise() } else { 0 })
-            .collect();
-        let new: Vec<u8> = (0..PAGE_SIZE).map(|_| noise()).collect();
+        let mut old = noise(1, 0x9e37_79b9_7f4a_7c15);
+        old[PAGE_SIZE / 2..].fill(0);
+        let new = noise(1, 0x2545_f491_4f6c_dd1d);
         store.write(0, &old).unwrap();
         assert_eq!(store.stats().huge_pages, 1);
         let reuse = || {
@@ -609,18 +608,10 @@ mod tests {
     #[test]
     fn a_page_written_during_the_batch_is_not_flagged_tried() {
         let store = PageStore::new(StoreConfig::new(4, Algorithm::Lz4)).unwrap();
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut noise = || -> Vec<u8> {
-            (0..PAGE_SIZE)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect()
-        };
-        let (old, new) = (noise(), noise());
+        let (old, new) = (
+            noise(1, 0x2545_f491_4f6c_dd1d),
+            noise(1, 0x9e37_79b9_7f4a_7c15),
+        );
         store.write(0, &old).unwrap();
         let overwrite = || store.write(0, &new).unwrap();
         let racing = Racing {

@@ -10,6 +10,7 @@ use crate::batch::layout::{meta_bytes, SIZE_RAW};
 use crate::batch::{BackendError, FailAt, FailureKind, FaultPlan, HostSlots, SlotOutput};
 use crate::codec::Algorithm;
 use crate::store::StoreConfig;
+use crate::test_pages::noise;
 
 /// The checked-in corpus slices (1024 real pages), then noise, text and same-filled pages.
 fn pages() -> Vec<u8> {
@@ -38,19 +39,6 @@ fn pages() -> Vec<u8> {
         v.extend_from_slice(&p);
     }
     v
-}
-
-/// `pages` pages of xorshift noise: incompressible, none same-filled.
-fn noise(pages: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed;
-    (0..pages * PAGE_SIZE)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn ring_with(pages: u64, backend: Arc<dyn SlotBackend>, cfg: RingConfig) -> (Arc<PageStore>, Ring) {
