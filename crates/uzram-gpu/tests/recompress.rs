@@ -31,6 +31,7 @@ fn recompressed_exactly(name: &str, data: &[u8], slots: &dyn SlotBackend) {
             },
             threshold: 0,
             max_pages: u64::MAX,
+            retry_tried: false,
         })
         .unwrap();
     store.compact();

@@ -112,6 +112,7 @@ fn image() -> Image {
             recompressor: crate::store::Recompressor::Zstd { level: 3 },
             threshold: 0,
             max_pages: PAGES / 2,
+            retry_tried: false,
         })
         .unwrap();
     assert!(recompressed.rewritten > 0, "{recompressed:?}");

@@ -318,7 +318,7 @@ impl PageStore {
                 Candidates::Huge => huge,
                 Candidates::HugeIdle { min_age } => huge && age >= min_age,
             };
-            if !wanted || len < pass.threshold || self.ages.tried(index) {
+            if !wanted || len < pass.threshold || (self.ages.tried(index) && !pass.retry_tried) {
                 return None;
             }
             let checksum = self.load_stored(handle, len, &mut stored[..len])?;
@@ -405,6 +405,7 @@ mod tests {
             recompressor: Recompressor::Batched { backend, slot: 0 },
             threshold: 0,
             max_pages: u64::MAX,
+            retry_tried: false,
         }
     }
 

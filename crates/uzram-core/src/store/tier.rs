@@ -103,6 +103,10 @@ pub struct Recompress<'a> {
     pub threshold: usize,
     /// At most this many pages tried.
     pub max_pages: u64,
+    /// Also the pages an earlier pass tried and left (their flag is one for every
+    /// recompressor): for a pass with another recompressor than the one that tried them
+    /// (`uzram recompress --algorithm zstd:19` on a device whose own is `lz4-gpu` or zstd:3).
+    pub retry_tried: bool,
 }
 
 /// What a pass did.
@@ -330,6 +334,7 @@ pub(crate) mod tests {
             },
             threshold: 0,
             max_pages: u64::MAX,
+            retry_tried: false,
         }
     }
 
@@ -474,14 +479,13 @@ pub(crate) mod tests {
     fn huge_pages_are_tried_once_and_a_threshold_and_a_budget_hold() {
         let mut data = corpus()[..64 * PAGE_SIZE].to_vec();
         // Every other page noise: stored raw, and no better as zstd.
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        for page in data.chunks_exact_mut(PAGE_SIZE).step_by(2) {
-            for b in page.iter_mut() {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                *b = x as u8;
-            }
+        let noise = crate::test_pages::noise(32, 0x9e37_79b9_7f4a_7c15);
+        for (page, noise) in data
+            .chunks_exact_mut(PAGE_SIZE)
+            .step_by(2)
+            .zip(noise.chunks_exact(PAGE_SIZE))
+        {
+            page.copy_from_slice(noise);
         }
         let store = filled(&data);
         let huge = store.stats().huge_pages;
@@ -489,8 +493,13 @@ pub(crate) mod tests {
         let done = store.recompress(pass(Candidates::Huge)).unwrap();
         assert_eq!(done.tried, huge);
         assert_eq!(done.kept, huge, "noise does not shrink: {done:?}");
-        // Tried: not tried again until rewritten.
+        // Tried: not tried again until rewritten, unless the pass asks (another recompressor).
         assert_eq!(store.recompress(pass(Candidates::Huge)).unwrap().tried, 0);
+        let retry = Recompress {
+            retry_tried: true,
+            ..pass(Candidates::Huge)
+        };
+        assert_eq!(store.recompress(retry).unwrap().tried, huge);
         // Only objects of at least `threshold` bytes, at most `max_pages` of them.
         for _ in 0..5 {
             store.tick();

@@ -86,8 +86,10 @@ impl Recompressor {
 
     /// One pass over `candidates`: at most `max_pages` tried, of at least `threshold`
     /// stored bytes. With `level`, zstd at that level whatever the device's recompressor
-    /// (`uzram recompress --level`). Passes take turns on the GPU; without `wait`, a pass
-    /// that finds another on it does nothing (the tier thread's tick, behind a manual pass).
+    /// (`uzram recompress --algorithm`); if that is another than the device's, the pass
+    /// also takes the pages the device's own already tried. Passes take turns on the GPU;
+    /// without `wait`, a pass that finds another on it does nothing (the tier thread's
+    /// tick, behind a manual pass).
     pub fn run(
         &self,
         store: &PageStore,
@@ -97,11 +99,17 @@ impl Recompressor {
         level: Option<i32>,
         wait: bool,
     ) -> Result<Recompressed, CoreError> {
+        let own = match (self, level) {
+            (&Self::Zstd { level: own }, Some(level)) => own == level,
+            (Self::Gpu(_), Some(_)) => false,
+            (_, None) => true,
+        };
         let pass = |recompressor| Recompress {
             candidates,
             recompressor,
             threshold,
             max_pages,
+            retry_tried: !own,
         };
         match (self, level) {
             (_, Some(level)) => store.recompress(pass(Pass::Zstd { level })),
@@ -215,5 +223,31 @@ mod tests {
             store.read(0, &mut back).unwrap();
             assert!(back == text);
         }
+    }
+
+    #[test]
+    fn a_manual_pass_with_another_level_takes_the_pages_the_devices_own_tried() {
+        let r = Recompressor::new(RecompressCodec::Zstd { level: 3 }, &GpuSettings::default());
+        let store = PageStore::new(StoreConfig::new(16, Algorithm::Lz4)).unwrap();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let noise: Vec<u8> = (0..16 * PAGE_SIZE)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        store.write(0, &noise).unwrap();
+        store.mark_idle(None);
+        let idle = Candidates::Idle { min_age: 0 };
+        let tick = r.run(&store, idle, 0, u64::MAX, None, true).unwrap();
+        assert_eq!((tick.tried, tick.kept), (16, 16), "noise stays: {tick:?}");
+        // The device's own level again: nothing to do.
+        let same = r.run(&store, idle, 0, u64::MAX, Some(3), true).unwrap();
+        assert_eq!(same.tried, 0, "{same:?}");
+        // Another level: the pages are its to try.
+        let other = r.run(&store, idle, 0, u64::MAX, Some(19), true).unwrap();
+        assert_eq!(other.tried, 16, "{other:?}");
     }
 }
