@@ -22,6 +22,20 @@ pub mod liblz4;
 /// Cases a target runs when `UZRAM_FUZZ_CASES` is not set.
 pub const DEFAULT_CASES: u64 = 2000;
 
+/// `pages` 4 KiB pages of xorshift noise from `seed`: incompressible, none same-filled
+/// (tests that need pages no codec can shrink).
+pub fn noise_pages(pages: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed;
+    (0..pages * crate::PAGE_SIZE)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 /// The input generator: xorshift64*, seeded.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);

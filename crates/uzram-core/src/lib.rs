@@ -44,8 +44,6 @@ pub mod error;
 pub mod fuzz;
 pub mod page;
 pub mod store;
-#[cfg(test)]
-mod test_pages;
 
 pub use error::CoreError;
 pub use page::{PAGE_SHIFT, PAGE_SIZE, PAGE_WORDS, SECTOR_SHIFT};

@@ -384,8 +384,8 @@ mod tests {
     use super::*;
     use crate::batch::{BackendError, FaultPlan, HostSlots, SlotOutput};
     use crate::codec::Algorithm;
+    use crate::fuzz::noise_pages as noise;
     use crate::store::StoreConfig;
-    use crate::test_pages::noise;
 
     /// A store that keeps every page that does not compress below 1 KiB raw: the hot path
     /// at its loosest, so that a batch backend's LZ4 (the CPU's own, in these tests) finds

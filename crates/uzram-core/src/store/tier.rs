@@ -479,7 +479,7 @@ pub(crate) mod tests {
     fn huge_pages_are_tried_once_and_a_threshold_and_a_budget_hold() {
         let mut data = corpus()[..64 * PAGE_SIZE].to_vec();
         // Every other page noise: stored raw, and no better as zstd.
-        let noise = crate::test_pages::noise(32, 0x9e37_79b9_7f4a_7c15);
+        let noise = crate::fuzz::noise_pages(32, 0x9e37_79b9_7f4a_7c15);
         for (page, noise) in data
             .chunks_exact_mut(PAGE_SIZE)
             .step_by(2)

@@ -229,15 +229,7 @@ mod tests {
     fn a_manual_pass_with_another_level_takes_the_pages_the_devices_own_tried() {
         let r = Recompressor::new(RecompressCodec::Zstd { level: 3 }, &GpuSettings::default());
         let store = PageStore::new(StoreConfig::new(16, Algorithm::Lz4)).unwrap();
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let noise: Vec<u8> = (0..16 * PAGE_SIZE)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let noise = uzram_core::fuzz::noise_pages(16, 0x2545_f491_4f6c_dd1d);
         store.write(0, &noise).unwrap();
         store.mark_idle(None);
         let idle = Candidates::Idle { min_age: 0 };

@@ -9,8 +9,8 @@ use super::*;
 use crate::batch::layout::{meta_bytes, SIZE_RAW};
 use crate::batch::{BackendError, FailAt, FailureKind, FaultPlan, HostSlots, SlotOutput};
 use crate::codec::Algorithm;
+use crate::fuzz::noise_pages as noise;
 use crate::store::StoreConfig;
-use crate::test_pages::noise;
 
 /// The checked-in corpus slices (1024 real pages), then noise, text and same-filled pages.
 fn pages() -> Vec<u8> {
