@@ -76,7 +76,7 @@ pub enum GpuError {
     )]
     NoNvcomp(String),
     /// An nvCOMP call failed.
-    #[error("nvCOMP call {call} failed with status {status}")]
+    #[error("nvCOMP call {call} failed with status {status}{}", nvcomp_hint(*status))]
     Nvcomp {
         /// The call, without its `nvcompBatched` prefix.
         call: &'static str,
@@ -114,6 +114,15 @@ impl GpuError {
             GpuError::Poisoned => true,
             _ => false,
         }
+    }
+}
+
+/// What an nvCOMP status says beyond its number.
+fn nvcomp_hint(status: i32) -> &'static str {
+    match status {
+        // nvcompErrorCudaError: nvCOMP's own CUDA runtime (CUDA 13) failed.
+        1000 => " (a CUDA error in nvCOMP: is the NVIDIA driver new enough for CUDA 13?)",
+        _ => "",
     }
 }
 

@@ -5,6 +5,8 @@
 //!
 //! The declarations follow nvCOMP 6.0's `nvcomp/zstd.h`, `nvcomp/crc32.h` and
 //! `nvcomp/shared_types.h`. Its option structs are passed by value, as the C API does.
+//! nvCOMP runs on the CUDA context current on the calling thread: every call here but
+//! [`Nvcomp::load`] needs the GPU's context bound first ([`crate::Gpu::bind`]).
 
 use std::ffi::c_void;
 

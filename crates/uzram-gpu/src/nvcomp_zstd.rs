@@ -10,7 +10,7 @@
 //! bytes a page can take, and the sizes, statuses, checksums and frames come back to
 //! pinned host memory.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use uzram_core::batch::{
@@ -25,7 +25,6 @@ use crate::{to_backend_error, GpuError};
 
 /// nvCOMP's batched zstd on one GPU, one slot; see the module docs.
 pub struct NvcompZstd {
-    nvcomp: Nvcomp,
     gpu: Arc<Gpu>,
     stream: Stream,
     /// Recorded after a submission's last copy; waited for by sleeping, not spinning.
@@ -38,6 +37,13 @@ pub struct NvcompZstd {
     input: PinnedWords,
     device: Device,
     host: Mutex<Host>,
+    /// Pages nvCOMP could not compress (a status other than success, or a frame longer
+    /// than its own bound): left as they were.
+    failed_pages: AtomicU64,
+    /// The most bytes nvCOMP says a page compresses to.
+    max: usize,
+    /// Last, so that the library (with its CUDA runtime) outlives every buffer and stream.
+    nvcomp: Nvcomp,
 }
 
 /// The device's buffers.
@@ -64,6 +70,9 @@ struct Host {
     submitted: Option<(usize, usize)>,
 }
 
+/// The most alignment nvCOMP may ask of a buffer (cuMemAlloc's is 256 at least).
+const MAX_ALIGNMENT: usize = 256;
+
 /// The most bytes between two frames: nvCOMP's bound for a page is a little over a page
 /// (zstd's own is 4174 bytes); twice a page bounds the memory a slot is counted for.
 const MAX_STRIDE: usize = 2 * PAGE_SIZE;
@@ -84,10 +93,14 @@ impl NvcompZstd {
         let gpu = Gpu::open(ordinal)?;
         gpu.bind()?;
         let align = nvcomp.zstd_alignments()?;
-        if !PAGE_SIZE.is_multiple_of(align.input.max(1)) {
+        // Pages lie 4 KiB apart, frames `stride` apart, and every buffer starts where
+        // cuMemAlloc puts it (256-byte aligned at least).
+        if [align.input, align.output, align.temp]
+            .iter()
+            .any(|&a| a > MAX_ALIGNMENT || !PAGE_SIZE.is_multiple_of(a.max(1)))
+        {
             return Err(GpuError::Config(format!(
-                "nvCOMP asks inputs aligned to {} bytes",
-                align.input
+                "nvCOMP asks alignments {align:?}; uzram's buffers give at most {MAX_ALIGNMENT}"
             )));
         }
         let max = nvcomp.zstd_max_output(PAGE_SIZE)?;
@@ -135,13 +148,17 @@ impl NvcompZstd {
             ),
             (&device.input_sizes, words(&|_| PAGE_SIZE as u64)?),
         ];
+        let mut copied = Ok(());
         for (dst, src) in &arrays {
             // SAFETY: `dst` has `pages * 8` bytes, as `src` (pinned) has, and `src` lives
-            // until the synchronize below.
-            unsafe { stream.copy_to_device(dst.ptr(), src.as_slice().as_ptr(), pages * 8)? };
+            // until the synchronize below, which comes whether or not a copy failed.
+            copied = copied.and_then(|()| unsafe {
+                stream.copy_to_device(dst.ptr(), src.as_slice().as_ptr(), pages * 8)
+            });
         }
-        stream.synchronize()?;
+        let synced = stream.synchronize();
         drop(arrays);
+        copied.and(synced)?;
         let host = Host {
             frames: HostBuf::new(&gpu, pages * stride)?,
             sizes: HostBuf::new(&gpu, pages * 8)?,
@@ -162,6 +179,8 @@ impl NvcompZstd {
             crc_conf,
             device,
             host: Mutex::new(host),
+            failed_pages: AtomicU64::new(0),
+            max,
         })
     }
 
@@ -235,46 +254,102 @@ impl NvcompZstd {
     }
 
     /// Fills `host.meta` in the slot format from what came back; `limit`: the raw
-    /// threshold.
+    /// threshold. A page nvCOMP could not compress is left as it was (rejected), counted
+    /// and logged once; a batch of which it compressed none is an error, so that a pass
+    /// does not flag every page tried while nvCOMP is broken.
     fn fill_meta(&self, host: &mut Host, pages: usize, limit: usize) -> Result<(), GpuError> {
-        let word = |buf: &HostBuf, k: usize, width: usize| -> u64 {
-            let b = &buf.as_slice()[k * width..(k + 1) * width];
-            let mut w = [0u8; 8];
-            w[..width].copy_from_slice(b);
-            u64::from_le_bytes(w)
+        let back = Returned {
+            sizes: host.sizes.as_slice(),
+            statuses: host.statuses.as_slice(),
+            crcs: host.crcs.as_slice(),
         };
-        let mut meta = std::mem::take(&mut host.meta);
-        let put = |meta: &mut [u8], i: usize, v: u32| {
-            meta[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
+        let Some(failed) = back.encode(pages, self.stride, self.max, limit, &mut host.meta) else {
+            return Ok(());
         };
-        let mut bad = None;
+        self.failed_pages.fetch_add(failed.pages as u64, Relaxed);
+        static WARNED: AtomicBool = AtomicBool::new(false);
+        if !WARNED.swap(true, Relaxed) {
+            tracing::warn!(
+                failed = failed.pages,
+                pages,
+                page = failed.first,
+                status = failed.status,
+                size = failed.size,
+                bound = self.max,
+                "nvCOMP did not compress some pages (status, or a frame past its own bound): \
+                 left as they were"
+            );
+        }
+        if failed.pages == pages {
+            return Err(GpuError::Nvcomp {
+                call: "ZstdCompressAsync (every page of the batch)",
+                status: failed.status,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What a submission copied back: per page a `usize` frame size, an `i32` status and a
+/// `u32` CRC32C, little-endian.
+struct Returned<'a> {
+    sizes: &'a [u8],
+    statuses: &'a [u8],
+    crcs: &'a [u8],
+}
+
+/// Pages of a batch nvCOMP did not compress, and the first of them.
+#[derive(Debug, PartialEq, Eq)]
+struct Failed {
+    pages: usize,
+    first: usize,
+    status: i32,
+    size: u64,
+}
+
+impl Returned<'_> {
+    fn word(buf: &[u8], k: usize, width: usize) -> u64 {
+        let mut w = [0u8; 8];
+        w[..width].copy_from_slice(&buf[k * width..(k + 1) * width]);
+        u64::from_le_bytes(w)
+    }
+
+    /// Writes the slot format's meta words for `pages` pages into `meta` (frames `stride`
+    /// apart, none longer than `max`, raw from `limit` bytes); the pages it could not
+    /// take, if any.
+    fn encode(
+        &self,
+        pages: usize,
+        stride: usize,
+        max: usize,
+        limit: usize,
+        meta: &mut [u8],
+    ) -> Option<Failed> {
+        let mut put = |i: usize, v: u32| meta[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
+        let mut failed: Option<Failed> = None;
         for k in 0..pages {
-            let size = word(&host.sizes, k, 8);
-            let status = word(&host.statuses, k, 4) as u32 as i32;
+            let size = Self::word(self.sizes, k, 8);
+            let status = Self::word(self.statuses, k, 4) as u32 as i32;
             let size_word = match size as usize {
-                // A chunk nvCOMP could not compress: left as it is.
-                _ if status != SUCCESS => SIZE_REJECTED,
-                n if n > self.stride => {
-                    bad.get_or_insert((k, size));
+                n if status != SUCCESS || n > max => {
+                    let f = failed.get_or_insert(Failed {
+                        pages: 0,
+                        first: k,
+                        status,
+                        size,
+                    });
+                    f.pages += 1;
                     SIZE_REJECTED
                 }
                 n if n >= limit.min(PAGE_SIZE) => SIZE_RAW,
                 n => n as u32,
             };
-            put(&mut meta, k, size_word);
-            put(&mut meta, pages + k, (k * self.stride) as u32);
-            put(&mut meta, 2 * pages + 1 + k, word(&host.crcs, k, 4) as u32);
+            put(k, size_word);
+            put(pages + k, (k * stride) as u32);
+            put(2 * pages + 1 + k, Self::word(self.crcs, k, 4) as u32);
         }
-        put(&mut meta, 2 * pages, (pages * self.stride) as u32);
-        host.meta = meta;
-        match bad {
-            // A frame longer than nvCOMP's own bound: the device is not doing what it says.
-            Some((page, len)) => Err(GpuError::BadLength {
-                page,
-                len: u32::try_from(len).unwrap_or(u32::MAX),
-            }),
-            None => Ok(()),
-        }
+        put(2 * pages, (pages * stride) as u32);
+        failed
     }
 }
 
@@ -375,6 +450,10 @@ impl SlotBackend for NvcompZstd {
         Ok(())
     }
 
+    fn stats(&self) -> Vec<(&'static str, u64)> {
+        vec![("nvcomp_failed_pages", self.failed_pages.load(Relaxed))]
+    }
+
     fn memory(&self) -> BackendMemory {
         let pages = self.pages as u64;
         let stride = self.stride as u64;
@@ -384,5 +463,67 @@ impl SlotBackend for NvcompZstd {
             host_bytes: meta_bytes(self.pages) as u64,
             device_bytes: pages * (page + stride + 40) + self.device.temp.len() as u64,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use uzram_core::batch::{PageResult, SlotOutput};
+
+    use super::*;
+
+    fn bytes<const N: usize>(words: &[u64]) -> Vec<u8> {
+        words
+            .iter()
+            .flat_map(|w| w.to_le_bytes()[..N].to_vec())
+            .collect()
+    }
+
+    #[test]
+    fn what_nvcomp_returns_becomes_the_slot_format_and_its_failures_are_left_as_they_were() {
+        // A frame; one at the raw limit; a failed status; one past nvCOMP's own bound.
+        let sizes = bytes::<8>(&[100, 3000, 50, 5000]);
+        let statuses = bytes::<4>(&[0, 0, 19, 0]);
+        let crcs = bytes::<4>(&[0xa, 0xb, 0xc, 0xd]);
+        let back = Returned {
+            sizes: &sizes,
+            statuses: &statuses,
+            crcs: &crcs,
+        };
+        let (stride, max, limit) = (4112, 4107, 3000);
+        let mut meta = vec![0u8; meta_bytes(4)];
+        let failed = back.encode(4, stride, max, limit, &mut meta);
+        assert_eq!(
+            failed,
+            Some(Failed {
+                pages: 2,
+                first: 2,
+                status: 19,
+                size: 50
+            })
+        );
+        let packed = vec![7u8; 4 * stride];
+        let out = SlotOutput::new(4, &meta, &packed, limit).unwrap();
+        assert_eq!(out.page(0), Ok(PageResult::Compressed(&packed[..100])));
+        assert_eq!(out.page(1), Ok(PageResult::Raw));
+        assert_eq!(out.page(2), Ok(PageResult::Rejected));
+        assert_eq!(out.page(3), Ok(PageResult::Rejected));
+        assert_eq!(out.checksum(3), Ok(0xd));
+        // Every page good: nothing failed.
+        let ok = bytes::<4>(&[0, 0, 0, 0]);
+        let sizes = bytes::<8>(&[100, 200, 300, 400]);
+        let back = Returned {
+            sizes: &sizes,
+            statuses: &ok,
+            crcs: &crcs,
+        };
+        assert_eq!(back.encode(4, stride, max, limit, &mut meta), None);
+        let out = SlotOutput::new(4, &meta, &packed, limit).unwrap();
+        assert_eq!(
+            out.page(3),
+            Ok(PageResult::Compressed(
+                &packed[3 * stride..3 * stride + 400]
+            ))
+        );
     }
 }

@@ -151,7 +151,12 @@ fn open_gpu(
     settings: &GpuSettings,
 ) -> Result<Mutex<Box<dyn SlotBackend>>, String> {
     let opened = (|| -> anyhow::Result<(Box<dyn SlotBackend>, String)> {
-        let first = settings.gpus.ordinals()?.into_iter().next().unwrap_or(0);
+        let first = settings
+            .gpus
+            .ordinals()?
+            .into_iter()
+            .next()
+            .context("no GPU to open: gpus names none")?;
         if codec == RecompressCodec::GpuZstd {
             let zstd = NvcompZstd::new(first, DEFAULT_GPU_SLOT_PAGES)
                 .context("opening nvCOMP's zstd on the GPU")?;
