@@ -36,6 +36,20 @@ pub fn noise_pages(pages: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// Asserts that `store` reads back `data` from its first page on, naming the first page
+/// that differs.
+pub fn reads_back(store: &crate::PageStore, data: &[u8]) {
+    let mut back = vec![0u8; data.len()];
+    store.read(0, &mut back).unwrap();
+    for (i, (a, b)) in back
+        .chunks_exact(crate::PAGE_SIZE)
+        .zip(data.chunks_exact(crate::PAGE_SIZE))
+        .enumerate()
+    {
+        assert!(a == b, "page {i} differs");
+    }
+}
+
 /// The input generator: xorshift64*, seeded.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);

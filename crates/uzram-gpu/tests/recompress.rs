@@ -36,15 +36,7 @@ fn recompressed_exactly(name: &str, data: &[u8], slots: &dyn SlotBackend) {
         .unwrap();
     store.compact();
     let after = store.stats();
-    let mut back = vec![0u8; data.len()];
-    store.read(0, &mut back).unwrap();
-    for (i, (a, b)) in back
-        .chunks_exact(PAGE_SIZE)
-        .zip(data.chunks_exact(PAGE_SIZE))
-        .enumerate()
-    {
-        assert!(a == b, "{name}: page {i} read back other data");
-    }
+    uzram_core::fuzz::reads_back(&store, data);
     let payload = after.compr_data_size as f64 / before.compr_data_size.max(1) as f64;
     let memory = after.mem_used_total as f64 / before.mem_used_total.max(1) as f64;
     println!(

@@ -49,7 +49,7 @@ pub struct Stats {
     /// Pages recompression tried and kept as they were: not smaller by a size class
     /// (cumulative).
     pub recompress_kept_pages: u64,
-    /// Pages recompression rewrote smaller, with either recompressor (cumulative).
+    /// Pages recompression rewrote smaller, with any recompressor (cumulative).
     pub recompress_rewritten_pages: u64,
     /// Payload bytes recompression saved (cumulative; pages rewritten since count nothing
     /// back).

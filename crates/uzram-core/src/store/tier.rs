@@ -338,17 +338,7 @@ pub(crate) mod tests {
         }
     }
 
-    pub(crate) fn reads_back(store: &PageStore, data: &[u8]) {
-        let mut back = vec![0u8; data.len()];
-        store.read(0, &mut back).unwrap();
-        for (i, (a, b)) in back
-            .chunks_exact(PAGE_SIZE)
-            .zip(data.chunks_exact(PAGE_SIZE))
-            .enumerate()
-        {
-            assert!(a == b, "page {i} differs");
-        }
-    }
+    pub(crate) use crate::fuzz::reads_back;
 
     #[test]
     fn a_page_ages_by_the_tick_and_is_young_again_when_used() {

@@ -200,7 +200,7 @@ counters! {
         "Pages recompression tried and kept as they were (not smaller by a size class).";
     RECOMPRESS_REWRITTEN_PAGES = "recompress_rewritten_pages", Store, Counter, Sum,
         "uzram_recompress_rewritten_pages_total",
-        "Pages recompression rewrote smaller (zstd, or LZ4 from the GPU's tighter parse).";
+        "Pages recompression rewrote smaller (zstd, on the CPU or by nvCOMP on the GPU, or LZ4 from the GPU's tighter parse).";
     RECOMPRESS_SAVED_BYTES = "recompress_saved_bytes", Store, Counter, Sum,
         "uzram_recompress_saved_bytes_total",
         "Payload bytes recompression saved.";
