@@ -49,15 +49,27 @@ pub struct OnGpu {
     codec: RecompressCodec,
     /// The GPU settings of the device (which GPUs).
     settings: GpuSettings,
-    /// The slot, once opened; passes take turns on it.
-    slots: OnceLock<Result<Mutex<Box<dyn SlotBackend>>, String>>,
+    /// The slot, once opened.
+    slots: OnceLock<Result<Opened, String>>,
+}
+
+/// An opened GPU recompressor: its backend (one slot), and the turn passes take on it. The
+/// backend is outside the turn so that its counters can be read while a pass runs.
+struct Opened {
+    backend: Box<dyn SlotBackend>,
+    turn: Mutex<()>,
 }
 
 impl OnGpu {
     /// The slot, opened at the first call.
-    fn slots(&self) -> Result<&Mutex<Box<dyn SlotBackend>>, String> {
+    fn slots(&self) -> Result<&Opened, String> {
         self.slots
-            .get_or_init(|| open_gpu(self.codec, &self.settings))
+            .get_or_init(|| {
+                open_gpu(self.codec, &self.settings).map(|backend| Opened {
+                    backend,
+                    turn: Mutex::new(()),
+                })
+            })
             .as_ref()
             .map_err(Clone::clone)
     }
@@ -115,23 +127,40 @@ impl Recompressor {
             (_, Some(level)) => store.recompress(pass(Pass::Zstd { level })),
             (&Self::Zstd { level }, None) => store.recompress(pass(Pass::Zstd { level })),
             (Self::Gpu(gpu), None) => {
-                let slot = gpu.slots().map_err(|reason| CoreError::Backend {
+                let opened = gpu.slots().map_err(|reason| CoreError::Backend {
                     backend: "gpu",
                     reason,
                 })?;
-                let slot = match slot.try_lock() {
-                    Ok(slot) => slot,
+                let _turn = match opened.turn.try_lock() {
+                    Ok(turn) => turn,
                     Err(TryLockError::Poisoned(p)) => p.into_inner(),
                     Err(TryLockError::WouldBlock) if !wait => return Ok(Recompressed::default()),
                     Err(TryLockError::WouldBlock) => {
-                        slot.lock().unwrap_or_else(PoisonError::into_inner)
+                        opened.turn.lock().unwrap_or_else(PoisonError::into_inner)
                     }
                 };
                 store.recompress(pass(Pass::Batched {
-                    backend: &**slot,
+                    backend: &*opened.backend,
                     slot: 0,
                 }))
             }
+        }
+    }
+
+    /// The GPU recompressor's own counters once it is open (`nvcomp_failed_pages`, the
+    /// `high` parse's `gpu_*`), named `recompressor_*` beside the write path's backend's.
+    pub fn stats(&self) -> Vec<(String, u64)> {
+        let Self::Gpu(gpu) = self else {
+            return Vec::new();
+        };
+        match gpu.slots.get() {
+            Some(Ok(opened)) => opened
+                .backend
+                .stats()
+                .into_iter()
+                .map(|(name, value)| (format!("recompressor_{name}"), value))
+                .collect(),
+            _ => Vec::new(),
         }
     }
 
@@ -149,7 +178,7 @@ impl Recompressor {
 fn open_gpu(
     codec: RecompressCodec,
     settings: &GpuSettings,
-) -> Result<Mutex<Box<dyn SlotBackend>>, String> {
+) -> Result<Box<dyn SlotBackend>, String> {
     let opened = (|| -> anyhow::Result<(Box<dyn SlotBackend>, String)> {
         let first = settings
             .gpus
@@ -181,7 +210,7 @@ fn open_gpu(
                 device,
                 "recompression on the GPU ready"
             );
-            Ok(Mutex::new(slots))
+            Ok(slots)
         }
         Err(e) => Err(format!(
             "recompress-algorithm {}: {e:#} (use recompress-algorithm zstd on a host \
@@ -193,6 +222,7 @@ fn open_gpu(
 
 #[cfg(test)]
 mod tests {
+    use uzram_core::batch::{BackendError, HostSlots, SlotOutput};
     use uzram_core::codec::Algorithm;
     use uzram_core::{StoreConfig, PAGE_SIZE};
 
@@ -246,5 +276,97 @@ mod tests {
         // Another level: the pages are its to try.
         let other = r.run(&store, idle, 0, u64::MAX, Some(19), true).unwrap();
         assert_eq!(other.tried, 16, "{other:?}");
+    }
+
+    /// A GPU recompressor over `backend` (a stand-in for the GPU's slot).
+    fn on_backend(codec: RecompressCodec, backend: Box<dyn SlotBackend>) -> Recompressor {
+        let slots = OnceLock::new();
+        assert!(slots
+            .set(Ok(Opened {
+                backend,
+                turn: Mutex::new(()),
+            }))
+            .is_ok());
+        Recompressor::Gpu(Box::new(OnGpu {
+            codec,
+            settings: GpuSettings::default(),
+            slots,
+        }))
+    }
+
+    /// The CPU's zstd in a slot, standing in for nvCOMP, with a counter of its own.
+    struct Counted(HostSlots);
+
+    impl SlotBackend for Counted {
+        fn name(&self) -> &'static str {
+            "counted"
+        }
+        fn algorithm(&self) -> Algorithm {
+            self.0.algorithm()
+        }
+        fn slots(&self) -> usize {
+            self.0.slots()
+        }
+        fn slot_pages(&self) -> usize {
+            self.0.slot_pages()
+        }
+        fn input(&self, slot: usize) -> &[std::sync::atomic::AtomicU64] {
+            self.0.input(slot)
+        }
+        fn submit(&self, slot: usize, pages: usize, limit: usize) -> Result<(), BackendError> {
+            self.0.submit(slot, pages, limit)
+        }
+        fn complete(
+            &self,
+            slot: usize,
+            install: &mut dyn FnMut(&SlotOutput<'_>),
+        ) -> Result<(), BackendError> {
+            self.0.complete(slot, install)
+        }
+        fn stats(&self) -> Vec<(&'static str, u64)> {
+            vec![("failed_pages", 7)]
+        }
+    }
+
+    #[test]
+    fn a_gpu_recompressor_takes_turns_writes_its_frames_and_shows_its_counters() {
+        let r = on_backend(
+            RecompressCodec::GpuZstd,
+            Box::new(Counted(HostSlots::new(Algorithm::Zstd { level: 3 }, 1, 64))),
+        );
+        assert_eq!(
+            r.stats(),
+            vec![("recompressor_failed_pages".to_string(), 7)]
+        );
+        // Words from a small vocabulary: LZ4 halves them, zstd's entropy coding does better.
+        let words = [
+            "cold ", "page ", "swap ", "idle ", "zstd ", "gpu ", "ring ", "slot ",
+        ];
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut text = Vec::new();
+        while text.len() < 128 * PAGE_SIZE {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            text.extend_from_slice(words[(x % 8) as usize].as_bytes());
+        }
+        text.truncate(128 * PAGE_SIZE);
+        let store = PageStore::new(StoreConfig::new(128, Algorithm::Lz4)).unwrap();
+        store.write(0, &text).unwrap();
+        store.mark_idle(None);
+        let idle = Candidates::Idle { min_age: 0 };
+        // The tier's tick behind a manual pass on the slot does nothing.
+        let Recompressor::Gpu(gpu) = &r else {
+            unreachable!()
+        };
+        let held = gpu.slots().unwrap().turn.lock().unwrap();
+        let skipped = r.run(&store, idle, 0, u64::MAX, None, false).unwrap();
+        assert_eq!(skipped, Recompressed::default());
+        drop(held);
+        let done = r.run(&store, idle, 0, u64::MAX, None, false).unwrap();
+        assert_eq!(done.tried, 128, "{done:?}");
+        assert!(done.rewritten > 64, "{done:?}");
+        assert_eq!(store.stats().recompressed_pages, done.rewritten);
+        uzram_core::fuzz::reads_back(&store, &text);
     }
 }

@@ -276,6 +276,7 @@ fn status_snapshot(s: &Setup<'_>) -> Arc<dyn Fn() -> DeviceStatus + Send + Sync>
         s.backend.clone(),
         s.plan,
     );
+    let recompressor = s.recompressor.clone();
     Arc::new(move || {
         let mut stats: Vec<Stat> = store
             .stats()
@@ -291,10 +292,18 @@ fn status_snapshot(s: &Setup<'_>) -> Arc<dyn Fn() -> DeviceStatus + Send + Sync>
         crate::takeover::carry::add_base(&mut stats, &carried_in);
         crate::takeover::carry::add_base(&mut requests, &carried_in);
         requests.extend(pool_stats().into_iter().chain(queue_stats(plan)));
+        let mut backend_stats = backend.stats();
+        if let Some(r) = &recompressor {
+            backend_stats.extend(
+                r.stats()
+                    .into_iter()
+                    .map(|(name, value)| Stat { name, value }),
+            );
+        }
         DeviceStatus {
             stats,
             requests,
-            backend_stats: backend.stats(),
+            backend_stats,
             ..template.clone()
         }
     })
