@@ -305,6 +305,13 @@ impl SlotBackend for HostSlots {
             ..BackendMemory::default()
         }
     }
+
+    fn stats(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("host_submits", self.submits.load(Ordering::Relaxed)),
+            ("host_completes", self.completes.load(Ordering::Relaxed)),
+        ]
+    }
 }
 
 #[cfg(test)]
