@@ -21,6 +21,7 @@ use uzram_core::PAGE_SIZE;
 
 use crate::driver::{DevBuf, Event, Gpu, HostBuf, PinnedWords, Stream};
 use crate::nvcomp::{Crc32KernelConf, Nvcomp, SUCCESS};
+use crate::slots::may_submit;
 use crate::{to_backend_error, GpuError};
 
 /// nvCOMP's batched zstd on one GPU, one slot; see the module docs.
@@ -388,18 +389,8 @@ impl SlotBackend for NvcompZstd {
 
     fn submit(&self, slot: usize, pages: usize, limit: usize) -> Result<(), BackendError> {
         Self::only_slot(slot)?;
-        if pages == 0 || pages > self.pages {
-            return Err(to_backend_error(&GpuError::Config(format!(
-                "{pages} pages in a slot of {}",
-                self.pages
-            ))));
-        }
         let mut host = self.lock();
-        if host.submitted.is_some() {
-            return Err(to_backend_error(&GpuError::Config(
-                "the slot is still running".into(),
-            )));
-        }
+        may_submit(slot, pages, self.pages, host.submitted.is_some())?;
         match self.queue(&host, pages) {
             Ok(()) => {
                 host.submitted = Some((pages, limit));

@@ -317,6 +317,24 @@ impl GpuSlots {
     }
 }
 
+/// The seam's rules for a submission to `slot`: 1 to `capacity` pages, and nothing of the
+/// slot's still `running`.
+pub(crate) fn may_submit(
+    slot: usize,
+    pages: usize,
+    capacity: usize,
+    running: bool,
+) -> Result<(), BackendError> {
+    let broken = |why: String| Err(to_backend_error(&GpuError::Config(why)));
+    if pages == 0 || pages > capacity {
+        return broken(format!("{pages} pages in a slot of {capacity}"));
+    }
+    if running {
+        return broken(format!("slot {slot} is still running"));
+    }
+    Ok(())
+}
+
 /// How a [`GpuError`] crosses the seam: a fault that leaves the context unusable, or a
 /// GPU that is not there, is sticky (the ring retires the backend); anything else costs
 /// one slot.
@@ -367,18 +385,8 @@ impl SlotBackend for GpuSlots {
 
     fn submit(&self, slot: usize, pages: usize, limit: usize) -> Result<(), BackendError> {
         let s = self.slot(slot)?;
-        if pages == 0 || pages > self.config.slot_pages {
-            return Err(to_backend_error(&GpuError::Config(format!(
-                "{pages} pages in a slot of {}",
-                self.config.slot_pages
-            ))));
-        }
         let mut d = s.lock();
-        if d.submitted.is_some() {
-            return Err(to_backend_error(&GpuError::Config(format!(
-                "slot {slot} is still running"
-            ))));
-        }
+        may_submit(slot, pages, self.config.slot_pages, d.submitted.is_some())?;
         match self.run(s, &mut d, pages, limit) {
             Ok(()) => {
                 d.submitted = Some((pages, limit));
