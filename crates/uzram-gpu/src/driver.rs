@@ -67,11 +67,12 @@ impl Kernel {
     }
 }
 
-/// One GPU's context with the compression kernels loaded.
+/// One GPU's context, with the compression kernels loaded ([`Gpu::open`]) or without
+/// ([`Gpu::open_context`], for a library that brings its own kernels).
 #[derive(Debug)]
 pub struct Gpu {
     ctx: Arc<CudaContext>,
-    module: CUmodule,
+    module: Option<CUmodule>,
     /// Indexed like [`Kernel`]; `None` where the module lacks that entry point.
     functions: [Option<CUfunction>; 3],
     /// Indexed like [`Kernel`]: the block size each function declares (its launch bound),
@@ -100,17 +101,7 @@ impl Gpu {
     pub fn open_with_ptx(ordinal: usize, ptx: &str) -> Result<Arc<Self>, GpuError> {
         let ptx = CString::new(ptx.trim_end_matches('\0'))
             .map_err(|_| GpuError::Config("PTX text contains a NUL byte".into()))?;
-        let count = probe()?;
-        if ordinal >= count {
-            return Err(GpuError::Config(format!(
-                "GPU {ordinal} requested, {count} present"
-            )));
-        }
-        let ctx = CudaContext::new(ordinal).map_err(no_device_or(GpuError::driver("cuCtx")))?;
-        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
-        let sm_count = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(GpuError::driver("cuDeviceGetAttribute"))?;
+        let mut gpu = Self::context(ordinal)?;
         // SAFETY: `ptx` is a NUL-terminated C string that outlives the call; the context is
         // bound to this thread by CudaContext::new.
         let module = unsafe { result::module::load_data(ptx.as_ptr().cast()) }
@@ -153,15 +144,41 @@ impl Gpu {
                 Kernel::Verify.entry()
             )));
         }
-        Ok(Arc::new(Self {
+        gpu.module = Some(module);
+        gpu.functions = functions;
+        gpu.declared_threads = declared_threads;
+        Ok(Arc::new(gpu))
+    }
+
+    /// Opens GPU `ordinal` without loading uzram's kernels: the context alone, for work
+    /// that launches none of them (nvCOMP's), so that none is compiled for nothing.
+    /// [`Gpu::function`] is `None` for every kernel.
+    pub fn open_context(ordinal: usize) -> Result<Arc<Self>, GpuError> {
+        Self::context(ordinal).map(Arc::new)
+    }
+
+    /// The context of GPU `ordinal`, bound to this thread, no module loaded.
+    fn context(ordinal: usize) -> Result<Self, GpuError> {
+        let count = probe()?;
+        if ordinal >= count {
+            return Err(GpuError::Config(format!(
+                "GPU {ordinal} requested, {count} present"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(no_device_or(GpuError::driver("cuCtx")))?;
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(GpuError::driver("cuDeviceGetAttribute"))?;
+        Ok(Self {
             ctx,
-            module,
-            functions,
-            declared_threads,
+            module: None,
+            functions: [None; 3],
+            declared_threads: [None; 3],
             ordinal,
             name,
             sm_count: sm_count.max(1) as u32,
-        }))
+        })
     }
 
     /// Makes this GPU's context current on the calling thread.
@@ -200,10 +217,11 @@ impl Gpu {
 
 impl Drop for Gpu {
     fn drop(&mut self) {
+        let Some(module) = self.module else { return };
         if self.bind().is_ok() {
             // SAFETY: the module was loaded in `open`; every stream and buffer that used it
             // holds an `Arc<Gpu>`, so none is alive any more.
-            if let Err(e) = unsafe { result::module::unload(self.module) } {
+            if let Err(e) = unsafe { result::module::unload(module) } {
                 warn!(error = %e, "cuModuleUnload failed");
             }
         }

@@ -91,7 +91,7 @@ impl NvcompZstd {
             )));
         }
         let nvcomp = Nvcomp::load()?;
-        let gpu = Gpu::open(ordinal)?;
+        let gpu = Gpu::open_context(ordinal)?;
         gpu.bind()?;
         let align = nvcomp.zstd_alignments()?;
         // Pages lie 4 KiB apart, frames `stride` apart, and every buffer starts where
