@@ -106,18 +106,19 @@ impl Gpu {
         // bound to this thread by CudaContext::new.
         let module = unsafe { result::module::load_data(ptx.as_ptr().cast()) }
             .map_err(GpuError::driver("cuModuleLoadData"))?;
-        let mut functions = [None; 3];
-        for (slot, kernel) in functions
-            .iter_mut()
-            .zip([Kernel::Fast, Kernel::High, Kernel::Verify])
+        // From here `gpu` owns the module: every error below unloads it as `gpu` drops.
+        gpu.module = Some(module);
+        for (slot, kernel) in
+            gpu.functions
+                .iter_mut()
+                .zip([Kernel::Fast, Kernel::High, Kernel::Verify])
         {
             let entry =
                 CString::new(kernel.entry()).map_err(|_| GpuError::Config("kernel name".into()))?;
             // SAFETY: `module` was just loaded and is not unloaded before `Gpu` drops.
             *slot = unsafe { result::module::get_function(module, entry) }.ok();
         }
-        let mut declared_threads = [None; 3];
-        for (slot, f) in declared_threads.iter_mut().zip(functions) {
+        for (slot, f) in gpu.declared_threads.iter_mut().zip(gpu.functions) {
             let Some(f) = f else { continue };
             // SAFETY: `f` is a function of the module loaded above.
             let threads = unsafe {
@@ -125,28 +126,17 @@ impl Gpu {
                     f,
                     sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
                 )
-            };
-            match threads {
-                Ok(t) => *slot = u32::try_from(t).ok(),
-                Err(e) => {
-                    // SAFETY: the module was loaded above and nothing else refers to it.
-                    let _ = unsafe { result::module::unload(module) };
-                    return Err(GpuError::driver("cuFuncGetAttribute")(e));
-                }
             }
+            .map_err(GpuError::driver("cuFuncGetAttribute"))?;
+            *slot = u32::try_from(threads).ok();
         }
-        if functions[2].is_none() || functions[0].is_none() {
-            // SAFETY: the module was loaded above and nothing else refers to it.
-            let _ = unsafe { result::module::unload(module) };
+        if gpu.function(Kernel::Fast).is_none() || gpu.function(Kernel::Verify).is_none() {
             return Err(GpuError::Config(format!(
                 "the PTX lacks {} or {}",
                 Kernel::Fast.entry(),
                 Kernel::Verify.entry()
             )));
         }
-        gpu.module = Some(module);
-        gpu.functions = functions;
-        gpu.declared_threads = declared_threads;
         Ok(Arc::new(gpu))
     }
 
@@ -219,8 +209,9 @@ impl Drop for Gpu {
     fn drop(&mut self) {
         let Some(module) = self.module else { return };
         if self.bind().is_ok() {
-            // SAFETY: the module was loaded in `open`; every stream and buffer that used it
-            // holds an `Arc<Gpu>`, so none is alive any more.
+            // SAFETY: the module was loaded in `open_with_ptx` and is this value's alone;
+            // every stream and buffer that used it holds an `Arc<Gpu>`, so none is alive any
+            // more (and on `open_with_ptx`'s error paths none was made).
             if let Err(e) = unsafe { result::module::unload(module) } {
                 warn!(error = %e, "cuModuleUnload failed");
             }
