@@ -15,8 +15,8 @@ use uzram_core::batch::{FaultPlan, HostSlots, Ring, RingConfig};
 use uzram_core::codec::Algorithm;
 use uzram_core::page::fill_page;
 use uzram_core::store::{
-    BackingDevice, BlockRun, NonceCounter, Writeback, WritebackCandidates, WritebackKey,
-    BLOCK_BYTES, KEY_BYTES,
+    BackingDevice, BlockRun, Nonces, Writeback, WritebackCandidates, WritebackKey, BLOCK_BYTES,
+    KEY_BYTES,
 };
 use uzram_core::{CoreError, PageStore, StoreConfig, PAGE_SIZE};
 
@@ -266,11 +266,7 @@ fn a_writeback_pass_and_its_reads_allocate_nothing() {
             * BLOCK_BYTES
     ])));
     store
-        .attach_backing(
-            disk,
-            &WritebackKey([3; KEY_BYTES]),
-            NonceCounter::Owned(0.into()),
-        )
+        .attach_backing(disk, &WritebackKey([3; KEY_BYTES]), Nonces::Owned)
         .unwrap();
     let refused = REFUSED.load(Ordering::Relaxed);
     let mut out = [0u8; PAGE_SIZE];

@@ -3,7 +3,8 @@
 # them idle, then fresh pages are written; `uzram writeback --type idle` moves only the idle
 # ones to the disk, packed (fewer blocks than pages) and sealed; they read back through the
 # disk (bd_reads) with every byte right (direct I/O, past the page cache). A byte changed on
-# the disk is an I/O error, not other data. Overwritten pages leave the disk. Then kill -9
+# the disk is an I/O error, not other data, and so are blocks rolled back to an older sealing
+# of the same pages at the same places. Overwritten pages leave the disk. Then kill -9
 # during a writeback pass and `uzram recover`: every byte reads back, from RAM or the disk;
 # and kill -9 during a read-back from the disk: the read waits and ends right.
 # Then a daily budget holds across a crash, and a write at the mem-limit makes room by writeback.
@@ -65,6 +66,49 @@ elif uzram_create --size 64M --writeback-device "$WB"; then
   # overwritten pages leave the disk
   check "overwrite $MIB MiB with zeros" dd if=/dev/zero of="$DEV" bs=1M count="$MIB" oflag=direct
   [ "$(stat_field "$DEV" bd_count)" = 0 ] && ok "bd_count 0 after the overwrite" || fail_check "bd_count $(stat_field "$DEV" bd_count) after the overwrite"
+
+  # A disk rolled back: someone who can write the partition kept the sealed blocks of 1 MiB
+  # of noise (stored raw: every page the same length), and after the same pages were sealed
+  # again at the same places writes the old blocks back. Their tags are good under the key;
+  # the nonce floors (kept across the takeover) make them an I/O error. A takeover before
+  # each pass starts both at the disk's first free block, 0 (every block is free here), so
+  # the second pass seals each page where the first did.
+  restart() {
+    PID=$(daemon_pid "$DEV")
+    kill -9 "$PID"
+    wait_gone "$PID" || fail_check "daemon $PID still alive 10s after SIGKILL"
+    check "uzram recover $DEV ($1)" uzram recover "$DEV"
+    # the new daemon gives every unused block back a second after it serves; a block whose
+    # discard is in flight is not free, and the pass must find block 0 free
+    sleep 3
+  }
+  noise_pass() {
+    head -c 1048576 /dev/urandom > /tmp/w.noise
+    dd if=/tmp/w.noise of="$DEV" bs=1M count=1 oflag=direct 2>/dev/null
+    run_t "$TMO" /tmp/w.out uzram idle "$DEV" --all
+    run_t 300 /tmp/w.out uzram writeback "$DEV" --type idle --json
+    json_field /tmp/w.out blocks
+  }
+  check "zero the 4 MiB at 48 MiB (only the noise may go)" dd if=/dev/zero of="$DEV" bs=1M count=4 seek=48 oflag=direct
+  restart "before the first noise pass"
+  n1=$(noise_pass)
+  dd if="$WB" of=/tmp/w.old bs=4096 count="${n1:-1}" iflag=direct 2>/dev/null
+  restart "before the second noise pass"
+  n2=$(noise_pass)
+  if [ "${n1:-0}" -gt 0 ] && [ "$n1" = "$n2" ] && ! dd if="$WB" bs=4096 count="$n1" iflag=direct 2>/dev/null | cmp -s - /tmp/w.old; then
+    f0=$(stat_field "$DEV" bd_failures)
+    dd if=/tmp/w.old of="$WB" bs=4096 count="$n1" oflag=direct conv=notrunc 2>/dev/null
+    if dd if="$DEV" of=/dev/null bs=4096 count=256 iflag=direct 2>/tmp/w.err; then
+      fail_check "1 MiB read back whole from disk blocks rolled back to an older sealing"
+    else
+      f=$(stat_field "$DEV" bd_failures)
+      [ "${f:-0}" -gt "${f0:-0}" ] && ok "blocks rolled back to an older sealing: the read fails ($(tail -1 /tmp/w.err)), bd_failures $f0 -> $f" \
+        || fail_check "the rolled-back read failed, but bd_failures stayed '$f'"
+    fi
+  else
+    fail_check "the two noise passes did not seal at the same places ($n1 and $n2 blocks)"
+  fi
+  check "overwrite 1 MiB with zeros" dd if=/dev/zero of="$DEV" bs=1M count=1 oflag=direct
 
   # kill -9 while a writeback pass runs; then uzram recover
   check "write $MIB MiB again (direct)" dd if="$SRC" of="$DEV" bs=1M count="$MIB" oflag=direct

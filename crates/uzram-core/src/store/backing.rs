@@ -20,9 +20,13 @@
 //!   the device ([`BackingDevice::release`]: a hole punched in a file, a discard on a
 //!   partition) later, by a thread nothing waits for ([`Backing::release_freed`]).
 //!
-//! Known limit: a block rolled back to an older sealing of the same page at the same place
-//! (an attacker who can write the backing device and kept an old copy) still opens; the
-//! entry has no room to name the nonce it expects.
+//! - **Never rolled back.** A block's *floor* is the first nonce of the run that last wrote
+//!   it, recorded before that write is issued; every object the run holds has a nonce at or
+//!   above it, and every older sealing anywhere in the block (the same page at the same
+//!   place, from an earlier run: an attacker who can write the backing device and kept a
+//!   copy) has one below it, so it fails to open. The 8-byte entry has no room for the
+//!   nonce it expects; the floors (8 bytes a block) live beside the key, where a takeover
+//!   finds them ([`Nonces::Kept`]).
 
 use std::fmt;
 use std::io;
@@ -243,21 +247,37 @@ impl fmt::Debug for WritebackKey {
     }
 }
 
-/// The nonce counter: the store's own, or a word the caller keeps beyond the process (the
-/// daemon: in the store segment, next to the key).
+/// A device's nonces: the counter (the next nonce) and each block's floor (the lowest nonce
+/// an object in it may have, see the module docs).
 #[derive(Debug)]
-pub enum NonceCounter {
-    /// Lives as long as the store.
-    Owned(AtomicU64),
-    /// Kept by the caller; its value is the next nonce.
-    Kept(&'static AtomicU64),
+pub enum Nonces {
+    /// Both live as long as the store, from 0.
+    Owned,
+    /// Kept by the caller beyond the process (the daemon: the counter beside the key in the
+    /// store segment, the floors in a segment of their own), so that a takeover goes on from
+    /// them: `floors` has a word per block of the backing device.
+    Kept {
+        /// The next nonce.
+        next: &'static AtomicU64,
+        /// Each block's floor.
+        floors: &'static [AtomicU64],
+    },
 }
 
-impl NonceCounter {
-    fn next(&self) -> u64 {
+/// Words the store owns, or words the caller keeps.
+#[derive(Debug)]
+enum Words {
+    Owned(Box<[AtomicU64]>),
+    Kept(&'static [AtomicU64]),
+}
+
+impl std::ops::Deref for Words {
+    type Target = [AtomicU64];
+
+    fn deref(&self) -> &[AtomicU64] {
         match self {
-            NonceCounter::Owned(w) => w.fetch_add(1, Relaxed),
-            NonceCounter::Kept(w) => w.fetch_add(1, Relaxed),
+            Words::Owned(w) => w,
+            Words::Kept(w) => w,
         }
     }
 }
@@ -303,7 +323,10 @@ pub(crate) struct DiskCounters {
 pub(crate) struct Backing {
     device: Arc<dyn BackingDevice>,
     cipher: ChaCha20Poly1305,
-    nonces: NonceCounter,
+    /// The next nonce (one word).
+    next_nonce: Words,
+    /// Each block's floor (module docs).
+    floors: Words,
     /// Live objects touching each block.
     users: Box<[AtomicU32]>,
     /// Next-fit cursor; held while blocks are taken and while a freed block is claimed for
@@ -328,10 +351,22 @@ impl Backing {
     pub(crate) fn new(
         device: Arc<dyn BackingDevice>,
         key: &WritebackKey,
-        nonces: NonceCounter,
+        nonces: Nonces,
     ) -> Result<Self, CoreError> {
         let blocks = usize::try_from(device.blocks())
             .map_err(|_| CoreError::Config("the backing device is too large".into()))?;
+        let (next_nonce, floors) = match nonces {
+            Nonces::Owned => (Words::Owned(zeroed(1)?), Words::Owned(zeroed(blocks)?)),
+            Nonces::Kept { next, floors } => {
+                if floors.len() != blocks {
+                    return Err(CoreError::Config(format!(
+                        "the backing device's nonce floors cover {} blocks, and it has {blocks}",
+                        floors.len()
+                    )));
+                }
+                (Words::Kept(std::slice::from_ref(next)), Words::Kept(floors))
+            }
+        };
         let mut users = Vec::new();
         users
             .try_reserve_exact(blocks)
@@ -346,7 +381,8 @@ impl Backing {
         Ok(Self {
             device,
             cipher: ChaCha20Poly1305::new(Key::from_slice(&key.0)),
-            nonces,
+            next_nonce,
+            floors,
             users: users.into_boxed_slice(),
             cursor: Mutex::new(0),
             to_release,
@@ -466,9 +502,22 @@ impl Backing {
     /// at block `first`), and zeroes the last block's tail. `false` (never seen: the cipher
     /// refuses only messages of 256 GiB and more) if an object could not be sealed; the run
     /// then holds no plaintext either.
+    /// Before the first object is sealed, the run's blocks get their new floor, the first
+    /// nonce it will use: nonces only go up, so every object it seals is at or above it.
+    /// (The blocks are free and held by this run, so no live object is below it; a crash
+    /// before the write leaves them free.)
     fn seal(&self, run: &mut Run, first: u64) -> bool {
         let base = first * BLOCK_BYTES as u64;
         let len = run.blocks() as usize * BLOCK_BYTES;
+        let floor = self.next_nonce[0].load(Relaxed);
+        for f in self
+            .floors
+            .iter()
+            .skip(first as usize)
+            .take(run.blocks() as usize)
+        {
+            f.store(floor, Relaxed);
+        }
         let bytes = &mut run.blocks.as_mut_bytes()[..len];
         bytes[run.used..].fill(0);
         for h in &run.held {
@@ -476,7 +525,7 @@ impl Backing {
                 at: base + h.off as u64,
                 bytes: h.bytes,
             };
-            let nonce = self.nonces.next();
+            let nonce = self.next_nonce[0].fetch_add(1, Relaxed);
             let sealed = &mut bytes[h.off..h.off + at.sealed()];
             sealed[..NONCE_BYTES].copy_from_slice(&nonce.to_le_bytes());
             let (body, tag) = sealed[NONCE_BYTES..].split_at_mut(h.bytes);
@@ -540,9 +589,21 @@ impl Backing {
             .fetch_add(at.block_count() as u64, Relaxed);
         let mut nonce = [0u8; NONCE_BYTES];
         nonce.copy_from_slice(&sealed[..NONCE_BYTES]);
+        let nonce = u64::from_le_bytes(nonce);
+        let floor = self
+            .floors
+            .get(*at.blocks().start() as usize)
+            .map_or(u64::MAX, |f| f.load(Relaxed));
+        if nonce < floor {
+            return Err(self.failed(
+                index,
+                "its written-back block holds an older sealing than the one last written there \
+                 (rolled back on disk)",
+            ));
+        }
         let (body, tag) = sealed[NONCE_BYTES..].split_at_mut(at.bytes);
         let opened = self.cipher.decrypt_in_place_detached(
-            &nonce_of(u64::from_le_bytes(nonce)),
+            &nonce_of(nonce),
             &associated(index, at, recompressed),
             body,
             Tag::from_slice(tag),
@@ -714,6 +775,16 @@ impl Backing {
             source: crate::codec::CodecError::Corrupt(what.into()),
         }
     }
+}
+
+/// `n` zeroed words, or [`CoreError::NoMemory`].
+fn zeroed(n: usize) -> Result<Box<[AtomicU64]>, CoreError> {
+    let mut words = Vec::new();
+    words
+        .try_reserve_exact(n)
+        .map_err(|_| CoreError::NoMemory)?;
+    words.extend((0..n).map(|_| AtomicU64::new(0)));
+    Ok(words.into_boxed_slice())
 }
 
 fn nonce_of(counter: u64) -> Nonce {

@@ -45,7 +45,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 pub use self::backing::{
-    BackingDevice, BlockRun, NonceCounter, WritebackKey, BLOCK_BYTES, KEY_BYTES, MAX_OBJECT_BLOCKS,
+    BackingDevice, BlockRun, Nonces, WritebackKey, BLOCK_BYTES, KEY_BYTES, MAX_OBJECT_BLOCKS,
     RUNS_IN_FLIGHT, RUN_BLOCKS, SEAL_BYTES,
 };
 pub use self::disk_read::DiskRead;
@@ -1476,7 +1476,7 @@ impl PageStore {
         &self,
         device: Arc<dyn BackingDevice>,
         key: &WritebackKey,
-        nonces: NonceCounter,
+        nonces: Nonces,
     ) -> Result<u64, CoreError> {
         let backing = Backing::new(device, key, nonces)?;
         let scratch = Scratch::new()?;

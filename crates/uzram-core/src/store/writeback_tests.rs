@@ -152,7 +152,7 @@ fn idle_pass(max_pages: u64) -> Writeback {
 fn backed_store(disk: &Arc<MemDisk>) -> PageStore {
     let store = PageStore::new(StoreConfig::new(PAGES, Algorithm::Lz4)).unwrap();
     store
-        .attach_backing(disk.clone(), &KEY, NonceCounter::Owned(AtomicU64::new(0)))
+        .attach_backing(disk.clone(), &KEY, Nonces::Owned)
         .unwrap();
     store
 }
@@ -329,6 +329,8 @@ fn a_block_changed_on_disk_or_moved_fails_its_reads_and_only_those() {
 struct Kept {
     table: &'static [AtomicU64],
     nonces: &'static AtomicU64,
+    /// Each block's nonce floor, for a device of 1024 blocks.
+    floors: &'static [AtomicU64],
     cfg: StoreConfig,
     words: Vec<u64>,
     segments: HashMap<usize, Vec<u64>>,
@@ -341,6 +343,7 @@ impl Kept {
         let kept = Kept {
             table: Box::leak((0..len).map(|_| AtomicU64::new(0)).collect()),
             nonces: Box::leak(Box::new(AtomicU64::new(0))),
+            floors: Box::leak((0..1024).map(|_| AtomicU64::new(0)).collect()),
             cfg: StoreConfig::new(PAGES, Algorithm::Lz4),
             words: Vec::new(),
             segments: HashMap::new(),
@@ -348,9 +351,17 @@ impl Kept {
         let store =
             PageStore::new_persistent(kept.cfg.clone(), kept.persist(MemHome::default())).unwrap();
         store
-            .attach_backing(disk.clone(), &KEY, NonceCounter::Kept(kept.nonces))
+            .attach_backing(disk.clone(), &KEY, kept.nonces())
             .unwrap();
         (store, kept)
+    }
+
+    /// The kept nonce counter and floors, as a takeover attaches them.
+    fn nonces(&self) -> Nonces {
+        Nonces::Kept {
+            next: self.nonces,
+            floors: self.floors,
+        }
     }
 
     fn persist(&self, home: MemHome) -> Persistence {
@@ -398,7 +409,7 @@ fn a_taken_over_store_reads_its_written_back_pages_with_the_key_and_fails_withou
     let mut out = [0u8; PAGE_SIZE];
     assert!(store.read(0, &mut out).is_err() || store.read(PAGES - 1, &mut out).is_err());
     let adopted = store
-        .attach_backing(disk.clone(), &KEY, NonceCounter::Kept(nonces))
+        .attach_backing(disk.clone(), &KEY, kept.nonces())
         .unwrap();
     assert_eq!(adopted, PAGES / 2);
     reads_back(&store, 0);
@@ -414,11 +425,7 @@ fn a_taken_over_store_reads_its_written_back_pages_with_the_key_and_fails_withou
     // Another key opens nothing: every written-back page fails, none reads other data.
     let (store, _) = recovered();
     store
-        .attach_backing(
-            disk.clone(),
-            &WritebackKey([8; KEY_BYTES]),
-            NonceCounter::Kept(nonces),
-        )
+        .attach_backing(disk.clone(), &WritebackKey([8; KEY_BYTES]), kept.nonces())
         .unwrap();
     let failed = (0..PAGES)
         .filter(|&i| match store.read(i, &mut out) {
@@ -434,11 +441,88 @@ fn a_taken_over_store_reads_its_written_back_pages_with_the_key_and_fails_withou
 
     // A smaller device than the table's objects need is refused whole.
     let (store, _) = recovered();
+    let one_block = Nonces::Kept {
+        next: nonces,
+        floors: Box::leak(Box::new([AtomicU64::new(0)])),
+    };
     let err = store
-        .attach_backing(MemDisk::new(1), &KEY, NonceCounter::Kept(nonces))
+        .attach_backing(MemDisk::new(1), &KEY, one_block)
         .unwrap_err();
     assert!(matches!(err, CoreError::Damaged(_)), "{err}");
     assert!(!store.has_backing());
+    // Floors that do not cover the device are refused: they are not this device's.
+    let err = store
+        .attach_backing(
+            disk.clone(),
+            &KEY,
+            Nonces::Kept {
+                next: nonces,
+                floors: &kept.floors[..512],
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(err, CoreError::Config(_)), "{err}");
+    assert!(!store.has_backing());
+}
+
+/// The attack the floors stop: someone who can write the backing device keeps a copy of a
+/// page's blocks, and after the same page was sealed again at the same place (same index,
+/// place and length: the associated data matches) writes the old copy back. The old
+/// sealing's tag is good under the key; without the floors the page would read back its
+/// old content. In one process, and across a takeover (floors kept as the nonces are).
+#[test]
+fn a_block_rolled_back_to_an_older_sealing_of_the_same_page_at_the_same_place_fails() {
+    // Page 2 is noise: stored raw, so both rounds' objects have the same length.
+    let (old, new) = (page(2, 0), page(2, 1));
+    let mut out = [0u8; PAGE_SIZE];
+    let rolled_back =
+        |disk: &MemDisk, copy: &[Vec<u8>], store: &PageStore, out: &mut [u8; PAGE_SIZE]| {
+            for (b, data) in copy.iter().enumerate() {
+                disk.set_block(b, data);
+            }
+            let err = store
+                .read(2, out)
+                .expect_err("the rolled-back block opened");
+            assert_eq!(err.errno(), -5, "{err}");
+            assert!(format!("{err:?}").contains("rolled back"), "{err:?}");
+        };
+
+    // A device of two blocks: the raw page's sealed object needs both, so the second
+    // sealing can only go where the first one was.
+    let disk = MemDisk::new(2);
+    let store = backed_store(&disk);
+    store.write(2, &old).unwrap();
+    assert_eq!(store.writeback(idle_pass(u64::MAX)).unwrap().blocks, 2);
+    let copy = vec![disk.block(0), disk.block(1)];
+    store.write(2, &new).unwrap();
+    assert_eq!(store.writeback(idle_pass(u64::MAX)).unwrap().blocks, 2);
+    assert_ne!(copy[0], disk.block(0), "sealed again under another nonce");
+    store.read(2, &mut out).unwrap();
+    assert!(out == new);
+    rolled_back(&disk, &copy, &store, &mut out);
+    assert_eq!(store.stats().bd_failures, 1);
+
+    // Across a takeover: the new daemon's next-fit search starts at block 0 again, where
+    // the dead daemon sealed the page.
+    let disk = MemDisk::new(1024);
+    let (store, mut kept) = Kept::new(&disk);
+    store.write(2, &old).unwrap();
+    store.writeback(idle_pass(u64::MAX)).unwrap();
+    let copy = vec![disk.block(0), disk.block(1)];
+    kept.kill(store);
+    let (store, _) = kept.recovered();
+    store
+        .attach_backing(disk.clone(), &KEY, kept.nonces())
+        .unwrap();
+    store.read(2, &mut out).unwrap();
+    assert!(
+        out == old,
+        "the old sealing is the page's until it is written again"
+    );
+    store.write(2, &new).unwrap();
+    store.writeback(idle_pass(u64::MAX)).unwrap();
+    assert_ne!(copy[0], disk.block(0), "sealed again at block 0");
+    rolled_back(&disk, &copy, &store, &mut out);
 }
 
 #[test]
@@ -455,7 +539,7 @@ fn a_taken_over_store_gives_back_the_blocks_no_page_uses() {
     kept.kill(store);
     let (store, _) = kept.recovered();
     let adopted = store
-        .attach_backing(disk.clone(), &KEY, NonceCounter::Kept(kept.nonces))
+        .attach_backing(disk.clone(), &KEY, kept.nonces())
         .unwrap();
     assert_eq!(adopted, PAGES - PAGES / 4);
     // The dead daemon's frees died with it: nothing is marked.
@@ -511,7 +595,7 @@ fn a_page_freed_and_written_again_on_the_same_handle_during_writeback_keeps_the_
     cfg.raw_threshold = 1024;
     let store = Arc::new(PageStore::new(cfg).unwrap());
     store
-        .attach_backing(disk.clone(), &KEY, NonceCounter::Owned(AtomicU64::new(0)))
+        .attach_backing(disk.clone(), &KEY, Nonces::Owned)
         .unwrap();
     let (old, new) = (page(2, 0), page(2, 1));
     store.write(0, &old).unwrap();
@@ -672,7 +756,7 @@ fn written_back_pages_are_handed_out_read_by_the_caller_and_checked() {
     let (disk, path) = FileDisk::new("handed", 1024);
     let store = PageStore::new(StoreConfig::new(PAGES, Algorithm::Lz4)).unwrap();
     store
-        .attach_backing(disk.clone(), &KEY, NonceCounter::Owned(AtomicU64::new(0)))
+        .attach_backing(disk.clone(), &KEY, Nonces::Owned)
         .unwrap();
     filled(&store, 0);
     // Half the pages go to disk; a request of all of them defers exactly those.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use uzram_core::store::{NonceCounter, Writeback, WritebackCandidates};
+use uzram_core::store::{Nonces, Writeback, WritebackCandidates};
 use uzram_core::{PageStore, PAGE_SIZE};
 
 use super::queue_reads::{self, QueueReads};
@@ -65,7 +65,7 @@ pub fn measure(
 ) -> anyhow::Result<WrittenBack> {
     let file = BackingFile::open(path, store.pages())?;
     store
-        .attach_backing(Arc::new(file), &new_key()?, NonceCounter::Owned(0.into()))
+        .attach_backing(Arc::new(file), &new_key()?, Nonces::Owned)
         .context("attaching the backing file")?;
     let half = total / 2;
     // Every page idle, then the upper half used again: the pass takes the lower half only.

@@ -1,6 +1,6 @@
 //! Shared memory no device takes back: a store whose device is gone (or never came to be:
-//! its daemon was killed while it started), a GPU staging segment no store records, a
-//! recovery record of a device the kernel no longer has. `uzram list` names them and `uzram
+//! its daemon was killed while it started), a GPU staging or nonce floors segment no store
+//! records, a recovery record of a device the kernel no longer has. `uzram list` names them and `uzram
 //! destroy --all` frees them, so that no kill, at any instant, leaves locked memory behind
 //! that no command finds.
 //!
@@ -12,7 +12,7 @@ use crate::devname::{dev_path, in_kernel};
 use crate::shm;
 use crate::size::Human;
 use crate::takeover::record;
-use crate::takeover::{staging_segment, store_segment};
+use crate::takeover::{floors_segment, staging_segment, store_segment};
 
 /// One segment no device takes back.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,6 +30,7 @@ pub struct Leftover {
 enum Kind {
     Store,
     Staging,
+    Floors,
     Record(u32),
 }
 
@@ -80,6 +81,15 @@ pub fn find() -> Vec<Leftover> {
                 kind: Kind::Staging,
             });
         }
+        let recorded = stores.iter().any(|(_, f)| f.floors == Some(seg.id));
+        if !recorded && floors_segment::is_floors(seg.id) {
+            found.push(Leftover {
+                id: seg.id,
+                what: "backing device nonce floors that no store records".into(),
+                bytes: seg.size as u64,
+                kind: Kind::Floors,
+            });
+        }
     }
     found
 }
@@ -102,11 +112,12 @@ fn store_orphaned(id: i32, facts: &store_segment::StoreFacts) -> Option<String> 
     }
 }
 
-/// Frees `leftover` (its staging too, for a store).
+/// Frees `leftover` (its staging and floors too, for a store).
 pub fn free(leftover: &Leftover) {
     match leftover.kind {
         Kind::Store => store_segment::remove(leftover.id),
         Kind::Staging => staging_segment::remove(leftover.id),
+        Kind::Floors => floors_segment::remove(leftover.id),
         Kind::Record(device) => record::remove(device),
     }
 }
@@ -151,6 +162,26 @@ mod tests {
             .expect("the store is found");
         assert!(mine.what.contains("a device that is gone"), "{mine:?}");
         assert!(describe(mine).contains("uzram destroy --all"));
+        free(mine);
+        assert!(shm::stat(id).is_err(), "not freed");
+    }
+
+    #[test]
+    fn floors_no_store_records_are_found_and_freed() {
+        let Ok(floors) = floors_segment::FloorsSegment::create(64) else {
+            println!("SKIP: no SysV shared memory");
+            return;
+        };
+        let id = floors.id();
+        assert!(!find().iter().any(|l| l.id == id), "attached: in use");
+        // SAFETY: never used again; detaching is what a killed daemon's death does.
+        unsafe { floors.detach() };
+        let left = find();
+        let mine = left
+            .iter()
+            .find(|l| l.id == id)
+            .expect("the floors are found");
+        assert!(mine.what.contains("nonce floors"), "{mine:?}");
         free(mine);
         assert!(shm::stat(id).is_err(), "not freed");
     }

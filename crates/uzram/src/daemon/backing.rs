@@ -18,6 +18,10 @@
 //! - The key is random, made when the device first gets a backing device, and kept only in
 //!   the daemon's locked memory and the store's root-only segment (`store_segment.rs`), so
 //!   a recovered daemon opens what its predecessor wrote; it is never written to disk.
+//! - Each block's nonce floor (why: `uzram_core::store::backing`) lives in a root-only
+//!   segment of its own (`floors_segment.rs`, 8 bytes a block), which the store's segment
+//!   records, so a recovered daemon refuses blocks rolled back on disk as its predecessor
+//!   did.
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -29,12 +33,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use anyhow::{bail, Context};
 use io_uring::{opcode, types, IoUring};
 use uzram_core::store::{
-    BackingDevice, BlockRun, NonceCounter, PageStore, WritebackKey, BLOCK_BYTES, CHECKSUM_BYTES,
+    BackingDevice, BlockRun, Nonces, PageStore, WritebackKey, BLOCK_BYTES, CHECKSUM_BYTES,
     KEY_BYTES, RUNS_IN_FLIGHT, SEAL_BYTES,
 };
 use uzram_core::PAGE_SIZE;
 
 use crate::sys::disk;
+use crate::takeover::floors_segment::{self, FloorsSegment};
 use crate::takeover::store_segment::StoreSegment;
 
 /// An open backing file or partition.
@@ -439,7 +444,7 @@ pub fn attach(store: &PageStore, region: &StoreSegment, path: Option<&Path>) -> 
         return Ok(());
     };
     let file = Arc::new(BackingFile::open(path, store.pages())?);
-    let (key, nonces) = match region.writeback_key() {
+    let (key, next) = match region.writeback_key() {
         Some(kept) => kept,
         None => {
             let key = new_key()?;
@@ -447,8 +452,13 @@ pub fn attach(store: &PageStore, region: &StoreSegment, path: Option<&Path>) -> 
             (key, nonces)
         }
     };
+    let floors = kept_floors(region, file.blocks)?;
+    let nonces = Nonces::Kept {
+        next,
+        floors: floors.floors(),
+    };
     let adopted = store
-        .attach_backing(file.clone(), &key, NonceCounter::Kept(nonces))
+        .attach_backing(file.clone(), &key, nonces)
         .with_context(|| format!("attaching the backing device {}", path.display()))?;
     tracing::info!(
         path = %file.path.display(),
@@ -458,6 +468,33 @@ pub fn attach(store: &PageStore, region: &StoreSegment, path: Option<&Path>) -> 
         "writeback to the backing device"
     );
     Ok(())
+}
+
+/// The backing device's nonce floors (`floors_segment.rs`): the ones the store's region
+/// records, or new ones, recorded there. Recorded floors that cannot be taken over (not a
+/// floors segment, or for another size of device) are replaced by zeroed ones, with a
+/// warning: every sealing on the device then opens again until its block is written anew,
+/// as before floors existed; a store of a daemon that kept none gets zeroed ones too.
+fn kept_floors(region: &StoreSegment, blocks: u64) -> anyhow::Result<FloorsSegment> {
+    if let Some(id) = region.floors() {
+        match FloorsSegment::attach(id, blocks) {
+            Ok(floors) => return Ok(floors),
+            Err(error) => {
+                tracing::warn!(
+                    id,
+                    %error,
+                    "the recorded nonce floors cannot be taken over: blocks rolled back on disk \
+                     to an older sealing open until they are written again"
+                );
+                region.set_floors(None);
+                floors_segment::remove(id);
+            }
+        }
+    }
+    let floors = FloorsSegment::create(blocks)
+        .context("creating the shared memory for the backing device's nonce floors")?;
+    region.set_floors(Some(floors.id()));
+    Ok(floors)
 }
 
 /// How often the release thread gives emptied blocks back.

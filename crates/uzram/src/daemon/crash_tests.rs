@@ -236,12 +236,23 @@ fn verifier(shm: i32) {
     println!("RECOVERED in {:?}", t.elapsed());
     let (store, region) = (taken.store, taken.region);
     let backing = std::env::var(BACKING_ENV).ok();
+    let floors = region.floors();
+    assert_eq!(
+        floors.is_some(),
+        backing.is_some(),
+        "the writer recorded nonce floors exactly when it wrote back"
+    );
     super::backing::attach(
         &store,
         &region,
         backing.as_deref().map(std::path::Path::new),
     )
     .expect("the backing file of the killed writer");
+    assert_eq!(
+        region.floors(),
+        floors,
+        "the killed writer's nonce floors were taken over, not replaced"
+    );
     println!("BACKED {}", store.stats().bd_count);
     // As the daemon does once it serves.
     store.link_adopted_holes();

@@ -180,7 +180,7 @@ mod tests {
     use super::*;
     use std::sync::Arc;
     use uzram_core::codec::Algorithm;
-    use uzram_core::store::NonceCounter;
+    use uzram_core::store::Nonces;
     use uzram_core::{StoreConfig, PAGE_SIZE};
 
     #[test]
@@ -221,7 +221,7 @@ mod tests {
         let file = super::super::backing::BackingFile::open(&dir.join("wb"), pages).unwrap();
         let key = super::super::backing::new_key().unwrap();
         store
-            .attach_backing(Arc::new(file), &key, NonceCounter::Owned(0.into()))
+            .attach_backing(Arc::new(file), &key, Nonces::Owned)
             .unwrap();
         store
     }

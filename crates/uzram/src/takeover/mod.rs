@@ -1,8 +1,9 @@
 //! Crash and handover: what outlives a daemon, and how the next one takes the device over.
 //!
-//! - [`store_segment`] and [`staging_segment`]: the store (page table, arena blocks, recovery
-//!   room) and the GPU staging in root-only SysV shared memory, checked on every attach; one
-//!   [`segment::SegmentError`] for both.
+//! - [`store_segment`], [`staging_segment`] and [`floors_segment`]: the store (page table,
+//!   arena blocks, recovery room), the GPU staging and the backing device's nonce floors in
+//!   root-only SysV shared memory, checked on every attach; one [`segment::SegmentError`] for
+//!   all.
 //! - [`record`]: a device's recovery record: typed settings, validated as a config file is.
 //! - [`orphan`]: finding a device whose daemon died, and giving its recovery room back.
 //! - [`carry`]: the counters a daemon leaves for the next one.
@@ -11,6 +12,7 @@
 //! - [`pause`]: the I/O pause of a takeover, step by step.
 
 pub mod carry;
+pub mod floors_segment;
 pub mod leave;
 pub mod orphan;
 pub mod pause;

@@ -1,4 +1,5 @@
-//! Why a store or staging segment could not be made or taken over: one error for both.
+//! What the store's, the staging's and the floors' segments share: one error for why one
+//! could not be made or taken over, and making, taking over and removing a locked one.
 
 /// Why a segment could not be made or taken over.
 #[derive(Debug, thiserror::Error)]
@@ -32,4 +33,79 @@ pub fn sys(what: &'static str) -> impl FnOnce(std::io::Error) -> SegmentError {
 /// A segment that is not one this daemon can take over, and why.
 pub fn foreign(id: i32, why: String) -> SegmentError {
     SegmentError::Foreign { id, why }
+}
+
+/// A new root-only segment of `len` bytes that starts with `header`, locked (`SHM_LOCK`) and
+/// populated (`mlock`, failing as `populating`), mapped for the rest of the process: its id
+/// and the mapping's address. With `scratch`, it is marked for removal before anything of it
+/// is locked or touched (it goes with this process, however it ends); otherwise its header
+/// says what it is before it is locked, so that `uzram list` finds it should this process die
+/// before a store records it. On failure nothing is left behind.
+pub fn create_locked<H: Copy>(
+    len: usize,
+    header: H,
+    scratch: bool,
+    populating: &'static str,
+) -> Result<(i32, usize), SegmentError> {
+    assert!(
+        std::mem::size_of::<H>() <= len,
+        "a header longer than its segment"
+    );
+    let id = crate::shm::create(len)?;
+    let mapped = crate::shm::Attached::map(id, false);
+    if scratch || mapped.is_err() {
+        remove_logged(id);
+    }
+    let base = mapped?.keep();
+    // SAFETY: the header lies in our fresh read-write mapping of `len` bytes (asserted above);
+    // nobody else knows the segment yet.
+    unsafe { std::ptr::write_volatile(base as *mut H, header) };
+    let made = crate::shm::lock(id)
+        .map_err(SegmentError::from)
+        .and_then(|()| crate::sys::memory::lock(base, len).map_err(sys(populating)));
+    if let Err(e) = made {
+        remove_logged(id);
+        // SAFETY: our own mapping, made above; nothing of it was handed out.
+        unsafe { crate::shm::detach(base) };
+        return Err(e);
+    }
+    Ok((id, base))
+}
+
+/// Takes over segment `id`, whose `header` (`len` bytes in all) the caller read and checked
+/// through a read-only mapping: locks it, maps it for the rest of the process, reads the
+/// header again through the new mapping (what the caller's slices will rely on) and
+/// populates it (`mlock`, failing as `populating`). Returns the mapping's address; on failure
+/// nothing stays mapped and the segment is left as it was.
+pub fn attach_locked<H: Copy + PartialEq>(
+    id: i32,
+    header: H,
+    len: usize,
+    populating: &'static str,
+) -> Result<usize, SegmentError> {
+    crate::shm::lock(id)?;
+    let base = crate::shm::Attached::map(id, false)?.keep();
+    // SAFETY: the caller checked that the segment holds at least a header (`len` bytes).
+    let again = unsafe { std::ptr::read_volatile(base as *const H) };
+    let populated = if again == header {
+        crate::sys::memory::lock(base, len).map_err(sys(populating))
+    } else {
+        Err(foreign(
+            id,
+            "its header changed while it was taken over".into(),
+        ))
+    };
+    if let Err(e) = populated {
+        // SAFETY: our own mapping, made above; nothing refers to it.
+        unsafe { crate::shm::detach(base) };
+        return Err(e);
+    }
+    Ok(base)
+}
+
+/// Marks segment `id` for removal, logging a failure.
+pub fn remove_logged(id: i32) {
+    if let Err(error) = crate::shm::remove(id) {
+        tracing::warn!(id, %error, "removing a shared memory segment failed");
+    }
 }

@@ -14,19 +14,20 @@
 //! itself. The segment is locked (`SHM_LOCK`) and populated: writers copy pages into it on
 //! the I/O path, where a page fault under memory pressure could deadlock the device.
 
-use std::ptr;
 use std::sync::atomic::AtomicU64;
 
 use uzram_core::batch::{book_words, StagedCopy};
 use uzram_core::PAGE_WORDS;
 
-use super::segment::{foreign, sys, SegmentError};
+use super::segment::{attach_locked, create_locked, foreign, remove_logged, SegmentError};
 
 const MAGIC: [u8; 8] = *b"UZRAMSG1";
 /// Layout 2: the books hold each staged page's checksum.
 const VERSION: u32 = 2;
 const HEADER: usize = 4096;
 const ALIGN: usize = 4096;
+/// How a failed `mlock` of the segment is named.
+const POPULATING: &str = "mlock (the GPU staging)";
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,57 +114,16 @@ impl StagingSegment {
             source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
         })?;
         let len = usize::try_from(header.len).map_err(|_| foreign(-1, "too large".into()))?;
-        let id = crate::shm::create(len)?;
-        let mapped = crate::shm::Attached::map(id, false);
-        if scratch || mapped.is_err() {
-            remove_ours(id);
-        }
-        let base = mapped?.keep();
-        // SAFETY: the header page lies in our fresh read-write mapping; nobody else knows
-        // the segment yet.
-        unsafe { ptr::write_volatile(base as *mut Header, header) };
-        let staging = StagingSegment { id, base, header };
-        let made = crate::shm::lock(id)
-            .map_err(SegmentError::from)
-            .and_then(|()| staging.populate());
-        if let Err(e) = made {
-            remove_ours(id);
-            // SAFETY: nothing of the segment was handed out.
-            unsafe { staging.detach() };
-            return Err(e);
-        }
-        Ok(staging)
+        let (id, base) = create_locked(len, header, scratch, POPULATING)?;
+        Ok(StagingSegment { id, base, header })
     }
 
     /// Takes over segment `id`, the staging of a daemon that is gone. A segment that is not
     /// one is left as it was.
     pub fn attach(id: i32) -> Result<StagingSegment, SegmentError> {
         let header = header_of(id)?;
-        crate::shm::lock(id)?;
-        let base = crate::shm::Attached::map(id, false)?.keep();
-        // The header again, through our mapping: what the slices below rely on.
-        // SAFETY: the segment is at least a header page long (checked above).
-        if unsafe { ptr::read_volatile(base as *const Header) } != header {
-            // SAFETY: our own mapping, made above; nothing refers to it.
-            unsafe { crate::shm::detach(base) };
-            return Err(foreign(
-                id,
-                "its header changed while it was taken over".into(),
-            ));
-        }
-        let staging = StagingSegment { id, base, header };
-        if let Err(e) = staging.populate() {
-            // SAFETY: `staging` handed out no slice of its memory yet.
-            unsafe { staging.detach() };
-            return Err(e);
-        }
-        Ok(staging)
-    }
-
-    /// Faults every page in and keeps it in (see the module docs).
-    fn populate(&self) -> Result<(), SegmentError> {
-        crate::sys::memory::lock(self.base, self.header.len as usize)
-            .map_err(sys("mlock (the GPU staging)"))
+        let base = attach_locked(id, header, header.len as usize, POPULATING)?;
+        Ok(StagingSegment { id, base, header })
     }
 
     /// The segment id.
@@ -230,14 +190,8 @@ pub fn is_staging(id: i32) -> bool {
 /// reused) is left alone.
 pub fn remove(id: i32) {
     match header_of(id) {
-        Ok(_) => remove_ours(id),
+        Ok(_) => remove_logged(id),
         Err(error) => tracing::warn!(id, %error, "not removing the recorded GPU staging"),
-    }
-}
-
-fn remove_ours(id: i32) {
-    if let Err(error) = crate::shm::remove(id) {
-        tracing::warn!(id, %error, "removing the GPU staging's shared memory failed");
     }
 }
 
@@ -291,7 +245,7 @@ mod tests {
             crate::shm::stat(id).is_ok(),
             "someone else's segment was removed"
         );
-        remove_ours(id);
+        remove_logged(id);
         assert!(crate::shm::stat(id).is_err());
     }
 

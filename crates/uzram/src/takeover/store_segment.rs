@@ -61,6 +61,11 @@ const UNIT: usize = crate::footprint::UNIT;
 /// an older daemon has 0 there).
 const STAGING_OFF: usize = 2048;
 const STAGING_TAG: u64 = 0x5354_4147 << 32;
+/// Where the id of the backing device's nonce floors segment (`floors_segment.rs`) is
+/// recorded, as the staging's is: [`FLOORS_TAG`] above the id (0: none; a region of an older
+/// daemon has 0 there).
+const FLOORS_OFF: usize = 2056;
+const FLOORS_TAG: u64 = 0x464c_4f52 << 32; // "FLOR"
 /// Where the device's writeback key and nonce counter live (`daemon/backing.rs`): a word
 /// with [`WRITEBACK_TAG`] once they are set (0: none; an older daemon has 0 there), the
 /// next nonce, then the key's 32 bytes. The segment is root's alone (0600, checked on every
@@ -73,7 +78,8 @@ const WRITEBACK_WORDS: usize = 2 + uzram_core::store::KEY_BYTES / 8;
 const CARRY_OFF: usize = 4096;
 const _: () = assert!(
     std::mem::size_of::<Header>() <= STAGING_OFF
-        && STAGING_OFF + 8 <= WRITEBACK_OFF
+        && STAGING_OFF + 8 <= FLOORS_OFF
+        && FLOORS_OFF + 8 <= WRITEBACK_OFF
         && WRITEBACK_OFF + WRITEBACK_WORDS * 8 <= CARRY_OFF
         && CARRY_OFF + crate::takeover::carry::WORDS * 8 <= UNIT
 );
@@ -469,6 +475,23 @@ impl StoreSegment {
         self.staging_word().store(word, Ordering::Release);
     }
 
+    fn floors_word(&self) -> &AtomicU64 {
+        // SAFETY: as for `staging_word`: in the header's unit, 8-aligned, atomic only.
+        unsafe { &*((self.base + FLOORS_OFF) as *const AtomicU64) }
+    }
+
+    /// The backing device's nonce floors segment, if the device has one
+    /// (`floors_segment.rs`).
+    pub fn floors(&self) -> Option<i32> {
+        floors_id(self.floors_word().load(Ordering::Acquire))
+    }
+
+    /// Records the backing device's nonce floors segment (`None`: it has none).
+    pub fn set_floors(&self, id: Option<i32>) {
+        let word = id.map_or(0, |id| FLOORS_TAG | u64::from(id as u32));
+        self.floors_word().store(word, Ordering::Release);
+    }
+
     fn writeback_words(&self) -> &'static [AtomicU64] {
         // SAFETY: the header's unit lies in the mapping (see `carried_counters`); the words
         // are 8-aligned, only ever accessed atomically, and the mapping is never detached.
@@ -744,10 +767,14 @@ fn staging_id(word: u64) -> Option<i32> {
     (word & 0xffff_ffff_0000_0000 == STAGING_TAG).then_some(word as u32 as i32)
 }
 
-/// Marks store segment `id` for removal, and the GPU staging segment it records: they go
-/// once no process has them attached (at once when none has). For a deleted device's store.
-/// A segment that is not a uzram store, root's alone (its id was freed and reused), is left
-/// as it is.
+fn floors_id(word: u64) -> Option<i32> {
+    (word & 0xffff_ffff_0000_0000 == FLOORS_TAG).then_some(word as u32 as i32)
+}
+
+/// Marks store segment `id` for removal, and the GPU staging and nonce floors segments it
+/// records: they go once no process has them attached (at once when none has). For a
+/// deleted device's store. A segment that is not a uzram store, root's alone (its id was
+/// freed and reused), is left as it is.
 pub fn remove(id: i32) {
     match crate::shm::peek::<Header>(id, 0) {
         Ok(h) if h.magic == MAGIC => {}
@@ -765,6 +792,12 @@ pub fn remove(id: i32) {
         .and_then(staging_id)
     {
         crate::takeover::staging_segment::remove(staging);
+    }
+    if let Some(floors) = crate::shm::peek::<u64>(id, FLOORS_OFF)
+        .ok()
+        .and_then(floors_id)
+    {
+        crate::takeover::floors_segment::remove(floors);
     }
     if let Err(error) = crate::shm::remove(id) {
         tracing::warn!(id, %error, "removing the store's shared memory failed");
@@ -786,6 +819,8 @@ pub struct StoreFacts {
     pub pages: u64,
     /// The GPU staging segment it records.
     pub staging: Option<i32>,
+    /// The nonce floors segment it records.
+    pub floors: Option<i32>,
 }
 
 /// The facts of segment `id` if it is a uzram store (root's alone).
@@ -800,6 +835,9 @@ pub fn store_facts(id: i32) -> Option<StoreFacts> {
         staging: crate::shm::peek::<u64>(id, STAGING_OFF)
             .ok()
             .and_then(staging_id),
+        floors: crate::shm::peek::<u64>(id, FLOORS_OFF)
+            .ok()
+            .and_then(floors_id),
     })
 }
 
@@ -861,6 +899,7 @@ impl SegmentHome for Home {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::takeover::floors_segment::FloorsSegment;
     use crate::takeover::staging_segment::StagingSegment;
 
     const DEVICE: u32 = 7;
@@ -885,31 +924,44 @@ mod tests {
     }
 
     #[test]
-    fn removing_a_store_removes_its_staging() {
+    fn removing_a_store_removes_its_staging_and_floors() {
         let Some(region) = small_region() else {
             return;
         };
         assert_eq!(region.staging(), None, "a new store has no staging");
+        assert_eq!(region.floors(), None, "a new store has no floors");
         let staging = StagingSegment::create(1, 1, false).expect("a staging segment");
         let id = staging.id();
         region.set_staging(Some(id));
         assert_eq!(region.staging(), Some(id));
+        let floors = FloorsSegment::create(8).expect("a floors segment");
+        region.set_floors(Some(floors.id()));
+        assert_eq!(region.floors(), Some(floors.id()));
         let again = StoreSegment::attach(region.id(), expected()).unwrap();
         assert_eq!(again.staging(), Some(id));
+        assert_eq!(again.floors(), Some(floors.id()));
         assert_eq!(
             store_facts(region.id()),
             Some(StoreFacts {
                 device: DEVICE,
                 pages: 16,
-                staging: Some(id)
+                staging: Some(id),
+                floors: Some(floors.id()),
             })
         );
-        // SAFETY: nothing uses the segment's memory.
-        unsafe { staging.detach() };
+        let floors_id = floors.id();
+        // SAFETY: nothing uses the segments' memory.
+        unsafe {
+            staging.detach();
+            floors.detach();
+        }
         remove(region.id());
         assert!(!exists(id), "the staging segment outlived its store");
+        assert!(!exists(floors_id), "the floors segment outlived its store");
         region.set_staging(None);
         assert_eq!(region.staging(), None);
+        region.set_floors(None);
+        assert_eq!(region.floors(), None);
     }
 
     #[test]

@@ -245,7 +245,7 @@ mod tests {
         use crate::ublk::server::{RequestCounters, Server};
         use std::sync::Arc;
         use uzram_core::codec::Algorithm;
-        use uzram_core::store::{NonceCounter, Writeback, WritebackCandidates};
+        use uzram_core::store::{Nonces, Writeback, WritebackCandidates};
         use uzram_core::StoreConfig;
 
         let dir = std::env::temp_dir().join(format!("uzram-disk-reads-{}", std::process::id()));
@@ -273,7 +273,7 @@ mod tests {
         let file = crate::daemon::backing::BackingFile::open(&dir.join("wb"), PAGES).unwrap();
         let key = crate::daemon::backing::new_key().unwrap();
         store
-            .attach_backing(Arc::new(file), &key, NonceCounter::Owned(0.into()))
+            .attach_backing(Arc::new(file), &key, Nonces::Owned)
             .unwrap();
         for i in 0..PAGES {
             store.write_pages(i, &page(i)).unwrap();
