@@ -502,6 +502,7 @@ impl Backing {
     /// at block `first`), and zeroes the last block's tail. `false` (never seen: the cipher
     /// refuses only messages of 256 GiB and more) if an object could not be sealed; the run
     /// then holds no plaintext either.
+    ///
     /// Before the first object is sealed, the run's blocks get their new floor, the first
     /// nonce it will use: nonces only go up, so every object it seals is at or above it.
     /// (The blocks are free and held by this run, so no live object is below it; a crash
