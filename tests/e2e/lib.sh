@@ -239,6 +239,14 @@ scratch_disk() {
 #   swap. The 7.3 boots pass 200 (scripts/test). Four interleaved pairs of that boot:
 #   hog 52.7-57.1 s at 10, 47.7-50.3 s at 200; pgscan_direct 0.82-1.00 million against
 #   0.62-0.84; allocstall 70-87 against 52-83; no OOM in either (README, swap tuning).
+# cgroup_for_hog NAME MIB: a memory cgroup /sys/fs/cgroup/NAME whose memory.max is MIB
+# (cgroup2 mounted if it is not); false when the kernel has none.
+cgroup_for_hog() {
+  [ -e /sys/fs/cgroup/cgroup.controllers ] || mount -t cgroup2 none /sys/fs/cgroup 2>/dev/null || return 1
+  grep -qw memory /sys/fs/cgroup/cgroup.controllers || return 1
+  echo +memory > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
+  mkdir -p "/sys/fs/cgroup/$1" && echo "$2M" > "/sys/fs/cgroup/$1/memory.max"
+}
 hog_swap_device() {
   AVAIL0=$(mem_avail_mib)
   SIZE_MIB=${UZ_swap_dev_mib:-$(((AVAIL0 * 2 + 16) * 5 / 4))}
