@@ -367,25 +367,14 @@ impl Backing {
                 (Words::Kept(std::slice::from_ref(next)), Words::Kept(floors))
             }
         };
-        let mut users = Vec::new();
-        users
-            .try_reserve_exact(blocks)
-            .map_err(|_| CoreError::NoMemory)?;
-        users.extend((0..blocks).map(|_| AtomicU32::new(0)));
-        let mut to_release = Vec::new();
-        to_release
-            .try_reserve_exact(blocks.div_ceil(64))
-            .map_err(|_| CoreError::NoMemory)?;
-        to_release.extend((0..blocks.div_ceil(64)).map(|_| AtomicU64::new(0)));
-        let to_release = to_release.into_boxed_slice();
         Ok(Self {
             device,
             cipher: ChaCha20Poly1305::new(Key::from_slice(&key.0)),
             next_nonce,
             floors,
-            users: users.into_boxed_slice(),
+            users: zeroed(blocks)?,
             cursor: Mutex::new(0),
-            to_release,
+            to_release: zeroed(blocks.div_ceil(64))?,
             counters: DiskCounters::default(),
         })
     }
@@ -778,13 +767,13 @@ impl Backing {
     }
 }
 
-/// `n` zeroed words, or [`CoreError::NoMemory`].
-fn zeroed(n: usize) -> Result<Box<[AtomicU64]>, CoreError> {
+/// `n` zeroed atomics (their `Default`), or [`CoreError::NoMemory`].
+fn zeroed<T: Default>(n: usize) -> Result<Box<[T]>, CoreError> {
     let mut words = Vec::new();
     words
         .try_reserve_exact(n)
         .map_err(|_| CoreError::NoMemory)?;
-    words.extend((0..n).map(|_| AtomicU64::new(0)));
+    words.extend((0..n).map(|_| T::default()));
     Ok(words.into_boxed_slice())
 }
 

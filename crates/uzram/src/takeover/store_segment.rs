@@ -458,38 +458,41 @@ impl StoreSegment {
         self.id
     }
 
-    fn staging_word(&self) -> &AtomicU64 {
-        // SAFETY: the header's unit lies in the mapping (see `carried_counters`); the word is
+    fn recorded_word(&self, record: Recorded) -> &AtomicU64 {
+        // SAFETY: the header's unit lies in the mapping (see `carried_counters`); the word at
+        // `record.off` (STAGING_OFF or FLOORS_OFF, inside it by the assertion above) is
         // 8-aligned, only ever accessed atomically, and the mapping is never detached.
-        unsafe { &*((self.base + STAGING_OFF) as *const AtomicU64) }
+        unsafe { &*((self.base + record.off) as *const AtomicU64) }
+    }
+
+    fn recorded(&self, record: Recorded) -> Option<i32> {
+        record.id(self.recorded_word(record).load(Ordering::Acquire))
+    }
+
+    fn record(&self, record: Recorded, id: Option<i32>) {
+        let word = id.map_or(0, |id| record.tag | u64::from(id as u32));
+        self.recorded_word(record).store(word, Ordering::Release);
     }
 
     /// The device's GPU staging segment, if it has one (`staging_segment.rs`).
     pub fn staging(&self) -> Option<i32> {
-        staging_id(self.staging_word().load(Ordering::Acquire))
+        self.recorded(STAGING)
     }
 
     /// Records the device's GPU staging segment (`None`: it has none).
     pub fn set_staging(&self, id: Option<i32>) {
-        let word = id.map_or(0, |id| STAGING_TAG | u64::from(id as u32));
-        self.staging_word().store(word, Ordering::Release);
-    }
-
-    fn floors_word(&self) -> &AtomicU64 {
-        // SAFETY: as for `staging_word`: in the header's unit, 8-aligned, atomic only.
-        unsafe { &*((self.base + FLOORS_OFF) as *const AtomicU64) }
+        self.record(STAGING, id);
     }
 
     /// The backing device's nonce floors segment, if the device has one
     /// (`floors_segment.rs`).
     pub fn floors(&self) -> Option<i32> {
-        floors_id(self.floors_word().load(Ordering::Acquire))
+        self.recorded(FLOORS)
     }
 
     /// Records the backing device's nonce floors segment (`None`: it has none).
     pub fn set_floors(&self, id: Option<i32>) {
-        let word = id.map_or(0, |id| FLOORS_TAG | u64::from(id as u32));
-        self.floors_word().store(word, Ordering::Release);
+        self.record(FLOORS, id);
     }
 
     fn writeback_words(&self) -> &'static [AtomicU64] {
@@ -763,12 +766,35 @@ impl Drop for MappedRoom {
     }
 }
 
-fn staging_id(word: u64) -> Option<i32> {
-    (word & 0xffff_ffff_0000_0000 == STAGING_TAG).then_some(word as u32 as i32)
+/// Another segment a store records: a word of the header's unit at `off`, `tag` above the
+/// segment's id (0: none).
+#[derive(Debug, Clone, Copy)]
+struct Recorded {
+    off: usize,
+    tag: u64,
 }
 
-fn floors_id(word: u64) -> Option<i32> {
-    (word & 0xffff_ffff_0000_0000 == FLOORS_TAG).then_some(word as u32 as i32)
+const STAGING: Recorded = Recorded {
+    off: STAGING_OFF,
+    tag: STAGING_TAG,
+};
+const FLOORS: Recorded = Recorded {
+    off: FLOORS_OFF,
+    tag: FLOORS_TAG,
+};
+
+impl Recorded {
+    /// The id `word` records, if it carries the tag.
+    fn id(self, word: u64) -> Option<i32> {
+        (word & 0xffff_ffff_0000_0000 == self.tag).then_some(word as u32 as i32)
+    }
+
+    /// The id store segment `store` records, read without attaching it for good.
+    fn peek(self, store: i32) -> Option<i32> {
+        crate::shm::peek::<u64>(store, self.off)
+            .ok()
+            .and_then(|w| self.id(w))
+    }
 }
 
 /// Marks store segment `id` for removal, and the GPU staging and nonce floors segments it
@@ -787,16 +813,10 @@ pub fn remove(id: i32) {
             return;
         }
     }
-    if let Some(staging) = crate::shm::peek::<u64>(id, STAGING_OFF)
-        .ok()
-        .and_then(staging_id)
-    {
+    if let Some(staging) = STAGING.peek(id) {
         crate::takeover::staging_segment::remove(staging);
     }
-    if let Some(floors) = crate::shm::peek::<u64>(id, FLOORS_OFF)
-        .ok()
-        .and_then(floors_id)
-    {
+    if let Some(floors) = FLOORS.peek(id) {
         crate::takeover::floors_segment::remove(floors);
     }
     if let Err(error) = crate::shm::remove(id) {
@@ -832,12 +852,8 @@ pub fn store_facts(id: i32) -> Option<StoreFacts> {
     Some(StoreFacts {
         device: header.device,
         pages: header.pages,
-        staging: crate::shm::peek::<u64>(id, STAGING_OFF)
-            .ok()
-            .and_then(staging_id),
-        floors: crate::shm::peek::<u64>(id, FLOORS_OFF)
-            .ok()
-            .and_then(floors_id),
+        staging: STAGING.peek(id),
+        floors: FLOORS.peek(id),
     })
 }
 
