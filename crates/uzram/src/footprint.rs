@@ -5,6 +5,7 @@
 //! is refused before anything is taken ([`Upfront::check`]): a typo in a size (16T for 16G)
 //! once locked a 32 GiB page table in a 1 GiB guest, and the kernel panicked.
 
+use uzram_core::store::BLOCK_BYTES;
 use uzram_core::{PageStore, PAGE_SIZE};
 
 /// The unit a store's region is laid out in, and the pool's block.
@@ -138,6 +139,40 @@ impl Sizes {
 /// and what the device's pages are swapped out of.
 pub const MAX_SHARE_DIVISOR: u64 = 4;
 
+/// A device's backing device (`writeback-device`), as far as its up-front memory goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writeback {
+    /// None is configured.
+    None,
+    /// A backing file made for the device ([`crate::daemon::backing::file_bytes`]): its
+    /// blocks follow the device's size. What the configuration alone tells.
+    File,
+    /// A backing device of this many blocks: a partition, or a file that was larger, once it
+    /// is open.
+    Blocks(u64),
+}
+
+impl Writeback {
+    /// The backing device's blocks for a device of `pages` pages.
+    fn blocks(self, pages: u64) -> u64 {
+        match self {
+            Writeback::None => 0,
+            Writeback::File => crate::daemon::backing::file_bytes(pages) / BLOCK_BYTES as u64,
+            Writeback::Blocks(blocks) => blocks,
+        }
+    }
+}
+
+/// The locked memory a backing device of `blocks` blocks costs a daemon: its nonce floors'
+/// segment and the store's use counts and release bits (12 bytes a 4 KiB block, 3 MiB a GiB).
+pub fn backing_bytes(blocks: u64) -> u64 {
+    if blocks == 0 {
+        return 0;
+    }
+    PageStore::backing_records_bytes(blocks)
+        .saturating_add(crate::takeover::floors_segment::bytes_for(blocks))
+}
+
 /// A device's up-front memory, part by part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Upfront {
@@ -150,34 +185,39 @@ pub struct Upfront {
     pub buffers: u64,
     /// The GPU ring's pinned memory (0 without a GPU backend).
     pub gpu: u64,
+    /// The backing device's records ([`backing_bytes`]; 0 without one).
+    pub backing: u64,
 }
 
 impl Upfront {
-    /// The up-front memory of a device of `size` bytes with `queues` of `depth` tags and
-    /// `gpu` bytes of pinned GPU memory; `None` when it overflows.
-    pub fn of(size: u64, queues: u16, depth: u16, gpu: u64) -> Option<Upfront> {
+    /// The up-front memory of a device of `size` bytes with `queues` of `depth` tags,
+    /// `gpu` bytes of pinned GPU memory and `writeback`'s backing device (whose passes'
+    /// buffers are made when it is attached, so that a pass allocates nothing); `None` when
+    /// it overflows.
+    pub fn of(
+        size: u64,
+        queues: u16,
+        depth: u16,
+        gpu: u64,
+        writeback: Writeback,
+    ) -> Option<Upfront> {
         let pages = size.div_ceil(PAGE_SIZE as u64);
         let room = room_bytes(queues, depth, IO_BUF_BYTES);
         let offsets = Sizes::of(pages, room)?.offsets()?;
-        let buffers =
-            HEAP_RESERVE as u64 + u64::from(queues) * u64::from(depth) * u64::from(IO_BUF_BYTES);
+        let scratch = match writeback {
+            Writeback::None => 0,
+            Writeback::File | Writeback::Blocks(_) => PageStore::WRITEBACK_SCRATCH_BYTES as u64,
+        };
+        let buffers = HEAP_RESERVE as u64
+            + u64::from(queues) * u64::from(depth) * u64::from(IO_BUF_BYTES)
+            + scratch;
         Some(Upfront {
             table: offsets.room_off as u64,
             room: room as u64,
             buffers,
             gpu,
+            backing: backing_bytes(writeback.blocks(pages)),
         })
-    }
-
-    /// The same with a backing device (`writeback-device`): its passes' buffers are made
-    /// when it is attached, so that a pass allocates nothing.
-    pub fn with_writeback(mut self, writeback: bool) -> Self {
-        if writeback {
-            self.buffers = self
-                .buffers
-                .saturating_add(PageStore::WRITEBACK_SCRATCH_BYTES as u64);
-        }
-        self
     }
 
     /// Every part together.
@@ -186,6 +226,7 @@ impl Upfront {
             .saturating_add(self.room)
             .saturating_add(self.buffers)
             .saturating_add(self.gpu)
+            .saturating_add(self.backing)
     }
 
     /// `Ok` when a host of `ram` bytes can hold it ([`MAX_SHARE_DIVISOR`]); otherwise the
@@ -206,13 +247,13 @@ impl Upfront {
         queues: u16,
         depth: u16,
         gpu: u64,
-        writeback: bool,
+        writeback: Writeback,
         most: u64,
         limit: u64,
     ) -> Option<u64> {
         let fits = |pages: u64| {
-            Upfront::of(pages * PAGE_SIZE as u64, queues, depth, gpu)
-                .is_some_and(|u| u.with_writeback(writeback).total() <= most)
+            Upfront::of(pages * PAGE_SIZE as u64, queues, depth, gpu, writeback)
+                .is_some_and(|u| u.total() <= most)
         };
         let (mut lo, mut hi) = (1u64, limit / PAGE_SIZE as u64);
         if !fits(lo) {
@@ -276,27 +317,64 @@ mod tests {
     #[test]
     fn a_16t_device_does_not_fit_a_small_host_and_the_largest_that_fits_does() {
         let gib = 1u64 << 30;
-        let u = Upfront::of(16 << 40, 2, 64, 0).unwrap();
+        let u = Upfront::of(16 << 40, 2, 64, 0, Writeback::None).unwrap();
         // 8 bytes of table a page: 32 GiB for 16 TiB.
         assert!(u.table > 32 * gib, "{u:?}");
         assert_eq!(u.check(gib), Err(gib / 4));
-        let largest = Upfront::largest_size(2, 64, 0, false, gib / 4, 16 << 40).unwrap();
-        let fits = Upfront::of(largest, 2, 64, 0).unwrap();
+        let largest = Upfront::largest_size(2, 64, 0, Writeback::None, gib / 4, 16 << 40).unwrap();
+        let fits = Upfront::of(largest, 2, 64, 0, Writeback::None).unwrap();
         assert!(fits.check(gib).is_ok(), "{fits:?}");
-        let over = Upfront::of(largest + PAGE_SIZE as u64, 2, 64, 0).unwrap();
+        let over = Upfront::of(largest + PAGE_SIZE as u64, 2, 64, 0, Writeback::None).unwrap();
         assert!(over.check(gib).is_err());
         // A guest's device of 1 GiB fits its 449 MiB; 128 MiB of pinned GPU memory on top
         // does not.
         let guest = 449 << 20;
-        assert!(Upfront::of(gib, 2, 64, 0).unwrap().check(guest).is_ok());
-        assert!(Upfront::of(gib, 2, 64, 128 << 20)
+        assert!(Upfront::of(gib, 2, 64, 0, Writeback::None)
+            .unwrap()
+            .check(guest)
+            .is_ok());
+        assert!(Upfront::of(gib, 2, 64, 128 << 20, Writeback::None)
             .unwrap()
             .check(guest)
             .is_err());
         // Settings that alone pass the share leave no size at all.
         assert_eq!(
-            Upfront::largest_size(2, 64, gib, false, gib / 4, 16 << 40),
+            Upfront::largest_size(2, 64, gib, Writeback::None, gib / 4, 16 << 40),
             None
         );
+    }
+
+    #[test]
+    fn a_backing_device_adds_its_blocks_records_and_a_large_partition_does_not_fit() {
+        let gib = 1u64 << 30;
+        let without = Upfront::of(gib, 2, 64, 0, Writeback::None).unwrap();
+        let file = Upfront::of(gib, 2, 64, 0, Writeback::File).unwrap();
+        assert_eq!(without.backing, 0);
+        // A file made for 1 GiB: a use count (4 bytes) and a floor (8) a 4 KiB block, a
+        // release bit, and the floors' header page.
+        let blocks = crate::daemon::backing::file_bytes(gib / PAGE_SIZE as u64) / 4096;
+        assert!(blocks >= gib / 4096, "{blocks}");
+        assert_eq!(
+            file.backing,
+            blocks * 4 + blocks.div_ceil(64) * 8 + (4096 + blocks * 8).next_multiple_of(4096)
+        );
+        assert_eq!(
+            file.buffers - without.buffers,
+            PageStore::WRITEBACK_SCRATCH_BYTES as u64
+        );
+        // The guest's 1 GiB device with a backing file fits its 449 MiB.
+        assert!(file.check(449 << 20).is_ok(), "{file:?}");
+        // A 1 TiB partition behind the same device takes 3 GiB of records: not on a host of
+        // 8 GiB, whose quarter is 2 GiB, whatever the device's size.
+        let tib = Writeback::Blocks((1u64 << 40) / 4096);
+        let big = Upfront::of(gib, 2, 64, 0, tib).unwrap();
+        assert!(big.backing > 3 * gib, "{big:?}");
+        assert!(big.check(8 * gib).is_err());
+        assert_eq!(
+            Upfront::largest_size(2, 64, 0, tib, 2 * gib, 16 << 40),
+            None
+        );
+        // On a host of 64 GiB it fits.
+        assert!(big.check(64 * gib).is_ok());
     }
 }

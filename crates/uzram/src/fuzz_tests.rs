@@ -35,10 +35,18 @@ fn fuzz_config_files_are_refused_or_make_a_device_the_host_holds() {
         };
         let d = run.device;
         assert!(d.size > 0 && d.size % 4096 == 0 && d.size <= crate::size::MAX_SIZE);
-        let upfront =
-            crate::footprint::Upfront::of(d.size, d.queues, d.depth, d.gpu_pinned_bytes())
-                .map(|u| u.with_writeback(d.writeback.is_some()))
-                .expect("an accepted device's up-front memory is known");
+        let writeback = match d.writeback {
+            Some(_) => crate::footprint::Writeback::File,
+            None => crate::footprint::Writeback::None,
+        };
+        let upfront = crate::footprint::Upfront::of(
+            d.size,
+            d.queues,
+            d.depth,
+            d.gpu_pinned_bytes(),
+            writeback,
+        )
+        .expect("an accepted device's up-front memory is known");
         assert!(
             upfront.check(HOST.ram_mib << 20).is_ok(),
             "an accepted device does not fit the host: {upfront:?}"

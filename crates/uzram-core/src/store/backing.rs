@@ -379,6 +379,17 @@ impl Backing {
         })
     }
 
+    /// Bytes of the per-block records [`Backing::new`] makes for a device of `blocks`
+    /// blocks in this process: a use count and a release bit a block. The floors are not
+    /// counted: kept ones live where the caller keeps them.
+    pub(crate) fn records_bytes(blocks: u64) -> u64 {
+        let users = blocks.saturating_mul(std::mem::size_of::<AtomicU32>() as u64);
+        let bits = blocks
+            .div_ceil(64)
+            .saturating_mul(std::mem::size_of::<AtomicU64>() as u64);
+        users.saturating_add(bits)
+    }
+
     /// The device's file descriptor for reads outside the store ([`BackingDevice::fd`]).
     pub(crate) fn fd(&self) -> Option<i32> {
         self.device.fd()

@@ -1543,6 +1543,13 @@ impl PageStore {
     /// Bytes the buffers of writeback passes take, made when a backing device is attached.
     pub const WRITEBACK_SCRATCH_BYTES: usize = Scratch::BYTES;
 
+    /// Bytes of the records attaching a backing device of `blocks` blocks allocates (a use
+    /// count and a release bit a block; the nonce floors, 8 bytes a block, are the caller's
+    /// when it keeps them, [`Nonces::Kept`], and allocated here as well otherwise).
+    pub fn backing_records_bytes(blocks: u64) -> u64 {
+        backing::Backing::records_bytes(blocks)
+    }
+
     /// One writeback pass over the pages `pass` selects, oldest first. It runs on the
     /// calling thread, allocates nothing (`writeback.rs`), and holds a shard's lock only to
     /// copy an object out and to switch an entry. Objects go in runs of up to

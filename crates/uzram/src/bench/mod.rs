@@ -161,7 +161,9 @@ fn check_host_holds(pages: u64, backends: &[Backend], gpu: &GpuSettings) -> anyh
     };
     let ram = crate::config::Host::current()?.ram_mib << 20;
     let bytes = pages.saturating_mul(PAGE_SIZE as u64);
-    let fits = crate::footprint::Upfront::of(bytes, 1, 1, gpu_bytes).map(|u| (u, u.check(ram)));
+    let fits =
+        crate::footprint::Upfront::of(bytes, 1, 1, gpu_bytes, crate::footprint::Writeback::None)
+            .map(|u| (u, u.check(ram)));
     match fits {
         Some((_, Ok(()))) => Ok(()),
         _ => {
@@ -170,7 +172,7 @@ fn check_host_holds(pages: u64, backends: &[Backend], gpu: &GpuSettings) -> anyh
                 1,
                 1,
                 gpu_bytes,
-                false,
+                crate::footprint::Writeback::None,
                 most,
                 crate::size::MAX_SIZE,
             );

@@ -10,6 +10,7 @@ use uzram_core::codec::Algorithm;
 use uzram_core::store::MAX_SLOT_PAGES;
 use uzram_gpu::Parse;
 
+use crate::footprint::Writeback;
 use crate::size::{parse_size, SizeError, MAX_SIZE};
 use crate::sizeexpr::ExprError;
 
@@ -276,8 +277,9 @@ pub enum ConfigError {
     /// The device would lock more memory up front than the host can spare.
     #[error(
         "a device of {size} with these settings locks {total} before it stores a page (page \
-         table {table}, recovery room {room}, heap and I/O buffers {buffers}, GPU ring {gpu}); \
-         uzram holds that to 1/{divisor} of this host's {ram} of RAM ({most}): {advice}"
+         table {table}, recovery room {room}, heap and I/O buffers {buffers}, GPU ring {gpu}, \
+         backing device records {backing}); uzram holds that to 1/{divisor} of this host's \
+         {ram} of RAM ({most}): {advice}"
     )]
     TooLarge {
         /// The device size.
@@ -292,6 +294,8 @@ pub enum ConfigError {
         buffers: crate::size::Human,
         /// GPU pinned memory.
         gpu: crate::size::Human,
+        /// The backing device's per-block records.
+        backing: crate::size::Human,
         /// The share's divisor.
         divisor: u64,
         /// The host's RAM.
@@ -847,7 +851,6 @@ impl DeviceConfig {
     /// The device's up-front memory against what `host` can hold, and the memory limit
     /// against the page table.
     fn check_memory(&self, host: Host) -> Result<(), ConfigError> {
-        use crate::footprint::{Upfront, MAX_SHARE_DIVISOR};
         use crate::size::Human;
         let pages = self.size / uzram_core::PAGE_SIZE as u64;
         let table = uzram_core::PageStore::table_bytes_for(pages).unwrap_or(u64::MAX);
@@ -858,11 +861,27 @@ impl DeviceConfig {
                 size: Human(self.size),
             });
         }
+        let writeback = match self.writeback {
+            Some(_) => Writeback::File,
+            None => Writeback::None,
+        };
+        self.check_upfront(host, writeback)
+    }
+
+    /// The up-front memory again once the backing device is open and its `blocks` are
+    /// known: a partition (or a file made larger than this device needs) may hold far more
+    /// blocks than the device has pages, and each costs locked records
+    /// ([`crate::footprint::backing_bytes`]).
+    pub fn check_backing_memory(&self, host: Host, blocks: u64) -> Result<(), ConfigError> {
+        self.check_upfront(host, Writeback::Blocks(blocks))
+    }
+
+    fn check_upfront(&self, host: Host, writeback: Writeback) -> Result<(), ConfigError> {
+        use crate::footprint::{Upfront, MAX_SHARE_DIVISOR};
+        use crate::size::Human;
         let gpu = self.gpu_pinned_bytes();
         let ram = host.ram_mib.saturating_mul(1 << 20);
-        let writeback = self.writeback.is_some();
-        let upfront = Upfront::of(self.size, self.queues, self.depth, gpu)
-            .map(|u| u.with_writeback(writeback));
+        let upfront = Upfront::of(self.size, self.queues, self.depth, gpu, writeback);
         let most = match upfront.map(|u| (u, u.check(ram))) {
             Some((_, Ok(()))) => return Ok(()),
             Some((_, Err(most))) => most,
@@ -873,20 +892,32 @@ impl DeviceConfig {
             room: 0,
             buffers: 0,
             gpu,
+            backing: 0,
         });
-        let advice = match Upfront::largest_size(self.queues, self.depth, gpu, writeback, most, MAX_SIZE) {
-            Some(largest) => format!(
-                "the largest device that fits with these settings is {} (size = \"{}\")",
-                Human(largest),
-                crate::size::exact(largest)
-            ),
-            None => format!(
-                "with these settings no size fits: lower gpu-memory ({}), queues ({}) or depth ({})",
-                Human(gpu),
-                self.queues,
-                self.depth
-            ),
-        };
+        let advice =
+            match Upfront::largest_size(self.queues, self.depth, gpu, writeback, most, MAX_SIZE) {
+                Some(largest) => format!(
+                    "the largest device that fits with these settings is {} (size = \"{}\")",
+                    Human(largest),
+                    crate::size::exact(largest)
+                ),
+                None => match writeback {
+                    Writeback::Blocks(blocks) => format!(
+                        "with this backing device no size fits: its {blocks} blocks of 4 KiB need \
+                     {} of records (a nonce floor and a use count each); name a smaller \
+                     partition as writeback-device, or a file, which is made for the device's \
+                     size",
+                        Human(u.backing)
+                    ),
+                    Writeback::None | Writeback::File => format!(
+                        "with these settings no size fits: lower gpu-memory ({}), queues ({}) or \
+                     depth ({})",
+                        Human(gpu),
+                        self.queues,
+                        self.depth
+                    ),
+                },
+            };
         Err(ConfigError::TooLarge {
             size: Human(self.size),
             total: Human(u.total()),
@@ -894,6 +925,7 @@ impl DeviceConfig {
             room: Human(u.room),
             buffers: Human(u.buffers),
             gpu: Human(u.gpu),
+            backing: Human(u.backing),
             divisor: MAX_SHARE_DIVISOR,
             ram: Human(ram),
             most: Human(most),

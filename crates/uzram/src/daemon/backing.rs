@@ -38,6 +38,7 @@ use uzram_core::store::{
 };
 use uzram_core::PAGE_SIZE;
 
+use crate::config::{DeviceConfig, Host};
 use crate::sys::disk;
 use crate::takeover::floors_segment::{self, FloorsSegment};
 use crate::takeover::store_segment::StoreSegment;
@@ -429,11 +430,46 @@ impl Aligned {
     }
 }
 
-/// Opens the device's backing device and attaches it to `store` with the key its region
+/// Opens the backing device `cfg` names (none: `None`) for a device of `pages` pages, and
+/// checks the locked records its blocks cost against what `host` can hold
+/// ([`DeviceConfig::check_backing_memory`]): a partition may have far more blocks than the
+/// device has pages, which the configuration alone could not tell. A new device is refused
+/// when they do not fit; a device `taken_over` keeps its backing device whatever it costs,
+/// with a warning, for its pages are there.
+pub fn open_configured(
+    cfg: &DeviceConfig,
+    host: Host,
+    pages: u64,
+    taken_over: bool,
+) -> anyhow::Result<Option<Arc<BackingFile>>> {
+    let Some(settings) = &cfg.writeback else {
+        return Ok(None);
+    };
+    let file = BackingFile::open(&settings.device, pages)?;
+    if let Err(error) = cfg.check_backing_memory(host, file.blocks) {
+        if !taken_over {
+            return Err(error)
+                .with_context(|| format!("writeback-device {}", settings.device.display()));
+        }
+        tracing::warn!(
+            path = %settings.device.display(),
+            %error,
+            "the backing device's records take more memory than a new device would be given; \
+             kept, since the device taken over has pages on it"
+        );
+    }
+    Ok(Some(Arc::new(file)))
+}
+
+/// Attaches the backing device `file` (from [`open_configured`]) to `store` with the key its region
 /// keeps (a new random one, recorded there, when it has none). A store that has pages
 /// written back but no backing device configured is refused: they would all fail.
-pub fn attach(store: &PageStore, region: &StoreSegment, path: Option<&Path>) -> anyhow::Result<()> {
-    let Some(path) = path else {
+pub fn attach(
+    store: &PageStore,
+    region: &StoreSegment,
+    file: Option<Arc<BackingFile>>,
+) -> anyhow::Result<()> {
+    let Some(file) = file else {
         let backed = store.stats().bd_count;
         if backed > 0 {
             bail!(
@@ -443,7 +479,6 @@ pub fn attach(store: &PageStore, region: &StoreSegment, path: Option<&Path>) -> 
         }
         return Ok(());
     };
-    let file = Arc::new(BackingFile::open(path, store.pages())?);
     let (key, next) = match region.writeback_key() {
         Some(kept) => kept,
         None => {
@@ -459,7 +494,7 @@ pub fn attach(store: &PageStore, region: &StoreSegment, path: Option<&Path>) -> 
     };
     let adopted = store
         .attach_backing(file.clone(), &key, nonces)
-        .with_context(|| format!("attaching the backing device {}", path.display()))?;
+        .with_context(|| format!("attaching the backing device {}", file.path.display()))?;
     tracing::info!(
         path = %file.path.display(),
         blocks = file.blocks,
@@ -581,6 +616,55 @@ mod tests {
         let mut back = vec![0u8; BLOCK_BYTES];
         f.read_blocks(3, &mut back).unwrap();
         assert!(back.iter().all(|&b| b == 0x3c));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A backing device with far more blocks than the device has pages (here a sparse file
+    /// of 1 TiB behind a 64 MiB device, as a large partition would be) costs 3 GiB of
+    /// locked records: a new device on a host of 8 GiB is refused with what to do, and a
+    /// device taken over keeps it.
+    #[test]
+    fn a_backing_device_whose_records_the_host_cannot_hold_is_refused_for_a_new_device() {
+        if !crate::sys::is_root() {
+            println!("SKIP: not root");
+            return;
+        }
+        let dir = scratch("huge");
+        let path = dir.join("wb");
+        let file = std::fs::OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .mode(0o600)
+            .open(&path)
+            .unwrap();
+        file.set_len(1 << 40).unwrap();
+        drop(file);
+        let cfg = |path: &Path| {
+            crate::config::RawDevice {
+                size: "64M".into(),
+                writeback_device: Some(path.to_path_buf()),
+                ..Default::default()
+            }
+            .validate(Host { ram_mib: 8192 })
+            .expect("64 MiB with a backing file fits 8 GiB")
+        };
+        let host = Host { ram_mib: 8192 };
+        let pages = (64 << 20) / PAGE_SIZE as u64;
+        let err =
+            open_configured(&cfg(&path), host, pages, false).expect_err("1 TiB of blocks on 8 GiB");
+        let text = format!("{err:#}");
+        assert!(text.contains("smaller partition"), "{text}");
+        assert!(text.contains(&path.display().to_string()), "{text}");
+        let kept =
+            open_configured(&cfg(&path), host, pages, true).expect("a device taken over keeps it");
+        assert_eq!(kept.unwrap().blocks, (1 << 40) / BLOCK_BYTES as u64);
+        // The same file on a host of 64 GiB fits; and a file made for the device always does.
+        assert!(open_configured(&cfg(&path), Host { ram_mib: 65536 }, pages, false).is_ok());
+        let made = dir.join("made");
+        let small = open_configured(&cfg(&made), host, pages, false)
+            .unwrap()
+            .unwrap();
+        assert_eq!(small.blocks, file_bytes(pages) / BLOCK_BYTES as u64);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -138,8 +138,10 @@ fn writer(via: Via) {
     std::thread::spawn(|| pool::keep(64));
     if via == Via::Writeback {
         let path = std::env::var(BACKING_ENV).expect("UZRAM_CRASH_BACKING");
-        super::backing::attach(&store, &region, Some(std::path::Path::new(&path)))
+        let file = super::backing::BackingFile::open(std::path::Path::new(&path), store.pages())
             .expect("the backing file");
+        super::backing::attach(&store, &region, Some(std::sync::Arc::new(file)))
+            .expect("the backing file attached");
         let cold = store.clone();
         std::thread::spawn(move || loop {
             let pass = Writeback {
@@ -242,12 +244,13 @@ fn verifier(shm: i32) {
         backing.is_some(),
         "the writer recorded nonce floors exactly when it wrote back"
     );
-    super::backing::attach(
-        &store,
-        &region,
-        backing.as_deref().map(std::path::Path::new),
-    )
-    .expect("the backing file of the killed writer");
+    let file = backing.as_deref().map(|path| {
+        let file = super::backing::BackingFile::open(std::path::Path::new(path), store.pages())
+            .expect("the backing file of the killed writer");
+        std::sync::Arc::new(file)
+    });
+    super::backing::attach(&store, &region, file)
+        .expect("the backing file of the killed writer attached");
     assert_eq!(
         region.floors(),
         floors,

@@ -278,7 +278,9 @@ fn open_store(
         let mut unborn = device::Unborn::device(added.id());
         let (store, region) = store::create(cfg, added.id())?;
         unborn.store = Some(region.id());
-        backing::attach(&store, &region, writeback_path(cfg))?;
+        let file =
+            backing::open_configured(cfg, crate::config::Host::current()?, store.pages(), false)?;
+        backing::attach(&store, &region, file)?;
         return Ok(Opened {
             store,
             region,
@@ -294,7 +296,13 @@ fn open_store(
     })?;
     // Taken over before anything else is allocated: it frees memory for what follows.
     let taken = store::recover(cfg, id, shm, &mut |name| step(pause, name))?;
-    backing::attach(&taken.store, &taken.region, writeback_path(cfg))?;
+    let file = backing::open_configured(
+        cfg,
+        crate::config::Host::current()?,
+        taken.store.pages(),
+        true,
+    )?;
+    backing::attach(&taken.store, &taken.region, file)?;
     step(pause, "backing device");
     let found = taken.found;
     tracing::info!(
@@ -318,10 +326,6 @@ fn open_store(
         added: None,
         unborn: device::Unborn::none(),
     })
-}
-
-fn writeback_path(cfg: &DeviceConfig) -> Option<&Path> {
-    cfg.writeback.as_ref().map(|w| w.device.as_path())
 }
 
 /// Starts the write backend over the store, with the heap reserve and block pool it

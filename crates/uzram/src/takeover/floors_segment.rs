@@ -61,6 +61,12 @@ fn layout(blocks: u64) -> Option<Header> {
     })
 }
 
+/// Bytes of the floors segment for a backing device of `blocks` blocks (`u64::MAX`: too
+/// large to lay out), for the up-front memory check (`footprint.rs`).
+pub fn bytes_for(blocks: u64) -> u64 {
+    layout(blocks).map_or(u64::MAX, |h| h.len)
+}
+
 /// The header of segment `id`, read through a read-only mapping dropped at once, when it is a
 /// uzram floors segment of this version whose layout fits its size.
 fn header_of(id: i32) -> Result<Header, SegmentError> {
