@@ -19,7 +19,7 @@
 
 use std::sync::atomic::AtomicU64;
 
-use super::segment::{attach_locked, create_locked, foreign, remove_logged, SegmentError};
+use super::segment::{attach_locked, create_locked, foreign, remove_recorded, SegmentError};
 
 const MAGIC: [u8; 8] = *b"UZRAMNF1";
 const VERSION: u32 = 1;
@@ -154,10 +154,7 @@ pub fn is_floors(id: i32) -> bool {
 /// it attached. A segment that is not a uzram floors segment (the id was freed and reused) is
 /// left alone.
 pub fn remove(id: i32) {
-    match header_of(id) {
-        Ok(_) => remove_logged(id),
-        Err(error) => tracing::warn!(id, %error, "not removing the recorded nonce floors"),
-    }
+    remove_recorded(id, header_of(id), "the recorded nonce floors");
 }
 
 #[cfg(test)]
@@ -165,6 +162,7 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     use super::*;
+    use crate::takeover::segment::{self, remove_logged};
 
     #[test]
     fn floors_are_found_again_with_their_values_and_only_for_their_size() {
@@ -193,19 +191,11 @@ mod tests {
 
     #[test]
     fn another_segment_is_neither_taken_over_nor_removed() {
-        let Ok(id) = crate::shm::create(65536) else {
-            println!("SKIP: no SysV shared memory");
-            return;
-        };
-        let err = FloorsSegment::attach(id, 15).unwrap_err();
-        assert!(err.to_string().contains("no uzram nonce floors"), "{err}");
-        remove(id);
-        assert!(
-            crate::shm::stat(id).is_ok(),
-            "someone else's segment was removed"
+        segment::tests::another_segment_is_left_alone(
+            |id| FloorsSegment::attach(id, 15),
+            remove,
+            "no uzram nonce floors",
         );
-        remove_logged(id);
-        assert!(crate::shm::stat(id).is_err());
     }
 
     /// The attack on the floors themselves: a local user who made a segment with a floors
@@ -216,16 +206,12 @@ mod tests {
             println!("SKIP: no SysV shared memory");
             return;
         };
-        let size = crate::shm::stat(made.id()).unwrap().size;
-        let Some(id) = crate::shm::tests::nobodys_segment(0, size, 0o666) else {
-            return;
-        };
-        crate::shm::tests::write_as_owner(id, crate::shm::tests::bytes_of(&made.header));
-        let err = FloorsSegment::attach(id, 10).unwrap_err();
-        assert!(err.to_string().contains("not root's alone"), "{err}");
-        remove(id);
-        assert!(crate::shm::stat(id).is_ok(), "nobody's segment was removed");
-        crate::shm::remove(id).unwrap();
+        segment::tests::a_copy_another_user_made_is_refused(
+            crate::shm::stat(made.id()).unwrap().size,
+            crate::shm::tests::bytes_of(&made.header),
+            |id| FloorsSegment::attach(id, 10),
+            remove,
+        );
         remove_logged(made.id());
         // SAFETY: nothing uses its memory.
         unsafe { made.detach() };

@@ -109,3 +109,65 @@ pub fn remove_logged(id: i32) {
         tracing::warn!(id, %error, "removing a shared memory segment failed");
     }
 }
+
+/// Marks segment `id`, as a store records it, for removal when `found` (its header read and
+/// checked) says it is of the kind recorded; one that is not (the id was freed and reused by
+/// someone else) is left alone, with a warning naming `what`.
+pub fn remove_recorded<H>(id: i32, found: Result<H, SegmentError>, what: &str) {
+    match found {
+        Ok(_) => remove_logged(id),
+        Err(error) => tracing::warn!(id, %error, "not removing {}", what),
+    }
+}
+
+/// Checks each kind of recorded segment runs against the segments it must not take.
+#[cfg(test)]
+pub mod tests {
+    use super::{remove_logged, SegmentError};
+
+    /// A segment of someone else's under a recorded id (freed and reused): `attach` refuses
+    /// it, saying `refusal`, and `remove` leaves it.
+    pub fn another_segment_is_left_alone<T>(
+        attach: impl Fn(i32) -> Result<T, SegmentError>,
+        remove: fn(i32),
+        refusal: &str,
+    ) {
+        let Ok(id) = crate::shm::create(65536) else {
+            println!("SKIP: no SysV shared memory");
+            return;
+        };
+        let Err(err) = attach(id) else {
+            panic!("someone else's segment was taken over");
+        };
+        assert!(err.to_string().contains(refusal), "{err}");
+        remove(id);
+        assert!(
+            crate::shm::stat(id).is_ok(),
+            "someone else's segment was removed"
+        );
+        remove_logged(id);
+        assert!(crate::shm::stat(id).is_err());
+    }
+
+    /// The attack on a recorded segment itself: a local user makes one of `size` bytes that
+    /// starts with the kind's own `header`. `attach` refuses it as not root's, and `remove`
+    /// leaves it.
+    pub fn a_copy_another_user_made_is_refused<T>(
+        size: usize,
+        header: &[u8],
+        attach: impl Fn(i32) -> Result<T, SegmentError>,
+        remove: fn(i32),
+    ) {
+        let Some(id) = crate::shm::tests::nobodys_segment(0, size, 0o666) else {
+            return;
+        };
+        crate::shm::tests::write_as_owner(id, header);
+        let Err(err) = attach(id) else {
+            panic!("a segment another user made was taken over");
+        };
+        assert!(err.to_string().contains("not root's alone"), "{err}");
+        remove(id);
+        assert!(crate::shm::stat(id).is_ok(), "nobody's segment was removed");
+        crate::shm::remove(id).unwrap();
+    }
+}

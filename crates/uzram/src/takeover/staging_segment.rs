@@ -19,7 +19,7 @@ use std::sync::atomic::AtomicU64;
 use uzram_core::batch::{book_words, StagedCopy};
 use uzram_core::PAGE_WORDS;
 
-use super::segment::{attach_locked, create_locked, foreign, remove_logged, SegmentError};
+use super::segment::{attach_locked, create_locked, foreign, remove_recorded, SegmentError};
 
 const MAGIC: [u8; 8] = *b"UZRAMSG1";
 /// Layout 2: the books hold each staged page's checksum.
@@ -189,10 +189,7 @@ pub fn is_staging(id: i32) -> bool {
 /// has it attached. A segment that is not a uzram staging segment (the id was freed and
 /// reused) is left alone.
 pub fn remove(id: i32) {
-    match header_of(id) {
-        Ok(_) => remove_logged(id),
-        Err(error) => tracing::warn!(id, %error, "not removing the recorded GPU staging"),
-    }
+    remove_recorded(id, header_of(id), "the recorded GPU staging");
 }
 
 #[cfg(test)]
@@ -200,6 +197,7 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     use super::*;
+    use crate::takeover::segment;
 
     #[test]
     fn a_segment_is_found_again_with_its_contents() {
@@ -233,20 +231,11 @@ mod tests {
 
     #[test]
     fn another_segment_is_neither_taken_over_nor_removed() {
-        // A segment of someone else's under a recorded id (freed and reused).
-        let Ok(id) = crate::shm::create(65536) else {
-            println!("SKIP: no SysV shared memory");
-            return;
-        };
-        let err = StagingSegment::attach(id).unwrap_err();
-        assert!(err.to_string().contains("no uzram staging header"), "{err}");
-        remove(id);
-        assert!(
-            crate::shm::stat(id).is_ok(),
-            "someone else's segment was removed"
+        segment::tests::another_segment_is_left_alone(
+            StagingSegment::attach,
+            remove,
+            "no uzram staging header",
         );
-        remove_logged(id);
-        assert!(crate::shm::stat(id).is_err());
     }
 
     #[test]
@@ -255,16 +244,12 @@ mod tests {
             println!("SKIP: no SysV shared memory");
             return;
         };
-        let size = crate::shm::stat(made.id()).unwrap().size;
-        let Some(id) = crate::shm::tests::nobodys_segment(0, size, 0o666) else {
-            return;
-        };
-        crate::shm::tests::write_as_owner(id, crate::shm::tests::bytes_of(&made.header));
-        let err = StagingSegment::attach(id).unwrap_err();
-        assert!(err.to_string().contains("not root's alone"), "{err}");
-        remove(id);
-        assert!(crate::shm::stat(id).is_ok(), "nobody's segment was removed");
-        crate::shm::remove(id).unwrap();
+        segment::tests::a_copy_another_user_made_is_refused(
+            crate::shm::stat(made.id()).unwrap().size,
+            crate::shm::tests::bytes_of(&made.header),
+            StagingSegment::attach,
+            remove,
+        );
         // SAFETY: nothing uses its memory.
         unsafe { made.detach() };
     }
