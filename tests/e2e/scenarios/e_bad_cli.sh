@@ -39,6 +39,21 @@ if su -s /bin/sh nobody -c 'test "$(id -u)" = 65534'; then
 else
   fail_check "cannot run a command as nobody (su)"
 fi
+# A backing device with far more blocks than the guest can keep records for (a sparse file
+# of 1 TiB, as a large partition would be: 3 GiB of nonce floors and use counts): refused
+# once it is open, and the device and store made before are gone again.
+_n0=$(tail -n +2 /proc/sysvipc/shm | wc -l)
+truncate -s 1099511627776 /tmp/e-huge.wb && chmod 600 /tmp/e-huge.wb
+expect_refused "a backing device whose records the guest cannot hold" 'writeback-device /tmp/e-huge.wb.*smaller partition' \
+  uzram create --size 64M --writeback-device /tmp/e-huge.wb
+i=0
+while [ "$(tail -n +2 /proc/sysvipc/shm | wc -l)" != "$_n0" ] && [ $i -lt 100 ]; do
+  i=$((i + 1)); usleep 50000
+done
+_n1=$(tail -n +2 /proc/sysvipc/shm | wc -l)
+[ "$_n1" = "$_n0" ] && ok "no shared memory left by the create refused for its backing device" \
+  || fail_check "$((_n1 - _n0)) shared memory segments left by the create refused for its backing device"
+rm -f /tmp/e-huge.wb
 if [ -n "$(ls /dev/ublkb* 2>/dev/null)" ]; then
   fail_check "a device exists after refused creates: $(ls /dev/ublkb*)"
 fi
