@@ -1537,7 +1537,13 @@ impl PageStore {
     /// Whether reads of written-back pages can go to the backing device's file descriptor
     /// directly ([`PageStore::read_deferring`]).
     pub fn backing_reads_directly(&self) -> bool {
-        self.backing.get().and_then(|b| b.fd()).is_some()
+        self.backing_read_fd().is_some()
+    }
+
+    /// The backing device's file descriptor, where reads of written-back pages may go
+    /// through the caller's own I/O ([`BackingDevice::fd`]).
+    pub fn backing_read_fd(&self) -> Option<i32> {
+        self.backing.get().and_then(|b| b.fd())
     }
 
     /// Bytes the buffers of writeback passes take, made when a backing device is attached.

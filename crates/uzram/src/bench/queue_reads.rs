@@ -47,6 +47,9 @@ pub fn measure<'e>(
             .spawn(|| {
                 crate::ublk::uring::init_queue_ring(64, 128).ok()?;
                 store.prepare_thread().ok()?;
+                if deferred {
+                    crate::ublk::disk_reads::ready_worker(store).ok()?;
+                }
                 Some(serve(store, c, disk, ram, deferred, expected))
             })
             .join()

@@ -431,14 +431,15 @@ impl Aligned {
 }
 
 /// Opens the backing device `cfg` names (none: `None`) for a device of `pages` pages, and
-/// checks the locked records its blocks cost against what `host` can hold
-/// ([`DeviceConfig::check_backing_memory`]): a partition may have far more blocks than the
-/// device has pages, which the configuration alone could not tell. A new device is refused
-/// when they do not fit; a device `taken_over` keeps its backing device whatever it costs,
-/// with a warning, for its pages are there.
+/// checks the locked records its blocks cost against what the host (`host`, as read) can
+/// hold ([`DeviceConfig::check_backing_memory`]): a partition may have far more blocks than
+/// the device has pages, which the configuration alone could not tell. A new device is
+/// refused when they do not fit; a device `taken_over` keeps its backing device whatever it
+/// costs (and whether or not the host's memory could be read), with a warning, for its
+/// pages are there.
 pub fn open_configured(
     cfg: &DeviceConfig,
-    host: Host,
+    host: Result<Host, crate::config::ConfigError>,
     pages: u64,
     taken_over: bool,
 ) -> anyhow::Result<Option<Arc<BackingFile>>> {
@@ -446,7 +447,8 @@ pub fn open_configured(
         return Ok(None);
     };
     let file = BackingFile::open(&settings.device, pages)?;
-    if let Err(error) = cfg.check_backing_memory(host, file.blocks) {
+    let fits = host.and_then(|host| cfg.check_backing_memory(host, file.blocks));
+    if let Err(error) = fits {
         if !taken_over {
             return Err(error)
                 .with_context(|| format!("writeback-device {}", settings.device.display()));
@@ -454,8 +456,8 @@ pub fn open_configured(
         tracing::warn!(
             path = %settings.device.display(),
             %error,
-            "the backing device's records take more memory than a new device would be given; \
-             kept, since the device taken over has pages on it"
+            "the backing device's records do not pass the memory check a new device must (or it \
+             could not run); kept, since the device taken over has pages on it"
         );
     }
     Ok(Some(Arc::new(file)))
@@ -650,18 +652,22 @@ mod tests {
         };
         let host = Host { ram_mib: 8192 };
         let pages = (64 << 20) / PAGE_SIZE as u64;
-        let err =
-            open_configured(&cfg(&path), host, pages, false).expect_err("1 TiB of blocks on 8 GiB");
+        let err = open_configured(&cfg(&path), Ok(host), pages, false)
+            .expect_err("1 TiB of blocks on 8 GiB");
         let text = format!("{err:#}");
         assert!(text.contains("smaller partition"), "{text}");
         assert!(text.contains(&path.display().to_string()), "{text}");
-        let kept =
-            open_configured(&cfg(&path), host, pages, true).expect("a device taken over keeps it");
+        let kept = open_configured(&cfg(&path), Ok(host), pages, true)
+            .expect("a device taken over keeps it");
         assert_eq!(kept.unwrap().blocks, (1 << 40) / BLOCK_BYTES as u64);
+        // So does one whose host's memory could not be read; a new device is refused.
+        let unknown = || Err(crate::config::ConfigError::MemInfo);
+        assert!(open_configured(&cfg(&path), unknown(), pages, true).is_ok());
+        assert!(open_configured(&cfg(&path), unknown(), pages, false).is_err());
         // The same file on a host of 64 GiB fits; and a file made for the device always does.
-        assert!(open_configured(&cfg(&path), Host { ram_mib: 65536 }, pages, false).is_ok());
+        assert!(open_configured(&cfg(&path), Ok(Host { ram_mib: 65536 }), pages, false).is_ok());
         let made = dir.join("made");
-        let small = open_configured(&cfg(&made), host, pages, false)
+        let small = open_configured(&cfg(&made), Ok(host), pages, false)
             .unwrap()
             .unwrap();
         assert_eq!(small.blocks, file_bytes(pages) / BLOCK_BYTES as u64);

@@ -279,7 +279,7 @@ fn open_store(
         let (store, region) = store::create(cfg, added.id())?;
         unborn.store = Some(region.id());
         let file =
-            backing::open_configured(cfg, crate::config::Host::current()?, store.pages(), false)?;
+            backing::open_configured(cfg, crate::config::Host::current(), store.pages(), false)?;
         backing::attach(&store, &region, file)?;
         return Ok(Opened {
             store,
@@ -298,7 +298,7 @@ fn open_store(
     let taken = store::recover(cfg, id, shm, &mut |name| step(pause, name))?;
     let file = backing::open_configured(
         cfg,
-        crate::config::Host::current()?,
+        crate::config::Host::current(),
         taken.store.pages(),
         true,
     )?;

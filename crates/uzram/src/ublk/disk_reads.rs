@@ -18,6 +18,10 @@ use uzram_core::PAGE_SIZE;
 /// Disk reads a queue thread keeps in flight at most.
 pub const SLOTS: usize = 32;
 
+/// The user data of the read that starts a queue thread's io_uring worker
+/// ([`ready_worker`]); no request's (those carry a tag and an operation byte).
+const WORKER_READY: u64 = u64::MAX - 1;
+
 /// The user data's operation byte that marks a disk read's completion (a target I/O of
 /// ours; the ublk commands' completions carry no target bit).
 const DISK_READ_OP: u32 = 0xd1;
@@ -51,6 +55,55 @@ pub struct DiskReads {
 }
 
 const _: () = assert!(SLOTS <= 64);
+
+/// Readies the calling queue thread's ring for disk reads before it serves (a store with a
+/// backing device read directly; otherwise nothing to do): io_uring may keep one worker of
+/// each kind for this thread, and the one disk reads use is started now, by a read of the
+/// backing device's first block.
+///
+/// Why: every disk read runs on io_uring's workers ([`DiskReads::start`]), and a submission
+/// that finds no idle worker makes one then and there, in the submitting thread: a new
+/// kernel thread, whose stack is an allocation. Under the memory pressure that swap serves,
+/// that allocation went into direct reclaim on the very thread reclaim needed to write
+/// pages (a 7.3 guest, scenario l: the queue thread in `create_io_worker`, kswapd blocked,
+/// the hog stalled for good). Made now, while memory is plenty, and with no second one
+/// allowed, serving never makes one: io_uring keeps the last worker of a kind when it goes
+/// idle. The price: a thread's disk reads run one after another on that worker, each still
+/// without blocking the thread.
+pub fn ready_worker(store: &PageStore) -> std::io::Result<()> {
+    let Some(fd) = store.backing_read_fd() else {
+        return Ok(());
+    };
+    let mut block = Box::new(SlotBuf([0; MAX_OBJECT_BLOCKS * BLOCK_BYTES]));
+    let read = opcode::Read::new(types::Fd(fd), block.0.as_mut_ptr(), BLOCK_BYTES as u32)
+        .offset(0)
+        .build()
+        .flags(squeue::Flags::ASYNC)
+        .user_data(WORKER_READY);
+    libublk::io::with_task_io_ring_mut(|ring| {
+        ring.submitter().register_iowq_max_workers(&mut [1, 1])?;
+        // SAFETY: the read fills `block`, which outlives it: this waits for its completion
+        // below before `block` is dropped. Nothing else is queued on the ring yet.
+        unsafe { ring.submission().push(&read) }
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::WouldBlock))?;
+        let mut result = None;
+        while result.is_none() {
+            match ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN)) => {}
+                Err(e) => return Err(e),
+            }
+            result = ring
+                .completion()
+                .find(|c| c.user_data() == WORKER_READY)
+                .map(|c| c.result());
+        }
+        match result {
+            Some(res) if res < 0 => Err(std::io::Error::from_raw_os_error(-res)),
+            _ => Ok(()),
+        }
+    })
+}
 
 impl DiskReads {
     /// Slots for a queue of `depth` tags.
@@ -287,6 +340,14 @@ mod tests {
             })
             .unwrap();
         assert_eq!(done.pages, 64);
+        ready_worker(&store).expect("the ring's worker readied");
+        // The cap holds: asking with zeroes changes nothing and tells what it is.
+        let mut max = [0, 0];
+        libublk::io::with_task_io_ring_mut(|ring| {
+            ring.submitter().register_iowq_max_workers(&mut max)
+        })
+        .unwrap();
+        assert_eq!(max, [1, 1], "one io_uring worker of each kind");
         let counters = RequestCounters::new(1);
         let mut server = Server::new(0, &store, &store, &counters);
         server.start(4);

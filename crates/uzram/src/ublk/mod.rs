@@ -87,6 +87,9 @@ pub fn queue_fn(
             tracing::error!(qid, error = %err, "creating the queue's codec failed");
             return;
         }
+        if let Err(err) = disk_reads::ready_worker(&store) {
+            tracing::warn!(qid, error = %err, "readying the io_uring worker for disk reads failed: one is made at the first read");
+        }
         let mut server = Server::new(slot, &store, &*writer, &counters);
         match plan.mode {
             QueueMode::Batch => batch::serve(qid, dev, &mut server),
