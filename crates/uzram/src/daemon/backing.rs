@@ -42,6 +42,7 @@ use crate::config::{DeviceConfig, Host};
 use crate::sys::disk;
 use crate::takeover::floors_segment::{self, FloorsSegment};
 use crate::takeover::store_segment::StoreSegment;
+use crate::ublk::uring::wait_again;
 
 /// An open backing file or partition.
 pub struct BackingFile {
@@ -189,11 +190,7 @@ impl BackingFile {
         while pending != 0 {
             match ring.submit_and_wait(1) {
                 Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
-                    ) => {}
+                Err(e) if wait_again(&e) => {}
                 Err(e) => {
                     for (i, f) in failed.iter_mut().enumerate() {
                         if pending & (1 << i) != 0 {
@@ -361,11 +358,7 @@ impl BackingDevice for BackingFile {
         loop {
             match r.submit_and_wait(1) {
                 Ok(_) => break,
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
-                    ) => {}
+                Err(e) if wait_again(&e) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, "readying a thread for the writeback ring failed");
                     break;

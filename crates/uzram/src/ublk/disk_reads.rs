@@ -90,7 +90,7 @@ pub fn ready_worker(store: &PageStore) -> std::io::Result<()> {
         while result.is_none() {
             match ring.submit_and_wait(1) {
                 Ok(_) => {}
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN)) => {}
+                Err(e) if super::uring::wait_again(&e) => {}
                 Err(e) => return Err(e),
             }
             result = ring

@@ -90,6 +90,18 @@ pub fn describe(flags: u32) -> String {
     }
 }
 
+/// A wait for completions (`io_uring_enter` with `submit_and_wait`) that is to be entered
+/// again: cut short by a signal (`EINTR`), or refused for want of memory or completion-queue
+/// room (`EAGAIN`, `EBUSY`), in which cases the kernel kept the submissions. The waits that
+/// must see their reads and writes through (a disk read's worker, a writeback run, a
+/// thread's first entry) use it; a queue's own loop has `server::WaitRetries`.
+pub fn wait_again(err: &std::io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,6 +114,18 @@ mod tests {
         assert_eq!(SETUP_DEFER_TASKRUN, 0x2000);
         assert_eq!(describe(0x3100), "coop-taskrun+single-issuer+defer-taskrun");
         assert_eq!(describe(0), "default");
+    }
+
+    #[test]
+    fn a_wait_cut_short_or_short_of_room_is_entered_again_and_a_failure_is_not() {
+        let io = std::io::Error::from_raw_os_error;
+        for code in [libc::EINTR, libc::EAGAIN, libc::EBUSY] {
+            assert!(wait_again(&io(code)), "{code}");
+        }
+        for code in [libc::EBADF, libc::EINVAL, libc::EFAULT, libc::EIO] {
+            assert!(!wait_again(&io(code)), "{code}");
+        }
+        assert!(!wait_again(&std::io::Error::other("no errno")));
     }
 
     #[test]
