@@ -30,18 +30,25 @@ pub const MIN_ROOM: usize = 24 << 20;
 /// for good (docs/recovery.md).
 pub const START_REST: usize = 8 << 20;
 
+/// The disk reader threads' stacks that a queue's threads fault in before they serve
+/// (`ublk/disk_readers.rs`: [`READERS`](crate::ublk::disk_readers::READERS) a thread, 128 KiB
+/// each, at most two threads a queue in per-io-daemon mode).
+pub const READER_STACKS_PER_QUEUE: usize = 1 << 20;
+
 /// Bytes of pool blocks beyond the device size: room for holes and for 64 KiB allocations
 /// that are not the store's.
 pub const SLACK: usize = 64 << 20;
 
 /// The recovery room for a device of `queues` queues of `depth` tags, each with a locked
 /// I/O buffer of `io_buf_bytes` (the ublk frontend's [`IO_BUF_BYTES`]): the heap reserve,
-/// every tag's buffer and the rest of what a new daemon allocates before it
-/// serves ([`START_REST`]); never under [`MIN_ROOM`]. A fixed 24 MiB fell 16 MiB short of
-/// the first two with four queues at the default depth.
+/// every tag's buffer, each queue's disk reader stacks ([`READER_STACKS_PER_QUEUE`]) and the
+/// rest of what a new daemon allocates before it serves ([`START_REST`]); never under
+/// [`MIN_ROOM`]. A fixed 24 MiB fell 16 MiB short of the first two with four queues at the
+/// default depth.
 pub fn room_bytes(queues: u16, depth: u16, io_buf_bytes: u32) -> usize {
     let buffers = usize::from(queues) * usize::from(depth) * io_buf_bytes as usize;
-    (HEAP_RESERVE + buffers + START_REST)
+    let readers = usize::from(queues) * READER_STACKS_PER_QUEUE;
+    (HEAP_RESERVE + buffers + readers + START_REST)
         .next_multiple_of(UNIT)
         .max(MIN_ROOM)
 }
@@ -279,7 +286,7 @@ mod tests {
     fn the_room_holds_the_heap_reserve_every_tags_buffer_and_the_rest() {
         assert_eq!(
             room_bytes(1, 64, IO_BUF_BYTES),
-            (8 << 20) + (8 << 20) + START_REST
+            (8 << 20) + (8 << 20) + (1 << 20) + START_REST
         );
         assert_eq!(
             room_bytes(1, 1, IO_BUF_BYTES),
@@ -288,12 +295,12 @@ mod tests {
         );
         assert_eq!(
             room_bytes(2, 64, IO_BUF_BYTES),
-            (8 << 20) + (16 << 20) + START_REST,
+            (8 << 20) + (16 << 20) + (2 << 20) + START_REST,
             "the guest's two queues"
         );
         assert_eq!(
             room_bytes(4, 64, IO_BUF_BYTES),
-            (8 << 20) + (32 << 20) + START_REST
+            (8 << 20) + (32 << 20) + (4 << 20) + START_REST
         );
         assert_eq!(room_bytes(4, 64, IO_BUF_BYTES) % UNIT, 0);
         assert!(room_bytes(u16::MAX, u16::MAX, IO_BUF_BYTES) > MIN_ROOM);

@@ -48,7 +48,7 @@ pub fn measure<'e>(
                 crate::ublk::uring::init_queue_ring(64, 128).ok()?;
                 store.prepare_thread().ok()?;
                 if deferred {
-                    crate::ublk::disk_reads::ready_worker(store).ok()?;
+                    crate::ublk::disk_reads::ready(store).ok()?;
                 }
                 Some(serve(store, c, disk, ram, deferred, expected))
             })

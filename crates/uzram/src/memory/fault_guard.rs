@@ -14,7 +14,7 @@ const STACK_PREFAULT: usize = 512 << 10;
 /// Stack the daemon's other I/O-path threads (GPU installers, the compactor) fault in: they
 /// run with 256 KiB stacks (mlockall locks whole stacks), so half of that; their deepest path
 /// (an install or a compaction pass) uses a few KiB.
-const SMALL_STACK_PREFAULT: usize = 128 << 10;
+pub const SMALL_STACK_PREFAULT: usize = 128 << 10;
 
 /// Touches `STACK_PREFAULT` bytes of the calling thread's stack so that they are resident and
 /// locked before the thread serves I/O. Only for threads with a stack of more than that (the

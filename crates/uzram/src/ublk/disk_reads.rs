@@ -1,17 +1,24 @@
-//! Reads of written-back pages through the queue thread's own io_uring: a request that
-//! needs a page from the backing device waits for that read while the thread serves its
+//! Reads of written-back pages, completed through the queue thread's own io_uring: a request
+//! that needs a page from the backing device waits for that read while the thread serves its
 //! other requests, and is committed when its last page came in.
 //!
 //! The store hands each written-back page of a read out as a [`DiskRead`] (its blocks held
-//! until the read is finished, `uzram_core::store::disk_read`); this module reads the blocks
-//! into one of its [`SLOTS`] block-aligned buffers (the backing device is opened for direct
-//! I/O), with the slot's number in the completion's user data, and gives them back to the
-//! store to open, decode and check into the request's buffer. With every slot busy, or the
-//! ring's submission queue full, a page is read synchronously on the thread, as before.
+//! until the read is finished, `uzram_core::store::disk_read`); this module has the blocks
+//! read into one of its [`SLOTS`] block-aligned buffers (the backing device is opened for
+//! direct I/O), with the slot's number in the completion's user data, and gives them back to
+//! the store to open, decode and check into the request's buffer. The reads run on the queue
+//! thread's reader threads (`disk_readers.rs`), [`READERS`] at a time, which post each
+//! result into the thread's ring; where those could not be started (a kernel without
+//! `IORING_OP_MSG_RING`), on the ring's single io_uring worker, one at a time. With every
+//! slot busy, or no room to queue, a page is read synchronously on the thread, as before.
 //! Everything is made before the thread serves: a read allocates nothing.
+
+use std::cell::RefCell;
 
 use io_uring::{opcode, squeue, types};
 use libublk::io::UblkIOCtx;
+
+use super::disk_readers::{self, Job, Readers, READERS};
 use uzram_core::store::{DiskRead, PageStore, BLOCK_BYTES, MAX_OBJECT_BLOCKS};
 use uzram_core::PAGE_SIZE;
 
@@ -25,6 +32,12 @@ const WORKER_READY: u64 = u64::MAX - 1;
 /// The user data's operation byte that marks a disk read's completion (a target I/O of
 /// ours; the ublk commands' completions carry no target bit).
 const DISK_READ_OP: u32 = 0xd1;
+
+thread_local! {
+    /// The reader threads [`ready`] started for this queue thread, until its [`DiskReads`]
+    /// takes them.
+    static STARTED: RefCell<Option<Readers>> = const { RefCell::new(None) };
+}
 
 /// One disk read's blocks.
 #[repr(C, align(4096))]
@@ -47,6 +60,9 @@ struct Waiting {
 
 /// A queue thread's disk reads; see the module docs.
 pub struct DiskReads {
+    /// Declared first, so dropped first: the readers finish every read they hold before
+    /// the buffers they read into go.
+    readers: Option<Readers>,
     bufs: Vec<SlotBuf>,
     inflight: Vec<Option<InFlight>>,
     /// Bit `i` set: slot `i` is free.
@@ -55,6 +71,31 @@ pub struct DiskReads {
 }
 
 const _: () = assert!(SLOTS <= 64);
+
+/// Readies the calling queue thread for disk reads before it serves (a store with a backing
+/// device read directly; otherwise nothing to do): starts its reader threads, which the
+/// thread's [`DiskReads`] then takes; where they cannot be started, readies the ring's
+/// io_uring worker instead ([`ready_worker`]). Returns how many reads can run at once.
+pub fn ready(store: &PageStore) -> std::io::Result<usize> {
+    if store.backing_read_fd().is_none() {
+        return Ok(0);
+    }
+    let ring_fd = libublk::io::with_task_io_ring(std::os::fd::AsRawFd::as_raw_fd);
+    match Readers::start(ring_fd, SLOTS, disk_readers::pread_job) {
+        Ok(readers) => {
+            STARTED.with(|s| *s.borrow_mut() = Some(readers));
+            Ok(READERS)
+        }
+        Err(err) => {
+            tracing::warn!(
+                error = %err,
+                "starting the disk reader threads failed: written-back pages are read one \
+                 at a time through the queue's io_uring worker"
+            );
+            ready_worker(store).map(|()| 1)
+        }
+    }
+}
 
 /// Readies the calling queue thread's ring for disk reads before it serves (a store with a
 /// backing device read directly; otherwise nothing to do): io_uring may keep one worker of
@@ -109,6 +150,7 @@ impl DiskReads {
     /// Slots for a queue of `depth` tags.
     pub fn new(depth: u16) -> Self {
         DiskReads {
+            readers: STARTED.with(|s| s.borrow_mut().take()),
             bufs: (0..SLOTS)
                 .map(|_| SlotBuf([0; MAX_OBJECT_BLOCKS * BLOCK_BYTES]))
                 .collect(),
@@ -120,6 +162,12 @@ impl DiskReads {
             },
             tags: vec![Waiting::default(); usize::from(depth)],
         }
+    }
+
+    /// Reads each reader thread finished; empty without readers.
+    #[cfg(test)]
+    pub fn readers_done(&self) -> Vec<u64> {
+        self.readers.as_ref().map_or_else(Vec::new, Readers::done)
     }
 
     /// Read request `tag` begins.
@@ -158,6 +206,24 @@ impl DiskReads {
         if buf.len() < read.bytes() {
             return Err(read);
         }
+        let user_data = UblkIOCtx::build_user_data(tag, DISK_READ_OP, slot as u32, true);
+        if let Some(readers) = &self.readers {
+            let job = Job {
+                fd: read.fd(),
+                buf: buf.as_mut_ptr(),
+                len,
+                offset: read.offset(),
+                user_data,
+            };
+            // The slot's buffer is the reader's until the completion arrives: the slot stays
+            // taken until then ([`DiskReads::complete`]), and the readers finish every read
+            // they hold before this `DiskReads` (and its buffers) is dropped.
+            if readers.submit(job).is_err() {
+                return Err(read);
+            }
+            self.take(slot, tag, page, read);
+            return Ok(());
+        }
         // ASYNC: issued from io_uring's own workers, never inline on this thread. Issued
         // inline, a read whose bio has to wait for the block layer's reserve (which swap
         // writes to this very device hold under memory pressure) would stop the queue.
@@ -165,12 +231,7 @@ impl DiskReads {
             .offset(read.offset())
             .build()
             .flags(squeue::Flags::ASYNC)
-            .user_data(UblkIOCtx::build_user_data(
-                tag,
-                DISK_READ_OP,
-                slot as u32,
-                true,
-            ));
+            .user_data(user_data);
         let pushed = libublk::io::with_task_io_ring_mut(|ring| {
             // SAFETY: the entry reads into slot `slot`'s buffer, which lives as long as this
             // thread's `DiskReads` and is not touched until the completion arrives
@@ -187,10 +248,15 @@ impl DiskReads {
         if !pushed {
             return Err(read);
         }
+        self.take(slot, tag, page, read);
+        Ok(())
+    }
+
+    /// Slot `slot` now holds `read`, page `page` of request `tag`.
+    fn take(&mut self, slot: usize, tag: u16, page: usize, read: DiskRead) {
         self.free &= !(1 << slot);
         self.inflight[slot] = Some(InFlight { read, tag, page });
         self.tags[usize::from(tag)].pending += 1;
-        Ok(())
     }
 
     /// Whether a completion's user data is one of these reads'.
@@ -276,24 +342,42 @@ mod tests {
     /// ring is the one a queue thread makes, the request goes through the server, waits for
     /// its disk reads (the server returns no result), and the completions on the ring
     /// finish it with every page as written; a read of pages in RAM still completes at once.
+    /// The reads run on the thread's reader threads.
     #[test]
     fn a_read_of_written_back_pages_waits_on_the_ring_and_completes_whole() {
+        on_a_queue_thread(|| serve_written_back_reads(Through::Readers));
+    }
+
+    /// The same through the ring's one io_uring worker, where reader threads cannot be
+    /// started.
+    #[test]
+    fn without_readers_the_reads_go_through_the_rings_one_worker() {
+        on_a_queue_thread(|| serve_written_back_reads(Through::Worker));
+    }
+
+    fn on_a_queue_thread(f: fn()) {
         if !crate::sys::is_root() {
             println!("SKIP: a backing file must be root's");
             return;
         }
-        std::thread::spawn(|| {
+        std::thread::spawn(move || {
             if let Err(err) = crate::ublk::uring::init_queue_ring(64, 128) {
                 println!("SKIP: no io_uring here: {err}");
                 return;
             }
-            serve_written_back_reads();
+            f();
         })
         .join()
         .unwrap();
     }
 
-    fn serve_written_back_reads() {
+    #[derive(PartialEq)]
+    enum Through {
+        Readers,
+        Worker,
+    }
+
+    fn serve_written_back_reads(through: Through) {
         use crate::ublk::handler::PageWriter;
         use crate::ublk::server::{RequestCounters, Server};
         use std::sync::Arc;
@@ -340,14 +424,22 @@ mod tests {
             })
             .unwrap();
         assert_eq!(done.pages, 64);
-        ready_worker(&store).expect("the ring's worker readied");
-        // The cap holds: asking with zeroes changes nothing and tells what it is.
-        let mut max = [0, 0];
-        libublk::io::with_task_io_ring_mut(|ring| {
-            ring.submitter().register_iowq_max_workers(&mut max)
-        })
-        .unwrap();
-        assert_eq!(max, [1, 1], "one io_uring worker of each kind");
+        if through == Through::Readers {
+            assert_eq!(
+                ready(&store).expect("readied"),
+                READERS,
+                "the reader threads run"
+            );
+        } else {
+            ready_worker(&store).expect("the ring's worker readied");
+            // The cap holds: asking with zeroes changes nothing and tells what it is.
+            let mut max = [0, 0];
+            libublk::io::with_task_io_ring_mut(|ring| {
+                ring.submitter().register_iowq_max_workers(&mut max)
+            })
+            .unwrap();
+            assert_eq!(max, [1, 1], "one io_uring worker of each kind");
+        }
         let counters = RequestCounters::new(1);
         let mut server = Server::new(0, &store, &store, &counters);
         server.start(4);
@@ -413,6 +505,15 @@ mod tests {
         let stats = store.stats();
         assert!(stats.bd_reads >= 40, "{stats:?}");
         assert_eq!(stats.failed_reads, 0);
+        let readers_read = server.disk_readers_done();
+        if through == Through::Readers {
+            // The pages on disk went through the readers (some may have been read on the
+            // thread itself, when every slot was busy).
+            let total: u64 = readers_read.iter().sum();
+            assert!(total > 0, "{readers_read:?}");
+        } else {
+            assert!(readers_read.is_empty());
+        }
         drop(server);
         let _ = std::fs::remove_dir_all(&dir);
     }

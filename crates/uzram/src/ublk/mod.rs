@@ -10,6 +10,7 @@
 //! - [`tuning`]: the block queue's settings once the device exists.
 
 pub mod batch;
+pub mod disk_readers;
 pub mod disk_reads;
 pub mod handler;
 pub mod queue;
@@ -87,7 +88,7 @@ pub fn queue_fn(
             tracing::error!(qid, error = %err, "creating the queue's codec failed");
             return;
         }
-        if let Err(err) = disk_reads::ready_worker(&store) {
+        if let Err(err) = disk_reads::ready(&store) {
             tracing::warn!(qid, error = %err, "readying the io_uring worker for disk reads failed: one is made at the first read");
         }
         let mut server = Server::new(slot, &store, &*writer, &counters);

@@ -229,6 +229,15 @@ impl<'a> Server<'a> {
         Some(done)
     }
 
+    /// Reads each of the thread's disk reader threads finished (`disk_readers.rs`); empty
+    /// without them.
+    #[cfg(test)]
+    pub fn disk_readers_done(&self) -> Vec<u64> {
+        self.disk
+            .as_ref()
+            .map_or_else(Vec::new, DiskReads::readers_done)
+    }
+
     /// Counts a request served with `res`.
     fn finished(&mut self, op: Op, res: i32) {
         self.counters.record(self.slot, op, res);
