@@ -76,6 +76,8 @@ struct Shared {
     read: ReadFn,
     /// Jobs each reader finished.
     done: Vec<AtomicU64>,
+    /// Readers that could not post their ready message, and ended.
+    failed: AtomicU64,
 }
 
 /// A queue thread's reader threads; stopped and joined when dropped (once the queue thread
@@ -129,24 +131,37 @@ impl Readers {
             wake: Condvar::new(),
             read,
             done: (0..READERS).map(|_| AtomicU64::new(0)).collect(),
+            failed: AtomicU64::new(0),
         });
         let mut readers = Readers {
             shared,
             threads: Vec::with_capacity(READERS),
         };
-        for i in 0..READERS {
-            // Made here, where a failure is an error of start(), not of a read.
-            let ring = IoUring::<squeue::Entry, cqueue::Entry>::new(4)?;
-            let shared = Arc::clone(&readers.shared);
-            let handle = std::thread::Builder::new()
-                .name(format!("uzram-rd{i}"))
-                // mlockall locks every thread's whole stack: keep these small.
-                .stack_size(STACK_BYTES)
-                .spawn(move || run(i, ring, ring_fd, &shared))?;
-            readers.threads.push(handle);
+        let started = (|| {
+            for i in 0..READERS {
+                // Made here, where a failure is an error of start(), not of a read.
+                let ring = IoUring::<squeue::Entry, cqueue::Entry>::new(4)?;
+                let shared = Arc::clone(&readers.shared);
+                let handle = std::thread::Builder::new()
+                    .name(format!("uzram-rd{i}"))
+                    // mlockall locks every thread's whole stack: keep these small.
+                    .stack_size(STACK_BYTES)
+                    .spawn(move || run(i, ring, ring_fd, &shared))?;
+                readers.threads.push(handle);
+            }
+            wait_ready(READERS, &readers.shared.failed)
+        })();
+        match started {
+            Ok(()) => Ok(readers),
+            Err(err) => {
+                // Every reader that started has posted its ready message once it is joined:
+                // take those off the ring too, so that the thread serves no stray
+                // completion.
+                drop(readers);
+                discard_ready();
+                Err(err)
+            }
         }
-        wait_ready(READERS)?;
-        Ok(readers)
     }
 
     /// Queues `job` for the next free reader; gives it back when the queue is full.
@@ -194,17 +209,20 @@ impl Drop for Readers {
 }
 
 /// Waits on the calling thread's ring for `n` [`READER_READY`] completions, at most
-/// [`READY_WAIT`].
-fn wait_ready(n: usize) -> io::Result<()> {
+/// [`READY_WAIT`], and not once a reader `failed`.
+fn wait_ready(n: usize, failed: &AtomicU64) -> io::Result<()> {
     let deadline = Instant::now() + READY_WAIT;
     let mut ready = 0;
     libublk::io::with_task_io_ring_mut(|ring| {
         while ready < n {
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            if left.is_zero() || failed.load(Ordering::Relaxed) > 0 {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    format!("{ready} of {n} disk readers reported ready"),
+                    format!(
+                        "{ready} of {n} disk readers reported ready, {} could not",
+                        failed.load(Ordering::Relaxed)
+                    ),
                 ));
             }
             let ts = types::Timespec::from(left.min(Duration::from_millis(100)));
@@ -227,11 +245,35 @@ fn wait_ready(n: usize) -> io::Result<()> {
     })
 }
 
+/// Takes every [`READER_READY`] completion still due off the calling thread's ring (after a
+/// failed start, its readers joined): waits in short steps until one brings none.
+fn discard_ready() {
+    libublk::io::with_task_io_ring_mut(|ring| loop {
+        let ts = types::Timespec::from(Duration::from_millis(10));
+        let args = types::SubmitArgs::new().timespec(&ts);
+        match ring.submitter().submit_with_args(1, &args) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ETIME) || wait_again(&e) => {}
+            Err(_) => return,
+        }
+        if ring
+            .completion()
+            .filter(|c| c.user_data() == READER_READY)
+            .count()
+            == 0
+        {
+            return;
+        }
+    });
+}
+
 /// A reader's life: fault in its stack, enter its ring once (io_uring's per-thread state is
 /// made at a thread's first submission), report ready, then read jobs until stopped.
 fn run(index: usize, mut ring: IoUring, target: RawFd, shared: &Shared) {
     crate::memory::fault_guard::prefault_small_stack();
-    if post(&mut ring, target, READER_READY, 0).is_err() {
+    if let Err(err) = post(&mut ring, target, READER_READY, 0) {
+        tracing::warn!(reader = index, error = %err, "a disk reader could not reach its queue's ring");
+        shared.failed.fetch_add(1, Ordering::Relaxed);
         return;
     }
     loop {
@@ -377,6 +419,31 @@ mod tests {
             );
             drop(readers);
             let _ = std::fs::remove_file(&path);
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// Readers that cannot reach the queue's ring (here: a descriptor that is no ring) make
+    /// the start fail at once, and leave no completion on the thread's ring.
+    #[test]
+    fn readers_that_cannot_post_fail_the_start_and_leave_nothing_behind() {
+        std::thread::spawn(|| {
+            if crate::ublk::uring::init_queue_ring(16, 32).is_err() {
+                println!("SKIP: no io_uring here");
+                return;
+            }
+            let not_a_ring = std::fs::File::open("/dev/null").unwrap();
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&not_a_ring);
+            let began = Instant::now();
+            let err = match Readers::start(fd, 4, pread_job) {
+                Ok(_) => panic!("readers started on /dev/null"),
+                Err(err) => err,
+            };
+            assert!(err.to_string().contains("could not"), "{err}");
+            assert!(began.elapsed() < READY_WAIT, "{:?}", began.elapsed());
+            let left = libublk::io::with_task_io_ring_mut(|ring| ring.completion().count());
+            assert_eq!(left, 0);
         })
         .join()
         .unwrap();
