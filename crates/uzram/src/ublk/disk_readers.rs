@@ -346,6 +346,37 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
 
+    /// Runs `f` on a new thread that has a queue thread's ring, with that ring's descriptor;
+    /// skips where io_uring is refused or the kernel has no `IORING_OP_MSG_RING` (5.18).
+    fn on_a_queue_ring(f: impl FnOnce(RawFd) + Send + 'static) {
+        std::thread::spawn(|| {
+            if let Err(err) = crate::ublk::uring::init_queue_ring(16, 64) {
+                println!("SKIP: no io_uring here: {err}");
+                return;
+            }
+            let ring_fd = libublk::io::with_task_io_ring(std::os::fd::AsRawFd::as_raw_fd);
+            // A message to the ring itself: refused with EINVAL where the opcode is unknown.
+            let msg = opcode::MsgRingData::new(types::Fd(ring_fd), 0, 42, None).build();
+            let res = libublk::io::with_task_io_ring_mut(|ring| {
+                // SAFETY: a message refers to no memory of ours.
+                unsafe { ring.submission().push(&msg) }.unwrap();
+                ring.submit_and_wait(1).unwrap();
+                ring.completion().map(|c| c.result()).min().unwrap_or(0)
+            });
+            if res == -libc::EINVAL {
+                println!("SKIP: this kernel has no IORING_OP_MSG_RING");
+                return;
+            }
+            libublk::io::with_task_io_ring_mut(|ring| {
+                ring.submit_and_wait(0).unwrap();
+                ring.completion().for_each(drop);
+            });
+            f(ring_fd);
+        })
+        .join()
+        .unwrap();
+    }
+
     /// Jobs a gated read lets through only once [`READERS`] of them wait at once.
     static AT_GATE: AtomicUsize = AtomicUsize::new(0);
 
@@ -366,23 +397,8 @@ mod tests {
     /// with its read's user data.
     #[test]
     fn reads_run_at_once_and_complete_on_the_queue_threads_ring() {
-        std::thread::spawn(|| {
-            if let Err(err) = crate::ublk::uring::init_queue_ring(16, 32) {
-                println!("SKIP: no io_uring here: {err}");
-                return;
-            }
-            let ring_fd = libublk::io::with_task_io_ring(|r| {
-                use std::os::fd::AsRawFd;
-                r.as_raw_fd()
-            });
-            let readers = match Readers::start(ring_fd, 8, gated_read) {
-                Ok(r) => r,
-                Err(err) if err.raw_os_error() == Some(libc::EINVAL) => {
-                    println!("SKIP: this kernel has no IORING_OP_MSG_RING: {err}");
-                    return;
-                }
-                Err(err) => panic!("{err}"),
-            };
+        on_a_queue_ring(|ring_fd| {
+            let readers = Readers::start(ring_fd, 8, gated_read).expect("readers started");
             let path = std::env::temp_dir().join(format!("uzram-readers-{}", std::process::id()));
             let data: Vec<u8> = (0..READERS * 4096).map(|i| (i * 7 % 251) as u8).collect();
             std::fs::write(&path, &data).unwrap();
@@ -419,20 +435,14 @@ mod tests {
             );
             drop(readers);
             let _ = std::fs::remove_file(&path);
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     /// Readers that cannot reach the queue's ring (here: a descriptor that is no ring) make
     /// the start fail at once, and leave no completion on the thread's ring.
     #[test]
     fn readers_that_cannot_post_fail_the_start_and_leave_nothing_behind() {
-        std::thread::spawn(|| {
-            if crate::ublk::uring::init_queue_ring(16, 32).is_err() {
-                println!("SKIP: no io_uring here");
-                return;
-            }
+        on_a_queue_ring(|_| {
             let not_a_ring = std::fs::File::open("/dev/null").unwrap();
             let fd = std::os::fd::AsRawFd::as_raw_fd(&not_a_ring);
             let began = Instant::now();
@@ -444,9 +454,7 @@ mod tests {
             assert!(began.elapsed() < READY_WAIT, "{:?}", began.elapsed());
             let left = libublk::io::with_task_io_ring_mut(|ring| ring.completion().count());
             assert_eq!(left, 0);
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     static HELD: AtomicUsize = AtomicUsize::new(0);
@@ -464,22 +472,8 @@ mod tests {
     /// thread then reads it itself), and nothing is lost: every queued read completes.
     #[test]
     fn a_full_queue_gives_the_job_back_and_loses_none() {
-        std::thread::spawn(|| {
-            if crate::ublk::uring::init_queue_ring(16, 64).is_err() {
-                println!("SKIP: no io_uring here");
-                return;
-            }
-            let ring_fd = libublk::io::with_task_io_ring(|r| {
-                use std::os::fd::AsRawFd;
-                r.as_raw_fd()
-            });
-            let readers = match Readers::start(ring_fd, 3, held_read) {
-                Ok(r) => r,
-                Err(err) => {
-                    println!("SKIP: no IORING_OP_MSG_RING here: {err}");
-                    return;
-                }
-            };
+        on_a_queue_ring(|ring_fd| {
+            let readers = Readers::start(ring_fd, 3, held_read).expect("readers started");
             let job = |user_data| Job {
                 fd: -1,
                 buf: std::ptr::null_mut(),
@@ -521,8 +515,6 @@ mod tests {
                 });
             }
             assert_eq!(readers.done().iter().sum::<u64>(), queued);
-        })
-        .join()
-        .unwrap();
+        });
     }
 }
