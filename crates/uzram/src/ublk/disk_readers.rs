@@ -313,18 +313,19 @@ fn post(ring: &mut IoUring, target: RawFd, user_data: u64, res: i32) -> io::Resu
         // empty (each post waits for its own completion).
         unsafe { ring.submission().push(&msg) }
             .map_err(|_| io::Error::other("a reader's ring is full"))?;
-        let mut result = None;
-        while result.is_none() {
+        let result = loop {
             match ring.submit_and_wait(1) {
                 Ok(_) => {}
                 Err(e) if wait_again(&e) => {}
                 Err(e) => return Err(e),
             }
-            result = ring.completion().next().map(|c| c.result());
-        }
+            if let Some(c) = ring.completion().next() {
+                break c.result();
+            }
+        };
         match result {
-            Some(r) if r >= 0 => return Ok(()),
-            Some(r) if matches!(-r, libc::EOVERFLOW | libc::EAGAIN | libc::ENOMEM) => {
+            r if r >= 0 => return Ok(()),
+            r if matches!(-r, libc::EOVERFLOW | libc::EAGAIN | libc::ENOMEM) => {
                 short += 1;
                 if short.is_power_of_two() {
                     tracing::warn!(
@@ -335,8 +336,7 @@ fn post(ring: &mut IoUring, target: RawFd, user_data: u64, res: i32) -> io::Resu
                 }
                 std::thread::sleep(Duration::from_millis(1));
             }
-            Some(r) => return Err(io::Error::from_raw_os_error(-r)),
-            None => unreachable!("the loop above ends with a result"),
+            r => return Err(io::Error::from_raw_os_error(-r)),
         }
     }
 }
