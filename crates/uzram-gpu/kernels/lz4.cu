@@ -944,7 +944,7 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 //     to sequence, then every sequence's size and place in the block (all threads), its
 //     bytes (a thread per sequence) and the block's copy out (all threads).
 // Shared memory per block is about 24.5 KiB (the page, the chains and then the parse's
-// sequences, the hash heads and then the best offsets, the best lengths and then the block), so 8
+// sequences, the best offsets, the hash heads, the best lengths and then the block), so 8
 // pages share an SM: the serial steps of one page overlap the others' searches. (A backward
 // price DP over positions instead of step 3 gained 0.5 % in ratio at a quarter of the
 // speed: docs/gpu.md.)
@@ -957,15 +957,9 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 #define HIGH_LAZY 2u
 #endif
 #define HIGH_CAP 64u
-// The search compares candidates' matches up to this many bytes (a length of HIGH_CAP or more
-// is kept as HIGH_CAP, "measure it in full at the offset the search chose").
-#ifndef HIGH_LIM
-#define HIGH_LIM HIGH_CAP
-#endif
-static_assert(HIGH_LIM >= HIGH_CAP, "the search compares at least the lengths it keeps");
-// A chain walk ends once it found a match this long (LZ4HC has none: HIGH_LIM).
+// A chain walk ends once it found a match this long (LZ4HC has none: HIGH_CAP).
 #ifndef HIGH_NICE
-#define HIGH_NICE HIGH_LIM
+#define HIGH_NICE HIGH_CAP
 #endif
 // Every HIGH_SAMPLE-th position (a power of two; 1: all) is searched first; a position
 // between two inherits its sampled position's match when that still covers MIN_MATCH bytes
@@ -1001,19 +995,15 @@ static_assert(HIGH_SAMPLE - 1u + MIN_MATCH <= HIGH_CAP, "an inherited HIGH_CAP m
 #ifndef HIGH_REFILL
 #define HIGH_REFILL 8
 #endif
-#ifndef HIGH_HASH_LOG
 #define HIGH_HASH_LOG 11u
-#endif
 #define NO_POS 0xffffu
-// Flags beside a position's link while the chains are built (a position takes 12 bits).
+// Flags beside a position's hash while the chains are built (the hash takes HIGH_HASH_LOG bits).
 #define CHAIN_FIRST 0x4000u
 #define CHAIN_LAST 0x8000u
-#define CHAIN_POS 0x0fffu
 // The parse's per-position byte (lazy shift << 6 | length) where a length must be measured.
 #define LAZY_MEASURE 0xffu
 static_assert(HIGH_LAZY <= 2u && HIGH_CAP <= 64u, "a lazy shift and an uncapped length fit a byte below LAZY_MEASURE");
-static_assert(HIGH_HASH_LOG <= 12u, "the hash heads live in s_off while the chains are built");
-static_assert(PAGE_BYTES - 1u <= CHAIN_POS, "the chain flags sit above a position");
+static_assert(HIGH_HASH_LOG <= 14u, "the chain flags sit above the hash");
 
 __device__ __forceinline__ u32 hash_high(u32 v) {
     return (v * 2654435761u) >> (32u - HIGH_HASH_LOG);
@@ -1086,13 +1076,13 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
     __shared__ __align__(16) u32 s_page[PAGE_BYTES / 4u + HIGH_PAD_WORDS];
     __shared__ __align__(16) u16 s_link[PAGE_BYTES];        // chains
     __shared__ __align__(16) u16 s_off[PAGE_BYTES];         // best offsets
-    __shared__ __align__(16) u32 s_small[PAGE_BYTES / 4u];  // best lengths, then the block
+    __shared__ __align__(16) u32 s_small[PAGE_BYTES / 4u];  // hash heads, best lengths, the block
     __shared__ u32 s_flag;
     __shared__ u16 s_queue[HIGH_THREADS / 32u][32];   // each warp's positions to search
     __shared__ u32 s_next[2];                          // each pass's next 32 positions
     __shared__ u32 s_emit[3];                          // the parse's sequences, block offset and length
     __shared__ u32 s_scan[HIGH_THREADS / 32u];         // each warp's sum of sequence sizes
-    u16* const heads = s_off;   // until the search: s_off is free while the chains are built
+    u16* const heads = (u16*)s_small;
     u8* const lens = (u8*)s_small;
 
     const u32 tid = threadIdx.x;
@@ -1143,14 +1133,11 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
         }
 
         // 1. Hash chains. a) Every warp, 32 positions at a time: each position's hash, and
-        //    its link to the last earlier position of its 32 with the same hash, with flags
-        //    above the link for whether the position is the first and the last of its hash
-        //    in its 32. b) Warp 0, in position order: a first takes its link from the heads,
-        //    a last becomes the head, and the flags go. (Warp 0 alone doing both, with the
-        //    other warps waiting, made the kernel 5 % slower: docs/bench/gpu-runs.md.) The
-        //    heads live in s_off (free until the search), which holds 2^12 of them: with
-        //    2^11, chains of a 4 KiB page are full of other hashes' positions, each a step of
-        //    HIGH_DEPTH spent on a candidate that cannot match.
+        //    its link to the last earlier position of its 32 with the same hash; s_off (free
+        //    until the search) keeps the hash and whether the position is the first and the
+        //    last of its hash in its 32. b) Warp 0, in position order: a first takes its
+        //    link from the heads, a last becomes the head. (Warp 0 alone doing both, with
+        //    the other warps waiting, made the kernel 5 % slower: docs/bench/gpu-runs.md.)
         for (u32 base = warp * 32u; base <= last_start; base += HIGH_THREADS) {
             const u32 p = base + lane;
             const bool active = p <= last_start;
@@ -1158,30 +1145,30 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
             const u32 peers = __match_any_sync(FULL_MASK, h);
             const u32 earlier = peers & lower_lanes;
             if (active) {
-                const u32 link = earlier != 0u ? base + (31u - __clz(earlier)) : CHAIN_FIRST;
-                s_link[p] = (u16)(link | ((peers & higher_lanes) == 0u ? CHAIN_LAST : 0u));
+                if (earlier != 0u) {
+                    s_link[p] = (u16)(base + (31u - __clz(earlier)));
+                }
+                s_off[p] = (u16)(h | (earlier == 0u ? CHAIN_FIRST : 0u)
+                                 | ((peers & higher_lanes) == 0u ? CHAIN_LAST : 0u));
             }
         }
         __syncthreads();
         if (warp == 0u) {
-            u32 v = s_link[lane];
-            u32 h = hash_high(read32(s_page, lane));
+            u32 v = s_off[lane];
             for (u32 base = 0u; base <= last_start; base += 32u) {
                 const u32 p = base + lane;
                 const u32 pn = p + 32u;
-                const bool next = pn <= last_start;
-                const u32 vn = next ? s_link[pn] : 0u;
-                const u32 hn = next ? hash_high(read32(s_page, pn)) : 0u;
-                if (p <= last_start) {
-                    s_link[p] = (v & CHAIN_FIRST) != 0u ? heads[h] : (u16)(v & CHAIN_POS);
+                const u32 vn = pn <= last_start ? s_off[pn] : 0u;
+                const u32 h = v & ((1u << HIGH_HASH_LOG) - 1u);
+                if ((v & CHAIN_FIRST) != 0u) {
+                    s_link[p] = heads[h];
                 }
                 __syncwarp();
-                if (p <= last_start && (v & CHAIN_LAST) != 0u) {
+                if ((v & CHAIN_LAST) != 0u) {
                     heads[h] = (u16)p;
                 }
                 __syncwarp();
                 v = vn;
-                h = hn;
             }
         }
         __syncthreads();
@@ -1217,7 +1204,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                             p = queue[(taken + rank - given) & 31u];
                             busy = true;
                             const u32 room = match_end - p;
-                            lim = room < HIGH_LIM ? room : HIGH_LIM;
+                            lim = room < HIGH_CAP ? room : HIGH_CAP;
                             nice = lim < HIGH_NICE ? lim : HIGH_NICE;
                             c = s_link[p];
                             best = MIN_MATCH - 1u;   // a match must reach MIN_MATCH bytes
@@ -1290,7 +1277,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                         if (best >= nice || c == NO_POS || d >= HIGH_DEPTH) {
                             const bool ok = best >= MIN_MATCH;
                             s_off[p] = ok ? (u16)boff : 0u;
-                            lens[p] = ok ? (u8)(best < HIGH_CAP ? best : HIGH_CAP) : 0u;
+                            lens[p] = ok ? (u8)best : 0u;
                             busy = false;
                         }
                     }
