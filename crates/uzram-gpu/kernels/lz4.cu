@@ -947,7 +947,7 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 // sequences, the best offsets, the hash heads, the best lengths and then the block), so 8
 // pages share an SM: the serial steps of one page overlap the others' searches. (A backward
 // price DP over positions instead of step 3 gained 0.5 % in ratio at a quarter of the
-// speed: docs/gpu.md.)
+// speed: docs/gpu.md; HIGH_PRICE below, 0.5-1.1 % at half the speed.)
 // ---------------------------------------------------------------------------------------
 
 #ifndef HIGH_DEPTH
@@ -995,6 +995,19 @@ static_assert(HIGH_SAMPLE - 1u + MIN_MATCH <= HIGH_CAP, "an inherited HIGH_CAP m
 #ifndef HIGH_REFILL
 #define HIGH_REFILL 8
 #endif
+// The parse's decisions (step 3a). 0 (shipped): greedy with HIGH_LAZY lazy steps. 1: a
+// backward price pass over each position's best match (a literal costs a byte, a match its
+// token, offset and length bytes), run by one lane of each warp over its 512 positions and
+// HIGH_PRICE_OVERLAP beyond. 1 stores 0.5-1.1 % more than 0 (0.973-0.986 of LZ4HC-9 against
+// 0.963-0.981 on python-heap and three captured heaps) but halves the kernel's speed, the
+// lanes' serial passes holding every warp (run 190, docs/bench/gpu-runs.md).
+#ifndef HIGH_PRICE
+#define HIGH_PRICE 0u
+#endif
+#ifndef HIGH_PRICE_OVERLAP
+#define HIGH_PRICE_OVERLAP 64u
+#endif
+static_assert(PAGE_BYTES % (HIGH_THREADS / 32u) == 0u, "the price pass gives each warp an equal part of the page");
 #define HIGH_HASH_LOG 11u
 #define NO_POS 0xffffu
 // Flags beside a position's hash while the chains are built (the hash takes HIGH_HASH_LOG bits).
@@ -1306,6 +1319,41 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
             u8* const step_of = (u8*)s_link;                  // a): per position
             u32* const seq_end = (u32*)s_link + PAGE_BYTES / 4u;   // b): mp | len << 16
             u32* const seq_at = (u32*)s_link;                 // c): start | offset in block << 16
+#if HIGH_PRICE
+            if (lane == 0u) {
+                // Warp w decides positions [w * part, (w + 1) * part): backward from
+                // HIGH_PRICE_OVERLAP positions past its part (whose costs it takes as level
+                // beyond them), each position's least cost to the page's end, a literal or its
+                // match whole (a capped length weighed as HIGH_CAP, measured in full by b).
+                // The costs of the next HIGH_CAP positions sit in a window of the free half
+                // of s_link (b's sequences take it only after the barrier below).
+                const u32 part = PAGE_BYTES / (HIGH_THREADS / 32u);
+                const u32 start = warp * part;
+                const u32 end = start + part;
+                const u32 far = end + HIGH_PRICE_OVERLAP < PAGE_BYTES ? end + HIGH_PRICE_OVERLAP : PAGE_BYTES;
+                u16* const window = (u16*)s_link + PAGE_BYTES / 2u + warp * HIGH_CAP;
+                u32 next = 0u;   // the cost from p + 1 on
+                for (u32 p = far; p-- > start;) {
+                    const u32 l0 = p <= last_start ? lens[p] : 0u;
+                    u32 best = next + 1u;
+                    bool take = false;
+                    if (l0 != 0u) {
+                        const u32 l = l0 < HIGH_CAP ? l0 : HIGH_CAP;
+                        const u32 q = p + l;
+                        // Read before this position's cost takes the slot (q may be p + HIGH_CAP).
+                        const u32 after = q < far ? window[q % HIGH_CAP] : 0u;
+                        const u32 c = 3u + ext_bytes(l - MIN_MATCH) + after;
+                        take = c < best;
+                        best = take ? c : best;
+                    }
+                    window[p % HIGH_CAP] = (u16)best;
+                    next = best;
+                    if (p < end) {
+                        step_of[p] = (u8)(!take ? 0u : (l0 >= HIGH_CAP ? LAZY_MEASURE : l0));
+                    }
+                }
+            }
+#else
             for (u32 k = tid; k <= last_start; k += HIGH_THREADS) {
                 const u32 l0 = lens[k];
                 u32 e = l0 == 0u ? 0u : (l0 >= HIGH_CAP ? LAZY_MEASURE : l0);
@@ -1330,6 +1378,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                 }
                 step_of[k] = (u8)e;
             }
+#endif
             __syncthreads();
             if (warp == 0u) {
                 u32 a = 0u, n = 0u;

@@ -341,41 +341,59 @@ fn post(ring: &mut IoUring, target: RawFd, user_data: u64, res: i32) -> io::Resu
     }
 }
 
+/// Test support shared with `disk_reads`' tests.
 #[cfg(test)]
-mod tests {
+pub(super) mod test_ring {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
 
-    /// Runs `f` on a new thread that has a queue thread's ring, with that ring's descriptor;
-    /// skips where io_uring is refused or the kernel has no `IORING_OP_MSG_RING` (5.18).
-    fn on_a_queue_ring(f: impl FnOnce(RawFd) + Send + 'static) {
-        std::thread::spawn(|| {
-            if let Err(err) = crate::ublk::uring::init_queue_ring(16, 64) {
+    /// Runs `f` on a new thread that has a queue thread's ring (`sq` and `cq` entries), with
+    /// that ring's descriptor; skips, saying why, where io_uring is refused or, with
+    /// `msg_ring`, where the kernel has no `IORING_OP_MSG_RING` (5.18).
+    pub(in crate::ublk) fn on_a_queue_ring(
+        sq: u32,
+        cq: u32,
+        msg_ring: bool,
+        f: impl FnOnce(RawFd) + Send + 'static,
+    ) {
+        std::thread::spawn(move || {
+            if let Err(err) = crate::ublk::uring::init_queue_ring(sq, cq) {
                 println!("SKIP: no io_uring here: {err}");
                 return;
             }
             let ring_fd = libublk::io::with_task_io_ring(std::os::fd::AsRawFd::as_raw_fd);
-            // A message to the ring itself: refused with EINVAL where the opcode is unknown.
-            let msg = opcode::MsgRingData::new(types::Fd(ring_fd), 0, 42, None).build();
-            let res = libublk::io::with_task_io_ring_mut(|ring| {
-                // SAFETY: a message refers to no memory of ours.
-                unsafe { ring.submission().push(&msg) }.unwrap();
-                ring.submit_and_wait(1).unwrap();
-                ring.completion().map(|c| c.result()).min().unwrap_or(0)
-            });
-            if res == -libc::EINVAL {
+            if msg_ring && !has_msg_ring(ring_fd) {
                 println!("SKIP: this kernel has no IORING_OP_MSG_RING");
                 return;
             }
-            libublk::io::with_task_io_ring_mut(|ring| {
-                ring.submit_and_wait(0).unwrap();
-                ring.completion().for_each(drop);
-            });
             f(ring_fd);
         })
         .join()
         .unwrap();
     }
+
+    /// Whether the calling thread's ring takes a message to itself (refused with EINVAL
+    /// where the opcode is unknown); the message's completion is taken off the ring.
+    fn has_msg_ring(ring_fd: RawFd) -> bool {
+        let msg = opcode::MsgRingData::new(types::Fd(ring_fd), 0, 42, None).build();
+        let res = libublk::io::with_task_io_ring_mut(|ring| {
+            // SAFETY: a message refers to no memory of ours.
+            unsafe { ring.submission().push(&msg) }.unwrap();
+            ring.submit_and_wait(1).unwrap();
+            ring.completion().map(|c| c.result()).min().unwrap_or(0)
+        });
+        libublk::io::with_task_io_ring_mut(|ring| {
+            ring.submit_and_wait(0).unwrap();
+            ring.completion().for_each(drop);
+        });
+        res != -libc::EINVAL
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_ring::on_a_queue_ring;
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
 
     /// Jobs a gated read lets through only once [`READERS`] of them wait at once.
     static AT_GATE: AtomicUsize = AtomicUsize::new(0);
@@ -397,7 +415,7 @@ mod tests {
     /// with its read's user data.
     #[test]
     fn reads_run_at_once_and_complete_on_the_queue_threads_ring() {
-        on_a_queue_ring(|ring_fd| {
+        on_a_queue_ring(16, 64, true, |ring_fd| {
             let readers = Readers::start(ring_fd, 8, gated_read).expect("readers started");
             let path = std::env::temp_dir().join(format!("uzram-readers-{}", std::process::id()));
             let data: Vec<u8> = (0..READERS * 4096).map(|i| (i * 7 % 251) as u8).collect();
@@ -442,7 +460,7 @@ mod tests {
     /// the start fail at once, and leave no completion on the thread's ring.
     #[test]
     fn readers_that_cannot_post_fail_the_start_and_leave_nothing_behind() {
-        on_a_queue_ring(|_| {
+        on_a_queue_ring(16, 64, true, |_| {
             let not_a_ring = std::fs::File::open("/dev/null").unwrap();
             let fd = std::os::fd::AsRawFd::as_raw_fd(&not_a_ring);
             let began = Instant::now();
@@ -472,7 +490,7 @@ mod tests {
     /// thread then reads it itself), and nothing is lost: every queued read completes.
     #[test]
     fn a_full_queue_gives_the_job_back_and_loses_none() {
-        on_a_queue_ring(|ring_fd| {
+        on_a_queue_ring(16, 64, true, |ring_fd| {
             let readers = Readers::start(ring_fd, 3, held_read).expect("readers started");
             let job = |user_data| Job {
                 fd: -1,

@@ -7,7 +7,7 @@
 //! read into one of its [`SLOTS`] block-aligned buffers (the backing device is opened for
 //! direct I/O), with the slot's number in the completion's user data, and gives them back to
 //! the store to open, decode and check into the request's buffer. The reads run on the queue
-//! thread's reader threads (`disk_readers.rs`), [`READERS`] at a time, which post each
+//! thread's reader threads (`disk_readers.rs`), [`READERS`](disk_readers::READERS) at a time, which post each
 //! result into the thread's ring; where those could not be started (a kernel without
 //! `IORING_OP_MSG_RING`), on the ring's single io_uring worker, one at a time. With every
 //! slot busy, or no room to queue, a page is read synchronously on the thread, as before.
@@ -18,7 +18,7 @@ use std::cell::RefCell;
 use io_uring::{opcode, squeue, types};
 use libublk::io::UblkIOCtx;
 
-use super::disk_readers::{self, Job, Readers, READERS};
+use super::disk_readers::{self, Job, Readers};
 use uzram_core::store::{DiskRead, PageStore, BLOCK_BYTES, MAX_OBJECT_BLOCKS};
 use uzram_core::PAGE_SIZE;
 
@@ -72,19 +72,30 @@ pub struct DiskReads {
 
 const _: () = assert!(SLOTS <= 64);
 
+/// How a queue thread reads written-back pages, once [`ready`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadPath {
+    /// The store has no backing device.
+    NoDisk,
+    /// [`READERS`](disk_readers::READERS) reader threads at once.
+    Readers,
+    /// One at a time, on the ring's io_uring worker.
+    Worker,
+}
+
 /// Readies the calling queue thread for disk reads before it serves (a store with a backing
 /// device read directly; otherwise nothing to do): starts its reader threads, which the
 /// thread's [`DiskReads`] then takes; where they cannot be started, readies the ring's
-/// io_uring worker instead ([`ready_worker`]). Returns how many reads can run at once.
-pub fn ready(store: &PageStore) -> std::io::Result<usize> {
+/// io_uring worker instead ([`ready_worker`]).
+pub fn ready(store: &PageStore) -> std::io::Result<ReadPath> {
     if store.backing_read_fd().is_none() {
-        return Ok(0);
+        return Ok(ReadPath::NoDisk);
     }
     let ring_fd = libublk::io::with_task_io_ring(std::os::fd::AsRawFd::as_raw_fd);
     match Readers::start(ring_fd, SLOTS, disk_readers::pread_job) {
         Ok(readers) => {
             STARTED.with(|s| *s.borrow_mut() = Some(readers));
-            Ok(READERS)
+            Ok(ReadPath::Readers)
         }
         Err(err) => {
             tracing::warn!(
@@ -92,7 +103,7 @@ pub fn ready(store: &PageStore) -> std::io::Result<usize> {
                 "starting the disk reader threads failed: written-back pages are read one \
                  at a time through the queue's io_uring worker"
             );
-            ready_worker(store).map(|()| 1)
+            ready_worker(store).map(|()| ReadPath::Worker)
         }
     }
 }
@@ -345,30 +356,24 @@ mod tests {
     /// The reads run on the thread's reader threads.
     #[test]
     fn a_read_of_written_back_pages_waits_on_the_ring_and_completes_whole() {
-        on_a_queue_thread(|| serve_written_back_reads(Through::Readers));
+        on_a_queue_thread(|| serve_written_back_reads(Through::Readers), true);
     }
 
     /// The same through the ring's one io_uring worker, where reader threads cannot be
     /// started.
     #[test]
     fn without_readers_the_reads_go_through_the_rings_one_worker() {
-        on_a_queue_thread(|| serve_written_back_reads(Through::Worker));
+        on_a_queue_thread(|| serve_written_back_reads(Through::Worker), false);
     }
 
-    fn on_a_queue_thread(f: fn()) {
+    /// Runs `f` on a queue thread's ring as root (a backing file must be root's); the
+    /// readers need `IORING_OP_MSG_RING`, the worker does not.
+    fn on_a_queue_thread(f: fn(), msg_ring: bool) {
         if !crate::sys::is_root() {
             println!("SKIP: a backing file must be root's");
             return;
         }
-        std::thread::spawn(move || {
-            if let Err(err) = crate::ublk::uring::init_queue_ring(64, 128) {
-                println!("SKIP: no io_uring here: {err}");
-                return;
-            }
-            f();
-        })
-        .join()
-        .unwrap();
+        super::super::disk_readers::test_ring::on_a_queue_ring(64, 128, msg_ring, move |_| f());
     }
 
     #[derive(PartialEq)]
@@ -427,7 +432,7 @@ mod tests {
         if through == Through::Readers {
             assert_eq!(
                 ready(&store).expect("readied"),
-                READERS,
+                ReadPath::Readers,
                 "the reader threads run"
             );
         } else {

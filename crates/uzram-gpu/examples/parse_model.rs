@@ -1,0 +1,467 @@
+//! A CPU model of the `high` kernel's parse, to tell what separates it from LZ4HC-9 on a
+//! corpus: its search (how many chain candidates a position gets) or its parse (greedy with
+//! two lazy steps). No GPU needed.
+//!
+//! The model searches every position (the kernel samples every 16th first and lets the rest
+//! inherit) over exact 4-byte chains (the kernel's 11-bit hash also chains other bytes, which
+//! its one-byte test skips), keeping each position's longest match among its `DEPTH` nearest
+//! candidates, nearest on ties; then it parses those matches two ways:
+//! - `lazy`: the kernel's rule (take the next position's match while it is longer by 2 or
+//!   more, at most 2 steps; extend each match back into its literals);
+//! - `price`: a backward shortest path over the same matches (each position a literal, or its
+//!   match cut to any length from 4): the least any parse of those matches stores.
+//!
+//! Ratios follow zram's rules (same-filled pages left out, a page that does not shrink below
+//! `--threshold` stored raw), beside liblz4's default, HC-9 and HC-12 on the same pages.
+//!
+//! Usage: parse_model [--depth N,N,...] [--threshold N] [--pages N] CORPUS.pages.zst...
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::path::PathBuf;
+
+use uzram_core::page::same_filled_word;
+use uzram_core::PAGE_SIZE;
+
+const MIN_MATCH: usize = 4;
+/// The last position a match may start at (LZ4's MFLIMIT).
+const LAST_START: usize = PAGE_SIZE - 12;
+/// Where a match must end by (LZ4's LASTLITERALS).
+const MATCH_END: usize = PAGE_SIZE - 5;
+const NO_POS: u32 = u32::MAX;
+
+struct Args {
+    depths: Vec<usize>,
+    threshold: usize,
+    pages: usize,
+    corpora: Vec<PathBuf>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        depths: vec![32, 64, 256],
+        threshold: 3625,
+        pages: usize::MAX,
+        corpora: Vec::new(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
+        match arg.as_str() {
+            "--depth" => {
+                a.depths = value("--depth")?
+                    .split(',')
+                    .map(|d| d.parse().map_err(|_| format!("bad depth {d}")))
+                    .collect::<Result<_, _>>()?;
+            }
+            "--threshold" => {
+                a.threshold = value("--threshold")?
+                    .parse()
+                    .map_err(|_| "bad --threshold")?
+            }
+            "--pages" => a.pages = value("--pages")?.parse().map_err(|_| "bad --pages")?,
+            s if s.starts_with("--") => return Err(format!("unknown option {s}")),
+            _ => a.corpora.push(arg.into()),
+        }
+    }
+    if a.corpora.is_empty() || a.depths.contains(&0) {
+        return Err(
+            "usage: parse_model [--depth N,N,...] [--threshold N] [--pages N] CORPUS...".into(),
+        );
+    }
+    Ok(a)
+}
+
+fn read32(page: &[u8], p: usize) -> u32 {
+    u32::from_le_bytes([page[p], page[p + 1], page[p + 2], page[p + 3]])
+}
+
+/// How many bytes from `p` on (up to MATCH_END) equal those from `cand`, 8 at a time.
+fn match_len(page: &[u8], cand: usize, p: usize) -> usize {
+    let mut l = 0;
+    while p + l + 8 <= MATCH_END {
+        let a = u64::from_le_bytes(page[cand + l..cand + l + 8].try_into().expect("8 bytes"));
+        let b = u64::from_le_bytes(page[p + l..p + l + 8].try_into().expect("8 bytes"));
+        if a != b {
+            return l + ((a ^ b).trailing_zeros() / 8) as usize;
+        }
+        l += 8;
+    }
+    while p + l < MATCH_END && page[cand + l] == page[p + l] {
+        l += 1;
+    }
+    l
+}
+
+/// Each position's longest match among its `depth` nearest earlier positions with the same
+/// first 4 bytes (length 0: none of at least MIN_MATCH), with its offset.
+struct Matches {
+    len: Vec<usize>,
+    off: Vec<usize>,
+    head: Vec<u32>,
+    prev: Vec<u32>,
+}
+
+impl Matches {
+    fn new() -> Self {
+        Self {
+            len: vec![0; PAGE_SIZE],
+            off: vec![0; PAGE_SIZE],
+            head: vec![NO_POS; 1 << 16],
+            prev: vec![NO_POS; PAGE_SIZE],
+        }
+    }
+
+    fn search(&mut self, page: &[u8], depth: usize) {
+        self.head.fill(NO_POS);
+        self.len.fill(0);
+        for p in 0..=LAST_START {
+            let v = read32(page, p);
+            let h = (v.wrapping_mul(2_654_435_761) >> 16) as usize;
+            let (mut c, mut best, mut off, mut seen) = (self.head[h], MIN_MATCH - 1, 0, 0);
+            while c != NO_POS && seen < depth {
+                let cand = c as usize;
+                if read32(page, cand) == v {
+                    let l = match_len(page, cand, p);
+                    if l > best {
+                        best = l;
+                        off = p - cand;
+                    }
+                    seen += 1;
+                }
+                c = self.prev[cand];
+            }
+            self.prev[p] = self.head[h];
+            self.head[h] = p as u32;
+            if best >= MIN_MATCH {
+                self.len[p] = best;
+                self.off[p] = off;
+            }
+        }
+    }
+}
+
+/// Bytes an LZ4 length field of value `n` needs after its token nibble.
+fn ext_bytes(n: usize) -> usize {
+    if n >= 15 {
+        (n - 15) / 255 + 1
+    } else {
+        0
+    }
+}
+
+/// Bytes of a sequence of `lits` literals and a match of `ml` bytes.
+fn seq_bytes(lits: usize, ml: usize) -> usize {
+    1 + ext_bytes(lits) + lits + 2 + ext_bytes(ml - MIN_MATCH)
+}
+
+/// Bytes of the last sequence: `lits` literals alone.
+fn last_bytes(lits: usize) -> usize {
+    1 + ext_bytes(lits) + lits
+}
+
+/// The kernel's choice at `ip` (a position with a match): up to 2 lazy steps (the next
+/// position's match while it is longer by 2 or more), then the match extended back into the
+/// literals after `anchor`. Returns its start and length.
+fn lazy_choice(page: &[u8], m: &Matches, ip: usize, anchor: usize) -> (usize, usize) {
+    let (mut mp, mut ml) = (ip, m.len[ip]);
+    for _ in 0..2 {
+        let q = mp + 1;
+        if q > LAST_START || m.len[q] <= ml + 1 {
+            break;
+        }
+        mp = q;
+        ml = m.len[q];
+    }
+    let off = m.off[mp];
+    while mp > anchor && mp > off && page[mp - 1] == page[mp - 1 - off] {
+        mp -= 1;
+        ml += 1;
+    }
+    (mp, ml)
+}
+
+/// The kernel's parse: greedy, up to 2 lazy steps, each match extended back into its literals.
+fn lazy_bytes(page: &[u8], m: &Matches) -> usize {
+    let (mut ip, mut anchor, mut size) = (0, 0, 0);
+    while ip <= LAST_START {
+        if m.len[ip] == 0 {
+            ip += 1;
+            continue;
+        }
+        let (mp, ml) = lazy_choice(page, m, ip, anchor);
+        size += seq_bytes(mp - anchor, ml);
+        ip = mp + ml;
+        anchor = ip;
+    }
+    size + last_bytes(PAGE_SIZE - anchor)
+}
+
+/// The kernel's parse with each match cut where two sequences reach furthest: a match of
+/// `ml` at `mp` ends at the `k` (from MIN_MATCH to `ml`) whose position's own match reaches
+/// furthest, the longest such `k` on ties (flexible parsing).
+fn flex_bytes(page: &[u8], m: &Matches) -> usize {
+    let (mut ip, mut anchor, mut size, mut was_cut) = (0, 0, 0, false);
+    while ip <= LAST_START {
+        if m.len[ip] == 0 {
+            ip += 1;
+            continue;
+        }
+        // After a cut, the match the cut was made for is taken as it is.
+        let (mp, ml) = if was_cut {
+            (ip, m.len[ip])
+        } else {
+            lazy_choice(page, m, ip, anchor)
+        };
+        let reach = |k: usize| {
+            let q = mp + k;
+            q + if q <= LAST_START { m.len[q] } else { 0 }
+        };
+        // Not cutting leaves one sequence where the match's end has none of its own: a cut
+        // then costs a sequence (3 bytes) and must reach that much further to pay.
+        let whole = reach(ml);
+        let bar = if whole == mp + ml { whole + 3 } else { whole };
+        let (mut cut, mut best) = (ml, bar);
+        for k in (MIN_MATCH..ml).rev() {
+            if reach(k) > best {
+                cut = k;
+                best = reach(k);
+            }
+        }
+        size += seq_bytes(mp - anchor, cut);
+        was_cut = cut < ml;
+        ip = mp + cut;
+        anchor = ip;
+    }
+    size + last_bytes(PAGE_SIZE - anchor)
+}
+
+/// The whole-match price parse as a GPU block could run it: the page in segments of `seg`
+/// positions, each segment's backward pass on its own (a warp each), run on into the next
+/// `overlap` positions with a flat cost after them, the lengths it weighs capped at `cap`
+/// (the kernel keeps a length of 64 or more as 64, "measure it in full"); then one forward
+/// walk that takes each chosen match at its full length.
+fn segmented_bytes(
+    m: &Matches,
+    seg: usize,
+    overlap: usize,
+    cap: usize,
+    local: &mut [usize],
+    choice: &mut [bool],
+) -> usize {
+    let mut start = 0;
+    while start < PAGE_SIZE {
+        let end = (start + seg).min(PAGE_SIZE);
+        let far = (end + overlap).min(PAGE_SIZE);
+        // Each segment's costs are its own (`local`, from its start), so one segment's
+        // overlap does not change the next segment's choices.
+        local[..=far - start].fill(0);
+        for p in (start..far).rev() {
+            let i = p - start;
+            let lit = local[i + 1] + 1;
+            let longest = if p <= LAST_START {
+                m.len[p].min(cap)
+            } else {
+                0
+            };
+            let mut best = lit;
+            let mut take = false;
+            if longest >= MIN_MATCH {
+                let j = (i + longest).min(far - start);
+                let c = 3 + ext_bytes(longest - MIN_MATCH) + local[j];
+                if c < best {
+                    best = c;
+                    take = true;
+                }
+            }
+            local[i] = best;
+            if p < end {
+                choice[p] = take;
+            }
+        }
+        start = end;
+    }
+    let (mut p, mut anchor, mut size) = (0, 0, 0);
+    while p <= LAST_START {
+        if !choice[p] {
+            p += 1;
+            continue;
+        }
+        let ml = m.len[p];
+        size += seq_bytes(p - anchor, ml);
+        p += ml;
+        anchor = p;
+    }
+    size + last_bytes(PAGE_SIZE - anchor)
+}
+
+/// The least bytes any parse of these matches stores: a backward shortest path where each
+/// position is a literal (1 byte) or its match cut to any length from MIN_MATCH (token and
+/// offset, 3 bytes, and the length's extra bytes); the parse found is then encoded exactly.
+fn price_bytes(
+    m: &Matches,
+    cost: &mut [usize],
+    choice: &mut [usize],
+    allowed: &dyn Fn(usize, usize) -> bool,
+) -> usize {
+    cost[PAGE_SIZE] = 0;
+    for p in (0..PAGE_SIZE).rev() {
+        cost[p] = cost[p + 1] + 1;
+        choice[p] = 0;
+        let longest = if p <= LAST_START { m.len[p] } else { 0 };
+        for l in (MIN_MATCH..=longest).filter(|&l| allowed(l, longest)) {
+            let c = 3 + ext_bytes(l - MIN_MATCH) + cost[p + l];
+            if c < cost[p] {
+                cost[p] = c;
+                choice[p] = l;
+            }
+        }
+    }
+    let (mut p, mut anchor, mut size) = (0, 0, 0);
+    while p < PAGE_SIZE {
+        if choice[p] == 0 {
+            p += 1;
+            continue;
+        }
+        size += seq_bytes(p - anchor, choice[p]);
+        p += choice[p];
+        anchor = p;
+    }
+    size + last_bytes(PAGE_SIZE - anchor)
+}
+
+/// Buffers a parse may use, made once.
+struct Scratch {
+    cost: Vec<usize>,
+    choice: Vec<usize>,
+    chosen: Vec<bool>,
+}
+
+type Parse = fn(&[u8], &Matches, &mut Scratch) -> usize;
+
+/// Every parse the model weighs, by the name it reports.
+const PARSES: [(&str, Parse); 11] = [
+    ("lazy", |page, m, _| lazy_bytes(page, m)),
+    ("flex", |page, m, _| flex_bytes(page, m)),
+    ("price", |_, m, s| {
+        price_bytes(m, &mut s.cost, &mut s.choice, &|_, _| true)
+    }),
+    ("price_whole", |_, m, s| {
+        price_bytes(m, &mut s.cost, &mut s.choice, &|l, longest| l == longest)
+    }),
+    ("price_whole_4_8", |_, m, s| {
+        price_bytes(m, &mut s.cost, &mut s.choice, &|l, longest| {
+            l <= 8 || l == longest
+        })
+    }),
+    ("price_whole_4_16", |_, m, s| {
+        price_bytes(m, &mut s.cost, &mut s.choice, &|l, longest| {
+            l <= 16 || l == longest
+        })
+    }),
+    ("price_whole_last_5", |_, m, s| {
+        price_bytes(m, &mut s.cost, &mut s.choice, &|l, longest| {
+            l + 4 >= longest
+        })
+    }),
+    // The kernel's HIGH_PRICE pass: whole matches, lengths capped at 64, 8 parts of 512
+    // positions, each run on 64 positions into the next; and what its parts and overlap cost.
+    ("price_whole_cap64", |_, m, s| {
+        segmented_bytes(m, PAGE_SIZE, 0, 64, &mut s.cost, &mut s.chosen)
+    }),
+    ("kernel_price", |_, m, s| {
+        segmented_bytes(m, 512, 64, 64, &mut s.cost, &mut s.chosen)
+    }),
+    ("kernel_price_no_overlap", |_, m, s| {
+        segmented_bytes(m, 512, 0, 64, &mut s.cost, &mut s.chosen)
+    }),
+    ("kernel_price_overlap_256", |_, m, s| {
+        segmented_bytes(m, 512, 256, 64, &mut s.cost, &mut s.chosen)
+    }),
+];
+
+fn liblz4_bytes(page: &[u8], level: Option<i32>, out: &mut [u8]) -> usize {
+    // SAFETY: `page` and `out` are live buffers of the lengths passed; liblz4 reads and
+    // writes only inside them.
+    let n = unsafe {
+        match level {
+            None => lz4_sys::LZ4_compress_default(
+                page.as_ptr().cast(),
+                out.as_mut_ptr().cast(),
+                PAGE_SIZE as i32,
+                out.len() as i32,
+            ),
+            Some(l) => lz4_sys::LZ4_compress_HC(
+                page.as_ptr().cast(),
+                out.as_mut_ptr().cast(),
+                PAGE_SIZE as i32,
+                out.len() as i32,
+                l,
+            ),
+        }
+    };
+    usize::try_from(n).unwrap_or(0)
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("parse_model: {e}");
+            std::process::exit(2);
+        }
+    };
+    let stored = |n: usize| {
+        if n == 0 || n >= args.threshold {
+            PAGE_SIZE
+        } else {
+            n
+        }
+    };
+    let mut m = Matches::new();
+    let mut scratch = Scratch {
+        cost: vec![0; PAGE_SIZE + 1],
+        choice: vec![0; PAGE_SIZE + 1],
+        chosen: vec![false; PAGE_SIZE],
+    };
+    let mut out = vec![0u8; PAGE_SIZE + 64];
+    for path in &args.corpora {
+        let name = common::corpus_name(path);
+        let pages = common::load_pages(path);
+        let pages: Vec<&[u8]> = pages
+            .chunks_exact(PAGE_SIZE)
+            .filter(|&p| same_filled_word(p.try_into().expect("a page")).is_none())
+            .take(args.pages)
+            .collect();
+        let raw = (pages.len() * PAGE_SIZE) as f64;
+        let mut refs = [0usize; 3];
+        for page in &pages {
+            refs[0] += stored(liblz4_bytes(page, None, &mut out));
+            refs[1] += stored(liblz4_bytes(page, Some(9), &mut out));
+            refs[2] += stored(liblz4_bytes(page, Some(12), &mut out));
+        }
+        for &depth in &args.depths {
+            let mut bytes = [0usize; PARSES.len()];
+            for page in &pages {
+                m.search(page, depth);
+                for (total, (_, parse)) in bytes.iter_mut().zip(PARSES.iter()) {
+                    *total += stored(parse(page, &m, &mut scratch));
+                }
+            }
+            let vs_hc9: Vec<String> = PARSES
+                .iter()
+                .zip(bytes)
+                .map(|((name, _), n)| format!("\"{name}\":{:.4}", refs[1] as f64 / n as f64))
+                .collect();
+            println!(
+                "{{\"corpus\":\"{name}\",\"pages\":{},\"depth\":{depth},\"lz4\":{:.4},\"hc9\":{:.4},\"hc12\":{:.4},\"vs_hc9\":{{{}}}}}",
+                pages.len(),
+                raw / refs[0] as f64,
+                raw / refs[1] as f64,
+                raw / refs[2] as f64,
+                vs_hc9.join(","),
+            );
+        }
+    }
+}
