@@ -947,7 +947,7 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 // sequences, the best offsets, the hash heads, the best lengths and then the block), so 8
 // pages share an SM: the serial steps of one page overlap the others' searches. (A backward
 // price DP over positions instead of step 3 gained 0.5 % in ratio at a quarter of the
-// speed: docs/gpu.md; HIGH_PRICE below, 0.5-1.1 % at half the speed.)
+// speed: docs/gpu.md; HIGH_PRICE below, 0.5-1.1 % at half to two thirds of the speed.)
 // ---------------------------------------------------------------------------------------
 
 #ifndef HIGH_DEPTH
@@ -997,17 +997,24 @@ static_assert(HIGH_SAMPLE - 1u + MIN_MATCH <= HIGH_CAP, "an inherited HIGH_CAP m
 #endif
 // The parse's decisions (step 3a). 0 (shipped): greedy with HIGH_LAZY lazy steps. 1: a
 // backward price pass over each position's best match (a literal costs a byte, a match its
-// token, offset and length bytes), run by one lane of each warp over its 512 positions and
-// HIGH_PRICE_OVERLAP beyond. 1 stores 0.5-1.1 % more than 0 (0.973-0.986 of LZ4HC-9 against
-// 0.963-0.981 on python-heap and three captured heaps) but halves the kernel's speed, the
-// lanes' serial passes holding every warp (run 190, docs/bench/gpu-runs.md).
+// token, offset and length bytes), run by HIGH_PRICE_LANES lanes of each warp, each over its
+// part of the page and HIGH_PRICE_OVERLAP positions beyond. 1 stores 0.5-1.1 % more than 0
+// (0.973-0.986 of LZ4HC-9 against 0.963-0.981 on python-heap and three captured heaps) but
+// runs the kernel at half its speed with one lane a warp and at two thirds with four, the
+// passes' serial steps holding every warp (runs 190-191, docs/bench/gpu-runs.md).
 #ifndef HIGH_PRICE
 #define HIGH_PRICE 0u
 #endif
 #ifndef HIGH_PRICE_OVERLAP
 #define HIGH_PRICE_OVERLAP 64u
 #endif
-static_assert(PAGE_BYTES % (HIGH_THREADS / 32u) == 0u, "the price pass gives each warp an equal part of the page");
+// Lanes of each warp that run the price pass, each over its own part of the page.
+#ifndef HIGH_PRICE_LANES
+#define HIGH_PRICE_LANES 1u
+#endif
+#define HIGH_PRICE_PARTS (HIGH_THREADS / 32u * HIGH_PRICE_LANES)
+static_assert(PAGE_BYTES % HIGH_PRICE_PARTS == 0u, "the price pass gives each part as many positions");
+static_assert(HIGH_PRICE_PARTS * HIGH_CAP * 2u <= PAGE_BYTES, "the parts' cost windows fit the free half of s_link");
 #define HIGH_HASH_LOG 11u
 #define NO_POS 0xffffu
 // Flags beside a position's hash while the chains are built (the hash takes HIGH_HASH_LOG bits).
@@ -1320,18 +1327,24 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
             u32* const seq_end = (u32*)s_link + PAGE_BYTES / 4u;   // b): mp | len << 16
             u32* const seq_at = (u32*)s_link;                 // c): start | offset in block << 16
 #if HIGH_PRICE
-            if (lane == 0u) {
-                // Warp w decides positions [w * part, (w + 1) * part): backward from
+            if (lane < HIGH_PRICE_LANES) {
+                // Part i (lane l of warp w: i = w * HIGH_PRICE_LANES + l) decides positions
+                // [i * part, (i + 1) * part): backward from
                 // HIGH_PRICE_OVERLAP positions past its part (whose costs it takes as level
                 // beyond them), each position's least cost to the page's end, a literal or its
                 // match whole (a capped length weighed as HIGH_CAP, measured in full by b).
                 // The costs of the next HIGH_CAP positions sit in a window of the free half
                 // of s_link (b's sequences take it only after the barrier below).
-                const u32 part = PAGE_BYTES / (HIGH_THREADS / 32u);
-                const u32 start = warp * part;
+                const u32 part = PAGE_BYTES / HIGH_PRICE_PARTS;
+                const u32 index = warp * HIGH_PRICE_LANES + lane;
+                const u32 start = index * part;
                 const u32 end = start + part;
                 const u32 far = end + HIGH_PRICE_OVERLAP < PAGE_BYTES ? end + HIGH_PRICE_OVERLAP : PAGE_BYTES;
-                u16* const window = (u16*)s_link + PAGE_BYTES / 2u + warp * HIGH_CAP;
+                u16* const window = (u16*)s_link + PAGE_BYTES / 2u + index * HIGH_CAP;
+                // The lanes of a warp step through the same offsets of their windows: each
+                // lane's slots are permuted (by its lane number) so that they fall into
+                // different banks.
+                const u32 swizzle = lane << 1;
                 u32 next = 0u;   // the cost from p + 1 on
                 for (u32 p = far; p-- > start;) {
                     const u32 l0 = p <= last_start ? lens[p] : 0u;
@@ -1341,12 +1354,12 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                         const u32 l = l0 < HIGH_CAP ? l0 : HIGH_CAP;
                         const u32 q = p + l;
                         // Read before this position's cost takes the slot (q may be p + HIGH_CAP).
-                        const u32 after = q < far ? window[q % HIGH_CAP] : 0u;
+                        const u32 after = q < far ? window[(q ^ swizzle) % HIGH_CAP] : 0u;
                         const u32 c = 3u + ext_bytes(l - MIN_MATCH) + after;
                         take = c < best;
                         best = take ? c : best;
                     }
-                    window[p % HIGH_CAP] = (u16)best;
+                    window[(p ^ swizzle) % HIGH_CAP] = (u16)best;
                     next = best;
                     if (p < end) {
                         step_of[p] = (u8)(!take ? 0u : (l0 >= HIGH_CAP ? LAZY_MEASURE : l0));
