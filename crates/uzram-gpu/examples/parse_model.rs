@@ -237,8 +237,8 @@ fn flex_bytes(page: &[u8], m: &Matches) -> usize {
     size + last_bytes(PAGE_SIZE - anchor)
 }
 
-/// The whole-match price parse as a GPU block could run it: the page in segments of `seg`
-/// positions, each segment's backward pass on its own (a warp each), run on into the next
+/// The whole-match price parse as a GPU block runs it: the page in segments of `seg`
+/// positions, each segment's backward pass on its own (a lane each), run on into the next
 /// `overlap` positions with a flat cost after them, the lengths it weighs capped at `cap`
 /// (the kernel keeps a length of 64 or more as 64, "measure it in full"); then one forward
 /// walk that takes each chosen match at its full length.
@@ -365,19 +365,20 @@ const PARSES: [(&str, Parse); 11] = [
             l + 4 >= longest
         })
     }),
-    // The kernel's HIGH_PRICE pass: whole matches, lengths capped at 64, 8 parts of 512
-    // positions, each run on 64 positions into the next; and what its parts and overlap cost.
+    // The kernel's price pass: whole matches, lengths capped at 64, warp 0's 32 parts of 132
+    // positions (the last 4), each run on 64 positions into the next; and other parts and
+    // overlaps (512: one part a warp, run 190).
     ("price_whole_cap64", |_, m, s| {
         segmented_bytes(m, PAGE_SIZE, 0, 64, &mut s.cost, &mut s.chosen)
     }),
     ("kernel_price", |_, m, s| {
+        segmented_bytes(m, 132, 64, 64, &mut s.cost, &mut s.chosen)
+    }),
+    ("price_parts_512", |_, m, s| {
         segmented_bytes(m, 512, 64, 64, &mut s.cost, &mut s.chosen)
     }),
-    ("kernel_price_no_overlap", |_, m, s| {
+    ("price_parts_512_no_overlap", |_, m, s| {
         segmented_bytes(m, 512, 0, 64, &mut s.cost, &mut s.chosen)
-    }),
-    ("kernel_price_overlap_256", |_, m, s| {
-        segmented_bytes(m, 512, 256, 64, &mut s.cost, &mut s.chosen)
     }),
 ];
 

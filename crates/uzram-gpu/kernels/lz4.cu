@@ -938,16 +938,17 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 //     are idle, so the lanes of a warp stay converged however long their chains are (a
 //     loop per position kept 12 of 32 lanes busy; fetching each lane's next position inside
 //     the walk's loop, whether it needed a search or not, was 9 % slower: docs/bench/gpu-runs.md);
-//  3. a greedy parse, taking the best match at the next position that has one, with up to
-//     HIGH_LAZY lazy steps (as LZ4HC), measuring matches longer than HIGH_CAP in full: the
-//     lazy steps of every position first (all threads), then warp 0's walk from sequence
-//     to sequence, then every sequence's size and place in the block (all threads), its
-//     bytes (a thread per sequence) and the block's copy out (all threads).
+//  3. the parse: each position's decision from a backward price pass over the best
+//     matches (a literal or the position's match whole, whichever leaves the least to the
+//     page's end; warp 0's 32 lanes, each over a part of the page), then warp 0's walk
+//     from sequence to sequence, measuring matches longer than HIGH_CAP in full, then every
+//     sequence's size and place in the block (all threads), its bytes (a thread per
+//     sequence) and the block's copy out (all threads).
 // Shared memory per block is about 24.5 KiB (the page, the chains and then the parse's
 // sequences, the best offsets, the hash heads, the best lengths and then the block), so 8
 // pages share an SM: the serial steps of one page overlap the others' searches. (A backward
-// price DP over positions instead of step 3 gained 0.5 % in ratio at a quarter of the
-// speed: docs/gpu.md; HIGH_PRICE below, 0.5-1.1 % at half to two thirds of the speed.)
+// price DP over every length of every match instead of step 3 gained 0.5 % in ratio at a
+// quarter of the speed: docs/gpu.md. HIGH_PRICE below weighs each match whole.)
 // ---------------------------------------------------------------------------------------
 
 #ifndef HIGH_DEPTH
@@ -995,15 +996,15 @@ static_assert(HIGH_SAMPLE - 1u + MIN_MATCH <= HIGH_CAP, "an inherited HIGH_CAP m
 #ifndef HIGH_REFILL
 #define HIGH_REFILL 8
 #endif
-// The parse's decisions (step 3a). 0 (shipped): greedy with HIGH_LAZY lazy steps. 1: a
-// backward price pass over each position's best match (a literal costs a byte, a match its
-// token, offset and length bytes), run by HIGH_PRICE_LANES lanes of each warp, each over its
-// part of the page and HIGH_PRICE_OVERLAP positions beyond. 1 stores 0.5-1.1 % more than 0
-// (0.973-0.986 of LZ4HC-9 against 0.963-0.981 on python-heap and three captured heaps) but
-// runs the kernel at half its speed with one lane a warp and at two thirds with four, the
-// passes' serial steps holding every warp (runs 190-191, docs/bench/gpu-runs.md).
+// The parse's decisions (step 3a). 1 (shipped): a backward price pass over each position's
+// best match (a literal costs a byte, a match its token, offset and length bytes), each part
+// of the page decided from HIGH_PRICE_OVERLAP positions past it. 0: greedy with HIGH_LAZY
+// lazy steps. 1 stores 0.5-1.0 % more (0.973-0.994 of LZ4HC-9 against 0.963-0.988 on the
+// shared corpora and three captured heaps) with the kernel 3-5 % slower, when warp 0's lanes
+// run it; run by lanes of every warp it halved the kernel, each warp issuing every step
+// (runs 190-192, docs/bench/gpu-runs.md).
 #ifndef HIGH_PRICE
-#define HIGH_PRICE 0u
+#define HIGH_PRICE 1u
 #endif
 #ifndef HIGH_PRICE_OVERLAP
 #define HIGH_PRICE_OVERLAP 64u
@@ -1011,6 +1012,17 @@ static_assert(HIGH_SAMPLE - 1u + MIN_MATCH <= HIGH_CAP, "an inherited HIGH_CAP m
 // Lanes of each warp that run the price pass, each over its own part of the page.
 #ifndef HIGH_PRICE_LANES
 #define HIGH_PRICE_LANES 1u
+#endif
+// The price pass by warp 0's 32 lanes (1), while the other warps wait, or by
+// HIGH_PRICE_LANES lanes of every warp (0): each warp that runs it issues every step of it,
+// however few of its lanes work.
+#ifndef HIGH_PRICE_ONE_WARP
+#define HIGH_PRICE_ONE_WARP 1u
+#endif
+static_assert(31u * (PAGE_BYTES / 32u + 4u) < PAGE_BYTES, "warp 0's last part is not empty");
+// The price pass four positions at a time (1) or one at a time (0).
+#ifndef HIGH_PRICE_GROUPED
+#define HIGH_PRICE_GROUPED 1u
 #endif
 #define HIGH_PRICE_PARTS (HIGH_THREADS / 32u * HIGH_PRICE_LANES)
 static_assert(PAGE_BYTES % HIGH_PRICE_PARTS == 0u, "the price pass gives each part as many positions");
@@ -1307,9 +1319,10 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
         }
 
         // 3. The greedy parse, in four steps over s_link (free once the search is done):
-        //  a) every thread: the sequence the parse takes when it reaches each position with
-        //     a match (its lazy steps, from the lengths alone), as one byte: the lazy shift
-        //     and the length, or LAZY_MEASURE where a length is capped and must be measured;
+        //  a) the decision at each position, as one byte: 0 for a literal, or the match's
+        //     length (with the greedy rule, also a lazy shift), or LAZY_MEASURE where a length
+        //     is capped and must be measured (the price pass: warp 0; the greedy rule: every
+        //     thread, its lazy steps from the lengths alone);
         //  b) warp 0: the decisions, one step per sequence (find the next position with a
         //     match, read its byte, move on to the sequence's end); only a LAZY_MEASURE
         //     position takes the measured steps of the serial parse;
@@ -1327,25 +1340,67 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
             u32* const seq_end = (u32*)s_link + PAGE_BYTES / 4u;   // b): mp | len << 16
             u32* const seq_at = (u32*)s_link;                 // c): start | offset in block << 16
 #if HIGH_PRICE
+#if HIGH_PRICE_ONE_WARP
+            if (warp == 0u) {
+                // Lane i decides positions [i * 132, (i + 1) * 132) (lane 31 the last 4):
+                // parts of 132, not 128, so that at each step the lanes read lengths and
+                // write decisions in 32 different banks.
+                const u32 index = lane;
+                const u32 start = lane * (PAGE_BYTES / 32u + 4u);
+                const u32 end = lane == 31u ? PAGE_BYTES : start + PAGE_BYTES / 32u + 4u;
+#else
             if (lane < HIGH_PRICE_LANES) {
-                // Part i (lane l of warp w: i = w * HIGH_PRICE_LANES + l) decides positions
-                // [i * part, (i + 1) * part): backward from
-                // HIGH_PRICE_OVERLAP positions past its part (whose costs it takes as level
-                // beyond them), each position's least cost to the page's end, a literal or its
-                // match whole (a capped length weighed as HIGH_CAP, measured in full by b).
-                // The costs of the next HIGH_CAP positions sit in a window of the free half
-                // of s_link (b's sequences take it only after the barrier below).
                 const u32 part = PAGE_BYTES / HIGH_PRICE_PARTS;
                 const u32 index = warp * HIGH_PRICE_LANES + lane;
                 const u32 start = index * part;
                 const u32 end = start + part;
+#endif
+                // Each part is decided backward from HIGH_PRICE_OVERLAP positions past it
+                // (whose costs it takes as level beyond them): each position's least cost to
+                // the page's end, a literal or its match whole (a capped length weighed as
+                // HIGH_CAP, measured in full by b). The costs of the next HIGH_CAP positions
+                // sit in a window of the free half of s_link (b's sequences take it only
+                // after the barrier below).
                 const u32 far = end + HIGH_PRICE_OVERLAP < PAGE_BYTES ? end + HIGH_PRICE_OVERLAP : PAGE_BYTES;
                 u16* const window = (u16*)s_link + PAGE_BYTES / 2u + index * HIGH_CAP;
                 // The lanes of a warp step through the same offsets of their windows: each
                 // lane's slots are permuted (by its lane number) so that they fall into
                 // different banks.
                 const u32 swizzle = lane << 1;
-                u32 next = 0u;   // the cost from p + 1 on
+                u32 next = 0u;   // the cost from the position after the one decided on
+#if HIGH_PRICE_GROUPED
+                // Four positions at a time, from the last: every match of the four ends at
+                // or past the group (MIN_MATCH >= 4), so all four windows' costs are read at
+                // once, before the group's own costs take their slots, and only the
+                // literals' costs chain from one position to the next, in registers.
+                static_assert(MIN_MATCH >= 4u, "a group's matches end past the group");
+                for (u32 g = far; g > start; g -= 4u) {
+                    const u32 p0 = g - 4u;
+                    const u32 lw = *(const u32*)(lens + p0);
+                    u32 len[4], after[4];
+#pragma unroll
+                    for (u32 k = 0u; k < 4u; ++k) {
+                        const u32 p = p0 + k;
+                        len[k] = p <= last_start ? (lw >> (8u * k)) & 0xffu : 0u;
+                        const u32 q = p + (len[k] < HIGH_CAP ? len[k] : HIGH_CAP);
+                        after[k] = len[k] != 0u && q < far ? window[(q ^ swizzle) % HIGH_CAP] : 0u;
+                    }
+                    u32 steps = 0u;
+#pragma unroll
+                    for (u32 j = 0u; j < 4u; ++j) {
+                        const u32 k = 3u - j;
+                        const u32 l = len[k] < HIGH_CAP ? len[k] : HIGH_CAP;
+                        const u32 c = 3u + ext_bytes(l - MIN_MATCH) + after[k];
+                        const bool take = len[k] != 0u && c < next + 1u;
+                        next = take ? c : next + 1u;
+                        window[((p0 + k) ^ swizzle) % HIGH_CAP] = (u16)next;
+                        steps |= (!take ? 0u : (len[k] >= HIGH_CAP ? LAZY_MEASURE : len[k])) << (8u * k);
+                    }
+                    if (p0 < end) {
+                        *(u32*)(step_of + p0) = steps;
+                    }
+                }
+#else
                 for (u32 p = far; p-- > start;) {
                     const u32 l0 = p <= last_start ? lens[p] : 0u;
                     u32 best = next + 1u;
@@ -1365,6 +1420,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                         step_of[p] = (u8)(!take ? 0u : (l0 >= HIGH_CAP ? LAZY_MEASURE : l0));
                     }
                 }
+#endif
             }
 #else
             for (u32 k = tid; k <= last_start; k += HIGH_THREADS) {
