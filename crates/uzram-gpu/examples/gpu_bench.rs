@@ -120,26 +120,7 @@ fn liblz4(page: &[u8], level: Option<i32>, threshold: usize) -> (usize, Vec<u8>)
         return (0, Vec::new());
     }
     let mut out = vec![0u8; PAGE_SIZE + 64];
-    // SAFETY: `page` and `out` are live buffers of the lengths passed; liblz4 reads and
-    // writes only inside them.
-    let n = unsafe {
-        match level {
-            None => lz4_sys::LZ4_compress_default(
-                page.as_ptr().cast(),
-                out.as_mut_ptr().cast(),
-                PAGE_SIZE as i32,
-                out.len() as i32,
-            ),
-            Some(l) => lz4_sys::LZ4_compress_HC(
-                page.as_ptr().cast(),
-                out.as_mut_ptr().cast(),
-                PAGE_SIZE as i32,
-                out.len() as i32,
-                l,
-            ),
-        }
-    };
-    let n = usize::try_from(n).unwrap_or(0);
+    let n = common::liblz4_compress(page, level, &mut out);
     if n == 0 || n >= threshold {
         return (PAGE_SIZE, Vec::new());
     }

@@ -382,29 +382,6 @@ const PARSES: [(&str, Parse); 11] = [
     }),
 ];
 
-fn liblz4_bytes(page: &[u8], level: Option<i32>, out: &mut [u8]) -> usize {
-    // SAFETY: `page` and `out` are live buffers of the lengths passed; liblz4 reads and
-    // writes only inside them.
-    let n = unsafe {
-        match level {
-            None => lz4_sys::LZ4_compress_default(
-                page.as_ptr().cast(),
-                out.as_mut_ptr().cast(),
-                PAGE_SIZE as i32,
-                out.len() as i32,
-            ),
-            Some(l) => lz4_sys::LZ4_compress_HC(
-                page.as_ptr().cast(),
-                out.as_mut_ptr().cast(),
-                PAGE_SIZE as i32,
-                out.len() as i32,
-                l,
-            ),
-        }
-    };
-    usize::try_from(n).unwrap_or(0)
-}
-
 fn main() {
     let args = match parse_args() {
         Ok(a) => a,
@@ -438,9 +415,9 @@ fn main() {
         let raw = (pages.len() * PAGE_SIZE) as f64;
         let mut refs = [0usize; 3];
         for page in &pages {
-            refs[0] += stored(liblz4_bytes(page, None, &mut out));
-            refs[1] += stored(liblz4_bytes(page, Some(9), &mut out));
-            refs[2] += stored(liblz4_bytes(page, Some(12), &mut out));
+            refs[0] += stored(common::liblz4_compress(page, None, &mut out));
+            refs[1] += stored(common::liblz4_compress(page, Some(9), &mut out));
+            refs[2] += stored(common::liblz4_compress(page, Some(12), &mut out));
         }
         for &depth in &args.depths {
             let mut bytes = [0usize; PARSES.len()];

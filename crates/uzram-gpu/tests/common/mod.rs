@@ -158,6 +158,33 @@ pub fn load_pages(path: &Path) -> Vec<u8> {
     data
 }
 
+/// liblz4's block of one page into `out`, at its default level (`None`) or by
+/// `LZ4_compress_HC` at `level`: the block's length, 0 where it did not fit.
+pub fn liblz4_compress(page: &[u8], level: Option<i32>, out: &mut [u8]) -> usize {
+    let page: &[u8; PAGE_SIZE] = page.try_into().expect("a page");
+    let capacity = i32::try_from(out.len()).unwrap_or(i32::MAX);
+    // SAFETY: `page` and `out` are live buffers of the lengths passed; liblz4 reads and
+    // writes only inside them.
+    let n = unsafe {
+        match level {
+            None => lz4_sys::LZ4_compress_default(
+                page.as_ptr().cast(),
+                out.as_mut_ptr().cast(),
+                PAGE_SIZE as i32,
+                capacity,
+            ),
+            Some(l) => lz4_sys::LZ4_compress_HC(
+                page.as_ptr().cast(),
+                out.as_mut_ptr().cast(),
+                PAGE_SIZE as i32,
+                capacity,
+                l,
+            ),
+        }
+    };
+    usize::try_from(n).unwrap_or(0)
+}
+
 /// Short name of a corpus file.
 pub fn corpus_name(path: &Path) -> String {
     let n = path.file_name().unwrap_or_default().to_string_lossy();
