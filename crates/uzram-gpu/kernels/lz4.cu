@@ -997,36 +997,22 @@ static_assert(HIGH_SAMPLE - 1u + MIN_MATCH <= HIGH_CAP, "an inherited HIGH_CAP m
 #define HIGH_REFILL 8
 #endif
 // The parse's decisions (step 3a). 1 (shipped): a backward price pass over each position's
-// best match (a literal costs a byte, a match its token, offset and length bytes), each part
-// of the page decided from HIGH_PRICE_OVERLAP positions past it. 0: greedy with HIGH_LAZY
-// lazy steps. 1 stores 0.5-1.0 % more (0.973-0.994 of LZ4HC-9 against 0.963-0.988 on the
-// shared corpora and three captured heaps) with the kernel 3-5 % slower, when warp 0's lanes
-// run it; run by lanes of every warp it halved the kernel, each warp issuing every step
-// (runs 190-192, docs/bench/gpu-runs.md).
+// best match (a literal costs a byte, a match its token, offset and length bytes), run by
+// warp 0's 32 lanes while the other warps wait, each lane's part of the page decided from
+// HIGH_PRICE_OVERLAP positions past it. 0: greedy with HIGH_LAZY lazy steps. 1 stores
+// 0.5-1.0 % more (0.973-0.994 of LZ4HC-9 against 0.963-0.988 on the shared corpora and three
+// captured heaps) with the kernel 3-5 % slower. Run by lanes of every warp, or a position at
+// a time, it was slower (each warp that runs it issues every step, however few lanes work:
+// half the kernel's speed; those variants are in 7d8a361; runs 190-192,
+// docs/bench/gpu-runs.md).
 #ifndef HIGH_PRICE
 #define HIGH_PRICE 1u
 #endif
 #ifndef HIGH_PRICE_OVERLAP
 #define HIGH_PRICE_OVERLAP 64u
 #endif
-// Lanes of each warp that run the price pass, each over its own part of the page.
-#ifndef HIGH_PRICE_LANES
-#define HIGH_PRICE_LANES 1u
-#endif
-// The price pass by warp 0's 32 lanes (1), while the other warps wait, or by
-// HIGH_PRICE_LANES lanes of every warp (0): each warp that runs it issues every step of it,
-// however few of its lanes work.
-#ifndef HIGH_PRICE_ONE_WARP
-#define HIGH_PRICE_ONE_WARP 1u
-#endif
 static_assert(31u * (PAGE_BYTES / 32u + 4u) < PAGE_BYTES, "warp 0's last part is not empty");
-// The price pass four positions at a time (1) or one at a time (0).
-#ifndef HIGH_PRICE_GROUPED
-#define HIGH_PRICE_GROUPED 1u
-#endif
-#define HIGH_PRICE_PARTS (HIGH_THREADS / 32u * HIGH_PRICE_LANES)
-static_assert(PAGE_BYTES % HIGH_PRICE_PARTS == 0u, "the price pass gives each part as many positions");
-static_assert(HIGH_PRICE_PARTS * HIGH_CAP * 2u <= PAGE_BYTES, "the parts' cost windows fit the free half of s_link");
+static_assert(32u * HIGH_CAP * 2u <= PAGE_BYTES, "the lanes' cost windows fit the free half of s_link");
 #define HIGH_HASH_LOG 11u
 #define NO_POS 0xffffu
 // Flags beside a position's hash while the chains are built (the hash takes HIGH_HASH_LOG bits).
@@ -1318,7 +1304,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
             __syncthreads();
         }
 
-        // 3. The greedy parse, in four steps over s_link (free once the search is done):
+        // 3. The parse, in four steps over s_link (free once the search is done):
         //  a) the decision at each position, as one byte: 0 for a literal, or the match's
         //     length (with the greedy rule, also a lazy shift), or LAZY_MEASURE where a length
         //     is capped and must be measured (the price pass: warp 0; the greedy rule: every
@@ -1340,35 +1326,23 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
             u32* const seq_end = (u32*)s_link + PAGE_BYTES / 4u;   // b): mp | len << 16
             u32* const seq_at = (u32*)s_link;                 // c): start | offset in block << 16
 #if HIGH_PRICE
-#if HIGH_PRICE_ONE_WARP
             if (warp == 0u) {
                 // Lane i decides positions [i * 132, (i + 1) * 132) (lane 31 the last 4):
                 // parts of 132, not 128, so that at each step the lanes read lengths and
-                // write decisions in 32 different banks.
-                const u32 index = lane;
+                // write decisions in 32 different banks. Each part is decided backward from
+                // HIGH_PRICE_OVERLAP positions past it (whose costs it takes as level beyond
+                // them): each position's least cost to the page's end, a literal or its match
+                // whole (a capped length weighed as HIGH_CAP, measured in full by b). The
+                // costs of the next HIGH_CAP positions sit in a window of the free half of
+                // s_link (b's sequences take it only after the barrier below).
                 const u32 start = lane * (PAGE_BYTES / 32u + 4u);
                 const u32 end = lane == 31u ? PAGE_BYTES : start + PAGE_BYTES / 32u + 4u;
-#else
-            if (lane < HIGH_PRICE_LANES) {
-                const u32 part = PAGE_BYTES / HIGH_PRICE_PARTS;
-                const u32 index = warp * HIGH_PRICE_LANES + lane;
-                const u32 start = index * part;
-                const u32 end = start + part;
-#endif
-                // Each part is decided backward from HIGH_PRICE_OVERLAP positions past it
-                // (whose costs it takes as level beyond them): each position's least cost to
-                // the page's end, a literal or its match whole (a capped length weighed as
-                // HIGH_CAP, measured in full by b). The costs of the next HIGH_CAP positions
-                // sit in a window of the free half of s_link (b's sequences take it only
-                // after the barrier below).
                 const u32 far = end + HIGH_PRICE_OVERLAP < PAGE_BYTES ? end + HIGH_PRICE_OVERLAP : PAGE_BYTES;
-                u16* const window = (u16*)s_link + PAGE_BYTES / 2u + index * HIGH_CAP;
-                // The lanes of a warp step through the same offsets of their windows: each
-                // lane's slots are permuted (by its lane number) so that they fall into
-                // different banks.
+                u16* const window = (u16*)s_link + PAGE_BYTES / 2u + lane * HIGH_CAP;
+                // The lanes step through the same offsets of their windows: each lane's slots
+                // are permuted (by its lane number) so that they fall into different banks.
                 const u32 swizzle = lane << 1;
                 u32 next = 0u;   // the cost from the position after the one decided on
-#if HIGH_PRICE_GROUPED
                 // Four positions at a time, from the last: every match of the four ends at
                 // or past the group (MIN_MATCH >= 4), so all four windows' costs are read at
                 // once, before the group's own costs take their slots, and only the
@@ -1400,27 +1374,6 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                         *(u32*)(step_of + p0) = steps;
                     }
                 }
-#else
-                for (u32 p = far; p-- > start;) {
-                    const u32 l0 = p <= last_start ? lens[p] : 0u;
-                    u32 best = next + 1u;
-                    bool take = false;
-                    if (l0 != 0u) {
-                        const u32 l = l0 < HIGH_CAP ? l0 : HIGH_CAP;
-                        const u32 q = p + l;
-                        // Read before this position's cost takes the slot (q may be p + HIGH_CAP).
-                        const u32 after = q < far ? window[(q ^ swizzle) % HIGH_CAP] : 0u;
-                        const u32 c = 3u + ext_bytes(l - MIN_MATCH) + after;
-                        take = c < best;
-                        best = take ? c : best;
-                    }
-                    window[(p ^ swizzle) % HIGH_CAP] = (u16)best;
-                    next = best;
-                    if (p < end) {
-                        step_of[p] = (u8)(!take ? 0u : (l0 >= HIGH_CAP ? LAZY_MEASURE : l0));
-                    }
-                }
-#endif
             }
 #else
             for (u32 k = tid; k <= last_start; k += HIGH_THREADS) {
