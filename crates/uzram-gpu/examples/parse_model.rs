@@ -1,13 +1,16 @@
 //! A CPU model of the `high` kernel's parse, to tell what separates it from LZ4HC-9 on a
-//! corpus: its search (how many chain candidates a position gets) or its parse (greedy with
-//! two lazy steps). No GPU needed.
+//! corpus: its search (how many chain candidates a position gets) or its parse. No GPU
+//! needed.
 //!
 //! The model searches every position (the kernel samples every 16th first and lets the rest
 //! inherit) over exact 4-byte chains (the kernel's 11-bit hash also chains other bytes, which
 //! its one-byte test skips), keeping each position's longest match among its `DEPTH` nearest
-//! candidates, nearest on ties; then it parses those matches two ways:
-//! - `lazy`: the kernel's rule (take the next position's match while it is longer by 2 or
-//!   more, at most 2 steps; extend each match back into its literals);
+//! candidates, nearest on ties; then it parses those matches in every way of [`PARSES`], among
+//! them:
+//! - `lazy`: the kernel's greedy rule before run 192 (take the next position's match while it
+//!   is longer by 2 or more, at most 2 steps; extend each match back into its literals);
+//! - `kernel_price`: the kernel's price pass since run 192 (whole matches, lengths weighed up
+//!   to 64, 32 parts of 132 positions, each decided from 64 positions past it);
 //! - `price`: a backward shortest path over the same matches (each position a literal, or its
 //!   match cut to any length from 4): the least any parse of those matches stores.
 //!
@@ -248,7 +251,7 @@ fn segmented_bytes(
     overlap: usize,
     cap: usize,
     local: &mut [usize],
-    choice: &mut [bool],
+    choice: &mut [usize],
 ) -> usize {
     let mut start = 0;
     while start < PAGE_SIZE {
@@ -266,13 +269,14 @@ fn segmented_bytes(
                 0
             };
             let mut best = lit;
-            let mut take = false;
+            let mut take = 0;
             if longest >= MIN_MATCH {
                 let j = (i + longest).min(far - start);
                 let c = 3 + ext_bytes(longest - MIN_MATCH) + local[j];
                 if c < best {
                     best = c;
-                    take = true;
+                    // Taken at its full length: the kernel measures a capped one in full.
+                    take = m.len[p];
                 }
             }
             local[i] = best;
@@ -282,15 +286,20 @@ fn segmented_bytes(
         }
         start = end;
     }
+    choices_bytes(choice)
+}
+
+/// Bytes of the block that takes at each position reached the match of `choice[p]` bytes,
+/// or a literal where it is 0.
+fn choices_bytes(choice: &[usize]) -> usize {
     let (mut p, mut anchor, mut size) = (0, 0, 0);
-    while p <= LAST_START {
-        if !choice[p] {
+    while p < PAGE_SIZE {
+        if choice[p] == 0 {
             p += 1;
             continue;
         }
-        let ml = m.len[p];
-        size += seq_bytes(p - anchor, ml);
-        p += ml;
+        size += seq_bytes(p - anchor, choice[p]);
+        p += choice[p];
         anchor = p;
     }
     size + last_bytes(PAGE_SIZE - anchor)
@@ -318,24 +327,13 @@ fn price_bytes(
             }
         }
     }
-    let (mut p, mut anchor, mut size) = (0, 0, 0);
-    while p < PAGE_SIZE {
-        if choice[p] == 0 {
-            p += 1;
-            continue;
-        }
-        size += seq_bytes(p - anchor, choice[p]);
-        p += choice[p];
-        anchor = p;
-    }
-    size + last_bytes(PAGE_SIZE - anchor)
+    choices_bytes(choice)
 }
 
 /// Buffers a parse may use, made once.
 struct Scratch {
     cost: Vec<usize>,
     choice: Vec<usize>,
-    chosen: Vec<bool>,
 }
 
 type Parse = fn(&[u8], &Matches, &mut Scratch) -> usize;
@@ -369,16 +367,16 @@ const PARSES: [(&str, Parse); 11] = [
     // positions (the last 4), each run on 64 positions into the next; and other parts and
     // overlaps (512: one part a warp, run 190).
     ("price_whole_cap64", |_, m, s| {
-        segmented_bytes(m, PAGE_SIZE, 0, 64, &mut s.cost, &mut s.chosen)
+        segmented_bytes(m, PAGE_SIZE, 0, 64, &mut s.cost, &mut s.choice)
     }),
     ("kernel_price", |_, m, s| {
-        segmented_bytes(m, 132, 64, 64, &mut s.cost, &mut s.chosen)
+        segmented_bytes(m, 132, 64, 64, &mut s.cost, &mut s.choice)
     }),
     ("price_parts_512", |_, m, s| {
-        segmented_bytes(m, 512, 64, 64, &mut s.cost, &mut s.chosen)
+        segmented_bytes(m, 512, 64, 64, &mut s.cost, &mut s.choice)
     }),
     ("price_parts_512_no_overlap", |_, m, s| {
-        segmented_bytes(m, 512, 0, 64, &mut s.cost, &mut s.chosen)
+        segmented_bytes(m, 512, 0, 64, &mut s.cost, &mut s.choice)
     }),
 ];
 
@@ -401,7 +399,6 @@ fn main() {
     let mut scratch = Scratch {
         cost: vec![0; PAGE_SIZE + 1],
         choice: vec![0; PAGE_SIZE + 1],
-        chosen: vec![false; PAGE_SIZE],
     };
     let mut out = vec![0u8; PAGE_SIZE + 64];
     for path in &args.corpora {

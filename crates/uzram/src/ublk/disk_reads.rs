@@ -373,7 +373,7 @@ mod tests {
             println!("SKIP: a backing file must be root's");
             return;
         }
-        super::super::disk_readers::test_ring::on_a_queue_ring(64, 128, msg_ring, move |_| f());
+        super::disk_readers::test_ring::on_a_queue_ring(64, 128, msg_ring, move |_| f());
     }
 
     #[derive(PartialEq)]
