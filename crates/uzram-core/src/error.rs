@@ -67,6 +67,10 @@ pub enum CoreError {
         /// Blocks the device holds.
         capacity: u64,
     },
+    /// A write's bytes could not be had from where they were (ublk's user copy: the kernel
+    /// refused to copy the request's data); nothing of that part of the write was stored.
+    #[error("reading the write's data failed: {0}")]
+    Source(#[source] std::io::Error),
     /// A batch backend failed; the caller may retry the batch on another backend.
     #[error("batch backend {backend} failed: {reason}")]
     Backend {
@@ -95,6 +99,7 @@ impl CoreError {
             | CoreError::Checksum { .. }
             | CoreError::Compress(_)
             | CoreError::Backend { .. }
+            | CoreError::Source(_)
             | CoreError::Damaged(_) => -EIO,
         }
     }

@@ -11,7 +11,8 @@
 //!
 //! The crate is safe Rust. The three exceptions sit behind features, each in one module:
 //! the fast LZ4 decoder (`unsafe-lz4`, `codec/lz4/decode_fast.rs`), the streaming copies
-//! into staging memory and arena lines (`unsafe-stream`, `page/stream.rs`), and the arena's
+//! into staging memory and arena lines and the in-place view of staged words
+//! (`unsafe-stream`, `page/stream.rs`, `page/view.rs`), and the arena's
 //! zeroed allocation and object copy (`unsafe-arena`, `store/words.rs`, which streams with
 //! both features on x86_64). Without the three features the whole
 //! crate is `forbid(unsafe_code)`; with them every other module still denies `unsafe` (the

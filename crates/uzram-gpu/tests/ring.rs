@@ -1,5 +1,6 @@
 //! The ring over GPU slots, as the daemon runs it: pages written in 64 KiB requests from
-//! several threads read back exactly, also while staged and while overwritten or
+//! several threads (half of them with their pages copied in by a source, as ublk's user
+//! copy has the kernel copy them) read back exactly, also while staged and while overwritten or
 //! discarded racing their slot, and nothing falls back to the CPU on a healthy GPU.
 //! Skips with a printed reason where there is no GPU.
 
@@ -7,7 +8,7 @@ mod common;
 
 use std::sync::Arc;
 
-use uzram_core::batch::{Ring, RingConfig};
+use uzram_core::batch::{BytesSource, Ring, RingConfig};
 use uzram_core::codec::Algorithm;
 use uzram_core::store::{PageStore, StoreConfig};
 use uzram_core::PAGE_SIZE;
@@ -66,12 +67,17 @@ fn keeps_the_latest_write(
             let (ring, data) = (&ring, &data);
             s.spawn(move || {
                 let end = ((t + 1) * per).min(n as usize);
+                let mut bounce = vec![0u8; 16 * PAGE_SIZE];
                 for first in (t * per..end).step_by(16) {
                     let count = 16.min(end - first);
-                    ring.write(
-                        first as u64,
-                        &data[first * PAGE_SIZE..(first + count) * PAGE_SIZE],
-                    )
+                    let bytes = &data[first * PAGE_SIZE..(first + count) * PAGE_SIZE];
+                    // Half the writers have their pages copied into the slots, as ublk's
+                    // user copy has the kernel copy them; the others copy them themselves.
+                    if t % 2 == 0 {
+                        ring.write_from(first as u64, count, &mut BytesSource(bytes), &mut bounce)
+                    } else {
+                        ring.write(first as u64, bytes)
+                    }
                     .expect("write");
                 }
             });

@@ -130,6 +130,10 @@ pub struct DeviceArgs {
     /// per-io-daemon or per-queue.
     #[arg(long)]
     pub queue_mode: Option<String>,
+    /// Whether the kernel copies requests' data only when the daemon asks (ublk's user
+    /// copy): auto (where writes go to a GPU, at up to 4 queues), on or off.
+    #[arg(long)]
+    pub user_copy: Option<String>,
     /// Most memory the compressed data may use (like zram's mem_limit).
     #[arg(long)]
     pub mem_limit: Option<String>,
@@ -514,6 +518,13 @@ pub struct BenchArgs {
     /// Page checksums to run side by side: on, off, or both (on,off).
     #[arg(long, default_value = "on")]
     pub checksums: String,
+    /// Writes by ublk's user copy, as the daemon moves them with `--user-copy`: auto (as the
+    /// daemon decides: on for the gpu backend at up to 4 queues), on, off, or several side
+    /// by side (on,off; auto,off). Either way the kernel's copy of each written request is
+    /// stood in for by a memcpy (into the request's buffer, or with user copy into
+    /// staging), in the wall time, its CPU time left out and reported apart.
+    #[arg(long, default_value = "auto")]
+    pub user_copy: String,
     /// After each run's writes, mark every page idle and recompress it with zstd,
     /// zstd:LEVEL, zstd-gpu (NVIDIA nvCOMP's zstd) or lz4-gpu (an NVIDIA GPU's high LZ4
     /// parse), as the cold tier does; report the idle set's memory before and after.
@@ -539,6 +550,7 @@ impl DeviceArgs {
             queues: self.queues,
             depth: self.depth,
             queue_mode: self.queue_mode.clone(),
+            user_copy: self.user_copy.clone(),
             mem_limit: self.mem_limit.clone(),
             id: self.id,
             metrics_textfile: self.metrics_textfile.clone(),
@@ -562,6 +574,7 @@ impl DeviceArgs {
             queues: raw.queues,
             depth: raw.depth,
             queue_mode: raw.queue_mode.clone(),
+            user_copy: raw.user_copy.clone(),
             mem_limit: raw.mem_limit.clone(),
             id: raw.id,
             gpu: GpuArgs {
@@ -596,6 +609,7 @@ impl DeviceArgs {
         push_flag(&mut v, "--queues", self.queues);
         push_flag(&mut v, "--depth", self.depth);
         push_flag(&mut v, "--queue-mode", self.queue_mode.as_ref());
+        push_flag(&mut v, "--user-copy", self.user_copy.as_ref());
         push_flag(&mut v, "--mem-limit", self.mem_limit.as_ref());
         push_flag(&mut v, "--id", self.id);
         push_flag(
@@ -666,6 +680,8 @@ mod tests {
             "64",
             "--queue-mode",
             "batch",
+            "--user-copy",
+            "off",
             "--mem-limit",
             "512M",
             "--id",

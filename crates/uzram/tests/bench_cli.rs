@@ -155,6 +155,48 @@ fn human_output_compares_the_backends() {
 }
 
 #[test]
+fn user_copy_runs_beside_the_buffer_and_a_bad_value_is_refused() {
+    let file = TempFile::new("copy", &slice("python-heap")[..64 * 4096]);
+    let args = |copy: &'static str| {
+        [
+            "bench",
+            "--corpus",
+            file.arg(),
+            "--repeat",
+            "1",
+            "--total",
+            "2M",
+            "--queues",
+            "1",
+            "--backend",
+            "cpu",
+            "--user-copy",
+            copy,
+        ]
+    };
+    let out = uzram(&args("on,off"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains(" user "), "{stdout}");
+    assert!(stdout.contains(" buf "), "{stdout}");
+    assert!(
+        stdout.contains("cpu user copy vs the request's buffer: CPU per GiB x"),
+        "{stdout}"
+    );
+    // the cpu backend's run is made once for `auto,off`
+    let out = uzram(&args("auto,off"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(" buf ") && !l.starts_with('('))
+        .count();
+    assert_eq!(rows, 1);
+    let out = uzram(&args("sometimes"));
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--user-copy"), "{}", stderr(&out));
+}
+
+#[test]
 fn gpu_without_a_gpu_is_refused_with_the_way_out() {
     if uzram_gpu_present() {
         eprintln!("skipping: this machine has a GPU");

@@ -11,12 +11,15 @@
 //!   out) slots, and installs results into the [`crate::PageStore`] from a small pool of
 //!   installer threads while other slots are on the device (`ring/`). The store only sees
 //!   pages and tickets, and reads staged pages through the books of `staging.rs`.
+//! - [`PageSource`] (`source.rs`): a write's bytes that the ring has copied straight into
+//!   its slots instead of copying them itself ([`Ring::write_from`]; ublk's user copy).
 
 mod backend;
 #[cfg(any(test, feature = "test-support"))]
 mod host;
 mod layout;
 mod ring;
+mod source;
 mod staging;
 
 pub use backend::{BackendError, BackendMemory, FailureKind, SlotBackend};
@@ -24,4 +27,5 @@ pub use backend::{BackendError, BackendMemory, FailureKind, SlotBackend};
 pub use host::{FailAt, FaultPlan, HostSlots};
 pub use layout::{meta_bytes, PageResult, SlotOutput, SIZE_RAW, SIZE_REJECTED, SIZE_SAME_FILLED};
 pub use ring::{Ring, RingConfig, RingStats, SlotTimes, ThreadHook};
+pub use source::{BytesSource, PageSource};
 pub use staging::{book_words, StagedCopy, Words};

@@ -271,6 +271,19 @@ impl Staging {
             .get(index * PAGE_WORDS..(index + 1) * PAGE_WORDS)
     }
 
+    /// The words of the `count` pages from `index` of `slot`, one run of memory.
+    #[inline]
+    pub(crate) fn words_run(
+        &self,
+        slot: usize,
+        index: usize,
+        count: usize,
+    ) -> Option<&[AtomicU64]> {
+        self.backend
+            .input(slot)
+            .get(index * PAGE_WORDS..(index + count) * PAGE_WORDS)
+    }
+
     /// The ticket of the page staged at `index` of `slot` in its current fill, if any.
     #[inline]
     pub(crate) fn ticket(&self, slot: usize, index: usize) -> Option<Ticket> {

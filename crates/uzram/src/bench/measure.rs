@@ -2,11 +2,13 @@
 //! writer threads sending 64 KiB writes through the daemon's request handler, one reader
 //! timing random 4 KiB reads, then a check of every page.
 
+use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use uzram_core::batch::PageSource;
 use uzram_core::codec::Algorithm;
 use uzram_core::{PageStore, StoreConfig, PAGE_SIZE};
 
@@ -16,7 +18,7 @@ use crate::config::{Backend, GpuSettings};
 use crate::daemon::backend::{StagingHome, WriteBackend};
 use crate::memory::pool;
 use crate::sys::{cpu_time, usage, CpuOf};
-use crate::ublk::handler::{handle, Op};
+use crate::ublk::handler::{handle, handle_via, Op, Via};
 
 /// Pages per write request: 64 KiB, a typical swap-out request.
 pub const REQUEST_PAGES: usize = 16;
@@ -46,6 +48,10 @@ pub struct Setup {
     pub writeback: Option<std::path::PathBuf>,
     /// The timing reader's pause between reads (zero: back to back).
     pub read_gap: Duration,
+    /// Writes move by ublk's user copy: the handler has each request's pages copied in
+    /// where it puts them instead of finding them in the request's buffer (either way the
+    /// kernel's copy is stood in for: [`KernelCopyStandIn`]).
+    pub user_copy: bool,
 }
 
 /// What recompressing every page after the writes did (`--recompress`).
@@ -104,8 +110,10 @@ pub struct Run {
 /// One writer thread's run.
 #[derive(Debug, Clone, Copy)]
 pub struct Writer {
-    /// Its own CPU time.
+    /// Its own CPU time, the stand-in for the kernel's copy left out.
     pub cpu: Duration,
+    /// The CPU time of the stand-in for the kernel's copy of its requests.
+    pub kernel_copy: Duration,
     /// From the first write until it had written its share.
     pub done: Duration,
     /// Time it was runnable but waited for a CPU (zero where the kernel keeps no
@@ -124,6 +132,61 @@ fn queue_thread_priority(name: &str) {
 
 fn runqueue_wait() -> Duration {
     crate::sys::sched::thread_runqueue_wait().unwrap_or_default()
+}
+
+/// The kernel's copy of each written request, stood in for by a `memcpy` from the corpus:
+/// into the request's buffer before the handler runs, or (ublk's user copy,
+/// `ublk/user_copy.rs`) wherever the handler asks for the pages, straight into a staging
+/// slot. Either way the kernel copies each written byte once; the stand-in puts that copy
+/// in the run's wall time, and keeps its CPU time apart (`spent`): the runs count what the
+/// daemon does besides, as they did before the stand-in, when the handler found the pages
+/// in the corpus.
+struct KernelCopyStandIn<'a> {
+    data: &'a [u8],
+    spent: &'a mut Duration,
+}
+
+impl KernelCopyStandIn<'_> {
+    /// The `len` bytes of the request from `offset`.
+    fn range(&self, offset: usize, len: usize) -> io::Result<&[u8]> {
+        offset
+            .checked_add(len)
+            .and_then(|end| self.data.get(offset..end))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "past the request"))
+    }
+
+    fn timed(&mut self, copy: impl FnOnce(&Self) -> io::Result<()>) -> io::Result<()> {
+        let start = cpu_time(CpuOf::Thread)?;
+        let copied = copy(self);
+        *self.spent += cpu_time(CpuOf::Thread)?.saturating_sub(start);
+        copied
+    }
+}
+
+impl PageSource for KernelCopyStandIn<'_> {
+    fn fill_words(&mut self, offset: usize, words: &[AtomicU64]) -> io::Result<()> {
+        self.timed(|k| {
+            let src = k.range(offset, words.len() * 8)?;
+            // SAFETY: `words` spans `src.len()` bytes (checked by `range`); `AtomicU64`s may
+            // be written through a shared reference, and the ring leases these words to this
+            // writer alone until it publishes them; the corpus copy does not overlap them.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src.as_ptr(),
+                    words.as_ptr().cast::<u8>().cast_mut(),
+                    src.len(),
+                )
+            };
+            Ok(())
+        })
+    }
+
+    fn fill_bytes(&mut self, offset: usize, bytes: &mut [u8]) -> io::Result<()> {
+        self.timed(|k| {
+            bytes.copy_from_slice(k.range(offset, bytes.len())?);
+            Ok(())
+        })
+    }
 }
 
 /// A copy of the corpus a thread can hand to the handler (which takes `&mut` buffers, as
@@ -189,7 +252,7 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
     for first in (0..cpages).step_by(REQUEST_PAGES) {
         let n = REQUEST_PAGES.min(cpages - first);
         let buf = src.pages_at(0, first, n, &mut scratch);
-        write(s, c, first, buf)?;
+        write_via(s, c, first, n, buf, Via::Buffer)?;
     }
     compression.flush();
     let mut seed = 0x2545_f491_4f6c_dd1d;
@@ -208,13 +271,15 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
     // Each writer's buffers are made before the clock starts, and freed after it stopped:
     // freeing 16 writers' 64 MiB copies inside the clock took 40 ms of a 100 ms run
     // (docs/bench/gpu-runs.md, run 162).
-    let mut sources: Vec<(Source, Vec<u8>)> = (0..setup.queues)
+    let mut sources: Vec<(Source, Vec<u8>, Vec<u8>)> = (0..setup.queues)
         .map(|_| {
             let src = Source {
                 data: corpus.to_vec(),
                 pages: cpages,
             };
-            (src, vec![0u8; REQUEST_PAGES * PAGE_SIZE])
+            // The request's buffer, as a ublk tag has one.
+            let buffer = vec![0u8; REQUEST_PAGES * PAGE_SIZE];
+            (src, vec![0u8; REQUEST_PAGES * PAGE_SIZE], buffer)
         })
         .collect();
     let (ack, writers, compressed, cpu, faults, cpu_by_role, busy, reader_ok) =
@@ -247,7 +312,7 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
             let writers: std::io::Result<Vec<_>> = sources
                 .iter_mut()
                 .enumerate()
-                .map(|(q, (src, scratch))| {
+                .map(|(q, (src, scratch, bounce))| {
                     let lo = base + q * per;
                     let hi = (base + (q + 1) * per).min(total);
                     let name = format!("bench-queue-{q}");
@@ -260,14 +325,27 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
                             let start = cpu_time(CpuOf::Thread)?;
                             let queued = runqueue_wait();
                             let mut first = lo;
+                            let mut kernel_copy = Duration::ZERO;
                             while first < hi {
                                 let n = REQUEST_PAGES.min(hi - first);
                                 let pages = src.pages_at(base, first, n, scratch);
-                                write(s, c, first, pages)?;
+                                let mut kernel = KernelCopyStandIn {
+                                    data: pages,
+                                    spent: &mut kernel_copy,
+                                };
+                                if setup.user_copy {
+                                    write_via(s, c, first, n, bounce, Via::Source(&mut kernel))?;
+                                } else {
+                                    let buf = &mut bounce[..n * PAGE_SIZE];
+                                    kernel.fill_bytes(0, buf)?;
+                                    write_via(s, c, first, n, buf, Via::Buffer)?;
+                                }
                                 first += n;
                             }
+                            let cpu = cpu_time(CpuOf::Thread)? - start;
                             Ok(Writer {
-                                cpu: cpu_time(CpuOf::Thread)? - start,
+                                cpu: cpu.saturating_sub(kernel_copy),
+                                kernel_copy,
                                 done: t0.elapsed(),
                                 runnable: runqueue_wait().saturating_sub(queued),
                             })
@@ -295,6 +373,7 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
                 }
             }
             let queues_cpu: Duration = done_writers.iter().map(|w| w.cpu).sum();
+            let kernel_copy: Duration = done_writers.iter().map(|w| w.kernel_copy).sum();
             done_writers.sort_unstable_by_key(|w| w.done);
             let ack = t0.elapsed();
             compression.flush();
@@ -314,7 +393,9 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
                 ack,
                 done_writers,
                 compressed,
-                (after.cpu - before.cpu).saturating_sub(reader_cpu),
+                (after.cpu - before.cpu)
+                    .saturating_sub(reader_cpu)
+                    .saturating_sub(kernel_copy),
                 after.faults - before.faults,
                 roles,
                 busy,
@@ -413,16 +494,24 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
     })
 }
 
-/// One write request through the handler.
-fn write(s: &PageStore, c: &WriteBackend, first: usize, buf: &mut [u8]) -> anyhow::Result<()> {
-    let pages = buf.len() / PAGE_SIZE;
-    let r = handle(
+/// One write request of `pages` pages through the handler, its data moving as `via` says
+/// (`buf` holds it, or is the bounce buffer).
+fn write_via(
+    s: &PageStore,
+    c: &WriteBackend,
+    first: usize,
+    pages: usize,
+    buf: &mut [u8],
+    via: Via<'_>,
+) -> anyhow::Result<()> {
+    let r = handle_via(
         Op::Write,
         first as u64 * SECTORS_PER_PAGE,
         (pages as u64 * SECTORS_PER_PAGE) as u32,
         buf,
         s,
         c,
+        via,
     );
     if r < 0 {
         bail!("write of pages {first}+{pages} failed with errno {}", -r);

@@ -34,6 +34,7 @@ use uzram_core::PAGE_SIZE;
 use crate::cli::BenchArgs;
 use crate::config::{Backend, GpuSettings, RawDevice, RecompressCodec};
 use crate::size::parse_size;
+use crate::ublk::queue_mode::user_copy_by_default;
 
 pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let algorithm = Algorithm::parse(&args.algorithm)?;
@@ -46,6 +47,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     );
     let backends = parse_backends(&args.backend)?;
     let checksums = parse_checksums(&args.checksums)?;
+    let copies = parse_user_copy(&args.user_copy)?;
     let recompress = match args.recompress.as_deref() {
         None => None,
         Some("zstd") => Some(RecompressCodec::Zstd {
@@ -83,10 +85,23 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let mut all_verified = true;
     let mut reports = Vec::new();
     for (name, corpus) in &corpora {
-        let setups: Vec<(Backend, measure::Setup)> = backends
-            .iter()
-            .flat_map(|&b| checksums.iter().map(move |&c| (b, c)))
-            .map(|(backend, checksums)| {
+        let mut settings: Vec<(Backend, bool, bool)> = Vec::new();
+        for &b in &backends {
+            for &c in &checksums {
+                for copy in &copies {
+                    // `auto,off` gives the cpu backend's run once.
+                    let queues = u16::try_from(args.queues).unwrap_or(u16::MAX);
+                    let auto = user_copy_by_default(b == Backend::Gpu, queues);
+                    let s = (b, c, copy.unwrap_or(auto));
+                    if !settings.contains(&s) {
+                        settings.push(s);
+                    }
+                }
+            }
+        }
+        let setups: Vec<(Backend, measure::Setup)> = settings
+            .into_iter()
+            .map(|(backend, checksums, user_copy)| {
                 let setup = measure::Setup {
                     algorithm,
                     backend,
@@ -99,6 +114,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                     recompress,
                     writeback: args.writeback.clone(),
                     read_gap: std::time::Duration::from_micros(args.read_gap_us),
+                    user_copy,
                 };
                 (backend, setup)
             })
@@ -147,6 +163,28 @@ fn parse_checksums(text: &str) -> anyhow::Result<Vec<bool>> {
         };
         ensure!(!v.contains(&on), "--checksums {} given twice", part.trim());
         v.push(on);
+    }
+    Ok(v)
+}
+
+/// `--user-copy`: `auto` (as the daemon decides it: on for the gpu backend at up to 4
+/// queues, else off), `on`, `off`, or several side by side (`on,off`; `auto,off`: the gpu backend both
+/// ways, the others once); `None` is `auto`.
+fn parse_user_copy(text: &str) -> anyhow::Result<Vec<Option<bool>>> {
+    let mut v = Vec::new();
+    for part in text.split(',') {
+        let copy = match part.trim() {
+            "auto" => None,
+            "on" => Some(true),
+            "off" => Some(false),
+            other => bail!("--user-copy {other:?}: use auto, on, off, or a list such as on,off"),
+        };
+        ensure!(
+            !v.contains(&copy),
+            "--user-copy {} given twice",
+            part.trim()
+        );
+        v.push(copy);
     }
     Ok(v)
 }

@@ -20,6 +20,12 @@ pub struct Report {
     pub algorithm: String,
     /// Stored pages carried checksums, checked on every read.
     pub checksums: bool,
+    /// Writes moved by ublk's user copy (straight into staging) rather than in the
+    /// request's buffer.
+    pub user_copy: bool,
+    /// CPU-seconds per GiB of the stand-in for the kernel's copy of each written request
+    /// (a `memcpy`, in the wall time, left out of `cpu_s_per_gib`; median).
+    pub kernel_copy_s_per_gib: f64,
     pub queues: usize,
     pub repeat: usize,
     pub warmup: usize,
@@ -184,6 +190,14 @@ impl Report {
             backend: last.map_or("?", |r| r.backend),
             algorithm: setup.algorithm.to_string(),
             checksums: setup.checksums,
+            user_copy: setup.user_copy,
+            kernel_copy_s_per_gib: m(&|r| {
+                r.writers
+                    .iter()
+                    .map(|w| w.kernel_copy.as_secs_f64())
+                    .sum::<f64>()
+                    / (bytes as f64 / (1u64 << 30) as f64)
+            }),
             queues: setup.queues,
             repeat: runs.len(),
             warmup: setup.warmup,
@@ -302,15 +316,21 @@ fn queue_report(
     })
 }
 
+/// CPU-seconds per GiB of thread role `name` (0 when the run has none).
+fn role(r: &Report, name: &str) -> f64 {
+    r.cpu_s_per_gib_by_role.get(name).copied().unwrap_or(0.0)
+}
+
 /// The human table: one row per corpus and backend, then each backend against the first
 /// one of the same corpus.
 pub fn table(reports: &[Report]) -> String {
     let mut out = String::new();
     out.push_str(&format!(
-        "{:<14} {:<8} {:>4} {:>7} {:>7} {:>9} {:>7} {:>16} {:>16} {:>9} {:>8}\n",
+        "{:<14} {:<8} {:>4} {:>4} {:>7} {:>7} {:>9} {:>7} {:>16} {:>16} {:>9} {:>8}\n",
         "corpus",
         "backend",
         "sums",
+        "copy",
         "ingest",
         "ack",
         "CPU-s/GiB",
@@ -327,10 +347,11 @@ pub fn table(reports: &[Report]) -> String {
             format!("{}>{}", r.backend_asked, r.backend)
         };
         out.push_str(&format!(
-            "{:<14} {:<8} {:>4} {:>7.2} {:>7.2} {:>9.3} {:>7.4} {:>16} {:>16} {:>8}M {:>8}\n",
+            "{:<14} {:<8} {:>4} {:>4} {:>7.2} {:>7.2} {:>9.3} {:>7.4} {:>16} {:>16} {:>8}M {:>8}\n",
             r.corpus,
             backend,
             if r.checksums { "on" } else { "off" },
+            if r.user_copy { "user" } else { "buf" },
             r.ingest_gbps,
             r.ack_gbps,
             r.cpu_s_per_gib,
@@ -341,7 +362,11 @@ pub fn table(reports: &[Report]) -> String {
             r.verified
         ));
     }
-    out.push_str("(GB/s of uncompressed pages; ratio = orig_data_size / mem_used_total)\n");
+    out.push_str(
+        "(GB/s of uncompressed pages; ratio = orig_data_size / mem_used_total; copy: buf = the \
+         pages copied into the request's buffer, user = ublk's user copy, into staging; that \
+         copy, the kernel's, is stood in for by a memcpy, its CPU left out)\n",
+    );
     for r in reports {
         if let Some(w) = &r.writeback {
             out.push_str(&format!(
@@ -394,7 +419,8 @@ pub fn table(reports: &[Report]) -> String {
         else {
             continue;
         };
-        if std::ptr::eq(first, r) {
+        // The same backend another way (user copy) has its own line below.
+        if std::ptr::eq(first, r) || first.backend_asked == r.backend_asked {
             continue;
         }
         out.push_str(&format!(
@@ -408,12 +434,38 @@ pub fn table(reports: &[Report]) -> String {
             r.read_busy_p99_us / r.read_idle_p99_us.max(1e-9)
         ));
     }
+    // What user copy saves: each run with it against the same run without.
+    for on in reports.iter().filter(|r| r.user_copy) {
+        let Some(off) = reports.iter().find(|b| {
+            !b.user_copy
+                && b.corpus == on.corpus
+                && b.backend_asked == on.backend_asked
+                && b.checksums == on.checksums
+        }) else {
+            continue;
+        };
+        out.push_str(&format!(
+            "{} {} user copy vs the request's buffer: CPU per GiB x{:.3} (queues x{:.3}), \
+             ingest x{:.3}, busy read p99 x{:.3} (the stand-in for the kernel's copy: {:.3} \
+             against {:.3} CPU-s/GiB, left out)\n",
+            on.corpus,
+            on.backend,
+            on.cpu_s_per_gib / off.cpu_s_per_gib.max(1e-9),
+            role(on, "queues") / role(off, "queues").max(1e-9),
+            on.ingest_gbps / off.ingest_gbps.max(1e-9),
+            on.read_busy_p99_us / off.read_busy_p99_us.max(1e-9),
+            on.kernel_copy_s_per_gib,
+            off.kernel_copy_s_per_gib,
+        ));
+    }
     // What the checksums cost: each run with them against the same run without.
     for on in reports.iter().filter(|r| r.checksums) {
-        let Some(off) = reports
-            .iter()
-            .find(|b| !b.checksums && b.corpus == on.corpus && b.backend_asked == on.backend_asked)
-        else {
+        let Some(off) = reports.iter().find(|b| {
+            !b.checksums
+                && b.corpus == on.corpus
+                && b.backend_asked == on.backend_asked
+                && b.user_copy == on.user_copy
+        }) else {
             continue;
         };
         out.push_str(&format!(

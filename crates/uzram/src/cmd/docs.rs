@@ -80,6 +80,7 @@ mod tests {
         "queues",
         "depth",
         "queue-mode",
+        "user-copy",
         "id",
         "gpus",
         "gpu-memory",

@@ -234,6 +234,46 @@ impl fmt::Display for QueueModeChoice {
     }
 }
 
+/// Whether requests' data moves by ublk's user copy (`UBLK_F_USER_COPY`, Linux 6.5): the
+/// kernel copies a request's data only when the daemon asks, so a write goes straight into
+/// the GPU ring's staging (`ublk/user_copy.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UserCopy {
+    /// On where writes go to a GPU (`backend = "gpu"`) at up to 4 queues and the kernel
+    /// offers it.
+    #[default]
+    Auto,
+    /// Always; refused where the kernel lacks it or with `queue-mode = "batch"`.
+    On,
+    /// Never: the kernel copies every request's data into its tag's buffer.
+    Off,
+}
+
+impl UserCopy {
+    /// Every value `--user-copy` takes.
+    pub const NAMES: &'static str = "auto, on or off";
+
+    /// Parses `auto`, `on` or `off`.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "auto" => UserCopy::Auto,
+            "on" => UserCopy::On,
+            "off" => UserCopy::Off,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for UserCopy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            UserCopy::Auto => "auto",
+            UserCopy::On => "on",
+            UserCopy::Off => "off",
+        })
+    }
+}
+
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -256,6 +296,9 @@ pub enum ConfigError {
     /// The queue mode is not one uzram knows.
     #[error("unknown queue mode {0:?}: use {names}", names = QueueModeChoice::NAMES)]
     UnknownQueueMode(String),
+    /// The user copy setting is not auto, on or off.
+    #[error("unknown user-copy {0:?}: use {names}", names = UserCopy::NAMES)]
+    UnknownUserCopy(String),
     /// `--backend gpu` where no GPU or driver is usable.
     #[error(
         "the gpu backend is not available: {0}; use --backend cpu, or --backend auto to use \
@@ -473,6 +516,8 @@ pub struct DeviceConfig {
     pub depth: u16,
     /// How requests reach the queue threads (`auto`: the fastest the kernel offers).
     pub queue_mode: QueueModeChoice,
+    /// Whether requests' data moves by ublk's user copy.
+    pub user_copy: UserCopy,
     /// Memory limit in bytes for compressed data, if any.
     pub mem_limit: Option<u64>,
     /// Device id to ask the kernel for; `None` lets it pick.
@@ -611,6 +656,9 @@ pub struct RawDevice {
     pub depth: Option<u64>,
     /// Queue mode text.
     pub queue_mode: Option<String>,
+    /// User copy text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_copy: Option<String>,
     /// Memory limit text.
     pub mem_limit: Option<String>,
     /// Device id.
@@ -699,6 +747,11 @@ impl RawDevice {
                 .ok_or_else(|| ConfigError::UnknownQueueMode(text.to_string()))?,
             None => QueueModeChoice::Auto,
         };
+        let user_copy = match self.user_copy.as_deref() {
+            Some(text) => UserCopy::parse(text)
+                .ok_or_else(|| ConfigError::UnknownUserCopy(text.to_string()))?,
+            None => UserCopy::Auto,
+        };
         let mem_limit = self
             .mem_limit
             .as_deref()
@@ -723,6 +776,7 @@ impl RawDevice {
             queues,
             depth,
             queue_mode,
+            user_copy,
             mem_limit,
             id,
             gpu,

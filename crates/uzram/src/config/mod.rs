@@ -5,7 +5,7 @@
 //! `host-memory-limit`, `compression-algorithm`, `swap-priority`, `options`, `fs-type`. uzram's
 //! own keys: `size` and `mem-limit` (bytes, or with a K/M/G/T suffix), `backend`, `gpus`,
 //! `gpu-memory`, `gpu-parse`, `gpu-installers`, `gpu-slot-wait-us`, `queues`, `depth`,
-//! `queue-mode`, `id`, `metrics-textfile` and `checksums`. Unknown keys are errors, so a typo
+//! `queue-mode`, `user-copy`, `id`, `metrics-textfile` and `checksums`. Unknown keys are errors, so a typo
 //! never silently does nothing.
 //!
 //! Validation ([`RawDevice::validate`]) is the one the daemon applies, so `check-config`

@@ -265,6 +265,7 @@ const UZRAM_KEYS: &[&str] = &[
     "queues",
     "depth",
     "queue-mode",
+    "user-copy",
     "id",
     "gpus",
     "gpu-memory",

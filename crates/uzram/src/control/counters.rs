@@ -189,6 +189,9 @@ counters! {
     QUEUE_RING_SETUP_FLAGS = "queue_ring_setup_flags", Requests, Gauge, No,
         "uzram_queue_ring_setup_flags",
         "IORING_SETUP_* bits of the queue threads' io_uring rings.";
+    QUEUE_USER_COPY = "queue_user_copy", Requests, Gauge, No,
+        "uzram_queue_user_copy",
+        "1 where requests' data moves by ublk's user copy (UBLK_F_USER_COPY), else 0.";
     RECOMPRESSED_PAGES = "recompressed_pages", Store, Gauge, No,
         "uzram_recompressed_pages",
         "Pages held recompressed (zstd frames written by the cold tier's recompression).";

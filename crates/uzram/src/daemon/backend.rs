@@ -14,7 +14,7 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use uzram_core::batch::{BackendMemory, Ring, RingConfig, ThreadHook};
+use uzram_core::batch::{BackendMemory, PageSource, Ring, RingConfig, ThreadHook};
 use uzram_core::codec::Algorithm;
 use uzram_core::store::PageStore;
 use uzram_core::CoreError;
@@ -25,7 +25,7 @@ use crate::config::{Backend, GpuSettings};
 use crate::control::proto::Stat;
 use crate::takeover::staging_segment::{self, StagingSegment};
 use crate::takeover::store_segment::StoreSegment;
-use crate::ublk::handler::PageWriter;
+use crate::ublk::handler::{fill_bounce, PageWriter};
 
 /// How the daemon compresses writes.
 pub struct WriteBackend {
@@ -315,28 +315,46 @@ impl WriteBackend {
         self.room.as_ref()
     }
 
-    fn write_once(&self, first_page: u64, data: &[u8]) -> Result<(), CoreError> {
-        match &self.ring {
-            Some(r) => r.write(first_page, data),
-            None => self.store.write(first_page, data),
+    /// Runs `write` until it leaves `mem-limit` behind: with room to make, a write that
+    /// found none asks for it and runs again, until its deadline. The pages before the one
+    /// that found no room are written; writing them again stores the same bytes. Other
+    /// writers may take the room made before this one retries: it asks again.
+    fn with_room(&self, mut write: impl FnMut() -> Result<(), CoreError>) -> Result<(), CoreError> {
+        let Some(room) = &self.room else {
+            return write();
+        };
+        let deadline = std::time::Instant::now() + room::WAIT;
+        loop {
+            match write() {
+                Err(CoreError::MemLimit { .. })
+                    if room.ask(deadline.saturating_duration_since(std::time::Instant::now())) => {}
+                result => return result,
+            }
         }
     }
 }
 
 impl PageWriter for WriteBackend {
     fn write_pages(&self, first_page: u64, data: &[u8]) -> Result<(), CoreError> {
-        let Some(room) = &self.room else {
-            return self.write_once(first_page, data);
-        };
-        let deadline = std::time::Instant::now() + room::WAIT;
-        loop {
-            match self.write_once(first_page, data) {
-                // The pages before the one that found no room are written; writing them
-                // again stores the same bytes. Other writers may take the room made before
-                // this one retries: it asks again until its deadline.
-                Err(CoreError::MemLimit { .. })
-                    if room.ask(deadline.saturating_duration_since(std::time::Instant::now())) => {}
-                result => return result,
+        self.with_room(|| match &self.ring {
+            Some(r) => r.write(first_page, data),
+            None => self.store.write(first_page, data),
+        })
+    }
+
+    fn write_pages_from(
+        &self,
+        first_page: u64,
+        pages: usize,
+        source: &mut dyn PageSource,
+        bounce: &mut [u8],
+    ) -> Result<(), CoreError> {
+        match &self.ring {
+            // Each try has the source copy the pages again (the request still holds them).
+            Some(r) => self.with_room(|| r.write_from(first_page, pages, source, bounce)),
+            None => {
+                let data = fill_bounce(pages, source, bounce)?;
+                self.with_room(|| self.store.write(first_page, data))
             }
         }
     }

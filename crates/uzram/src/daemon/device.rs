@@ -13,13 +13,21 @@ use crate::ublk::queue_mode::{QueueMode, QueueModeChoice, QueuePlan};
 pub(super) fn choose_queue_mode(cfg: &DeviceConfig) -> anyhow::Result<(QueuePlan, Option<u64>)> {
     let features = UblkCtrl::get_features();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let plan =
-        crate::ublk::queue_mode::plan(cfg.queue_mode, features, cfg.queues, cfg.depth, cpus)?;
+    let plan = crate::ublk::queue_mode::plan_with_copy(
+        cfg.queue_mode,
+        cfg.user_copy,
+        cfg.backend == crate::config::Backend::Gpu,
+        features,
+        cfg.queues,
+        cfg.depth,
+        cpus,
+    )?;
     tracing::info!(
         features = %features.map_or("none (GET_FEATURES needs Linux 6.5)".into(), |f| format!("{f:#x}")),
         asked = %cfg.queue_mode,
         mode = %plan.mode,
         threads_per_queue = plan.threads_per_queue,
+        user_copy = plan.user_copy(),
         "queue mode"
     );
     Ok((plan, features))
@@ -92,7 +100,8 @@ pub(super) fn add(
                 cfg.queues,
                 cfg.depth,
                 cpus,
-            )?;
+            )?
+            .with_user_copy(plan.user_copy());
             let ctrl = build_ctrl(cfg, plain).map_err(|err| add_error(err, cfg.id))?;
             Ok((ctrl, plain))
         }
@@ -136,7 +145,13 @@ fn ctrl_builder(
         // sets flags of its own, such as UBLK_F_PER_IO_DAEMON, that libublk refuses as input).
         .ctrl_flags(plan.ctrl_flags | RECOVERY_FLAGS)
         .io_threads_per_queue(plan.threads_per_queue)
-        .dev_flags(how | UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER)
+        .dev_flags(if plan.user_copy() {
+            // libublk locks only the buffers it registers, and with user copy it registers
+            // none (and refuses the flag): the queue threads lock their own (`queue.rs`).
+            how
+        } else {
+            how | UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER
+        })
 }
 
 /// The device a daemon serves: one it just added, or one quiesced since its daemon died, not
@@ -209,6 +224,8 @@ pub(super) fn recovery_plan(id: u32, plan: QueuePlan) -> anyhow::Result<(Device,
             cpus,
         )?,
     };
+    // Its requests' data moves as the device was made to move it.
+    let plan = plan.with_user_copy(info.flags & u64::from(libublk::sys::UBLK_F_USER_COPY) != 0);
     let device = Device::Quiesced {
         id,
         queues: info.nr_hw_queues,

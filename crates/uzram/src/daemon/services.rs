@@ -439,7 +439,7 @@ fn wait_until_not_swap(dev: &str) {
 }
 
 /// How the queues are served, as numbers for `uzram status` (the mode's name is `queue_mode`).
-fn queue_stats(plan: QueuePlan) -> [Stat; 2] {
+fn queue_stats(plan: QueuePlan) -> [Stat; 3] {
     [
         Stat {
             name: counters::IO_THREADS_PER_QUEUE.into(),
@@ -450,6 +450,10 @@ fn queue_stats(plan: QueuePlan) -> [Stat; 2] {
         Stat {
             name: counters::QUEUE_RING_SETUP_FLAGS.into(),
             value: crate::ublk::uring::setup_flags().into(),
+        },
+        Stat {
+            name: counters::QUEUE_USER_COPY.into(),
+            value: plan.user_copy().into(),
         },
     ]
 }

@@ -10,9 +10,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
+use uzram_core::batch::PageSource;
 use uzram_core::store::{DiskRead, PageStore};
 use uzram_core::CoreError;
-use uzram_core::{PAGE_SHIFT, SECTOR_SHIFT};
+use uzram_core::{PAGE_SHIFT, PAGE_SIZE, SECTOR_SHIFT};
 
 /// Sectors per page (8).
 const SECTORS_PER_PAGE: u64 = 1 << (PAGE_SHIFT - SECTOR_SHIFT);
@@ -53,6 +54,36 @@ impl Op {
 pub trait PageWriter {
     /// Stores whole pages starting at `first_page`.
     fn write_pages(&self, first_page: u64, data: &[u8]) -> Result<(), CoreError>;
+
+    /// Stores `pages` whole pages starting at `first_page` whose bytes `source` copies out
+    /// on request (ublk's user copy), with `bounce` (at least `pages` pages) as the buffer
+    /// they are copied into where the writer cannot take them in place. By default always:
+    /// only a ring of staging slots takes them in place.
+    fn write_pages_from(
+        &self,
+        first_page: u64,
+        pages: usize,
+        source: &mut dyn PageSource,
+        bounce: &mut [u8],
+    ) -> Result<(), CoreError> {
+        let data = fill_bounce(pages, source, bounce)?;
+        self.write_pages(first_page, data)
+    }
+}
+
+/// The first `pages` pages of `bounce`, filled from `source`.
+pub fn fill_bounce<'b>(
+    pages: usize,
+    source: &mut dyn PageSource,
+    bounce: &'b mut [u8],
+) -> Result<&'b mut [u8], CoreError> {
+    let len = bounce.len();
+    let data = pages
+        .checked_mul(PAGE_SIZE)
+        .and_then(|n| bounce.get_mut(..n))
+        .ok_or(CoreError::Unaligned { len })?;
+    source.fill_bytes(0, data).map_err(CoreError::Source)?;
+    Ok(data)
 }
 
 impl PageWriter for PageStore {
@@ -64,6 +95,16 @@ impl PageWriter for PageStore {
 impl PageWriter for uzram_core::batch::Ring {
     fn write_pages(&self, first_page: u64, data: &[u8]) -> Result<(), CoreError> {
         self.write(first_page, data)
+    }
+
+    fn write_pages_from(
+        &self,
+        first_page: u64,
+        pages: usize,
+        source: &mut dyn PageSource,
+        bounce: &mut [u8],
+    ) -> Result<(), CoreError> {
+        self.write_from(first_page, pages, source, bounce)
     }
 }
 
@@ -81,24 +122,43 @@ pub fn handle(
     store: &PageStore,
     writer: &dyn PageWriter,
 ) -> i32 {
-    handle_deferring(op, start_sector, nr_sectors, buf, store, writer, None)
+    handle_via(
+        op,
+        start_sector,
+        nr_sectors,
+        buf,
+        store,
+        writer,
+        Via::Buffer,
+    )
 }
 
 /// Takes a READ's written-back pages to read them outside the request
 /// ([`PageStore::read_deferring`]).
 pub type Defer<'a> = &'a mut dyn FnMut(usize, DiskRead) -> Result<(), DiskRead>;
 
-/// [`handle`], with the READ's written-back pages offered to `defer` (the queue thread's
-/// disk reads, `disk_reads.rs`): the result then counts them as read, and the caller
-/// completes the request once they are.
-pub fn handle_deferring(
+/// Where a request's data moves besides its buffer.
+pub enum Via<'a> {
+    /// All of it through the buffer.
+    Buffer,
+    /// A READ's written-back pages are offered to the closure (the queue thread's disk
+    /// reads, `disk_reads.rs`): the result then counts them as read, and the caller
+    /// completes the request once they are.
+    DiskReads(Defer<'a>),
+    /// A WRITE's bytes are copied out of the source on request (ublk's user copy), straight
+    /// into staging where the writer takes them in place; the buffer is the bounce buffer.
+    Source(&'a mut dyn PageSource),
+}
+
+/// [`handle`], with the data moving as `via` says.
+pub fn handle_via(
     op: Op,
     start_sector: u64,
     nr_sectors: u32,
     buf: &mut [u8],
     store: &PageStore,
     writer: &dyn PageWriter,
-    defer: Option<Defer<'_>>,
+    via: Via<'_>,
 ) -> i32 {
     // A FLUSH carries no range (its start_sector is u64::MAX): answer before any range check.
     if op == Op::Flush {
@@ -141,13 +201,15 @@ pub fn handle_deferring(
             };
             // `data` is at most the I/O buffer (<= a few MiB), so its length fits in i32.
             let done = i32::try_from(data.len()).unwrap_or(i32::MAX);
-            let result = if op == Op::Read {
-                match defer {
-                    Some(defer) => store.read_deferring(first_page, data, defer),
-                    None => store.read(first_page, data),
+            let result = match (op, via) {
+                (Op::Read, Via::DiskReads(defer)) => store.read_deferring(first_page, data, defer),
+                (Op::Read, _) => store.read(first_page, data),
+                (_, Via::Source(source)) => {
+                    // `count` pages fit in `data`, so in usize.
+                    let pages = usize::try_from(count).unwrap_or(usize::MAX);
+                    writer.write_pages_from(first_page, pages, source, data)
                 }
-            } else {
-                writer.write_pages(first_page, data)
+                _ => writer.write_pages(first_page, data),
             };
             match result {
                 Ok(()) => done,

@@ -18,6 +18,7 @@ pub mod queue_mode;
 pub mod server;
 pub mod tuning;
 pub mod uring;
+pub mod user_copy;
 
 use std::sync::Arc;
 

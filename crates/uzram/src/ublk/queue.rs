@@ -20,13 +20,31 @@ pub fn serve(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
         }
     };
     let bufs = own_io_bufs(&queue, dev);
-    let queue = match queue.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))) {
+    // With user copy the kernel takes no buffer address (it refuses one): the buffers stay
+    // the thread's own, for reads to decode into and writes that need a bounce.
+    let user_copy = dev.dev_info.flags & u64::from(sys::UBLK_F_USER_COPY) != 0;
+    if user_copy && !bufs.iter().all(|b| b.mlock()) {
+        tracing::error!(
+            qid,
+            "locking the queue's I/O buffers failed (RLIMIT_MEMLOCK?)"
+        );
+        return;
+    }
+    let fetch = if user_copy {
+        BufDescList::Slices(None)
+    } else {
+        BufDescList::Slices(Some(&bufs))
+    };
+    let queue = match queue.submit_fetch_commands_unified(fetch) {
         Ok(queue) => queue,
         Err(err) => {
             tracing::error!(qid, error = %err, "queue setup failed");
             return;
         }
     };
+    if user_copy {
+        server.copy_through(dev.tgt.fds[0], qid);
+    }
     server.start(queue.get_depth() as u16);
     let data_of = |tag: u16| -> Option<&mut [u8]> {
         let buf = bufs.get(usize::from(tag))?;
@@ -41,11 +59,10 @@ pub fn serve(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
         let Some(buf) = bufs.get(usize::from(tag)) else {
             return;
         };
-        if let Err(err) = q.complete_io_cmd_unified(
-            tag,
-            BufDesc::Slice(buf.as_slice()),
-            Ok(UblkIORes::Result(res)),
-        ) {
+        let desc = if user_copy { &[][..] } else { buf.as_slice() };
+        if let Err(err) =
+            q.complete_io_cmd_unified(tag, BufDesc::Slice(desc), Ok(UblkIORes::Result(res)))
+        {
             tracing::error!(qid, tag, error = %err, "committing a request failed");
         }
     };

@@ -19,7 +19,7 @@
 
 use libublk::sys;
 
-pub use crate::config::{QueueMode, QueueModeChoice};
+pub use crate::config::{QueueMode, QueueModeChoice, UserCopy};
 
 /// Most threads `per-io-daemon` puts on one queue.
 pub const MAX_THREADS_PER_QUEUE: u16 = 4;
@@ -49,6 +49,86 @@ pub struct QueuePlan {
     pub ctrl_flags: u64,
     /// Threads serving each queue.
     pub threads_per_queue: u16,
+}
+
+impl QueuePlan {
+    /// Whether requests' data moves by ublk's user copy (`UBLK_F_USER_COPY`).
+    pub fn user_copy(&self) -> bool {
+        self.ctrl_flags & u64::from(sys::UBLK_F_USER_COPY) != 0
+    }
+
+    /// The plan with user copy on or off as `on` says.
+    pub fn with_user_copy(mut self, on: bool) -> Self {
+        let bit = u64::from(sys::UBLK_F_USER_COPY);
+        self.ctrl_flags = if on {
+            self.ctrl_flags | bit
+        } else {
+            self.ctrl_flags & !bit
+        };
+        self
+    }
+}
+
+/// `user-copy = "on"` where it cannot be had.
+#[derive(Debug, thiserror::Error)]
+#[error("user-copy = on {why}")]
+pub struct UserCopyUnavailable {
+    why: &'static str,
+}
+
+/// Most queues `user-copy = "auto"` takes user copy for. With more, the kernel's copies
+/// into staging that is not in cache (each line read in before it is written) compete for
+/// memory bandwidth: at 16 queues user copy cost the GPU path 5-14 % of its ingest and
+/// doubled the reader's busy p99, where at 1 and 4 it cut the daemon's CPU per GiB by a
+/// fifth to a third at the same ingest (docs/bench/gpu-runs.md, run 194).
+pub const USER_COPY_AUTO_MAX_QUEUES: u16 = 4;
+
+/// Whether `user-copy = "auto"` takes user copy for a device of `queues` queues whose writes
+/// go to a GPU (`gpu_writes`), where the kernel offers it.
+pub fn user_copy_by_default(gpu_writes: bool, queues: u16) -> bool {
+    gpu_writes && queues <= USER_COPY_AUTO_MAX_QUEUES
+}
+
+/// [`plan`], with ublk's user copy decided: `on` takes it or fails; `auto` takes it where
+/// [`user_copy_by_default`] says and the kernel offers it, and then, under
+/// `queue-mode = "auto"`, prefers it to `batch` (which cannot have it: `UBLK_F_BATCH_IO`
+/// refuses `UBLK_F_USER_COPY`), since for a GPU's writes the copy it saves costs more than
+/// the commands batch saves.
+pub fn plan_with_copy(
+    choice: QueueModeChoice,
+    copy: UserCopy,
+    gpu_writes: bool,
+    features: Option<u64>,
+    queues: u16,
+    depth: u16,
+    cpus: usize,
+) -> anyhow::Result<QueuePlan> {
+    let offered = features.is_some_and(|f| f & u64::from(sys::UBLK_F_USER_COPY) != 0);
+    let want = match copy {
+        UserCopy::Off => false,
+        UserCopy::On if !offered => {
+            return Err(UserCopyUnavailable {
+                why: "needs UBLK_F_USER_COPY (Linux 6.5+), which this kernel's ublk_drv does not offer (use user-copy = auto or off)",
+            }
+            .into())
+        }
+        UserCopy::On => true,
+        UserCopy::Auto => offered && user_copy_by_default(gpu_writes, queues),
+    };
+    let batch = u64::from(sys::UBLK_F_BATCH_IO);
+    let features = match (want, choice) {
+        (true, QueueModeChoice::Auto) => features.map(|f| f & !batch),
+        _ => features,
+    };
+    let plan = plan(choice, features, queues, depth, cpus)?;
+    match (want, plan.mode) {
+        (true, QueueMode::Batch) if copy == UserCopy::On => Err(UserCopyUnavailable {
+            why: "cannot go with queue-mode = batch (UBLK_F_BATCH_IO refuses UBLK_F_USER_COPY): use per-queue or per-io-daemon",
+        }
+        .into()),
+        (true, QueueMode::Batch) => Ok(plan),
+        _ => Ok(plan.with_user_copy(want)),
+    }
 }
 
 /// A mode was asked for that this kernel's ublk driver does not offer.
@@ -140,6 +220,60 @@ mod tests {
         | sys::UBLK_F_USER_RECOVERY
         | sys::UBLK_F_CMD_IOCTL_ENCODE
         | sys::UBLK_F_USER_COPY) as u64;
+
+    #[test]
+    fn user_copy_goes_with_gpu_writes_and_before_batch_under_auto() {
+        let copy = |c, q, gpu, f| plan_with_copy(q, c, gpu, f, 2, 64, 2);
+        let bit = sys::UBLK_F_USER_COPY as u64;
+        // auto: on for a GPU's writes where offered, in place of batch
+        let p = copy(
+            UserCopy::Auto,
+            QueueModeChoice::Auto,
+            true,
+            Some(K612 | BATCH),
+        )
+        .unwrap();
+        assert_eq!((p.mode, p.user_copy()), (QueueMode::PerQueue, true));
+        assert_eq!(p.ctrl_flags, bit);
+        // not for the CPU's writes, which keep batch
+        let p = copy(
+            UserCopy::Auto,
+            QueueModeChoice::Auto,
+            false,
+            Some(K612 | BATCH),
+        )
+        .unwrap();
+        assert_eq!((p.mode, p.user_copy()), (QueueMode::Batch, false));
+        // not with more than 4 queues
+        let many = plan_with_copy(
+            QueueModeChoice::Auto,
+            UserCopy::Auto,
+            true,
+            Some(K612),
+            16,
+            64,
+            32,
+        );
+        assert!(!many.unwrap().user_copy());
+        // not where the kernel lacks it (before 6.5 there is no feature list at all)
+        let p = copy(UserCopy::Auto, QueueModeChoice::Auto, true, None).unwrap();
+        assert!(!p.user_copy());
+        // batch asked by name keeps batch, without user copy
+        let named = QueueModeChoice::Exactly(QueueMode::Batch);
+        let p = copy(UserCopy::Auto, named, true, Some(K612 | BATCH)).unwrap();
+        assert_eq!((p.mode, p.user_copy()), (QueueMode::Batch, false));
+        // on: taken with any backend, refused with batch or without the feature
+        let p = copy(UserCopy::On, QueueModeChoice::Auto, false, Some(K612)).unwrap();
+        assert!(p.user_copy());
+        let err = copy(UserCopy::On, named, false, Some(K612 | BATCH)).unwrap_err();
+        assert!(err.to_string().contains("batch"), "{err}");
+        let err = copy(UserCopy::On, QueueModeChoice::Auto, false, Some(BATCH)).unwrap_err();
+        assert!(err.to_string().contains("UBLK_F_USER_COPY"), "{err}");
+        // off: never
+        let p = copy(UserCopy::Off, QueueModeChoice::Auto, true, Some(K612)).unwrap();
+        assert!(!p.user_copy());
+        assert!(!p.with_user_copy(true).with_user_copy(false).user_copy());
+    }
 
     #[test]
     fn auto_takes_batch_where_offered() {

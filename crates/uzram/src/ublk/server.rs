@@ -2,6 +2,7 @@
 //! page-fault accounting, its I/O buffers, and which failed waits it waits again. Both
 //! serving loops (`queue.rs` per request, `batch.rs` in groups) go through [`Server`].
 
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
@@ -12,7 +13,8 @@ use uzram_core::store::PageStore;
 use uzram_core::PAGE_SIZE;
 
 use super::disk_reads::DiskReads;
-use super::handler::{handle_deferring, Defer, Op, PageWriter};
+use super::handler::{handle_via, Op, PageWriter, Via};
+use super::user_copy::KernelCopy;
 use crate::control::counters;
 use crate::control::proto::Stat;
 use crate::footprint::IO_BUF_BYTES;
@@ -131,6 +133,8 @@ pub struct Server<'a> {
     /// that reads can go to directly).
     disk: Option<DiskReads>,
     inline_disk_reads: bool,
+    /// With ublk's user copy: the device's character device and this thread's queue.
+    user_copy: Option<(RawFd, u16)>,
 }
 
 impl<'a> Server<'a> {
@@ -149,7 +153,15 @@ impl<'a> Server<'a> {
             faults_at_start: None,
             disk: None,
             inline_disk_reads: false,
+            user_copy: None,
         }
+    }
+
+    /// Requests' data moves by ublk's user copy (the device has `UBLK_F_USER_COPY`): a
+    /// WRITE's through its source, a READ's handed to the kernel once read
+    /// (`user_copy.rs`), by `pread`/`pwrite` on `cdev`, queue `qid`'s character device.
+    pub fn copy_through(&mut self, cdev: RawFd, qid: u16) {
+        self.user_copy = Some((cdev, qid));
     }
 
     /// Written-back pages are read synchronously on the thread, as before the queue's ring
@@ -175,35 +187,46 @@ impl<'a> Server<'a> {
         self.faults_at_start = crate::sys::sched::thread_faults();
     }
 
-    /// Serves request `tag`, whose data is in `data` (the tag's I/O buffer); returns its
+    /// Serves request `tag`, whose data is in `data` (the tag's I/O buffer; with user copy a
+    /// WRITE's bounce buffer and a READ's pages before they go to the kernel); returns its
     /// result, or `None` when it waits for disk reads ([`Server::disk_read_done`] returns
     /// it then).
     pub fn handle(&mut self, tag: u16, iod: &sys::ublksrv_io_desc, data: &mut [u8]) -> Option<i32> {
         let op = Op::from_ublk(iod.op_flags);
         let (store, writer) = (self.store, self.writer);
-        let mut serve = |defer: Option<Defer<'_>>| {
-            handle_deferring(
+        let mut serve = |via: Via<'_>| {
+            handle_via(
                 op,
                 iod.start_sector,
                 iod.nr_sectors,
                 data,
                 store,
                 writer,
-                defer,
+                via,
             )
         };
-        let res = match self.disk.as_mut().filter(|_| op == Op::Read) {
-            Some(disk) => {
+        let mut source = self
+            .user_copy
+            .map(|(cdev, qid)| KernelCopy::new(cdev, qid, tag));
+        let res = match (
+            self.disk.as_mut().filter(|_| op == Op::Read),
+            source.as_mut(),
+        ) {
+            (Some(disk), _) => {
                 disk.begin(tag);
-                let res = serve(Some(&mut |page, read| disk.start(tag, page, read)));
+                let res = serve(Via::DiskReads(&mut |page, read| {
+                    disk.start(tag, page, read)
+                }));
                 if disk.pending(tag) > 0 {
                     disk.served(tag, res);
                     return None;
                 }
                 res
             }
-            None => serve(None),
+            (None, Some(source)) if op == Op::Write => serve(Via::Source(source)),
+            _ => serve(Via::Buffer),
         };
+        let res = self.copied_out(tag, op, data, res);
         self.finished(op, res);
         Some(res)
     }
@@ -216,17 +239,44 @@ impl<'a> Server<'a> {
         &mut self,
         user_data: u64,
         res: i32,
-        buf: Option<&mut [u8]>,
+        mut buf: Option<&mut [u8]>,
     ) -> Option<(u16, i32)> {
         if !DiskReads::owns(user_data) {
             return None;
         }
-        let done = self
-            .disk
-            .as_mut()?
-            .complete(self.store, user_data, res, buf)?;
-        self.finished(Op::Read, done.1);
-        Some(done)
+        let (tag, res) =
+            self.disk
+                .as_mut()?
+                .complete(self.store, user_data, res, buf.as_deref_mut())?;
+        let res = self.copied_out(tag, Op::Read, buf.as_deref().unwrap_or_default(), res);
+        self.finished(Op::Read, res);
+        Some((tag, res))
+    }
+
+    /// With user copy, a READ that succeeded hands its `res` bytes in `data` to the kernel;
+    /// a copy the kernel refuses fails the request (`-EIO`). Anything else keeps `res`.
+    fn copied_out(&self, tag: u16, op: Op, data: &[u8], res: i32) -> i32 {
+        let Some((cdev, qid)) = self.user_copy else {
+            return res;
+        };
+        let Some(pages) = usize::try_from(res)
+            .ok()
+            .filter(|&n| op == Op::Read && n > 0)
+        else {
+            return res;
+        };
+        let copied = match data.get(..pages) {
+            Some(pages) => KernelCopy::new(cdev, qid, tag).copy_out(pages),
+            None => Err(std::io::Error::other("the read is longer than its buffer")),
+        };
+        match copied {
+            Ok(()) => res,
+            Err(err) => {
+                self.store.record_failed_read();
+                tracing::error!(qid, tag, error = %err, "handing a read's pages to the kernel failed");
+                -libc::EIO
+            }
+        }
     }
 
     /// Reads each of the thread's disk reader threads finished (`disk_readers.rs`); empty

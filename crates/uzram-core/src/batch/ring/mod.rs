@@ -54,6 +54,7 @@ use self::shared::{Phase, Shared, SlotState, State, MAX_LINE, NO_SLOT};
 use self::stats::Counters;
 pub use self::stats::{RingStats, SlotTimes};
 use super::backend::{BackendMemory, SlotBackend};
+use super::source::PageSource;
 use super::staging::{book_words, Staging, Words};
 use crate::page::{PAGE_SIZE, PAGE_WORDS};
 use crate::store::{PageStore, MAX_SLOT_PAGES, MAX_STAGING_SLOTS};
@@ -188,6 +189,20 @@ impl Ring {
     /// On an error some pages may hold their new content and the others their old one.
     pub fn write(&self, first_page: u64, data: &[u8]) -> Result<(), CoreError> {
         self.shared.write(first_page, data)
+    }
+
+    /// [`Ring::write`] of `pages` pages whose bytes `source` copies straight into the leased
+    /// slots (ublk's user copy: the kernel's copy is then the only one). Same-filled pages
+    /// are found in the slot and stored as such, their indices left empty; pages no slot
+    /// takes are copied into `bounce` (at least `pages` pages long) and compressed inline.
+    pub fn write_from(
+        &self,
+        first_page: u64,
+        pages: usize,
+        source: &mut dyn PageSource,
+        bounce: &mut [u8],
+    ) -> Result<(), CoreError> {
+        self.shared.write_from(first_page, pages, source, bounce)
     }
 
     /// Waits until every page written before this call has been installed (submitting a
@@ -332,3 +347,5 @@ impl Drop for Ring {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_source;

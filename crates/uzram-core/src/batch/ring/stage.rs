@@ -1,6 +1,7 @@
 //! The writers' path: a write leases indices of the open slot, copies its pages into the
-//! slot's staging, books them and stages them in the store; a slot is sealed when full or
-//! when its delay is up, and the last writer of a sealed slot submits it.
+//! slot's staging (or has its source copy them there: [`Shared::write_from`]), books them
+//! and stages them in the store; a slot is sealed when full or when its delay is up, and
+//! the last writer of a sealed slot submits it.
 
 use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
@@ -12,9 +13,10 @@ use super::shared::{
 };
 use super::stats::{bump, Step};
 use crate::batch::staging::NO_PAGE;
+use crate::batch::PageSource;
 use crate::page::{
     page_checksum, page_to_words_streaming, page_to_words_streaming_checksummed, same_filled_word,
-    stream_fence, PAGE_SIZE,
+    stream_fence, with_words_as_page, PAGE_SIZE, PAGE_WORDS,
 };
 use crate::store::StagedAt;
 use crate::CoreError;
@@ -30,14 +32,7 @@ impl Shared {
             return Err(CoreError::Unaligned { len: data.len() });
         }
         let n = (data.len() / PAGE_SIZE) as u64;
-        let pages = sh.store.pages();
-        if first_page.checked_add(n).is_none_or(|end| end > pages) {
-            return Err(CoreError::OutOfRange {
-                first: first_page,
-                end: first_page.saturating_add(n),
-                pages,
-            });
-        }
+        self.check_range(first_page, n)?;
         if sh.retired.load(Ordering::Relaxed) {
             bump(&sh.counters.retired_pages, n);
             return sh.store.write(first_page, data);
@@ -62,6 +57,133 @@ impl Shared {
             }
         }
         sh.stage_run(&run[..len], data)
+    }
+
+    /// [`Ring::write_from`](super::Ring::write_from).
+    pub(super) fn write_from(
+        &self,
+        first_page: u64,
+        pages: usize,
+        source: &mut dyn PageSource,
+        bounce: &mut [u8],
+    ) -> Result<(), CoreError> {
+        self.check_range(first_page, pages as u64)?;
+        let bytes = pages
+            .checked_mul(PAGE_SIZE)
+            .ok_or(CoreError::Unaligned { len: usize::MAX })?;
+        let Some(bounce) = bounce.get_mut(..bytes) else {
+            return Err(CoreError::Unaligned { len: bounce.len() });
+        };
+        let mut done = 0;
+        while done < pages {
+            let lease = if self.retired.load(Ordering::Relaxed) {
+                None
+            } else {
+                self.reserve((pages - done).min(RUN))
+            };
+            let Some(lease) = lease else {
+                // No slot takes them: into the bounce buffer, and compressed inline.
+                let counter = if self.retired.load(Ordering::Relaxed) {
+                    &self.counters.retired_pages
+                } else {
+                    &self.counters.overflow_pages
+                };
+                bump(counter, (pages - done) as u64);
+                let rest = &mut bounce[done * PAGE_SIZE..];
+                source
+                    .fill_bytes(done * PAGE_SIZE, rest)
+                    .map_err(CoreError::Source)?;
+                return self.store.write(first_page + done as u64, rest);
+            };
+            let result = self.fill_from(&lease, first_page + done as u64, done, source);
+            self.release(lease.slot);
+            result?;
+            done += lease.count;
+        }
+        Ok(())
+    }
+
+    /// Has the source copy the lease's pages (page `first` on, `skip` pages into the write)
+    /// into its slot, then scans, checksums and stages them in place; a same-filled page is
+    /// stored as such and its index left empty. All or nothing for the staged pages: after a
+    /// failure the lease is left empty.
+    fn fill_from(
+        &self,
+        lease: &Lease,
+        first: u64,
+        skip: usize,
+        source: &mut dyn PageSource,
+    ) -> Result<(), CoreError> {
+        let staging = &self.staging;
+        let checksums = staging.checksums();
+        let empty = || {
+            for j in 0..lease.count {
+                staging.book_page(lease.slot, lease.base + j, NO_PAGE);
+            }
+        };
+        let Some(words) = staging.words_run(lease.slot, lease.base, lease.count) else {
+            return Err(CoreError::Config("staging slot out of range".into()));
+        };
+        if let Err(err) = source.fill_words(skip * PAGE_SIZE, words) {
+            empty();
+            return Err(CoreError::Source(err));
+        }
+        let mut items = [(0u64, StagedAt::default()); RUN];
+        let mut staged = 0;
+        let mut same = 0;
+        for (j, words) in words.chunks_exact(PAGE_WORDS).enumerate() {
+            let (index, page) = (lease.base + j, first + j as u64);
+            // The lease keeps every other writer off these words, and the device reads
+            // them only after the slot is submitted.
+            let scanned = with_words_as_page(words, |p| {
+                (same_filled_word(p), checksums.then(|| page_checksum(p)))
+            });
+            let Some((fill, crc)) = scanned else {
+                empty();
+                return Err(CoreError::Config("staging slot out of range".into()));
+            };
+            if let Some(word) = fill {
+                staging.book_page(lease.slot, index, NO_PAGE);
+                if let Err(err) = self.store.write_same_filled(page, word) {
+                    empty();
+                    return Err(err);
+                }
+                same += 1;
+                continue;
+            }
+            if let Some(crc) = crc {
+                staging.book_checksum(lease.slot, index, crc);
+            }
+            staging.book_page(lease.slot, index, page);
+            let Some(at) = StagedAt::new(lease.slot, index, lease.epoch) else {
+                empty();
+                return Err(CoreError::Config("staging slot out of range".into()));
+            };
+            items[staged] = (page, at);
+            staged += 1;
+        }
+        bump(&self.counters.same_filled_pages, same);
+        // The books land before the entries that point at them are published.
+        stream_fence();
+        let result = self.store.stage_many(&items[..staged]);
+        match &result {
+            Ok(()) => bump(&self.counters.staged_pages, staged as u64),
+            Err(_) => empty(),
+        }
+        result
+    }
+
+    /// Refuses a write of `n` pages from `first_page` that leaves the device.
+    fn check_range(&self, first_page: u64, n: u64) -> Result<(), CoreError> {
+        let pages = self.store.pages();
+        if first_page.checked_add(n).is_none_or(|end| end > pages) {
+            return Err(CoreError::OutOfRange {
+                first: first_page,
+                end: first_page.saturating_add(n),
+                pages,
+            });
+        }
+        Ok(())
     }
 
     /// Copies the pages of `run` (page number, offset in `data`) into leased slots and

@@ -13,7 +13,7 @@ use crate::fuzz::noise_pages as noise;
 use crate::store::StoreConfig;
 
 /// The checked-in corpus slices (1024 real pages), then noise, text and same-filled pages.
-fn pages() -> Vec<u8> {
+pub(super) fn pages() -> Vec<u8> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
     let mut v = Vec::new();
     for name in ["python-heap", "mixed-swap"] {
@@ -41,13 +41,17 @@ fn pages() -> Vec<u8> {
     v
 }
 
-fn ring_with(pages: u64, backend: Arc<dyn SlotBackend>, cfg: RingConfig) -> (Arc<PageStore>, Ring) {
+pub(super) fn ring_with(
+    pages: u64,
+    backend: Arc<dyn SlotBackend>,
+    cfg: RingConfig,
+) -> (Arc<PageStore>, Ring) {
     let store = Arc::new(PageStore::new(StoreConfig::new(pages, Algorithm::Lz4)).unwrap());
     let ring = Ring::start(store.clone(), backend, cfg).unwrap();
     (store, ring)
 }
 
-fn host(slots: usize, slot_pages: usize, faults: FaultPlan) -> Arc<HostSlots> {
+pub(super) fn host(slots: usize, slot_pages: usize, faults: FaultPlan) -> Arc<HostSlots> {
     Arc::new(HostSlots::with_faults(
         Algorithm::Lz4,
         slots,
@@ -57,13 +61,13 @@ fn host(slots: usize, slot_pages: usize, faults: FaultPlan) -> Arc<HostSlots> {
 }
 
 /// Writes `data` in 16-page (64 KiB) requests, as a queue thread does.
-fn write_all(ring: &Ring, first: u64, data: &[u8]) {
+pub(super) fn write_all(ring: &Ring, first: u64, data: &[u8]) {
     for (i, req) in data.chunks(16 * PAGE_SIZE).enumerate() {
         ring.write(first + 16 * i as u64, req).unwrap();
     }
 }
 
-fn assert_reads(store: &PageStore, expect: &[u8]) {
+pub(super) fn assert_reads(store: &PageStore, expect: &[u8]) {
     let mut back = vec![0u8; expect.len()];
     store.read(0, &mut back).unwrap();
     for (i, (a, b)) in back
