@@ -194,6 +194,14 @@ pcp_fraction_settles() {
   [ "$_pv" = "$1" ]
 }
 
+# programs_source FILE BYTES: up to BYTES of the guest's programs in FILE (real bytes, as
+# files hold them); sets MIB (the whole MiB in it) and WANT (the sha256 of those MiB).
+programs_source() {
+  # shellcheck disable=SC2046 # the programs, as files (busybox's head takes bytes, no M)
+  cat $(find /usr/local/bin /usr/bin /bin /sbin -type f 2>/dev/null) 2>/dev/null | head -c "$2" > "$1"
+  MIB=$(( $(stat -c %s "$1") / 1048576 ))
+  WANT=$(head -c $((MIB * 1048576)) "$1" | sha256sum | cut -d' ' -f1)
+}
 # scratch_disk: the guest's blank virtio disk for writeback (serial uzramscratch, given by
 # scripts/guest/run-vm), or nothing.
 scratch_disk() {

@@ -8,14 +8,11 @@
 . /e2e/lib.sh
 begin u_user_copy
 # this scenario's queue mode is its own, whatever the boot expects of the others
+# shellcheck disable=SC2034 # read by uzram_create (lib.sh)
 UZ_expect_queue_mode=
 WB=$(scratch_disk)
 SRC=/tmp/u.src
-# shellcheck disable=SC2046 # the guest's programs, as files (busybox's head takes bytes)
-cat $(find /usr/local/bin /usr/bin /bin /sbin -type f 2>/dev/null) 2>/dev/null | head -c 8388608 > "$SRC"
-MIB=$(( $(stat -c %s "$SRC") / 1048576 ))
-sum() { dd if="$1" bs=1M count="$2" iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1; }
-WANT=$(head -c $((MIB * 1048576)) "$SRC" | sha256sum | cut -d' ' -f1)
+programs_source "$SRC" 8388608
 wb_args=
 [ -n "$WB" ] && [ -b "$WB" ] && wb_args="--writeback-device $WB"
 # shellcheck disable=SC2086 # wb_args is two words or none

@@ -12,11 +12,8 @@
 begin w_writeback
 WB=$(scratch_disk)
 SRC=/tmp/w.src
-# shellcheck disable=SC2046 # the guest's programs, as files (busybox's head takes bytes, no M)
-cat $(find /usr/local/bin /usr/bin /bin /sbin -type f 2>/dev/null) 2>/dev/null | head -c 16777216 > "$SRC"
-MIB=$(( $(stat -c %s "$SRC") / 1048576 ))
+programs_source "$SRC" 16777216
 sum() { dd if="$1" bs=1M count="$MIB" iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1; }
-WANT=$(head -c $((MIB * 1048576)) "$SRC" | sha256sum | cut -d' ' -f1)
 json_field() { tr -d ' \n' < "$1" | sed -n "s/.*\"$2\":\([0-9][0-9]*\).*/\1/p"; }
 if [ -z "$WB" ] || [ ! -b "$WB" ]; then
   fail_check "no blank disk with serial uzramscratch in this guest"
