@@ -586,6 +586,26 @@ mod tests {
     }
 
     #[test]
+    fn user_copy_defaults_to_auto_and_values_are_checked() {
+        use crate::config::UserCopy;
+        assert_eq!(
+            parse("size = \"1G\"").unwrap().device.user_copy,
+            UserCopy::Auto
+        );
+        for (text, want) in [
+            ("on", UserCopy::On),
+            ("off", UserCopy::Off),
+            ("auto", UserCopy::Auto),
+        ] {
+            let file = format!("size = \"1G\"\nuser-copy = \"{text}\"");
+            assert_eq!(parse(&file).unwrap().device.user_copy, want);
+        }
+        let err = parse("size = \"1G\"\nuser-copy = \"yes\"").unwrap_err();
+        assert!(matches!(err, ConfigError::UnknownUserCopy(_)), "{err}");
+        assert!(err.to_string().contains("auto, on or off"), "{err}");
+    }
+
+    #[test]
     fn queue_mode_defaults_to_auto_and_names_are_checked() {
         use crate::ublk::queue_mode::QueueMode;
         assert_eq!(

@@ -697,16 +697,19 @@ mod tests {
             let dir = tree(&[("etc/systemd/zram-generator.conf", text)]);
             read(dir.path(), "").unwrap().devices["zram0"].plan(HOST)
         };
-        let good = section("[zram0]\nbackend = cpu\nqueues = 2\nchecksums = false\n");
+        let good =
+            section("[zram0]\nbackend = cpu\nqueues = 2\nchecksums = false\nuser-copy = on\n");
         let run = device(&good);
         assert_eq!(run.device.queues, 2);
         assert!(!run.device.checksums);
+        assert_eq!(run.device.user_copy, crate::config::UserCopy::On);
         for (text, want) in [
             ("[zram0]\nqueues = many\n", "queues"),
             ("[zram0]\nswap-priority = high\n", "swap-priority"),
             ("[zram0]\ncompression-algorithm = lzo-rle\n", "lzo-rle"),
             ("[zram0]\nfs-type = ext2\n", "ext2"),
             ("[zram0]\nzram-size = maxmem / 2\n", "maxmem"),
+            ("[zram0]\nuser-copy = sometimes\n", "user-copy"),
         ] {
             let err = section(text).plan.unwrap_err().to_string();
             assert!(err.contains(want), "{text:?}: {err}");
