@@ -9,7 +9,7 @@ mod words;
 
 pub use self::crc_copy::page_to_words_streaming_checksummed;
 pub use self::size::{PAGE_SHIFT, PAGE_SIZE, PAGE_WORDS, SECTOR_SHIFT};
-pub use self::view::with_words_as_page;
+pub(crate) use self::view::with_words_as_page;
 pub use self::words::{page_to_words, words_to_page};
 #[cfg(all(target_arch = "x86_64", feature = "unsafe-stream"))]
 pub use stream::{bytes_to_words_streaming, words_to_words_streaming};

@@ -27,5 +27,5 @@ pub use backend::{BackendError, BackendMemory, FailureKind, SlotBackend};
 pub use host::{FailAt, FaultPlan, HostSlots};
 pub use layout::{meta_bytes, PageResult, SlotOutput, SIZE_RAW, SIZE_REJECTED, SIZE_SAME_FILLED};
 pub use ring::{Ring, RingConfig, RingStats, SlotTimes, ThreadHook};
-pub use source::{BytesSource, PageSource};
+pub use source::{BytesSource, LeasedWords, PageSource};
 pub use staging::{book_words, StagedCopy, Words};

@@ -12,10 +12,11 @@ use super::size::{PAGE_SIZE, PAGE_WORDS};
 /// Calls `f` with the page the first [`PAGE_WORDS`] of `words` hold (as
 /// [`super::page_to_words`] lays a page out); `None` when `words` is shorter.
 ///
-/// Nothing may write `words` while this runs (the ring's writer holds the lease of the
-/// index, and the device only reads it).
+/// Nothing may write `words` while this runs: the ring calls it only on words it leased to
+/// the calling writer (`LeasedWords`), and the device only reads them. Crate-only for that
+/// reason, as the other views and copies of staging words in this module's siblings.
 #[inline]
-pub fn with_words_as_page<R>(
+pub(crate) fn with_words_as_page<R>(
     words: &[AtomicU64],
     f: impl FnOnce(&[u8; PAGE_SIZE]) -> R,
 ) -> Option<R> {

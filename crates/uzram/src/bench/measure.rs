@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use uzram_core::batch::PageSource;
+use uzram_core::batch::{LeasedWords, PageSource};
 use uzram_core::codec::Algorithm;
 use uzram_core::{PageStore, StoreConfig, PAGE_SIZE};
 
@@ -164,19 +164,13 @@ impl KernelCopyStandIn<'_> {
 }
 
 impl PageSource for KernelCopyStandIn<'_> {
-    fn fill_words(&mut self, offset: usize, words: &[AtomicU64]) -> io::Result<()> {
+    fn fill_words(&mut self, offset: usize, dst: LeasedWords<'_>) -> io::Result<()> {
         self.timed(|k| {
-            let src = k.range(offset, words.len() * 8)?;
-            // SAFETY: `words` spans `src.len()` bytes (checked by `range`); `AtomicU64`s may
-            // be written through a shared reference, and the ring leases these words to this
-            // writer alone until it publishes them; the corpus copy does not overlap them.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    src.as_ptr(),
-                    words.as_ptr().cast::<u8>().cast_mut(),
-                    src.len(),
-                )
-            };
+            let src = k.range(offset, dst.len_bytes())?;
+            // SAFETY: `dst` is writable for `src.len()` bytes (its length, checked by
+            // `range`), and only the ring makes a `LeasedWords`, over words it leased to this
+            // writer alone; the corpus copy does not overlap staging.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr(), src.len()) };
             Ok(())
         })
     }

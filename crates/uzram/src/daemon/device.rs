@@ -4,7 +4,7 @@
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::{UblkError, UblkFlags};
 
-use crate::config::DeviceConfig;
+use crate::config::{DeviceConfig, UserCopy};
 use crate::ublk::queue_mode::{QueueMode, QueueModeChoice, QueuePlan};
 
 /// The queue mode `cfg` asks for, or with `auto` the fastest one the driver offers
@@ -82,31 +82,50 @@ impl Drop for Unborn {
     }
 }
 
-/// Adds the ublk device in `plan`'s mode. Should the driver refuse a mode it advertised, `auto`
-/// falls back to `per-queue`, which every ublk kernel serves.
+/// Adds the ublk device in `plan`'s mode. Should the driver refuse what it advertised, `auto`
+/// falls back: a queue mode to `per-queue`, which every ublk kernel serves, and user copy to
+/// none (with the queue mode chosen again without it).
 pub(super) fn add(
     cfg: &DeviceConfig,
     plan: QueuePlan,
     features: Option<u64>,
 ) -> anyhow::Result<(UblkCtrl, QueuePlan)> {
-    match build_ctrl(cfg, plan) {
-        Ok(ctrl) => Ok((ctrl, plan)),
-        Err(err) if cfg.queue_mode == QueueModeChoice::Auto && plan.mode != QueueMode::PerQueue => {
-            tracing::warn!(mode = %plan.mode, error = %err, "adding the device failed; trying per-queue");
-            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let plain = crate::ublk::queue_mode::plan(
-                QueueModeChoice::Exactly(QueueMode::PerQueue),
-                features,
-                cfg.queues,
-                cfg.depth,
-                cpus,
-            )?
-            .with_user_copy(plan.user_copy());
-            let ctrl = build_ctrl(cfg, plain).map_err(|err| add_error(err, cfg.id))?;
-            Ok((ctrl, plain))
-        }
-        Err(err) => Err(add_error(err, cfg.id)),
+    let refused = match build_ctrl(cfg, plan) {
+        Ok(ctrl) => return Ok((ctrl, plan)),
+        Err(err) => err,
+    };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut fallbacks = Vec::new();
+    if cfg.queue_mode == QueueModeChoice::Auto && plan.mode != QueueMode::PerQueue {
+        let plain = crate::ublk::queue_mode::plan(
+            QueueModeChoice::Exactly(QueueMode::PerQueue),
+            features,
+            cfg.queues,
+            cfg.depth,
+            cpus,
+        )?;
+        fallbacks.push(plain.with_user_copy(plan.user_copy()));
     }
+    if cfg.user_copy == UserCopy::Auto && plan.user_copy() {
+        let without =
+            crate::ublk::queue_mode::plan(cfg.queue_mode, features, cfg.queues, cfg.depth, cpus)?;
+        fallbacks.push(without.with_user_copy(false));
+    }
+    for fallback in fallbacks {
+        tracing::warn!(
+            mode = %plan.mode,
+            user_copy = plan.user_copy(),
+            error = %refused,
+            then_mode = %fallback.mode,
+            then_user_copy = fallback.user_copy(),
+            "adding the device failed; trying again"
+        );
+        match build_ctrl(cfg, fallback) {
+            Ok(ctrl) => return Ok((ctrl, fallback)),
+            Err(err) => tracing::warn!(error = %err, "adding the device failed again"),
+        }
+    }
+    Err(add_error(refused, cfg.id))
 }
 
 /// `UBLK_F_*` flags every device gets: when its daemon dies the device stays, its I/O queued,

@@ -79,21 +79,27 @@ pub struct UserCopyUnavailable {
 /// Most queues `user-copy = "auto"` takes user copy for. With more, the kernel's copies
 /// into staging that is not in cache (each line read in before it is written) compete for
 /// memory bandwidth: at 16 queues user copy cost the GPU path 5-14 % of its ingest and
-/// doubled the reader's busy p99, where at 1 and 4 it cut the daemon's CPU per GiB by a
-/// fifth to a third at the same ingest (docs/bench/gpu-runs.md, run 194).
+/// raised the reader's busy p99 1.4-2.1x on three of four corpora, where at 1 and 4 it cut
+/// the daemon's CPU per GiB by a fifth to a third at about the same ingest
+/// (docs/bench/gpu-runs.md, run 194).
 pub const USER_COPY_AUTO_MAX_QUEUES: u16 = 4;
 
 /// Whether `user-copy = "auto"` takes user copy for a device of `queues` queues whose writes
 /// go to a GPU (`gpu_writes`), where the kernel offers it.
 pub fn user_copy_by_default(gpu_writes: bool, queues: u16) -> bool {
-    gpu_writes && queues <= USER_COPY_AUTO_MAX_QUEUES
+    gpu_writes && queues <= USER_COPY_AUTO_MAX_QUEUES && USER_COPY_HOST
 }
+
+/// The kernel copies a request's bytes in order, and the ring reads staging as little-endian
+/// words (`page_to_words`): user copy needs a little-endian host.
+const USER_COPY_HOST: bool = cfg!(target_endian = "little");
 
 /// [`plan`], with ublk's user copy decided: `on` takes it or fails; `auto` takes it where
 /// [`user_copy_by_default`] says and the kernel offers it, and then, under
 /// `queue-mode = "auto"`, prefers it to `batch` (which cannot have it: `UBLK_F_BATCH_IO`
-/// refuses `UBLK_F_USER_COPY`), since for a GPU's writes the copy it saves costs more than
-/// the commands batch saves.
+/// refuses `UBLK_F_USER_COPY`) for the daemon CPU it saves (run 194). The two were not
+/// measured against each other through ublk: `uzram bench` drives the handler without it,
+/// and no host here has both a GPU and ublk.
 pub fn plan_with_copy(
     choice: QueueModeChoice,
     copy: UserCopy,
@@ -109,6 +115,12 @@ pub fn plan_with_copy(
         UserCopy::On if !offered => {
             return Err(UserCopyUnavailable {
                 why: "needs UBLK_F_USER_COPY (Linux 6.5+), which this kernel's ublk_drv does not offer (use user-copy = auto or off)",
+            }
+            .into())
+        }
+        UserCopy::On if !USER_COPY_HOST => {
+            return Err(UserCopyUnavailable {
+                why: "needs a little-endian host (the ring reads staging as little-endian words)",
             }
             .into())
         }

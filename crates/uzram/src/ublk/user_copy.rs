@@ -4,15 +4,16 @@
 //! GPU ring's staging slots, so the kernel's copy is the only one (without it the kernel
 //! copies them into the tag's buffer and the queue thread copies them again into the slot);
 //! a READ's pages are decoded into the tag's buffer as before and handed to the kernel with
-//! one `pwrite`. The price is a system call per request (two for a write that spans slots).
+//! one `pwrite`. The price is a system call per request: one per slot lease a write spans
+//! (one or two for a 128 KiB write at the default slot size; more with small slots), and one
+//! per fill of the bounce buffer where no slot takes the pages.
 
 use std::io;
 use std::os::fd::RawFd;
-use std::sync::atomic::AtomicU64;
 
 use libublk::io::UblkIOCtx;
 use libublk::sys;
-use uzram_core::batch::PageSource;
+use uzram_core::batch::{LeasedWords, PageSource};
 
 /// One request's data as the kernel holds it: queue `qid`, tag `tag` of the device whose
 /// character device is `fd`.
@@ -99,12 +100,11 @@ fn transferred(n: isize, call: &str) -> io::Result<usize> {
 }
 
 impl PageSource for KernelCopy {
-    fn fill_words(&mut self, offset: usize, words: &[AtomicU64]) -> io::Result<()> {
-        let dst = words.as_ptr().cast::<u8>().cast_mut();
-        // SAFETY: `words` spans `words.len() * 8` bytes; `AtomicU64`s may be written through
-        // a shared reference (interior mutability), and the ring leases these words to this
-        // writer alone until it publishes them, so nothing else touches them meanwhile.
-        unsafe { self.copy_in(offset, dst, words.len() * 8) }
+    fn fill_words(&mut self, offset: usize, dst: LeasedWords<'_>) -> io::Result<()> {
+        // SAFETY: `LeasedWords` is writable for `len_bytes()` bytes, and only the ring makes
+        // one, over words it leased to this writer alone until it publishes them, so nothing
+        // else reads or writes them meanwhile.
+        unsafe { self.copy_in(offset, dst.as_mut_ptr(), dst.len_bytes()) }
     }
 
     fn fill_bytes(&mut self, offset: usize, bytes: &mut [u8]) -> io::Result<()> {

@@ -13,7 +13,7 @@ use super::shared::{
 };
 use super::stats::{bump, Step};
 use crate::batch::staging::NO_PAGE;
-use crate::batch::PageSource;
+use crate::batch::{LeasedWords, PageSource};
 use crate::page::{
     page_checksum, page_to_words_streaming, page_to_words_streaming_checksummed, same_filled_word,
     stream_fence, with_words_as_page, PAGE_SIZE, PAGE_WORDS,
@@ -122,9 +122,10 @@ impl Shared {
             }
         };
         let Some(words) = staging.words_run(lease.slot, lease.base, lease.count) else {
+            empty();
             return Err(CoreError::Config("staging slot out of range".into()));
         };
-        if let Err(err) = source.fill_words(skip * PAGE_SIZE, words) {
+        if let Err(err) = source.fill_words(skip * PAGE_SIZE, LeasedWords::new(words)) {
             empty();
             return Err(CoreError::Source(err));
         }
@@ -136,7 +137,9 @@ impl Shared {
             // The lease keeps every other writer off these words, and the device reads
             // them only after the slot is submitted.
             let scanned = with_words_as_page(words, |p| {
-                (same_filled_word(p), checksums.then(|| page_checksum(p)))
+                let fill = same_filled_word(p);
+                let crc = (fill.is_none() && checksums).then(|| page_checksum(p));
+                (fill, crc)
             });
             let Some((fill, crc)) = scanned else {
                 empty();
@@ -163,6 +166,10 @@ impl Shared {
             staged += 1;
         }
         bump(&self.counters.same_filled_pages, same);
+        if staged == 0 {
+            // Every page was same-filled: nothing to stage (and no memory check to fail).
+            return Ok(());
+        }
         // The books land before the entries that point at them are published.
         stream_fence();
         let result = self.store.stage_many(&items[..staged]);

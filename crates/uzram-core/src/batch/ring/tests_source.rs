@@ -2,12 +2,11 @@
 //! (ublk's user copy), against [`HostSlots`], with the same outcome as [`Ring::write`].
 
 use std::io;
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use super::tests::{assert_reads, host, pages, ring_with};
 use super::*;
-use crate::batch::{BytesSource, FaultPlan};
+use crate::batch::{BytesSource, FaultPlan, LeasedWords};
 use crate::codec::Algorithm;
 use crate::store::StoreConfig;
 
@@ -113,14 +112,16 @@ struct Failing<'a> {
 }
 
 impl PageSource for Failing<'_> {
-    fn fill_words(&mut self, offset: usize, words: &[AtomicU64]) -> io::Result<()> {
+    fn fill_words(&mut self, offset: usize, dst: LeasedWords<'_>) -> io::Result<()> {
         self.fills += 1;
         if self.fills == self.fail_at {
             // Part of the bytes landed before the failure, as a short copy leaves them.
-            self.inner.fill_words(offset, &words[..PAGE_WORDS])?;
+            if let Some(first) = dst.prefix(PAGE_WORDS) {
+                self.inner.fill_words(offset, first)?;
+            }
             return Err(io::Error::other("the kernel refused the copy"));
         }
-        self.inner.fill_words(offset, words)
+        self.inner.fill_words(offset, dst)
     }
 
     fn fill_bytes(&mut self, offset: usize, bytes: &mut [u8]) -> io::Result<()> {
