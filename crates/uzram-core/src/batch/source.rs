@@ -61,7 +61,8 @@ pub trait PageSource {
 pub struct BytesSource<'a>(pub &'a [u8]);
 
 impl BytesSource<'_> {
-    fn range(&self, offset: usize, len: usize) -> io::Result<&[u8]> {
+    /// The write's `len` bytes from `offset`; an error past its end.
+    pub fn range(&self, offset: usize, len: usize) -> io::Result<&[u8]> {
         offset
             .checked_add(len)
             .and_then(|end| self.0.get(offset..end))

@@ -266,9 +266,7 @@ impl Staging {
     /// The words of the page at `index` of `slot`.
     #[inline]
     pub(crate) fn words(&self, slot: usize, index: usize) -> Option<&[AtomicU64]> {
-        self.backend
-            .input(slot)
-            .get(index * PAGE_WORDS..(index + 1) * PAGE_WORDS)
+        self.words_run(slot, index, 1)
     }
 
     /// The words of the `count` pages from `index` of `slot`, one run of memory.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use uzram_core::batch::{LeasedWords, PageSource};
+use uzram_core::batch::{BytesSource, LeasedWords, PageSource};
 use uzram_core::codec::Algorithm;
 use uzram_core::{PageStore, StoreConfig, PAGE_SIZE};
 
@@ -142,20 +142,12 @@ fn runqueue_wait() -> Duration {
 /// daemon does besides, as they did before the stand-in, when the handler found the pages
 /// in the corpus.
 struct KernelCopyStandIn<'a> {
-    data: &'a [u8],
+    data: BytesSource<'a>,
     spent: &'a mut Duration,
 }
 
 impl KernelCopyStandIn<'_> {
-    /// The `len` bytes of the request from `offset`.
-    fn range(&self, offset: usize, len: usize) -> io::Result<&[u8]> {
-        offset
-            .checked_add(len)
-            .and_then(|end| self.data.get(offset..end))
-            .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "past the request"))
-    }
-
-    fn timed(&mut self, copy: impl FnOnce(&Self) -> io::Result<()>) -> io::Result<()> {
+    fn timed(&mut self, copy: impl FnOnce(&mut Self) -> io::Result<()>) -> io::Result<()> {
         let start = cpu_time(CpuOf::Thread)?;
         let copied = copy(self);
         *self.spent += cpu_time(CpuOf::Thread)?.saturating_sub(start);
@@ -166,7 +158,7 @@ impl KernelCopyStandIn<'_> {
 impl PageSource for KernelCopyStandIn<'_> {
     fn fill_words(&mut self, offset: usize, dst: LeasedWords<'_>) -> io::Result<()> {
         self.timed(|k| {
-            let src = k.range(offset, dst.len_bytes())?;
+            let src = k.data.range(offset, dst.len_bytes())?;
             // SAFETY: `dst` is writable for `src.len()` bytes (its length, checked by
             // `range`), and only the ring makes a `LeasedWords`, over words it leased to this
             // writer alone; the corpus copy does not overlap staging.
@@ -176,10 +168,7 @@ impl PageSource for KernelCopyStandIn<'_> {
     }
 
     fn fill_bytes(&mut self, offset: usize, bytes: &mut [u8]) -> io::Result<()> {
-        self.timed(|k| {
-            bytes.copy_from_slice(k.range(offset, bytes.len())?);
-            Ok(())
-        })
+        self.timed(|k| k.data.fill_bytes(offset, bytes))
     }
 }
 
@@ -306,7 +295,7 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
             let writers: std::io::Result<Vec<_>> = sources
                 .iter_mut()
                 .enumerate()
-                .map(|(q, (src, scratch, bounce))| {
+                .map(|(q, (src, scratch, buffer))| {
                     let lo = base + q * per;
                     let hi = (base + (q + 1) * per).min(total);
                     let name = format!("bench-queue-{q}");
@@ -324,13 +313,13 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
                                 let n = REQUEST_PAGES.min(hi - first);
                                 let pages = src.pages_at(base, first, n, scratch);
                                 let mut kernel = KernelCopyStandIn {
-                                    data: pages,
+                                    data: BytesSource(pages),
                                     spent: &mut kernel_copy,
                                 };
                                 if setup.user_copy {
-                                    write_via(s, c, first, n, bounce, Via::Source(&mut kernel))?;
+                                    write_via(s, c, first, n, buffer, Via::Source(&mut kernel))?;
                                 } else {
-                                    let buf = &mut bounce[..n * PAGE_SIZE];
+                                    let buf = &mut buffer[..n * PAGE_SIZE];
                                     kernel.fill_bytes(0, buf)?;
                                     write_via(s, c, first, n, buf, Via::Buffer)?;
                                 }

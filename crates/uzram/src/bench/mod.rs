@@ -85,13 +85,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let mut all_verified = true;
     let mut reports = Vec::new();
     for (name, corpus) in &corpora {
+        let queues = u16::try_from(args.queues).unwrap_or(u16::MAX);
         let mut settings: Vec<(Backend, bool, bool)> = Vec::new();
         for &b in &backends {
+            let auto = user_copy_by_default(b == Backend::Gpu, queues);
             for &c in &checksums {
                 for copy in &copies {
                     // `auto,off` gives the cpu backend's run once.
-                    let queues = u16::try_from(args.queues).unwrap_or(u16::MAX);
-                    let auto = user_copy_by_default(b == Backend::Gpu, queues);
                     let s = (b, c, copy.unwrap_or(auto));
                     if !settings.contains(&s) {
                         settings.push(s);
@@ -154,15 +154,25 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
 
 /// `on`, `off`, or both, in the order given.
 fn parse_checksums(text: &str) -> anyhow::Result<Vec<bool>> {
+    parse_list(text, "--checksums", |part| match part {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => bail!("--checksums {other:?}: use on, off, or on,off"),
+    })
+}
+
+/// A comma-separated list, each item parsed by `item`; an item given twice is an error
+/// that names it after `what`.
+fn parse_list<T: PartialEq>(
+    text: &str,
+    what: &str,
+    item: impl Fn(&str) -> anyhow::Result<T>,
+) -> anyhow::Result<Vec<T>> {
     let mut v = Vec::new();
-    for part in text.split(',') {
-        let on = match part.trim() {
-            "on" => true,
-            "off" => false,
-            other => bail!("--checksums {other:?}: use on, off, or on,off"),
-        };
-        ensure!(!v.contains(&on), "--checksums {} given twice", part.trim());
-        v.push(on);
+    for part in text.split(',').map(str::trim) {
+        let x = item(part)?;
+        ensure!(!v.contains(&x), "{what} {part} given twice");
+        v.push(x);
     }
     Ok(v)
 }
@@ -171,22 +181,12 @@ fn parse_checksums(text: &str) -> anyhow::Result<Vec<bool>> {
 /// queues, else off), `on`, `off`, or several side by side (`on,off`; `auto,off`: the gpu backend both
 /// ways, the others once); `None` is `auto`.
 fn parse_user_copy(text: &str) -> anyhow::Result<Vec<Option<bool>>> {
-    let mut v = Vec::new();
-    for part in text.split(',') {
-        let copy = match part.trim() {
-            "auto" => None,
-            "on" => Some(true),
-            "off" => Some(false),
-            other => bail!("--user-copy {other:?}: use auto, on, off, or a list such as on,off"),
-        };
-        ensure!(
-            !v.contains(&copy),
-            "--user-copy {} given twice",
-            part.trim()
-        );
-        v.push(copy);
-    }
-    Ok(v)
+    parse_list(text, "--user-copy", |part| match part {
+        "auto" => Ok(None),
+        "on" => Ok(Some(true)),
+        "off" => Ok(Some(false)),
+        other => bail!("--user-copy {other:?}: use auto, on, off, or a list such as on,off"),
+    })
 }
 
 /// Refuses a bench whose locked memory (its store's table and room, and a GPU ring) the
@@ -231,13 +231,8 @@ fn check_host_holds(pages: u64, backends: &[Backend], gpu: &GpuSettings) -> anyh
 }
 
 fn parse_backends(text: &str) -> anyhow::Result<Vec<Backend>> {
-    let mut v = Vec::new();
-    for part in text.split(',') {
-        let b = Backend::parse(part.trim())?;
-        ensure!(!v.contains(&b), "backend {} given twice", b.name());
-        v.push(b);
-    }
-    Ok(v)
+    // A backend parses from its name alone, so the part named twice is the name.
+    parse_list(text, "backend", |part| Ok(Backend::parse(part)?))
 }
 
 /// The GPU settings, validated as a config file's would be.

@@ -316,6 +316,17 @@ fn queue_report(
     })
 }
 
+/// The report of `r`'s corpus and backend (as asked) for which `other` holds.
+fn twin<'a>(
+    reports: &'a [Report],
+    r: &Report,
+    other: impl Fn(&Report) -> bool,
+) -> Option<&'a Report> {
+    reports
+        .iter()
+        .find(|b| b.corpus == r.corpus && b.backend_asked == r.backend_asked && other(b))
+}
+
 /// CPU-seconds per GiB of thread role `name` (0 when the run has none).
 fn role(r: &Report, name: &str) -> f64 {
     r.cpu_s_per_gib_by_role.get(name).copied().unwrap_or(0.0)
@@ -436,12 +447,7 @@ pub fn table(reports: &[Report]) -> String {
     }
     // What user copy saves: each run with it against the same run without.
     for on in reports.iter().filter(|r| r.user_copy) {
-        let Some(off) = reports.iter().find(|b| {
-            !b.user_copy
-                && b.corpus == on.corpus
-                && b.backend_asked == on.backend_asked
-                && b.checksums == on.checksums
-        }) else {
+        let Some(off) = twin(reports, on, |b| !b.user_copy && b.checksums == on.checksums) else {
             continue;
         };
         out.push_str(&format!(
@@ -460,12 +466,7 @@ pub fn table(reports: &[Report]) -> String {
     }
     // What the checksums cost: each run with them against the same run without.
     for on in reports.iter().filter(|r| r.checksums) {
-        let Some(off) = reports.iter().find(|b| {
-            !b.checksums
-                && b.corpus == on.corpus
-                && b.backend_asked == on.backend_asked
-                && b.user_copy == on.user_copy
-        }) else {
+        let Some(off) = twin(reports, on, |b| !b.checksums && b.user_copy == on.user_copy) else {
             continue;
         };
         out.push_str(&format!(

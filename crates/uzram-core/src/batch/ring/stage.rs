@@ -3,7 +3,7 @@
 //! and stages them in the store; a slot is sealed when full or when its delay is up, and
 //! the last writer of a sealed slot submits it.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::PoisonError;
 use std::time::Instant;
 
@@ -76,19 +76,9 @@ impl Shared {
         };
         let mut done = 0;
         while done < pages {
-            let lease = if self.retired.load(Ordering::Relaxed) {
-                None
-            } else {
-                self.reserve((pages - done).min(RUN))
-            };
-            let Some(lease) = lease else {
+            let Some(lease) = self.reserve((pages - done).min(RUN)) else {
                 // No slot takes them: into the bounce buffer, and compressed inline.
-                let counter = if self.retired.load(Ordering::Relaxed) {
-                    &self.counters.retired_pages
-                } else {
-                    &self.counters.overflow_pages
-                };
-                bump(counter, (pages - done) as u64);
+                bump(self.inline_counter(), (pages - done) as u64);
                 let rest = &mut bounce[done * PAGE_SIZE..];
                 source
                     .fill_bytes(done * PAGE_SIZE, rest)
@@ -180,6 +170,15 @@ impl Shared {
         result
     }
 
+    /// Where pages no slot took count: as the retired backend's, or as overflow.
+    fn inline_counter(&self) -> &AtomicU64 {
+        if self.retired.load(Ordering::Relaxed) {
+            &self.counters.retired_pages
+        } else {
+            &self.counters.overflow_pages
+        }
+    }
+
     /// Refuses a write of `n` pages from `first_page` that leaves the device.
     fn check_range(&self, first_page: u64, n: u64) -> Result<(), CoreError> {
         let pages = self.store.pages();
@@ -199,14 +198,8 @@ impl Shared {
         let mut done = 0;
         while done < run.len() {
             let Some(lease) = self.reserve(run.len() - done) else {
-                let retired = self.retired.load(Ordering::Relaxed);
                 let rest = &run[done..];
-                let counter = if retired {
-                    &self.counters.retired_pages
-                } else {
-                    &self.counters.overflow_pages
-                };
-                bump(counter, rest.len() as u64);
+                bump(self.inline_counter(), rest.len() as u64);
                 for &(page, offset) in rest {
                     self.store.write(page, &data[offset..offset + PAGE_SIZE])?;
                 }
