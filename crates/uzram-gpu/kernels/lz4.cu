@@ -45,6 +45,9 @@
 //
 // Regenerate the embedded PTX with scripts/gpu-ptx after any change to this file.
 //
+// uzram_lz4_dict (with uzram_lz4_dict_chains) is another backend's kernel, LZ4 with an
+// external dictionary, with an output contract of its own: see its section at the end.
+//
 // uzram_lz4_verify: one warp per page. It decodes each block the way uzram's CPU decoder
 // does (same acceptance rules: literal-only last sequence, offsets inside the page, exactly
 // 4096 bytes out) and compares every byte with the input page. It parses 32 sequences at a
@@ -1544,6 +1547,447 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
             }
             __syncthreads();
             copy_block(packed + s_emit[1], blk, s_emit[2], tid, HIGH_THREADS);
+        }
+        __syncthreads();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// uzram_lz4_dict: LZ4 blocks of 4 KiB pages with an external dictionary, for the cold
+// tier's recompressor (`GpuDictLz4`, src/dict_lz4.rs). The device's trained dictionary,
+// up to DICT_MAX_BYTES, is each block's prefix: a block decodes with any LZ4 decoder given
+// the dictionary as its prefix (liblz4's LZ4_decompress_safe_usingDict, lz4_flex's
+// decompress_into_with_dict). Its output is its own, which the host turns into the slot
+// format: page i's block at out[i * 4096], its length in sizes[i] (0: it would not be
+// shorter than `limit`, store the page raw) and the CRC32C of the page as the device read
+// it in crcs[i]. No check kernel follows: the store decodes every block on the CPU, with
+// the dictionary, and compares it with the page before it takes it.
+//
+// uzram_lz4_dict_chains runs once per dictionary: hash chains over its positions
+// (dict_head: the last position of each 4-byte hash; dict_prev: the one before it of the
+// same hash), which every page's search walks, so no page pays for them.
+//
+// uzram_lz4_dict: one block of DICT_THREADS (4 warps) per page (grid-stride), the page and
+// its tables in shared memory (about 30 KiB: 7 pages, 28 warps an SM; with one warp a page,
+// 7 warps an SM could not hide the dictionary's loads from L2: the kernel ran at a quarter
+// of the speed);
+//  1. warp 0: chains over the page's positions, 32 at a time (__match_any_sync links a
+//     position to the nearest earlier lane of its hash, else to the table's last);
+//  2. each position's longest match, nearest on ties, a thread a position: up to
+//     DICT_PAGE_DEPTH earlier page positions of its hash, then up to DICT_DICT_DEPTH
+//     dictionary positions (every dictionary position is farther back than the page's). A
+//     dictionary match ends by the dictionary's end, so decoders that keep the dictionary
+//     in a buffer of its own never copy one across into the page. Lengths are measured up
+//     to DICT_CAP, so that a long run costs each position a bounded compare;
+//  3. thread 0: a backward price pass (each position a literal, its match whole, or cut to
+//     4..DICT_CUT_SHORT bytes, which need no length byte, or to a few bytes less than
+//     whole, to end where a better match starts; a literal costs a byte, a match its
+//     token, offset and length bytes), then the forward walk that writes the sequences,
+//     measuring a capped match in full;
+//  4. the block to `out` (whole 16-byte words: the page's 4096 bytes are its own), and
+//     the page's CRC32C (warp 0, while step 1 waits for the page).
+// Matches are measured 4 bytes a step (a dictionary's bytes come from L2, and a load a byte
+// made each compare a round trip).
+// Steps 1 (serially), 2 and 3 are plain C (`__host__ __device__`), which
+// scripts/gpu-dict-host-check builds into a host program and checks against liblz4's
+// decoder on the corpora without a GPU.
+// ---------------------------------------------------------------------------------------
+
+#define DICT_MAX_BYTES 32768u
+// Bytes of the dictionary's device buffer: its longest, and room for the word reads that
+// measure a match up to its last byte.
+#define DICT_BUF_BYTES (DICT_MAX_BYTES + 16u)
+#define DICT_THREADS 128u
+#define DICT_HASH_LOG 14u
+#define DICT_PAGE_HASH_LOG 12u
+#define DICT_NO_POS 0xffffu
+#ifndef DICT_PAGE_DEPTH
+#define DICT_PAGE_DEPTH 48u
+#endif
+#ifndef DICT_DICT_DEPTH
+#define DICT_DICT_DEPTH 32u
+#endif
+// Match lengths are measured up to this many bytes (and a walk ends at one this long).
+#define DICT_CAP 256u
+// Cut lengths the price pass tries: 4..DICT_CUT_SHORT (no length byte below 19), and the
+// whole length less 1..DICT_CUT_NEAR.
+#define DICT_CUT_SHORT 18u
+#define DICT_CUT_NEAR 4u
+#define DICT_LAST_START (PAGE_BYTES - MF_LIMIT)
+#define DICT_MATCH_END (PAGE_BYTES - LAST_LITERALS)
+
+static_assert(DICT_MAX_BYTES + PAGE_BYTES <= 65535u, "every dictionary offset fits LZ4's 16 bits");
+static_assert(DICT_MAX_BYTES <= DICT_NO_POS, "dictionary positions fit a u16 beside DICT_NO_POS");
+
+// A byte or u16 of the dictionary's read-only device memory (plain loads on the host).
+__host__ __device__ __forceinline__ u32 dict_ro8(const u8* p) {
+#ifdef __CUDA_ARCH__
+    return __ldg(p);
+#else
+    return *p;
+#endif
+}
+
+__host__ __device__ __forceinline__ u32 dict_ro16(const u16* p) {
+#ifdef __CUDA_ARCH__
+    return __ldg(p);
+#else
+    return *p;
+#endif
+}
+
+__host__ __device__ __forceinline__ u32 dict_read32(const u8* b, u32 p) {
+    return (u32)b[p] | ((u32)b[p + 1u] << 8) | ((u32)b[p + 2u] << 16) | ((u32)b[p + 3u] << 24);
+}
+
+__host__ __device__ __forceinline__ u32 dict_hash(u32 v, u32 log) {
+    return (v * 2654435761u) >> (32u - log);
+}
+
+__host__ __device__ __forceinline__ u32 dict_ext(u32 n) {
+    return n >= 15u ? (n - 15u) / 255u + 1u : 0u;
+}
+
+__host__ __device__ __forceinline__ u32 dict_ctz(u32 x) {
+#ifdef __CUDA_ARCH__
+    return (u32)(__ffs(x) - 1);
+#else
+    return (u32)__builtin_ctz(x);
+#endif
+}
+
+// Four bytes at byte i of the dictionary (readable to DICT_BUF_BYTES), from its aligned
+// words.
+__host__ __device__ __forceinline__ u32 dict_word(const u8* dict, u32 i) {
+    const u32* w = (const u32*)dict;
+#ifdef __CUDA_ARCH__
+    const u32 lo = __ldg(w + (i >> 2)), hi = __ldg(w + (i >> 2) + 1u);
+    return __funnelshift_r(lo, hi, (i & 3u) * 8u);
+#else
+    const u32 lo = w[i >> 2], hi = w[(i >> 2) + 1u];
+    return (i & 3u) == 0u ? lo : (lo >> ((i & 3u) * 8u)) | (hi << (32u - (i & 3u) * 8u));
+#endif
+}
+
+// Bytes from page[p] that equal those from page[c] (c < p), up to `room` (the page is
+// readable 3 bytes past p + room).
+__host__ __device__ __forceinline__ u32 dict_page_run(const u8* page, u32 c, u32 p, u32 room) {
+    for (u32 l = 0u; l < room; l += 4u) {
+        const u32 x = dict_read32(page, c + l) ^ dict_read32(page, p + l);
+        if (x != 0u) {
+            l += dict_ctz(x) >> 3;
+            return l < room ? l : room;
+        }
+    }
+    return room;
+}
+
+// Bytes from page[p] that equal those from dict[d], up to `room`.
+__host__ __device__ __forceinline__ u32 dict_dict_run(const u8* page, const u8* dict, u32 d,
+                                                      u32 p, u32 room) {
+    for (u32 l = 0u; l < room; l += 4u) {
+        const u32 x = dict_word(dict, d + l) ^ dict_read32(page, p + l);
+        if (x != 0u) {
+            l += dict_ctz(x) >> 3;
+            return l < room ? l : room;
+        }
+    }
+    return room;
+}
+
+// The dictionary's chains; `head` has 1 << DICT_HASH_LOG entries, `prev` dict_len.
+__host__ __device__ inline void dict_chains(const u8* dict, u32 dict_len, u16* head, u16* prev) {
+    for (u32 h = 0u; h < (1u << DICT_HASH_LOG); ++h) {
+        head[h] = DICT_NO_POS;
+    }
+    for (u32 d = 0u; d < dict_len; ++d) {
+        if (d + MIN_MATCH <= dict_len) {
+            const u32 h = dict_hash(dict_read32(dict, d), DICT_HASH_LOG);
+            prev[d] = head[h];
+            head[h] = (u16)d;
+        } else {
+            prev[d] = DICT_NO_POS;
+        }
+    }
+}
+
+// The page's chains over the positions a match may start at, serially (the kernel builds
+// the same 32 at a time); `head` has 1 << DICT_PAGE_HASH_LOG entries.
+__host__ __device__ inline void dict_page_chains(const u8* page, u16* head, u16* prev) {
+    for (u32 h = 0u; h < (1u << DICT_PAGE_HASH_LOG); ++h) {
+        head[h] = DICT_NO_POS;
+    }
+    for (u32 p = 0u; p <= DICT_LAST_START; ++p) {
+        const u32 h = dict_hash(dict_read32(page, p), DICT_PAGE_HASH_LOG);
+        prev[p] = head[h];
+        head[h] = (u16)p;
+    }
+}
+
+// Bytes position p shares with offset `off` back (into the dictionary where off > p; such
+// a match stops at the dictionary's end), up to `room`.
+__host__ __device__ inline u32 dict_match_len(const u8* page, const u8* dict, u32 dict_len, u32 p,
+                                              u32 off, u32 room) {
+    if (off <= p) {
+        return dict_page_run(page, p - off, p, room);
+    }
+    const u32 d = dict_len - (off - p);
+    return dict_dict_run(page, dict, d, p, room < dict_len - d ? room : dict_len - d);
+}
+
+// Position p's longest match (nearest on ties; lengths up to DICT_CAP) into lens[p] (0:
+// none) and offs[p]. `prev`: the page's chains; p <= DICT_LAST_START.
+__host__ __device__ inline void dict_search(const u8* page, const u16* prev, const u8* dict,
+                                            const u16* dict_head, const u16* dict_prev,
+                                            u32 dict_len, u32 p, u16* lens, u16* offs) {
+    const u32 lim = DICT_MATCH_END - p;
+    const u32 room = lim < DICT_CAP ? lim : DICT_CAP;
+    u32 best = MIN_MATCH - 1u, boff = 0u;
+    u32 c = prev[p];
+    for (u32 k = 0u; c != DICT_NO_POS && k < DICT_PAGE_DEPTH && best < room; ++k) {
+        // Only a candidate that also matches byte `best` can be longer.
+        if (page[c + best] == page[p + best]) {
+            const u32 l = dict_page_run(page, c, p, room);
+            if (l > best) {
+                best = l;
+                boff = p - c;
+            }
+        }
+        c = prev[c];
+    }
+    if (dict_len >= MIN_MATCH && best < room) {
+        u32 d = dict_ro16(dict_head + dict_hash(dict_read32(page, p), DICT_HASH_LOG));
+        for (u32 k = 0u; d != DICT_NO_POS && k < DICT_DICT_DEPTH && best < room; ++k) {
+            const u32 r = room < dict_len - d ? room : dict_len - d;
+            if (r > best && dict_ro8(dict + d + best) == page[p + best]) {
+                const u32 l = dict_dict_run(page, dict, d, p, r);
+                if (l > best) {
+                    best = l;
+                    boff = p + dict_len - d;
+                }
+            }
+            d = dict_ro16(dict_prev + d);
+        }
+    }
+    lens[p] = best >= MIN_MATCH ? (u16)best : (u16)0u;
+    offs[p] = (u16)boff;
+}
+
+// The backward price pass: `lens` (positions 0..DICT_LAST_START) becomes each position's
+// choice, 0 for a literal or the length to take; `cost` (PAGE_BYTES + 1 entries) is
+// scratch.
+__host__ __device__ inline void dict_price(u16* lens, u16* cost) {
+    for (u32 p = PAGE_BYTES; p > DICT_LAST_START; --p) {
+        cost[p] = (u16)(PAGE_BYTES - p);
+    }
+    for (u32 p = DICT_LAST_START + 1u; p-- > 0u;) {
+        u32 best = cost[p + 1u] + 1u, pick = 0u;
+        const u32 m = lens[p];
+        if (m >= MIN_MATCH) {
+            u32 c = 3u + dict_ext(m - MIN_MATCH) + cost[p + m];
+            if (c < best) {
+                best = c;
+                pick = m;
+            }
+            const u32 short_end = m - 1u < DICT_CUT_SHORT ? m - 1u : DICT_CUT_SHORT;
+            for (u32 l = MIN_MATCH; l <= short_end; ++l) {
+                c = 3u + cost[p + l];
+                if (c < best) {
+                    best = c;
+                    pick = l;
+                }
+            }
+            const u32 near = m > DICT_CUT_SHORT + DICT_CUT_NEAR ? m - DICT_CUT_NEAR : DICT_CUT_SHORT + 1u;
+            for (u32 l = near; l < m; ++l) {
+                c = 3u + dict_ext(l - MIN_MATCH) + cost[p + l];
+                if (c < best) {
+                    best = c;
+                    pick = l;
+                }
+            }
+        }
+        cost[p] = (u16)best;
+        lens[p] = (u16)pick;
+    }
+}
+
+// Writes length value n's extension bytes (none below 15) at o; returns how many.
+__host__ __device__ inline u32 dict_put_ext(u8* o, u32 n) {
+    if (n < 15u) {
+        return 0u;
+    }
+    u32 w = 0u;
+    u32 r = n - 15u;
+    for (; r >= 255u; r -= 255u) {
+        o[w++] = 255u;
+    }
+    o[w++] = (u8)r;
+    return w;
+}
+
+// The forward walk over the choices: the block into `blk`; its length, or 0 if it would be
+// longer than `cap` bytes.
+__host__ __device__ inline u32 dict_emit(const u8* page, const u8* dict, u32 dict_len,
+                                         const u16* choice, const u16* offs, u8* blk, u32 cap) {
+    u32 op = 0u, anchor = 0u, p = 0u;
+    while (p <= DICT_LAST_START) {
+        u32 l = choice[p];
+        if (l == 0u) {
+            ++p;
+            continue;
+        }
+        const u32 off = offs[p];
+        if (l >= DICT_CAP) {
+            // Taken whole and measured only up to the cap: it may reach further.
+            l = dict_match_len(page, dict, dict_len, p, off, DICT_MATCH_END - p);
+        }
+        const u32 lit = p - anchor;
+        const u32 ml = l - MIN_MATCH;
+        if (op + 1u + dict_ext(lit) + lit + 2u + dict_ext(ml) > cap) {
+            return 0u;
+        }
+        blk[op++] = (u8)(((lit < 15u ? lit : 15u) << 4) | (ml < 15u ? ml : 15u));
+        op += dict_put_ext(blk + op, lit);
+        for (u32 b = 0u; b < lit; ++b) {
+            blk[op + b] = page[anchor + b];
+        }
+        op += lit;
+        blk[op++] = (u8)(off & 0xffu);
+        blk[op++] = (u8)(off >> 8);
+        op += dict_put_ext(blk + op, ml);
+        p += l;
+        anchor = p;
+    }
+    const u32 lit = PAGE_BYTES - anchor;
+    if (op + 1u + dict_ext(lit) + lit > cap) {
+        return 0u;
+    }
+    blk[op++] = (u8)((lit < 15u ? lit : 15u) << 4);
+    op += dict_put_ext(blk + op, lit);
+    for (u32 b = 0u; b < lit; ++b) {
+        blk[op + b] = page[anchor + b];
+    }
+    return op + lit;
+}
+
+// The largest block a page may take: strictly shorter than `limit`, at most a page less 1.
+__host__ __device__ __forceinline__ u32 dict_cap(u32 limit) {
+    return limit == 0u ? 0u : (limit > PAGE_BYTES ? PAGE_BYTES : limit) - 1u;
+}
+
+extern "C" __global__ void __launch_bounds__(32)
+uzram_lz4_dict_chains(const u8* __restrict__ dict, u32 dict_len, u16* __restrict__ dict_head,
+                      u16* __restrict__ dict_prev)
+{
+    // The head table in shared memory: one thread's chain building reads back what it
+    // just wrote at every position, which global memory would make a round trip to L2.
+    __shared__ u16 s_head[1u << DICT_HASH_LOG];
+    if (blockIdx.x != 0u) {
+        return;
+    }
+    const u32 len = dict_len <= DICT_MAX_BYTES ? dict_len : 0u;
+    if (threadIdx.x == 0u) {
+        dict_chains(dict, len, s_head, dict_prev);
+    }
+    __syncthreads();
+    for (u32 h = threadIdx.x; h < (1u << DICT_HASH_LOG); h += blockDim.x) {
+        dict_head[h] = s_head[h];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DICT_THREADS)
+uzram_lz4_dict(const uint4* __restrict__ in, const u8* __restrict__ dict,
+               const u16* __restrict__ dict_head, const u16* __restrict__ dict_prev,
+               u32 dict_len, uint4* __restrict__ out, u32* __restrict__ sizes,
+               u32* __restrict__ crcs, u32 npages, u32 limit)
+{
+    // The page, with zeros after it for the 4-byte reads at its end.
+    __shared__ __align__(16) u8 s_page[PAGE_BYTES + 16u];
+    // The page's chains, then the price pass's costs, then the block.
+    __shared__ __align__(16) u16 s_prev[PAGE_BYTES + 8u];
+    // The page's hash heads, then each position's match length, then its choice.
+    __shared__ __align__(16) u16 s_len[PAGE_BYTES];
+    __shared__ __align__(16) u16 s_off[PAGE_BYTES];
+    __shared__ u32 s_crc[256];
+    __shared__ u32 s_size;
+
+    const u32 tid = threadIdx.x;
+    const u32 lane = tid & 31u;
+    const u32 warp = tid >> 5;
+    const u32 lower_lanes = (1u << lane) - 1u;
+    const u32 higher_lanes = lane == 31u ? 0u : (FULL_MASK << (lane + 1u));
+    const u32 cap = dict_cap(limit);
+    // A longer one is a caller bug; its offsets would not fit: no dictionary then.
+    const u32 dlen = dict_len <= DICT_MAX_BYTES ? dict_len : 0u;
+    for (u32 i = tid; i < 256u; i += DICT_THREADS) {
+        s_crc[i] = CRC32C_TABLE[i];
+    }
+    __syncthreads();
+    for (u32 page = blockIdx.x; page < npages; page += gridDim.x) {
+        const uint4* src = in + (size_t)page * (PAGE_BYTES / 16u);
+        uint4* const sp4 = (uint4*)s_page;
+        for (u32 k = tid; k < PAGE_BYTES / 16u; k += DICT_THREADS) {
+            sp4[k] = src[k];
+        }
+        if (tid == 0u) {
+            sp4[PAGE_BYTES / 16u] = make_uint4(0u, 0u, 0u, 0u);
+        }
+        for (u32 h = tid; h < (1u << DICT_PAGE_HASH_LOG); h += DICT_THREADS) {
+            s_len[h] = DICT_NO_POS;
+        }
+        u32 crc = 0u;
+        if (warp == 0u) {
+            crc = crc32c_page(src, s_crc, lane);
+        }
+        __syncthreads();
+
+        // 1. Chains: a position links to the nearest earlier lane of its hash in its 32,
+        //    else to the head; the last lane of each hash becomes the head.
+        if (warp == 0u) {
+            for (u32 base = 0u; base <= DICT_LAST_START; base += 32u) {
+                const u32 p = base + lane;
+                const bool active = p <= DICT_LAST_START;
+                // Lanes past the end take a value no hash has, so they match no other lane.
+                const u32 h = active ? dict_hash(dict_read32(s_page, p), DICT_PAGE_HASH_LOG)
+                                     : (1u << DICT_PAGE_HASH_LOG) + lane;
+                const u32 same = __match_any_sync(FULL_MASK, h);
+                const u32 lower = same & lower_lanes;
+                if (active) {
+                    s_prev[p] = lower != 0u ? (u16)(base + 31u - __clz(lower)) : s_len[h];
+                }
+                __syncwarp();
+                if (active && (same & higher_lanes) == 0u) {
+                    s_len[h] = (u16)p;
+                }
+                __syncwarp();
+            }
+        }
+        __syncthreads();
+
+        // 2. Every position's match (the heads are no longer read: s_len takes lengths).
+        for (u32 p = tid; p <= DICT_LAST_START; p += DICT_THREADS) {
+            dict_search(s_page, s_prev, dict, dict_head, dict_prev, dlen, p, s_len, s_off);
+        }
+        __syncthreads();
+
+        // 3. The parse and the block, thread 0 (the chains' room takes the costs, then the
+        //    block).
+        if (tid == 0u) {
+            dict_price(s_len, s_prev);
+            s_size = dict_emit(s_page, dict, dlen, s_len, s_off, (u8*)s_prev, cap);
+        }
+        __syncthreads();
+        const u32 size = s_size;
+
+        // 4. Out, in whole 16-byte words (the block is at most 4095 bytes).
+        const uint4* blk = (const uint4*)s_prev;
+        uint4* dst = out + (size_t)page * (PAGE_BYTES / 16u);
+        for (u32 j = tid; j < (size + 15u) / 16u; j += DICT_THREADS) {
+            dst[j] = blk[j];
+        }
+        if (tid == 0u) {
+            sizes[page] = size;
+            crcs[page] = crc;
         }
         __syncthreads();
     }

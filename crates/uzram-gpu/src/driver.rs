@@ -54,6 +54,22 @@ pub enum Kernel {
     High,
     /// Decode-and-compare of every block, and its export to the host (`uzram_lz4_verify`).
     Verify,
+    /// LZ4 with an external dictionary as the blocks' prefix (`uzram_lz4_dict`), for
+    /// [`crate::GpuDictLz4`]; its output contract is its own (see the kernel).
+    Dict,
+    /// The dictionary's hash chains, once per dictionary (`uzram_lz4_dict_chains`).
+    DictChains,
+}
+
+impl Kernel {
+    /// Every kernel, in the order of their index.
+    pub const ALL: [Kernel; 5] = [
+        Kernel::Fast,
+        Kernel::High,
+        Kernel::Verify,
+        Kernel::Dict,
+        Kernel::DictChains,
+    ];
 }
 
 impl Kernel {
@@ -63,6 +79,8 @@ impl Kernel {
             Kernel::Fast => "uzram_lz4_fast",
             Kernel::High => "uzram_lz4_high",
             Kernel::Verify => "uzram_lz4_verify",
+            Kernel::Dict => "uzram_lz4_dict",
+            Kernel::DictChains => "uzram_lz4_dict_chains",
         }
     }
 }
@@ -74,10 +92,10 @@ pub struct Gpu {
     ctx: Arc<CudaContext>,
     module: Option<CUmodule>,
     /// Indexed like [`Kernel`]; `None` where the module lacks that entry point.
-    functions: [Option<CUfunction>; 3],
+    functions: [Option<CUfunction>; Kernel::ALL.len()],
     /// Indexed like [`Kernel`]: the block size each function declares (its launch bound),
     /// read once here rather than at every launch.
-    declared_threads: [Option<u32>; 3],
+    declared_threads: [Option<u32>; Kernel::ALL.len()],
     ordinal: usize,
     name: String,
     sm_count: u32,
@@ -108,11 +126,7 @@ impl Gpu {
             .map_err(GpuError::driver("cuModuleLoadData"))?;
         // From here `gpu` owns the module: every error below unloads it as `gpu` drops.
         gpu.module = Some(module);
-        for (slot, kernel) in
-            gpu.functions
-                .iter_mut()
-                .zip([Kernel::Fast, Kernel::High, Kernel::Verify])
-        {
+        for (slot, kernel) in gpu.functions.iter_mut().zip(Kernel::ALL) {
             let entry =
                 CString::new(kernel.entry()).map_err(|_| GpuError::Config("kernel name".into()))?;
             // SAFETY: `module` was just loaded and is not unloaded before `Gpu` drops.
@@ -163,8 +177,8 @@ impl Gpu {
         Ok(Self {
             ctx,
             module: None,
-            functions: [None; 3],
-            declared_threads: [None; 3],
+            functions: [None; Kernel::ALL.len()],
+            declared_threads: [None; Kernel::ALL.len()],
             ordinal,
             name,
             sm_count: sm_count.max(1) as u32,

@@ -8,6 +8,11 @@
 //! - [`gpu_available`] / [`probe`]: is there a driver and a GPU? Never panics.
 //! - [`NvcompZstd`]: NVIDIA nvCOMP's batched zstd behind the same seam, one slot, for the
 //!   cold tier's recompressor (`zstd-gpu`); nvCOMP is loaded at run time ([`nvcomp`]).
+//! - [`GpuDictLz4`]: LZ4 with an external dictionary (the device's trained one, up to
+//!   [`MAX_DICT_BYTES`], as every block's prefix), one slot, for the cold tier's
+//!   recompressor. It runs no check kernel: the store decodes every block on the CPU with
+//!   the dictionary and compares it with the page before taking it, so nothing is trusted
+//!   because the device wrote it.
 //! - [`GpuError`] with [`GpuError::kind`]: fall back to the CPU, or a caller bug.
 //!
 //! libcuda is loaded at run time and the kernels ship as PTX built from `kernels/lz4.cu`
@@ -19,6 +24,7 @@
 compile_error!("uzram-gpu needs a little-endian host");
 
 mod config;
+mod dict_lz4;
 pub mod driver;
 mod error;
 pub mod launch;
@@ -28,6 +34,7 @@ pub mod ptx;
 mod slots;
 
 pub use config::{GpuConfig, Parse};
+pub use dict_lz4::{GpuDictLz4, MAX_DICT_BYTES};
 pub use driver::{gpu_available, probe, Gpu, Kernel};
 pub use error::{ErrorKind, GpuError};
 pub use nvcomp_zstd::NvcompZstd;

@@ -152,9 +152,10 @@ pub struct DeviceArgs {
     #[arg(long)]
     pub no_checksums: bool,
     /// Recompress pages that went unused with zstd or zstd:LEVEL (default level 3), with
-    /// zstd-gpu (zstd from NVIDIA nvCOMP on the GPU) or with lz4-gpu (LZ4 again from an
-    /// NVIDIA GPU's tighter parse; with --algorithm lz4), in the background; a page is kept
-    /// recompressed only if that saves memory.
+    /// zstd-gpu (zstd from NVIDIA nvCOMP on the GPU), with lz4-gpu (LZ4 again from an
+    /// NVIDIA GPU's tighter parse; with --algorithm lz4) or with lz4-gpu-dict (LZ4 with a
+    /// dictionary trained on the device's pages, on an NVIDIA GPU), in the background; a
+    /// page is kept recompressed only if that saves memory.
     #[arg(long, value_name = "ALGORITHM")]
     pub recompress_algorithm: Option<String>,
     /// How long a page goes unused before it is recompressed: 30s, 10m, 1h, 2d (default 1h).
@@ -417,7 +418,7 @@ pub struct RecompressArgs {
     #[arg(long, value_name = "BYTES")]
     pub threshold: Option<u64>,
     /// zstd (level 3) or zstd:LEVEL (default: the device's recompress-algorithm, zstd,
-    /// zstd-gpu or lz4-gpu, else zstd:3).
+    /// zstd-gpu, lz4-gpu or lz4-gpu-dict, else zstd:3).
     #[arg(long)]
     pub algorithm: Option<String>,
     /// Print the pass's report as JSON.
@@ -526,8 +527,9 @@ pub struct BenchArgs {
     #[arg(long, default_value = "auto")]
     pub user_copy: String,
     /// After each run's writes, mark every page idle and recompress it with zstd,
-    /// zstd:LEVEL, zstd-gpu (NVIDIA nvCOMP's zstd) or lz4-gpu (an NVIDIA GPU's high LZ4
-    /// parse), as the cold tier does; report the idle set's memory before and after.
+    /// zstd:LEVEL, zstd-gpu (NVIDIA nvCOMP's zstd), lz4-gpu (an NVIDIA GPU's high LZ4
+    /// parse) or lz4-gpu-dict (LZ4 with a dictionary trained on the run's pages, on an
+    /// NVIDIA GPU), as the cold tier does; report the idle set's memory before and after.
     #[arg(long, value_name = "ALGORITHM")]
     pub recompress: Option<String>,
     /// After that, write the lower half of each run's device back to a backing file at

@@ -81,6 +81,9 @@ pub struct HostSlots {
     inputs: Words,
     outputs: Box<[Mutex<Output>]>,
     codec: Mutex<Box<dyn PageCodec>>,
+    /// With the `liblz4-reference` feature: blocks are liblz4's with this dictionary as
+    /// their prefix (a stand-in for the GPU's dictionary recompressor).
+    dictionary: Mutex<Option<Vec<u8>>>,
     faults: FaultPlan,
     submits: AtomicU64,
     completes: AtomicU64,
@@ -161,12 +164,23 @@ impl HostSlots {
             inputs,
             outputs: (0..slots).map(|_| Mutex::new(Output::default())).collect(),
             codec: Mutex::new(algorithm.codec()),
+            dictionary: Mutex::new(None),
             faults,
             submits: AtomicU64::new(0),
             completes: AtomicU64::new(0),
             compressed: AtomicU64::new(0),
             misread: AtomicU64::new(0),
         }
+    }
+
+    /// From now on, LZ4 blocks with `dict` as their prefix (liblz4's, through
+    /// `LZ4_loadDict`), as a dictionary recompressor writes them.
+    #[cfg(feature = "liblz4-reference")]
+    pub fn load_dictionary(&self, dict: &[u8]) {
+        *self
+            .dictionary
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(dict.to_vec());
     }
 
     fn output(&self, slot: usize) -> Result<MutexGuard<'_, Output>, BackendError> {
@@ -193,6 +207,10 @@ impl HostSlots {
         out.meta.resize(meta_bytes(pages), 0);
         out.packed.clear();
         let mut codec = self.codec.lock().unwrap_or_else(PoisonError::into_inner);
+        let dictionary = self
+            .dictionary
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let mut page = [0u8; PAGE_SIZE];
         let mut block = vec![0u8; PAGE_SIZE];
         for i in 0..pages {
@@ -208,7 +226,11 @@ impl HostSlots {
                 out.packed.extend_from_slice(&word.to_le_bytes());
                 SIZE_SAME_FILLED
             } else {
-                match codec.compress_below(&page, &mut block, limit) {
+                let compressed = match dictionary.as_deref() {
+                    Some(dict) => dict_block(&page, dict, &mut block, limit),
+                    None => codec.compress_below(&page, &mut block, limit),
+                };
+                match compressed {
                     Ok(Some(len)) => {
                         let n = self.compressed.fetch_add(1, Ordering::Relaxed) + 1;
                         let reject = self.faults.reject_every > 0
@@ -312,6 +334,33 @@ impl SlotBackend for HostSlots {
             ("host_completes", self.completes.load(Ordering::Relaxed)),
         ]
     }
+}
+
+/// liblz4's block of `page` with `dict` as its prefix, into `block` if shorter than `limit`.
+#[cfg(feature = "liblz4-reference")]
+fn dict_block(
+    page: &[u8; PAGE_SIZE],
+    dict: &[u8],
+    block: &mut [u8],
+    limit: usize,
+) -> Result<Option<usize>, crate::codec::CodecError> {
+    let b = crate::fuzz::liblz4::compress_with_dict(page, dict);
+    Ok((b.len() < limit && b.len() <= block.len()).then(|| {
+        block[..b.len()].copy_from_slice(&b);
+        b.len()
+    }))
+}
+
+#[cfg(not(feature = "liblz4-reference"))]
+fn dict_block(
+    _: &[u8; PAGE_SIZE],
+    _: &[u8],
+    _: &mut [u8],
+    _: usize,
+) -> Result<Option<usize>, crate::codec::CodecError> {
+    Err(crate::codec::CodecError::Compress(
+        "a dictionary needs the liblz4-reference feature".into(),
+    ))
 }
 
 #[cfg(test)]

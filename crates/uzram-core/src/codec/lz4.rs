@@ -7,6 +7,7 @@
 //! which gives the same result as `decode.rs` for every input, with unchecked copies.
 
 mod decode;
+mod decode_dict;
 // One of the crate's three `unsafe` modules, each behind its own feature (with
 // `page/stream.rs` and `store/words.rs`): everything else is `deny(unsafe_code)`, and the
 // whole crate `forbid(unsafe_code)` without the three features (see lib.rs).
@@ -61,6 +62,17 @@ impl Lz4Codec {
     /// that differential tests and fuzzing compare [`PageCodec::decompress`] with.
     pub fn decompress_safe(src: &[u8], page: &mut [u8; PAGE_SIZE]) -> Result<(), CodecError> {
         decode::decompress(src, page).map_err(decode_error)
+    }
+
+    /// Decodes a block compressed with `dict` as the bytes before the page (liblz4's
+    /// `LZ4_decompress_safe_usingDict`; the cold tier's dictionary recompressor writes
+    /// them). A block that needs no dictionary decodes the same with any.
+    pub fn decompress_with_dict(
+        src: &[u8],
+        dict: &[u8],
+        page: &mut [u8; PAGE_SIZE],
+    ) -> Result<(), CodecError> {
+        decode_dict::decompress_with_dict(src, dict, page).map_err(decode_error)
     }
 }
 

@@ -3,10 +3,12 @@
 //! A codec instance holds per-worker state (hash tables, zstd contexts) and is reused
 //! for every page that worker handles, so compressing a page allocates nothing.
 
+mod dictionary;
 mod lz4;
 mod page_codec;
 mod zstd;
 
+pub use self::dictionary::{train_dictionary, MAX_DICTIONARY_BYTES, MIN_DICTIONARY_SAMPLES};
 pub use self::lz4::Lz4Codec;
 pub use self::page_codec::{Algorithm, CodecError, PageCodec};
 pub use self::zstd::ZstdCodec;

@@ -20,6 +20,19 @@ extern "C" {
         dst_capacity: c_int,
         acceleration: c_int,
     ) -> c_int;
+    fn LZ4_loadDict(
+        stream: *mut lz4_sys::LZ4StreamEncode,
+        dict: *const c_char,
+        dict_size: c_int,
+    ) -> c_int;
+    fn LZ4_decompress_safe_usingDict(
+        src: *const c_char,
+        dst: *mut c_char,
+        src_size: c_int,
+        dst_capacity: c_int,
+        dict: *const c_char,
+        dict_size: c_int,
+    ) -> c_int;
 }
 
 /// The page alone through `LZ4_compress_fast_continue` on a fresh stream (the parse the
@@ -48,4 +61,52 @@ pub fn compress(page: &[u8; PAGE_SIZE], cap: usize) -> Option<Vec<u8>> {
         out.truncate(n as usize);
         out
     })
+}
+
+/// The page through `LZ4_compress_fast_continue` on a fresh stream that loaded `dict`
+/// (`LZ4_loadDict`, at most 64 KiB of it): a block whose matches may reach into the
+/// dictionary, and run from its end into the page.
+pub fn compress_with_dict(page: &[u8; PAGE_SIZE], dict: &[u8]) -> Vec<u8> {
+    let cap = PAGE_SIZE + PAGE_SIZE / 255 + 16;
+    let mut out = vec![0u8; cap];
+    // SAFETY: as in `compress`; `dict` is live and unchanged until the stream is freed
+    // (liblz4 keeps a pointer to it), and its length fits a c_int (at most a page table's
+    // worth of test data).
+    let n = unsafe {
+        let stream = lz4_sys::LZ4_createStream();
+        assert!(!stream.is_null(), "LZ4_createStream failed");
+        LZ4_loadDict(stream, dict.as_ptr().cast::<c_char>(), dict.len() as c_int);
+        let n = LZ4_compress_fast_continue(
+            stream,
+            page.as_ptr().cast::<c_char>(),
+            out.as_mut_ptr().cast::<c_char>(),
+            PAGE_SIZE as c_int,
+            cap as c_int,
+            1,
+        );
+        lz4_sys::LZ4_freeStream(stream);
+        n
+    };
+    assert!(n > 0, "LZ4_compress_fast_continue failed");
+    out.truncate(n as usize);
+    out
+}
+
+/// liblz4's own decode of a block made with `dict` (`LZ4_decompress_safe_usingDict`):
+/// `None` when liblz4 refuses it or it is not one page.
+pub fn decompress_with_dict(block: &[u8], dict: &[u8]) -> Option<Box<[u8; PAGE_SIZE]>> {
+    let mut page = Box::new([0u8; PAGE_SIZE]);
+    // SAFETY: every pointer is to a live buffer of the length passed with it; liblz4
+    // writes at most PAGE_SIZE bytes into `page`.
+    let n = unsafe {
+        LZ4_decompress_safe_usingDict(
+            block.as_ptr().cast::<c_char>(),
+            page.as_mut_ptr().cast::<c_char>(),
+            block.len() as c_int,
+            PAGE_SIZE as c_int,
+            dict.as_ptr().cast::<c_char>(),
+            dict.len() as c_int,
+        )
+    };
+    (n == PAGE_SIZE as c_int).then_some(page)
 }

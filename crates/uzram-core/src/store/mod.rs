@@ -29,6 +29,7 @@
 
 mod arena;
 mod backing;
+mod dictionary;
 mod disk_read;
 mod entry;
 pub mod persist;
@@ -231,6 +232,8 @@ pub struct PageStore {
     /// What writeback passes work in, made with the backing device (`writeback.rs`); one
     /// pass at a time.
     pass: OnceLock<std::sync::Mutex<Scratch>>,
+    /// The LZ4 dictionary cold pages are recompressed with (`dictionary.rs`).
+    dictionary: dictionary::Dictionary,
 }
 
 impl std::fmt::Debug for PageStore {
@@ -471,6 +474,7 @@ impl PageStore {
             ages,
             backing: OnceLock::new(),
             pass: OnceLock::new(),
+            dictionary: dictionary::Dictionary::default(),
         })
     }
 
@@ -743,9 +747,8 @@ impl PageStore {
                 let Some(stored) = stored else {
                     return Err(self.failed_check(corrupt(index, "arena range missing")));
                 };
-                decoder
-                    .decompress(&scratch[..len], page)
-                    .map_err(|source| self.failed_check(CoreError::Corrupt { index, source }))?;
+                self.decode_recompressed(index, &scratch[..len], decoder, page)
+                    .map_err(|e| self.failed_check(e))?;
                 self.verify(index, page, stored)
             });
         }
@@ -1123,6 +1126,7 @@ impl PageStore {
             recompress_kept_pages: Counters::get(&c.recompress_kept),
             recompress_rewritten_pages: Counters::get(&c.recompress_rewritten),
             recompress_saved_bytes: Counters::get(&c.recompress_saved_bytes),
+            recompress_dictionary_bytes: self.dictionary().map_or(0, |d| d.len() as u64),
             bd_count: totals.backed_pages,
             bd_reads: disk(|d| &d.reads),
             bd_writes: disk(|d| &d.writes),
@@ -1835,7 +1839,7 @@ impl PageStore {
             page.copy_from_slice(body);
             Ok(())
         } else if recompressed {
-            worker::with_recompressed_decoder(|d, _| d.decompress(body, page).map_err(corrupt))
+            worker::with_recompressed_decoder(|d, _| self.decode_recompressed(index, body, d, page))
         } else {
             worker::with_codec(self.algorithm, |c, _| {
                 c.decompress(body, page).map_err(corrupt)

@@ -12,11 +12,15 @@
 //!   - zstd frames (NVIDIA nvCOMP's batched zstd): the entry says `recompressed`, as for
 //!     the CPU's zstd, and reads decode it with zstd.
 //!
+//!   - LZ4 with the store's dictionary (`dictionary.rs`), from a backend loaded with it:
+//!     the entry says `recompressed` and the object starts with the dictionary's mark.
+//!
 //!   A block is taken only if the backend's checksum of what it compressed is the page's
 //!   and it decodes, on the CPU, to the page: the old object is good, and a device whose
 //!   own check passed a bad block must not turn it into a failed read. That decode is most
 //!   of the pass's CPU; the GPU does the search.
 
+use super::dictionary::DICT_MARK;
 use super::tier::{Candidates, Recompress, Recompressed, Recompressor, MIN_SAVING};
 use super::{read_lock, Budget, Counters, PageStore, Slot};
 use crate::batch::{PageResult, SlotBackend};
@@ -32,8 +36,26 @@ struct Staged<'a> {
     batch: &'a [(Candidate, u32)],
     /// The backend's slot, the pages staged in it.
     input: &'a [std::sync::atomic::AtomicU64],
-    /// The backend writes zstd frames (installed as `recompressed`).
-    frames: bool,
+    /// What the backend writes.
+    output: Output,
+}
+
+/// What a batched recompressor's blocks are, and so how they are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Output {
+    /// The store's own codec: installed as the hot path's objects are.
+    Own,
+    /// zstd frames: installed as `recompressed`.
+    Frames,
+    /// LZ4 blocks with the store's dictionary: installed as `recompressed`, after the
+    /// dictionary's mark.
+    Dictionary,
+}
+
+impl Output {
+    fn recompressed(self) -> bool {
+        self != Output::Own
+    }
 }
 
 /// A page a pass took: what it held when read, and the checksum it is stored with.
@@ -57,7 +79,17 @@ impl PageStore {
         let result = match pass.recompressor {
             Recompressor::Zstd { level } => self.recompress_zstd(&pass, level, &mut done),
             Recompressor::Batched { backend, slot } => {
-                self.recompress_batched(&pass, backend, slot, &mut done)
+                // zstd frames from a backend are the recompressed kind whatever the store
+                // holds; anything else must be the store's own codec.
+                let output = if matches!(backend.algorithm(), Algorithm::Zstd { .. }) {
+                    Output::Frames
+                } else {
+                    Output::Own
+                };
+                self.recompress_batched(&pass, backend, slot, output, &mut done)
+            }
+            Recompressor::Dictionary { backend, slot } => {
+                self.recompress_batched(&pass, backend, slot, Output::Dictionary, &mut done)
             }
         };
         Counters::bump(&self.counters.recompress_tried, done.tried);
@@ -94,17 +126,29 @@ impl PageStore {
         pass: &Recompress<'_>,
         backend: &dyn SlotBackend,
         slot: usize,
+        output: Output,
         done: &mut Recompressed,
     ) -> Result<(), CoreError> {
-        // zstd frames from a backend are the recompressed kind whatever the store holds;
-        // anything else must be the store's own codec.
-        let frames = matches!(backend.algorithm(), Algorithm::Zstd { .. });
-        if !frames && backend.algorithm() != self.algorithm {
-            return Err(CoreError::Config(format!(
-                "a batched recompressor writes {} and this store holds {}",
-                backend.algorithm(),
-                self.algorithm
-            )));
+        match output {
+            Output::Own if backend.algorithm() != self.algorithm => {
+                return Err(CoreError::Config(format!(
+                    "a batched recompressor writes {} and this store holds {}",
+                    backend.algorithm(),
+                    self.algorithm
+                )))
+            }
+            Output::Dictionary if backend.algorithm() != Algorithm::Lz4 => {
+                return Err(CoreError::Config(format!(
+                    "a dictionary recompressor must write LZ4, not {}",
+                    backend.algorithm()
+                )))
+            }
+            Output::Dictionary if self.dictionary().is_none() => {
+                return Err(CoreError::Config(
+                    "a dictionary recompressor needs the store's dictionary set first".into(),
+                ))
+            }
+            _ => {}
         }
         let room = backend.slot_pages();
         let input = backend.input(slot);
@@ -129,28 +173,28 @@ impl PageStore {
             };
             batch.push((c, staged));
             if batch.len() == room {
-                let compressed = self.compress_batch(backend, slot, &batch, frames, done);
+                let compressed = self.compress_batch(backend, slot, &batch, output, done);
                 batch.clear();
                 compressed?;
             }
             Ok(())
         })?;
         if !batch.is_empty() {
-            self.compress_batch(backend, slot, &batch, frames, done)?;
+            self.compress_batch(backend, slot, &batch, output, done)?;
         }
         Ok(())
     }
 
     /// Compresses the staged `batch` in `slot` and installs each result that saves a size
     /// class. `batch` pairs each candidate with the checksum of the page staged for it;
-    /// `frames`: the results are zstd frames. A backend that fails fails the pass, its
-    /// batch counted failed.
+    /// `output`: what the results are. A backend that fails fails the pass, its batch
+    /// counted failed.
     fn compress_batch(
         &self,
         backend: &dyn SlotBackend,
         slot: usize,
         batch: &[(Candidate, u32)],
-        frames: bool,
+        output: Output,
         done: &mut Recompressed,
     ) -> Result<(), CoreError> {
         let backend_failed = |e: crate::batch::BackendError| CoreError::Backend {
@@ -167,7 +211,7 @@ impl PageStore {
                 let staged = Staged {
                     batch,
                     input,
-                    frames,
+                    output,
                 };
                 self.install_batch(&staged, out, &mut decoded, &mut bad, done);
             })
@@ -201,8 +245,11 @@ impl PageStore {
         let Staged {
             batch,
             input,
-            frames,
+            output,
         } = *staged;
+        // A dictionary block is stored after the dictionary's mark.
+        let mut marked = [0u8; PAGE_SIZE];
+        marked[0] = DICT_MARK;
         for (k, &(c, staged)) in batch.iter().enumerate() {
             let block = match (out.page(k), out.checksum(k)) {
                 (Ok(PageResult::Compressed(block)), Ok(sum)) if sum == staged => block,
@@ -220,6 +267,17 @@ impl PageStore {
                     continue;
                 }
             };
+            let block = match output {
+                Output::Dictionary if block.len() < PAGE_SIZE => {
+                    marked[1..=block.len()].copy_from_slice(block);
+                    &marked[..=block.len()]
+                }
+                Output::Dictionary => {
+                    self.keep(c, done);
+                    continue;
+                }
+                Output::Own | Output::Frames => block,
+            };
             if block.len() + MIN_SAVING > c.len {
                 self.keep(c, done);
                 continue;
@@ -228,7 +286,9 @@ impl PageStore {
             // decoded, here, to the very page (a device whose check passed a bad
             // block would otherwise turn a good page into a failed read).
             let staged = &input[k * PAGE_WORDS..(k + 1) * PAGE_WORDS];
-            let same = self.decode(c.index, block, frames, decoded).is_ok()
+            let same = self
+                .decode(c.index, block, output.recompressed(), decoded)
+                .is_ok()
                 && staged
                     .iter()
                     .zip(decoded.chunks_exact(8))
@@ -238,7 +298,7 @@ impl PageStore {
                 bad.get_or_insert(k);
                 continue;
             }
-            self.replace(c, block, frames, done);
+            self.replace(c, block, output.recompressed(), done);
         }
     }
 
@@ -341,12 +401,12 @@ impl PageStore {
         })
     }
 
-    /// Stores `bytes` (the page's new object: a zstd frame when `zstd`, else the store's
-    /// own codec) and points the page at it if it still holds what `c` read; frees
+    /// Stores `bytes` (the page's new object: a recompressed one, a zstd frame or marked
+    /// dictionary block, when `recompressed`, else the store's own codec) and points the page at it if it still holds what `c` read; frees
     /// whichever object lost, and counts the outcome. A page rewritten in its own codec is
     /// still a candidate by its entry: it is flagged tried (under the lock) so that the
     /// next pass leaves it until it is written.
-    fn replace(&self, c: Candidate, bytes: &[u8], zstd: bool, done: &mut Recompressed) {
+    fn replace(&self, c: Candidate, bytes: &[u8], recompressed: bool, done: &mut Recompressed) {
         let budget = Budget::Limited {
             reserved: self.staged_room(),
         };
@@ -360,9 +420,9 @@ impl PageStore {
         let new = Slot::Stored {
             handle,
             len: bytes.len() as u16,
-            recompressed: zstd,
+            recompressed,
         };
-        match self.switch(c.index, c.slot, c.fingerprint, new, !zstd) {
+        match self.switch(c.index, c.slot, c.fingerprint, new, !recompressed) {
             Ok(true) => {
                 done.rewritten += 1;
                 done.saved_bytes += (c.len - bytes.len()) as u64;
@@ -625,5 +685,159 @@ mod tests {
         let plain = HostSlots::new(Algorithm::Lz4, 1, 16);
         let next = store.recompress(batched(&plain)).unwrap();
         assert_eq!(next.tried, 1, "the new page was never tried: {next:?}");
+    }
+}
+
+/// The dictionary recompressor: liblz4 with the store's dictionary standing in for the
+/// GPU's (`HostSlots::load_dictionary`).
+#[cfg(test)]
+mod dictionary_tests {
+    use std::sync::atomic::AtomicU64;
+    use std::sync::{Arc, Mutex};
+
+    use super::super::tier::tests::{corpus, reads_back};
+    use super::*;
+    use crate::batch::HostSlots;
+    use crate::codec::{train_dictionary, MAX_DICTIONARY_BYTES};
+    use crate::store::fuzz_tests::MemHome;
+    use crate::store::{Persistence, StoreConfig};
+
+    fn idle_pass(backend: &dyn SlotBackend) -> Recompress<'_> {
+        Recompress {
+            candidates: Candidates::Idle { min_age: 0 },
+            recompressor: Recompressor::Dictionary { backend, slot: 0 },
+            threshold: 0,
+            max_pages: u64::MAX,
+            retry_tried: false,
+        }
+    }
+
+    /// A store of the corpus, its dictionary trained on the store's own pages, and a
+    /// backend loaded with it.
+    fn trained(store: &PageStore) -> HostSlots {
+        store.mark_idle(None);
+        let samples = store
+            .dictionary_samples(Candidates::Idle { min_age: 0 }, 0, 4096)
+            .unwrap();
+        assert!(samples.len() >= 256 * PAGE_SIZE, "{}", samples.len());
+        let dict = train_dictionary(&samples, MAX_DICTIONARY_BYTES).unwrap();
+        store.set_dictionary(&dict).unwrap();
+        let backend = HostSlots::new(Algorithm::Lz4, 1, 64);
+        backend.load_dictionary(&dict);
+        backend
+    }
+
+    #[test]
+    fn dictionary_blocks_are_stored_marked_and_read_back_exact() {
+        let data = corpus();
+        let pages = (data.len() / PAGE_SIZE) as u64;
+        let store = PageStore::new(StoreConfig::new(pages, Algorithm::Lz4)).unwrap();
+        store.write(0, &data).unwrap();
+        // No dictionary yet: the pass says what is missing.
+        let backend = HostSlots::new(Algorithm::Lz4, 1, 64);
+        assert!(matches!(
+            store.recompress(idle_pass(&backend)),
+            Err(CoreError::Config(_))
+        ));
+        let backend = trained(&store);
+        let before = store.stats();
+        let done = store.recompress(idle_pass(&backend)).unwrap();
+        let after = store.stats();
+        assert!(done.rewritten > done.tried / 2, "{done:?}");
+        assert_eq!(done.failed, 0, "{done:?}");
+        assert_eq!(after.recompressed_pages, done.rewritten);
+        assert_eq!(
+            before.compr_data_size - after.compr_data_size,
+            done.saved_bytes
+        );
+        reads_back(&store, &data);
+        // A recompressed page is no candidate again.
+        assert_eq!(store.recompress(idle_pass(&backend)).unwrap().tried, 0);
+        // One dictionary per store: the same bytes again are fine, others refused.
+        let dict = store.dictionary().unwrap().to_vec();
+        store.set_dictionary(&dict).unwrap();
+        assert!(store.set_dictionary(&dict[1..]).is_err());
+        assert!(
+            !store.lose_dictionary(),
+            "a store keeps the dictionary it has"
+        );
+    }
+
+    #[test]
+    fn a_store_without_checksums_takes_no_dictionary() {
+        let mut cfg = StoreConfig::new(4, Algorithm::Lz4);
+        cfg.checksums = false;
+        let store = PageStore::new(cfg).unwrap();
+        assert!(!store.may_take_dictionary());
+        assert!(matches!(
+            store.set_dictionary(b"some dictionary"),
+            Err(CoreError::Config(_))
+        ));
+    }
+
+    /// A taken-over store reads its dictionary pages only once it has the dictionary
+    /// again; without it, or with another one, those reads fail (I/O errors), every other
+    /// page reads as written, and it never returns other data.
+    #[test]
+    fn a_taken_over_store_needs_its_own_dictionary_back() {
+        let data = corpus();
+        let pages = (data.len() / PAGE_SIZE) as u64;
+        let len = PageStore::table_len(pages).unwrap();
+        let table: &'static [AtomicU64] = Box::leak((0..len).map(|_| AtomicU64::new(0)).collect());
+        let cfg = StoreConfig::new(pages, Algorithm::Lz4);
+        let persist = |home: MemHome| Persistence {
+            table,
+            home: Arc::new(home),
+        };
+        let store = PageStore::new_persistent(cfg.clone(), persist(MemHome::default())).unwrap();
+        store.write(0, &data).unwrap();
+        let backend = trained(&store);
+        let done = store.recompress(idle_pass(&backend)).unwrap();
+        assert!(done.rewritten > 0, "{done:?}");
+        let dict = store.dictionary().unwrap().to_vec();
+        let segments: std::collections::HashMap<usize, Vec<u64>> =
+            store.arena.snapshot().into_iter().enumerate().collect();
+        drop(store);
+        let recover = || {
+            let home = MemHome {
+                found: Mutex::new(segments.clone()),
+            };
+            PageStore::recover(cfg.clone(), persist(home), None)
+                .unwrap()
+                .0
+        };
+        // Every page either reads exact or fails: count the failures.
+        let failures = |store: &PageStore| {
+            let mut page = vec![0u8; PAGE_SIZE];
+            (0..pages)
+                .filter(|&i| match store.read(i, &mut page) {
+                    Ok(()) => {
+                        let at = i as usize * PAGE_SIZE;
+                        assert!(page == data[at..at + PAGE_SIZE], "page {i} read wrong");
+                        false
+                    }
+                    Err(_) => true,
+                })
+                .count() as u64
+        };
+        let lost = recover();
+        assert!(lost.lose_dictionary());
+        assert!(
+            lost.set_dictionary(&dict).is_err(),
+            "a lost one is not taken back"
+        );
+        assert_eq!(failures(&lost), done.rewritten);
+        drop(lost);
+        let other = recover();
+        let mut wrong = dict.clone();
+        wrong.iter_mut().rev().take(4096).for_each(|b| *b ^= 0x5a);
+        other.set_dictionary(&wrong).unwrap();
+        let failed = failures(&other);
+        assert!(failed > 0 && failed <= done.rewritten, "{failed}");
+        assert_eq!(other.stats().checksum_failures, failed);
+        drop(other);
+        let back = recover();
+        back.set_dictionary(&dict).unwrap();
+        reads_back(&back, &data);
     }
 }

@@ -42,7 +42,8 @@ pub struct Stats {
     /// Reads of stored pages that failed their check (the checksum, the decode, or a
     /// damaged table entry): each one failed with EIO instead of returning other data.
     pub checksum_failures: u64,
-    /// Pages held recompressed (zstd frames written by recompression).
+    /// Pages held recompressed (zstd frames, or LZ4 blocks with the store's dictionary,
+    /// written by recompression).
     pub recompressed_pages: u64,
     /// Pages recompression tried (cumulative).
     pub recompress_tried_pages: u64,
@@ -54,6 +55,9 @@ pub struct Stats {
     /// Payload bytes recompression saved (cumulative; pages rewritten since count nothing
     /// back).
     pub recompress_saved_bytes: u64,
+    /// Bytes of the dictionary the store's pages are recompressed with
+    /// (`recompress-algorithm = "lz4-gpu-dict"`; 0 before it is trained).
+    pub recompress_dictionary_bytes: u64,
     /// bd_stat: pages written back, on the backing device now.
     pub bd_count: u64,
     /// bd_stat: 4 KiB blocks read from the backing device (cumulative).
@@ -96,6 +100,10 @@ impl Stats {
                 self.recompress_rewritten_pages,
             ),
             ("recompress_saved_bytes", self.recompress_saved_bytes),
+            (
+                "recompress_dictionary_bytes",
+                self.recompress_dictionary_bytes,
+            ),
             ("bd_count", self.bd_count),
             ("bd_reads", self.bd_reads),
             ("bd_writes", self.bd_writes),
@@ -242,15 +250,16 @@ mod tests {
             recompress_kept_pages: 20,
             recompress_rewritten_pages: 21,
             recompress_saved_bytes: 22,
-            bd_count: 23,
-            bd_reads: 24,
-            bd_writes: 25,
-            bd_bytes_written: 26,
-            bd_failures: 27,
+            recompress_dictionary_bytes: 23,
+            bd_count: 24,
+            bd_reads: 25,
+            bd_writes: 26,
+            bd_bytes_written: 27,
+            bd_failures: 28,
         };
         let fields = stats.fields();
         let values: Vec<u64> = fields.iter().map(|f| f.1).collect();
-        assert_eq!(values, (1..=27).collect::<Vec<u64>>());
+        assert_eq!(values, (1..=28).collect::<Vec<u64>>());
         assert_eq!(fields[0].0, "orig_data_size");
         assert_eq!(fields[11].0, "notify_free");
     }

@@ -77,6 +77,16 @@ pub enum Recompressor<'a> {
         /// The slot the pass fills.
         slot: usize,
     },
+    /// A backend's batch LZ4 compressor that writes blocks with the store's dictionary as
+    /// their prefix (`dictionary.rs`; the caller loaded the backend with it): installed as
+    /// `recompressed` objects that start with the dictionary's mark. Slot `slot` as for
+    /// `Batched`.
+    Dictionary {
+        /// The compressor.
+        backend: &'a dyn SlotBackend,
+        /// The slot the pass fills.
+        slot: usize,
+    },
 }
 
 impl std::fmt::Debug for Recompressor<'_> {
@@ -85,6 +95,11 @@ impl std::fmt::Debug for Recompressor<'_> {
             Self::Zstd { level } => f.debug_struct("Zstd").field("level", level).finish(),
             Self::Batched { backend, slot } => f
                 .debug_struct("Batched")
+                .field("backend", &backend.name())
+                .field("slot", slot)
+                .finish(),
+            Self::Dictionary { backend, slot } => f
+                .debug_struct("Dictionary")
                 .field("backend", &backend.name())
                 .field("slot", slot)
                 .finish(),

@@ -55,10 +55,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         }),
         Some("lz4-gpu") if algorithm == Algorithm::Lz4 => Some(RecompressCodec::GpuLz4),
         Some("zstd-gpu") => Some(RecompressCodec::GpuZstd),
+        Some("lz4-gpu-dict") => Some(RecompressCodec::GpuLz4Dict),
         Some(text) => match Algorithm::parse(text) {
             Ok(Algorithm::Zstd { level }) => Some(RecompressCodec::Zstd { level }),
             _ => anyhow::bail!(
-                "--recompress {text:?}: give zstd, zstd:LEVEL, zstd-gpu or (with --algorithm lz4) lz4-gpu"
+                "--recompress {text:?}: give zstd, zstd:LEVEL, zstd-gpu, lz4-gpu-dict or (with --algorithm lz4) lz4-gpu"
             ),
         },
     };

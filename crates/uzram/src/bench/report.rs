@@ -123,7 +123,7 @@ pub struct QueueReport {
 /// What recompressing every page did, medians over runs.
 #[derive(Debug, Serialize)]
 pub struct RecompressReport {
-    /// The recompressor (`zstd:LEVEL`, `zstd-gpu`, `lz4-gpu`).
+    /// The recompressor (`zstd:LEVEL`, `zstd-gpu`, `lz4-gpu`, `lz4-gpu-dict`).
     pub recompressor: String,
     /// The idle set's memory (the store's beyond its page table) after ÷ before.
     pub memory_after_over_before: f64,
@@ -137,6 +137,11 @@ pub struct RecompressReport {
     pub cpu_s_per_gib: f64,
     /// Pages rewritten ÷ pages tried.
     pub rewritten_share: f64,
+    /// Seconds (wall, and CPU) of what the recompressor does once before its first pass:
+    /// `lz4-gpu-dict` trains the device's dictionary and loads the GPU with it; 0 for the
+    /// others. Not in `gbps` or `cpu_s_per_gib`.
+    pub prepare_s: f64,
+    pub prepare_cpu_s: f64,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -259,6 +264,8 @@ impl Report {
                     gbps: mm(&|r| r.tried as f64 * PAGE_SIZE as f64 / secs(r.wall) / 1e9),
                     cpu_s_per_gib: mm(&|r| r.cpu.as_secs_f64() / gib(r).max(1e-9)),
                     rewritten_share: mm(&|r| r.rewritten as f64 / r.tried.max(1) as f64),
+                    prepare_s: mm(&|r| r.prepare_wall.as_secs_f64()),
+                    prepare_cpu_s: mm(&|r| r.prepare_cpu.as_secs_f64()),
                 })
             }),
             writeback: writeback_report(runs),

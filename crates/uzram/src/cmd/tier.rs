@@ -63,7 +63,7 @@ pub fn recompress(args: RecompressArgs) -> anyhow::Result<ExitCode> {
             _ if text == "zstd" => Some(uzram_core::store::DEFAULT_RECOMPRESS_LEVEL),
             _ => anyhow::bail!(
                 "uzram recompress --algorithm writes zstd: give zstd or zstd:LEVEL, not {text:?} \
-                 (leave it out for the device's recompress-algorithm, zstd-gpu and lz4-gpu included)"
+                 (leave it out for the device's recompress-algorithm, zstd-gpu, lz4-gpu and lz4-gpu-dict included)"
             ),
         },
     };

@@ -461,9 +461,12 @@ pub enum ConfigError {
     Age(String),
     /// A recompression algorithm uzram cannot write.
     #[error(
-        "recompress-algorithm {0:?}: recompression writes zstd or the GPU's LZ4: use zstd, zstd:LEVEL (1-22), zstd-gpu or lz4-gpu"
+        "recompress-algorithm {0:?}: recompression writes zstd or the GPU's LZ4: use zstd, zstd:LEVEL (1-22), zstd-gpu, lz4-gpu or lz4-gpu-dict"
     )]
     RecompressAlgorithm(String),
+    /// `recompress-algorithm = "lz4-gpu-dict"` with `checksums = false`.
+    #[error("recompress-algorithm lz4-gpu-dict needs checksums: a page decoded with a damaged dictionary must fail its check, so leave checksums on (the default)")]
+    RecompressDictNeedsChecksums,
     /// `writeback-idle-age` or `writeback-limit` without `writeback-device`.
     #[error(
         "writeback-idle-age and writeback-limit need writeback-device (a partition or a file path)"
@@ -575,6 +578,9 @@ pub enum RecompressCodec {
     GpuLz4,
     /// zstd frames from NVIDIA nvCOMP's batched zstd on the GPU (`zstd-gpu`).
     GpuZstd,
+    /// LZ4 with a dictionary trained on the device's own pages, from an NVIDIA GPU
+    /// (`lz4-gpu-dict`; the device must keep checksums).
+    GpuLz4Dict,
 }
 
 impl RecompressCodec {
@@ -584,6 +590,7 @@ impl RecompressCodec {
             Self::Zstd { level } => format!("zstd:{level}"),
             Self::GpuLz4 => "lz4-gpu".into(),
             Self::GpuZstd => "zstd-gpu".into(),
+            Self::GpuLz4Dict => "lz4-gpu-dict".into(),
         }
     }
 }
@@ -782,7 +789,7 @@ impl RawDevice {
             gpu,
             metrics_textfile: self.metrics_textfile.clone(),
             checksums: self.checksums.unwrap_or(true),
-            recompress: self.recompress_settings(algorithm)?,
+            recompress: self.recompress_settings(algorithm, self.checksums.unwrap_or(true))?,
             writeback: self.writeback_settings()?,
         };
         cfg.check_memory(host)?;
@@ -819,6 +826,7 @@ impl RawDevice {
     fn recompress_settings(
         &self,
         algorithm: Algorithm,
+        checksums: bool,
     ) -> Result<Option<RecompressSettings>, ConfigError> {
         let Some(text) = &self.recompress_algorithm else {
             if self.recompress_idle_age.is_some() || self.recompress_threshold.is_some() {
@@ -835,6 +843,8 @@ impl RawDevice {
             _ if text == "zstd-gpu" => RecompressCodec::GpuZstd,
             _ if text == "lz4-gpu" && algorithm == Algorithm::Lz4 => RecompressCodec::GpuLz4,
             _ if text == "lz4-gpu" => return Err(ConfigError::RecompressGpuNeedsLz4),
+            _ if text == "lz4-gpu-dict" && checksums => RecompressCodec::GpuLz4Dict,
+            _ if text == "lz4-gpu-dict" => return Err(ConfigError::RecompressDictNeedsChecksums),
             _ => return Err(ConfigError::RecompressAlgorithm(text)),
         };
         let idle_age_minutes = parse_age(
@@ -884,7 +894,8 @@ impl RawDevice {
 
 impl DeviceConfig {
     /// Pinned host memory the GPU ring (none on the CPU backend) and the GPU recompressor
-    /// (`recompress-algorithm = "lz4-gpu"` or `"zstd-gpu"`, a slot of its own) take.
+    /// (`recompress-algorithm = "lz4-gpu"`, `"lz4-gpu-dict"` or `"zstd-gpu"`, a slot of its
+    /// own) take.
     pub fn gpu_pinned_bytes(&self) -> u64 {
         let ring = match self.backend {
             Backend::Cpu => 0,
@@ -896,6 +907,9 @@ impl DeviceConfig {
             }
             Some(RecompressCodec::GpuZstd) => {
                 uzram_gpu::NvcompZstd::pinned_bytes_for(DEFAULT_GPU_SLOT_PAGES)
+            }
+            Some(RecompressCodec::GpuLz4Dict) => {
+                uzram_gpu::GpuDictLz4::pinned_bytes_for(DEFAULT_GPU_SLOT_PAGES)
             }
             Some(RecompressCodec::Zstd { .. }) | None => 0,
         };

@@ -668,11 +668,32 @@ mod tests {
                 uzram_gpu::NvcompZstd::pinned_bytes_for(DEFAULT_GPU_SLOT_PAGES)
             );
         }
+        // The dictionary parse on any device's algorithm (its objects are marked
+        // recompressed); its slot counts too.
+        for algorithm in ["lz4", "zstd"] {
+            let text = format!(
+                "size = \"1G\"\ncompression-algorithm = \"{algorithm}\"\n\
+                 recompress-algorithm = \"lz4-gpu-dict\"\n"
+            );
+            let dict = parse(&text).unwrap();
+            assert_eq!(
+                dict.device.recompress.unwrap().codec,
+                RecompressCodec::GpuLz4Dict
+            );
+            assert_eq!(
+                dict.device.gpu_pinned_bytes(),
+                uzram_gpu::GpuDictLz4::pinned_bytes_for(DEFAULT_GPU_SLOT_PAGES)
+            );
+        }
         assert_eq!(parse("size = \"1G\"\n").unwrap().device.recompress, None);
         for (text, want) in [
             (
                 "recompress-algorithm = \"lz4\"",
-                "use zstd, zstd:LEVEL (1-22), zstd-gpu or lz4-gpu",
+                "use zstd, zstd:LEVEL (1-22), zstd-gpu, lz4-gpu or lz4-gpu-dict",
+            ),
+            (
+                "checksums = false\nrecompress-algorithm = \"lz4-gpu-dict\"",
+                "lz4-gpu-dict needs checksums",
             ),
             (
                 "compression-algorithm = \"zstd\"\nrecompress-algorithm = \"lz4-gpu\"",

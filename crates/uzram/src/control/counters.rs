@@ -194,7 +194,7 @@ counters! {
         "1 where requests' data moves by ublk's user copy (UBLK_F_USER_COPY), else 0.";
     RECOMPRESSED_PAGES = "recompressed_pages", Store, Gauge, No,
         "uzram_recompressed_pages",
-        "Pages held recompressed (zstd frames written by the cold tier's recompression).";
+        "Pages held recompressed (zstd frames, or LZ4 with the device's dictionary, written by the cold tier's recompression).";
     RECOMPRESS_TRIED_PAGES = "recompress_tried_pages", Store, Counter, Sum,
         "uzram_recompress_tried_pages_total",
         "Pages recompression tried.";
@@ -207,6 +207,9 @@ counters! {
     RECOMPRESS_SAVED_BYTES = "recompress_saved_bytes", Store, Counter, Sum,
         "uzram_recompress_saved_bytes_total",
         "Payload bytes recompression saved.";
+    RECOMPRESS_DICTIONARY_BYTES = "recompress_dictionary_bytes", Store, Gauge, No,
+        "uzram_recompress_dictionary_bytes",
+        "Bytes of the dictionary the device's idle pages are recompressed with (lz4-gpu-dict; 0 before it is trained).";
     BD_COUNT = "bd_count", Store, Gauge, No,
         "uzram_bd_count",
         "Pages written back: on the backing device now, not in RAM (zram's bd_stat).";

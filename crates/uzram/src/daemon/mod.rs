@@ -8,6 +8,7 @@ mod compactor;
 #[cfg(test)]
 mod crash_tests;
 mod device;
+mod dictionary;
 pub mod notify;
 mod pressure;
 mod readiness;
@@ -304,6 +305,7 @@ fn open_store(
     )?;
     backing::attach(&taken.store, &taken.region, file)?;
     step(pause, "backing device");
+    dictionary::restore(&taken.store, &taken.region);
     let found = taken.found;
     tracing::info!(
         shm,

@@ -1,7 +1,10 @@
 //! What a device's recompression writes (`recompress-algorithm`): zstd on the CPU; LZ4
 //! again from an NVIDIA GPU's `high` parse (`lz4-gpu`), which stores pages the hot path
-//! wrote with the CPU's LZ4 tighter and reads them back at LZ4's speed; or zstd frames from
-//! NVIDIA nvCOMP's batched zstd (`zstd-gpu`), zstd's memory for a fraction of its CPU. A
+//! wrote with the CPU's LZ4 tighter and reads them back at LZ4's speed; LZ4 with a
+//! dictionary trained on the device's own pages, from the GPU (`lz4-gpu-dict`,
+//! `dictionary.rs`), tighter still where pages share content with pages far from them;
+//! or zstd frames from NVIDIA nvCOMP's batched zstd (`zstd-gpu`), zstd's memory for a
+//! fraction of its CPU. A
 //! GPU works through a slot of its own, not the write ring's, opened at the first pass (a
 //! takeover does not wait for it) or, on a fresh start, before the device serves, so that a
 //! host where it cannot work says so at once.
@@ -12,9 +15,11 @@ use anyhow::Context;
 use uzram_core::batch::SlotBackend;
 use uzram_core::store::{Candidates, Recompress, Recompressed, Recompressor as Pass};
 use uzram_core::{CoreError, PageStore};
-use uzram_gpu::{GpuConfig, GpuSlots, NvcompZstd, Parse};
+use uzram_gpu::{GpuConfig, GpuDictLz4, GpuSlots, NvcompZstd, Parse};
 
+use super::dictionary;
 use crate::config::{DeviceConfig, GpuSettings, RecompressCodec, DEFAULT_GPU_SLOT_PAGES};
+use crate::takeover::dictionary::KeptDictionary;
 
 /// The recompressor `cfg` asks for, if any; opened now unless `recovered` (a takeover does
 /// not wait for a GPU).
@@ -45,22 +50,83 @@ pub enum Recompressor {
 
 /// A GPU recompressor's state.
 pub struct OnGpu {
-    /// `GpuLz4` or `GpuZstd`.
+    /// `GpuLz4`, `GpuLz4Dict` or `GpuZstd`.
     codec: RecompressCodec,
     /// The GPU settings of the device (which GPUs).
     settings: GpuSettings,
     /// The slot, once opened.
     slots: OnceLock<Result<Opened, String>>,
+    /// Where a dictionary trained for `GpuLz4Dict` is kept for the next daemon (the store
+    /// segment's area); none in a store that lives only in this process (`uzram bench`).
+    kept: OnceLock<KeptDictionary>,
 }
 
 /// An opened GPU recompressor: its backend (one slot), and the turn passes take on it. The
 /// backend is outside the turn so that its counters can be read while a pass runs.
 struct Opened {
-    backend: Box<dyn SlotBackend>,
+    backend: Backend,
     turn: Mutex<()>,
 }
 
+/// A recompressor's slot backend.
+enum Backend {
+    /// Writes what its algorithm says (the `high` parse's LZ4, nvCOMP's zstd frames).
+    Plain(Box<dyn SlotBackend>),
+    /// Writes LZ4 with the store's dictionary, once loaded with it (`loaded`).
+    Dictionary {
+        slots: Box<dyn DictionarySlots>,
+        loaded: std::sync::atomic::AtomicBool,
+    },
+}
+
+impl Backend {
+    fn slots(&self) -> &dyn SlotBackend {
+        match self {
+            Self::Plain(b) => &**b,
+            Self::Dictionary { slots, .. } => &**slots,
+        }
+    }
+}
+
+/// A slot backend that compresses with a dictionary it is loaded with.
+pub trait DictionarySlots: SlotBackend {
+    /// From now on, blocks with `dict` as their prefix.
+    fn load_dictionary(&self, dict: &[u8]) -> Result<(), String>;
+}
+
+impl DictionarySlots for GpuDictLz4 {
+    fn load_dictionary(&self, dict: &[u8]) -> Result<(), String> {
+        GpuDictLz4::load_dictionary(self, dict).map_err(|e| e.to_string())
+    }
+}
+
 impl OnGpu {
+    /// The store's dictionary, trained now if it has none (false while too few pages
+    /// qualify), loaded into `slots` once. Called with the turn held.
+    fn dictionary_ready(
+        &self,
+        slots: &dyn DictionarySlots,
+        loaded: &std::sync::atomic::AtomicBool,
+        store: &PageStore,
+        candidates: Candidates,
+        threshold: usize,
+    ) -> Result<bool, CoreError> {
+        let keep = self.kept.get().copied();
+        let Some(dict) = dictionary::for_pass(store, candidates, threshold, keep)? else {
+            return Ok(false);
+        };
+        if !loaded.load(std::sync::atomic::Ordering::Acquire) {
+            slots
+                .load_dictionary(&dict)
+                .map_err(|reason| CoreError::Backend {
+                    backend: "gpu",
+                    reason,
+                })?;
+            loaded.store(true, std::sync::atomic::Ordering::Release);
+        }
+        Ok(true)
+    }
+
     /// The slot, opened at the first call.
     fn slots(&self) -> Result<&Opened, String> {
         self.slots
@@ -80,11 +146,22 @@ impl Recompressor {
     pub fn new(codec: RecompressCodec, gpu: &GpuSettings) -> Self {
         match codec {
             RecompressCodec::Zstd { level } => Self::Zstd { level },
-            RecompressCodec::GpuLz4 | RecompressCodec::GpuZstd => Self::Gpu(Box::new(OnGpu {
-                codec,
-                settings: gpu.clone(),
-                slots: OnceLock::new(),
-            })),
+            RecompressCodec::GpuLz4 | RecompressCodec::GpuZstd | RecompressCodec::GpuLz4Dict => {
+                Self::Gpu(Box::new(OnGpu {
+                    codec,
+                    settings: gpu.clone(),
+                    slots: OnceLock::new(),
+                    kept: OnceLock::new(),
+                }))
+            }
+        }
+    }
+
+    /// Keeps a dictionary it trains in `area` (the store segment's) before the store takes
+    /// it, so that the next daemon reads what was written with it.
+    pub fn keep_dictionary_in(&self, area: KeptDictionary) {
+        if let Self::Gpu(gpu) = self {
+            let _ = gpu.kept.set(area);
         }
     }
 
@@ -139,10 +216,48 @@ impl Recompressor {
                         opened.turn.lock().unwrap_or_else(PoisonError::into_inner)
                     }
                 };
-                store.recompress(pass(Pass::Batched {
-                    backend: &*opened.backend,
-                    slot: 0,
-                }))
+                match &opened.backend {
+                    Backend::Plain(backend) => store.recompress(pass(Pass::Batched {
+                        backend: &**backend,
+                        slot: 0,
+                    })),
+                    Backend::Dictionary { slots, loaded } => {
+                        if !gpu.dictionary_ready(&**slots, loaded, store, candidates, threshold)? {
+                            // Too few idle pages yet to learn a dictionary from.
+                            return Ok(Recompressed::default());
+                        }
+                        store.recompress(pass(Pass::Dictionary {
+                            backend: &**slots,
+                            slot: 0,
+                        }))
+                    }
+                }
+            }
+        }
+    }
+
+    /// For the dictionary recompressor: trains the store's dictionary now if it has none
+    /// (and enough of `candidates` to learn from) and loads the GPU with it, as its first
+    /// pass would; true once both are done. Other recompressors need nothing: true.
+    /// (`uzram bench` times this apart from the pass.)
+    pub fn prepare(
+        &self,
+        store: &PageStore,
+        candidates: Candidates,
+        threshold: usize,
+    ) -> Result<bool, CoreError> {
+        let Self::Gpu(gpu) = self else {
+            return Ok(true);
+        };
+        let opened = gpu.slots().map_err(|reason| CoreError::Backend {
+            backend: "gpu",
+            reason,
+        })?;
+        match &opened.backend {
+            Backend::Plain(_) => Ok(true),
+            Backend::Dictionary { slots, loaded } => {
+                let _turn = opened.turn.lock().unwrap_or_else(PoisonError::into_inner);
+                gpu.dictionary_ready(&**slots, loaded, store, candidates, threshold)
             }
         }
     }
@@ -156,6 +271,7 @@ impl Recompressor {
         match gpu.slots.get() {
             Some(Ok(opened)) => opened
                 .backend
+                .slots()
                 .stats()
                 .into_iter()
                 .map(|(name, value)| (format!("recompressor_{name}"), value))
@@ -174,12 +290,10 @@ impl Recompressor {
     }
 }
 
-/// One slot of `codec` (the `high` parse, or nvCOMP's zstd) on the device's first GPU.
-fn open_gpu(
-    codec: RecompressCodec,
-    settings: &GpuSettings,
-) -> Result<Box<dyn SlotBackend>, String> {
-    let opened = (|| -> anyhow::Result<(Box<dyn SlotBackend>, String)> {
+/// One slot of `codec` (the `high` parse, the dictionary parse, or nvCOMP's zstd) on the
+/// device's first GPU.
+fn open_gpu(codec: RecompressCodec, settings: &GpuSettings) -> Result<Backend, String> {
+    let opened = (|| -> anyhow::Result<(Backend, String)> {
         let first = settings
             .gpus
             .ordinals()?
@@ -190,7 +304,17 @@ fn open_gpu(
             let zstd = NvcompZstd::new(first, DEFAULT_GPU_SLOT_PAGES)
                 .context("opening nvCOMP's zstd on the GPU")?;
             let name = zstd.device_name().to_string();
-            return Ok((Box::new(zstd), name));
+            return Ok((Backend::Plain(Box::new(zstd)), name));
+        }
+        if codec == RecompressCodec::GpuLz4Dict {
+            let dict = GpuDictLz4::new(first, DEFAULT_GPU_SLOT_PAGES)
+                .context("opening the dictionary parse on the GPU")?;
+            let name = dict.device_name().to_string();
+            let backend = Backend::Dictionary {
+                slots: Box::new(dict),
+                loaded: std::sync::atomic::AtomicBool::new(false),
+            };
+            return Ok((backend, name));
         }
         let cfg = GpuConfig {
             devices: vec![first],
@@ -201,7 +325,7 @@ fn open_gpu(
         };
         let slots = GpuSlots::new(cfg).context("opening the GPU")?;
         let name = slots.device_names().join(", ");
-        Ok((Box::new(slots), name))
+        Ok((Backend::Plain(Box::new(slots)), name))
     })();
     match opened {
         Ok((slots, device)) => {
@@ -280,6 +404,10 @@ mod tests {
 
     /// A GPU recompressor over `backend` (a stand-in for the GPU's slot).
     fn on_backend(codec: RecompressCodec, backend: Box<dyn SlotBackend>) -> Recompressor {
+        on(codec, Backend::Plain(backend))
+    }
+
+    fn on(codec: RecompressCodec, backend: Backend) -> Recompressor {
         let slots = OnceLock::new();
         assert!(slots
             .set(Ok(Opened {
@@ -291,7 +419,80 @@ mod tests {
             codec,
             settings: GpuSettings::default(),
             slots,
+            kept: OnceLock::new(),
         }))
+    }
+
+    /// liblz4 with the loaded dictionary, standing in for the GPU's dictionary parse.
+    impl DictionarySlots for HostSlots {
+        fn load_dictionary(&self, dict: &[u8]) -> Result<(), String> {
+            HostSlots::load_dictionary(self, dict);
+            Ok(())
+        }
+    }
+
+    /// The dictionary recompressor waits for enough idle pages, then trains the device's
+    /// dictionary on them, keeps it where the next daemon finds it, loads the backend and
+    /// writes pages that read back exact; the next pass uses the same dictionary.
+    #[test]
+    fn the_dictionary_recompressor_trains_keeps_and_uses_one_dictionary() {
+        use crate::takeover::dictionary::{KeptDictionary, WORDS};
+        use std::sync::atomic::AtomicU64;
+        let r = on(
+            RecompressCodec::GpuLz4Dict,
+            Backend::Dictionary {
+                slots: Box::new(HostSlots::new(Algorithm::Lz4, 1, 256)),
+                loaded: std::sync::atomic::AtomicBool::new(false),
+            },
+        );
+        let area = KeptDictionary::over(Box::leak((0..WORDS).map(|_| AtomicU64::new(0)).collect()));
+        r.keep_dictionary_in(area);
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
+        let mut data = Vec::new();
+        for name in ["mixed-swap", "python-heap", "postgres"] {
+            let f = std::fs::File::open(dir.join(format!("{name}.slice.pages.zst"))).unwrap();
+            data.extend(zstd::decode_all(f).unwrap());
+        }
+        let pages = (data.len() / PAGE_SIZE) as u64;
+        let store = PageStore::new(StoreConfig::new(pages, Algorithm::Lz4)).unwrap();
+        let idle = Candidates::Idle { min_age: 0 };
+        // Too few idle pages: nothing done, no dictionary.
+        store.write(0, &data[..512 * PAGE_SIZE]).unwrap();
+        store.mark_idle(None);
+        assert!(
+            !r.prepare(&store, idle, 0).unwrap(),
+            "no dictionary from 512 pages"
+        );
+        let early = r.run(&store, idle, 0, u64::MAX, None, true).unwrap();
+        assert_eq!(early, Recompressed::default());
+        assert!(store.dictionary().is_none() && area.read().unwrap().is_none());
+        store.write(0, &data).unwrap();
+        store.mark_idle(None);
+        let before = store.stats();
+        assert!(r.prepare(&store, idle, 0).unwrap());
+        let dict = store.dictionary().expect("trained").to_vec();
+        let done = r.run(&store, idle, 0, u64::MAX, None, true).unwrap();
+        assert_eq!(
+            area.read().unwrap(),
+            Some(dict.clone()),
+            "kept for the next daemon"
+        );
+        assert!(done.rewritten > done.tried / 2, "{done:?}");
+        assert_eq!(done.failed, 0, "{done:?}");
+        assert_eq!(
+            before.compr_data_size - store.stats().compr_data_size,
+            done.saved_bytes
+        );
+        uzram_core::fuzz::reads_back(&store, &data);
+        // Pages written again go idle and are recompressed with the same dictionary.
+        store.write(0, &data[..64 * PAGE_SIZE]).unwrap();
+        store.mark_idle(None);
+        let again = r.run(&store, idle, 0, u64::MAX, None, true).unwrap();
+        // (Same-filled pages hold no object: no candidates.)
+        assert!(again.tried > 32 && again.tried <= 64, "{again:?}");
+        assert!(again.rewritten > 0, "{again:?}");
+        assert_eq!(store.dictionary(), Some(&dict[..]));
+        uzram_core::fuzz::reads_back(&store, &data);
     }
 
     #[test]

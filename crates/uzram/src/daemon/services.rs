@@ -87,6 +87,9 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
         save_counts();
     })?;
     let requests = Mutex::new(stop_tx.clone());
+    if let Some(r) = &s.recompressor {
+        r.keep_dictionary_in(s.region.dictionary_area());
+    }
     let recompression =
         s.cfg
             .recompress

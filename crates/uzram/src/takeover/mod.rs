@@ -7,11 +7,13 @@
 //! - [`record`]: a device's recovery record: typed settings, validated as a config file is.
 //! - [`orphan`]: finding a device whose daemon died, and giving its recovery room back.
 //! - [`carry`]: the counters a daemon leaves for the next one.
+//! - [`dictionary`]: the store's recompression dictionary, kept in the store segment.
 //! - [`leave`]: exiting with the device and store left to the next daemon.
 //! - [`standby`]: the process that takes a config's device over when its daemon dies.
 //! - [`pause`]: the I/O pause of a takeover, step by step.
 
 pub mod carry;
+pub mod dictionary;
 pub mod floors_segment;
 pub mod leave;
 pub mod orphan;

@@ -10,10 +10,11 @@
 //! only while some process maps it with mlock.)
 //!
 //! Layout, in 64 KiB units: a header unit (the header, then the carried counters of
-//! `carry.rs`), the page table (8 bytes a page), the segment directory (4 bytes an arena
-//! segment: the block it lives in, plus one; 0 for none), the block states (a byte a block:
-//! whether its pages are in memory, `pool::BlockState`; since layout 3), the recovery room,
-//! then the blocks the pool hands out.
+//! `carry.rs` and the recompression dictionary of `dictionary.rs`), the page table (8
+//! bytes a page), the segment directory (4 bytes an arena segment: the block it lives in,
+//! plus one; 0 for none), the block states (a byte a block: whether its pages are in
+//! memory, `pool::BlockState`; since layout 3), the recovery room, then the blocks the
+//! pool hands out.
 //!
 //! The block states let a recovery find the old daemon's free blocks that are still in
 //! memory without asking the kernel page by page: `mincore` over the blocks took ~30 ms per
@@ -76,12 +77,16 @@ const WRITEBACK_TAG: u64 = 0x5752_4954_4542_4b31; // "WRITEBK1"
 const WRITEBACK_WORDS: usize = 2 + uzram_core::store::KEY_BYTES / 8;
 /// Where the carried counters (`carry.rs`) live: in the header's unit, after the header.
 const CARRY_OFF: usize = 4096;
+/// Where the store's recompression dictionary is kept (`dictionary.rs`; zeros: none, as an
+/// older daemon leaves it).
+const DICTIONARY_OFF: usize = 8192;
 const _: () = assert!(
     std::mem::size_of::<Header>() <= STAGING_OFF
         && STAGING_OFF + 8 <= FLOORS_OFF
         && FLOORS_OFF + 8 <= WRITEBACK_OFF
         && WRITEBACK_OFF + WRITEBACK_WORDS * 8 <= CARRY_OFF
-        && CARRY_OFF + crate::takeover::carry::WORDS * 8 <= UNIT
+        && CARRY_OFF + crate::takeover::carry::WORDS * 8 <= DICTIONARY_OFF
+        && DICTIONARY_OFF + crate::takeover::dictionary::WORDS * 8 <= UNIT
 );
 
 /// What a region starts with.
@@ -533,6 +538,20 @@ impl StoreSegment {
         &words[1]
     }
 
+    /// The store's recompression dictionary's area (`dictionary.rs`), in the header's unit.
+    pub fn dictionary_area(&self) -> crate::takeover::dictionary::KeptDictionary {
+        // SAFETY: as for `carried_counters`: the area lies in the header's unit (asserted
+        // above), its words are 8-aligned and only ever accessed atomically, and the mapping
+        // is never detached.
+        let words = unsafe {
+            std::slice::from_raw_parts(
+                (self.base + DICTIONARY_OFF) as *const AtomicU64,
+                crate::takeover::dictionary::WORDS,
+            )
+        };
+        crate::takeover::dictionary::KeptDictionary::over(words)
+    }
+
     /// The carried counters' words (`carry.rs`), in the header's unit.
     pub fn carried_counters(&self) -> &'static [AtomicU64] {
         // SAFETY: the header's unit lies in the mapping (`create` made it, `attach` checked
@@ -937,6 +956,29 @@ mod tests {
             algorithm: "lz4",
             checksums: true,
         }
+    }
+
+    /// The dictionary a daemon keeps is what the next one attaching the region reads; the
+    /// carried counters beside it are untouched by it.
+    #[test]
+    fn a_kept_dictionary_is_found_by_the_next_attach() {
+        let Some(region) = small_region() else {
+            return;
+        };
+        assert_eq!(
+            region.dictionary_area().read(),
+            Ok(None),
+            "a new store has none"
+        );
+        let dict: Vec<u8> = (0..uzram_core::codec::MAX_DICTIONARY_BYTES)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        region.dictionary_area().keep(&dict).unwrap();
+        let counters = region.carried_counters();
+        assert!(counters.iter().all(|w| w.load(Ordering::Relaxed) == 0));
+        let again = StoreSegment::attach(region.id(), expected()).unwrap();
+        assert_eq!(again.dictionary_area().read(), Ok(Some(dict)));
+        remove(region.id());
     }
 
     #[test]

@@ -1,0 +1,75 @@
+//! The store's recompression dictionary in the daemon (`uzram_core::store` has what it is):
+//! trained at the first pass of the `lz4-gpu-dict` recompressor that finds enough idle pages,
+//! kept in the store segment (`takeover/dictionary.rs`) before the store takes it, and given
+//! back to the store by a takeover before the device serves.
+
+use uzram_core::codec::{train_dictionary, MAX_DICTIONARY_BYTES};
+use uzram_core::store::Candidates;
+use uzram_core::{CoreError, PageStore};
+
+use crate::takeover::dictionary::KeptDictionary;
+use crate::takeover::store_segment::StoreSegment;
+
+/// Pages a dictionary is trained on (16 MiB), spread over the device.
+const SAMPLE_PAGES: usize = 4096;
+/// Fewest idle pages a dictionary is trained on: it is the device's for good, so one
+/// learned from a handful of pages would cost every page recompressed after.
+pub const MIN_SAMPLE_PAGES: usize = 1024;
+
+/// Gives a taken-over store the dictionary its region keeps; a damaged one is never used:
+/// the store is told it is lost.
+pub fn restore(store: &PageStore, region: &StoreSegment) {
+    let lost = |why: &str| {
+        tracing::error!(
+            why,
+            "the store's recompression dictionary is damaged: pages recompressed with it fail \
+             their reads until they are written again, and the device recompresses no more \
+             pages with a dictionary"
+        );
+        store.lose_dictionary();
+    };
+    match region.dictionary_area().read() {
+        Ok(None) => {}
+        Ok(Some(dict)) => match store.set_dictionary(&dict) {
+            Ok(()) => tracing::info!(bytes = dict.len(), "recompression dictionary taken over"),
+            Err(e) => lost(&e.to_string()),
+        },
+        Err(why) => lost(&why),
+    }
+}
+
+/// The dictionary a pass over `candidates` (at least `threshold` stored bytes) uses: the
+/// store's, or one trained now on its pages, kept in `keep` (when the store lives in a
+/// region) and then set. `None` while fewer than [`MIN_SAMPLE_PAGES`] pages qualify.
+pub fn for_pass(
+    store: &PageStore,
+    candidates: Candidates,
+    threshold: usize,
+    keep: Option<KeptDictionary>,
+) -> Result<Option<Vec<u8>>, CoreError> {
+    if let Some(dict) = store.dictionary() {
+        return Ok(Some(dict.to_vec()));
+    }
+    if !store.may_take_dictionary() {
+        return Err(CoreError::Config(
+            "the store's recompression dictionary was lost (damaged in its segment): \
+             lz4-gpu-dict cannot recompress more pages; recreate the device to start over"
+                .into(),
+        ));
+    }
+    let samples = store.dictionary_samples(candidates, threshold, SAMPLE_PAGES)?;
+    if samples.len() < MIN_SAMPLE_PAGES * uzram_core::PAGE_SIZE {
+        return Ok(None);
+    }
+    let dict = train_dictionary(&samples, MAX_DICTIONARY_BYTES).map_err(CoreError::Compress)?;
+    if let Some(area) = keep {
+        area.keep(&dict).map_err(CoreError::Config)?;
+    }
+    store.set_dictionary(&dict)?;
+    tracing::info!(
+        bytes = dict.len(),
+        sample_pages = samples.len() / uzram_core::PAGE_SIZE,
+        "recompression dictionary trained on the device's idle pages"
+    );
+    Ok(Some(dict))
+}
