@@ -70,7 +70,7 @@ fn read_len(src: &[u8], ip: &mut usize) -> Result<usize, DecodeError> {
 /// Copies a match of `len` bytes starting `off` bytes back, where `1 <= off <= op` and
 /// `op + len <= PAGE_SIZE` were checked by the caller.
 #[inline(always)]
-fn copy_match(out: &mut Page, op: usize, off: usize, len: usize) {
+pub(super) fn copy_match(out: &mut Page, op: usize, off: usize, len: usize) {
     let from = op - off;
     if op + len + 16 > PAGE_SIZE {
         if off >= 8 && len >= 8 {
@@ -126,7 +126,7 @@ fn copy_match(out: &mut Page, op: usize, off: usize, len: usize) {
 /// Copies `len` literals; the caller checked both ranges. Far from the ends it moves
 /// 32-byte chunks (the bytes past `len` are overwritten by the next sequence).
 #[inline(always)]
-fn copy_literals(out: &mut Page, op: usize, src: &[u8], ip: usize, len: usize) {
+pub(super) fn copy_literals(out: &mut Page, op: usize, src: &[u8], ip: usize, len: usize) {
     if op + len + 32 <= PAGE_SIZE && ip + len + 32 <= src.len() {
         let mut i = 0;
         while i < len {

@@ -1,14 +1,14 @@
 //! LZ4 block decoder for one 4 KiB page whose block was compressed with an external
 //! dictionary (liblz4's `LZ4_decompress_safe_usingDict`): a match may reach back past the
 //! page's first byte into the dictionary, as if the dictionary's bytes came just before
-//! the page. Only the cold tier's dictionary recompressor writes such blocks, so this
-//! decoder is plain and safe rather than fast; every other rule is `decode.rs`'s (the
-//! output is exactly one page, a corrupt block is an error, nothing is written outside
-//! the page).
+//! the page. Only the cold tier's dictionary recompressor writes such blocks. Safe Rust,
+//! with `decode.rs`'s copies for what lies in the page; every other rule is `decode.rs`'s
+//! too (the output is exactly one page, a corrupt block is an error, nothing is written
+//! outside the page).
 
 #![forbid(unsafe_code)]
 
-use super::decode::DecodeError;
+use super::decode::{copy_literals, copy_match, DecodeError};
 use crate::page::PAGE_SIZE;
 
 type Page = [u8; PAGE_SIZE];
@@ -49,7 +49,7 @@ pub(super) fn decompress_with_dict(
         if op + lit > PAGE_SIZE {
             return Err(DecodeError::TooLong);
         }
-        out[op..op + lit].copy_from_slice(&src[ip..lit_end]);
+        copy_literals(out, op, src, ip, lit);
         ip = lit_end;
         op += lit;
         if ip == src.len() {
@@ -88,15 +88,9 @@ pub(super) fn decompress_with_dict(
         // The rest lies in the page: one move where its source ends before it starts, else
         // byte by byte (an overlapping match repeats its last `off` bytes).
         if done < ml {
-            // Past the dictionary's end the source is in the page: `op + done >= off`.
-            let (at, from, n) = (op + done, op + done - off, ml - done);
-            if off >= n {
-                out.copy_within(from..from + n, at);
-            } else {
-                for i in 0..n {
-                    out[at + i] = out[from + i];
-                }
-            }
+            // Past the dictionary's end the source is in the page (`op + done >= off`), and
+            // `op + ml <= PAGE_SIZE` was checked: `copy_match`'s terms.
+            copy_match(out, op + done, off, ml - done);
         }
         op += ml;
     }
