@@ -98,6 +98,9 @@ struct Counters {
     raw_pages: AtomicU64,
     block_bytes: AtomicU64,
     kernel_ns: AtomicU64,
+    /// The loaded dictionary's length, for `stats`, which must not wait on the host lock (a
+    /// slot's completion holds it across the GPU's wait and the installs).
+    dict_bytes: AtomicU64,
 }
 
 /// Refuses a dictionary the kernel cannot take: empty, or longer than [`MAX_DICT_BYTES`].
@@ -206,6 +209,7 @@ impl GpuDictLz4 {
             ));
         }
         host.dict_len = 0;
+        self.counters.dict_bytes.store(0, Relaxed);
         host.dict.as_mut_slice()[..dict.len()].copy_from_slice(dict);
         let f = self.function(Kernel::DictChains)?;
         let d = &self.device;
@@ -235,6 +239,7 @@ impl GpuDictLz4 {
         let synced = self.stream.synchronize();
         queued.and(synced)?;
         host.dict_len = dict.len();
+        self.counters.dict_bytes.store(dict.len() as u64, Relaxed);
         Ok(())
     }
 
@@ -477,7 +482,7 @@ impl SlotBackend for GpuDictLz4 {
             ("gpu_dict_raw_pages", c.raw_pages.load(Relaxed)),
             ("gpu_dict_block_bytes", c.block_bytes.load(Relaxed)),
             ("gpu_dict_kernel_us", c.kernel_ns.load(Relaxed) / 1000),
-            ("gpu_dict_bytes", self.dictionary_len() as u64),
+            ("gpu_dict_bytes", c.dict_bytes.load(Relaxed)),
         ]
     }
 

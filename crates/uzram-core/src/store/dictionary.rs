@@ -90,10 +90,34 @@ impl PageStore {
         threshold: usize,
         max_pages: usize,
     ) -> Result<Vec<u8>, CoreError> {
-        let stored = self.stats().pages_stored.max(1);
-        let stride = (stored / max_pages.max(1) as u64).max(1);
+        // Which pages qualify, and how many: the stride spreads the samples over them
+        // (counting all stored pages instead would take too few where most are zero or
+        // young).
+        let qualifies = |index: u64, shard: &super::shard::Shard, idx: u64| match shard.get(idx) {
+            Some(Slot::Stored {
+                handle,
+                len,
+                recompressed: false,
+            }) => {
+                let len = usize::from(len);
+                let idle = match candidates {
+                    Candidates::Idle { min_age } => self.ages.age(index) >= min_age,
+                    Candidates::Huge | Candidates::HugeIdle { .. } => true,
+                };
+                (len < PAGE_SIZE && len >= threshold && idle).then_some((handle, len))
+            }
+            _ => None,
+        };
+        let mut qualifying = 0u64;
+        for index in 0..self.pages {
+            let (shard, idx) = self.locate(index);
+            if qualifies(index, &read_lock(shard), idx).is_some() {
+                qualifying += 1;
+            }
+        }
+        let stride = (qualifying / max_pages.max(1) as u64).max(1);
         let mut out = Vec::new();
-        out.try_reserve_exact(max_pages.min(stored as usize) * PAGE_SIZE)
+        out.try_reserve_exact(max_pages.min(qualifying as usize) * PAGE_SIZE)
             .map_err(|_| CoreError::NoMemory)?;
         let mut page = [0u8; PAGE_SIZE];
         let mut stored_bytes = [0u8; PAGE_SIZE];
@@ -105,22 +129,9 @@ impl PageStore {
             let (shard, idx) = self.locate(index);
             let (len, checksum) = {
                 let shard = read_lock(shard);
-                let Some(Slot::Stored {
-                    handle,
-                    len,
-                    recompressed: false,
-                }) = shard.get(idx)
-                else {
+                let Some((handle, len)) = qualifies(index, &shard, idx) else {
                     continue;
                 };
-                let len = usize::from(len);
-                let idle = match candidates {
-                    Candidates::Idle { min_age } => self.ages.age(index) >= min_age,
-                    Candidates::Huge | Candidates::HugeIdle { .. } => true,
-                };
-                if len == PAGE_SIZE || len < threshold || !idle {
-                    continue;
-                }
                 seen += 1;
                 if !(seen - 1).is_multiple_of(stride) {
                     continue;

@@ -699,6 +699,7 @@ mod dictionary_tests {
     use super::*;
     use crate::batch::HostSlots;
     use crate::codec::{train_dictionary, MAX_DICTIONARY_BYTES};
+    use crate::page::same_filled_word;
     use crate::store::fuzz_tests::MemHome;
     use crate::store::{Persistence, StoreConfig};
 
@@ -761,6 +762,36 @@ mod dictionary_tests {
             !store.lose_dictionary(),
             "a store keeps the dictionary it has"
         );
+    }
+
+    /// Where most stored pages are zero or young, the samples still come from all the
+    /// qualifying ones, as many as asked for.
+    #[test]
+    fn samples_are_taken_from_the_qualifying_pages_however_few_they_are() {
+        let data = corpus();
+        let n = (data.len() / PAGE_SIZE) as u64;
+        let store = PageStore::new(StoreConfig::new(8 * n, Algorithm::Lz4)).unwrap();
+        store.write(0, &data).unwrap();
+        store.mark_idle(None);
+        // Zero pages (no object) and young copies of the corpus do not qualify.
+        store
+            .write(n, &vec![0u8; 5 * n as usize * PAGE_SIZE])
+            .unwrap();
+        store.write(6 * n, &data).unwrap();
+        store.write(7 * n, &data).unwrap();
+        let idle = Candidates::Idle { min_age: 1 };
+        let qualifying = (0..n)
+            .filter(|&i| {
+                let at = i as usize * PAGE_SIZE;
+                let page: &[u8; PAGE_SIZE] = data[at..at + PAGE_SIZE].try_into().unwrap();
+                same_filled_word(page).is_none()
+            })
+            .count();
+        let want = qualifying / 2;
+        let samples = store.dictionary_samples(idle, 0, want).unwrap();
+        let got = samples.len() / PAGE_SIZE;
+        // Huge pages do not qualify either: most of the corpus still does.
+        assert!(got >= want * 9 / 10 && got <= want, "{got} of {want} asked");
     }
 
     #[test]

@@ -28,10 +28,14 @@ pub fn restore(store: &PageStore, region: &StoreSegment) {
         );
         store.lose_dictionary();
     };
-    match region.dictionary_area().read() {
+    let area = region.dictionary_area();
+    match area.read() {
         Ok(None) => {}
         Ok(Some(dict)) => match store.set_dictionary(&dict) {
-            Ok(()) => tracing::info!(bytes = dict.len(), "recompression dictionary taken over"),
+            Ok(()) => {
+                area.confirm();
+                tracing::info!(bytes = dict.len(), "recompression dictionary taken over");
+            }
             Err(e) => lost(&e.to_string()),
         },
         Err(why) => lost(&why),
@@ -59,6 +63,11 @@ pub fn for_pass(
     }
     let samples = store.dictionary_samples(candidates, threshold, SAMPLE_PAGES)?;
     if samples.len() < MIN_SAMPLE_PAGES * uzram_core::PAGE_SIZE {
+        tracing::debug!(
+            sample_pages = samples.len() / uzram_core::PAGE_SIZE,
+            need = MIN_SAMPLE_PAGES,
+            "too few idle pages to train the recompression dictionary on yet"
+        );
         return Ok(None);
     }
     let dict = train_dictionary(&samples, MAX_DICTIONARY_BYTES).map_err(CoreError::Compress)?;
@@ -72,4 +81,52 @@ pub fn for_pass(
         "recompression dictionary trained on the device's idle pages"
     );
     Ok(Some(dict))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use uzram_core::codec::Algorithm;
+    use uzram_core::StoreConfig;
+
+    use super::*;
+    use crate::footprint::{Sizes, MIN_ROOM};
+    use crate::takeover::store_segment;
+
+    fn store() -> PageStore {
+        PageStore::new(StoreConfig::new(16, Algorithm::Lz4)).unwrap()
+    }
+
+    /// A takeover gives the store the dictionary its region keeps, and never a damaged one:
+    /// the store is then told it is lost and takes no other.
+    #[test]
+    fn a_takeover_gives_back_the_kept_dictionary_and_never_a_damaged_one() {
+        let region =
+            match StoreSegment::create(Sizes::of(16, MIN_ROOM).unwrap(), "lz4", true, 9, true) {
+                Ok(r) => r,
+                Err(e) => {
+                    println!("SKIP: {e}");
+                    return;
+                }
+            };
+        let none = store();
+        restore(&none, &region);
+        assert!(none.dictionary().is_none() && none.may_take_dictionary());
+        let dict: Vec<u8> = (0..5000u32).map(|i| (i % 253) as u8).collect();
+        region.dictionary_area().keep(&dict).unwrap();
+        let kept = store();
+        restore(&kept, &region);
+        assert_eq!(kept.dictionary(), Some(&dict[..]));
+        // Its tag gone: damaged, not absent.
+        region.dictionary_area().words()[0].store(0, Ordering::Relaxed);
+        let damaged = store();
+        restore(&damaged, &region);
+        assert!(damaged.dictionary().is_none());
+        assert!(
+            !damaged.may_take_dictionary(),
+            "a new dictionary over the lost one"
+        );
+        store_segment::remove(region.id());
+    }
 }

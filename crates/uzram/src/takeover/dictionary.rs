@@ -1,8 +1,12 @@
 //! The store's recompression dictionary (`uzram_core::store` has why it never changes), kept
 //! in the store segment's header unit so that the next daemon reads the pages written with
-//! it: a tag word, the length, a checksum of the bytes, a word kept zero, then the bytes.
-//! The tag is written last, after the rest, so a daemon killed while it wrote leaves none.
-//! A region of an older daemon has zeros there: no dictionary.
+//! it: a tag word, the length, a checksum of the bytes, a "kept" word, then the bytes. The
+//! tag is written after the rest, so a daemon killed while it wrote leaves none (and no page
+//! was written with it: the store takes it only after). The kept word is written after the
+//! tag and never cleared: an area whose tag is gone but whose kept word is set held a
+//! dictionary pages may have been written with, and reads as damaged, not as none (else a
+//! new dictionary would be trained over it). A region of an older daemon has zeros there:
+//! no dictionary.
 //!
 //! The segment is root's alone (checked on every attach); what is read back is still data
 //! from outside: a tag other than ours or zero, a length past the area or a checksum that
@@ -14,7 +18,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use uzram_core::codec::MAX_DICTIONARY_BYTES;
 
 const TAG: u64 = u64::from_le_bytes(*b"LZ4DICT1");
-/// Words before the bytes: the tag, the length, the checksum, one kept zero.
+/// The kept word's value once a dictionary was kept.
+const KEPT: u64 = u64::from_le_bytes(*b"DICTKEPT");
+/// Words before the bytes: the tag, the length, the checksum, the kept word.
 const HEAD_WORDS: usize = 4;
 /// Words of the area.
 pub const WORDS: usize = HEAD_WORDS + MAX_DICTIONARY_BYTES / 8;
@@ -58,16 +64,33 @@ impl KeptDictionary {
         }
         w[1].store(dict.len() as u64, Ordering::Relaxed);
         w[2].store(checksum(dict), Ordering::Relaxed);
-        w[3].store(0, Ordering::Relaxed);
         w[0].store(TAG, Ordering::Release);
+        self.confirm();
         Ok(())
+    }
+
+    /// The area's words, for tests that damage them.
+    #[cfg(test)]
+    pub fn words(&self) -> &'static [AtomicU64] {
+        self.words
+    }
+
+    /// Sets the kept word: a dictionary is here for good. A takeover calls it for one it
+    /// found (the daemon that kept it may have died between the tag and this word).
+    pub fn confirm(&self) {
+        self.words[3].store(KEPT, Ordering::Release);
     }
 
     /// The dictionary kept here: `Ok(None)` when there is none, `Err` (why) when the area
     /// is damaged.
     pub fn read(&self) -> Result<Option<Vec<u8>>, String> {
         let w = self.words;
+        let kept = w[3].load(Ordering::Acquire);
+        if kept != 0 && kept != KEPT {
+            return Err(format!("its kept word is {kept:#018x}"));
+        }
         match w[0].load(Ordering::Acquire) {
+            0 if kept == KEPT => return Err("it was kept, and its tag is gone".into()),
             0 => return Ok(None),
             TAG => {}
             other => return Err(format!("its tag is {other:#018x}")),
@@ -77,9 +100,6 @@ impl KeptDictionary {
             .ok()
             .filter(|&n| (1..=MAX_DICTIONARY_BYTES).contains(&n))
             .ok_or_else(|| format!("its length is {len}"))?;
-        if w[3].load(Ordering::Relaxed) != 0 {
-            return Err("its reserved word is not zero".into());
-        }
         let mut dict = Vec::with_capacity(len);
         for word in &w[HEAD_WORDS..HEAD_WORDS + len.div_ceil(8)] {
             dict.extend_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
@@ -98,6 +118,22 @@ mod tests {
 
     fn area() -> KeptDictionary {
         KeptDictionary::over(Box::leak((0..WORDS).map(|_| AtomicU64::new(0)).collect()))
+    }
+
+    /// A daemon killed between the tag and the kept word left a whole dictionary: it is
+    /// read, and confirmed; killed before the tag, it left none.
+    #[test]
+    fn a_keep_cut_short_reads_as_what_it_left() {
+        let dict = b"a dictionary of some bytes".to_vec();
+        let a = area();
+        a.keep(&dict).unwrap();
+        a.words[3].store(0, Ordering::Relaxed);
+        assert_eq!(a.read(), Ok(Some(dict.clone())));
+        a.confirm();
+        assert_eq!(a.read(), Ok(Some(dict)));
+        let b = area();
+        b.words[1].store(5, Ordering::Relaxed);
+        assert_eq!(b.read(), Ok(None), "no tag, nothing kept: none");
     }
 
     #[test]
@@ -119,7 +155,7 @@ mod tests {
     fn a_damaged_area_is_refused() {
         let dict = b"a dictionary of some bytes".to_vec();
         type Damage = fn(&[AtomicU64]);
-        let cases: [(&str, Damage); 5] = [
+        let cases: [(&str, Damage); 6] = [
             ("a flipped byte", |w| {
                 w[HEAD_WORDS].fetch_xor(1, Ordering::Relaxed);
             }),
@@ -128,9 +164,10 @@ mod tests {
                 w[1].store((MAX_DICTIONARY_BYTES + 1) as u64, Ordering::Relaxed)
             }),
             ("a shorter length", |w| w[1].store(3, Ordering::Relaxed)),
-            ("the reserved word set", |w| {
+            ("the kept word changed", |w| {
                 w[3].store(1, Ordering::Relaxed)
             }),
+            ("the tag zeroed", |w| w[0].store(0, Ordering::Relaxed)),
         ];
         for (what, damage) in cases {
             let a = area();
