@@ -39,13 +39,31 @@ extern "C" {
 /// codec makes: 5-byte hash, 2^12 entries), into a buffer of `cap` bytes; `None` when it
 /// does not fit.
 pub fn compress(page: &[u8; PAGE_SIZE], cap: usize) -> Option<Vec<u8>> {
+    compress_after(page, &[], cap)
+}
+
+/// The page through `LZ4_compress_fast_continue` on a fresh stream that loaded `dict`
+/// (`LZ4_loadDict`, at most 64 KiB of it): a block whose matches may reach into the
+/// dictionary, and run from its end into the page.
+pub fn compress_with_dict(page: &[u8; PAGE_SIZE], dict: &[u8]) -> Vec<u8> {
+    compress_after(page, dict, PAGE_SIZE + PAGE_SIZE / 255 + 16)
+        .expect("LZ4_compress_fast_continue failed with room for any page")
+}
+
+/// The page through a fresh stream that loaded `dict` (none when empty), into `cap` bytes.
+fn compress_after(page: &[u8; PAGE_SIZE], dict: &[u8], cap: usize) -> Option<Vec<u8>> {
     let mut out = vec![0u8; cap];
     // SAFETY: LZ4_createStream returns an initialised stream or null (checked); the
-    // stream is only used here and freed once. `page` (PAGE_SIZE bytes) and `out` (cap
-    // bytes) are live and distinct; liblz4 writes at most `cap` bytes.
+    // stream is only used here and freed once. `page` (PAGE_SIZE bytes), `dict` and `out`
+    // (cap bytes) are live and distinct, and `dict` is unchanged until the stream is freed
+    // (liblz4 keeps a pointer to it); liblz4 writes at most `cap` bytes. The lengths fit a
+    // c_int (a page, and test dictionaries of at most a few MiB).
     let n = unsafe {
         let stream = lz4_sys::LZ4_createStream();
         assert!(!stream.is_null(), "LZ4_createStream failed");
+        if !dict.is_empty() {
+            LZ4_loadDict(stream, dict.as_ptr().cast::<c_char>(), dict.len() as c_int);
+        }
         let n = LZ4_compress_fast_continue(
             stream,
             page.as_ptr().cast::<c_char>(),
@@ -61,35 +79,6 @@ pub fn compress(page: &[u8; PAGE_SIZE], cap: usize) -> Option<Vec<u8>> {
         out.truncate(n as usize);
         out
     })
-}
-
-/// The page through `LZ4_compress_fast_continue` on a fresh stream that loaded `dict`
-/// (`LZ4_loadDict`, at most 64 KiB of it): a block whose matches may reach into the
-/// dictionary, and run from its end into the page.
-pub fn compress_with_dict(page: &[u8; PAGE_SIZE], dict: &[u8]) -> Vec<u8> {
-    let cap = PAGE_SIZE + PAGE_SIZE / 255 + 16;
-    let mut out = vec![0u8; cap];
-    // SAFETY: as in `compress`; `dict` is live and unchanged until the stream is freed
-    // (liblz4 keeps a pointer to it), and its length fits a c_int (at most a page table's
-    // worth of test data).
-    let n = unsafe {
-        let stream = lz4_sys::LZ4_createStream();
-        assert!(!stream.is_null(), "LZ4_createStream failed");
-        LZ4_loadDict(stream, dict.as_ptr().cast::<c_char>(), dict.len() as c_int);
-        let n = LZ4_compress_fast_continue(
-            stream,
-            page.as_ptr().cast::<c_char>(),
-            out.as_mut_ptr().cast::<c_char>(),
-            PAGE_SIZE as c_int,
-            cap as c_int,
-            1,
-        );
-        lz4_sys::LZ4_freeStream(stream);
-        n
-    };
-    assert!(n > 0, "LZ4_compress_fast_continue failed");
-    out.truncate(n as usize);
-    out
 }
 
 /// liblz4's own decode of a block made with `dict` (`LZ4_decompress_safe_usingDict`):

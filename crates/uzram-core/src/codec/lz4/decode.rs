@@ -50,7 +50,7 @@ impl std::fmt::Display for DecodeError {
 
 /// Reads the extra bytes of a length whose 4-bit field was 15.
 #[inline(always)]
-fn read_len(src: &[u8], ip: &mut usize) -> Result<usize, DecodeError> {
+pub(super) fn read_len(src: &[u8], ip: &mut usize) -> Result<usize, DecodeError> {
     let mut len = 0usize;
     loop {
         let b = *src.get(*ip).ok_or(DecodeError::Truncated)?;

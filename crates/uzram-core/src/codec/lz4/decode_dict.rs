@@ -8,25 +8,10 @@
 
 #![forbid(unsafe_code)]
 
-use super::decode::{copy_literals, copy_match, DecodeError};
+use super::decode::{copy_literals, copy_match, read_len, DecodeError};
 use crate::page::PAGE_SIZE;
 
 type Page = [u8; PAGE_SIZE];
-
-fn read_len(src: &[u8], ip: &mut usize) -> Result<usize, DecodeError> {
-    let mut len = 0usize;
-    loop {
-        let b = *src.get(*ip).ok_or(DecodeError::Truncated)?;
-        *ip += 1;
-        len += usize::from(b);
-        if b != 255 {
-            return Ok(len);
-        }
-        if len > PAGE_SIZE {
-            return Err(DecodeError::TooLong);
-        }
-    }
-}
 
 /// Decodes `src` into `out` with `dict` as the bytes before the page.
 pub(super) fn decompress_with_dict(
