@@ -7,7 +7,6 @@
 //! which gives the same result as `decode.rs` for every input, with unchecked copies.
 
 mod decode;
-mod decode_dict;
 // One of the crate's three `unsafe` modules, each behind its own feature (with
 // `page/stream.rs` and `store/words.rs`): everything else is `deny(unsafe_code)`, and the
 // whole crate `forbid(unsafe_code)` without the three features (see lib.rs).
@@ -72,7 +71,7 @@ impl Lz4Codec {
         dict: &[u8],
         page: &mut [u8; PAGE_SIZE],
     ) -> Result<(), CodecError> {
-        decode_dict::decompress_with_dict(src, dict, page).map_err(decode_error)
+        decode::decompress_with_dict(src, dict, page).map_err(decode_error)
     }
 }
 

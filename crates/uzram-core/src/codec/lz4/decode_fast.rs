@@ -34,7 +34,7 @@ const SHORT_MATCH_ROOM: usize = 32;
 #[inline]
 pub(super) fn decompress(src: &[u8], out: &mut Page) -> Result<(), DecodeError> {
     let (ip, op) = fast_loop(src, out)?;
-    decompress_from(src, out, ip, op)
+    decompress_from(src, out, ip, op, &[])
 }
 
 /// Decodes sequences while both margins hold; returns where the safe loop takes over
