@@ -32,7 +32,7 @@ use uzram_core::codec::Algorithm;
 use uzram_core::PAGE_SIZE;
 
 use crate::driver::{DevBuf, Event, Gpu, HostBuf, Kernel, PinnedWords, Stream};
-use crate::slots::may_submit;
+use crate::slots::{may_submit, only_slot, queued, slot_output};
 use crate::{to_backend_error, GpuError};
 
 /// The longest dictionary the kernel takes (its `DICT_MAX_BYTES`): with it every offset
@@ -253,16 +253,6 @@ impl GpuDictLz4 {
             .ok_or_else(|| GpuError::Config(format!("the loaded module has no {}", k.entry())))
     }
 
-    fn only_slot(slot: usize) -> Result<(), BackendError> {
-        if slot == 0 {
-            Ok(())
-        } else {
-            Err(to_backend_error(&GpuError::Config(format!(
-                "slot {slot} of a backend with one"
-            ))))
-        }
-    }
-
     /// Queues the copy in, the compression and the copies out of `pages` pages.
     fn queue(&self, host: &Host, pages: usize, limit: usize) -> Result<(), GpuError> {
         let f = self.function(Kernel::Dict)?;
@@ -395,7 +385,7 @@ impl SlotBackend for GpuDictLz4 {
     }
 
     fn submit(&self, slot: usize, pages: usize, limit: usize) -> Result<(), BackendError> {
-        Self::only_slot(slot)?;
+        only_slot(slot)?;
         let mut host = self.lock();
         may_submit(slot, pages, self.pages, host.submitted.is_some())?;
         if host.dict_len == 0 {
@@ -403,17 +393,9 @@ impl SlotBackend for GpuDictLz4 {
                 "no dictionary is loaded (GpuDictLz4::load_dictionary)".into(),
             )));
         }
-        match self.queue(&host, pages, limit) {
-            Ok(()) => {
-                host.submitted = Some((pages, limit));
-                Ok(())
-            }
-            Err(e) => {
-                // Part of it may be queued: let it finish before the slot is reused.
-                let _ = self.stream.synchronize();
-                Err(to_backend_error(&e))
-            }
-        }
+        queued(self.queue(&host, pages, limit), &self.stream)?;
+        host.submitted = Some((pages, limit));
+        Ok(())
     }
 
     fn complete(
@@ -421,7 +403,7 @@ impl SlotBackend for GpuDictLz4 {
         slot: usize,
         install: &mut dyn FnMut(&SlotOutput<'_>),
     ) -> Result<(), BackendError> {
-        Self::only_slot(slot)?;
+        only_slot(slot)?;
         let mut host = self.lock();
         let Some((pages, limit)) = host.submitted.take() else {
             return Err(to_backend_error(&GpuError::Config(
@@ -444,18 +426,7 @@ impl SlotBackend for GpuDictLz4 {
             return Err(to_backend_error(&e));
         }
         let host = &*host;
-        let out = SlotOutput::new(
-            pages,
-            &host.meta[..meta_bytes(pages)],
-            host.blocks.as_slice(),
-            limit,
-        )
-        .map_err(|e| {
-            to_backend_error(&GpuError::BadLength {
-                page: e.page,
-                len: e.size,
-            })
-        })?;
+        let out = slot_output(pages, &host.meta, host.blocks.as_slice(), limit)?;
         let c = &self.counters;
         c.pages.fetch_add(pages as u64, Relaxed);
         let sizes = host.sizes.as_slice();

@@ -21,7 +21,7 @@ use uzram_core::PAGE_SIZE;
 
 use crate::driver::{DevBuf, Event, Gpu, HostBuf, PinnedWords, Stream};
 use crate::nvcomp::{Crc32KernelConf, Nvcomp, SUCCESS};
-use crate::slots::may_submit;
+use crate::slots::{may_submit, only_slot, queued, slot_output};
 use crate::{to_backend_error, GpuError};
 
 /// nvCOMP's batched zstd on one GPU, one slot; see the module docs.
@@ -198,16 +198,6 @@ impl NvcompZstd {
 
     fn lock(&self) -> MutexGuard<'_, Host> {
         self.host.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn only_slot(slot: usize) -> Result<(), BackendError> {
-        if slot == 0 {
-            Ok(())
-        } else {
-            Err(to_backend_error(&GpuError::Config(format!(
-                "slot {slot} of a backend with one"
-            ))))
-        }
     }
 
     /// Queues the copy in, the checksums, the compression and the copies out of `pages`.
@@ -388,20 +378,12 @@ impl SlotBackend for NvcompZstd {
     }
 
     fn submit(&self, slot: usize, pages: usize, limit: usize) -> Result<(), BackendError> {
-        Self::only_slot(slot)?;
+        only_slot(slot)?;
         let mut host = self.lock();
         may_submit(slot, pages, self.pages, host.submitted.is_some())?;
-        match self.queue(&host, pages) {
-            Ok(()) => {
-                host.submitted = Some((pages, limit));
-                Ok(())
-            }
-            Err(e) => {
-                // Part of it may be queued: let it finish before the slot is reused.
-                let _ = self.stream.synchronize();
-                Err(to_backend_error(&e))
-            }
-        }
+        queued(self.queue(&host, pages), &self.stream)?;
+        host.submitted = Some((pages, limit));
+        Ok(())
     }
 
     fn complete(
@@ -409,7 +391,7 @@ impl SlotBackend for NvcompZstd {
         slot: usize,
         install: &mut dyn FnMut(&SlotOutput<'_>),
     ) -> Result<(), BackendError> {
-        Self::only_slot(slot)?;
+        only_slot(slot)?;
         let mut host = self.lock();
         let Some((pages, limit)) = host.submitted.take() else {
             return Err(to_backend_error(&GpuError::Config(
@@ -425,18 +407,7 @@ impl SlotBackend for NvcompZstd {
                 to_backend_error(&e)
             })?;
         let host = &*host;
-        let out = SlotOutput::new(
-            pages,
-            &host.meta[..meta_bytes(pages)],
-            host.frames.as_slice(),
-            limit,
-        )
-        .map_err(|e| {
-            to_backend_error(&GpuError::BadLength {
-                page: e.page,
-                len: e.size,
-            })
-        })?;
+        let out = slot_output(pages, &host.meta, host.frames.as_slice(), limit)?;
         install(&out);
         Ok(())
     }

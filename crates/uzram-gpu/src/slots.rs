@@ -335,6 +335,42 @@ pub(crate) fn may_submit(
     Ok(())
 }
 
+/// The seam's rule for a backend of one slot (nvCOMP's zstd, the dictionary parse): slot 0.
+pub(crate) fn only_slot(slot: usize) -> Result<(), BackendError> {
+    if slot == 0 {
+        Ok(())
+    } else {
+        Err(to_backend_error(&GpuError::Config(format!(
+            "slot {slot} of a backend with one"
+        ))))
+    }
+}
+
+/// What queueing a submission on `stream` came to: a failure drains the stream first, since
+/// part of the work may be queued and must finish before the slot is reused.
+pub(crate) fn queued(result: Result<(), GpuError>, stream: &Stream) -> Result<(), BackendError> {
+    result.map_err(|e| {
+        let _ = stream.synchronize();
+        to_backend_error(&e)
+    })
+}
+
+/// A slot's results as the seam reads them (`meta` for `pages`, the blocks in `packed`); a
+/// size the layout refuses is the backend's error.
+pub(crate) fn slot_output<'a>(
+    pages: usize,
+    meta: &'a [u8],
+    packed: &'a [u8],
+    limit: usize,
+) -> Result<SlotOutput<'a>, BackendError> {
+    SlotOutput::new(pages, &meta[..meta_bytes(pages)], packed, limit).map_err(|e| {
+        to_backend_error(&GpuError::BadLength {
+            page: e.page,
+            len: e.size,
+        })
+    })
+}
+
 /// How a [`GpuError`] crosses the seam: a fault that leaves the context unusable, or a
 /// GPU that is not there, is sticky (the ring retires the backend); anything else costs
 /// one slot.
@@ -387,17 +423,10 @@ impl SlotBackend for GpuSlots {
         let s = self.slot(slot)?;
         let mut d = s.lock();
         may_submit(slot, pages, self.config.slot_pages, d.submitted.is_some())?;
-        match self.run(s, &mut d, pages, limit) {
-            Ok(()) => {
-                d.submitted = Some((pages, limit));
-                Ok(())
-            }
-            Err(e) => {
-                // Part of the run may be queued: let it finish before the slot is reused.
-                let _ = d.stream.synchronize();
-                Err(to_backend_error(&e))
-            }
-        }
+        let run = self.run(s, &mut d, pages, limit);
+        queued(run, &d.stream)?;
+        d.submitted = Some((pages, limit));
+        Ok(())
     }
 
     fn complete(
@@ -420,18 +449,7 @@ impl SlotBackend for GpuSlots {
             .start
             .elapsed_ms(&d.done)
             .map_err(|e| to_backend_error(&e))?;
-        let out = SlotOutput::new(
-            pages,
-            &d.out_meta.as_slice()[..meta_bytes(pages)],
-            d.out_packed.as_slice(),
-            limit,
-        )
-        .map_err(|e| {
-            to_backend_error(&GpuError::BadLength {
-                page: e.page,
-                len: e.size,
-            })
-        })?;
+        let out = slot_output(pages, d.out_meta.as_slice(), d.out_packed.as_slice(), limit)?;
         let c = &self.counters;
         c.slots.fetch_add(1, Ordering::Relaxed);
         c.pages.fetch_add(pages as u64, Ordering::Relaxed);

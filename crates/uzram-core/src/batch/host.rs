@@ -81,8 +81,9 @@ pub struct HostSlots {
     inputs: Words,
     outputs: Box<[Mutex<Output>]>,
     codec: Mutex<Box<dyn PageCodec>>,
-    /// With the `liblz4-reference` feature: blocks are liblz4's with this dictionary as
-    /// their prefix (a stand-in for the GPU's dictionary recompressor).
+    /// Blocks are liblz4's with this dictionary as their prefix (a stand-in for the GPU's
+    /// dictionary recompressor).
+    #[cfg(feature = "liblz4-reference")]
     dictionary: Mutex<Option<Vec<u8>>>,
     faults: FaultPlan,
     submits: AtomicU64,
@@ -164,6 +165,7 @@ impl HostSlots {
             inputs,
             outputs: (0..slots).map(|_| Mutex::new(Output::default())).collect(),
             codec: Mutex::new(algorithm.codec()),
+            #[cfg(feature = "liblz4-reference")]
             dictionary: Mutex::new(None),
             faults,
             submits: AtomicU64::new(0),
@@ -207,6 +209,7 @@ impl HostSlots {
         out.meta.resize(meta_bytes(pages), 0);
         out.packed.clear();
         let mut codec = self.codec.lock().unwrap_or_else(PoisonError::into_inner);
+        #[cfg(feature = "liblz4-reference")]
         let dictionary = self
             .dictionary
             .lock()
@@ -226,10 +229,13 @@ impl HostSlots {
                 out.packed.extend_from_slice(&word.to_le_bytes());
                 SIZE_SAME_FILLED
             } else {
+                #[cfg(feature = "liblz4-reference")]
                 let compressed = match dictionary.as_deref() {
                     Some(dict) => dict_block(&page, dict, &mut block, limit),
                     None => codec.compress_below(&page, &mut block, limit),
                 };
+                #[cfg(not(feature = "liblz4-reference"))]
+                let compressed = codec.compress_below(&page, &mut block, limit);
                 match compressed {
                     Ok(Some(len)) => {
                         let n = self.compressed.fetch_add(1, Ordering::Relaxed) + 1;
@@ -349,80 +355,4 @@ fn dict_block(
         block[..b.len()].copy_from_slice(&b);
         b.len()
     }))
-}
-
-#[cfg(not(feature = "liblz4-reference"))]
-fn dict_block(
-    _: &[u8; PAGE_SIZE],
-    _: &[u8],
-    _: &mut [u8],
-    _: usize,
-) -> Result<Option<usize>, crate::codec::CodecError> {
-    Err(crate::codec::CodecError::Compress(
-        "a dictionary needs the liblz4-reference feature".into(),
-    ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::batch::PageResult;
-    use crate::page::page_to_words;
-
-    fn text_page(seed: u8) -> [u8; PAGE_SIZE] {
-        let mut p = [0u8; PAGE_SIZE];
-        for (i, b) in p.iter_mut().enumerate() {
-            *b = b"host slots compress pages "[(i + usize::from(seed)) % 26];
-        }
-        p
-    }
-
-    #[test]
-    fn compresses_a_slot_into_the_layout() {
-        let host = HostSlots::new(Algorithm::Lz4, 2, 4);
-        let pages = [text_page(1), [0u8; PAGE_SIZE], text_page(2)];
-        for (i, p) in pages.iter().enumerate() {
-            page_to_words(p, &host.input(1)[i * PAGE_WORDS..(i + 1) * PAGE_WORDS]);
-        }
-        host.submit(1, 3, 3625).unwrap();
-        let mut seen = 0;
-        host.complete(1, &mut |out| {
-            assert_eq!(out.pages(), 3);
-            assert_eq!(out.page(1), Ok(PageResult::SameFilled(0)));
-            for (i, p) in pages.iter().enumerate() {
-                assert_eq!(out.checksum(i), Ok(page_checksum(p)));
-            }
-            for i in [0, 2] {
-                let Ok(PageResult::Compressed(block)) = out.page(i) else {
-                    panic!("page {i}: {:?}", out.page(i));
-                };
-                let mut back = [0u8; PAGE_SIZE];
-                Algorithm::Lz4.codec().decompress(block, &mut back).unwrap();
-                assert_eq!(back, pages[i]);
-            }
-            seen += 1;
-        })
-        .unwrap();
-        assert_eq!(seen, 1);
-    }
-
-    #[test]
-    fn injected_failures_hit_the_calls_they_name() {
-        let host = HostSlots::with_faults(
-            Algorithm::Lz4,
-            1,
-            1,
-            FaultPlan {
-                submit: Some(FailAt {
-                    from: 1,
-                    count: 2,
-                    kind: FailureKind::Transient,
-                }),
-                ..FaultPlan::default()
-            },
-        );
-        let results: Vec<bool> = (0..5).map(|_| host.submit(0, 1, 4096).is_ok()).collect();
-        assert_eq!(results, [true, false, false, true, true]);
-        assert!(host.submit(0, 2, 4096).is_err(), "more pages than a slot");
-    }
 }
