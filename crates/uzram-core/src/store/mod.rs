@@ -631,6 +631,71 @@ impl PageStore {
         Ok(())
     }
 
+    /// [`PageStore::write_same_filled`] for many distinct pages: each run of them in one
+    /// shard is set under one lock, and the write count is bumped once a run. The GPU
+    /// ring's writers store a request's same-filled pages this way; one at a time, each page
+    /// took its shard's lock and bumped the shared counts, cache lines every queue thread
+    /// and installer touches. On an error the pages before the failing one are written and
+    /// the rest keep their old content.
+    pub fn write_same_filled_many(&self, pages: &[(u64, u64)]) -> Result<(), CoreError> {
+        /// Pages set under one lock at most (their old contents are freed after it).
+        const GROUP: usize = 16;
+        for &(page, _) in pages {
+            self.check_range(page, 1)?;
+        }
+        let mut start = 0;
+        while start < pages.len() {
+            let (page, word) = pages[start];
+            if !self.keeps_fill(word) {
+                self.write_same_filled(page, word)?;
+                start += 1;
+                continue;
+            }
+            let shard_index = self.shard_of(page);
+            let end = pages[start..]
+                .iter()
+                .take(GROUP)
+                .position(|&(p, w)| self.shard_of(p) != shard_index || !self.keeps_fill(w))
+                .map_or((start + GROUP).min(pages.len()), |k| start + k);
+            let mut olds = [Slot::Empty; GROUP];
+            let mut set = 0;
+            let mut unstaged = 0u64;
+            let mut result = Ok(());
+            let mut shard = write_lock(&self.shards[shard_index]);
+            for &(page, word) in &pages[start..end] {
+                match shard.set(self.locate(page).1, Slot::Same(word)) {
+                    Ok(Some(old)) => {
+                        shard.totals.replace(cost_of(old), same_cost());
+                        self.ages.written(page);
+                        unstaged += u64::from(matches!(old, Slot::Staged(_)));
+                        olds[set] = old;
+                        set += 1;
+                    }
+                    Ok(None) => {
+                        result = Err(self.out_of_range(page, 1));
+                        break;
+                    }
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
+            drop(shard);
+            // Writes replace a staged copy; only `stage_many` makes one.
+            if self.mem_limit.is_some() && unstaged > 0 {
+                self.staged.fetch_sub(unstaged, Ordering::Relaxed);
+            }
+            for &old in &olds[..set] {
+                self.free_slot(old);
+            }
+            Counters::bump(&self.counters.writes, set as u64);
+            result?;
+            start = end;
+        }
+        Ok(())
+    }
+
     /// Whether a page filled with `word` is kept as a fill word: always, except in a
     /// persistent store for words that do not fit an entry (the side map they would need
     /// dies with the process), which are compressed like any page.

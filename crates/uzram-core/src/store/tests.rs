@@ -333,6 +333,105 @@ fn same_filled_writes_match_inline_writes() {
     assert_eq!(a.mem_used_total, b.mem_used_total);
 }
 
+/// Many same-filled pages at once (across shards, over every kind of old content: empty,
+/// stored, same-filled, staged) leave the store as the same pages written one at a time;
+/// in a persistent store too, where a word that does not fit an entry is compressed.
+#[test]
+fn same_filled_pages_at_once_match_one_at_a_time() {
+    let pages = 200u64;
+    let words = [0u64, u64::MAX, 0x0101_0101_0101_0101, 0x1234_5678_9abc_def0];
+    let fills: Vec<(u64, u64)> = (0..pages)
+        .filter(|i| i % 5 != 3)
+        .map(|i| (i, words[(i % 7 % 4) as usize]))
+        .collect();
+    let table: &'static [AtomicU64] = Box::leak(
+        (0..PageStore::table_len(pages).unwrap())
+            .map(|_| AtomicU64::new(0))
+            .collect(),
+    );
+    let persistent = || {
+        let persist = Persistence {
+            table,
+            home: Arc::new(super::fuzz_tests::MemHome::default()),
+        };
+        for w in table {
+            w.store(0, Ordering::Relaxed);
+        }
+        PageStore::new_persistent(StoreConfig::new(pages, Algorithm::Lz4), persist).unwrap()
+    };
+    let before = |store: &PageStore, staging: Option<&MapStaging>| {
+        for i in 0..pages {
+            match i % 4 {
+                0 => {}
+                1 => store.write(i, &noise_page(i)).unwrap(),
+                2 => store.write_same_filled(i, 7).unwrap(),
+                _ => match staging {
+                    Some(staging) => {
+                        let at = at(0, i as usize, 1);
+                        staging.put(i, at, text_page(i as u8));
+                        store.stage(i, at).unwrap();
+                    }
+                    None => store.write(i, &text_page(i as u8)).unwrap(),
+                },
+            }
+        }
+    };
+    let check = |many: &PageStore, one: &PageStore| {
+        for i in 0..pages {
+            assert_eq!(read_page(many, i), read_page(one, i), "page {i}");
+        }
+        for &(i, word) in &fills {
+            let mut page = [0u8; PAGE_SIZE];
+            fill_page(&mut page, word);
+            assert_eq!(read_page(many, i), page, "page {i}");
+        }
+        let (a, b) = (many.stats(), one.stats());
+        assert_eq!(a.same_pages, b.same_pages);
+        assert_eq!(a.pages_stored, b.pages_stored);
+        assert_eq!(a.staged_pages, b.staged_pages);
+        assert_eq!(a.writes, b.writes);
+        assert_eq!(a.mem_used_total, b.mem_used_total);
+    };
+    let (many, many_staging) = staged_store(pages);
+    let (one, one_staging) = staged_store(pages);
+    before(&many, Some(&many_staging));
+    before(&one, Some(&one_staging));
+    many.write_same_filled_many(&fills).unwrap();
+    for &(i, word) in &fills {
+        one.write_same_filled(i, word).unwrap();
+    }
+    assert!(many.stats().staged_pages > 0, "some staged pages were left");
+    check(&many, &one);
+
+    let many = persistent();
+    before(&many, None);
+    many.write_same_filled_many(&fills).unwrap();
+    let mut expected = Vec::new();
+    for i in 0..pages {
+        expected.push(read_page(&many, i));
+    }
+    drop(many);
+    let one = persistent();
+    before(&one, None);
+    for &(i, word) in &fills {
+        one.write_same_filled(i, word).unwrap();
+    }
+    for (i, page) in expected.iter().enumerate() {
+        assert_eq!(read_page(&one, i as u64), *page, "page {i}");
+    }
+    // The words that do not fit an entry were stored as pages, the others as words.
+    assert!(one.stats().same_pages > 0);
+    assert!(fills.iter().any(|&(_, w)| !Entry::same_fits(w)));
+
+    // A page out of range fails the call before anything is written.
+    let store = store(4);
+    assert!(matches!(
+        store.write_same_filled_many(&[(0, 1), (4, 1)]),
+        Err(CoreError::OutOfRange { .. })
+    ));
+    assert_eq!(store.stats().writes, 0);
+}
+
 fn compressed(page: &[u8; PAGE_SIZE]) -> Vec<u8> {
     let mut out = [0u8; PAGE_SIZE];
     let len = Algorithm::Lz4

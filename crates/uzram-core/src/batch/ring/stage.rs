@@ -39,14 +39,23 @@ impl Shared {
         }
         let mut run = [(0u64, 0usize); RUN];
         let mut len = 0;
+        // A request's same-filled pages are stored together: one shard lock and one bump
+        // of the shared counts for a run of them, not one each (a fifth of mixed-swap's
+        // pages).
+        let mut fills = [(0u64, 0u64); RUN];
+        let mut nfills = 0;
         for (i, page) in data.chunks_exact(PAGE_SIZE).enumerate() {
             let page: &[u8; PAGE_SIZE] = page
                 .try_into()
                 .map_err(|_| CoreError::Unaligned { len: data.len() })?;
             let index = first_page + i as u64;
             if let Some(word) = same_filled_word(page) {
-                sh.store.write_same_filled(index, word)?;
-                bump(&sh.counters.same_filled_pages, 1);
+                fills[nfills] = (index, word);
+                nfills += 1;
+                if nfills == RUN {
+                    sh.store_fills(&fills[..nfills])?;
+                    nfills = 0;
+                }
                 continue;
             }
             run[len] = (index, i * PAGE_SIZE);
@@ -56,7 +65,18 @@ impl Shared {
                 len = 0;
             }
         }
+        sh.store_fills(&fills[..nfills])?;
         sh.stage_run(&run[..len], data)
+    }
+
+    /// Stores same-filled pages (distinct pages of one request) and counts them.
+    fn store_fills(&self, fills: &[(u64, u64)]) -> Result<(), CoreError> {
+        if fills.is_empty() {
+            return Ok(());
+        }
+        self.store.write_same_filled_many(fills)?;
+        bump(&self.counters.same_filled_pages, fills.len() as u64);
+        Ok(())
     }
 
     /// [`Ring::write_from`](super::Ring::write_from).
@@ -121,6 +141,7 @@ impl Shared {
         }
         let mut items = [(0u64, StagedAt::default()); RUN];
         let mut staged = 0;
+        let mut fills = [(0u64, 0u64); RUN];
         let mut same = 0;
         for (j, words) in words.chunks_exact(PAGE_WORDS).enumerate() {
             let (index, page) = (lease.base + j, first + j as u64);
@@ -137,10 +158,7 @@ impl Shared {
             };
             if let Some(word) = fill {
                 staging.book_page(lease.slot, index, NO_PAGE);
-                if let Err(err) = self.store.write_same_filled(page, word) {
-                    empty();
-                    return Err(err);
-                }
+                fills[same] = (page, word);
                 same += 1;
                 continue;
             }
@@ -155,7 +173,10 @@ impl Shared {
             items[staged] = (page, at);
             staged += 1;
         }
-        bump(&self.counters.same_filled_pages, same);
+        if let Err(err) = self.store_fills(&fills[..same]) {
+            empty();
+            return Err(err);
+        }
         if staged == 0 {
             // Every page was same-filled: nothing to stage (and no memory check to fail).
             return Ok(());

@@ -97,6 +97,10 @@ fn pages_round_trip_through_the_slots() {
     );
     let st = store.stats();
     assert_eq!((st.staged_pages, st.pages_stored, st.writes), (0, n, n));
+    // Every result but the raw ones (stored from staging, with nothing of the backend's to
+    // check) had its checksum compared, and counted once.
+    assert!(st.huge_pages > 0, "{st:?}");
+    assert_eq!(s.checksum_checked_pages, s.installed_pages - st.huge_pages);
     assert_reads(&store, &data);
     // Same accounting as writing inline.
     let inline = PageStore::new(StoreConfig::new(n, Algorithm::Lz4)).unwrap();
