@@ -10,29 +10,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
+use super::kept_memory::MemHome;
 use super::*;
 use crate::fuzz;
 
 const PAGES: u64 = 96;
-
-/// Segments in plain memory, found by index: what a daemon's region does, for tests.
-#[derive(Debug, Default)]
-pub(super) struct MemHome {
-    /// Segment words a recovery finds, by index.
-    pub(super) found: Mutex<HashMap<usize, Vec<u64>>>,
-}
-
-impl SegmentHome for MemHome {
-    fn alloc(&self) -> Option<SegmentWords> {
-        Some((0..SEGMENT_BYTES / 8).map(|_| AtomicU64::new(0)).collect())
-    }
-    fn placed(&self, _: usize, _: *const AtomicU64) {}
-    fn removed(&self, _: usize) {}
-    fn find(&self, index: usize) -> Option<SegmentWords> {
-        let words = self.found.lock().unwrap().get(&index)?.clone();
-        Some(words.into_iter().map(AtomicU64::new).collect())
-    }
-}
 
 thread_local! {
     /// One table per thread, reused by every case (a store's table lives as long as the

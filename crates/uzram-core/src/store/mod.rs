@@ -1993,6 +1993,8 @@ fn object_fingerprint(object: &[u8]) -> u64 {
 #[cfg(test)]
 mod fuzz_tests;
 #[cfg(test)]
+mod kept_memory;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod writeback_tests;

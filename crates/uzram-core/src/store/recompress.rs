@@ -692,16 +692,13 @@ mod tests {
 /// GPU's (`HostSlots::load_dictionary`).
 #[cfg(test)]
 mod dictionary_tests {
-    use std::sync::atomic::AtomicU64;
-    use std::sync::{Arc, Mutex};
-
     use super::super::tier::tests::{corpus, reads_back};
     use super::*;
     use crate::batch::HostSlots;
     use crate::codec::{train_dictionary, MAX_DICTIONARY_BYTES};
     use crate::page::same_filled_word;
-    use crate::store::fuzz_tests::MemHome;
-    use crate::store::{Persistence, StoreConfig};
+    use crate::store::kept_memory::KeptMemory;
+    use crate::store::StoreConfig;
 
     fn idle_pass(backend: &dyn SlotBackend) -> Recompress<'_> {
         Recompress {
@@ -813,30 +810,15 @@ mod dictionary_tests {
     fn a_taken_over_store_needs_its_own_dictionary_back() {
         let data = corpus();
         let pages = (data.len() / PAGE_SIZE) as u64;
-        let len = PageStore::table_len(pages).unwrap();
-        let table: &'static [AtomicU64] = Box::leak((0..len).map(|_| AtomicU64::new(0)).collect());
-        let cfg = StoreConfig::new(pages, Algorithm::Lz4);
-        let persist = |home: MemHome| Persistence {
-            table,
-            home: Arc::new(home),
-        };
-        let store = PageStore::new_persistent(cfg.clone(), persist(MemHome::default())).unwrap();
+        let mut kept = KeptMemory::new(StoreConfig::new(pages, Algorithm::Lz4), 0);
+        let store = kept.store();
         store.write(0, &data).unwrap();
         let backend = trained(&store);
         let done = store.recompress(idle_pass(&backend)).unwrap();
         assert!(done.rewritten > 0, "{done:?}");
         let dict = store.dictionary().unwrap().to_vec();
-        let segments: std::collections::HashMap<usize, Vec<u64>> =
-            store.arena.snapshot().into_iter().enumerate().collect();
-        drop(store);
-        let recover = || {
-            let home = MemHome {
-                found: Mutex::new(segments.clone()),
-            };
-            PageStore::recover(cfg.clone(), persist(home), None)
-                .unwrap()
-                .0
-        };
+        kept.kill(store);
+        let recover = || kept.recover().unwrap().0;
         // Every page either reads exact or fails: count the failures.
         let failures = |store: &PageStore| {
             let mut page = vec![0u8; PAGE_SIZE];

@@ -344,20 +344,12 @@ fn same_filled_pages_at_once_match_one_at_a_time() {
         .filter(|i| i % 5 != 3)
         .map(|i| (i, words[(i % 7 % 4) as usize]))
         .collect();
-    let table: &'static [AtomicU64] = Box::leak(
-        (0..PageStore::table_len(pages).unwrap())
-            .map(|_| AtomicU64::new(0))
-            .collect(),
-    );
+    let kept = super::kept_memory::KeptMemory::new(StoreConfig::new(pages, Algorithm::Lz4), 0);
     let persistent = || {
-        let persist = Persistence {
-            table,
-            home: Arc::new(super::fuzz_tests::MemHome::default()),
-        };
-        for w in table {
+        for w in kept.table {
             w.store(0, Ordering::Relaxed);
         }
-        PageStore::new_persistent(StoreConfig::new(pages, Algorithm::Lz4), persist).unwrap()
+        kept.store()
     };
     let before = |store: &PageStore, staging: Option<&MapStaging>| {
         for i in 0..pages {

@@ -385,21 +385,11 @@ pub(crate) mod tests {
 
     #[test]
     fn a_taken_over_store_keeps_its_pages_ages_and_tried_flags() {
-        use crate::store::fuzz_tests::MemHome;
-        use crate::store::Persistence;
-        use std::sync::{Arc, Mutex};
+        use crate::store::kept_memory::KeptMemory;
         let data = corpus()[..64 * PAGE_SIZE].to_vec();
-        let pages = 64;
-        let len = PageStore::table_len(pages).unwrap();
         // What an earlier store left there: a new store starts from young pages anyway.
-        let table: &'static [AtomicU64] =
-            Box::leak((0..len).map(|_| AtomicU64::new(u64::MAX)).collect());
-        let cfg = StoreConfig::new(pages, Algorithm::Lz4);
-        let persist = |home: MemHome| Persistence {
-            table,
-            home: Arc::new(home),
-        };
-        let store = PageStore::new_persistent(cfg.clone(), persist(MemHome::default())).unwrap();
+        let mut kept = KeptMemory::new(StoreConfig::new(64, Algorithm::Lz4), u64::MAX);
+        let store = kept.store();
         store.write(0, &data).unwrap();
         assert_eq!((store.age(3), store.ages.tried(3)), (0, false));
         for _ in 0..30 {
@@ -407,12 +397,8 @@ pub(crate) mod tests {
         }
         store.write(5, &data[..PAGE_SIZE]).unwrap();
         store.ages.mark_tried(7);
-        let segments = store.arena.snapshot().into_iter().enumerate().collect();
-        drop(store);
-        let home = MemHome {
-            found: Mutex::new(segments),
-        };
-        let (store, _) = PageStore::recover(cfg, persist(home), None).unwrap();
+        kept.kill(store);
+        let (store, _) = kept.recover().unwrap();
         assert_eq!((store.age(3), store.age(5), store.age(7)), (30, 0, 30));
         assert!(store.ages.tried(7) && !store.ages.tried(3));
         store.tick();

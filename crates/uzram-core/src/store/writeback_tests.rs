@@ -2,12 +2,12 @@
 //! back whole, free their blocks when they go, survive a takeover with the key, and a block
 //! changed on disk, moved, or opened with another key is an I/O error, never other data.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
-use super::fuzz_tests::MemHome;
+use super::kept_memory::KeptMemory;
 use super::*;
 
 /// A backing device in memory that remembers which blocks it was told to release.
@@ -327,29 +327,21 @@ fn a_block_changed_on_disk_or_moved_fails_its_reads_and_only_those() {
 /// kept beside it: [`Kept::kill`] keeps what a SIGKILL leaves, [`Kept::recovered`] takes
 /// that over as the next daemon does (as often as asked).
 struct Kept {
-    table: &'static [AtomicU64],
+    memory: KeptMemory,
     nonces: &'static AtomicU64,
     /// Each block's nonce floor, for a device of 1024 blocks.
     floors: &'static [AtomicU64],
-    cfg: StoreConfig,
-    words: Vec<u64>,
-    segments: HashMap<usize, Vec<u64>>,
 }
 
 impl Kept {
     /// A new store, `disk` attached.
     fn new(disk: &Arc<MemDisk>) -> (PageStore, Kept) {
-        let len = PageStore::table_len(PAGES).unwrap();
         let kept = Kept {
-            table: Box::leak((0..len).map(|_| AtomicU64::new(0)).collect()),
+            memory: KeptMemory::new(StoreConfig::new(PAGES, Algorithm::Lz4), 0),
             nonces: Box::leak(Box::new(AtomicU64::new(0))),
             floors: Box::leak((0..1024).map(|_| AtomicU64::new(0)).collect()),
-            cfg: StoreConfig::new(PAGES, Algorithm::Lz4),
-            words: Vec::new(),
-            segments: HashMap::new(),
         };
-        let store =
-            PageStore::new_persistent(kept.cfg.clone(), kept.persist(MemHome::default())).unwrap();
+        let store = kept.memory.store();
         store
             .attach_backing(disk.clone(), &KEY, kept.nonces())
             .unwrap();
@@ -364,29 +356,14 @@ impl Kept {
         }
     }
 
-    fn persist(&self, home: MemHome) -> Persistence {
-        Persistence {
-            table: self.table,
-            home: Arc::new(home),
-        }
-    }
-
     /// The memory `store` leaves when its process is killed.
     fn kill(&mut self, store: PageStore) {
-        self.segments = store.arena.snapshot().into_iter().enumerate().collect();
-        self.words = self.table.iter().map(|w| w.load(Relaxed)).collect();
-        drop(store);
+        self.memory.kill(store);
     }
 
     /// A new process's store over that memory (no backing device attached yet).
     fn recovered(&self) -> (PageStore, Recovered) {
-        for (w, v) in self.table.iter().zip(&self.words) {
-            w.store(*v, Relaxed);
-        }
-        let home = MemHome {
-            found: Mutex::new(self.segments.clone()),
-        };
-        PageStore::recover(self.cfg.clone(), self.persist(home), None).unwrap()
+        self.memory.recover().unwrap()
     }
 }
 
