@@ -356,3 +356,67 @@ fn dict_block(
         b.len()
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::PageResult;
+    use crate::page::page_to_words;
+
+    fn text_page(seed: u8) -> [u8; PAGE_SIZE] {
+        let mut p = [0u8; PAGE_SIZE];
+        for (i, b) in p.iter_mut().enumerate() {
+            *b = b"host slots compress pages "[(i + usize::from(seed)) % 26];
+        }
+        p
+    }
+
+    #[test]
+    fn compresses_a_slot_into_the_layout() {
+        let host = HostSlots::new(Algorithm::Lz4, 2, 4);
+        let pages = [text_page(1), [0u8; PAGE_SIZE], text_page(2)];
+        for (i, p) in pages.iter().enumerate() {
+            page_to_words(p, &host.input(1)[i * PAGE_WORDS..(i + 1) * PAGE_WORDS]);
+        }
+        host.submit(1, 3, 3625).unwrap();
+        let mut seen = 0;
+        host.complete(1, &mut |out| {
+            assert_eq!(out.pages(), 3);
+            assert_eq!(out.page(1), Ok(PageResult::SameFilled(0)));
+            for (i, p) in pages.iter().enumerate() {
+                assert_eq!(out.checksum(i), Ok(page_checksum(p)));
+            }
+            for i in [0, 2] {
+                let Ok(PageResult::Compressed(block)) = out.page(i) else {
+                    panic!("page {i}: {:?}", out.page(i));
+                };
+                let mut back = [0u8; PAGE_SIZE];
+                Algorithm::Lz4.codec().decompress(block, &mut back).unwrap();
+                assert_eq!(back, pages[i]);
+            }
+            seen += 1;
+        })
+        .unwrap();
+        assert_eq!(seen, 1);
+    }
+
+    #[test]
+    fn injected_failures_hit_the_calls_they_name() {
+        let host = HostSlots::with_faults(
+            Algorithm::Lz4,
+            1,
+            1,
+            FaultPlan {
+                submit: Some(FailAt {
+                    from: 1,
+                    count: 2,
+                    kind: FailureKind::Transient,
+                }),
+                ..FaultPlan::default()
+            },
+        );
+        let results: Vec<bool> = (0..5).map(|_| host.submit(0, 1, 4096).is_ok()).collect();
+        assert_eq!(results, [true, false, false, true, true]);
+        assert!(host.submit(0, 2, 4096).is_err(), "more pages than a slot");
+    }
+}
