@@ -131,10 +131,9 @@ mod tests {
     /// 64 KiB back): the safe decoder returns, never panics; a page it accepts does not
     /// depend on what the output held before, and where liblz4's
     /// `LZ4_decompress_safe_usingDict` accepts the same block and dictionary, it is the
-    /// page liblz4 makes. The first
-    /// input byte picks the dictionary's length; seeds are real blocks of the slices' pages
-    /// over each length. `UZRAM_FUZZ_CASES=4000000 cargo test --release -p uzram-core
-    /// fuzz_dictionary` runs it at length.
+    /// page liblz4 makes. The first input byte picks the dictionary's length; seeds are
+    /// real blocks of the slices' pages over each length. `UZRAM_FUZZ_CASES=4000000 cargo
+    /// test --release -p uzram-core fuzz_dictionary` runs it at length.
     #[test]
     fn fuzz_dictionary_blocks_decode_as_liblz4_does_or_are_refused() {
         let pages = corpus_pages();

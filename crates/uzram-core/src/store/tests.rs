@@ -344,13 +344,8 @@ fn same_filled_pages_at_once_match_one_at_a_time() {
         .filter(|i| i % 5 != 3)
         .map(|i| (i, words[(i % 7 % 4) as usize]))
         .collect();
-    let kept = super::kept_memory::KeptMemory::new(StoreConfig::new(pages, Algorithm::Lz4), 0);
-    let persistent = || {
-        for w in kept.table {
-            w.store(0, Ordering::Relaxed);
-        }
-        kept.store()
-    };
+    let persistent =
+        || super::kept_memory::KeptMemory::new(StoreConfig::new(pages, Algorithm::Lz4), 0).store();
     let before = |store: &PageStore, staging: Option<&MapStaging>| {
         for i in 0..pages {
             match i % 4 {
