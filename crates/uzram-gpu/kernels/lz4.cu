@@ -922,8 +922,7 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 //     4-byte hash): every warp links positions within its 32s, then warp 0 links each
 //     32's first of a hash to the one before, in position order;
 //  2. all threads find each position's best match: walk its chain up to HIGH_DEPTH
-//     candidates and keep the longest match (up to HIGH_CAP bytes; nearest on ties; one
-//     that reached HIGH_CAP is then measured on, up to LONG_MEASURE bytes),
+//     candidates and keep the longest match (up to HIGH_CAP bytes; nearest on ties),
 //     every HIGH_SAMPLE-th position first; a position between two takes over its sampled
 //     position's match, same offset, when that still covers MIN_MATCH bytes of it, and
 //     otherwise searches its own chain (inside a long match the parse only ever asks for
@@ -945,7 +944,7 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 //  3. the parse: each position's decision from a backward price pass over the best
 //     matches (a literal or the position's match whole, whichever leaves the least to the
 //     page's end; warp 0's 32 lanes, each over a part of the page), then warp 0's walk
-//     from sequence to sequence, measuring matches of LONG_MEASURE bytes or more in full, then every
+//     from sequence to sequence, measuring matches longer than HIGH_CAP in full, then every
 //     sequence's size and place in the block (all threads), its bytes (a thread per
 //     sequence) and the block's copy out (all threads).
 // Shared memory per block is about 24.5 KiB (the page, the chains and then the parse's
@@ -1016,6 +1015,7 @@ static_assert(HIGH_SAMPLE - 1u + MIN_MATCH <= HIGH_CAP, "an inherited HIGH_CAP m
 #define HIGH_PRICE_OVERLAP 64u
 #endif
 static_assert(31u * (PAGE_BYTES / 32u + 4u) < PAGE_BYTES, "warp 0's last part is not empty");
+static_assert(32u * HIGH_CAP * 2u <= PAGE_BYTES, "the lanes' cost windows fit the free half of s_link");
 #define HIGH_HASH_LOG 11u
 #define NO_POS 0xffffu
 // Flags beside a position's hash while the chains are built (the hash takes HIGH_HASH_LOG bits).
@@ -1024,34 +1024,7 @@ static_assert(31u * (PAGE_BYTES / 32u + 4u) < PAGE_BYTES, "warp 0's last part is
 // The parse's per-position byte (lazy shift << 6 | length) where a length must be measured.
 #define LAZY_MEASURE 0xffu
 static_assert(HIGH_LAZY <= 2u && HIGH_CAP <= 64u, "a lazy shift and an uncapped length fit a byte below LAZY_MEASURE");
-// A position's best length (`lens`) is exact, or LEN_LONG. The search compares candidates up
-// to HIGH_CAP bytes; a best that reached it is then measured from its candidate up to
-// LONG_MEASURE bytes, and one that reaches that is kept as LEN_LONG ("at least LONG_MEASURE
-// bytes": the walk measures it in full, as the parse's LAZY_MEASURE). A position that
-// inherits a sample's match inherits its exact length less the distance.
-#define LEN_LONG 0xffu
-static_assert(LEN_LONG == LAZY_MEASURE, "the price pass's decision for a long match is its length byte");
-// The price pass weighs a match of up to this many bytes at its length (each lane keeps the
-// costs of the next PRICE_WINDOW positions), a longer one as PRICE_WINDOW bytes. Weighing
-// lengths up to 64, as the search compares them, stored 0.4-0.7 % less on compiler heaps
-// (parse_model's kernel_price against kernel_price_cap128, docs/bench/gpu-runs.md).
-#ifndef PRICE_WINDOW
-#define PRICE_WINDOW 128u
-#endif
-static_assert((PRICE_WINDOW & (PRICE_WINDOW - 1u)) == 0u && PRICE_WINDOW >= HIGH_CAP, "a power-of-two window of at least HIGH_CAP costs");
-// A best is measured up to the window: the pass weighs no more, and the walk measures
-// a LEN_LONG match in full.
-#ifndef LONG_MEASURE
-#define LONG_MEASURE PRICE_WINDOW
-#endif
-static_assert(HIGH_CAP < LONG_MEASURE && LONG_MEASURE < LEN_LONG, "a best reaches HIGH_CAP before it is measured further, and stays below LEN_LONG");
-static_assert(32u * PRICE_WINDOW * 2u <= 2u * PAGE_BYTES, "the lanes' cost windows fit s_link");
 static_assert(HIGH_HASH_LOG <= 14u, "the chain flags sit above the hash");
-
-// The length the price pass weighs a best length as.
-__device__ __forceinline__ u32 weighed(u32 len) {
-    return len < PRICE_WINDOW ? len : PRICE_WINDOW;
-}
 
 __device__ __forceinline__ u32 hash_high(u32 v) {
     return (v * 2654435761u) >> (32u - HIGH_HASH_LOG);
@@ -1237,7 +1210,6 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
             bool more = true;              // warp-uniform: the pass has positions left
             bool busy = false;
             u32 p = 0u, c = NO_POS, d = 0u, best = 0u, boff = 0u, tail = 0u, lim = 0u, nice = 0u;
-            bool measure = false;   // this lane's best reached HIGH_CAP: measure it further
             for (;;) {
                 const u32 idle = __ballot_sync(FULL_MASK, !busy);
                 if (idle == FULL_MASK || __popc(idle) >= HIGH_REFILL) {
@@ -1285,7 +1257,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                                 const u32 sq = q & ~(HIGH_SAMPLE - 1u);
                                 const u32 lq = lens[sq];
                                 if (lq >= q - sq + MIN_MATCH) {
-                                    l = lq == LEN_LONG ? LEN_LONG : lq - (q - sq);
+                                    l = lq >= HIGH_CAP ? HIGH_CAP : lq - (q - sq);
                                     o = s_off[sq];
                                     need = false;
                                 }
@@ -1327,20 +1299,9 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                             const bool ok = best >= MIN_MATCH;
                             s_off[p] = ok ? (u16)boff : 0u;
                             lens[p] = ok ? (u8)best : 0u;
-                            measure = best >= HIGH_CAP;
                             busy = false;
                         }
                     }
-                }
-                if (measure) {
-                    // Once per turn, not in the steps above: unrolled four times, the
-                    // measuring loop would crowd the steps' registers. The search's limit was
-                    // HIGH_CAP, so HIGH_CAP bytes fit before the match end.
-                    const u32 room = match_end - p;
-                    const u32 most = room < LONG_MEASURE ? room : LONG_MEASURE;
-                    const u32 l = HIGH_CAP + match_len(s_page, p - boff + HIGH_CAP, p + HIGH_CAP, most - HIGH_CAP);
-                    lens[p] = (u8)(l >= LONG_MEASURE ? LEN_LONG : l);
-                    measure = false;
                 }
             }
             __syncthreads();
@@ -1364,12 +1325,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
         // kernel; the parallel decisions made it 7-10 % faster (docs/bench/gpu-runs.md),
         // a thread per sequence writing them another 11 %.
         {
-#if HIGH_PRICE
-            // a): per position, in place of its length (a match's decision is its length).
-            u8* const step_of = lens;
-#else
             u8* const step_of = (u8*)s_link;                  // a): per position
-#endif
             u32* const seq_end = (u32*)s_link + PAGE_BYTES / 4u;   // b): mp | len << 16
             u32* const seq_at = (u32*)s_link;                 // c): start | offset in block << 16
 #if HIGH_PRICE
@@ -1379,20 +1335,13 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                 // write decisions in 32 different banks. Each part is decided backward from
                 // HIGH_PRICE_OVERLAP positions past it (whose costs it takes as level beyond
                 // them): each position's least cost to the page's end, a literal or its match
-                // whole (a length over PRICE_WINDOW weighed as PRICE_WINDOW; LEN_LONG, measured
-                // in full by b). The costs of the next PRICE_WINDOW positions sit in a window
-                // in s_link (b's sequences take it only after the barrier below). A decision
-                // replaces its position's length: the match's length, or 0 for a literal.
-                // Lane i reads the first HIGH_PRICE_OVERLAP lengths of lane i + 1's part in its
-                // own first HIGH_PRICE_OVERLAP / 4 turns, and lane i + 1 decides them in its
-                // last ones: a __syncwarp between the two loops below orders the reads first.
-                // (A __syncwarp after every turn, all lanes taking as many, cost the kernel 4 %.)
+                // whole (a capped length weighed as HIGH_CAP, measured in full by b). The
+                // costs of the next HIGH_CAP positions sit in a window of the free half of
+                // s_link (b's sequences take it only after the barrier below).
                 const u32 start = lane * (PAGE_BYTES / 32u + 4u);
                 const u32 end = lane == 31u ? PAGE_BYTES : start + PAGE_BYTES / 32u + 4u;
                 const u32 far = end + HIGH_PRICE_OVERLAP < PAGE_BYTES ? end + HIGH_PRICE_OVERLAP : PAGE_BYTES;
-                static_assert(HIGH_PRICE_OVERLAP % 4u == 0u && 2u * HIGH_PRICE_OVERLAP <= PAGE_BYTES / 32u,
-                              "a part's first HIGH_PRICE_OVERLAP positions are decided after the loop that reads the overlaps");
-                u16* const window = (u16*)s_link + lane * PRICE_WINDOW;
+                u16* const window = (u16*)s_link + PAGE_BYTES / 2u + lane * HIGH_CAP;
                 // The lanes step through the same offsets of their windows: each lane's slots
                 // are permuted (by its lane number) so that they fall into different banks.
                 const u32 swizzle = lane << 1;
@@ -1402,40 +1351,31 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                 // once, before the group's own costs take their slots, and only the
                 // literals' costs chain from one position to the next, in registers.
                 static_assert(MIN_MATCH >= 4u, "a group's matches end past the group");
-                const auto decide = [&](u32 p0) {
+                for (u32 g = far; g > start; g -= 4u) {
+                    const u32 p0 = g - 4u;
                     const u32 lw = *(const u32*)(lens + p0);
                     u32 len[4], after[4];
 #pragma unroll
                     for (u32 k = 0u; k < 4u; ++k) {
                         const u32 p = p0 + k;
                         len[k] = p <= last_start ? (lw >> (8u * k)) & 0xffu : 0u;
-                        const u32 q = p + weighed(len[k]);
-                        after[k] = len[k] != 0u && q < far ? window[(q ^ swizzle) % PRICE_WINDOW] : 0u;
+                        const u32 q = p + (len[k] < HIGH_CAP ? len[k] : HIGH_CAP);
+                        after[k] = len[k] != 0u && q < far ? window[(q ^ swizzle) % HIGH_CAP] : 0u;
                     }
                     u32 steps = 0u;
 #pragma unroll
                     for (u32 j = 0u; j < 4u; ++j) {
                         const u32 k = 3u - j;
-                        const u32 c = 3u + ext_bytes(weighed(len[k]) - MIN_MATCH) + after[k];
+                        const u32 l = len[k] < HIGH_CAP ? len[k] : HIGH_CAP;
+                        const u32 c = 3u + ext_bytes(l - MIN_MATCH) + after[k];
                         const bool take = len[k] != 0u && c < next + 1u;
                         next = take ? c : next + 1u;
-                        window[((p0 + k) ^ swizzle) % PRICE_WINDOW] = (u16)next;
-                        steps |= (take ? len[k] : 0u) << (8u * k);
+                        window[((p0 + k) ^ swizzle) % HIGH_CAP] = (u16)next;
+                        steps |= (!take ? 0u : (len[k] >= HIGH_CAP ? LAZY_MEASURE : len[k])) << (8u * k);
                     }
-                    // Past last_start every decision is a literal; lane 30 reads those
-                    // positions in its first loop, while lane 31 runs its only turn.
-                    if (p0 < end && p0 <= last_start) {
+                    if (p0 < end) {
                         *(u32*)(step_of + p0) = steps;
                     }
-                };
-                const u32 overlap_end = far - start > HIGH_PRICE_OVERLAP ? far - HIGH_PRICE_OVERLAP : start;
-                u32 g = far;
-                for (; g > overlap_end; g -= 4u) {
-                    decide(g - 4u);
-                }
-                __syncwarp();
-                for (; g > start; g -= 4u) {
-                    decide(g - 4u);
                 }
             }
 #else
@@ -1480,12 +1420,8 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                     const u32 e = __shfl_sync(FULL_MASK, eq, k);
                     u32 mlen;
                     if (e != LAZY_MEASURE) {
-#if HIGH_PRICE
-                        mlen = e;   // an exact length
-#else
                         mp += e >> 6;
                         mlen = e & 63u;
-#endif
                     } else {
                         u32 off = s_off[mp];
                         mlen = lens[mp];
