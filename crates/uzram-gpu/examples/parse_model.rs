@@ -79,7 +79,12 @@ fn parse_args() -> Result<Args, String> {
             _ => a.corpora.push(arg.into()),
         }
     }
-    if a.corpora.is_empty() || a.depths.contains(&0) || a.search_cap < MIN_MATCH {
+    if a.search_cap < MIN_MATCH {
+        return Err(format!(
+            "--search-cap must be at least {MIN_MATCH}, the shortest match"
+        ));
+    }
+    if a.corpora.is_empty() || a.depths.contains(&0) {
         return Err(
             "usage: parse_model [--depth N,N,...] [--threshold N] [--pages N] [--search-cap N] CORPUS...".into(),
         );
@@ -143,8 +148,7 @@ impl Matches {
                 if read32(page, cand) == v {
                     let l = match_len(page, cand, p);
                     if l.min(cap) > best {
-                        best = l.min(cap);
-                        whole = l;
+                        (best, whole) = (l.min(cap), l);
                         off = p - cand;
                     }
                     seen += 1;
