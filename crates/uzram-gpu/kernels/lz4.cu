@@ -999,6 +999,14 @@ static_assert(HIGH_SAMPLE - 1u + MIN_MATCH <= HIGH_CAP, "an inherited HIGH_CAP m
 #ifndef HIGH_REFILL
 #define HIGH_REFILL 8
 #endif
+// A search lane's state: no position; walking a position's chain; its walk ended, its best
+// match not yet stored. The store waits for the next turn's vote, out of the chain steps:
+// a step then costs fewer instructions (no predicated stores at every step's end), and
+// with a u32 state instead of a bool (no byte shuffles) the kernel ran 1.8-3.1 % faster
+// (run 220, docs/bench/gpu-runs.md).
+#define WALK_IDLE 0u
+#define WALK_BUSY 1u
+#define WALK_DONE 2u
 // The parse's decisions (step 3a). 1 (shipped): a backward price pass over each position's
 // best match (a literal costs a byte, a match its token, offset and length bytes), run by
 // warp 0's 32 lanes while the other warps wait, each lane's part of the page decided from
@@ -1094,10 +1102,15 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
     u32* const sizes = meta;
     u32* const offsets = meta + npages;
     u32* const total = ctrl + 2;
-    __shared__ __align__(16) u32 s_page[PAGE_BYTES / 4u + HIGH_PAD_WORDS];
-    __shared__ __align__(16) u16 s_link[PAGE_BYTES];        // chains
-    __shared__ __align__(16) u16 s_off[PAGE_BYTES];         // best offsets
-    __shared__ __align__(16) u32 s_small[PAGE_BYTES / 4u];  // hash heads, best lengths, the block
+    // The page, the chains (s_link), the best offsets (s_off) and the hash heads, best
+    // lengths and then the block (s_small) are parts of one shared array: ptxas then
+    // addresses them all from one base register, where with four arrays it rebuilt an
+    // array's base (SR_CgaCtaId) at every chain step (2-4 % of the kernel, run 220).
+    __shared__ __align__(16) u8 s_mem[PAGE_BYTES + HIGH_PAD_WORDS * 4u + 5u * PAGE_BYTES];
+    u32* const s_page = (u32*)s_mem;
+    u16* const s_link = (u16*)(s_mem + PAGE_BYTES + HIGH_PAD_WORDS * 4u);
+    u16* const s_off = s_link + PAGE_BYTES;
+    u32* const s_small = (u32*)(s_off + PAGE_BYTES);
     __shared__ u32 s_flag;
     __shared__ u16 s_queue[HIGH_THREADS / 32u][32];   // each warp's positions to search
     __shared__ u32 s_next[2];                          // each pass's next 32 positions
@@ -1208,10 +1221,16 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
             u16* const queue = s_queue[warp];
             u32 taken = 0u, queued = 0u;   // warp-uniform counts of positions through `queue`
             bool more = true;              // warp-uniform: the pass has positions left
-            bool busy = false;
+            u32 state = WALK_IDLE;
             u32 p = 0u, c = NO_POS, d = 0u, best = 0u, boff = 0u, tail = 0u, lim = 0u, nice = 0u;
             for (;;) {
-                const u32 idle = __ballot_sync(FULL_MASK, !busy);
+                if (state == WALK_DONE) {
+                    const bool ok = best >= MIN_MATCH;
+                    s_off[p] = ok ? (u16)boff : 0u;
+                    lens[p] = ok ? (u8)best : 0u;
+                    state = WALK_IDLE;
+                }
+                const u32 idle = __ballot_sync(FULL_MASK, state == WALK_IDLE);
                 if (idle == FULL_MASK || __popc(idle) >= HIGH_REFILL) {
                     // Idle lanes take queued positions in lane order; an empty queue is
                     // refilled from the pass's next 32 positions.
@@ -1221,9 +1240,9 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                     for (;;) {
                         const u32 left = queued - taken;
                         const u32 avail = left < want - given ? left : want - given;
-                        if (!busy && rank >= given && rank < given + avail) {
+                        if (state == WALK_IDLE && rank >= given && rank < given + avail) {
                             p = queue[(taken + rank - given) & 31u];
-                            busy = true;
+                            state = WALK_BUSY;
                             const u32 room = match_end - p;
                             lim = room < HIGH_CAP ? room : HIGH_CAP;
                             nice = lim < HIGH_NICE ? lim : HIGH_NICE;
@@ -1276,12 +1295,12 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                         __syncwarp();
                     }
                 }
-                if (!__any_sync(FULL_MASK, busy)) {
+                if (!__any_sync(FULL_MASK, state == WALK_BUSY)) {
                     break;
                 }
 #pragma unroll
                 for (u32 u = 0u; u < HIGH_STEPS; ++u) {
-                    if (busy) {
+                    if (state == WALK_BUSY) {
                         // A candidate whose byte `best` differs cannot be longer; the others
                         // are measured from their first byte (the hash may have collided).
                         if (sp[c + best] == tail) {
@@ -1296,10 +1315,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                         c = s_link[c];
                         ++d;
                         if (best >= nice || c == NO_POS || d >= HIGH_DEPTH) {
-                            const bool ok = best >= MIN_MATCH;
-                            s_off[p] = ok ? (u16)boff : 0u;
-                            lens[p] = ok ? (u8)best : 0u;
-                            busy = false;
+                            state = WALK_DONE;
                         }
                     }
                 }
