@@ -990,7 +990,8 @@ static_assert(HIGH_SAMPLE - 1u + MIN_MATCH <= HIGH_CAP, "an inherited HIGH_CAP m
 // Chain steps a busy lane takes per turn of the search loop, between the warp's votes on
 // who is idle: with the one-byte test 4 is 6-7 % faster than 3, 5 and 6 slower than 4
 // (with the two-word test, 3 was best: docs/bench/gpu-runs.md). A lane whose
-// walk ends in a turn's first step idles for the rest of it.
+// walk ends in a turn's first step idles for the rest of it. With the shorter step of run
+// 224, 5 and 6 no longer spill and run 0-1 % slower than 4.
 #ifndef HIGH_STEPS
 #define HIGH_STEPS 4u
 #endif
@@ -1298,9 +1299,14 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                 if (!__any_sync(FULL_MASK, state == WALK_BUSY)) {
                     break;
                 }
+                // A busy lane takes up to HIGH_STEPS chain steps; a walk that ends leaves the
+                // loop (one test of the lane's state a turn, not a step). A match of `nice`
+                // bytes ends the walk through its depth, so that a step tests only the chain's
+                // end and the depth (run 224: the kernel 3.5-3.7 % faster than testing the
+                // state and all three at every step).
+                if (state == WALK_BUSY) {
 #pragma unroll
-                for (u32 u = 0u; u < HIGH_STEPS; ++u) {
-                    if (state == WALK_BUSY) {
+                    for (u32 u = 0u; u < HIGH_STEPS; ++u) {
                         // A candidate whose byte `best` differs cannot be longer; the others
                         // are measured from their first byte (the hash may have collided).
                         if (sp[c + best] == tail) {
@@ -1310,12 +1316,16 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                                 boff = p - c;
                                 // At lim the walk ends below: no byte past it is read.
                                 tail = sp[p + (best < lim ? best : lim - 1u)];
+                                if (best >= nice) {
+                                    d = HIGH_DEPTH - 1u;
+                                }
                             }
                         }
                         c = s_link[c];
                         ++d;
-                        if (best >= nice || c == NO_POS || d >= HIGH_DEPTH) {
+                        if (c == NO_POS || d >= HIGH_DEPTH) {
                             state = WALK_DONE;
+                            break;
                         }
                     }
                 }
