@@ -131,13 +131,30 @@ fn parse(value: &str) -> io::Result<u64> {
 mod tests {
     use super::*;
 
-    /// A file standing for the setting, in a directory of this test's own.
-    fn setting(test: &str, value: &str) -> std::path::PathBuf {
+    /// A file standing for the setting, in a directory of this test's own (removed on drop).
+    struct Setting(std::path::PathBuf);
+
+    impl std::ops::Deref for Setting {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Setting {
+        fn drop(&mut self) {
+            if let Some(dir) = self.0.parent() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+
+    fn setting(test: &str, value: &str) -> Setting {
         let dir = std::env::temp_dir().join(format!("uzram-lists-{test}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("percpu_pagelist_high_fraction");
         std::fs::write(&path, value).unwrap();
-        path
+        Setting(path)
     }
 
     fn read(path: &Path) -> String {

@@ -764,11 +764,11 @@ mod tests {
         child.wait().unwrap();
     }
 
-    /// A process whose leader thread ends at once while another thread runs on for a second
+    /// A process whose leader thread ends at once while another thread runs on for two seconds
     /// (`None`, said, without python3).
     fn leader_exits_first() -> Option<std::process::Child> {
         let script = "import ctypes, os, threading, time\n\
-threading.Thread(target=lambda: (time.sleep(1.0), os._exit(0))).start()\n\
+threading.Thread(target=lambda: (time.sleep(2.0), os._exit(0))).start()\n\
 ctypes.CDLL(None).pthread_exit(None)\n";
         let child = std::process::Command::new("python3")
             .args(["-c", script])
@@ -797,7 +797,7 @@ ctypes.CDLL(None).pthread_exit(None)\n";
 
     #[test]
     fn a_dying_process_is_noted_when_its_first_thread_goes_and_waited_for_to_the_end() {
-        // The leader thread ends while another thread runs on for a second, as a killed
+        // The leader thread ends while another thread runs on for two seconds, as a killed
         // daemon's main thread goes while a thread inside a page fault is still there.
         let Some(mut child) = leader_exits_first() else {
             return;
@@ -839,8 +839,8 @@ ctypes.CDLL(None).pthread_exit(None)\n";
 
     #[test]
     fn a_process_whose_first_thread_exited_is_waited_for_until_its_last_thread_ends() {
-        // The leader thread ends (and shows as a zombie) while another thread runs on for a
-        // second: as a daemon's main thread can end before its I/O threads.
+        // The leader thread ends (and shows as a zombie) while another thread runs on for two
+        // seconds: as a daemon's main thread can end before its I/O threads.
         let Some(mut child) = leader_exits_first() else {
             return;
         };
@@ -929,19 +929,26 @@ ctypes.CDLL(None).pthread_exit(None)\n";
 
     #[test]
     fn resident_and_private_bytes_count_touched_memory() {
-        let before = resident_bytes().unwrap();
-        let anon_before = anon_resident_bytes().unwrap();
-        let touched = vec![1u8; 32 << 20];
-        let after = resident_bytes().unwrap();
-        let anon_after = anon_resident_bytes().unwrap();
-        assert!(
-            after >= before + (16 << 20),
-            "32 MiB touched, resident {before} -> {after}"
-        );
-        assert!(
-            anon_after >= anon_before + (30 << 20),
-            "{anon_before} -> {anon_after} private with 32 MiB touched"
-        );
-        drop(std::hint::black_box(touched));
+        // The totals are the whole process's, and the other tests of this binary free memory
+        // meanwhile (a 4 MiB buffer given back lowers them by as much): a measure so disturbed
+        // is taken again. 48 MiB, above the mmap threshold `memory::reserve` may have set, so
+        // that the memory is new, not a heap's free memory already resident.
+        const TOUCHED: usize = 48 << 20;
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            let before = resident_bytes().unwrap();
+            let anon_before = anon_resident_bytes().unwrap();
+            let touched = vec![1u8; TOUCHED];
+            let after = resident_bytes().unwrap();
+            let anon_after = anon_resident_bytes().unwrap();
+            drop(std::hint::black_box(touched));
+            let grown = after.saturating_sub(before);
+            let anon_grown = anon_after.saturating_sub(anon_before);
+            if grown >= TOUCHED as u64 * 15 / 16 && anon_grown >= TOUCHED as u64 * 15 / 16 {
+                return;
+            }
+            seen.push((grown >> 10, anon_grown >> 10));
+        }
+        panic!("48 MiB touched in each of 5 tries; KiB grown (resident, private): {seen:?}");
     }
 }
