@@ -294,9 +294,10 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
                     Ok((lats, cpu_time(CpuOf::Thread)? - start))
                 })?;
             // The roles' window lies inside the process's: the reader's share of it, taken
-            // out of the process's CPU below, is then never more than the process spent (its
-            // own clock over its whole life was: it reads before the window opens and after it
-            // closes, and on a busy 2-core machine for longer than the run itself).
+            // out of the process's CPU below, is then never more than the process spent. The
+            // reader's own clock covers its whole life, which starts before the window opens
+            // and ends after it closes: on a busy 2-core machine that was more than the run
+            // itself, and the process's CPU came out as 0.
             let before = usage(CpuOf::Process)?;
             let roles_before = super::threads::cpu_by_role();
             let t0 = Instant::now();
