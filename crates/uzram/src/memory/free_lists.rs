@@ -131,30 +131,13 @@ fn parse(value: &str) -> io::Result<u64> {
 mod tests {
     use super::*;
 
-    /// A file standing for the setting, in a directory of this test's own (removed on drop).
-    struct Setting(std::path::PathBuf);
-
-    impl std::ops::Deref for Setting {
-        type Target = Path;
-        fn deref(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    impl Drop for Setting {
-        fn drop(&mut self) {
-            if let Some(dir) = self.0.parent() {
-                let _ = std::fs::remove_dir_all(dir);
-            }
-        }
-    }
-
-    fn setting(test: &str, value: &str) -> Setting {
-        let dir = std::env::temp_dir().join(format!("uzram-lists-{test}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("percpu_pagelist_high_fraction");
+    /// A file standing for the setting, in a directory of this test's own (removed when the
+    /// returned `TempDir` drops).
+    fn setting(value: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("percpu_pagelist_high_fraction");
         std::fs::write(&path, value).unwrap();
-        Setting(path)
+        (dir, path)
     }
 
     fn read(path: &Path) -> String {
@@ -163,7 +146,7 @@ mod tests {
 
     #[test]
     fn a_recovery_holds_the_default_lists_short_and_its_daemon_restores_them() {
-        let path = setting("default", "0\n");
+        let (_dir, path) = setting("0\n");
         let opened = OpenedLists(open_at(&path));
         assert!(opened.shorten());
         assert_eq!(read(&path), SHORT.to_string());
@@ -176,7 +159,7 @@ mod tests {
 
     #[test]
     fn an_administrators_value_is_left_alone() {
-        let path = setting("admin", "64\n");
+        let (_dir, path) = setting("64\n");
         assert!(!OpenedLists(open_at(&path)).shorten());
         assert!(!restore_at(&path).unwrap());
         assert_eq!(read(&path), "64");
@@ -184,7 +167,7 @@ mod tests {
 
     #[test]
     fn an_absent_setting_stays_absent_and_a_strange_one_is_an_error() {
-        let path = setting("strange", "many\n");
+        let (_dir, path) = setting("many\n");
         let absent = path.with_file_name("none");
         let opened = OpenedLists(open_at(&absent));
         assert!(opened.0.is_none());
