@@ -20,8 +20,11 @@
 //! `--search-cap 64` compares candidates as the kernel does (by their first 64 bytes, the
 //! walk ending at the first with 64; the whole length of the one chosen is kept).
 //!
-//! Usage: parse_model [--depth N,N,...] [--threshold N] [--pages N] [--search-cap N]
-//! CORPUS.pages.zst...
+//! `--long-depth 8`: each search first walks up to 8 candidates of a second chain, of
+//! positions with the same first 8 bytes.
+//!
+//! Usage: parse_model [--depth N,N,...] [--long-depth N,N,...] [--threshold N] [--pages N]
+//! [--search-cap N] CORPUS.pages.zst...
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -43,6 +46,7 @@ struct Args {
     threshold: usize,
     pages: usize,
     search_cap: usize,
+    long_depths: Vec<usize>,
     corpora: Vec<PathBuf>,
 }
 
@@ -52,6 +56,7 @@ fn parse_args() -> Result<Args, String> {
         threshold: 3625,
         pages: usize::MAX,
         search_cap: usize::MAX,
+        long_depths: vec![0],
         corpora: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -68,6 +73,12 @@ fn parse_args() -> Result<Args, String> {
                 a.threshold = value("--threshold")?
                     .parse()
                     .map_err(|_| "bad --threshold")?
+            }
+            "--long-depth" => {
+                a.long_depths = value("--long-depth")?
+                    .split(',')
+                    .map(|d| d.parse().map_err(|_| format!("bad long depth {d}")))
+                    .collect::<Result<_, _>>()?;
             }
             "--search-cap" => {
                 a.search_cap = value("--search-cap")?
@@ -86,7 +97,7 @@ fn parse_args() -> Result<Args, String> {
     }
     if a.corpora.is_empty() || a.depths.contains(&0) {
         return Err(
-            "usage: parse_model [--depth N,N,...] [--threshold N] [--pages N] [--search-cap N] CORPUS...".into(),
+            "usage: parse_model [--depth N,N,...] [--long-depth N,N,...] [--threshold N] [--pages N] [--search-cap N] CORPUS...".into(),
         );
     }
     Ok(a)
@@ -120,6 +131,11 @@ struct Matches {
     off: Vec<usize>,
     head: Vec<u32>,
     prev: Vec<u32>,
+    /// The chains of 8-byte prefixes (`--long-depth`).
+    head8: Vec<u32>,
+    prev8: Vec<u32>,
+    /// Candidates compared, over every search since the counts were last taken.
+    steps: u64,
 }
 
 impl Matches {
@@ -129,37 +145,59 @@ impl Matches {
             off: vec![0; PAGE_SIZE],
             head: vec![NO_POS; 1 << 16],
             prev: vec![NO_POS; PAGE_SIZE],
+            head8: vec![NO_POS; 1 << 16],
+            prev8: vec![NO_POS; PAGE_SIZE],
+            steps: 0,
         }
     }
 
     /// `cap`: candidates compared by their first `cap` bytes only, the walk ending at the
     /// first that has that many (the kernel's HIGH_CAP and HIGH_NICE); the length kept is
-    /// the chosen candidate's whole length.
-    fn search(&mut self, page: &[u8], depth: usize, cap: usize) {
+    /// the chosen candidate's whole length. `long`: before the 4-byte chain, up to that many
+    /// candidates of a chain of positions with the same first 8 bytes (a second hash, as
+    /// zstd's long matches), which reaches past `depth` 4-byte candidates that share only
+    /// their first 4 to 7 bytes.
+    fn search(&mut self, page: &[u8], depth: usize, long: usize, cap: usize) {
         self.head.fill(NO_POS);
+        self.head8.fill(NO_POS);
         self.len.fill(0);
         for p in 0..=LAST_START {
             let v = read32(page, p);
+            let v8 = u64::from_le_bytes(page[p..p + 8].try_into().expect("8 bytes"));
             let h = (v.wrapping_mul(2_654_435_761) >> 16) as usize;
-            let (mut c, mut best, mut off, mut seen) = (self.head[h], MIN_MATCH - 1, 0, 0);
-            let mut whole = 0;
-            while c != NO_POS && seen < depth {
+            let h8 = (v8.wrapping_mul(0x9E37_79B1_85EB_CA87) >> 48) as usize;
+            let (mut best, mut off, mut whole) = (MIN_MATCH - 1, 0, 0);
+            let consider = |cand: usize, best: &mut usize, off: &mut usize, whole: &mut usize| {
+                let l = match_len(page, cand, p);
+                if l.min(cap) > *best {
+                    (*best, *whole) = (l.min(cap), l);
+                    *off = p - cand;
+                }
+            };
+            let (mut c, mut seen) = (self.head8[h8], 0);
+            while c != NO_POS && seen < long && best < cap {
+                let cand = c as usize;
+                if page[cand..cand + 8] == page[p..p + 8] {
+                    consider(cand, &mut best, &mut off, &mut whole);
+                    seen += 1;
+                }
+                c = self.prev8[cand];
+            }
+            self.steps += seen as u64;
+            let (mut c, mut seen) = (self.head[h], 0);
+            while c != NO_POS && seen < depth && best < cap {
                 let cand = c as usize;
                 if read32(page, cand) == v {
-                    let l = match_len(page, cand, p);
-                    if l.min(cap) > best {
-                        (best, whole) = (l.min(cap), l);
-                        off = p - cand;
-                    }
+                    consider(cand, &mut best, &mut off, &mut whole);
                     seen += 1;
-                    if best >= cap {
-                        break;
-                    }
                 }
                 c = self.prev[cand];
             }
+            self.steps += seen as u64;
             self.prev[p] = self.head[h];
             self.head[h] = p as u32;
+            self.prev8[p] = self.head8[h8];
+            self.head8[h8] = p as u32;
             if best >= MIN_MATCH {
                 self.len[p] = whole;
                 self.off[p] = off;
@@ -448,26 +486,30 @@ fn main() {
             refs[2] += stored(common::liblz4_compress(page, Some(12), &mut out));
         }
         for &depth in &args.depths {
-            let mut bytes = [0usize; PARSES.len()];
-            for page in &pages {
-                m.search(page, depth, args.search_cap);
-                for (total, (_, parse)) in bytes.iter_mut().zip(PARSES.iter()) {
-                    *total += stored(parse(page, &m, &mut scratch));
+            for &long in &args.long_depths {
+                let mut bytes = [0usize; PARSES.len()];
+                m.steps = 0;
+                for page in &pages {
+                    m.search(page, depth, long, args.search_cap);
+                    for (total, (_, parse)) in bytes.iter_mut().zip(PARSES.iter()) {
+                        *total += stored(parse(page, &m, &mut scratch));
+                    }
                 }
+                let vs_hc9: Vec<String> = PARSES
+                    .iter()
+                    .zip(bytes)
+                    .map(|((name, _), n)| format!("\"{name}\":{:.4}", refs[1] as f64 / n as f64))
+                    .collect();
+                println!(
+                    "{{\"corpus\":\"{name}\",\"pages\":{},\"depth\":{depth},\"long_depth\":{long},\"steps_per_page\":{:.0},\"lz4\":{:.4},\"hc9\":{:.4},\"hc12\":{:.4},\"vs_hc9\":{{{}}}}}",
+                    pages.len(),
+                    m.steps as f64 / pages.len() as f64,
+                    raw / refs[0] as f64,
+                    raw / refs[1] as f64,
+                    raw / refs[2] as f64,
+                    vs_hc9.join(","),
+                );
             }
-            let vs_hc9: Vec<String> = PARSES
-                .iter()
-                .zip(bytes)
-                .map(|((name, _), n)| format!("\"{name}\":{:.4}", refs[1] as f64 / n as f64))
-                .collect();
-            println!(
-                "{{\"corpus\":\"{name}\",\"pages\":{},\"depth\":{depth},\"lz4\":{:.4},\"hc9\":{:.4},\"hc12\":{:.4},\"vs_hc9\":{{{}}}}}",
-                pages.len(),
-                raw / refs[0] as f64,
-                raw / refs[1] as f64,
-                raw / refs[2] as f64,
-                vs_hc9.join(","),
-            );
         }
     }
 }
