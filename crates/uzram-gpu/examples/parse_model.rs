@@ -23,8 +23,14 @@
 //! `--long-depth 8`: each search first walks up to 8 candidates of a second chain, of
 //! positions with the same first 8 bytes.
 //!
-//! Usage: parse_model [--depth N,N,...] [--long-depth N,N,...] [--threshold N] [--pages N]
-//! [--search-cap N] CORPUS.pages.zst...
+//! `--pattern 1`: as LZ4HC at level 9 and up (its pattern analysis), a search from a
+//! position whose first 4 bytes are one byte repeated takes each earlier run of that byte as
+//! one candidate, the one of the run that matches furthest (where the run has as many of the
+//! byte left as the position, so that what follows both may match too, else the run's
+//! start), and walks on from before the run.
+//!
+//! Usage: parse_model [--depth N,N,...] [--long-depth N,N,...] [--pattern N,N] [--threshold N]
+//! [--pages N] [--search-cap N] CORPUS.pages.zst...
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -47,6 +53,7 @@ struct Args {
     pages: usize,
     search_cap: usize,
     long_depths: Vec<usize>,
+    patterns: Vec<bool>,
     corpora: Vec<PathBuf>,
 }
 
@@ -57,6 +64,7 @@ fn parse_args() -> Result<Args, String> {
         pages: usize::MAX,
         search_cap: usize::MAX,
         long_depths: vec![0],
+        patterns: vec![false],
         corpora: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -80,6 +88,16 @@ fn parse_args() -> Result<Args, String> {
                     .map(|d| d.parse().map_err(|_| format!("bad long depth {d}")))
                     .collect::<Result<_, _>>()?;
             }
+            "--pattern" => {
+                a.patterns = value("--pattern")?
+                    .split(',')
+                    .map(|n| match n {
+                        "0" => Ok(false),
+                        "1" => Ok(true),
+                        _ => Err(format!("bad --pattern value {n} (0 or 1)")),
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
             "--search-cap" => {
                 a.search_cap = value("--search-cap")?
                     .parse()
@@ -97,7 +115,7 @@ fn parse_args() -> Result<Args, String> {
     }
     if a.corpora.is_empty() || a.depths.contains(&0) {
         return Err(
-            "usage: parse_model [--depth N,N,...] [--long-depth N,N,...] [--threshold N] [--pages N] [--search-cap N] CORPUS...".into(),
+            "usage: parse_model [--depth N,N,...] [--long-depth N,N,...] [--pattern N,N] [--threshold N] [--pages N] [--search-cap N] CORPUS...".into(),
         );
     }
     Ok(a)
@@ -136,6 +154,9 @@ struct Matches {
     prev8: Vec<u32>,
     /// Candidates compared, over every search since the counts were last taken.
     steps: u64,
+    /// Of those, the ones whose byte at the best length so far was the position's: the
+    /// kernel measures only those (its one-byte test).
+    measured: u64,
 }
 
 impl Matches {
@@ -148,6 +169,7 @@ impl Matches {
             head8: vec![NO_POS; 1 << 16],
             prev8: vec![NO_POS; PAGE_SIZE],
             steps: 0,
+            measured: 0,
         }
     }
 
@@ -156,8 +178,9 @@ impl Matches {
     /// the chosen candidate's whole length. `long`: before the 4-byte chain, up to that many
     /// candidates of a chain of positions with the same first 8 bytes (a second hash, as
     /// zstd's long matches), which reaches past `depth` 4-byte candidates that share only
-    /// their first 4 to 7 bytes.
-    fn search(&mut self, page: &[u8], depth: usize, long: usize, cap: usize) {
+    /// their first 4 to 7 bytes. `pattern`: runs of one byte as LZ4HC's pattern analysis
+    /// takes them (the module's `--pattern`).
+    fn search(&mut self, page: &[u8], depth: usize, long: usize, cap: usize, pattern: bool) {
         self.head.fill(NO_POS);
         self.head8.fill(NO_POS);
         self.len.fill(0);
@@ -167,13 +190,20 @@ impl Matches {
             let h = (v.wrapping_mul(2_654_435_761) >> 16) as usize;
             let h8 = (v8.wrapping_mul(0x9E37_79B1_85EB_CA87) >> 48) as usize;
             let (mut best, mut off, mut whole) = (MIN_MATCH - 1, 0, 0);
-            let consider = |cand: usize, best: &mut usize, off: &mut usize, whole: &mut usize| {
-                let l = match_len(page, cand, p);
-                if l.min(cap) > *best {
-                    (*best, *whole) = (l.min(cap), l);
-                    *off = p - cand;
-                }
-            };
+            let mut measured = 0;
+            let mut consider =
+                |cand: usize, best: &mut usize, off: &mut usize, whole: &mut usize| {
+                    // The kernel measures a candidate only when its byte `best` is p's.
+                    let at = (*best).min(cap - 1);
+                    if page[cand + at] == page[p + at] {
+                        measured += 1;
+                    }
+                    let l = match_len(page, cand, p);
+                    if l.min(cap) > *best {
+                        (*best, *whole) = (l.min(cap), l);
+                        *off = p - cand;
+                    }
+                };
             let (mut c, mut seen) = (self.head8[h8], 0);
             while c != NO_POS && seen < long && best < cap {
                 let cand = c as usize;
@@ -184,16 +214,41 @@ impl Matches {
                 c = self.prev8[cand];
             }
             self.steps += seen as u64;
+            // p's run of one byte, when its first 4 bytes are one: how many of it from p.
+            let byte = page[p];
+            let run = if pattern && v == u32::from(byte) * 0x0101_0101 {
+                run_forward(page, p, byte)
+            } else {
+                0
+            };
             let (mut c, mut seen) = (self.head[h], 0);
             while c != NO_POS && seen < depth && best < cap {
                 let cand = c as usize;
                 if read32(page, cand) == v {
+                    if run > 0 && cand > 0 && self.prev[cand] == c - 1 {
+                        // Inside an earlier run of the byte (the chain goes on in it): its
+                        // best candidate, then on from before the run.
+                        let start = run_backward(page, cand, byte);
+                        let end = cand + run_forward(page, cand, byte);
+                        let best_in_run = if end > p {
+                            cand // p's own run: every candidate in it matches `run` bytes
+                        } else if end - start < run {
+                            start
+                        } else {
+                            end - run
+                        };
+                        consider(best_in_run, &mut best, &mut off, &mut whole);
+                        seen += 1;
+                        c = self.prev[start];
+                        continue;
+                    }
                     consider(cand, &mut best, &mut off, &mut whole);
                     seen += 1;
                 }
                 c = self.prev[cand];
             }
             self.steps += seen as u64;
+            self.measured += measured;
             self.prev[p] = self.head[h];
             self.head[h] = p as u32;
             self.prev8[p] = self.head8[h8];
@@ -204,6 +259,19 @@ impl Matches {
             }
         }
     }
+}
+
+/// How many bytes from `p` on (before MATCH_END) are `byte`.
+fn run_forward(page: &[u8], p: usize, byte: u8) -> usize {
+    page[p..MATCH_END]
+        .iter()
+        .take_while(|&&b| b == byte)
+        .count()
+}
+
+/// Where the run of `byte` that holds `p` starts.
+fn run_backward(page: &[u8], p: usize, byte: u8) -> usize {
+    p - page[..p].iter().rev().take_while(|&&b| b == byte).count()
 }
 
 /// Bytes an LZ4 length field of value `n` needs after its token nibble.
@@ -486,11 +554,16 @@ fn main() {
             refs[2] += stored(common::liblz4_compress(page, Some(12), &mut out));
         }
         for &depth in &args.depths {
-            for &long in &args.long_depths {
+            for (&long, &pattern) in args
+                .long_depths
+                .iter()
+                .flat_map(|l| args.patterns.iter().map(move |p| (l, p)))
+            {
                 let mut bytes = [0usize; PARSES.len()];
                 m.steps = 0;
+                m.measured = 0;
                 for page in &pages {
-                    m.search(page, depth, long, args.search_cap);
+                    m.search(page, depth, long, args.search_cap, pattern);
                     for (total, (_, parse)) in bytes.iter_mut().zip(PARSES.iter()) {
                         *total += stored(parse(page, &m, &mut scratch));
                     }
@@ -501,9 +574,10 @@ fn main() {
                     .map(|((name, _), n)| format!("\"{name}\":{:.4}", refs[1] as f64 / n as f64))
                     .collect();
                 println!(
-                    "{{\"corpus\":\"{name}\",\"pages\":{},\"depth\":{depth},\"long_depth\":{long},\"steps_per_page\":{:.0},\"lz4\":{:.4},\"hc9\":{:.4},\"hc12\":{:.4},\"vs_hc9\":{{{}}}}}",
+                    "{{\"corpus\":\"{name}\",\"pages\":{},\"depth\":{depth},\"long_depth\":{long},\"pattern\":{pattern},\"steps_per_page\":{:.0},\"measured_per_page\":{:.0},\"lz4\":{:.4},\"hc9\":{:.4},\"hc12\":{:.4},\"vs_hc9\":{{{}}}}}",
                     pages.len(),
                     m.steps as f64 / pages.len() as f64,
+                    m.measured as f64 / pages.len() as f64,
                     raw / refs[0] as f64,
                     raw / refs[1] as f64,
                     raw / refs[2] as f64,

@@ -1030,6 +1030,10 @@ static_assert(32u * HIGH_CAP * 2u <= PAGE_BYTES, "the lanes' cost windows fit th
 // Flags beside a position's hash while the chains are built (the hash takes HIGH_HASH_LOG bits).
 #define CHAIN_FIRST 0x4000u
 #define CHAIN_LAST 0x8000u
+// The position's first 4 bytes are one byte, and so are those of the position before it
+// (inside a run, HIGH_PATTERN) or not (a run's first).
+#define CHAIN_RUN_IN 0x2000u
+#define CHAIN_RUN_FIRST 0x1000u
 // The parse's per-position byte (lazy shift << 6 | length) where a length must be measured.
 #define LAZY_MEASURE 0xffu
 static_assert(HIGH_LAZY <= 2u && HIGH_CAP <= 64u, "a lazy shift and an uncapped length fit a byte below LAZY_MEASURE");
@@ -1093,6 +1097,21 @@ __device__ __forceinline__ u32 match_len(const u32* words, u32 a, u32 b, u32 lim
     }
     return limit;
 }
+
+// Runs of one byte (LZ4HC's pattern analysis, at its levels 9 and up). Without it, a
+// position whose first 4 bytes are one byte repeated finds along its chain every position of
+// each earlier run of that byte, each matching no further than its run: its HIGH_DEPTH
+// candidates are spent inside the nearest runs. With HIGH_PATTERN, the chains skip the
+// inside of runs (a position of a run but its first links to the run's first, which links
+// on as before), and a candidate at the top of an earlier run stands for the whole run: the
+// run's position with as many of the byte left as the searched position has (the one whose
+// match can go on past the run), or the run's first when the run is shorter. Positions of
+// other 4 bytes lose nothing: a run's positions cannot match them. It reaches 0.981-0.996
+// of HC-9 on the four full corpora (0.973-0.994 without) but runs the kernel at 0.84-0.88 of
+// its speed (runs 233-237, docs/bench/gpu-runs.md): the ring's 25 GB/s weighs more, so off.
+#ifndef HIGH_PATTERN
+#define HIGH_PATTERN 0u
+#endif
 
 extern "C" __global__ void __launch_bounds__(HIGH_THREADS, HIGH_BLOCKS_PER_SM)
 uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
@@ -1176,20 +1195,30 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
         for (u32 base = warp * 32u; base <= last_start; base += HIGH_THREADS) {
             const u32 p = base + lane;
             const bool active = p <= last_start;
-            const u32 h = active ? hash_high(read32(s_page, p)) : (1u << HIGH_HASH_LOG) + lane;
+            const u32 v4 = active ? read32(s_page, p) : 0u;
+            const u32 h = active ? hash_high(v4) : (1u << HIGH_HASH_LOG) + lane;
             const u32 peers = __match_any_sync(FULL_MASK, h);
             const u32 earlier = peers & lower_lanes;
             if (active) {
                 if (earlier != 0u) {
                     s_link[p] = (u16)(base + (31u - __clz(earlier)));
                 }
-                s_off[p] = (u16)(h | (earlier == 0u ? CHAIN_FIRST : 0u)
+                u32 run = 0u;
+#if HIGH_PATTERN
+                if (v4 == (v4 & 0xffu) * 0x01010101u) {
+                    run = p != 0u && sp[p - 1u] == (v4 & 0xffu) ? CHAIN_RUN_IN : CHAIN_RUN_FIRST;
+                }
+#endif
+                s_off[p] = (u16)(h | run | (earlier == 0u ? CHAIN_FIRST : 0u)
                                  | ((peers & higher_lanes) == 0u ? CHAIN_LAST : 0u));
             }
         }
         __syncthreads();
         if (warp == 0u) {
             u32 v = s_off[lane];
+#if HIGH_PATTERN
+            u32 run_first = 0u;   // the last run's first before these 32
+#endif
             for (u32 base = 0u; base <= last_start; base += 32u) {
                 const u32 p = base + lane;
                 const u32 pn = p + 32u;
@@ -1198,6 +1227,18 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                 if ((v & CHAIN_FIRST) != 0u) {
                     s_link[p] = heads[h];
                 }
+#if HIGH_PATTERN
+                // Inside a run: linked to its first (the latest run's first at or before p).
+                // (Warp 1 doing this beside warp 0 ran the kernel 1 % slower: run 237.)
+                const u32 firsts = __ballot_sync(FULL_MASK, (v & CHAIN_RUN_FIRST) != 0u);
+                const u32 upto = firsts & (lower_lanes | (1u << lane));
+                if ((v & CHAIN_RUN_IN) != 0u) {
+                    s_link[p] = (u16)(upto != 0u ? base + (31u - __clz(upto)) : run_first);
+                }
+                if (firsts != 0u) {
+                    run_first = base + (31u - __clz(firsts));
+                }
+#endif
                 __syncwarp();
                 if ((v & CHAIN_LAST) != 0u) {
                     heads[h] = (u16)p;
@@ -1224,6 +1265,9 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
             bool more = true;              // warp-uniform: the pass has positions left
             u32 state = WALK_IDLE;
             u32 p = 0u, c = NO_POS, d = 0u, best = 0u, boff = 0u, tail = 0u, lim = 0u, nice = 0u;
+#if HIGH_PATTERN
+            u32 prun = 0u;   // the run of one byte at p (0: p's first 4 bytes are not one)
+#endif
             for (;;) {
                 if (state == WALK_DONE) {
                     const bool ok = best >= MIN_MATCH;
@@ -1250,6 +1294,17 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                             c = s_link[p];
                             best = MIN_MATCH - 1u;   // a match must reach MIN_MATCH bytes
                             tail = sp[p + best];     // the byte a longer match must share
+#if HIGH_PATTERN
+                            {
+                                // p's run of one byte (up to lim), if its first 4 are one.
+                                const u32 v = read32(s_page, p);
+                                // A run that reaches lim needs nothing of HIGH_PATTERN: its
+                                // first candidate (its own run's first) matches lim bytes.
+                                prun = v == (v & 0xffu) * 0x01010101u
+                                    ? 1u + match_len(s_page, p, p + 1u, lim - 1u) : 0u;
+                                prun = prun < lim ? prun : 0u;
+                            }
+#endif
                             boff = 0u;
                             d = 0u;
                         }
@@ -1309,11 +1364,29 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                     for (u32 u = 0u; u < HIGH_STEPS; ++u) {
                         // A candidate whose byte `best` differs cannot be longer; the others
                         // are measured from their first byte (the hash may have collided).
-                        if (sp[c + best] == tail) {
-                            const u32 l = match_len(s_page, c, p, lim);
+#if HIGH_PATTERN
+                        // The candidate measured: c, or where c is inside an earlier run of
+                        // p's byte (then linked to the run's first), the run's position that
+                        // has p's run of the byte left, or the run's first if it is shorter;
+                        // the walk goes on from the first's link. (Another position whose
+                        // byte and byte before are p's, a hash collision, only loses c.)
+                        u32 m = c;
+                        if (prun != 0u && c != 0u && sp[c] == sp[p] && sp[c - 1u] == sp[p]) {
+                            const u32 first = s_link[c];
+                            if (first != NO_POS) {   // an earlier position: never past c
+                                const u32 fit = c + 4u > prun ? c + 4u - prun : 0u;
+                                m = fit > first ? fit : first;
+                                c = first;
+                            }
+                        }
+#else
+                        const u32 m = c;
+#endif
+                        if (sp[m + best] == tail) {
+                            const u32 l = match_len(s_page, m, p, lim);
                             if (l > best) {
                                 best = l;
-                                boff = p - c;
+                                boff = p - m;
                                 // At lim the walk ends below: no byte past it is read.
                                 tail = sp[p + (best < lim ? best : lim - 1u)];
                                 if (best >= nice) {
