@@ -3,7 +3,7 @@
 //! needed.
 //!
 //! The model searches every position (the kernel samples every 16th first and lets the rest
-//! inherit) over exact 4-byte chains (the kernel's 11-bit hash also chains other bytes, which
+//! inherit: `--sample 16`) over exact 4-byte chains (the kernel's 11-bit hash also chains other bytes, which
 //! its one-byte test skips), keeping each position's longest match among its `DEPTH` nearest
 //! candidates, nearest on ties; then it parses those matches in every way of [`PARSES`], among
 //! them:
@@ -29,8 +29,13 @@
 //! byte left as the position, so that what follows both may match too, else the run's
 //! start), and walks on from before the run.
 //!
-//! Usage: parse_model [--depth N,N,...] [--long-depth N,N,...] [--pattern N,N] [--threshold N]
-//! [--pages N] [--search-cap N] CORPUS.pages.zst...
+//! `--sample 16`: as the kernel's two passes (HIGH_SAMPLE), a position between two multiples
+//! of 16 takes over the match of the multiple before it, same offset, where that match still
+//! covers MIN_MATCH bytes of it (`--inherit N`: N bytes), and searches its own chain only
+//! otherwise.
+//!
+//! Usage: parse_model [--depth N,N,...] [--long-depth N,N,...] [--pattern N,N] [--sample N,N]
+//! [--inherit N] [--threshold N] [--pages N] [--search-cap N] CORPUS.pages.zst...
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -54,6 +59,8 @@ struct Args {
     search_cap: usize,
     long_depths: Vec<usize>,
     patterns: Vec<bool>,
+    samples: Vec<usize>,
+    inherit: usize,
     corpora: Vec<PathBuf>,
 }
 
@@ -65,6 +72,8 @@ fn parse_args() -> Result<Args, String> {
         search_cap: usize::MAX,
         long_depths: vec![0],
         patterns: vec![false],
+        samples: vec![1],
+        inherit: MIN_MATCH,
         corpora: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -98,6 +107,19 @@ fn parse_args() -> Result<Args, String> {
                     })
                     .collect::<Result<_, _>>()?;
             }
+            "--sample" => {
+                a.samples = value("--sample")?
+                    .split(',')
+                    .map(|n| match n.parse::<usize>() {
+                        Ok(n) if n >= 1 => Ok(n),
+                        _ => Err(format!("bad --sample value {n} (1 or more)")),
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
+            "--inherit" => {
+                a.inherit = value("--inherit")?.parse().map_err(|_| "bad --inherit")?;
+                a.inherit = a.inherit.max(MIN_MATCH);
+            }
             "--search-cap" => {
                 a.search_cap = value("--search-cap")?
                     .parse()
@@ -115,7 +137,7 @@ fn parse_args() -> Result<Args, String> {
     }
     if a.corpora.is_empty() || a.depths.contains(&0) {
         return Err(
-            "usage: parse_model [--depth N,N,...] [--long-depth N,N,...] [--pattern N,N] [--threshold N] [--pages N] [--search-cap N] CORPUS...".into(),
+            "usage: parse_model [--depth N,N,...] [--long-depth N,N,...] [--pattern N,N] [--sample N,N] [--inherit N] [--threshold N] [--pages N] [--search-cap N] CORPUS...".into(),
         );
     }
     Ok(a)
@@ -140,6 +162,26 @@ fn match_len(page: &[u8], cand: usize, p: usize) -> usize {
         l += 1;
     }
     l
+}
+
+/// How a page is searched.
+#[derive(Clone, Copy)]
+struct Search {
+    /// Candidates of the 4-byte chain.
+    depth: usize,
+    /// Before them, up to this many candidates of a chain of positions with the same first 8
+    /// bytes (a second hash, as zstd's long matches), which reaches past `depth` 4-byte
+    /// candidates that share only their first 4 to 7 bytes.
+    long: usize,
+    /// Candidates compared by their first `cap` bytes only, the walk ending at the first
+    /// that has that many (the kernel's HIGH_CAP and HIGH_NICE); the length kept is the
+    /// chosen candidate's whole length.
+    cap: usize,
+    /// Runs of one byte as LZ4HC's pattern analysis takes them (`--pattern`).
+    pattern: bool,
+    /// `--sample` and `--inherit`.
+    sample: usize,
+    inherit: usize,
 }
 
 /// Each position's longest match among its `depth` nearest earlier positions with the same
@@ -173,14 +215,16 @@ impl Matches {
         }
     }
 
-    /// `cap`: candidates compared by their first `cap` bytes only, the walk ending at the
-    /// first that has that many (the kernel's HIGH_CAP and HIGH_NICE); the length kept is
-    /// the chosen candidate's whole length. `long`: before the 4-byte chain, up to that many
-    /// candidates of a chain of positions with the same first 8 bytes (a second hash, as
-    /// zstd's long matches), which reaches past `depth` 4-byte candidates that share only
-    /// their first 4 to 7 bytes. `pattern`: runs of one byte as LZ4HC's pattern analysis
-    /// takes them (the module's `--pattern`).
-    fn search(&mut self, page: &[u8], depth: usize, long: usize, cap: usize, pattern: bool) {
+    /// Each position's best match as `how` searches.
+    fn search(&mut self, page: &[u8], how: &Search) {
+        let Search {
+            depth,
+            long,
+            cap,
+            pattern,
+            sample,
+            inherit,
+        } = *how;
         self.head.fill(NO_POS);
         self.head8.fill(NO_POS);
         self.len.fill(0);
@@ -189,6 +233,17 @@ impl Matches {
             let v8 = u64::from_le_bytes(page[p..p + 8].try_into().expect("8 bytes"));
             let h = (v.wrapping_mul(2_654_435_761) >> 16) as usize;
             let h8 = (v8.wrapping_mul(0x9E37_79B1_85EB_CA87) >> 48) as usize;
+            let sampled = p - p % sample;
+            if sampled != p && self.len[sampled] >= p - sampled + inherit {
+                // Inside the sample's match: taken over, no search.
+                self.len[p] = self.len[sampled] - (p - sampled);
+                self.off[p] = self.off[sampled];
+                self.prev[p] = self.head[h];
+                self.head[h] = p as u32;
+                self.prev8[p] = self.head8[h8];
+                self.head8[h8] = p as u32;
+                continue;
+            }
             let (mut best, mut off, mut whole) = (MIN_MATCH - 1, 0, 0);
             let mut measured = 0;
             let mut consider =
@@ -554,16 +609,28 @@ fn main() {
             refs[2] += stored(common::liblz4_compress(page, Some(12), &mut out));
         }
         for &depth in &args.depths {
-            for (&long, &pattern) in args
-                .long_depths
-                .iter()
-                .flat_map(|l| args.patterns.iter().map(move |p| (l, p)))
-            {
+            let samples = &args.samples;
+            let patterns = &args.patterns;
+            for (&long, &pattern, &sample) in args.long_depths.iter().flat_map(|l| {
+                patterns
+                    .iter()
+                    .flat_map(move |p| samples.iter().map(move |s| (l, p, s)))
+            }) {
                 let mut bytes = [0usize; PARSES.len()];
                 m.steps = 0;
                 m.measured = 0;
                 for page in &pages {
-                    m.search(page, depth, long, args.search_cap, pattern);
+                    m.search(
+                        page,
+                        &Search {
+                            depth,
+                            long,
+                            cap: args.search_cap,
+                            pattern,
+                            sample,
+                            inherit: args.inherit,
+                        },
+                    );
                     for (total, (_, parse)) in bytes.iter_mut().zip(PARSES.iter()) {
                         *total += stored(parse(page, &m, &mut scratch));
                     }
@@ -574,8 +641,9 @@ fn main() {
                     .map(|((name, _), n)| format!("\"{name}\":{:.4}", refs[1] as f64 / n as f64))
                     .collect();
                 println!(
-                    "{{\"corpus\":\"{name}\",\"pages\":{},\"depth\":{depth},\"long_depth\":{long},\"pattern\":{pattern},\"steps_per_page\":{:.0},\"measured_per_page\":{:.0},\"lz4\":{:.4},\"hc9\":{:.4},\"hc12\":{:.4},\"vs_hc9\":{{{}}}}}",
+                    "{{\"corpus\":\"{name}\",\"pages\":{},\"depth\":{depth},\"long_depth\":{long},\"pattern\":{pattern},\"sample\":{sample},\"inherit\":{},\"steps_per_page\":{:.0},\"measured_per_page\":{:.0},\"lz4\":{:.4},\"hc9\":{:.4},\"hc12\":{:.4},\"vs_hc9\":{{{}}}}}",
                     pages.len(),
+                    args.inherit,
                     m.steps as f64 / pages.len() as f64,
                     m.measured as f64 / pages.len() as f64,
                     raw / refs[0] as f64,

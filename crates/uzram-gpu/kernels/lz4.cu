@@ -973,6 +973,15 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 #ifndef HIGH_SAMPLE
 #define HIGH_SAMPLE 16u
 #endif
+// How many bytes of a position the sample's match must still cover for it to be taken over
+// (MIN_MATCH: any match). Measured with the greedy rule (run 24); with the price pass the CPU
+// model (parse_model --sample 16 --inherit 8) finds 8 worth 0.04-1.6 points of HC-9 on the
+// slices, most on the JVM one, for a third to a half more candidates compared (not yet
+// measured in the kernel: docs/bench/gpu-runs.md).
+#ifndef HIGH_INHERIT
+#define HIGH_INHERIT MIN_MATCH
+#endif
+static_assert(HIGH_INHERIT >= MIN_MATCH, "an inherited match must reach MIN_MATCH bytes");
 // A position inherits HIGH_CAP ("at least this long: measure it in full") from a sample up to
 // HIGH_SAMPLE - 1 bytes back, and the parse trusts its first MIN_MATCH bytes.
 static_assert((HIGH_SAMPLE & (HIGH_SAMPLE - 1u)) == 0u, "HIGH_SAMPLE must be a power of two (a sample is p & ~(HIGH_SAMPLE - 1))");
@@ -1331,7 +1340,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                             if (pass == 1u) {
                                 const u32 sq = q & ~(HIGH_SAMPLE - 1u);
                                 const u32 lq = lens[sq];
-                                if (lq >= q - sq + MIN_MATCH) {
+                                if (lq >= q - sq + HIGH_INHERIT) {
                                     l = lq >= HIGH_CAP ? HIGH_CAP : lq - (q - sq);
                                     o = s_off[sq];
                                     need = false;
