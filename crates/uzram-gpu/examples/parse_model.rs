@@ -3,8 +3,8 @@
 //! needed.
 //!
 //! The model searches every position (the kernel samples every 16th first and lets the rest
-//! inherit: `--sample 16`) over exact 4-byte chains (the kernel's 11-bit hash also chains other bytes, which
-//! its one-byte test skips), keeping each position's longest match among its `DEPTH` nearest
+//! inherit: `--sample 16`) over exact 4-byte chains (the kernel's 11-bit hash also chains
+//! other bytes, which its one-byte test skips), keeping each position's longest match among its `DEPTH` nearest
 //! candidates, nearest on ties; then it parses those matches in every way of [`PARSES`], among
 //! them:
 //! - `lazy`: the kernel's greedy rule before run 192 (take the next position's match while it
@@ -117,8 +117,10 @@ fn parse_args() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?;
             }
             "--inherit" => {
-                a.inherit = value("--inherit")?.parse().map_err(|_| "bad --inherit")?;
-                a.inherit = a.inherit.max(MIN_MATCH);
+                a.inherit = match value("--inherit")?.parse::<usize>() {
+                    Ok(n) if n >= MIN_MATCH => n,
+                    _ => return Err(format!("bad --inherit (at least {MIN_MATCH})")),
+                };
             }
             "--search-cap" => {
                 a.search_cap = value("--search-cap")?
