@@ -4,9 +4,9 @@
 //!
 //! The model searches every position (the kernel samples every 16th first and lets the rest
 //! inherit: `--sample 16`) over exact 4-byte chains (the kernel's 11-bit hash also chains
-//! other bytes, which its one-byte test skips), keeping each position's longest match among its `DEPTH` nearest
-//! candidates, nearest on ties; then it parses those matches in every way of [`PARSES`], among
-//! them:
+//! other bytes, which its one-byte test skips), keeping each position's longest match among
+//! its `DEPTH` nearest candidates, nearest on ties; then it parses those matches in every way
+//! of [`PARSES`], among them:
 //! - `lazy`: the kernel's greedy rule before run 192 (take the next position's match while it
 //!   is longer by 2 or more, at most 2 steps; extend each match back into its literals);
 //! - `kernel_price`: the kernel's price pass since run 192 (whole matches, lengths weighed up
