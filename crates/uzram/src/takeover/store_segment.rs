@@ -1192,10 +1192,19 @@ mod tests {
         remove(region.id());
     }
 
-    /// Mappings of segment `id` (shm_nattch): a room mapped ahead adds one, and only while
-    /// it lives.
+    /// This process's mappings of segment `id` (its `/SYSV` lines in /proc/self/maps, whose
+    /// inode is the segment's id): a room mapped ahead adds one, and only while it lives.
+    /// Not shm_nattch, which counts every process: a child another test forks meanwhile
+    /// holds copies of this process's mappings until it execs or exits.
     fn attaches(id: i32) -> u64 {
-        crate::shm::stat(id).unwrap().attached
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        maps.lines()
+            .filter(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                fields.get(4) == Some(&id.to_string().as_str())
+                    && fields.get(5).is_some_and(|path| path.starts_with("/SYSV"))
+            })
+            .count() as u64
     }
 
     #[test]
