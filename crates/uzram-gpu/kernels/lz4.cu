@@ -1043,6 +1043,12 @@ static_assert(32u * HIGH_CAP * 2u <= PAGE_BYTES, "the lanes' cost windows fit th
 // (inside a run, HIGH_PATTERN) or not (a run's first).
 #define CHAIN_RUN_IN 0x2000u
 #define CHAIN_RUN_FIRST 0x1000u
+// HIGH_PATTERN 2: a link to the top of a run of one byte (the run's last position with 4 of
+// the byte ahead: a link from past the run reaches no other of its positions, and those
+// inside it are linked to the run's first) carries this bit, so that the walk knows a run's
+// top from the link it loaded, without testing bytes. Positions stay below it (PAGE_BYTES).
+#define LINK_TOP 0x8000u
+static_assert(PAGE_BYTES <= LINK_TOP, "a position is below LINK_TOP");
 // The parse's per-position byte (lazy shift << 6 | length) where a length must be measured.
 #define LAZY_MEASURE 0xffu
 static_assert(HIGH_LAZY <= 2u && HIGH_CAP <= 64u, "a lazy shift and an uncapped length fit a byte below LAZY_MEASURE");
@@ -1118,6 +1124,8 @@ __device__ __forceinline__ u32 match_len(const u32* words, u32 a, u32 b, u32 lim
 // other 4 bytes lose nothing: a run's positions cannot match them. It reaches 0.981-0.996
 // of HC-9 on the four full corpora (0.973-0.994 without) but runs the kernel at 0.84-0.88 of
 // its speed (runs 233-237, docs/bench/gpu-runs.md): the ring's 25 GB/s weighs more, so off.
+// HIGH_PATTERN 2 finds a run's top by a bit of the link the walk loads (LINK_TOP) instead of
+// testing two bytes at every step; built, not yet run on a GPU.
 #ifndef HIGH_PATTERN
 #define HIGH_PATTERN 0u
 #endif
@@ -1208,12 +1216,24 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
             const u32 h = active ? hash_high(v4) : (1u << HIGH_HASH_LOG) + lane;
             const u32 peers = __match_any_sync(FULL_MASK, h);
             const u32 earlier = peers & lower_lanes;
+            u32 run = 0u;
+#if HIGH_PATTERN == 2
+            // Before the links: a link to a lane inside a run of one byte carries LINK_TOP.
+            if (active && v4 == (v4 & 0xffu) * 0x01010101u) {
+                run = p != 0u && sp[p - 1u] == (v4 & 0xffu) ? CHAIN_RUN_IN : CHAIN_RUN_FIRST;
+            }
+            const u32 ins = __ballot_sync(FULL_MASK, run == CHAIN_RUN_IN);
+#endif
             if (active) {
                 if (earlier != 0u) {
+#if HIGH_PATTERN == 2
+                    const u32 t = 31u - __clz(earlier);
+                    s_link[p] = (u16)((base + t) | (((ins >> t) & 1u) != 0u ? LINK_TOP : 0u));
+#else
                     s_link[p] = (u16)(base + (31u - __clz(earlier)));
+#endif
                 }
-                u32 run = 0u;
-#if HIGH_PATTERN
+#if HIGH_PATTERN == 1
                 if (v4 == (v4 & 0xffu) * 0x01010101u) {
                     run = p != 0u && sp[p - 1u] == (v4 & 0xffu) ? CHAIN_RUN_IN : CHAIN_RUN_FIRST;
                 }
@@ -1250,7 +1270,11 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
 #endif
                 __syncwarp();
                 if ((v & CHAIN_LAST) != 0u) {
+#if HIGH_PATTERN == 2
+                    heads[h] = (u16)(p | ((v & CHAIN_RUN_IN) != 0u ? LINK_TOP : 0u));
+#else
                     heads[h] = (u16)p;
+#endif
                 }
                 __syncwarp();
                 v = vn;
@@ -1373,7 +1397,22 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                     for (u32 u = 0u; u < HIGH_STEPS; ++u) {
                         // A candidate whose byte `best` differs cannot be longer; the others
                         // are measured from their first byte (the hash may have collided).
-#if HIGH_PATTERN
+#if HIGH_PATTERN == 2
+                        // c is a link: a position, with LINK_TOP where it tops a run of one
+                        // byte. From a position in a run, such a top stands for its run as in
+                        // HIGH_PATTERN 1 (a run of another byte, a hash collision, matches p
+                        // not at all, so skipping it loses nothing).
+                        u32 pos = c & ~LINK_TOP;
+                        u32 m = pos;
+                        if (prun != 0u && (c & LINK_TOP) != 0u) {
+                            const u32 first = s_link[pos];   // the run's first: no LINK_TOP
+                            if (first < pos) {
+                                const u32 fit = pos + 4u > prun ? pos + 4u - prun : 0u;
+                                m = fit > first ? fit : first;
+                                pos = first;
+                            }
+                        }
+#elif HIGH_PATTERN
                         // The candidate measured: c, or where c is inside an earlier run of
                         // p's byte (then linked to the run's first), the run's position that
                         // has p's run of the byte left, or the run's first if it is shorter;
@@ -1403,7 +1442,11 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                                 }
                             }
                         }
+#if HIGH_PATTERN == 2
+                        c = s_link[pos];
+#else
                         c = s_link[c];
+#endif
                         ++d;
                         if (c == NO_POS || d >= HIGH_DEPTH) {
                             state = WALK_DONE;
