@@ -27,7 +27,8 @@
 //! position whose first 4 bytes are one byte repeated takes each earlier run of that byte as
 //! one candidate, the one of the run that matches furthest (where the run has as many of the
 //! byte left as the position, so that what follows both may match too, else the run's
-//! start), and walks on from before the run.
+//! start), and walks on from before the run. The kernel does so by default (`HIGH_PATTERN`);
+//! the model only when asked.
 //!
 //! `--sample 16`: as the kernel's two passes (HIGH_SAMPLE), a position between two multiples
 //! of 16 takes over the match of the multiple before it, same offset, where that match still

@@ -1122,12 +1122,13 @@ __device__ __forceinline__ u32 match_len(const u32* words, u32 a, u32 b, u32 lim
 // run's position with as many of the byte left as the searched position has (the one whose
 // match can go on past the run), or the run's first when the run is shorter. Positions of
 // other 4 bytes lose nothing: a run's positions cannot match them. It reaches 0.981-0.996
-// of HC-9 on the four full corpora (0.973-0.994 without) but runs the kernel at 0.84-0.88 of
-// its speed (runs 233-237, docs/bench/gpu-runs.md): the ring's 25 GB/s weighs more, so off.
-// HIGH_PATTERN 2 finds a run's top by a bit of the link the walk loads (LINK_TOP) instead of
-// testing two bytes at every step; built, not yet run on a GPU.
+// of HC-9 on the four full corpora (0.973-0.994 without) and runs the kernel at 0.84-0.90 of
+// its speed (runs 233-238, docs/bench/gpu-runs.md): the longer candidates it meets are the
+// work. HIGH_PATTERN 2 (the default) finds a run's top by a bit of the link the walk loads
+// (LINK_TOP), HIGH_PATTERN 1 by testing two bytes at every step: the same parse, 2 is 1.4 %
+// faster on the compiler heaps (run 238). 0 builds the kernel without runs of one byte.
 #ifndef HIGH_PATTERN
-#define HIGH_PATTERN 0u
+#define HIGH_PATTERN 2u
 #endif
 
 extern "C" __global__ void __launch_bounds__(HIGH_THREADS, HIGH_BLOCKS_PER_SM)
