@@ -1198,11 +1198,13 @@ mod tests {
     /// holds copies of this process's mappings until it execs or exits.
     fn attaches(id: i32) -> u64 {
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let id = id.to_string();
         maps.lines()
             .filter(|line| {
-                let fields: Vec<&str> = line.split_whitespace().collect();
-                fields.get(4) == Some(&id.to_string().as_str())
-                    && fields.get(5).is_some_and(|path| path.starts_with("/SYSV"))
+                // address, perms, offset, device, inode (a SysV segment's id), path
+                let mut fields = line.split_whitespace().skip(4);
+                fields.next() == Some(id.as_str())
+                    && fields.next().is_some_and(|path| path.starts_with("/SYSV"))
             })
             .count() as u64
     }
