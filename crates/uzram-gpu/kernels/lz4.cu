@@ -1420,10 +1420,11 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                                 const u32 fit = pos + 4u > prun ? pos + 4u - prun : 0u;
                                 m = fit > first ? fit : first;
 #if HIGH_RUN_SKIP
-                                // [first, pos + 4) is one byte; where it is p's, m has
-                                // pos + 4 - m of it and p has prun.
+                                // [first, pos + 4) is one byte; where it is p's, both
+                                // start with pos + 4 - m of it (no more than p's prun:
+                                // m >= fit).
                                 if (sp[pos] == sp[p]) {
-                                    known = pos + 4u - m < prun ? pos + 4u - m : prun;
+                                    known = pos + 4u - m;
                                 }
 #endif
                                 pos = first;
@@ -1449,7 +1450,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
 #endif
                         if (sp[m + best] == tail) {
 #if HIGH_PATTERN == 2 && HIGH_RUN_SKIP
-                            // known < prun < lim: at least one byte is left to compare
+                            // known <= prun < lim: at least one byte is left to compare
                             const u32 l = known + match_len(s_page, m + known, p + known, lim - known);
 #else
                             const u32 l = match_len(s_page, m, p, lim);
