@@ -1130,12 +1130,6 @@ __device__ __forceinline__ u32 match_len(const u32* words, u32 a, u32 b, u32 lim
 #ifndef HIGH_PATTERN
 #define HIGH_PATTERN 2u
 #endif
-// HIGH_RUN_SKIP (with HIGH_PATTERN 2): a run candidate's match is measured from past the bytes
-// of the run both positions are known to share, not from its first byte (the same lengths,
-// so the same parse; fewer of match_len's 16-byte turns). Off: not yet run on a GPU.
-#ifndef HIGH_RUN_SKIP
-#define HIGH_RUN_SKIP 0u
-#endif
 
 extern "C" __global__ void __launch_bounds__(HIGH_THREADS, HIGH_BLOCKS_PER_SM)
 uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
@@ -1411,22 +1405,11 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                         // not at all, so skipping it loses nothing).
                         u32 pos = c & ~LINK_TOP;
                         u32 m = pos;
-#if HIGH_RUN_SKIP
-                        u32 known = 0u;   // bytes of p's byte that m and p both start with
-#endif
                         if (prun != 0u && (c & LINK_TOP) != 0u) {
                             const u32 first = s_link[pos];   // the run's first: no LINK_TOP
                             if (first < pos) {
                                 const u32 fit = pos + 4u > prun ? pos + 4u - prun : 0u;
                                 m = fit > first ? fit : first;
-#if HIGH_RUN_SKIP
-                                // [first, pos + 4) is one byte; where it is p's, both
-                                // start with pos + 4 - m of it (no more than p's prun:
-                                // m >= fit).
-                                if (sp[pos] == sp[p]) {
-                                    known = pos + 4u - m;
-                                }
-#endif
                                 pos = first;
                             }
                         }
@@ -1449,12 +1432,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                         const u32 m = c;
 #endif
                         if (sp[m + best] == tail) {
-#if HIGH_PATTERN == 2 && HIGH_RUN_SKIP
-                            // known <= prun < lim: at least one byte is left to compare
-                            const u32 l = known + match_len(s_page, m + known, p + known, lim - known);
-#else
                             const u32 l = match_len(s_page, m, p, lim);
-#endif
                             if (l > best) {
                                 best = l;
                                 boff = p - m;
