@@ -106,6 +106,10 @@ __device__ __forceinline__ u32 read32(const u32* words, u32 pos) {
     return __funnelshift_r(words[i], words[i + 1], (pos & 3u) * 8u);
 }
 
+// Whether the four bytes of the word `v` are one byte repeated (a run of one byte starts
+// there). A macro: as an inline function it moved the high kernel's branches (other PTX).
+#define ONE_BYTE(v) ((v) == ((v) & 0xffu) * 0x01010101u)
+
 __device__ __forceinline__ u32 hash4(u32 v) {
     return (v * 2654435761u) >> (32u - HASH_LOG);
 }
@@ -1220,7 +1224,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
             u32 run = 0u;
 #if HIGH_PATTERN == 2
             // Before the links: a link to a lane inside a run of one byte carries LINK_TOP.
-            if (active && v4 == (v4 & 0xffu) * 0x01010101u) {
+            if (active && ONE_BYTE(v4)) {
                 run = p != 0u && sp[p - 1u] == (v4 & 0xffu) ? CHAIN_RUN_IN : CHAIN_RUN_FIRST;
             }
             const u32 ins = __ballot_sync(FULL_MASK, run == CHAIN_RUN_IN);
@@ -1235,7 +1239,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
 #endif
                 }
 #if HIGH_PATTERN == 1
-                if (v4 == (v4 & 0xffu) * 0x01010101u) {
+                if (ONE_BYTE(v4)) {
                     run = p != 0u && sp[p - 1u] == (v4 & 0xffu) ? CHAIN_RUN_IN : CHAIN_RUN_FIRST;
                 }
 #endif
@@ -1334,7 +1338,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                                 const u32 v = read32(s_page, p);
                                 // A run that reaches lim needs nothing of HIGH_PATTERN: its
                                 // first candidate (its own run's first) matches lim bytes.
-                                prun = v == (v & 0xffu) * 0x01010101u
+                                prun = ONE_BYTE(v)
                                     ? 1u + match_len(s_page, p, p + 1u, lim - 1u) : 0u;
                                 prun = prun < lim ? prun : 0u;
                             }
