@@ -81,7 +81,8 @@ pub struct UserCopyUnavailable {
 /// memory bandwidth: at 16 queues user copy cost the GPU path 5-14 % of its ingest and
 /// raised the reader's busy p99 1.4-2.1x on three of four corpora, where at 1 and 4 it cut
 /// the daemon's CPU per GiB by a fifth to a third at about the same ingest
-/// (docs/bench/gpu-runs.md, run 194).
+/// (docs/bench/gpu-runs.md, run 194). At 8 and 16 queues on five later heaps it saved 8-15 %
+/// of the CPU for 2-12 % of the ingest and 1.4-2.4x the busy p99 (run 249).
 pub const USER_COPY_AUTO_MAX_QUEUES: u16 = 4;
 
 /// Whether `user-copy = "auto"` takes user copy for a device of `queues` queues whose writes
