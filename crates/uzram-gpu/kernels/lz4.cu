@@ -108,6 +108,7 @@ __device__ __forceinline__ u32 read32(const u32* words, u32 pos) {
 
 // Whether the four bytes of the word `v` are one byte repeated (a run of one byte starts
 // there). A macro: as an inline function it moved the high kernel's branches (other PTX).
+// It reads `v` twice: pass a variable, not an expression with effects.
 #define ONE_BYTE(v) ((v) == ((v) & 0xffu) * 0x01010101u)
 
 __device__ __forceinline__ u32 hash4(u32 v) {
