@@ -13,7 +13,7 @@
 
 use super::backing::OnDisk;
 use super::entry::Slot;
-use super::{read_lock, PageStore, CHECKSUM_BYTES, MAX_OBJECT_BLOCKS};
+use super::{corrupt, read_lock, PageStore, CHECKSUM_BYTES, MAX_OBJECT_BLOCKS};
 use crate::page::PAGE_SIZE;
 use crate::CoreError;
 
@@ -137,6 +137,66 @@ impl PageStore {
     pub fn cancel_disk_read(&self, read: DiskRead) {
         if let Some(backing) = self.backing.get() {
             backing.free(read.at);
+        }
+    }
+}
+
+/// Reads of written-back pages on the calling thread.
+impl PageStore {
+    /// Reads written-back page `index` (`len` stored bytes at byte `at` of the backing
+    /// device) into `page`. The caller holds the page's shard lock.
+    pub(super) fn read_backed(
+        &self,
+        index: u64,
+        at: u64,
+        len: usize,
+        recompressed: bool,
+        page: &mut [u8; PAGE_SIZE],
+    ) -> Result<(), CoreError> {
+        let Some(backing) = self.backing.get() else {
+            return Err(self.failed_check(corrupt(
+                index,
+                "it was written back, and this device has no backing device attached",
+            )));
+        };
+        let mut object = [0u8; PAGE_SIZE + CHECKSUM_BYTES];
+        let disk = self.on_disk(at, len);
+        backing
+            .read(index, disk, recompressed, &mut object)
+            .map_err(|e| match e {
+                CoreError::Corrupt { .. } => self.failed_check(e),
+                other => other,
+            })?;
+        self.finish_object(index, &object, len, recompressed, page)
+    }
+
+    /// Decodes a written-back object (`object`: its `len` payload bytes and the checksum
+    /// after them), as opened from its seal, into `page` and checks it.
+    fn finish_object(
+        &self,
+        index: u64,
+        object: &[u8; PAGE_SIZE + CHECKSUM_BYTES],
+        len: usize,
+        recompressed: bool,
+        page: &mut [u8; PAGE_SIZE],
+    ) -> Result<(), CoreError> {
+        let stored = if self.checksums {
+            let mut c = [0u8; CHECKSUM_BYTES];
+            c.copy_from_slice(&object[len..len + CHECKSUM_BYTES]);
+            u32::from_le_bytes(c)
+        } else {
+            0
+        };
+        self.decode(index, &object[..len], recompressed, page)
+            .map_err(|e| self.failed_check(e))?;
+        self.verify(index, page, stored)
+    }
+
+    /// Where a written-back object of `len` stored bytes at byte `at` lies.
+    pub(super) fn on_disk(&self, at: u64, len: usize) -> OnDisk {
+        OnDisk {
+            at,
+            bytes: self.object_len(len),
         }
     }
 }

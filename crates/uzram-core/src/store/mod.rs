@@ -20,12 +20,10 @@
 //! also catches a backend whose output decodes to something else. A same-filled page has
 //! no bytes to check: its entry carries a check byte of its word (`entry.rs`).
 //!
-//! Deferred writes (a GPU compresses them later) follow one protocol, in pages and
-//! tickets: [`PageStore::stage`] records that a page's bytes wait in a staging slot (the
-//! entry says slot, index and the slot's fill epoch), reads of such a page copy it out of
-//! the staging memory attached with [`PageStore::attach_staging`], and
-//! [`PageStore::commit`] installs the compressed form only while the entry still names
-//! exactly that staged copy. The store knows nothing about batches or backends.
+//! Beside this file: deferred writes, staged and committed later (`staged.rs`); the cold
+//! tier's ages and recompression (`tier.rs`, `recompress.rs`); writeback to a backing
+//! device and reads from it (`writeback.rs`, `backing.rs`, `disk_read.rs`); the table and
+//! segments kept across a daemon's restart (`persist.rs`).
 
 mod arena;
 mod backing;
@@ -36,6 +34,7 @@ pub mod persist;
 mod recompress;
 mod segments;
 mod shard;
+mod staged;
 mod stats;
 mod tier;
 mod words;
@@ -52,6 +51,7 @@ pub use self::backing::{
 pub use self::disk_read::DiskRead;
 pub use self::entry::{StagedAt, MAX_SLOT_PAGES, MAX_STAGING_SLOTS};
 pub use self::persist::{Persistence, Recovered, SegmentHome, SegmentWords, SEGMENT_BYTES};
+pub use self::staged::{Commit, CommitState, Encoded, StagedPages, Ticket};
 pub use self::stats::{MemoryUsage, Stats};
 pub use self::tier::{
     AgeCounts, Candidates, Recompress, Recompressed, Recompressor, AGE_BUCKETS,
@@ -62,14 +62,13 @@ pub use self::writeback::{Writeback, WritebackCandidates, WrittenBack};
 /// Bytes each stored object spends on its checksum.
 pub const CHECKSUM_BYTES: usize = arena::CHECKSUM_BYTES;
 
-use self::arena::{Arena, Budget, Object, ObjectBytes};
-use self::backing::{Backing, OnDisk};
+use self::arena::{Arena, Budget, Object};
 use self::entry::{Entry, Slot};
 use self::shard::{Entries, Shard};
 use self::stats::{Counters, PageCost, PageTotals};
-use self::writeback::{Pick, Scratch, PICK_PAGES};
+use self::writeback::Scratch;
 use crate::codec::Algorithm;
-use crate::page::{fill_page, page_checksum, same_filled_word, PAGE_SIZE, PAGE_WORDS};
+use crate::page::{fill_page, page_checksum, same_filled_word, PAGE_SIZE};
 use crate::CoreError;
 
 /// Most lock stripes a store uses.
@@ -112,79 +111,6 @@ impl StoreConfig {
             mem_limit: None,
             raw_threshold: Self::DEFAULT_RAW_THRESHOLD,
             checksums: true,
-        }
-    }
-}
-
-/// Where the store reads a staged page while it waits for its compressed form: the
-/// staging memory of whatever stages pages (a GPU's pinned slots).
-pub trait StagedPages: Send + Sync {
-    /// Copies `page`, staged at `at`, into `out`. False if `at` does not hold that page
-    /// (a corrupt entry: the read fails with an error instead of returning other data),
-    /// or if the copy does not match the checksum its writer recorded.
-    fn read_staged(&self, page: u64, at: StagedAt, out: &mut [u8; PAGE_SIZE]) -> bool;
-}
-
-/// One staged write: see [`PageStore::stage`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ticket {
-    /// The page written.
-    pub page: u64,
-    /// Where its bytes wait.
-    pub at: StagedAt,
-}
-
-/// What a staged page became, for [`PageStore::commit`].
-#[derive(Debug, Clone, Copy)]
-pub enum Encoded<'a> {
-    /// The page is one `u64` word repeated; no payload is stored.
-    SameFilled(u64),
-    /// The page's compressed form (1..4096 bytes, in the store's algorithm).
-    Compressed(&'a [u8]),
-    /// The page did not compress below the threshold: these are its bytes.
-    Raw(&'a [u8; PAGE_SIZE]),
-    /// The page did not compress below the threshold, and these [`PAGE_WORDS`] words (the
-    /// staging slot's copy, little-endian) are its bytes: stored raw straight from them,
-    /// with no bounce through a page buffer. Nothing may write them during the commit.
-    RawWords(&'a [AtomicU64]),
-}
-
-/// How one [`Commit`] ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CommitState {
-    /// Not done yet (a failed [`PageStore::commit`] leaves the rest in this state).
-    #[default]
-    Waiting,
-    /// Installed: the page now holds the result.
-    Installed,
-    /// The page changed after it was staged (a later write, discard or write-zeroes); the
-    /// result was dropped.
-    Stale,
-}
-
-/// One result to install: see [`PageStore::commit`].
-#[derive(Debug, Clone, Copy)]
-pub struct Commit<'a> {
-    /// The staged write this result belongs to.
-    pub ticket: Ticket,
-    /// The result.
-    pub encoded: Encoded<'a>,
-    /// The checksum of the page as its writer handed it over
-    /// ([`crate::page::page_checksum`]), stored with the result (unused for a same-filled
-    /// page).
-    pub checksum: u32,
-    /// Set by [`PageStore::commit`].
-    pub state: CommitState,
-}
-
-impl<'a> Commit<'a> {
-    /// A result waiting to be installed, for the page whose checksum is `checksum`.
-    pub fn new(ticket: Ticket, encoded: Encoded<'a>, checksum: u32) -> Self {
-        Self {
-            ticket,
-            encoded,
-            checksum,
-            state: CommitState::Waiting,
         }
     }
 }
@@ -703,38 +629,6 @@ impl PageStore {
         !self.persistent || Entry::same_fits(word)
     }
 
-    /// Commits a staged page that turned out to be filled with a word this store does not
-    /// keep as such ([`PageStore::keeps_fill`]): compressed on this thread instead.
-    fn commit_fill_compressed(&self, ticket: Ticket, word: u64) -> Result<CommitState, CoreError> {
-        let mut page = [0u8; PAGE_SIZE];
-        fill_page(&mut page, word);
-        self.commit_encoded(ticket, &page)
-    }
-
-    /// Commits `ticket`'s page from its bytes, compressed on this thread (raw when it does
-    /// not compress below the threshold).
-    fn commit_encoded(
-        &self,
-        ticket: Ticket,
-        page: &[u8; PAGE_SIZE],
-    ) -> Result<CommitState, CoreError> {
-        let threshold = self.raw_threshold;
-        worker::with_codec(self.algorithm, |codec, scratch| {
-            let compressed = codec
-                .compress_below(page, scratch, threshold)
-                .map_err(CoreError::Compress)?;
-            // After the compressor, as in `write_page`.
-            let checksum = self.checksum_of(page);
-            let encoded = match compressed {
-                Some(len) => Encoded::Compressed(&scratch[..len]),
-                None => Encoded::Raw(page),
-            };
-            let mut one = [Commit::new(ticket, encoded, checksum)];
-            self.commit(&mut one)?;
-            Ok(one[0].state)
-        })
-    }
-
     /// Reads whole pages starting at `first_page` into `out`. Failed requests are counted
     /// by the caller ([`PageStore::record_failed_read`]).
     pub fn read(&self, first_page: u64, out: &mut [u8]) -> Result<(), CoreError> {
@@ -852,255 +746,6 @@ impl PageStore {
             self.install(index, Payload::Empty)?;
         }
         Ok(())
-    }
-
-    /// Attaches the memory staged pages are read from (once; a second call fails).
-    pub fn attach_staging(&self, staging: Arc<dyn StagedPages>) -> Result<(), CoreError> {
-        self.staging
-            .set(staging)
-            .map_err(|_| CoreError::Config("staging memory is already attached".into()))
-    }
-
-    /// Records that `page`'s new content waits uncompressed at `at` in the attached
-    /// staging memory (the caller copied it there and keeps it until the ticket's
-    /// [`PageStore::commit`]). From now on reads of the page copy from there. Under a
-    /// memory limit the page holds a whole page of room until it is installed; when that
-    /// room is not there the write fails with `MemLimit` and the page is unchanged.
-    pub fn stage(&self, page: u64, at: StagedAt) -> Result<Ticket, CoreError> {
-        self.stage_many(&[(page, at)])?;
-        Ok(Ticket { page, at })
-    }
-
-    /// [`PageStore::stage`] for several `(page, at)` at once, all or nothing: the pages of
-    /// one shard are staged under one acquisition of its lock (a 64 KiB request is one
-    /// shard), and the memory limit is checked once for all of them.
-    pub fn stage_many(&self, items: &[(u64, StagedAt)]) -> Result<(), CoreError> {
-        for &(page, _) in items {
-            self.check_range(page, 1)?;
-        }
-        if self.staging.get().is_none() {
-            return Err(CoreError::Config(
-                "no staging memory is attached to stage pages in".into(),
-            ));
-        }
-        let n = items.len() as u64;
-        if let Some(limit) = self.mem_limit {
-            let used = self.limited_bytes();
-            if used + n * PAGE_SIZE as u64 > limit {
-                return Err(CoreError::MemLimit { limit, used });
-            }
-        }
-        let staged_cost = PageCost {
-            stored: true,
-            staged: true,
-            ..PageCost::default()
-        };
-        // Old contents to free after the locks (a handful per call: no allocation).
-        let mut freed = [(0u64, 0usize); 16];
-        let mut nfreed = 0;
-        let mut start = 0;
-        while start < items.len() {
-            let shard_index = self.shard_of(items[start].0);
-            let end = items[start..]
-                .iter()
-                .position(|&(p, _)| self.shard_of(p) != shard_index)
-                .map_or(items.len(), |k| start + k);
-            let mut shard = write_lock(&self.shards[shard_index]);
-            let mut newly = 0u64;
-            for &(page, at) in &items[start..end] {
-                let idx = self.locate(page).1;
-                // A staged slot needs no side map, so `set` cannot fail here.
-                let Ok(Some(old)) = shard.set(idx, Slot::Staged(at)) else {
-                    continue;
-                };
-                shard.totals.replace(cost_of(old), staged_cost);
-                self.ages.written(page);
-                newly += u64::from(!matches!(old, Slot::Staged(_)));
-                if let Some(object) = self.stored_object(old) {
-                    if nfreed == freed.len() {
-                        self.arena.free_many(freed.iter().copied());
-                        nfreed = 0;
-                    }
-                    freed[nfreed] = object;
-                    nfreed += 1;
-                }
-            }
-            drop(shard);
-            if self.mem_limit.is_some() {
-                self.staged.fetch_add(newly, Ordering::Relaxed);
-            }
-            start = end;
-        }
-        self.arena.free_many(freed[..nfreed].iter().copied());
-        Counters::bump(&self.counters.writes, n);
-        Ok(())
-    }
-
-    /// Installs the results of staged writes: each one only if its page still holds
-    /// exactly the staged copy its ticket names (else it is stale and dropped). Arena room
-    /// for all of them is reserved under one lock and filled without any; then each shard's
-    /// entries are swapped under one write lock, so readers of a shard wait for a few entry
-    /// swaps only.
-    ///
-    /// Room under the memory limit was taken when each page was staged, so this never
-    /// fails with `MemLimit`. It fails with `NoMemory` when the allocator has no segment to
-    /// give (nothing is installed then), or when a fill word found no room in the side map;
-    /// the commits already done say `Installed` or `Stale`, the rest stay `Waiting` and can
-    /// be retried. The order of `commits` is changed.
-    pub fn commit(&self, commits: &mut [Commit<'_>]) -> Result<(), CoreError> {
-        for c in commits.iter() {
-            self.check_range(c.ticket.page, 1)?;
-            match c.encoded {
-                Encoded::Compressed(bytes) if bytes.is_empty() || bytes.len() >= PAGE_SIZE => {
-                    return Err(CoreError::Config(format!(
-                        "page {}: a compressed result of {} bytes",
-                        c.ticket.page,
-                        bytes.len()
-                    )));
-                }
-                Encoded::RawWords(words) if words.len() != PAGE_WORDS => {
-                    return Err(CoreError::Config(format!(
-                        "page {}: a raw page of {} words",
-                        c.ticket.page,
-                        words.len()
-                    )));
-                }
-                _ => {}
-            }
-        }
-        for c in commits.iter_mut() {
-            if let (CommitState::Waiting, Encoded::SameFilled(word)) = (c.state, c.encoded) {
-                if !self.keeps_fill(word) {
-                    c.state = self.commit_fill_compressed(c.ticket, word)?;
-                }
-            }
-        }
-        // Installers run on the swap I/O path: their allocations fail, they never abort.
-        // Space is taken and filled in the caller's order (a slot's, in which the backend
-        // packed its results): both sides of the copies are then read and written in order.
-        let mut lens = try_vec(commits.len())?;
-        lens.extend(
-            commits
-                .iter()
-                .filter_map(|c| payload(c).map(|p| self.object_len(p.len()))),
-        );
-        let mut handles = try_vec(lens.len())?;
-        handles.resize(lens.len(), 0u64);
-        let mut slots = try_vec(commits.len())?;
-        let mut unused = try_vec(commits.len())?;
-        self.arena
-            .alloc_many(&lens, Budget::Reserved, &mut handles)?;
-        self.arena.write_many(
-            handles
-                .iter()
-                .copied()
-                .zip(
-                    commits
-                        .iter()
-                        .filter_map(|c| payload(c).map(|p| (p, self.trailer(c.checksum)))),
-                )
-                .map(|(h, (p, t))| (h, p, t)),
-        );
-        let mut next = handles.iter();
-        slots.extend(commits.iter().map(|c| match (c.state, c.encoded) {
-            (CommitState::Waiting, Encoded::SameFilled(word)) => {
-                Some((Slot::Same(word), same_cost()))
-            }
-            _ => payload(c).map(|p| stored(next.next().copied().unwrap_or_default(), p.len())),
-        }));
-        let (order, shards) = self.shard_order(commits)?;
-        let mut start = 0;
-        while start < order.len() {
-            let shard = shards[order[start] as usize];
-            let end = order[start..]
-                .iter()
-                .position(|&i| shards[i as usize] != shard)
-                .map_or(order.len(), |n| start + n);
-            self.commit_shard(commits, &mut slots, &order[start..end], &mut unused);
-            start = end;
-        }
-        self.arena
-            .free_many(unused.into_iter().filter_map(|s| self.stored_object(s)));
-        if commits.iter().any(|c| c.state == CommitState::Waiting) {
-            return Err(CoreError::NoMemory);
-        }
-        Ok(())
-    }
-
-    /// The indices of `commits` grouped by shard, so that each shard is locked once, and
-    /// each commit's shard. A counting sort: an installer's chunk is a thousand pages over
-    /// every shard, and a comparison sort of it took 7 % of the installers' time
-    /// (docs/gpu.md).
-    fn shard_order(&self, commits: &[Commit<'_>]) -> Result<(Vec<u32>, Vec<u32>), CoreError> {
-        let mut starts = try_vec::<u32>(self.shards.len() + 1)?;
-        starts.resize(self.shards.len() + 1, 0);
-        let mut shards = try_vec::<u32>(commits.len())?;
-        for c in commits {
-            let shard = self.shard_of(c.ticket.page);
-            shards.push(shard as u32);
-            starts[shard + 1] += 1;
-        }
-        for i in 1..starts.len() {
-            starts[i] += starts[i - 1];
-        }
-        let mut order = try_vec::<u32>(commits.len())?;
-        order.resize(commits.len(), 0);
-        for (i, &shard) in shards.iter().enumerate() {
-            let at = &mut starts[shard as usize];
-            order[*at as usize] = i as u32;
-            *at += 1;
-        }
-        Ok((order, shards))
-    }
-
-    /// Swaps in the prepared slots of one shard's commits (`group`: their indices) under
-    /// its write lock; slots that are not installed go to `unused` (their arena room is
-    /// freed by the caller).
-    fn commit_shard(
-        &self,
-        commits: &mut [Commit<'_>],
-        slots: &mut [Option<(Slot, PageCost)>],
-        group: &[u32],
-        unused: &mut Vec<Slot>,
-    ) {
-        let Some(first) = group.first().and_then(|&i| commits.get(i as usize)) else {
-            return;
-        };
-        let (shard, _) = self.locate(first.ticket.page);
-        let mut shard = write_lock(shard);
-        // One update of the shared count per group: it is a cache line every writer and
-        // installer touches.
-        let mut settled = 0u64;
-        for &i in group {
-            let (Some(c), Some(prepared)) =
-                (commits.get_mut(i as usize), slots.get_mut(i as usize))
-            else {
-                continue;
-            };
-            let Some((slot, cost)) = prepared.take() else {
-                continue;
-            };
-            let idx = self.locate(c.ticket.page).1;
-            if !shard.is_staged_at(idx, c.ticket.at) {
-                c.state = CommitState::Stale;
-                unused.push(slot);
-                continue;
-            }
-            match shard.set(idx, slot) {
-                Ok(Some(old)) => {
-                    shard.totals.replace(cost_of(old), cost);
-                    settled += 1;
-                    c.state = CommitState::Installed;
-                }
-                // Out of range cannot happen (checked by `commit`); a fill word with no
-                // room in the side map keeps the staged copy, still right, for a retry.
-                Ok(None) | Err(_) => unused.push(slot),
-            }
-        }
-        drop(shard);
-        if self.mem_limit.is_some() && settled > 0 {
-            self.staged.fetch_sub(settled, Ordering::Relaxed);
-        }
     }
 
     /// Compacts the arena like zram's `compact`: slides every stored page's bytes down to
@@ -1450,15 +1095,6 @@ fn max_segments(pages: usize) -> usize {
 }
 
 /// The bytes a waiting commit stores in the arena, if any.
-fn payload<'a>(c: &Commit<'a>) -> Option<ObjectBytes<'a>> {
-    match (c.state, c.encoded) {
-        (CommitState::Waiting, Encoded::Compressed(bytes)) => Some(ObjectBytes::Bytes(bytes)),
-        (CommitState::Waiting, Encoded::Raw(page)) => Some(ObjectBytes::Bytes(&page[..])),
-        (CommitState::Waiting, Encoded::RawWords(words)) => Some(ObjectBytes::Words(words)),
-        _ => None,
-    }
-}
-
 fn same_cost() -> PageCost {
     PageCost {
         stored: true,
@@ -1523,287 +1159,8 @@ impl PageStore {
     }
 }
 
-/// What [`PageStore::copy_out`] did with a page.
-enum CopyOut {
-    /// Its object is in the run.
-    Added,
-    /// It holds no object any more (written, discarded, written back).
-    Gone,
-    /// The run has no room for it: try the next.
-    Full,
-    /// It would take the pass past its byte budget.
-    OverBudget,
-}
-
-/// Writeback (`writeback.rs` has the why, `backing.rs` the disk side).
+/// What the passes share: switching an entry to a new home, decoding stored bytes.
 impl PageStore {
-    /// Attaches the backing device that written-back pages go to, with the device's key
-    /// and nonce counter, and counts the pages a recovered table already has on it.
-    /// Returns how many. Fails (and attaches nothing) when one of them lies past the
-    /// device's end: the table is not one written for this device.
-    pub fn attach_backing(
-        &self,
-        device: Arc<dyn BackingDevice>,
-        key: &WritebackKey,
-        nonces: Nonces,
-    ) -> Result<u64, CoreError> {
-        let backing = Backing::new(device, key, nonces)?;
-        let scratch = Scratch::new()?;
-        let mut adopted = 0;
-        for (s, shard) in self.shards.iter().enumerate() {
-            let shard = read_lock(shard);
-            for (idx, slot) in shard.slots() {
-                if let Slot::Backed { at, len, .. } = slot {
-                    if !backing.adopt(self.on_disk(at, usize::from(len))) {
-                        return Err(CoreError::Damaged(format!(
-                            "page {} was written back past the end of the {}-byte backing device",
-                            self.page_at(s, idx),
-                            backing.capacity()
-                        )));
-                    }
-                    adopted += 1;
-                }
-            }
-        }
-        self.backing
-            .set(backing)
-            .map_err(|_| CoreError::Config("a backing device is already attached".into()))?;
-        let _ = self.pass.set(std::sync::Mutex::new(scratch));
-        Ok(adopted)
-    }
-
-    /// Marks every block of the backing device that holds no live object for release by
-    /// [`PageStore::release_freed_blocks`], and returns how many: after a takeover, the
-    /// blocks the dead daemon freed but had not released yet, and those of earlier devices
-    /// on the same file or partition, would otherwise keep their space (and their
-    /// ciphertext) until taken again. 0 without a backing device.
-    pub fn mark_unused_blocks_for_release(&self) -> u64 {
-        self.backing.get().map_or(0, Backing::mark_unused)
-    }
-
-    /// Readies the calling thread for writeback passes before memory runs short (see
-    /// [`BackingDevice::prepare_thread`]); nothing without a backing device. Every thread
-    /// that runs passes calls it once at its start.
-    pub fn prepare_backing_thread(&self) {
-        if let Some(backing) = self.backing.get() {
-            backing.prepare_thread();
-        }
-    }
-
-    /// Whether a backing device is attached.
-    pub fn has_backing(&self) -> bool {
-        self.backing.get().is_some()
-    }
-
-    /// Gives the space of written-back blocks that emptied (overwrites, discards, passes'
-    /// races, reads that held them) back to the backing device; returns how many. It can
-    /// wait for the device for long under memory pressure: call it from a thread that no
-    /// request and no writeback pass waits for.
-    pub fn release_freed_blocks(&self) -> u64 {
-        self.backing.get().map_or(0, Backing::release_freed)
-    }
-
-    /// Whether reads of written-back pages can go to the backing device's file descriptor
-    /// directly ([`PageStore::read_deferring`]).
-    pub fn backing_reads_directly(&self) -> bool {
-        self.backing_read_fd().is_some()
-    }
-
-    /// The backing device's file descriptor, where reads of written-back pages may go
-    /// through the caller's own I/O ([`BackingDevice::fd`]).
-    pub fn backing_read_fd(&self) -> Option<i32> {
-        self.backing.get().and_then(|b| b.fd())
-    }
-
-    /// Bytes the buffers of writeback passes take, made when a backing device is attached.
-    pub const WRITEBACK_SCRATCH_BYTES: usize = Scratch::BYTES;
-
-    /// Bytes of the records attaching a backing device of `blocks` blocks allocates (a use
-    /// count and a release bit a block; the nonce floors, 8 bytes a block, are the caller's
-    /// when it keeps them, [`Nonces::Kept`], and allocated here as well otherwise).
-    pub fn backing_records_bytes(blocks: u64) -> u64 {
-        backing::Backing::records_bytes(blocks)
-    }
-
-    /// One writeback pass over the pages `pass` selects, oldest first. It runs on the
-    /// calling thread, allocates nothing (`writeback.rs`), and holds a shard's lock only to
-    /// copy an object out and to switch an entry. Objects go in runs of up to
-    /// [`RUN_BLOCKS`] blocks, [`RUNS_IN_FLIGHT`] runs written at once.
-    pub fn writeback(&self, pass: Writeback) -> Result<WrittenBack, CoreError> {
-        let (Some(backing), Some(scratch)) = (self.backing.get(), self.pass.get()) else {
-            return Err(CoreError::Config(
-                "this device has no backing device (writeback-device)".into(),
-            ));
-        };
-        let mut scratch = scratch.lock().unwrap_or_else(PoisonError::into_inner);
-        let s = &mut *scratch;
-        let max_pages = usize::try_from(pass.max_pages).unwrap_or(usize::MAX);
-        let mut done = WrittenBack::default();
-        let mut taken = 0usize;
-        'scans: while taken < max_pages {
-            let want = (max_pages - taken).min(PICK_PAGES);
-            self.pick(pass.candidates, want, s);
-            let found = s.picked.len();
-            if found == 0 {
-                break;
-            }
-            let before = done.pages;
-            let mut cur = 0;
-            for i in 0..found {
-                let index = s.picked[i].index;
-                loop {
-                    match self.copy_out(s, cur, index, done.blocks, pass.max_bytes) {
-                        CopyOut::Added => taken += 1,
-                        CopyOut::Gone => {}
-                        CopyOut::Full => {
-                            cur += 1;
-                            if cur == s.runs.len() {
-                                self.flush(backing, s, &mut done)?;
-                                cur = 0;
-                            }
-                            continue;
-                        }
-                        CopyOut::OverBudget => {
-                            self.flush(backing, s, &mut done)?;
-                            break 'scans;
-                        }
-                    }
-                    break;
-                }
-            }
-            self.flush(backing, s, &mut done)?;
-            if found < want || done.pages == before {
-                break;
-            }
-        }
-        Ok(done)
-    }
-
-    /// One scan: the best `want` (at most [`PICK_PAGES`]) pages the candidates name, into
-    /// `s.picked`, oldest first.
-    fn pick(&self, candidates: WritebackCandidates, want: usize, s: &mut Scratch) {
-        s.heap.clear();
-        for (sh, shard) in self.shards.iter().enumerate() {
-            let shard = read_lock(shard);
-            for (idx, slot) in shard.slots() {
-                let Slot::Stored { len, .. } = slot else {
-                    continue;
-                };
-                let index = self.page_at(sh, idx);
-                let age = self.ages.age(index);
-                let huge = usize::from(len) == PAGE_SIZE;
-                let wanted = match candidates {
-                    WritebackCandidates::Idle { min_age } => age >= min_age,
-                    WritebackCandidates::Huge => huge,
-                    WritebackCandidates::Incompressible => huge && self.ages.tried(index),
-                };
-                if wanted {
-                    s.offer(
-                        Pick {
-                            youth: std::cmp::Reverse(age),
-                            index,
-                        },
-                        want,
-                    );
-                }
-            }
-        }
-        s.sort_picks();
-    }
-
-    /// Copies page `index`'s object into run `cur` of `s`, if the page still holds one, it
-    /// fits, and the writes stay within `max_bytes` (`written` blocks gone already).
-    fn copy_out(
-        &self,
-        s: &mut Scratch,
-        cur: usize,
-        index: u64,
-        written: u64,
-        max_bytes: u64,
-    ) -> CopyOut {
-        let (shard, idx) = self.locate(index);
-        let shard = read_lock(shard);
-        let Some(
-            slot @ Slot::Stored {
-                handle,
-                len,
-                recompressed,
-                ..
-            },
-        ) = shard.get(idx)
-        else {
-            return CopyOut::Gone;
-        };
-        let bytes = self.object_len(usize::from(len));
-        let run = &s.runs[cur];
-        if !run.fits(bytes) {
-            return CopyOut::Full;
-        }
-        let blocks = written + s.blocks() - run.blocks() + run.blocks_with(bytes);
-        if blocks.saturating_mul(BLOCK_BYTES as u64) > max_bytes {
-            return CopyOut::OverBudget;
-        }
-        let run = &mut s.runs[cur];
-        let mut fingerprint = 0;
-        if !run.push(index, bytes, recompressed, |dst| {
-            let loaded = self.arena.load(handle, bytes, dst);
-            fingerprint = object_fingerprint(dst);
-            loaded
-        }) {
-            return CopyOut::Gone;
-        }
-        s.slots[cur].push((slot, fingerprint));
-        CopyOut::Added
-    }
-
-    /// Writes the runs' objects and points their pages at them; empties the runs.
-    fn flush(
-        &self,
-        backing: &Backing,
-        s: &mut Scratch,
-        done: &mut WrittenBack,
-    ) -> Result<(), CoreError> {
-        if s.runs.iter().all(|r| r.is_empty()) {
-            return Ok(());
-        }
-        let written = backing.write_runs(&mut s.runs);
-        for (run, slots) in s.runs.iter().zip(&s.slots) {
-            if !run.written() {
-                continue;
-            }
-            done.blocks += run.blocks();
-            for (o, &(slot, fingerprint)) in slots.iter().enumerate() {
-                let (
-                    Some(at),
-                    Slot::Stored {
-                        len, recompressed, ..
-                    },
-                ) = (run.placed(o), slot)
-                else {
-                    continue;
-                };
-                let index = run.index(o);
-                let new = Slot::Backed {
-                    at: at.at,
-                    len,
-                    recompressed,
-                };
-                match self.switch(index, slot, fingerprint, new, false) {
-                    Ok(true) => {
-                        done.pages += 1;
-                        done.payload_bytes += u64::from(len);
-                    }
-                    _ => {
-                        backing.free(at);
-                        done.raced += 1;
-                    }
-                }
-            }
-        }
-        s.clear_runs();
-        written
-    }
-
     /// Points page `index` at `new` if it still holds `expected`, the very object whose
     /// [`PageStore::fingerprint`] was `fingerprint` when it was read, and frees what
     /// `expected` held. `Ok(false)`: a write came first and nothing changed.
@@ -1840,55 +1197,6 @@ impl PageStore {
         Ok(true)
     }
 
-    /// Reads written-back page `index` (`len` stored bytes at byte `at` of the backing
-    /// device) into `page`. The caller holds the page's shard lock.
-    fn read_backed(
-        &self,
-        index: u64,
-        at: u64,
-        len: usize,
-        recompressed: bool,
-        page: &mut [u8; PAGE_SIZE],
-    ) -> Result<(), CoreError> {
-        let Some(backing) = self.backing.get() else {
-            return Err(self.failed_check(corrupt(
-                index,
-                "it was written back, and this device has no backing device attached",
-            )));
-        };
-        let mut object = [0u8; PAGE_SIZE + CHECKSUM_BYTES];
-        let disk = self.on_disk(at, len);
-        backing
-            .read(index, disk, recompressed, &mut object)
-            .map_err(|e| match e {
-                CoreError::Corrupt { .. } => self.failed_check(e),
-                other => other,
-            })?;
-        self.finish_object(index, &object, len, recompressed, page)
-    }
-
-    /// Decodes a written-back object (`object`: its `len` payload bytes and the checksum
-    /// after them), as opened from its seal, into `page` and checks it.
-    fn finish_object(
-        &self,
-        index: u64,
-        object: &[u8; PAGE_SIZE + CHECKSUM_BYTES],
-        len: usize,
-        recompressed: bool,
-        page: &mut [u8; PAGE_SIZE],
-    ) -> Result<(), CoreError> {
-        let stored = if self.checksums {
-            let mut c = [0u8; CHECKSUM_BYTES];
-            c.copy_from_slice(&object[len..len + CHECKSUM_BYTES]);
-            u32::from_le_bytes(c)
-        } else {
-            0
-        };
-        self.decode(index, &object[..len], recompressed, page)
-            .map_err(|e| self.failed_check(e))?;
-        self.verify(index, page, stored)
-    }
-
     /// Decodes the stored bytes `body` of page `index` into `page`: a raw page as it is, a
     /// recompressed one with the thread's zstd decoder, the rest with the store's codec.
     /// (The read of a page in RAM decodes in place from its worker's scratch instead.)
@@ -1909,14 +1217,6 @@ impl PageStore {
             worker::with_codec(self.algorithm, |c, _| {
                 c.decompress(body, page).map_err(corrupt)
             })
-        }
-    }
-
-    /// Where a written-back object of `len` stored bytes at byte `at` lies.
-    fn on_disk(&self, at: u64, len: usize) -> OnDisk {
-        OnDisk {
-            at,
-            bytes: self.object_len(len),
         }
     }
 }

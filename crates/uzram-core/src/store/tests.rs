@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use super::arena::ObjectBytes;
 use super::*;
 
 /// Staging memory for tests: pages by location.

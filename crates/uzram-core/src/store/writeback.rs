@@ -13,18 +13,23 @@
 //! cannot be freed and reused meanwhile), opens the seal, decodes and checks the checksum,
 //! as for a page in RAM.
 //!
-//! The passes themselves are `PageStore` methods, in the store's module (they reach into
-//! its shards and arena); this file holds what they take and give.
+//! The passes are `PageStore` methods, here beside what they take and give; the synchronous
+//! read of a written-back page is in `disk_read.rs`.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::{Arc, PoisonError};
 
-use super::backing::{Run, RUNS_IN_FLIGHT};
+use super::backing::{
+    Backing, BackingDevice, Nonces, Run, WritebackKey, BLOCK_BYTES, RUNS_IN_FLIGHT,
+};
 use super::entry::Slot;
+use super::{object_fingerprint, read_lock, PageStore};
+use crate::page::PAGE_SIZE;
 use crate::CoreError;
 
 /// Most pages one scan of the table picks; a pass of more scans again.
-pub(super) const PICK_PAGES: usize = 4096;
+const PICK_PAGES: usize = 4096;
 
 /// Which pages a writeback pass takes (zram's `writeback type=`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,9 +72,9 @@ pub struct WrittenBack {
 /// A page a scan picked. Ordered by preference, so that the least wanted (the youngest, then
 /// the highest page) is the heap's top, the one a better candidate replaces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) struct Pick {
-    pub(super) youth: Reverse<u32>,
-    pub(super) index: u64,
+struct Pick {
+    youth: Reverse<u32>,
+    index: u64,
 }
 
 /// What a pass works in, made when the backing device is attached: a pass runs when memory
@@ -80,13 +85,13 @@ pub(super) struct Pick {
 #[derive(Debug)]
 pub(super) struct Scratch {
     /// The best [`PICK_PAGES`] candidates of a scan.
-    pub(super) heap: BinaryHeap<Pick>,
+    heap: BinaryHeap<Pick>,
     /// The same, best first.
-    pub(super) picked: Vec<Pick>,
+    picked: Vec<Pick>,
     /// The runs written together, and the entry each of their objects' pages had with its
     /// object's fingerprint (`PageStore::fingerprint`).
-    pub(super) runs: Vec<Run>,
-    pub(super) slots: Vec<Vec<(Slot, u64)>>,
+    runs: Vec<Run>,
+    slots: Vec<Vec<(Slot, u64)>>,
 }
 
 impl Scratch {
@@ -95,7 +100,7 @@ impl Scratch {
         + 2 * PICK_PAGES * std::mem::size_of::<Pick>()
         + RUNS_IN_FLIGHT * super::backing::RUN_OBJECTS * std::mem::size_of::<(Slot, u64)>();
 
-    pub(super) fn new() -> Result<Self, CoreError> {
+    fn new() -> Result<Self, CoreError> {
         let mut heap = BinaryHeap::new();
         heap.try_reserve_exact(PICK_PAGES)
             .map_err(|_| CoreError::NoMemory)?;
@@ -127,7 +132,7 @@ impl Scratch {
 
     /// Offers a candidate to the scan's heap: kept if there is room or it is better than
     /// the worst kept, which then goes. Allocates nothing.
-    pub(super) fn offer(&mut self, pick: Pick, want: usize) {
+    fn offer(&mut self, pick: Pick, want: usize) {
         if self.heap.len() < want.min(PICK_PAGES) {
             self.heap.push(pick);
         } else if let Some(mut worst) = self.heap.peek_mut() {
@@ -138,21 +143,303 @@ impl Scratch {
     }
 
     /// Moves the scan's picks into [`Scratch::picked`], best first.
-    pub(super) fn sort_picks(&mut self) {
+    fn sort_picks(&mut self) {
         self.picked.clear();
         self.picked.extend(self.heap.drain());
         self.picked.sort_unstable();
     }
 
     /// Blocks the runs' writes take so far.
-    pub(super) fn blocks(&self) -> u64 {
+    fn blocks(&self) -> u64 {
         self.runs.iter().map(Run::blocks).sum()
     }
 
-    pub(super) fn clear_runs(&mut self) {
+    fn clear_runs(&mut self) {
         for (run, slots) in self.runs.iter_mut().zip(&mut self.slots) {
             run.clear();
             slots.clear();
         }
+    }
+}
+
+/// What [`PageStore::copy_out`] did with a page.
+enum CopyOut {
+    /// Its object is in the run.
+    Added,
+    /// It holds no object any more (written, discarded, written back).
+    Gone,
+    /// The run has no room for it: try the next.
+    Full,
+    /// It would take the pass past its byte budget.
+    OverBudget,
+}
+
+/// Writeback (`writeback.rs` has the why, `backing.rs` the disk side).
+impl PageStore {
+    /// Attaches the backing device that written-back pages go to, with the device's key
+    /// and nonce counter, and counts the pages a recovered table already has on it.
+    /// Returns how many. Fails (and attaches nothing) when one of them lies past the
+    /// device's end: the table is not one written for this device.
+    pub fn attach_backing(
+        &self,
+        device: Arc<dyn BackingDevice>,
+        key: &WritebackKey,
+        nonces: Nonces,
+    ) -> Result<u64, CoreError> {
+        let backing = Backing::new(device, key, nonces)?;
+        let scratch = Scratch::new()?;
+        let mut adopted = 0;
+        for (s, shard) in self.shards.iter().enumerate() {
+            let shard = read_lock(shard);
+            for (idx, slot) in shard.slots() {
+                if let Slot::Backed { at, len, .. } = slot {
+                    if !backing.adopt(self.on_disk(at, usize::from(len))) {
+                        return Err(CoreError::Damaged(format!(
+                            "page {} was written back past the end of the {}-byte backing device",
+                            self.page_at(s, idx),
+                            backing.capacity()
+                        )));
+                    }
+                    adopted += 1;
+                }
+            }
+        }
+        self.backing
+            .set(backing)
+            .map_err(|_| CoreError::Config("a backing device is already attached".into()))?;
+        let _ = self.pass.set(std::sync::Mutex::new(scratch));
+        Ok(adopted)
+    }
+
+    /// Marks every block of the backing device that holds no live object for release by
+    /// [`PageStore::release_freed_blocks`], and returns how many: after a takeover, the
+    /// blocks the dead daemon freed but had not released yet, and those of earlier devices
+    /// on the same file or partition, would otherwise keep their space (and their
+    /// ciphertext) until taken again. 0 without a backing device.
+    pub fn mark_unused_blocks_for_release(&self) -> u64 {
+        self.backing.get().map_or(0, Backing::mark_unused)
+    }
+
+    /// Readies the calling thread for writeback passes before memory runs short (see
+    /// [`BackingDevice::prepare_thread`]); nothing without a backing device. Every thread
+    /// that runs passes calls it once at its start.
+    pub fn prepare_backing_thread(&self) {
+        if let Some(backing) = self.backing.get() {
+            backing.prepare_thread();
+        }
+    }
+
+    /// Whether a backing device is attached.
+    pub fn has_backing(&self) -> bool {
+        self.backing.get().is_some()
+    }
+
+    /// Gives the space of written-back blocks that emptied (overwrites, discards, passes'
+    /// races, reads that held them) back to the backing device; returns how many. It can
+    /// wait for the device for long under memory pressure: call it from a thread that no
+    /// request and no writeback pass waits for.
+    pub fn release_freed_blocks(&self) -> u64 {
+        self.backing.get().map_or(0, Backing::release_freed)
+    }
+
+    /// Whether reads of written-back pages can go to the backing device's file descriptor
+    /// directly ([`PageStore::read_deferring`]).
+    pub fn backing_reads_directly(&self) -> bool {
+        self.backing_read_fd().is_some()
+    }
+
+    /// The backing device's file descriptor, where reads of written-back pages may go
+    /// through the caller's own I/O ([`BackingDevice::fd`]).
+    pub fn backing_read_fd(&self) -> Option<i32> {
+        self.backing.get().and_then(|b| b.fd())
+    }
+
+    /// Bytes the buffers of writeback passes take, made when a backing device is attached.
+    pub const WRITEBACK_SCRATCH_BYTES: usize = Scratch::BYTES;
+
+    /// Bytes of the records attaching a backing device of `blocks` blocks allocates (a use
+    /// count and a release bit a block; the nonce floors, 8 bytes a block, are the caller's
+    /// when it keeps them, [`Nonces::Kept`], and allocated here as well otherwise).
+    pub fn backing_records_bytes(blocks: u64) -> u64 {
+        Backing::records_bytes(blocks)
+    }
+
+    /// One writeback pass over the pages `pass` selects, oldest first. It runs on the
+    /// calling thread, allocates nothing (`writeback.rs`), and holds a shard's lock only to
+    /// copy an object out and to switch an entry. Objects go in runs of up to
+    /// [`RUN_BLOCKS`](super::RUN_BLOCKS) blocks, [`RUNS_IN_FLIGHT`] runs written at once.
+    pub fn writeback(&self, pass: Writeback) -> Result<WrittenBack, CoreError> {
+        let (Some(backing), Some(scratch)) = (self.backing.get(), self.pass.get()) else {
+            return Err(CoreError::Config(
+                "this device has no backing device (writeback-device)".into(),
+            ));
+        };
+        let mut scratch = scratch.lock().unwrap_or_else(PoisonError::into_inner);
+        let s = &mut *scratch;
+        let max_pages = usize::try_from(pass.max_pages).unwrap_or(usize::MAX);
+        let mut done = WrittenBack::default();
+        let mut taken = 0usize;
+        'scans: while taken < max_pages {
+            let want = (max_pages - taken).min(PICK_PAGES);
+            self.pick(pass.candidates, want, s);
+            let found = s.picked.len();
+            if found == 0 {
+                break;
+            }
+            let before = done.pages;
+            let mut cur = 0;
+            for i in 0..found {
+                let index = s.picked[i].index;
+                loop {
+                    match self.copy_out(s, cur, index, done.blocks, pass.max_bytes) {
+                        CopyOut::Added => taken += 1,
+                        CopyOut::Gone => {}
+                        CopyOut::Full => {
+                            cur += 1;
+                            if cur == s.runs.len() {
+                                self.flush(backing, s, &mut done)?;
+                                cur = 0;
+                            }
+                            continue;
+                        }
+                        CopyOut::OverBudget => {
+                            self.flush(backing, s, &mut done)?;
+                            break 'scans;
+                        }
+                    }
+                    break;
+                }
+            }
+            self.flush(backing, s, &mut done)?;
+            if found < want || done.pages == before {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    /// One scan: the best `want` (at most [`PICK_PAGES`]) pages the candidates name, into
+    /// `s.picked`, oldest first.
+    fn pick(&self, candidates: WritebackCandidates, want: usize, s: &mut Scratch) {
+        s.heap.clear();
+        for (sh, shard) in self.shards.iter().enumerate() {
+            let shard = read_lock(shard);
+            for (idx, slot) in shard.slots() {
+                let Slot::Stored { len, .. } = slot else {
+                    continue;
+                };
+                let index = self.page_at(sh, idx);
+                let age = self.ages.age(index);
+                let huge = usize::from(len) == PAGE_SIZE;
+                let wanted = match candidates {
+                    WritebackCandidates::Idle { min_age } => age >= min_age,
+                    WritebackCandidates::Huge => huge,
+                    WritebackCandidates::Incompressible => huge && self.ages.tried(index),
+                };
+                if wanted {
+                    s.offer(
+                        Pick {
+                            youth: std::cmp::Reverse(age),
+                            index,
+                        },
+                        want,
+                    );
+                }
+            }
+        }
+        s.sort_picks();
+    }
+
+    /// Copies page `index`'s object into run `cur` of `s`, if the page still holds one, it
+    /// fits, and the writes stay within `max_bytes` (`written` blocks gone already).
+    fn copy_out(
+        &self,
+        s: &mut Scratch,
+        cur: usize,
+        index: u64,
+        written: u64,
+        max_bytes: u64,
+    ) -> CopyOut {
+        let (shard, idx) = self.locate(index);
+        let shard = read_lock(shard);
+        let Some(
+            slot @ Slot::Stored {
+                handle,
+                len,
+                recompressed,
+                ..
+            },
+        ) = shard.get(idx)
+        else {
+            return CopyOut::Gone;
+        };
+        let bytes = self.object_len(usize::from(len));
+        let run = &s.runs[cur];
+        if !run.fits(bytes) {
+            return CopyOut::Full;
+        }
+        let blocks = written + s.blocks() - run.blocks() + run.blocks_with(bytes);
+        if blocks.saturating_mul(BLOCK_BYTES as u64) > max_bytes {
+            return CopyOut::OverBudget;
+        }
+        let run = &mut s.runs[cur];
+        let mut fingerprint = 0;
+        if !run.push(index, bytes, recompressed, |dst| {
+            let loaded = self.arena.load(handle, bytes, dst);
+            fingerprint = object_fingerprint(dst);
+            loaded
+        }) {
+            return CopyOut::Gone;
+        }
+        s.slots[cur].push((slot, fingerprint));
+        CopyOut::Added
+    }
+
+    /// Writes the runs' objects and points their pages at them; empties the runs.
+    fn flush(
+        &self,
+        backing: &Backing,
+        s: &mut Scratch,
+        done: &mut WrittenBack,
+    ) -> Result<(), CoreError> {
+        if s.runs.iter().all(|r| r.is_empty()) {
+            return Ok(());
+        }
+        let written = backing.write_runs(&mut s.runs);
+        for (run, slots) in s.runs.iter().zip(&s.slots) {
+            if !run.written() {
+                continue;
+            }
+            done.blocks += run.blocks();
+            for (o, &(slot, fingerprint)) in slots.iter().enumerate() {
+                let (
+                    Some(at),
+                    Slot::Stored {
+                        len, recompressed, ..
+                    },
+                ) = (run.placed(o), slot)
+                else {
+                    continue;
+                };
+                let index = run.index(o);
+                let new = Slot::Backed {
+                    at: at.at,
+                    len,
+                    recompressed,
+                };
+                match self.switch(index, slot, fingerprint, new, false) {
+                    Ok(true) => {
+                        done.pages += 1;
+                        done.payload_bytes += u64::from(len);
+                    }
+                    _ => {
+                        backing.free(at);
+                        done.raced += 1;
+                    }
+                }
+            }
+        }
+        s.clear_runs();
+        written
     }
 }

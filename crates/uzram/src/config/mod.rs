@@ -13,7 +13,8 @@
 //! (`footprint.rs`) and what the store needs (a memory limit above its page table).
 //!
 //! - [`device`]: the settings and their one validation;
-//! - [`file`]: uzram's TOML files; [`zram_generator`]: zram-generator's, as it reads them;
+//! - [`file`](mod@file): uzram's TOML files; [`zram_generator`]: zram-generator's, as it
+//!   reads them;
 //! - [`load`]: a config by its name on the command line (a file, or `zram-generator:zramN`);
 //! - [`sources`]: every device configured on a host.
 

@@ -95,12 +95,13 @@ enum Event {
     Target { user_data: u64, res: i32 },
 }
 
-/// libublk's `UblkQueue::wait_and_handle_io`, except that a wait interrupted by a signal, or
-/// refused for want of resources ([`short_of_resources`]), is waited again, and that any
-/// other error leaves the device to the next daemon (`leave.rs`). libublk's loop ends the
-/// queue on any error, and a stop signal (`kill -STOP`, a debugger attaching) interrupts
-/// every queue's `io_uring_enter` with `EINTR`: each queue thread ended, and the daemon, its
-/// queues gone, deleted the device (seen when a debugger attached).
+/// libublk's `UblkQueue::wait_and_handle_io`, except that a wait interrupted by a signal,
+/// or refused for want of resources (`short_of_resources` in `server.rs`), is waited
+/// again, and that any other error leaves the device to the next daemon (`leave.rs`).
+/// libublk's loop ends the queue on any error, and a stop signal (`kill -STOP`, a debugger
+/// attaching) interrupts every queue's `io_uring_enter` with `EINTR`: each queue thread
+/// ended, and the daemon, its queues gone, deleted the device (seen when a debugger
+/// attached).
 fn wait_and_handle_io(queue: &UblkQueue<'_>, mut handle: impl FnMut(&UblkQueue<'_>, Event)) {
     let mut retries = WaitRetries::default();
     loop {
