@@ -524,6 +524,20 @@ impl PageStore {
         if let Some(word) = same_filled_word(page).filter(|&w| self.keeps_fill(w)) {
             return self.install(index, Payload::Same(word)).map(drop);
         }
+        self.encode(page, |compressed, checksum| {
+            let payload = Payload::Bytes(compressed.unwrap_or(page), checksum);
+            self.install(index, payload).map(drop)
+        })
+    }
+
+    /// Compresses `page` with this thread's codec and takes its checksum, then hands `then`
+    /// the compressed bytes (`None` when they would not be under the raw threshold: the
+    /// page is stored raw) and the checksum.
+    fn encode<R>(
+        &self,
+        page: &[u8; PAGE_SIZE],
+        then: impl FnOnce(Option<&[u8]>, u32) -> Result<R, CoreError>,
+    ) -> Result<R, CoreError> {
         let threshold = self.raw_threshold;
         worker::with_codec(self.algorithm, |codec, scratch| {
             let compressed = codec
@@ -534,11 +548,7 @@ impl PageStore {
             // for the page to come from memory (+3 to +5 % CPU a GiB on the CPU path, GPU
             // runs 155-156).
             let checksum = self.checksum_of(page);
-            let payload = match compressed {
-                Some(len) => Payload::Bytes(&scratch[..len], checksum),
-                None => Payload::Bytes(page, checksum),
-            };
-            self.install(index, payload).map(drop)
+            then(compressed.map(|len| &scratch[..len]), checksum)
         })
     }
 

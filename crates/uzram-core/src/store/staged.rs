@@ -14,7 +14,7 @@ use std::sync::Arc;
 use super::arena::{Budget, ObjectBytes};
 use super::entry::{Slot, StagedAt};
 use super::stats::{Counters, PageCost};
-use super::{cost_of, same_cost, stored, try_vec, worker, write_lock, PageStore};
+use super::{cost_of, same_cost, stored, try_vec, write_lock, PageStore};
 use crate::page::{fill_page, PAGE_SIZE, PAGE_WORDS};
 use crate::CoreError;
 
@@ -360,17 +360,8 @@ impl PageStore {
         ticket: Ticket,
         page: &[u8; PAGE_SIZE],
     ) -> Result<CommitState, CoreError> {
-        let threshold = self.raw_threshold;
-        worker::with_codec(self.algorithm, |codec, scratch| {
-            let compressed = codec
-                .compress_below(page, scratch, threshold)
-                .map_err(CoreError::Compress)?;
-            // After the compressor, as in `write_page`.
-            let checksum = self.checksum_of(page);
-            let encoded = match compressed {
-                Some(len) => Encoded::Compressed(&scratch[..len]),
-                None => Encoded::Raw(page),
-            };
+        self.encode(page, |compressed, checksum| {
+            let encoded = compressed.map_or(Encoded::Raw(page), Encoded::Compressed);
             let mut one = [Commit::new(ticket, encoded, checksum)];
             self.commit(&mut one)?;
             Ok(one[0].state)
@@ -378,6 +369,7 @@ impl PageStore {
     }
 }
 
+/// The bytes a waiting commit puts in the arena: none for a fill word, or once it is settled.
 fn payload<'a>(c: &Commit<'a>) -> Option<ObjectBytes<'a>> {
     match (c.state, c.encoded) {
         (CommitState::Waiting, Encoded::Compressed(bytes)) => Some(ObjectBytes::Bytes(bytes)),
