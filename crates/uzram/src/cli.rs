@@ -526,6 +526,12 @@ pub struct BenchArgs {
     /// staging), in the wall time, its CPU time left out and reported apart.
     #[arg(long, default_value = "auto")]
     pub user_copy: String,
+    /// Request buffers each queue thread writes from in turn, as a ublk queue keeps a
+    /// buffer for each tag and the kernel copies a write into its tag's (1 to 4096; without
+    /// user copy only). 1, the default: one buffer, always in the CPU's cache. A queue with
+    /// N writes in flight cycles through about N (the daemon's tags: `--depth`, 64).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub request_buffers: usize,
     /// After each run's writes, mark every page idle and recompress it with zstd,
     /// zstd:LEVEL, zstd-gpu (NVIDIA nvCOMP's zstd), lz4-gpu (an NVIDIA GPU's high LZ4
     /// parse) or lz4-gpu-dict (LZ4 with a dictionary trained on the run's pages, on an

@@ -197,6 +197,33 @@ fn user_copy_runs_beside_the_buffer_and_a_bad_value_is_refused() {
 }
 
 #[test]
+fn writes_rotate_over_the_request_buffers_asked_for() {
+    let file = TempFile::new("tags", &slice("mixed-swap")[..256 * 4096]);
+    for buffers in ["1", "64"] {
+        let out = uzram(&[
+            "bench",
+            "--corpus",
+            file.arg(),
+            "--repeat",
+            "1",
+            "--total",
+            "8M",
+            "--queues",
+            "2",
+            "--request-buffers",
+            buffers,
+            "--json",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let v: serde_json::Value =
+            serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("JSON");
+        assert_eq!(v["request_buffers"], buffers.parse::<u64>().unwrap());
+        // 64 buffers of 64 KiB a writer hold 4 MiB: every page still lands where it belongs.
+        assert_eq!(v["verified"], true, "{v}");
+    }
+}
+
+#[test]
 fn gpu_without_a_gpu_is_refused_with_the_way_out() {
     if uzram_gpu_present() {
         eprintln!("skipping: this machine has a GPU");
@@ -222,7 +249,7 @@ fn bad_inputs_fail_with_a_clear_message() {
     let empty = TempFile::new("empty", &[]);
     let good = TempFile::new("good", &[7u8; 4096]);
     let missing = std::env::temp_dir().join("uzram-bench-cli-no-such-file");
-    let cases: [(Vec<&str>, &str); 9] = [
+    let cases: [(Vec<&str>, &str); 11] = [
         (
             vec!["--corpus", missing.to_str().unwrap()],
             "cannot read corpus",
@@ -252,6 +279,14 @@ fn bad_inputs_fail_with_a_clear_message() {
         (
             vec!["--corpus", good.arg(), "--gpu-parse", "medium"],
             "fast or high",
+        ),
+        (
+            vec!["--corpus", good.arg(), "--request-buffers", "0"],
+            "--request-buffers must be in 1..=4096",
+        ),
+        (
+            vec!["--corpus", good.arg(), "--request-buffers", "4097"],
+            "--request-buffers must be in 1..=4096",
         ),
     ];
     for (args, message) in cases {

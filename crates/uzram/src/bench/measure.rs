@@ -52,6 +52,9 @@ pub struct Setup {
     /// where it puts them instead of finding them in the request's buffer (either way the
     /// kernel's copy is stood in for: [`KernelCopyStandIn`]).
     pub user_copy: bool,
+    /// Request buffers each writer fills in turn (the kernel's copy rotates over them, as
+    /// over a ublk queue's tags): how cold the buffer the copy lands in is.
+    pub request_buffers: usize,
 }
 
 /// What recompressing every page after the writes did (`--recompress`).
@@ -264,8 +267,8 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
                 data: corpus.to_vec(),
                 pages: cpages,
             };
-            // The request's buffer, as a ublk tag has one.
-            let buffer = vec![0u8; REQUEST_PAGES * PAGE_SIZE];
+            // The requests' buffers, as ublk tags have one each.
+            let buffer = vec![0u8; setup.request_buffers.max(1) * REQUEST_PAGES * PAGE_SIZE];
             (src, vec![0u8; REQUEST_PAGES * PAGE_SIZE], buffer)
         })
         .collect();
@@ -318,6 +321,9 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
                             let queued = runqueue_wait();
                             let mut first = lo;
                             let mut kernel_copy = Duration::ZERO;
+                            let tag_bytes = REQUEST_PAGES * PAGE_SIZE;
+                            let tags = buffer.len() / tag_bytes;
+                            let mut request = 0;
                             while first < hi {
                                 let n = REQUEST_PAGES.min(hi - first);
                                 let pages = src.pages_at(base, first, n, scratch);
@@ -325,14 +331,17 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
                                     data: BytesSource(pages),
                                     spent: &mut kernel_copy,
                                 };
+                                let tag = (request % tags) * tag_bytes;
+                                let tag = &mut buffer[tag..tag + tag_bytes];
                                 if setup.user_copy {
-                                    write_via(s, c, first, n, buffer, Via::Source(&mut kernel))?;
+                                    write_via(s, c, first, n, tag, Via::Source(&mut kernel))?;
                                 } else {
-                                    let buf = &mut buffer[..n * PAGE_SIZE];
+                                    let buf = &mut tag[..n * PAGE_SIZE];
                                     kernel.fill_bytes(0, buf)?;
                                     write_via(s, c, first, n, buf, Via::Buffer)?;
                                 }
                                 first += n;
+                                request += 1;
                             }
                             let cpu = cpu_time(CpuOf::Thread)? - start;
                             Ok(Writer {

@@ -48,6 +48,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let backends = parse_backends(&args.backend)?;
     let checksums = parse_checksums(&args.checksums)?;
     let copies = parse_user_copy(&args.user_copy)?;
+    ensure!(
+        (1..=usize::from(crate::config::MAX_DEPTH)).contains(&args.request_buffers),
+        "--request-buffers must be in 1..={} (a queue's tags), not {}",
+        crate::config::MAX_DEPTH,
+        args.request_buffers
+    );
     let recompress = match args.recompress.as_deref() {
         None => None,
         Some("zstd") => Some(RecompressCodec::Zstd {
@@ -116,6 +122,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                     writeback: args.writeback.clone(),
                     read_gap: std::time::Duration::from_micros(args.read_gap_us),
                     user_copy,
+                    request_buffers: args.request_buffers,
                 };
                 (backend, setup)
             })

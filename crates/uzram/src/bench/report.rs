@@ -23,6 +23,8 @@ pub struct Report {
     /// Writes moved by ublk's user copy (straight into staging) rather than in the
     /// request's buffer.
     pub user_copy: bool,
+    /// Request buffers each writer filled in turn (`--request-buffers`).
+    pub request_buffers: usize,
     /// CPU-seconds per GiB of the stand-in for the kernel's copy of each written request
     /// (a `memcpy`, in the wall time, left out of `cpu_s_per_gib`; median).
     pub kernel_copy_s_per_gib: f64,
@@ -196,6 +198,7 @@ impl Report {
             algorithm: setup.algorithm.to_string(),
             checksums: setup.checksums,
             user_copy: setup.user_copy,
+            request_buffers: setup.request_buffers,
             kernel_copy_s_per_gib: m(&|r| {
                 r.writers
                     .iter()
