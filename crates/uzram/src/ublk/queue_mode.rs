@@ -82,7 +82,11 @@ pub struct UserCopyUnavailable {
 /// raised the reader's busy p99 1.4-2.1x on three of four corpora, where at 1 and 4 it cut
 /// the daemon's CPU per GiB by a fifth to a third at about the same ingest
 /// (docs/bench/gpu-runs.md, run 194). At 8 and 16 queues on five later heaps it saved 8-15 %
-/// of the CPU for 2-12 % of the ingest and 1.4-2.4x the busy p99 (run 249).
+/// of the CPU for 2-12 % of the ingest and 1.4-2.4x the busy p99 (run 249). Those runs
+/// copied every request into one buffer, always in cache; with the copies spread over 64
+/// request buffers, as over a queue's tags, the buffer's ingest lead is gone but the p99
+/// stays (user copy 1.85-2.9x idle at 16 queues, the buffer 1.5-1.6x; runs 252-253), and
+/// swap feels the reads first.
 pub const USER_COPY_AUTO_MAX_QUEUES: u16 = 4;
 
 /// Whether `user-copy = "auto"` takes user copy for a device of `queues` queues whose writes
