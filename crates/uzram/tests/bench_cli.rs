@@ -249,7 +249,7 @@ fn bad_inputs_fail_with_a_clear_message() {
     let empty = TempFile::new("empty", &[]);
     let good = TempFile::new("good", &[7u8; 4096]);
     let missing = std::env::temp_dir().join("uzram-bench-cli-no-such-file");
-    let cases: [(Vec<&str>, &str); 11] = [
+    let cases: [(Vec<&str>, &str); 12] = [
         (
             vec!["--corpus", missing.to_str().unwrap()],
             "cannot read corpus",
@@ -287,6 +287,18 @@ fn bad_inputs_fail_with_a_clear_message() {
         (
             vec!["--corpus", good.arg(), "--request-buffers", "4097"],
             "--request-buffers must be in 1..=4096",
+        ),
+        (
+            // 4096 writers' 4096 buffers of 64 KiB: 1 TiB, over a quarter of any host's RAM
+            vec![
+                "--corpus",
+                good.arg(),
+                "--queues",
+                "4096",
+                "--request-buffers",
+                "4096",
+            ],
+            "over a quarter of this host's",
         ),
     ];
     for (args, message) in cases {

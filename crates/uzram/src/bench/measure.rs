@@ -268,6 +268,7 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
                 pages: cpages,
             };
             // The requests' buffers, as ublk tags have one each.
+            // (`bench::run` held them to a quarter of the host's memory.)
             let buffer = vec![0u8; setup.request_buffers.max(1) * REQUEST_PAGES * PAGE_SIZE];
             (src, vec![0u8; REQUEST_PAGES * PAGE_SIZE], buffer)
         })

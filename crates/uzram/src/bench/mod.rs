@@ -75,6 +75,19 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         pages >= args.queues * measure::REQUEST_PAGES,
         "--total must give every queue at least one 64 KiB request"
     );
+    let buffers = (args.queues as u64)
+        .saturating_mul(args.request_buffers as u64)
+        .saturating_mul((measure::REQUEST_PAGES * PAGE_SIZE) as u64);
+    let ram = crate::config::Host::current()?.ram_mib << 20;
+    ensure!(
+        buffers <= ram / 4,
+        "--request-buffers {} for {} queues is {} of buffers, over a quarter of this host's {} \
+         of RAM: ask fewer",
+        args.request_buffers,
+        args.queues,
+        crate::size::Human(buffers),
+        crate::size::Human(ram)
+    );
     let gpu = gpu_settings(&args)?;
     let corpora = args
         .corpus
