@@ -78,7 +78,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let buffers = (args.queues as u64)
         .saturating_mul(args.request_buffers as u64)
         .saturating_mul((measure::REQUEST_PAGES * PAGE_SIZE) as u64);
-    let ram = crate::config::Host::current()?.ram_mib << 20;
+    // The host's facts, read once: the checks below and the GPU settings' sizes use them.
+    let host = crate::config::Host::current()?;
+    let ram = host.ram_mib << 20;
     ensure!(
         buffers <= ram / 4,
         "--request-buffers {} for {} queues is {} of buffers, over a quarter of this host's {} \
@@ -88,7 +90,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         crate::size::Human(buffers),
         crate::size::Human(ram)
     );
-    let gpu = gpu_settings(&args)?;
+    let gpu = gpu_settings(&args, host)?;
     let corpora = args
         .corpus
         .iter()
@@ -100,7 +102,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         .map(|(_, c)| (c.len() / PAGE_SIZE + pages) as u64)
         .max()
         .unwrap_or(0);
-    check_host_holds(most, &backends, &gpu)?;
+    check_host_holds(most, &backends, &gpu, ram)?;
     let memory = memory::StoreMemory::new(most, algorithm)?;
     let mut all_verified = true;
     let mut reports = Vec::new();
@@ -211,14 +213,19 @@ fn parse_user_copy(text: &str) -> anyhow::Result<Vec<Option<bool>>> {
 }
 
 /// Refuses a bench whose locked memory (its store's table and room, and a GPU ring) the
-/// host cannot hold, before anything is taken: the daemon's rule (`footprint.rs`).
-fn check_host_holds(pages: u64, backends: &[Backend], gpu: &GpuSettings) -> anyhow::Result<()> {
+/// host, of `ram` bytes, cannot hold, before anything is taken: the daemon's rule
+/// (`footprint.rs`).
+fn check_host_holds(
+    pages: u64,
+    backends: &[Backend],
+    gpu: &GpuSettings,
+    ram: u64,
+) -> anyhow::Result<()> {
     let gpu_bytes = if backends.iter().any(|&b| b != Backend::Cpu) {
         gpu.memory
     } else {
         0
     };
-    let ram = crate::config::Host::current()?.ram_mib << 20;
     let bytes = pages.saturating_mul(PAGE_SIZE as u64);
     let fits =
         crate::footprint::Upfront::of(bytes, 1, 1, gpu_bytes, crate::footprint::Writeback::None)
@@ -257,12 +264,12 @@ fn parse_backends(text: &str) -> anyhow::Result<Vec<Backend>> {
 }
 
 /// The GPU settings, validated as a config file's would be.
-fn gpu_settings(args: &BenchArgs) -> anyhow::Result<GpuSettings> {
+fn gpu_settings(args: &BenchArgs, host: crate::config::Host) -> anyhow::Result<GpuSettings> {
     let raw = args.gpu.with_raw(RawDevice {
         size: "1G".into(),
         ..RawDevice::default()
     });
-    Ok(raw.validate(crate::config::Host::current()?)?.gpu)
+    Ok(raw.validate(host)?.gpu)
 }
 
 fn corpus_name(path: &Path) -> String {
