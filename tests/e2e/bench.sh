@@ -121,6 +121,38 @@ trace_stop() {
     echo "!${_l#*:}" >> "$_f/trigger" 2>/dev/null
   done
 }
+# How many requests the kernel keeps in flight on the uzram disk while the hog swaps (so how
+# many of a queue's request buffers its writes land in, which `uzram bench
+# --request-buffers` stands in for): /sys/block/DEV/inflight (reads, writes; the whole disk,
+# all queues) every 10 ms, a background loop; zram has no queue (it serves in the caller).
+# inflight_stop REP NAME SUFFIX emits the percentage of samples with writes in flight and, over
+# those, the median, 90th percentile and most writes in flight, and the disk's queue count.
+inflight_start() {
+  _ifp=
+  [ "$1" = uzram ] || return 0
+  _iff=/sys/block/${DEV#/dev/}/inflight
+  [ -r "$_iff" ] || return 0
+  ( while read -r _r _w < "$_iff"; do echo "$_w"; sleep 0.01; done ) > /tmp/inflight.txt 2>/dev/null &
+  _ifp=$!
+}
+inflight_stop() {
+  [ -n "$_ifp" ] || return 0
+  kill "$_ifp" 2>/dev/null; wait "$_ifp" 2>/dev/null
+  _nq=$(ls -d "/sys/block/${DEV#/dev/}/mq/"* 2>/dev/null | wc -l)
+  emit "$1" "$2" "inflight_queues$3" "$_nq"
+  sort -n /tmp/inflight.txt | awk -v r="$1" -v d="$2" -v s="$3" '
+    { n++ } $1 > 0 { b[++k] = $1 }
+    END {
+      printf "BENCH rep=%s dev=%s metric=inflight_samples%s value=%d\n", r, d, s, n
+      if (n == 0) exit
+      printf "BENCH rep=%s dev=%s metric=inflight_write_pct%s value=%.1f\n", r, d, s, 100 * k / n
+      if (k == 0) exit
+      printf "BENCH rep=%s dev=%s metric=inflight_writes_p50%s value=%d\n", r, d, s, b[int((k + 1) / 2)]
+      i = int(k * 0.9 + 0.5); if (i < 1) i = 1
+      printf "BENCH rep=%s dev=%s metric=inflight_writes_p90%s value=%d\n", r, d, s, b[i]
+      printf "BENCH rep=%s dev=%s metric=inflight_writes_max%s value=%d\n", r, d, s, b[k]
+    }'
+}
 # swap_bench REP NAME [SUFFIX]: mkswap + swapon $DEV, the hog (fill + verify), swapoff; wall
 # times as swap_hog_s$SUFFIX (and its fill and verify parts) and swapoff_s$SUFFIX. Where the
 # time went, as CPU seconds: the hog's own (faults, direct reclaim, zram's compression),
@@ -134,10 +166,12 @@ swap_bench() {
   _kp=$(pidof kswapd0); _k0=$(task_times "$_kp")
   _dp=; [ "$2" = uzram ] && _dp=$(daemon_pid "$DEV"); _d0=$(task_times "$_dp")
   trace_start
+  inflight_start "$2"
   t=$(up)
   if ! timeout -s KILL "$IO_TMO" hog "$HOG" 1 > /tmp/hog.out 2>&1; then
     say "hog on $2 failed"; cat /tmp/hog.out; rc=1
   fi
+  inflight_stop "$1" "$2" "$3"
   emit "$1" "$2" "swap_hog_s$3" "$(since "$t")"
   emit "$1" "$2" "swap_fill_s$3" "$(sed -n 's/^hog: filled .* in \([0-9.]*\)s$/\1/p' /tmp/hog.out)"
   emit "$1" "$2" "swap_verify_s$3" "$(sed -n 's/^hog: verify pass 1 took \([0-9.]*\)s$/\1/p' /tmp/hog.out)"
