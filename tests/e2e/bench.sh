@@ -125,8 +125,10 @@ trace_stop() {
 # many of a queue's request buffers its writes land in, which `uzram bench
 # --request-buffers` stands in for): /sys/block/DEV/inflight (reads, writes; the whole disk,
 # all queues) every 10 ms, a background loop; zram has no queue (it serves in the caller).
-# inflight_stop REP NAME SUFFIX emits the percentage of samples with writes in flight and, over
-# those, the median, 90th percentile and most writes in flight, and the disk's queue count.
+# inflight_stop ends the loop, as the hog ends, so that the hog's wall time holds none of
+# the report's work; inflight_report REP NAME SUFFIX then emits the disk's queue count, the
+# percentage of samples with writes in flight and, over those, the median, 90th percentile
+# and most writes in flight.
 inflight_start() {
   _ifp=
   [ "$1" = uzram ] || return 0
@@ -138,19 +140,23 @@ inflight_start() {
 inflight_stop() {
   [ -n "$_ifp" ] || return 0
   kill "$_ifp" 2>/dev/null; wait "$_ifp" 2>/dev/null
-  _nq=$(ls -d "/sys/block/${DEV#/dev/}/mq/"* 2>/dev/null | wc -l)
-  emit "$1" "$2" "inflight_queues$3" "$_nq"
+}
+inflight_report() {
+  [ -n "$_ifp" ] || return 0
+  _ifp=
+  emit "$1" "$2" "inflight_queues$3" "$(ls -d "/sys/block/${DEV#/dev/}/mq/"* 2>/dev/null | wc -l)"
   sort -n /tmp/inflight.txt | awk -v r="$1" -v d="$2" -v s="$3" '
+    function out(m, v) { printf "BENCH rep=%s dev=%s metric=%s%s value=%s\n", r, d, m, s, v }
     { n++ } $1 > 0 { b[++k] = $1 }
     END {
-      printf "BENCH rep=%s dev=%s metric=inflight_samples%s value=%d\n", r, d, s, n
+      out("inflight_samples", n)
       if (n == 0) exit
-      printf "BENCH rep=%s dev=%s metric=inflight_write_pct%s value=%.1f\n", r, d, s, 100 * k / n
+      out("inflight_write_pct", sprintf("%.1f", 100 * k / n))
       if (k == 0) exit
-      printf "BENCH rep=%s dev=%s metric=inflight_writes_p50%s value=%d\n", r, d, s, b[int((k + 1) / 2)]
       i = int(k * 0.9 + 0.5); if (i < 1) i = 1
-      printf "BENCH rep=%s dev=%s metric=inflight_writes_p90%s value=%d\n", r, d, s, b[i]
-      printf "BENCH rep=%s dev=%s metric=inflight_writes_max%s value=%d\n", r, d, s, b[k]
+      out("inflight_writes_p50", b[int((k + 1) / 2)])
+      out("inflight_writes_p90", b[i])
+      out("inflight_writes_max", b[k])
     }'
 }
 # swap_bench REP NAME [SUFFIX]: mkswap + swapon $DEV, the hog (fill + verify), swapoff; wall
@@ -171,7 +177,7 @@ swap_bench() {
   if ! timeout -s KILL "$IO_TMO" hog "$HOG" 1 > /tmp/hog.out 2>&1; then
     say "hog on $2 failed"; cat /tmp/hog.out; rc=1
   fi
-  inflight_stop "$1" "$2" "$3"
+  inflight_stop
   emit "$1" "$2" "swap_hog_s$3" "$(since "$t")"
   emit "$1" "$2" "swap_fill_s$3" "$(sed -n 's/^hog: filled .* in \([0-9.]*\)s$/\1/p' /tmp/hog.out)"
   emit "$1" "$2" "swap_verify_s$3" "$(sed -n 's/^hog: verify pass 1 took \([0-9.]*\)s$/\1/p' /tmp/hog.out)"
@@ -184,6 +190,7 @@ swap_bench() {
     BEGIN { n = split(before, b, " "); for (i = 1; i <= n; i++) { split(b[i], kv, "="); v[kv[1]] = kv[2] } }
     { for (i = 1; i <= NF; i++) { split($i, kv, "="); printf "%s +%d ", kv[1], kv[2] - v[kv[1]] } }')"
   trace_stop "$2$3"
+  inflight_report "$1" "$2" "$3"
   t=$(up)
   swapoff "$DEV" || { say "swapoff $DEV failed"; rc=1; }
   emit "$1" "$2" "swapoff_s$3" "$(since "$t")"
