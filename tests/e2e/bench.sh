@@ -224,7 +224,8 @@ uz_swap() {
     fi
     if [ -n "$_nice" ]; then
       _np=$(daemon_pid "$DEV")
-      # nice is per thread: every thread of the daemon, by id
+      # nice is per thread: every thread of the daemon, by id (one word each, so unquoted)
+      # shellcheck disable=SC2046
       renice -n "$_nice" -p $(ls "/proc/$_np/task") > /dev/null || { say "renice $_nice refused"; rc=1; }
     fi
     say "  uzram swap run${2:+ [$2]}: discard ${SWAPON_DISCARD:-0}, lru_gen $(cat /sys/kernel/mm/lru_gen/enabled 2>/dev/null), page-cluster $(cat /proc/sys/vm/page-cluster), max_sectors_kb $(cat "/sys/block/${DEV#/dev/}/queue/max_sectors_kb"), $(create_flags)"
