@@ -14,6 +14,7 @@
 
 use std::io;
 use std::ptr;
+use std::time::{Duration, Instant};
 
 /// The segment facts the checks read (`IPC_STAT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,10 +69,15 @@ pub enum ShmError {
         mode: u32,
     },
     /// A keyed segment kept coming back after it was removed.
-    #[error("shared memory key {key:#x}: another process keeps making a segment there")]
+    #[error(
+        "shared memory key {key:#x}: another process keeps making a segment there \
+         ({removed} removed); find it with `ipcs -m -p` and stop it"
+    )]
     KeyTaken {
         /// The key.
         key: i32,
+        /// How many of its segments were removed meanwhile.
+        removed: u64,
     },
 }
 
@@ -130,7 +136,15 @@ fn create_at(key: i32, len: usize) -> Result<i32, ShmError> {
         )
     };
     if id < 0 {
-        return Err(sys("shmget")(io::Error::last_os_error()));
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::ENOSPC) {
+            // Segments are counted host-wide, not per user: anyone can use them all up.
+            return Err(sys(
+                "shmget: the host's SysV segments are used up (kernel.shmmni or \
+                 kernel.shmall); `ipcs -m -p` shows whose they are",
+            )(err));
+        }
+        return Err(sys("shmget")(err));
     }
     // Made just now, by us, with IPC_EXCL: root's alone unless the process is not root (then
     // nothing it makes is of any use to a root daemon's recovery, and it is refused).
@@ -141,38 +155,72 @@ fn create_at(key: i32, len: usize) -> Result<i32, ShmError> {
     Ok(id)
 }
 
+/// How long [`create_keyed`] keeps taking its key back from a squatter before it gives up.
+const KEY_RACE: Duration = Duration::from_secs(2);
+
 /// The segment on `key`, root's alone, made if there is none (`len` bytes). One that is
 /// there and not root's alone is removed (with a log line) and made again; one that is root's
 /// alone is the caller's own from before (a recovery record of an earlier daemon).
+///
+/// A user can race for the key: make a segment there again as soon as root removed theirs,
+/// or remove their own between root's look and root's removal. So a segment that is gone by
+/// the time it is looked at or removed is no error, and the key is taken back for up to
+/// [`KEY_RACE`] ([`ShmError::KeyTaken`] after that).
 pub fn create_keyed(key: i32, len: usize) -> Result<i32, ShmError> {
-    for _ in 0..4 {
+    let start = Instant::now();
+    let mut removed = 0u64;
+    loop {
         match create_at(key, len) {
-            Ok(id) => return Ok(id),
+            Ok(id) => {
+                if removed > 0 {
+                    tracing::warn!(
+                        key = format_args!("{key:#x}"),
+                        removed,
+                        "took a uzram key back from segments that were not root's alone"
+                    );
+                }
+                return Ok(id);
+            }
             Err(ShmError::Sys { source, .. }) if source.raw_os_error() == Some(libc::EEXIST) => {}
             Err(e) => return Err(e),
         }
-        let Some(id) = lookup(key)? else {
-            continue; // removed meanwhile: make it
-        };
-        match check(id) {
-            Ok(_) => return Ok(id),
-            Err(ShmError::NotRootOnly {
-                uid, cuid, mode, ..
-            }) => {
-                tracing::warn!(
-                    key = format_args!("{key:#x}"),
-                    id,
-                    uid,
-                    cuid,
-                    mode = format_args!("{mode:04o}"),
-                    "a segment that is not root's alone sits on a uzram key: removing it"
-                );
-                remove(id)?;
+        if let Some(id) = lookup(key)? {
+            match check(id) {
+                Ok(_) => return Ok(id),
+                Err(ShmError::NotRootOnly {
+                    uid, cuid, mode, ..
+                }) => {
+                    if removed == 0 {
+                        tracing::warn!(
+                            key = format_args!("{key:#x}"),
+                            id,
+                            uid,
+                            cuid,
+                            mode = format_args!("{mode:04o}"),
+                            "a segment that is not root's alone sits on a uzram key: removing it"
+                        );
+                    }
+                    match remove(id) {
+                        Ok(()) => removed += 1,
+                        Err(e) if is_gone(&e) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) if is_gone(&e) => {}
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
         }
+        if start.elapsed() >= KEY_RACE {
+            return Err(ShmError::KeyTaken { key, removed });
+        }
+        std::thread::yield_now();
     }
-    Err(ShmError::KeyTaken { key })
+}
+
+/// Whether `e` says the segment no longer exists (removed since it was found).
+fn is_gone(e: &ShmError) -> bool {
+    matches!(e, ShmError::Sys { source, .. }
+        if matches!(source.raw_os_error(), Some(libc::EINVAL | libc::EIDRM)))
 }
 
 /// The id of the segment on `key`, if there is one (unchecked: see [`find_keyed`]).
@@ -319,12 +367,31 @@ pub(crate) mod tests {
     /// Runs `f` in a child process that has dropped to `nobody` (uid and gid 65534), and
     /// returns its exit status; `None` (the test prints why) when not root.
     pub fn as_nobody(f: impl FnOnce() -> i32) -> Option<i32> {
+        let pid = fork_nobody(f)?;
+        let mut status = 0;
+        // SAFETY: waits for our own child, writing its status into `status`.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        Some(libc::WEXITSTATUS(status))
+    }
+
+    /// Runs `f` over and over in a child process that has dropped to `nobody`, until the
+    /// returned guard is dropped (which kills and reaps it); `None` when not root.
+    pub fn nobody_meanwhile(f: impl Fn()) -> Option<Meanwhile> {
+        let pid = fork_nobody(|| loop {
+            f();
+        })?;
+        Some(Meanwhile { pid })
+    }
+
+    /// A child process that drops to `nobody` and exits with what `f` returns; its pid, or
+    /// `None` (the test prints why) when not root.
+    fn fork_nobody(f: impl FnOnce() -> i32) -> Option<libc::pid_t> {
         if !crate::sys::is_root() {
             eprintln!("skipped: playing another user needs root");
             return None;
         }
         // SAFETY: the child only calls async-signal-safe functions and `f` (which the tests
-        // keep to system calls), then _exit; the parent waits for it.
+        // keep to system calls), then _exit; the parent waits for it or kills it.
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork failed");
         if pid == 0 {
@@ -339,10 +406,23 @@ pub(crate) mod tests {
             // SAFETY: ends the child without running the parent's destructors.
             unsafe { libc::_exit(code) };
         }
-        let mut status = 0;
-        // SAFETY: waits for our own child, writing its status into `status`.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        Some(libc::WEXITSTATUS(status))
+        Some(pid)
+    }
+
+    /// The child of [`nobody_meanwhile`], killed and reaped on drop.
+    pub struct Meanwhile {
+        pid: libc::pid_t,
+    }
+
+    impl Drop for Meanwhile {
+        fn drop(&mut self) {
+            let mut status = 0;
+            // SAFETY: our own child, killed and waited for once.
+            unsafe {
+                libc::kill(self.pid, libc::SIGKILL);
+                libc::waitpid(self.pid, &mut status, 0);
+            }
+        }
     }
 
     /// A segment `nobody` makes on `key` (private when 0) with `mode`; its id.
@@ -482,5 +562,66 @@ pub(crate) mod tests {
         assert_eq!(create_keyed(key, 16 << 10).unwrap(), id);
         remove(id).unwrap();
         assert_eq!(find_keyed(key), None);
+    }
+
+    /// The race a squatter can run on a predictable key: it makes a segment there again as
+    /// soon as root removed its last one, and removes some of its own at once (so that root
+    /// finds a segment that is gone by the time it looks at it or removes it). Root must
+    /// still end up with a segment of its own on the key, every time.
+    #[test]
+    fn a_squatter_racing_for_a_key_never_keeps_root_off_it() {
+        const ROUNDS: usize = 2000;
+        let key = free_key(2);
+        let len = 16 << 10;
+        let made = std::sync::atomic::AtomicU64::new(0);
+        let Some(squatter) = nobody_meanwhile(|| {
+            let n = made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // SAFETY: shmget and shmctl(IPC_RMID) take no pointers of ours.
+            unsafe {
+                let id = libc::shmget(key, len, libc::IPC_CREAT | libc::IPC_EXCL | 0o666);
+                if id >= 0 && n.is_multiple_of(2) {
+                    libc::shmctl(id, libc::IPC_RMID, ptr::null_mut());
+                }
+            }
+        }) else {
+            return;
+        };
+        let started = Instant::now();
+        while lookup(key).ok().flatten().is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the squatter never made a segment"
+            );
+            std::thread::yield_now();
+        }
+        let mut failed = Vec::new();
+        let mut squatted = 0;
+        for _ in 0..ROUNDS {
+            // Whether the squatter holds the key as root comes to it.
+            if lookup(key).ok().flatten().is_some() {
+                squatted += 1;
+            }
+            match create_keyed(key, len) {
+                Ok(id) => {
+                    let st = check(id).expect("root's segment on the key");
+                    assert_eq!(st.key, key);
+                    remove(id).unwrap();
+                }
+                Err(e) => failed.push(e.to_string()),
+            }
+        }
+        drop(squatter);
+        if let Ok(Some(id)) = lookup(key) {
+            let _ = remove(id);
+        }
+        assert!(
+            squatted > ROUNDS / 10,
+            "the squatter held the key {squatted} times in {ROUNDS}: too few for a race"
+        );
+        assert!(
+            failed.is_empty(),
+            "{} of {ROUNDS} lost the key: {failed:?}",
+            failed.len()
+        );
     }
 }

@@ -54,15 +54,64 @@ pub fn man(args: ManArgs) -> anyhow::Result<ExitCode> {
     pages.extend(WRITTEN.map(|(file, text)| (file.to_string(), text.as_bytes().to_vec())));
     for (file, text) in pages {
         let path = dir.join(&file);
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        replace_file(&dir, &file, &text).with_context(|| format!("writing {}", path.display()))?;
         println!("{}", path.display());
     }
     Ok(ExitCode::SUCCESS)
 }
 
+/// Puts `text` at `dir/file` as a new file (mode 0644) that replaces whatever was there.
+/// Root may run this on a directory a user can write: a link the user put at the name is
+/// replaced, never followed (written to a new name made with `O_EXCL` and `O_NOFOLLOW`,
+/// then renamed over it).
+fn replace_file(dir: &std::path::Path, file: &str, text: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = dir.join(format!(".{file}.{}.new", std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(text))
+        .and_then(|()| std::fs::rename(&tmp, dir.join(file)));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A link planted at a page's name (in a directory a user can write) is replaced, and
+    /// the file it points at is left as it was.
+    #[test]
+    fn a_link_at_a_pages_name_is_replaced_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("precious");
+        std::fs::write(&target, "keep me").unwrap();
+        let page = dir.path().join(format!("uzram.{SECTION}"));
+        std::os::unix::fs::symlink(&target, &page).unwrap();
+        let code = man(ManArgs {
+            dir: Some(dir.path().to_path_buf()),
+        })
+        .unwrap();
+        assert_eq!(code, ExitCode::SUCCESS);
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
+        let meta = std::fs::symlink_metadata(&page).unwrap();
+        assert!(meta.file_type().is_file(), "the link is still there");
+        assert!(std::fs::read_to_string(&page)
+            .unwrap()
+            .contains(".TH uzram 8"));
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".new"))
+            .collect();
+        assert!(left.is_empty(), "temporary files left: {left:?}");
+    }
 
     /// Every key a uzram file accepts, as the config file's page must name them.
     const KEYS: &[&str] = &[

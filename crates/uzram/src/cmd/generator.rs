@@ -110,7 +110,7 @@ fn plan_of(root: &Path, cmdline: &str, source: &Source, host: Host) -> anyhow::R
         return Ok(section.plan(host).plan?);
     }
     let path = root.join(source.spec.strip_prefix("/").unwrap_or(&source.spec));
-    let text = std::fs::read_to_string(&path)?;
+    let text = crate::config::file::read_capped(&path)?;
     Ok(crate::config::file::parse_config(
         &source.spec,
         &text,

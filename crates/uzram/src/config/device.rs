@@ -478,6 +478,15 @@ pub enum ConfigError {
     /// A `writeback-device` that is no absolute path.
     #[error("writeback-device {0:?} is not an absolute path (e.g. /dev/sdb2 or /var/lib/uzram/swap0.wb)")]
     WritebackPath(PathBuf),
+    /// A `writeback-device` that the unit's drop-in cannot name safely, or whose directory
+    /// the daemon must not be given.
+    #[error("writeback-device {path:?} {why}")]
+    WritebackPathUnsafe {
+        /// The path.
+        path: PathBuf,
+        /// Why it is refused.
+        why: &'static str,
+    },
     /// `recompress-algorithm = "lz4-gpu"` on a device that does not store LZ4.
     #[error("recompress-algorithm lz4-gpu rewrites LZ4 pages: use it with algorithm lz4, or recompress with zstd")]
     RecompressGpuNeedsLz4,
@@ -806,6 +815,12 @@ impl RawDevice {
         if !device.is_absolute() {
             return Err(ConfigError::WritebackPath(device.clone()));
         }
+        if let Some(why) = unsafe_writeback_path(device) {
+            return Err(ConfigError::WritebackPathUnsafe {
+                path: device.clone(),
+                why,
+            });
+        }
         let idle_age_minutes = parse_age(
             self.writeback_idle_age
                 .as_deref()
@@ -1000,6 +1015,41 @@ impl DeviceConfig {
             advice,
         })
     }
+}
+
+/// Directories a writeback file may not sit in: the generator opens a file's directory to
+/// the daemon (`ReadWritePaths=`), which would undo the unit's `ProtectSystem=strict` there.
+const SYSTEM_DIRS: [&str; 12] = [
+    "/", "/etc", "/usr", "/boot", "/bin", "/sbin", "/lib", "/lib64", "/proc", "/sys", "/run",
+    "/root",
+];
+
+/// Why `path` cannot be a writeback device, if it cannot. The generator writes it into the
+/// unit's drop-in, where a space separates values, `%` starts a specifier and a newline a
+/// new setting (a config line could add an `ExecStartPre=`), and opens a file's directory
+/// to the daemon.
+fn unsafe_writeback_path(path: &Path) -> Option<&'static str> {
+    let Some(text) = path.to_str() else {
+        return Some("is not UTF-8: give a path systemd's unit files can name");
+    };
+    if text
+        .chars()
+        .any(|c| c.is_control() || c.is_whitespace() || matches!(c, '%' | '\\' | '"' | '\'' | ';'))
+    {
+        return Some(
+            "holds a space, a control character or one of % \\ \" ' ; \
+             (the unit's drop-in names it): rename it",
+        );
+    }
+    let is_file = !path.starts_with("/dev/");
+    let parent = path.parent().and_then(Path::to_str).unwrap_or("/");
+    if is_file && SYSTEM_DIRS.contains(&parent) {
+        return Some(
+            "is a file in a system directory, which the unit would then let the daemon write: \
+             put it in a directory of its own (e.g. /var/lib/uzram/swap0.wb)",
+        );
+    }
+    None
 }
 
 /// node_exporter's textfile collector reads `*.prom` files only, and the daemon's working

@@ -261,13 +261,41 @@ pub(super) fn plan(file: FileConfig, path: &Path, host: Host) -> Result<Plan, Co
 /// of a path that is no file (`/dev/zero`) takes.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
-/// The text of `path`, refused when it passes [`MAX_CONFIG_BYTES`].
-pub(super) fn read_capped(path: &Path) -> std::io::Result<String> {
+/// The text of `path`, refused when it passes [`MAX_CONFIG_BYTES`], or when others than its
+/// reader and root could have written it: the file is not root's (or the reader's) or is
+/// writable by its group or others. A config names files the daemon opens as root and ends
+/// up in the unit (the generator's drop-ins), so only whoever runs it may have written it.
+pub(crate) fn read_capped(path: &Path) -> std::io::Result<String> {
     use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let file = std::fs::File::open(path)?;
+    let meta = file.metadata()?;
+    let reader = crate::sys::effective_uid();
+    if meta.uid() != 0 && meta.uid() != reader {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "owned by uid {}, not root or the reader (uid {reader}): \
+                 `chown root: {}`",
+                meta.uid(),
+                path.display()
+            ),
+        ));
+    }
+    // A character device (`/dev/zero`) is the kernel's, whatever its mode; the cap refuses it.
+    let kernels = std::os::unix::fs::FileTypeExt::is_char_device(&meta.file_type());
+    if meta.mode() & 0o022 != 0 && !kernels {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "writable by its group or others (mode {:04o}): `chmod go-w {}`",
+                meta.mode() & 0o7777,
+                path.display()
+            ),
+        ));
+    }
     let mut text = String::new();
-    std::fs::File::open(path)?
-        .take(MAX_CONFIG_BYTES + 1)
-        .read_to_string(&mut text)?;
+    file.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text)?;
     if text.len() as u64 > MAX_CONFIG_BYTES {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
@@ -294,6 +322,72 @@ mod tests {
         match plan(text, HOST)? {
             Plan::Device(cfg) => Ok(*cfg),
             Plan::Skip(why) => panic!("unexpected skip: {why}"),
+        }
+    }
+
+    /// The generator writes `writeback-device` into the unit's drop-in and opens a file's
+    /// directory to the daemon: a config line must not add settings to the unit (a newline
+    /// and an `ExecStartPre=`), be split or expanded by systemd, or open a system directory.
+    #[test]
+    fn a_writeback_device_the_unit_cannot_name_safely_is_refused() {
+        for (path, why) in [
+            (
+                r"/x\n[Service]\nExecStartPre=+/bin/sh -c /tmp/p\n#/y.wb",
+                "holds a space",
+            ),
+            ("/srv/my swap.wb", "holds a space"),
+            ("/srv/%h.wb", "holds a space"),
+            ("/swap.wb", "system directory"),
+            ("/etc/x.wb", "system directory"),
+            ("/run/x.wb", "system directory"),
+        ] {
+            let text = format!("size = \"1G\"\nwriteback-device = \"{path}\"\n");
+            let err = parse(&text).unwrap_err();
+            assert!(
+                matches!(err, ConfigError::WritebackPathUnsafe { .. }),
+                "{path:?}: {err}"
+            );
+            assert!(err.to_string().contains(why), "{path:?}: {err}");
+        }
+        for path in [
+            "/dev/sdb2",
+            "/dev/disk/by-id/ata-X_Y-part2",
+            "/var/lib/uzram/swap0.wb",
+            "/srv/swap/swap0.wb",
+        ] {
+            let text = format!("size = \"1G\"\nwriteback-device = \"{path}\"\n");
+            let cfg = parse(&text).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+            assert_eq!(
+                cfg.device.writeback.map(|w| w.device),
+                Some(std::path::PathBuf::from(path))
+            );
+        }
+    }
+
+    /// A config someone else could have written is refused before it is read: writable by
+    /// its group or others, or (read by root) owned by another user.
+    #[test]
+    fn a_config_others_could_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("swap0.toml");
+        std::fs::write(&path, "size = \"1G\"\n").unwrap();
+        let set = |mode| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode));
+        set(0o644).unwrap();
+        assert_eq!(read_capped(&path).unwrap(), "size = \"1G\"\n");
+        for mode in [0o666, 0o664, 0o646] {
+            set(mode).unwrap();
+            let err = read_capped(&path).unwrap_err();
+            assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied, "{mode:o}");
+            assert!(err.to_string().contains("chmod go-w"), "{err}");
+        }
+        let zero = read_capped(Path::new("/dev/zero")).unwrap_err();
+        assert!(zero.to_string().contains("larger than"), "{zero}");
+        set(0o644).unwrap();
+        if crate::sys::is_root() {
+            std::os::unix::fs::chown(&path, Some(65534), None).unwrap();
+            let err = read_capped(&path).unwrap_err();
+            assert!(err.to_string().contains("owned by uid 65534"), "{err}");
         }
     }
 

@@ -453,9 +453,7 @@ impl Publish {
             }
         }
         crate::ublk::tuning::tune(state.id);
-        if let Err(err) = record::write(state) {
-            tracing::error!(error = %err, "publishing the recovery record failed: after a crash this device cannot be recovered");
-        }
+        record::publish(state);
         if let Err(err) = self.states.write(state) {
             tracing::error!(error = %err, "publishing state failed");
         }

@@ -255,8 +255,58 @@ pub fn restore_ublk_json(id: u32) -> Result<(), ControlError> {
     std::fs::rename(&tmp, &path).map_err(io("replacing"))
 }
 
+/// Set once this process removed a record: a [`publish`] still trying must not make it again.
+static REMOVED: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+
+/// How long [`publish`] waits between tries after a failed one.
+const RETRY_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// [`write()`], and when that fails (a user who keeps making segments on the record's key
+/// outlasts [`shm::create_keyed`]), tries again every [`RETRY_EVERY`] on a thread of its own
+/// until it succeeds or this process [`remove`]s the record: the key is the squatter's only
+/// while root has no segment there, so once written the record stays the daemon's.
+pub fn publish(state: &DaemonState) {
+    let Err(err) = write_unless_removed(state) else {
+        return;
+    };
+    tracing::error!(error = %err, "publishing the recovery record failed: until it is, a crash of this daemon cannot be recovered; trying again every {}s", RETRY_EVERY.as_secs());
+    let state = state.clone();
+    let retry = std::thread::Builder::new()
+        .name("uzram-record".into())
+        .spawn(move || loop {
+            std::thread::sleep(RETRY_EVERY);
+            match write_unless_removed(&state) {
+                Ok(()) => {
+                    tracing::info!(dev = %state.dev, "recovery record published");
+                    return;
+                }
+                Err(err) => {
+                    tracing::debug!(error = %err, "publishing the recovery record failed again")
+                }
+            }
+        });
+    if let Err(err) = retry {
+        tracing::error!(error = %err, "starting the recovery record's retries failed");
+    }
+}
+
+/// [`write()`] unless this process removed the record (then `Ok`: there is nothing to publish).
+fn write_unless_removed(state: &DaemonState) -> Result<(), ControlError> {
+    let removed = REMOVED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if *removed {
+        return Ok(());
+    }
+    write(state)
+}
+
 /// Removes the recovery record of device `id` (its device is gone).
 pub fn remove(id: u32) {
+    let mut removed = REMOVED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    *removed = true;
     if let Some(shm) = key(id).and_then(shm::find_keyed) {
         if let Err(error) = shm::remove(shm) {
             tracing::warn!(id, %error, "removing the recovery record failed");

@@ -83,8 +83,13 @@ pub fn attach_locked<H: Copy + PartialEq>(
     len: usize,
     populating: &'static str,
 ) -> Result<usize, SegmentError> {
-    crate::shm::lock(id)?;
+    // Mapped (and so checked root's alone) before it is locked: never lock another's memory.
     let base = crate::shm::Attached::map(id, false)?.keep();
+    if let Err(e) = crate::shm::lock(id) {
+        // SAFETY: our own mapping, made above; nothing refers to it.
+        unsafe { crate::shm::detach(base) };
+        return Err(e.into());
+    }
     // SAFETY: the caller checked that the segment holds at least a header (`len` bytes).
     let again = unsafe { std::ptr::read_volatile(base as *const H) };
     let populated = if again == header {
