@@ -85,6 +85,7 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
     spawn("uzram-carry", move || loop {
         std::thread::sleep(CARRY_EVERY);
         save_counts();
+        crate::takeover::record::retry_pending();
     })?;
     let requests = Mutex::new(stop_tx.clone());
     if let Some(r) = &s.recompressor {

@@ -255,47 +255,61 @@ pub fn restore_ublk_json(id: u32) -> Result<(), ControlError> {
     std::fs::rename(&tmp, &path).map_err(io("replacing"))
 }
 
-/// Set once this process removed a record: a [`publish`] still trying must not make it again.
-static REMOVED: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+/// The devices whose record this process removed: a retry of [`publish`] must not make it
+/// again.
+static REMOVED: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
 
-/// How long [`publish`] waits between tries after a failed one.
+/// A record [`publish`] could not write yet, and when to try again.
+static PENDING: std::sync::Mutex<Option<(DaemonState, std::time::Instant)>> =
+    std::sync::Mutex::new(None);
+
+/// How long a failed [`publish`] waits before [`retry_pending`] tries again.
 const RETRY_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// [`write()`], and when that fails (a user who keeps making segments on the record's key
-/// outlasts [`shm::create_keyed`]), tries again every [`RETRY_EVERY`] on a thread of its own
-/// until it succeeds or this process [`remove`]s the record: the key is the squatter's only
-/// while root has no segment there, so once written the record stays the daemon's.
+/// outlasts [`shm::create_keyed`]), leaves it to [`retry_pending`] to try again every
+/// [`RETRY_EVERY`] until it succeeds or this process [`remove`]s the record: the key is the
+/// squatter's only while root has no segment there, so once written the record stays the
+/// daemon's.
 pub fn publish(state: &DaemonState) {
     let Err(err) = write_unless_removed(state) else {
         return;
     };
     tracing::error!(error = %err, "publishing the recovery record failed: until it is, a crash of this daemon cannot be recovered; trying again every {}s", RETRY_EVERY.as_secs());
-    let state = state.clone();
-    let retry = std::thread::Builder::new()
-        .name("uzram-record".into())
-        .spawn(move || loop {
-            std::thread::sleep(RETRY_EVERY);
-            match write_unless_removed(&state) {
-                Ok(()) => {
-                    tracing::info!(dev = %state.dev, "recovery record published");
-                    return;
-                }
-                Err(err) => {
-                    tracing::debug!(error = %err, "publishing the recovery record failed again")
-                }
-            }
-        });
-    if let Err(err) = retry {
-        tracing::error!(error = %err, "starting the recovery record's retries failed");
+    *lock(&PENDING) = Some((state.clone(), std::time::Instant::now() + RETRY_EVERY));
+}
+
+/// Tries a record [`publish`] could not write again, once its time came; called by a thread
+/// that already runs once a second (the daemon starts no thread once it serves).
+pub fn retry_pending() {
+    let mut pending = lock(&PENDING);
+    let Some((state, at)) = pending.as_mut() else {
+        return;
+    };
+    let now = std::time::Instant::now();
+    if now < *at {
+        return;
     }
+    match write_unless_removed(state) {
+        Ok(()) => {
+            tracing::info!(dev = %state.dev, "recovery record published");
+            *pending = None;
+        }
+        Err(err) => {
+            tracing::debug!(error = %err, "publishing the recovery record failed again");
+            *at = now + RETRY_EVERY;
+        }
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// [`write()`] unless this process removed the record (then `Ok`: there is nothing to publish).
 fn write_unless_removed(state: &DaemonState) -> Result<(), ControlError> {
-    let removed = REMOVED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if *removed {
+    let removed = lock(&REMOVED);
+    if removed.contains(&state.id) {
         return Ok(());
     }
     write(state)
@@ -303,10 +317,10 @@ fn write_unless_removed(state: &DaemonState) -> Result<(), ControlError> {
 
 /// Removes the recovery record of device `id` (its device is gone).
 pub fn remove(id: u32) {
-    let mut removed = REMOVED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    *removed = true;
+    let mut removed = lock(&REMOVED);
+    if !removed.contains(&id) {
+        removed.push(id);
+    }
     if let Some(shm) = key(id).and_then(shm::find_keyed) {
         if let Err(error) = shm::remove(shm) {
             tracing::warn!(id, %error, "removing the recovery record failed");
@@ -380,6 +394,34 @@ mod tests {
         assert_eq!(read(id), Some(state));
         remove(id);
         assert_eq!(read(id), None);
+    }
+
+    /// A record that could not be written is written by a later retry once its time came,
+    /// and never after the device's record was removed.
+    #[test]
+    fn a_pending_record_is_written_by_a_retry_and_never_after_its_removal() {
+        if !crate::sys::is_root() {
+            eprintln!("skipped: SHM_LOCK needs root");
+            return;
+        }
+        let id = (1 << 20) - 13;
+        let state = DaemonState {
+            pid: 4242,
+            ..DaemonState::example(id)
+        };
+        let later = std::time::Instant::now() + std::time::Duration::from_secs(3600);
+        *lock(&PENDING) = Some((state.clone(), later));
+        retry_pending();
+        assert_eq!(read(id), None, "retried before its time");
+        *lock(&PENDING) = Some((state.clone(), std::time::Instant::now()));
+        retry_pending();
+        assert_eq!(read(id), Some(state.clone()));
+        assert!(lock(&PENDING).is_none(), "still pending once written");
+        remove(id);
+        *lock(&PENDING) = Some((state, std::time::Instant::now()));
+        retry_pending();
+        assert_eq!(read(id), None, "a removed record was made again");
+        assert!(lock(&PENDING).is_none());
     }
 
     fn page_of(state: &DaemonState) -> Vec<u8> {
