@@ -258,7 +258,7 @@ pub enum TextfileError {
 /// writable by its owner alone, and that owner root (or the user running uzram, where that
 /// is not root): anyone else who can write there could plant a link at the temporary name.
 fn open_dir(path: &Path) -> Result<(std::fs::File, OsString), TextfileError> {
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    use std::os::unix::fs::OpenOptionsExt;
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
         return Err(TextfileError::NoDirectory {
             path: path.to_path_buf(),
@@ -290,20 +290,22 @@ fn open_dir(path: &Path) -> Result<(std::fs::File, OsString), TextfileError> {
     let meta = handle
         .metadata()
         .map_err(io("reading its directory's owner and mode"))?;
-    let mode = meta.mode() & 0o7777;
-    if mode & 0o022 != 0 {
-        return Err(TextfileError::SharedDirectory {
-            path: path.to_path_buf(),
-            dir: dir.to_path_buf(),
-            mode,
-        });
-    }
-    if meta.uid() != 0 && meta.uid() != sys::effective_uid() {
-        return Err(TextfileError::ForeignDirectory {
-            path: path.to_path_buf(),
-            dir: dir.to_path_buf(),
-            owner: meta.uid(),
-        });
+    match sys::others_could_write(&meta) {
+        Some(sys::OthersWrite::Mode(mode)) => {
+            return Err(TextfileError::SharedDirectory {
+                path: path.to_path_buf(),
+                dir: dir.to_path_buf(),
+                mode,
+            })
+        }
+        Some(sys::OthersWrite::Owner(owner)) => {
+            return Err(TextfileError::ForeignDirectory {
+                path: path.to_path_buf(),
+                dir: dir.to_path_buf(),
+                owner,
+            })
+        }
+        None => {}
     }
     Ok((handle, name.to_os_string()))
 }

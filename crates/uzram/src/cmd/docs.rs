@@ -54,31 +54,13 @@ pub fn man(args: ManArgs) -> anyhow::Result<ExitCode> {
     pages.extend(WRITTEN.map(|(file, text)| (file.to_string(), text.as_bytes().to_vec())));
     for (file, text) in pages {
         let path = dir.join(&file);
-        replace_file(&dir, &file, &text).with_context(|| format!("writing {}", path.display()))?;
+        // Root may run this on a directory a user can write: a link planted at a page's name
+        // is replaced, never followed.
+        crate::sys::write_replacing(&path, &text, 0o644)
+            .with_context(|| format!("writing {}", path.display()))?;
         println!("{}", path.display());
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Puts `text` at `dir/file` as a new file (mode 0644) that replaces whatever was there.
-/// Root may run this on a directory a user can write: a link the user put at the name is
-/// replaced, never followed (written to a new name made with `O_EXCL` and `O_NOFOLLOW`,
-/// then renamed over it).
-fn replace_file(dir: &std::path::Path, file: &str, text: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = dir.join(format!(".{file}.{}.new", std::process::id()));
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&tmp)
-        .and_then(|mut f| f.write_all(text))
-        .and_then(|()| std::fs::rename(&tmp, dir.join(file)));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
 }
 
 #[cfg(test)]

@@ -267,31 +267,26 @@ pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// up in the unit (the generator's drop-ins), so only whoever runs it may have written it.
 pub(crate) fn read_capped(path: &Path) -> std::io::Result<String> {
     use std::io::Read;
-    use std::os::unix::fs::MetadataExt;
     let file = std::fs::File::open(path)?;
     let meta = file.metadata()?;
-    let reader = crate::sys::effective_uid();
-    if meta.uid() != 0 && meta.uid() != reader {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::PermissionDenied,
-            format!(
-                "owned by uid {}, not root or the reader (uid {reader}): \
-                 `chown root: {}`",
-                meta.uid(),
-                path.display()
-            ),
-        ));
-    }
     // A character device (`/dev/zero`) is the kernel's, whatever its mode; the cap refuses it.
     let kernels = std::os::unix::fs::FileTypeExt::is_char_device(&meta.file_type());
-    if meta.mode() & 0o022 != 0 && !kernels {
+    let refused = match crate::sys::others_could_write(&meta) {
+        Some(crate::sys::OthersWrite::Owner(owner)) => Some(format!(
+            "owned by uid {owner}, not root or the reader (uid {}): `chown root: {}`",
+            crate::sys::effective_uid(),
+            path.display()
+        )),
+        Some(crate::sys::OthersWrite::Mode(mode)) if !kernels => Some(format!(
+            "writable by its group or others (mode {mode:04o}): `chmod go-w {}`",
+            path.display()
+        )),
+        _ => None,
+    };
+    if let Some(why) = refused {
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
-            format!(
-                "writable by its group or others (mode {:04o}): `chmod go-w {}`",
-                meta.mode() & 0o7777,
-                path.display()
-            ),
+            why,
         ));
     }
     let mut text = String::new();

@@ -16,7 +16,8 @@
 //! Every key zram-generator knows is read. What uzram cannot do is said, naming the key: a
 //! `mount-point` or an `fs-type` other than swap refuses that device (it would not be swap);
 //! `fs-create-options` leaves the device as swap without it, with a note; `writeback-device`
-//! is taken as uzram's own key of that name (and checked as it is); a second `compression-algorithm` that is zstd recompresses pages that went unused
+//! is taken as uzram's own key of that name (and checked as it is); a second
+//! `compression-algorithm` that is zstd recompresses pages that went unused
 //! (`recompress-algorithm`), others are noted; `set!` variables are not run (a size expression that uses
 //! one fails and says so). uzram's own keys (`backend`, `queues`, ...) are accepted in a
 //! section too. Unknown keys are ignored with a note, as zram-generator ignores them.

@@ -555,6 +555,57 @@ pub fn effective_uid() -> libc::uid_t {
     unsafe { libc::geteuid() }
 }
 
+/// Puts `bytes` at `path` as a new file of `mode` that replaces whatever was there, never
+/// through a link planted at the name (root may write into a directory a user can write, or
+/// one whose old file is a copy only it may read): they go to a new name beside it, made with
+/// `O_EXCL|O_NOFOLLOW`, which is then renamed over `path`.
+pub fn write_replacing(path: &std::path::Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".{}.new", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    // One an earlier process of this pid left behind.
+    let _ = std::fs::remove_file(&tmp);
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(bytes))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Why someone besides root and this process could write a file or directory, if they could.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OthersWrite {
+    /// Writable by its group or others (the permission bits, `0o7777` of the mode).
+    Mode(u32),
+    /// Owned by this user, neither root nor this process's effective uid.
+    Owner(libc::uid_t),
+}
+
+/// Why someone besides root and this process's user could write what `meta` describes: its
+/// owner is another user, or (owned as it should be) its group or others may write it.
+/// `None` when only its owner, root or this process's user, can.
+pub fn others_could_write(meta: &std::fs::Metadata) -> Option<OthersWrite> {
+    use std::os::unix::fs::MetadataExt;
+    if meta.uid() != 0 && meta.uid() != effective_uid() {
+        return Some(OthersWrite::Owner(meta.uid()));
+    }
+    let mode = meta.mode() & 0o7777;
+    (mode & 0o022 != 0).then_some(OthersWrite::Mode(mode))
+}
+
 /// `name` as the C string a `*at` system call takes; a NUL inside is `InvalidInput`.
 fn c_name(name: &std::ffi::OsStr) -> io::Result<std::ffi::CString> {
     use std::os::unix::ffi::OsStrExt;
@@ -699,6 +750,36 @@ pub fn become_nobody_thread() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file is replaced with the mode asked, a link at the name is replaced and its target
+    /// left as it was, and no temporary file stays behind.
+    #[test]
+    fn write_replacing_replaces_files_and_links_never_their_targets() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("0001.json");
+        std::fs::write(&path, "old").unwrap();
+        write_replacing(&path, b"new", 0o600).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let target = dir.path().join("precious");
+        std::fs::write(&target, "keep me").unwrap();
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        write_replacing(&path, b"newer", 0o600).unwrap();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
+        assert!(std::fs::symlink_metadata(&path)
+            .unwrap()
+            .file_type()
+            .is_file());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "newer");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+    }
 
     #[test]
     fn a_process_is_told_apart_from_a_later_one_with_its_pid() {

@@ -15,8 +15,6 @@
 //! [`restore_ublk_json`] writes it back as a new file before a recovery opens the device: the
 //! old file's swapped page is dropped unread.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::ptr;
 
 use serde::{Deserialize, Serialize};
@@ -236,23 +234,16 @@ pub fn restore_ublk_json(id: u32) -> Result<(), ControlError> {
         return Ok(()); // nothing kept: libublk reads what is there
     };
     let path = ublk_json_path(id);
-    let tmp = format!("{path}.uzram-{}", std::process::id());
-    let io = |what: &str| {
-        let what = format!("{what} {path}");
-        move |source| ControlError::Io { what, source }
-    };
     // root-only, as libublk makes it; never through a link planted at the name
-    let _ = std::fs::remove_file(&tmp);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)
-        .map_err(io("writing a new"))?;
-    file.write_all(json.to_string().as_bytes())
-        .map_err(io("writing a new"))?;
-    std::fs::rename(&tmp, &path).map_err(io("replacing"))
+    crate::sys::write_replacing(
+        std::path::Path::new(&path),
+        json.to_string().as_bytes(),
+        0o600,
+    )
+    .map_err(|source| ControlError::Io {
+        what: format!("writing a new {path}"),
+        source,
+    })
 }
 
 /// The devices whose record this process removed: a retry of [`publish`] must not make it
