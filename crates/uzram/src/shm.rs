@@ -8,13 +8,11 @@
 //! checked is what is mapped. The creator uid matters most: a user can hand a segment of
 //! theirs to uid 0 (`IPC_SET`), but its creator stays theirs.
 //!
-//! A keyed segment (the recovery record, whose key a recovery derives from the device id)
-//! that someone else made first is removed with a log line and made again: the key is
-//! predictable, so any user can try to take it first.
+//! Every segment is private (`IPC_PRIVATE`): a key is a name any user can take first. What
+//! a segment is, is read from its first bytes once it is known to be root's alone.
 
 use std::io;
 use std::ptr;
-use std::time::{Duration, Instant};
 
 /// The segment facts the checks read (`IPC_STAT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,17 +65,6 @@ pub enum ShmError {
         cuid: u32,
         /// Permission bits.
         mode: u32,
-    },
-    /// A keyed segment kept coming back after it was removed.
-    #[error(
-        "shared memory key {key:#x}: another process keeps making a segment there \
-         ({removed} removed); find it with `ipcs -m -p` and stop it"
-    )]
-    KeyTaken {
-        /// The key.
-        key: i32,
-        /// How many of its segments were removed meanwhile.
-        removed: u64,
     },
 }
 
@@ -153,100 +140,6 @@ fn create_at(key: i32, len: usize) -> Result<i32, ShmError> {
         return Err(e);
     }
     Ok(id)
-}
-
-/// How long [`create_keyed`] keeps taking its key back from a squatter before it gives up.
-const KEY_RACE: Duration = Duration::from_secs(2);
-
-/// The segment on `key`, root's alone, made if there is none (`len` bytes). One that is
-/// there and not root's alone is removed (with a log line) and made again; one that is root's
-/// alone is the caller's own from before (a recovery record of an earlier daemon).
-///
-/// A user can race for the key: make a segment there again as soon as root removed theirs,
-/// or remove their own between root's look and root's removal. So a segment that is gone by
-/// the time it is looked at or removed is no error, and the key is taken back for up to
-/// [`KEY_RACE`] ([`ShmError::KeyTaken`] after that).
-pub fn create_keyed(key: i32, len: usize) -> Result<i32, ShmError> {
-    let start = Instant::now();
-    let mut removed = 0u64;
-    loop {
-        match create_at(key, len) {
-            Ok(id) => {
-                if removed > 0 {
-                    tracing::warn!(
-                        key = format_args!("{key:#x}"),
-                        removed,
-                        "took a uzram key back from segments that were not root's alone"
-                    );
-                }
-                return Ok(id);
-            }
-            Err(ShmError::Sys { source, .. }) if source.raw_os_error() == Some(libc::EEXIST) => {}
-            Err(e) => return Err(e),
-        }
-        if let Some(id) = lookup(key)? {
-            match check(id) {
-                Ok(_) => return Ok(id),
-                Err(ShmError::NotRootOnly {
-                    uid, cuid, mode, ..
-                }) => {
-                    if removed == 0 {
-                        tracing::warn!(
-                            key = format_args!("{key:#x}"),
-                            id,
-                            uid,
-                            cuid,
-                            mode = format_args!("{mode:04o}"),
-                            "a segment that is not root's alone sits on a uzram key: removing it"
-                        );
-                    }
-                    match remove(id) {
-                        Ok(()) => removed += 1,
-                        Err(e) if is_gone(&e) => {}
-                        Err(e) => return Err(e),
-                    }
-                }
-                Err(e) if is_gone(&e) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        if start.elapsed() >= KEY_RACE {
-            return Err(ShmError::KeyTaken { key, removed });
-        }
-        std::thread::yield_now();
-    }
-}
-
-/// Whether `e` says the segment no longer exists (removed since it was found).
-fn is_gone(e: &ShmError) -> bool {
-    matches!(e, ShmError::Sys { source, .. }
-        if matches!(source.raw_os_error(), Some(libc::EINVAL | libc::EIDRM)))
-}
-
-/// The id of the segment on `key`, if there is one (unchecked: see [`find_keyed`]).
-fn lookup(key: i32) -> Result<Option<i32>, ShmError> {
-    // SAFETY: shmget takes no pointers.
-    let id = unsafe { libc::shmget(key, 0, 0) };
-    if id >= 0 {
-        return Ok(Some(id));
-    }
-    match io::Error::last_os_error() {
-        e if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
-        e => Err(sys("shmget (looking up a key)")(e)),
-    }
-}
-
-/// The root-only segment on `key`, if there is one. One that is not root's alone is never
-/// used: it is reported (logged) and taken for none.
-pub fn find_keyed(key: i32) -> Option<i32> {
-    let id = lookup(key).ok()??;
-    match check(id) {
-        Ok(_) => Some(id),
-        Err(e) => {
-            tracing::warn!(key = format_args!("{key:#x}"), error = %e, "ignoring a segment on a uzram key");
-            None
-        }
-    }
 }
 
 /// A mapping of a root-only segment, detached on drop (unless [`Attached::keep`]).
@@ -452,6 +345,28 @@ pub(crate) mod tests {
         Some(i32::from_ne_bytes(bytes))
     }
 
+    /// Makes root the owner of segment `id`, with mode 0600, as its creator can (`IPC_SET`);
+    /// its creator stays who it was.
+    pub fn hand_to_root(id: i32) {
+        let mut ds = std::mem::MaybeUninit::<libc::shmid_ds>::zeroed();
+        // SAFETY: IPC_STAT and IPC_SET of a segment with our own buffer.
+        unsafe {
+            assert_eq!(libc::shmctl(id, libc::IPC_STAT, ds.as_mut_ptr()), 0);
+            let mut ds = ds.assume_init();
+            ds.shm_perm.uid = 0;
+            ds.shm_perm.gid = 0;
+            ds.shm_perm.mode = 0o600;
+            assert_eq!(libc::shmctl(id, libc::IPC_SET, &mut ds), 0);
+        }
+        let st = stat(id).unwrap();
+        assert_eq!((st.uid, st.mode), (0, 0o600));
+    }
+
+    /// A segment of root's alone on `key`, as the releases before made recovery records.
+    pub fn root_segment_on_key(key: i32, len: usize) -> i32 {
+        create_at(key, len).unwrap()
+    }
+
     /// The bytes of a plain-data header, to write into a segment.
     pub fn bytes_of<T: Copy>(value: &T) -> &[u8] {
         // SAFETY: any `T` is readable as its bytes for its size; callers pass `repr(C)`
@@ -490,11 +405,6 @@ pub(crate) mod tests {
         })
     }
 
-    /// A key no one uses, for tests.
-    fn free_key(seed: i32) -> i32 {
-        (0x7571_0000 + seed * 97 + std::process::id() as i32 % 4096) & 0x7fff_ffff
-    }
-
     #[test]
     fn a_new_segment_is_root_only_and_a_removed_one_is_gone() {
         if !crate::sys::is_root() {
@@ -522,111 +432,12 @@ pub(crate) mod tests {
         );
         assert!(peek::<u64>(id, 0).is_err());
         // Root owns it now, mode 0600: its creator is still nobody.
-        let mut ds = std::mem::MaybeUninit::<libc::shmid_ds>::zeroed();
-        // SAFETY: IPC_STAT and IPC_SET of a segment with our own buffer.
-        unsafe {
-            assert_eq!(libc::shmctl(id, libc::IPC_STAT, ds.as_mut_ptr()), 0);
-            let mut ds = ds.assume_init();
-            ds.shm_perm.uid = 0;
-            ds.shm_perm.gid = 0;
-            ds.shm_perm.mode = 0o600;
-            assert_eq!(libc::shmctl(id, libc::IPC_SET, &mut ds), 0);
-        }
-        let st = stat(id).unwrap();
-        assert_eq!((st.uid, st.mode), (0, 0o600));
+        hand_to_root(id);
         assert!(
             Attached::map(id, false).is_err(),
             "a segment nobody made was attached"
         );
         assert!(!root_only_segments().iter().any(|s| s.id == id));
         remove(id).unwrap();
-    }
-
-    #[test]
-    fn a_squatter_on_a_key_is_removed_and_never_used() {
-        let key = free_key(1);
-        let Some(squat) = nobodys_segment(key, 16 << 10, 0o666) else {
-            return;
-        };
-        assert_eq!(find_keyed(key), None, "a squatter's segment was found");
-        let id = create_keyed(key, 16 << 10).unwrap();
-        assert_ne!(id, squat);
-        assert!(
-            stat(squat).is_err(),
-            "the squatter's segment is still there"
-        );
-        let st = check(id).unwrap();
-        assert_eq!(st.key, key);
-        // Ours is found, and made again is the same one.
-        assert_eq!(find_keyed(key), Some(id));
-        assert_eq!(create_keyed(key, 16 << 10).unwrap(), id);
-        remove(id).unwrap();
-        assert_eq!(find_keyed(key), None);
-    }
-
-    /// The race a squatter can run on a predictable key: it makes a segment there again as
-    /// soon as root removed its last one, and removes some of its own at once (so that root
-    /// finds a segment that is gone by the time it looks at it or removes it). Root must
-    /// still end up with a segment of its own on the key, every time.
-    #[test]
-    fn a_squatter_racing_for_a_key_never_keeps_root_off_it() {
-        const ROUNDS: usize = 2000;
-        const SQUATTED: usize = 400;
-        let key = free_key(2);
-        let len = 16 << 10;
-        let made = std::sync::atomic::AtomicU64::new(0);
-        let Some(squatter) = nobody_meanwhile(|| {
-            let n = made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            // SAFETY: shmget and shmctl(IPC_RMID) take no pointers of ours.
-            unsafe {
-                let id = libc::shmget(key, len, libc::IPC_CREAT | libc::IPC_EXCL | 0o666);
-                if id >= 0 && n.is_multiple_of(2) {
-                    libc::shmctl(id, libc::IPC_RMID, ptr::null_mut());
-                }
-            }
-        }) else {
-            return;
-        };
-        let started = Instant::now();
-        while lookup(key).ok().flatten().is_none() {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "the squatter never made a segment"
-            );
-            std::thread::yield_now();
-        }
-        // On a loaded host the squatter may run rarely: root takes the key until it met the
-        // squatter there often enough (or time is up), and at least ROUNDS times.
-        let (mut failed, mut squatted, mut rounds) = (Vec::new(), 0, 0);
-        while rounds < ROUNDS
-            || (squatted < SQUATTED && started.elapsed() < Duration::from_secs(30))
-        {
-            rounds += 1;
-            // Whether the squatter holds the key as root comes to it.
-            if lookup(key).ok().flatten().is_some() {
-                squatted += 1;
-            }
-            match create_keyed(key, len) {
-                Ok(id) => {
-                    let st = check(id).expect("root's segment on the key");
-                    assert_eq!(st.key, key);
-                    remove(id).unwrap();
-                }
-                Err(e) => failed.push(e.to_string()),
-            }
-        }
-        drop(squatter);
-        if let Ok(Some(id)) = lookup(key) {
-            let _ = remove(id);
-        }
-        assert!(
-            squatted >= SQUATTED / 8,
-            "the squatter held the key {squatted} times in {rounds}: too few for a race"
-        );
-        assert!(
-            failed.is_empty(),
-            "{} of {rounds} lost the key: {failed:?}",
-            failed.len()
-        );
     }
 }

@@ -4,7 +4,7 @@
 //! destroy --all` frees them, so that no kill, at any instant, leaves locked memory behind
 //! that no command finds.
 //!
-//! Only segments that are root's alone, carry a uzram header (or sit on a record key) and
+//! Only segments that are root's alone, carry a uzram header (or sit on a legacy record key) and
 //! that no process has attached are considered: a live daemon keeps its store and staging
 //! attached, and a standby keeps its store's recovery room mapped.
 
@@ -43,7 +43,7 @@ pub fn find() -> Vec<Leftover> {
         .collect();
     let mut found = Vec::new();
     for seg in segments.iter().filter(|s| s.attached == 0) {
-        if let Some(device) = record::device_of_key(seg.key) {
+        if let Some(device) = record::device_of_segment(seg) {
             if !in_kernel(device) {
                 found.push(Leftover {
                     id: seg.id,
@@ -138,8 +138,19 @@ mod tests {
     use crate::footprint::{Sizes, MIN_ROOM};
     use crate::takeover::store_segment::StoreSegment;
 
+    /// One of these tests at a time: [`find`] maps every segment for a moment to read what it
+    /// is, and a segment mapped is in use, so one test's scan would hide another's leftover.
+    static SCANS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn one_scan_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+        SCANS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     #[test]
     fn a_store_of_a_device_that_never_came_to_be_is_found_and_freed() {
+        let _scans = one_scan_at_a_time();
         // Made as a daemon makes it, for a device id the kernel has not (this host has no
         // ublk at all, or not this id), and not attached by anyone once we let go.
         let sizes = Sizes::of(16, MIN_ROOM).unwrap();
@@ -168,6 +179,7 @@ mod tests {
 
     #[test]
     fn floors_no_store_records_are_found_and_freed() {
+        let _scans = one_scan_at_a_time();
         let Ok(floors) = floors_segment::FloorsSegment::create(64) else {
             println!("SKIP: no SysV shared memory");
             return;
@@ -184,5 +196,43 @@ mod tests {
         assert!(mine.what.contains("nonce floors"), "{mine:?}");
         free(mine);
         assert!(shm::stat(id).is_err(), "not freed");
+    }
+
+    #[test]
+    fn a_record_of_a_device_that_is_gone_is_found_by_its_content_and_freed() {
+        if !crate::sys::is_root() {
+            println!("SKIP: SHM_LOCK needs root");
+            return;
+        }
+        let _scans = one_scan_at_a_time();
+        let device = (1 << 20) - 21;
+        let state = crate::control::state::DaemonState::example(device);
+        record::write(&state).unwrap();
+        // A record test's scan for records maps each for a moment, and a mapped segment is
+        // in use: look again while that may be so.
+        let mine = (0..100)
+            .find_map(|_| {
+                let found = find().into_iter().find(|l| l.kind == Kind::Record(device));
+                if found.is_none() {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                found
+            })
+            .expect("the record is found");
+        let seg = shm::check(mine.id).unwrap();
+        assert_eq!(
+            seg.key,
+            libc::IPC_PRIVATE,
+            "found by its content, not a key"
+        );
+        assert!(mine.what.contains("a device that is gone"), "{mine:?}");
+        free(&mine);
+        // Marked for removal, it goes once that other scan let go of it.
+        let gone = (0..100).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            shm::stat(mine.id).is_err()
+        });
+        assert!(gone, "not freed");
+        assert_eq!(record::read(device), None);
     }
 }

@@ -1,6 +1,6 @@
 //! A device's recovery record: its daemon's [`DaemonState`] and libublk's device file, in a
-//! small SysV shared memory segment with a key derived from the device id, locked
-//! (`SHM_LOCK`) so it is never swapped.
+//! small private SysV shared memory segment of root's, locked (`SHM_LOCK`) so it is never
+//! swapped, and found by its content: a header that names the device.
 //!
 //! Why not the state file alone: `/run` is tmpfs, whose pages go to swap, and the
 //! highest-priority swap is this very device. After a crash, a recovery that reads
@@ -9,6 +9,13 @@
 //! recovery needs (which daemon, which store, how it was started) is therefore read from
 //! here; the state files stay for `list`, `status` and the control socket, which only run
 //! with a live daemon or can wait for one.
+//!
+//! Why no key: a key derived from the device id is one any user can take first, and a user
+//! who keeps making segments there can keep root off it. A private segment has no name to
+//! take; a recovery finds the record among the segments root made with mode 0600
+//! (`/proc/sysvipc/shm`, procfs, never swapped), which no other user can make or change. A
+//! record of the releases before, on the key `0x75700000 + id`, is still read (a device
+//! their daemon made is recovered by this one) and removed once this format is written.
 //!
 //! libublk has the same problem: every `UblkCtrl` of an existing device reads
 //! `/run/ublksrvd/NNNN.json` first (the recovering daemon's too). The record keeps a copy, and
@@ -23,13 +30,16 @@ use crate::control::state::DaemonState;
 use crate::control::ControlError;
 use crate::shm;
 
-/// Keys are `KEY_BASE + id` (0x757 for "uz" in the top bits); ublk ids stay below 2^20.
-/// Predictable, so anyone can take a key first: `shm` removes a segment on it that is not
-/// root's alone, and never uses one.
-const KEY_BASE: i32 = 0x7570_0000;
-const MAGIC: [u8; 8] = *b"UZRAMAN2";
+/// The record's header: this magic, the body's length and the device id (native-endian
+/// `u32`s), then the body (JSON).
+const MAGIC: [u8; 8] = *b"UZRAMAN3";
 const LEN: usize = 16 << 10;
 const HEADER: usize = 16;
+
+/// The releases before kept the record on key `LEGACY_KEY_BASE + id`, with this magic and no
+/// device in the header; read, never written.
+const LEGACY_KEY_BASE: i32 = 0x7570_0000;
+const LEGACY_MAGIC: [u8; 8] = *b"UZRAMAN2";
 
 /// What the segment holds (as JSON, after a 16-byte header: magic, length).
 #[derive(Debug, Serialize, Deserialize)]
@@ -45,10 +55,6 @@ fn ublk_json_path(id: u32) -> String {
     format!("{}/{id:04}.json", libublk::ctrl::UblkCtrl::run_dir())
 }
 
-fn key(id: u32) -> Option<i32> {
-    (id < 1 << 20).then(|| KEY_BASE + id as i32)
-}
-
 fn shm_err(what: &str) -> impl FnOnce(shm::ShmError) -> ControlError + '_ {
     move |e| ControlError::Io {
         what: what.to_string(),
@@ -56,8 +62,35 @@ fn shm_err(what: &str) -> impl FnOnce(shm::ShmError) -> ControlError + '_ {
     }
 }
 
+/// The device whose recovery record `seg` (a segment root's alone) is: by its header, or by
+/// the legacy key it sits on.
+pub fn device_of_segment(seg: &shm::Stat) -> Option<u32> {
+    if seg.key == libc::IPC_PRIVATE && seg.size == LEN {
+        let header: [u8; HEADER] = shm::peek(seg.id, 0).ok()?;
+        let device = u32::from_ne_bytes(header[12..16].try_into().ok()?);
+        return (header[..8] == MAGIC).then_some(device);
+    }
+    let id = seg.key.checked_sub(LEGACY_KEY_BASE)?;
+    (0..1 << 20).contains(&id).then_some(id as u32)
+}
+
+/// Root's record segments of device `id`: those found by their header, lowest id first, then
+/// one on its legacy key.
+fn segments_of(id: u32) -> Vec<shm::Stat> {
+    let mut found: Vec<shm::Stat> = shm::root_only_segments()
+        .into_iter()
+        .filter(|seg| device_of_segment(seg) == Some(id))
+        .collect();
+    found.sort_unstable_by_key(|seg| (seg.key != libc::IPC_PRIVATE, seg.id));
+    found
+}
+
 /// Publishes `state` as the recovery record of its device (made, or overwritten), with
 /// libublk's device file as it is now. Call it once the device serves.
+///
+/// The device's first record segment (found by content) is reused, so every daemon of a
+/// device writes the same one; any other (a second one two writers made at once, or one on
+/// the legacy key) is removed once this one is written.
 pub fn write(state: &DaemonState) -> Result<(), ControlError> {
     let ublk = std::fs::read(ublk_json_path(state.id))
         .ok()
@@ -76,34 +109,53 @@ pub fn write(state: &DaemonState) -> Result<(), ControlError> {
             source: std::io::Error::other(format!("{} bytes do not fit", json.len())),
         });
     }
-    let key =
-        key(state.id).ok_or_else(|| ControlError::Protocol(format!("device id {}", state.id)))?;
-    let id = shm::create_keyed(key, LEN).map_err(shm_err("the recovery record"))?;
+    let mut found = segments_of(state.id);
+    let reused = found
+        .first()
+        .filter(|seg| seg.key == libc::IPC_PRIVATE)
+        .map(|seg| seg.id);
+    let id = match reused {
+        Some(id) => {
+            found.remove(0);
+            id
+        }
+        None => shm::create(LEN).map_err(shm_err("the recovery record"))?,
+    };
     let map = shm::Attached::map(id, false).map_err(shm_err("the recovery record"))?;
-    if map.size() < LEN {
+    if map.size() != LEN {
         return Err(ControlError::Io {
-            what: format!("shared memory key {key:#x}"),
-            source: std::io::Error::other("a smaller segment of root's has this key"),
+            what: format!("shared memory segment {id}"),
+            source: std::io::Error::other("not the size of a recovery record"),
         });
     }
-    shm::lock(id).map_err(shm_err("shmctl SHM_LOCK (the recovery record)"))?;
-    // SAFETY: the mapping is LEN bytes (checked) and ours while attached; the length goes in
-    // last, so a record cut short by a crash reads as none.
+    // SAFETY: the mapping is LEN bytes (checked) and ours while attached. The header names
+    // the device before the segment is locked, so a kill from here on leaves a record that
+    // `uzram list` finds; the length goes in last, so a record cut short reads as none.
     unsafe {
         let base = map.base();
         ptr::write_volatile(base.add(8).cast::<u32>(), 0);
+        ptr::write_volatile(base.add(12).cast::<u32>(), state.id);
         ptr::copy_nonoverlapping(MAGIC.as_ptr(), base, MAGIC.len());
+    }
+    shm::lock(id).map_err(shm_err("shmctl SHM_LOCK (the recovery record)"))?;
+    // SAFETY: as above; the body fits after the header (checked).
+    unsafe {
+        let base = map.base();
         ptr::copy_nonoverlapping(json.as_ptr(), base.add(HEADER), json.len());
         std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
         ptr::write_volatile(base.add(8).cast::<u32>(), json.len() as u32);
     }
+    for other in found {
+        if let Err(error) = shm::remove(other.id) {
+            tracing::warn!(id = other.id, %error, "removing a second recovery record failed");
+        }
+    }
     Ok(())
 }
 
-/// The bytes of the record segment of device `id`, if there is one root's alone.
-fn record_bytes(id: u32) -> Option<Vec<u8>> {
-    let shm = shm::find_keyed(key(id)?)?;
-    let map = shm::Attached::map(shm, true).ok()?;
+/// The bytes of record segment `seg`.
+fn record_bytes(seg: &shm::Stat) -> Option<Vec<u8>> {
+    let map = shm::Attached::map(seg.id, true).ok()?;
     if map.size() < LEN {
         return None;
     }
@@ -115,8 +167,12 @@ fn record_bytes(id: u32) -> Option<Vec<u8>> {
 /// The record in `page` (a record segment's bytes) if it is one of device `id` and passes
 /// every check of what it may hold ([`DaemonState::validate`]); why not otherwise.
 fn parse_record(id: u32, page: &[u8], host: crate::config::Host) -> Result<Record, String> {
-    if page.len() < HEADER || page[..8] != MAGIC {
+    if page.len() < HEADER || (page[..8] != MAGIC && page[..8] != LEGACY_MAGIC) {
         return Err("no uzram recovery record".into());
+    }
+    let device = u32::from_ne_bytes(page[12..16].try_into().map_err(|_| "short header")?);
+    if page[..8] == MAGIC && device != id {
+        return Err(format!("its header names device {device}"));
     }
     let len = u32::from_ne_bytes(page[8..12].try_into().map_err(|_| "short header")?) as usize;
     let body = HEADER
@@ -184,7 +240,7 @@ pub fn fuzz_seeds() -> Vec<Vec<u8>> {
             .unwrap();
             let mut page = MAGIC.to_vec();
             page.extend_from_slice(&(json.len() as u32).to_ne_bytes());
-            page.extend_from_slice(&[0; 4]);
+            page.extend_from_slice(&3u32.to_ne_bytes());
             page.extend_from_slice(&json);
             page
         })
@@ -209,16 +265,23 @@ pub fn fuzz_check(input: &[u8], host: crate::config::Host) {
     }));
 }
 
+/// The first of device `id`'s record segments ([`segments_of`]) that holds a record passing
+/// every check.
 fn read_record(id: u32) -> Option<Record> {
-    let page = record_bytes(id)?;
     let host = crate::config::Host::current().ok()?;
-    match parse_record(id, &page, host) {
-        Ok(record) => Some(record),
-        Err(why) => {
-            tracing::warn!(id, why, "refusing the recovery record of the device");
-            None
-        }
-    }
+    segments_of(id).iter().find_map(|seg| {
+        let page = record_bytes(seg)?;
+        parse_record(id, &page, host)
+            .map_err(|why| {
+                tracing::warn!(
+                    id,
+                    segment = seg.id,
+                    why,
+                    "refusing a recovery record of the device"
+                );
+            })
+            .ok()
+    })
 }
 
 /// The published state in the recovery record of device `id`, if there is one that passes
@@ -257,11 +320,9 @@ static PENDING: std::sync::Mutex<Option<(DaemonState, std::time::Instant)>> =
 /// How long a failed [`publish`] waits before [`retry_pending`] tries again.
 const RETRY_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// [`write()`], and when that fails (a user who keeps making segments on the record's key
-/// outlasts [`shm::create_keyed`]), leaves it to [`retry_pending`] to try again every
-/// [`RETRY_EVERY`] until it succeeds or this process [`remove`]s the record: the key is the
-/// squatter's only while root has no segment there, so once written the record stays the
-/// daemon's.
+/// [`write()`], and when that fails (the host's segments or lockable memory used up, for
+/// a while), leaves it to [`retry_pending`] to try again every [`RETRY_EVERY`] until it
+/// succeeds or this process [`remove`]s the record.
 pub fn publish(state: &DaemonState) {
     let Err(err) = write_unless_removed(state) else {
         return;
@@ -306,40 +367,33 @@ fn write_unless_removed(state: &DaemonState) -> Result<(), ControlError> {
     write(state)
 }
 
-/// Removes the recovery record of device `id` (its device is gone).
+/// Removes the recovery records of device `id` (its device is gone).
 pub fn remove(id: u32) {
     let mut removed = lock(&REMOVED);
     if !removed.contains(&id) {
         removed.push(id);
     }
-    if let Some(shm) = key(id).and_then(shm::find_keyed) {
-        if let Err(error) = shm::remove(shm) {
-            tracing::warn!(id, %error, "removing the recovery record failed");
+    for seg in segments_of(id) {
+        if let Err(error) = shm::remove(seg.id) {
+            tracing::warn!(id, segment = seg.id, %error, "removing the recovery record failed");
         }
     }
 }
 
-/// Whether device `id` has a record segment (root's alone).
-pub fn exists(id: u32) -> bool {
-    key(id).and_then(shm::find_keyed).is_some()
-}
-
-/// The device id whose record segment has key `key`, if it is a record key.
-pub fn device_of_key(key: i32) -> Option<u32> {
-    let id = key.checked_sub(KEY_BASE)?;
-    (0..1 << 20).contains(&id).then_some(id as u32)
-}
-
-/// Ids of the ublk devices the kernel has that carry a recovery record (sysfs: never
-/// swapped).
+/// Ids of the ublk devices the kernel has that carry a recovery record (sysfs and procfs:
+/// never swapped).
 pub fn device_ids() -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/sys/class/ublk-char") else {
         return Vec::new();
     };
+    let recorded: Vec<u32> = shm::root_only_segments()
+        .iter()
+        .filter_map(device_of_segment)
+        .collect();
     let mut ids: Vec<u32> = dir
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.strip_prefix("ublkc")?.parse().ok())
-        .filter(|&id| exists(id))
+        .filter(|id| recorded.contains(id))
         .collect();
     ids.sort_unstable();
     ids
@@ -349,12 +403,9 @@ pub fn device_ids() -> Vec<u32> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn keys_stay_apart_and_in_range() {
-        assert_eq!(key(0), Some(KEY_BASE));
-        assert_eq!(key((1 << 20) - 1), Some(KEY_BASE + (1 << 20) - 1));
-        assert_eq!(key(1 << 20), None);
-        assert!(KEY_BASE > 0 && KEY_BASE.checked_add(1 << 20).is_some());
+    /// Root's record segments of device `id`, as `(key, segment id)`.
+    fn segments(id: u32) -> Vec<(i32, i32)> {
+        segments_of(id).iter().map(|s| (s.key, s.id)).collect()
     }
 
     /// Writes, reads back, overwrites and removes a record (needs root for SHM_LOCK; the test
@@ -376,6 +427,11 @@ mod tests {
         };
         write(&state).unwrap();
         assert_eq!(read(id), Some(state.clone()));
+        let made = segments(id);
+        assert!(
+            matches!(made[..], [(libc::IPC_PRIVATE, _)]),
+            "one private segment: {made:?}"
+        );
         state.pid = 4343;
         state.settings = Some(Box::new(crate::config::RawDevice {
             size: "1M".into(),
@@ -383,8 +439,14 @@ mod tests {
         }));
         write(&state).unwrap();
         assert_eq!(read(id), Some(state));
+        assert_eq!(
+            segments(id),
+            made,
+            "a second daemon's record is not the first's"
+        );
         remove(id);
         assert_eq!(read(id), None);
+        assert!(segments(id).is_empty());
     }
 
     /// A record that could not be written is written by a later retry once its time came,
@@ -416,19 +478,32 @@ mod tests {
     }
 
     fn page_of(state: &DaemonState) -> Vec<u8> {
+        page_with(&MAGIC, state)
+    }
+
+    /// A record page of `state` with `magic`, naming its device in the header.
+    fn page_with(magic: &[u8; 8], state: &DaemonState) -> Vec<u8> {
         let json = serde_json::to_vec(&Record {
             state: state.clone(),
             ublk: None,
         })
         .unwrap();
         let mut page = vec![0u8; LEN];
-        page[..8].copy_from_slice(&MAGIC);
+        page[..8].copy_from_slice(magic);
         page[8..12].copy_from_slice(&(json.len() as u32).to_ne_bytes());
+        page[12..16].copy_from_slice(&state.id.to_ne_bytes());
         page[HEADER..HEADER + json.len()].copy_from_slice(&json);
         page
     }
 
     const HOST: crate::config::Host = crate::config::Host { ram_mib: 1024 };
+
+    #[test]
+    fn the_fuzz_seeds_are_records_that_pass() {
+        for seed in fuzz_seeds() {
+            parse_record(3, &seed, HOST).unwrap();
+        }
+    }
 
     #[test]
     fn a_forged_record_is_refused_as_data() {
@@ -536,6 +611,12 @@ mod tests {
         long[8..12].copy_from_slice(&u32::MAX.to_ne_bytes());
         assert!(parse_record(id, &long, HOST).is_err());
         assert!(parse_record(id, &[0u8; LEN], HOST).is_err());
+        // A header that names another device than the record's state.
+        let mut named = page_of(&good);
+        named[12..16].copy_from_slice(&4u32.to_ne_bytes());
+        assert!(parse_record(id, &named, HOST)
+            .unwrap_err()
+            .contains("names device 4"));
         // A ublk device file of another device.
         let other = Record {
             state: good.clone(),
@@ -550,37 +631,91 @@ mod tests {
             .contains("device 9"));
     }
 
+    /// The attacks on the record that the key of the releases before allowed, tried: a user
+    /// forges a record in a segment of their own (private, even handed to root, and on the
+    /// legacy key), and a user makes and removes segments on that key all the while. None of
+    /// it is read, none of it keeps root from writing the record every time, and nobody can
+    /// neither map nor remove root's.
     #[test]
-    fn a_key_taken_first_by_another_user_is_never_used_and_nobody_reads_the_record() {
+    fn no_segment_another_user_makes_is_read_as_a_record_or_keeps_root_from_one() {
         let id = (1 << 20) - 11;
-        let key = key(id).unwrap();
-        let Some(squat) = shm::tests::nobodys_segment(key, LEN, 0o666) else {
-            return;
-        };
-        // nobody writes a record of their own making into it
+        let legacy_key = LEGACY_KEY_BASE + id as i32;
         let forged = DaemonState {
             pid: 1,
-            store_shm: Some(squat),
             ..DaemonState::example(id)
         };
-        let page = page_of(&forged);
-        shm::tests::write_as_owner(squat, &page[..LEN]);
+        let Some(private) = shm::tests::nobodys_segment(libc::IPC_PRIVATE, LEN, 0o666) else {
+            return;
+        };
+        shm::tests::write_as_owner(private, &page_of(&forged));
+        let on_key = shm::tests::nobodys_segment(legacy_key, LEN, 0o666).unwrap();
+        shm::tests::write_as_owner(on_key, &page_with(&LEGACY_MAGIC, &forged));
         assert_eq!(read(id), None, "a record in nobody's segment was read");
-        // The daemon publishes: the squatter's segment goes, and root's own is made.
-        let state = DaemonState {
-            pid: 4242,
-            ..DaemonState::example(id)
-        };
-        write(&state).unwrap();
-        assert!(
-            shm::stat(squat).is_err(),
-            "the squatter's segment is still there"
+        shm::tests::hand_to_root(private);
+        assert_eq!(
+            read(id),
+            None,
+            "a record nobody made was read once root owned it"
         );
-        assert_eq!(read(id), Some(state));
-        let ours = shm::find_keyed(key).unwrap();
-        // nobody can neither map nor remove it
-        let code = shm::tests::nobody_maps_or_removes(ours).unwrap();
+        // A racer on the key the record had: root writes its record every time regardless.
+        let racer = shm::tests::nobody_meanwhile(|| {
+            // SAFETY: shmget and shmctl(IPC_RMID) take no pointers of ours.
+            unsafe {
+                let made = libc::shmget(legacy_key, LEN, libc::IPC_CREAT | libc::IPC_EXCL | 0o666);
+                if made >= 0 {
+                    libc::shmctl(made, libc::IPC_RMID, ptr::null_mut());
+                }
+            }
+        })
+        .unwrap();
+        for pid in 1000..1200 {
+            let state = DaemonState {
+                pid,
+                ..DaemonState::example(id)
+            };
+            write(&state).unwrap();
+            assert_eq!(read(id), Some(state));
+        }
+        drop(racer);
+        let ours = segments(id);
+        assert!(
+            matches!(ours[..], [(libc::IPC_PRIVATE, _)]),
+            "one record of root's: {ours:?}"
+        );
+        let code = shm::tests::nobody_maps_or_removes(ours[0].1).unwrap();
         assert_eq!(code, 0, "nobody read or removed root's record");
         remove(id);
+        for seg in [private, on_key] {
+            assert!(shm::stat(seg).is_ok(), "nobody's segment {seg} was removed");
+            shm::remove(seg).unwrap();
+        }
+    }
+
+    /// A record of the releases before (on its key) is read, and gives way to this format
+    /// once a daemon writes the record.
+    #[test]
+    fn a_record_on_the_legacy_key_is_read_and_replaced() {
+        if !crate::sys::is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let id = (1 << 20) - 17;
+        let old = DaemonState {
+            pid: 77,
+            ..DaemonState::example(id)
+        };
+        let seg = shm::tests::root_segment_on_key(LEGACY_KEY_BASE + id as i32, LEN);
+        shm::tests::write_as_owner(seg, &page_with(&LEGACY_MAGIC, &old));
+        assert_eq!(segments(id), [(LEGACY_KEY_BASE + id as i32, seg)]);
+        assert_eq!(read(id), Some(old));
+        let new = DaemonState {
+            pid: 78,
+            ..DaemonState::example(id)
+        };
+        write(&new).unwrap();
+        assert_eq!(read(id), Some(new));
+        assert!(shm::stat(seg).is_err(), "the legacy record is still there");
+        remove(id);
+        assert!(segments(id).is_empty());
     }
 }
