@@ -136,7 +136,7 @@ impl PageStore {
                 if !(seen - 1).is_multiple_of(stride) {
                     continue;
                 }
-                match self.load_stored(handle, len, &mut stored_bytes[..len]) {
+                match self.load_stored(index, handle, len, &mut stored_bytes[..len]) {
                     Some(c) => (len, c),
                     None => continue,
                 }

@@ -183,7 +183,7 @@ impl PageStore {
         let stored = if self.checksums {
             let mut c = [0u8; CHECKSUM_BYTES];
             c.copy_from_slice(&object[len..len + CHECKSUM_BYTES]);
-            u32::from_le_bytes(c)
+            self.bound_checksum(index, u32::from_le_bytes(c))
         } else {
             0
         };

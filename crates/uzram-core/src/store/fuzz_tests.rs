@@ -144,7 +144,7 @@ fn stored_checksum(store: &PageStore, index: u64) -> Option<u32> {
     match read_lock(shard).get(idx) {
         Some(Slot::Stored { handle, len, .. }) => {
             let mut bytes = [0u8; PAGE_SIZE];
-            store.load_stored(handle, usize::from(len), &mut bytes)
+            store.load_stored(index, handle, usize::from(len), &mut bytes)
         }
         _ => None,
     }

@@ -13,8 +13,8 @@
 //!   bytes out, so they cannot be freed under it.
 //!
 //! Every stored object carries a checksum after its payload: CRC32C of the page's 4096
-//! bytes as the writer handed it over ([`crate::page::page_checksum`]). A read decodes the
-//! page and compares; a mismatch fails the read with [`CoreError::Checksum`] (an I/O error
+//! bytes as the writer handed it over ([`crate::page::page_checksum`]), bound to the page's
+//! index (`PageStore::bound_checksum`). A read decodes the page and compares; a mismatch fails the read with [`CoreError::Checksum`] (an I/O error
 //! for that request, counted in `checksum_failures`), never returns other data. The
 //! checksum is computed from the writer's page, not from what a backend returned, so it
 //! also catches a backend whose output decodes to something else. A same-filled page has
@@ -94,6 +94,10 @@ pub struct StoreConfig {
     /// Keep a checksum with every stored page and check it on every read (see the module
     /// docs). Off only to measure what the checksums cost.
     pub checksums: bool,
+    /// Store each checksum bound to its page's index ([`PageStore::bound_checksum`]), so that
+    /// an object read for another page fails its check. Off only for a store taken over from
+    /// a daemon that kept checksums without it.
+    pub checksums_name_pages: bool,
 }
 
 impl StoreConfig {
@@ -111,6 +115,7 @@ impl StoreConfig {
             mem_limit: None,
             raw_threshold: Self::DEFAULT_RAW_THRESHOLD,
             checksums: true,
+            checksums_name_pages: true,
         }
     }
 }
@@ -151,6 +156,8 @@ pub struct PageStore {
     persistent: bool,
     /// Stored objects carry a checksum ([`StoreConfig::checksums`]).
     checksums: bool,
+    /// Stored checksums are bound to their page ([`StoreConfig::checksums_name_pages`]).
+    checksums_name_pages: bool,
     /// Each page's last use, for the cold tier (`tier.rs`).
     ages: tier::Ages,
     /// Where written-back pages live (`backing.rs`), once attached.
@@ -397,6 +404,7 @@ impl PageStore {
             staging: OnceLock::new(),
             persistent,
             checksums,
+            checksums_name_pages: cfg.checksums_name_pages,
             ages,
             backing: OnceLock::new(),
             pass: OnceLock::new(),
@@ -434,9 +442,23 @@ impl PageStore {
         }
     }
 
-    /// What goes after an object's payload: its checksum, or nothing.
-    fn trailer(&self, checksum: u32) -> Option<[u8; CHECKSUM_BYTES]> {
-        self.checksums.then(|| checksum.to_le_bytes())
+    /// What goes after page `index`'s object: its checksum as stored
+    /// ([`PageStore::bound_checksum`]), or nothing.
+    fn trailer(&self, index: u64, checksum: u32) -> Option<[u8; CHECKSUM_BYTES]> {
+        self.checksums
+            .then(|| self.bound_checksum(index, checksum).to_le_bytes())
+    }
+
+    /// Page `index`'s checksum as its object stores it, and back (the same xor both ways):
+    /// xored with the page's index folded to 32 bits, which differs for every two pages of a
+    /// device under 16 TiB. A table entry that points at another page's object (swapped or
+    /// damaged) then reads as a failed check, never as that page's data.
+    fn bound_checksum(&self, index: u64, checksum: u32) -> u32 {
+        if self.checksums_name_pages {
+            checksum ^ (index ^ (index >> 32)) as u32
+        } else {
+            checksum
+        }
     }
 
     /// Bytes an object of `len` payload bytes takes in the arena.
@@ -463,15 +485,16 @@ impl PageStore {
         }
     }
 
-    /// Copies the `len` payload bytes at `handle` into `out` and returns the checksum stored
-    /// after them (0 in a store without checksums); `None` when they are not in the arena.
-    fn load_stored(&self, handle: u64, len: usize, out: &mut [u8]) -> Option<u32> {
+    /// Copies the `len` payload bytes of page `index`'s object at `handle` into `out` and
+    /// returns the page checksum stored after them (0 in a store without checksums); `None`
+    /// when they are not in the arena.
+    fn load_stored(&self, index: u64, handle: u64, len: usize, out: &mut [u8]) -> Option<u32> {
         if !self.checksums {
             return self.arena.load(handle, len, out).then_some(0);
         }
         self.arena
             .load_with_trailer(handle, len, out)
-            .map(u32::from_le_bytes)
+            .map(|stored| self.bound_checksum(index, u32::from_le_bytes(stored)))
     }
 
     /// Checks a page just decoded against the checksum stored with it.
@@ -702,7 +725,7 @@ impl PageStore {
             }) => return self.read_backed(index, at, usize::from(len), recompressed, page),
         };
         if len == PAGE_SIZE {
-            let stored = self.load_stored(handle, len, page);
+            let stored = self.load_stored(index, handle, len, page);
             drop(shard);
             return match stored {
                 Some(stored) => self.verify(index, page, stored),
@@ -711,7 +734,7 @@ impl PageStore {
         }
         if recompressed {
             return worker::with_recompressed_decoder(|decoder, scratch| {
-                let stored = self.load_stored(handle, len, scratch);
+                let stored = self.load_stored(index, handle, len, scratch);
                 drop(shard);
                 let Some(stored) = stored else {
                     return Err(self.failed_check(corrupt(index, "arena range missing")));
@@ -723,7 +746,7 @@ impl PageStore {
         }
         // Copy the compressed bytes out under the shard lock, decode after dropping it.
         worker::with_codec(self.algorithm, |codec, scratch| {
-            let stored = self.load_stored(handle, len, scratch);
+            let stored = self.load_stored(index, handle, len, scratch);
             drop(shard);
             let Some(stored) = stored else {
                 return Err(self.failed_check(corrupt(index, "arena range missing")));
@@ -914,7 +937,9 @@ impl PageStore {
                 let budget = Budget::Limited {
                     reserved: self.staged_room(),
                 };
-                let handle = self.arena.store(bytes, self.trailer(checksum), budget)?;
+                let handle = self
+                    .arena
+                    .store(bytes, self.trailer(index, checksum), budget)?;
                 stored(handle, bytes.len())
             }
         };

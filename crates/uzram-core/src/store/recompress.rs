@@ -381,7 +381,7 @@ impl PageStore {
             if !wanted || len < pass.threshold || (self.ages.tried(index) && !pass.retry_tried) {
                 return None;
             }
-            let checksum = self.load_stored(handle, len, &mut stored[..len])?;
+            let checksum = self.load_stored(index, handle, len, &mut stored[..len])?;
             let fingerprint = self.fingerprint(slot)?;
             (slot, checksum, len, fingerprint)
         };
@@ -410,7 +410,10 @@ impl PageStore {
         let budget = Budget::Limited {
             reserved: self.staged_room(),
         };
-        let handle = match self.arena.store(bytes, self.trailer(c.checksum), budget) {
+        let handle = match self
+            .arena
+            .store(bytes, self.trailer(c.index, c.checksum), budget)
+        {
             Ok(handle) => handle,
             Err(_) => {
                 done.failed += 1;

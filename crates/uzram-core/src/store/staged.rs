@@ -233,11 +233,9 @@ impl PageStore {
             handles
                 .iter()
                 .copied()
-                .zip(
-                    commits
-                        .iter()
-                        .filter_map(|c| payload(c).map(|p| (p, self.trailer(c.checksum)))),
-                )
+                .zip(commits.iter().filter_map(|c| {
+                    payload(c).map(|p| (p, self.trailer(c.ticket.page, c.checksum)))
+                }))
                 .map(|(h, (p, t))| (h, p, t)),
         );
         let mut next = handles.iter();

@@ -843,6 +843,99 @@ fn table_words_no_store_writes_fail_reads_and_are_counted() {
     assert_eq!(read_page(&store, 1), text_page(1));
 }
 
+/// Swaps the table entries of pages `a` and `b`, as a stray write or a bug could.
+fn swap_entries(store: &PageStore, a: u64, b: u64) {
+    let word = |page: u64| {
+        let (shard, idx) = store.locate(page);
+        let mut shard = write_lock(shard);
+        match &mut shard.entries_mut() {
+            shard::Entries::Owned(v) => v[idx as usize],
+            shard::Entries::Kept(_) => unreachable!(),
+        }
+    };
+    let set = |page: u64, value: u64| {
+        let (shard, idx) = store.locate(page);
+        let mut shard = write_lock(shard);
+        match &mut shard.entries_mut() {
+            shard::Entries::Owned(v) => v[idx as usize] = value,
+            shard::Entries::Kept(_) => unreachable!(),
+        }
+    };
+    let (wa, wb) = (word(a), word(b));
+    set(a, wb);
+    set(b, wa);
+}
+
+#[test]
+fn an_entry_that_points_at_another_pages_object_fails_its_check() {
+    // Two compressed pages in one shard, two in others, and two raw ones.
+    let swaps = [(0u64, 1u64), (2, 1 << 12), (3, 4)];
+    for name_pages in [true, false] {
+        let mut cfg = StoreConfig::new(1 << 13, Algorithm::Lz4);
+        cfg.checksums_name_pages = name_pages;
+        let store = PageStore::new(cfg).unwrap();
+        let page = |i: u64| match i {
+            3 | 4 => noise_page(i),
+            _ => text_page(i as u8),
+        };
+        for &(a, b) in &swaps {
+            store.write(a, &page(a)).unwrap();
+            store.write(b, &page(b)).unwrap();
+            swap_entries(&store, a, b);
+        }
+        let mut out = [0u8; PAGE_SIZE];
+        for &(a, b) in &swaps {
+            for (at, held) in [(a, b), (b, a)] {
+                let read = store.read(at, &mut out);
+                if name_pages {
+                    let err = read.expect_err("another page's object read back");
+                    assert!(
+                        matches!(err, CoreError::Checksum { index } if index == at),
+                        "page {at}: {err}"
+                    );
+                } else {
+                    // What the binding prevents: the other page's bytes, read as this one's.
+                    read.unwrap();
+                    assert_eq!(out, page(held), "page {at}");
+                }
+            }
+        }
+        let failed = if name_pages {
+            2 * swaps.len() as u64
+        } else {
+            0
+        };
+        assert_eq!(store.stats().checksum_failures, failed);
+    }
+}
+
+/// A store kept by a daemon whose checksums were not bound to their pages reads back
+/// after a takeover that keeps them so, and fails every check if taken over as bound: the
+/// setting must come from the store's layout, as `store_segment.rs` reads it.
+#[test]
+fn a_store_with_unbound_checksums_is_taken_over_as_such() {
+    let mut cfg = StoreConfig::new(64, Algorithm::Lz4);
+    cfg.checksums_name_pages = false;
+    let mut kept = super::kept_memory::KeptMemory::new(cfg, 0);
+    let store = kept.store();
+    let pages: Vec<_> = (1..9u64).map(|i| text_page(i as u8)).collect();
+    for (i, p) in pages.iter().enumerate() {
+        store.write(i as u64 + 1, p).unwrap();
+    }
+    kept.kill(store);
+    let (unbound, _) = kept.recover().unwrap();
+    for (i, p) in pages.iter().enumerate() {
+        assert_eq!(read_page(&unbound, i as u64 + 1), *p);
+    }
+    drop(unbound);
+    kept.cfg.checksums_name_pages = true;
+    let (bound, _) = kept.recover().unwrap();
+    let mut out = [0u8; PAGE_SIZE];
+    for i in 1..=pages.len() as u64 {
+        assert!(bound.read(i, &mut out).is_err(), "page {i} read as bound");
+    }
+}
+
 #[test]
 fn a_staged_copy_that_no_longer_matches_its_checksum_is_not_read() {
     // The ring's staging checks its copies (batch::staging); the store fails the read.

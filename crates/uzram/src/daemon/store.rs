@@ -96,7 +96,7 @@ pub fn recover(
     shm: i32,
     step: &mut dyn FnMut(&'static str),
 ) -> anyhow::Result<Taken> {
-    let store_cfg = store_config(cfg);
+    let mut store_cfg = store_config(cfg);
     let algorithm = cfg.algorithm.to_string();
     let expect = Expected {
         device,
@@ -106,6 +106,7 @@ pub fn recover(
     };
     let region =
         StoreSegment::attach(shm, expect).context("taking over the store's shared memory")?;
+    store_cfg.checksums_name_pages = region.checksums_name_pages();
     step("store: attach");
     let mut used = region.used_blocks();
     used.sort_unstable();

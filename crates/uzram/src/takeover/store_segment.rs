@@ -49,10 +49,13 @@ use super::segment::{foreign, sys, SegmentError};
 use crate::memory::pool;
 
 const MAGIC: [u8; 8] = *b"UZRAMST1";
-/// Layout 5: the page table's words end with the pages' ages (`PageStore::table_len`), so a
-/// takeover keeps each page's age and tried flag. Layout 4 added the checksums. A store of an
-/// older layout is not taken over.
-const VERSION: u32 = 5;
+/// Layout 6: each stored checksum is bound to its page (`StoreConfig::checksums_name_pages`).
+/// Layout 5 (taken over, and kept unbound) made the page table's words end with the pages'
+/// ages (`PageStore::table_len`), so a takeover keeps each page's age and tried flag; layout
+/// 4 added the checksums. A store of an older layout is not taken over.
+const VERSION: u32 = 6;
+/// The layout before [`VERSION`] that is still taken over: the same but for unbound checksums.
+const UNBOUND_VERSION: u32 = 5;
 use crate::footprint::max_room;
 use crate::footprint::{Sizes, MIN_ROOM};
 
@@ -176,13 +179,13 @@ fn check_header(
     if header.magic != MAGIC {
         return Err(foreign(id, "no uzram store header".into()));
     }
-    if header.version != VERSION {
+    if header.version != VERSION && header.version != UNBOUND_VERSION {
         return Err(foreign(
             id,
             format!(
-                "layout version {} (this daemon keeps layout {VERSION}, with a checksum on \
-                 every page and its age; a store of an older uzram is not taken over: stop \
-                 the device with the uzram that made it)",
+                "layout version {} (this daemon takes over layouts {UNBOUND_VERSION} and \
+                 {VERSION}, with a checksum on every page and its age; a store of another \
+                 uzram is not taken over: stop the device with the uzram that made it)",
                 header.version
             ),
         ));
@@ -234,7 +237,11 @@ fn check_header(
         return Err(foreign(id, format!("a recovery room of {room} bytes")));
     }
     let laid_out = Sizes::of(expect.pages, room)
-        .and_then(|s| layout(s, expect.algorithm, expect.checksums, expect.device));
+        .and_then(|s| layout(s, expect.algorithm, expect.checksums, expect.device))
+        .map(|laid_out| Header {
+            version: header.version,
+            ..laid_out
+        });
     if laid_out.as_ref() != Some(header) || header.len != size as u64 {
         return Err(foreign(
             id,
@@ -415,6 +422,12 @@ impl StoreSegment {
         };
         region.lock_parts();
         Ok(region)
+    }
+
+    /// Whether the store's checksums are bound to their pages (layout 6 on): what its store
+    /// must keep doing.
+    pub fn checksums_name_pages(&self) -> bool {
+        self.header.version != UNBOUND_VERSION
     }
 
     /// Header, page table and directory: populated and locked now, since queue threads write
@@ -1141,9 +1154,18 @@ mod tests {
             let err = StoreSegment::attach(region.id(), expected()).expect_err(what);
             assert!(err.to_string().contains(what), "{what}: {err}");
         }
+        // The layout before, whose checksums are not bound to their pages, is taken over as
+        // that (its store keeps them unbound), and a new store is bound.
+        assert!(region.checksums_name_pages());
+        // SAFETY: as above.
+        unsafe { ptr::write_volatile(region.base as *mut Header, Header { version: 5, ..h }) };
+        let unbound = StoreSegment::attach(region.id(), expected()).unwrap();
+        assert!(!unbound.checksums_name_pages());
         // SAFETY: as above.
         unsafe { ptr::write_volatile(region.base as *mut Header, h) };
-        assert!(StoreSegment::attach(region.id(), expected()).is_ok());
+        assert!(StoreSegment::attach(region.id(), expected())
+            .unwrap()
+            .checksums_name_pages());
     }
 
     #[test]
