@@ -94,9 +94,9 @@ pub struct StoreConfig {
     /// Keep a checksum with every stored page and check it on every read (see the module
     /// docs). Off only to measure what the checksums cost.
     pub checksums: bool,
-    /// Store each checksum bound to its page's index ([`PageStore::bound_checksum`]), so that
-    /// an object read for another page fails its check. Off only for a store taken over from
-    /// a daemon that kept checksums without it.
+    /// Store each checksum bound to its page's index (xored with the index folded to 32
+    /// bits), so that an object read for another page fails its check. Off only for a store
+    /// taken over from a daemon that kept checksums without it.
     pub checksums_name_pages: bool,
 }
 
