@@ -7,6 +7,11 @@
 //!   (after a takeover, every block no page uses): a later writeback into them can fail
 //!   for want of space if the filesystem filled meanwhile, and its pages then stay in RAM.
 //!   An existing file must be a regular file of root's with no access for group or others.
+//! - Every directory on the way to it, as named and as it resolves, must be root's and
+//!   writable by no one else unless sticky (where no one can rename or remove root's
+//!   entries), and every symbolic link on the way root's: otherwise another user could point
+//!   the path at another file of root's between two starts. A partition may be named through
+//!   such a link (`/dev/disk/by-id/...`); a file may not.
 //! - A partition is used whole and opened `O_EXCL`: refused while it is mounted, swap, or
 //!   held by anyone else. Its blocks hold only sealed objects; anyone who can read the
 //!   partition (group `disk`) sees ciphertext, and a change to it is an I/O error.
@@ -79,6 +84,8 @@ impl BackingFile {
                 path.display()
             );
         }
+        let resolved = resolve_roots_path(path)?;
+        let path = resolved.as_path();
         match std::fs::symlink_metadata(path) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Self::create(path, pages),
             Err(e) => Err(e).with_context(|| format!("looking at {}", path.display())),
@@ -273,6 +280,68 @@ fn open(path: &Path, create: bool, exclusive: bool) -> io::Result<File> {
         }
         other => other,
     }
+}
+
+/// Whether no one but root (or this process's user) can change what directory or link
+/// `meta` describes; why not otherwise. A sticky directory others may write is safe: no one
+/// can rename or remove root's entries in it, so what root made there stays root's.
+fn changed_by_others(meta: &std::fs::Metadata) -> Option<String> {
+    match crate::sys::others_could_write(meta) {
+        Some(crate::sys::OthersWrite::Owner(uid)) => Some(format!("is owned by uid {uid}")),
+        Some(crate::sys::OthersWrite::Mode(mode)) if meta.is_dir() && mode & libc::S_ISVTX == 0 => {
+            Some(format!("may be written by others (mode {mode:04o})"))
+        }
+        _ => None,
+    }
+}
+
+/// Checks every directory and link on the way to `path`, as named and as it resolves
+/// (`changed_by_others`, see the module docs), and returns the path to open: `path` with
+/// its directories resolved, or, where `path` itself is a link of root's to a block device
+/// (`/dev/disk/by-id/...`), that device.
+fn resolve_roots_path(path: &Path) -> anyhow::Result<PathBuf> {
+    let refuse = |on_way: &Path, why: String| {
+        anyhow::anyhow!(
+            "writeback-device {}: {} on the way to it {why}, so another user could point it              at another file; use a directory only root can write (e.g. /var/lib/uzram)",
+            path.display(),
+            on_way.display()
+        )
+    };
+    let check_ancestors = |of: &Path| -> anyhow::Result<()> {
+        for dir in of.ancestors().skip(1) {
+            let meta = std::fs::symlink_metadata(dir)
+                .with_context(|| format!("looking at {}", dir.display()))?;
+            if let Some(why) = changed_by_others(&meta) {
+                return Err(refuse(dir, why));
+            }
+        }
+        Ok(())
+    };
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        bail!("writeback-device {} names no file", path.display());
+    };
+    check_ancestors(path)?;
+    let parent =
+        std::fs::canonicalize(parent).with_context(|| format!("resolving {}", parent.display()))?;
+    let named = parent.join(name);
+    check_ancestors(&named)?;
+    let Ok(meta) = std::fs::symlink_metadata(&named) else {
+        return Ok(named); // not there yet: made, never through a link
+    };
+    if !meta.file_type().is_symlink() {
+        return Ok(named);
+    }
+    if let Some(why) = changed_by_others(&meta) {
+        return Err(refuse(&named, why));
+    }
+    let target =
+        std::fs::canonicalize(&named).with_context(|| format!("resolving {}", named.display()))?;
+    if !std::fs::metadata(&target).is_ok_and(|m| m.file_type().is_block_device()) {
+        // A file is named itself: `open` refuses the link.
+        return Ok(named);
+    }
+    check_ancestors(&target)?;
+    Ok(target)
 }
 
 /// A backing file must be root's alone: swap's pages go there. A second name for it (a hard
@@ -744,6 +813,84 @@ mod tests {
             let err = format!("{:#}", BackingFile::open(&planted, 10).unwrap_err());
             assert!(err.contains("hard links"), "{err}");
             assert_eq!(std::fs::read(&victim).unwrap(), b"root's data");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The attack a directory on the way allows, tried: a directory another user owns, one
+    /// others may write, and a link of root's through a directory of another user's, are
+    /// refused; a sticky directory others may write (as /tmp) is not.
+    #[test]
+    fn a_path_another_user_could_change_on_the_way_is_refused() {
+        let dir = scratch("ways");
+        let open = std::fs::Permissions::from_mode(0o777);
+        let sticky = std::fs::Permissions::from_mode(0o1777);
+        let writable = dir.join("open");
+        std::fs::create_dir(&writable).unwrap();
+        std::fs::set_permissions(&writable, open).unwrap();
+        let err = format!(
+            "{:#}",
+            BackingFile::open(&writable.join("wb"), 10).unwrap_err()
+        );
+        assert!(
+            err.contains("may be written by others (mode 0777)"),
+            "{err}"
+        );
+        assert!(err.contains(&writable.display().to_string()), "{err}");
+        let shared = dir.join("sticky");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, sticky).unwrap();
+        BackingFile::open(&shared.join("wb"), 10).expect("a file in a sticky directory");
+        if crate::sys::is_root() {
+            let theirs = dir.join("theirs");
+            std::fs::create_dir(&theirs).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            let err = format!(
+                "{:#}",
+                BackingFile::open(&theirs.join("wb"), 10).unwrap_err()
+            );
+            assert!(err.contains("is owned by uid 65534"), "{err}");
+            // Named through a link of root's: what it resolves to is checked too.
+            let via = dir.join("via");
+            std::os::unix::fs::symlink(&theirs, &via).unwrap();
+            let err = format!("{:#}", BackingFile::open(&via.join("wb"), 10).unwrap_err());
+            assert!(err.contains("is owned by uid 65534"), "{err}");
+            assert!(
+                !theirs.join("wb").exists(),
+                "a file was made in nobody's directory"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A partition named through a link of root's (as udev's `/dev/disk/by-id/...`) is the
+    /// partition; through a link another user owns it is refused, and a link to a file is
+    /// left for `open` to refuse.
+    #[test]
+    fn a_partition_named_through_a_roots_link_resolves_to_it() {
+        let Some(device) = ["/dev/loop0", "/dev/vda", "/dev/sda"]
+            .into_iter()
+            .map(Path::new)
+            .find(|p| std::fs::metadata(p).is_ok_and(|m| m.file_type().is_block_device()))
+        else {
+            println!("SKIP: no block device node to link to");
+            return;
+        };
+        let dir = scratch("by-id");
+        let link = dir.join("disk-part2");
+        std::os::unix::fs::symlink(device, &link).unwrap();
+        assert_eq!(resolve_roots_path(&link).unwrap(), device);
+        let file = dir.join("file");
+        std::fs::write(&file, b"").unwrap();
+        let to_file = dir.join("to-file");
+        std::os::unix::fs::symlink(&file, &to_file).unwrap();
+        assert_eq!(resolve_roots_path(&to_file).unwrap(), to_file);
+        if crate::sys::is_root() {
+            let theirs = dir.join("theirs-part2");
+            std::os::unix::fs::symlink(device, &theirs).unwrap();
+            std::os::unix::fs::lchown(&theirs, Some(65534), Some(65534)).unwrap();
+            let err = format!("{:#}", resolve_roots_path(&theirs).unwrap_err());
+            assert!(err.contains("is owned by uid 65534"), "{err}");
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
