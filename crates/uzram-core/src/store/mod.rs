@@ -14,11 +14,12 @@
 //!
 //! Every stored object carries a checksum after its payload: CRC32C of the page's 4096
 //! bytes as the writer handed it over ([`crate::page::page_checksum`]), bound to the page's
-//! index (`PageStore::bound_checksum`). A read decodes the page and compares; a mismatch fails the read with [`CoreError::Checksum`] (an I/O error
-//! for that request, counted in `checksum_failures`), never returns other data. The
-//! checksum is computed from the writer's page, not from what a backend returned, so it
-//! also catches a backend whose output decodes to something else. A same-filled page has
-//! no bytes to check: its entry carries a check byte of its word (`entry.rs`).
+//! index (`PageStore::bound_checksum`). A read decodes the page and compares; a mismatch
+//! fails the read with [`CoreError::Checksum`] (an I/O error for that request, counted in
+//! `checksum_failures`), never returns other data. The checksum is computed from the
+//! writer's page, not from what a backend returned, so it also catches a backend whose
+//! output decodes to something else. A same-filled page has no bytes to check: its entry
+//! carries a check byte of its word (`entry.rs`).
 //!
 //! Beside this file: deferred writes, staged and committed later (`staged.rs`); the cold
 //! tier's ages and recompression (`tier.rs`, `recompress.rs`); writeback to a backing

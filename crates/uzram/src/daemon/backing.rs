@@ -302,7 +302,8 @@ fn changed_by_others(meta: &std::fs::Metadata) -> Option<String> {
 fn resolve_roots_path(path: &Path) -> anyhow::Result<PathBuf> {
     let refuse = |on_way: &Path, why: String| {
         anyhow::anyhow!(
-            "writeback-device {}: {} on the way to it {why}, so another user could point it              at another file; use a directory only root can write (e.g. /var/lib/uzram)",
+            "writeback-device {}: {} on the way to it {why}, so another user could point it \
+             at another file; use a directory only root can write (e.g. /var/lib/uzram)",
             path.display(),
             on_way.display()
         )

@@ -41,7 +41,7 @@ const HEADER: usize = 16;
 const LEGACY_KEY_BASE: i32 = 0x7570_0000;
 const LEGACY_MAGIC: [u8; 8] = *b"UZRAMAN2";
 
-/// What the segment holds (as JSON, after a 16-byte header: magic, length).
+/// What the segment holds (as JSON, after the 16-byte header: magic, length, device).
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Record {
