@@ -54,6 +54,15 @@ _n1=$(tail -n +2 /proc/sysvipc/shm | wc -l)
 [ "$_n1" = "$_n0" ] && ok "no shared memory left by the create refused for its backing device" \
   || fail_check "$((_n1 - _n0)) shared memory segments left by the create refused for its backing device"
 rm -f /tmp/e-huge.wb
+# A file of root's named by mistake (mode 0600, one name, as a key file is): it holds data
+# that is neither zeros nor uzram's label, so it is refused and left as it was.
+(umask 077 && head -c 6000 /bin/sh > /tmp/e-data.wb)
+_sum=$(sha256sum < /tmp/e-data.wb)
+expect_refused "a backing file holding someone's data" "writeback-device /tmp/e-data.wb holds data that is not uzram's.*rm /tmp/e-data.wb" \
+  uzram create --size 64M --writeback-device /tmp/e-data.wb
+[ "$(sha256sum < /tmp/e-data.wb)" = "$_sum" ] && ok "the refused backing file is unchanged ($(stat -c %s /tmp/e-data.wb) bytes)" \
+  || fail_check "the refused backing file was changed: $(stat -c %s /tmp/e-data.wb) bytes"
+rm -f /tmp/e-data.wb
 if [ -n "$(ls /dev/ublkb* 2>/dev/null)" ]; then
   fail_check "a device exists after refused creates: $(ls /dev/ublkb*)"
 fi

@@ -64,6 +64,8 @@ pub fn measure(
     path: &Path,
 ) -> anyhow::Result<WrittenBack> {
     let file = BackingFile::open(path, store.pages())?;
+    // A path that holds anything but zeros or uzram's label is refused, as the daemon does.
+    file.label()?;
     store
         .attach_backing(Arc::new(file), &new_key()?, Nonces::Owned)
         .context("attaching the backing file")?;

@@ -15,6 +15,14 @@
 //! - A partition is used whole and opened `O_EXCL`: refused while it is mounted, swap, or
 //!   held by anyone else. Its blocks hold only sealed objects; anyone who can read the
 //!   partition (group `disk`) sees ciphertext, and a change to it is an I/O error.
+//! - **Taken only when empty or uzram's** (`backing_label.rs`). A device gets a backing
+//!   device for writeback only when it is a new file, its first MiB (all of it, if smaller)
+//!   reads as zeros, or its last block carries uzram's label: anything else (a filesystem, a
+//!   partition table, swap, a file of root's named by mistake) is refused, not overwritten.
+//!   The label is written when a device first gets the backing device, and no object is ever
+//!   put in that block; a device taken over keeps what it had without looking (its pages are
+//!   there), and one an earlier release made, whose key the store records as unlabelled,
+//!   keeps every block.
 //! - Direct I/O, so written-back pages do not come back into RAM as page cache. A file on a
 //!   filesystem without it (tmpfs, ramfs: RAM anyway) is used through the page cache, with
 //!   a warning.
@@ -33,6 +41,7 @@ use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::{bail, Context};
@@ -43,6 +52,7 @@ use uzram_core::store::{
 };
 use uzram_core::PAGE_SIZE;
 
+use super::backing_label::{self, Found};
 use crate::config::{DeviceConfig, Host};
 use crate::sys::disk;
 use crate::takeover::floors_segment::{self, FloorsSegment};
@@ -53,8 +63,14 @@ use crate::ublk::uring::wait_again;
 pub struct BackingFile {
     file: File,
     path: PathBuf,
+    /// Every whole block of the file or partition, the label's included.
     blocks: u64,
     partition: bool,
+    /// What it held when opened for a new device.
+    found: Found,
+    /// Whether its last block is uzram's label, which the store must not use (set by
+    /// [`attach`] before the store sees the device).
+    labelled: AtomicBool,
     /// The writes' ring; `None` where io_uring is refused, or after it failed.
     ring: Mutex<Option<IoUring>>,
 }
@@ -65,19 +81,34 @@ impl std::fmt::Debug for BackingFile {
             .field("path", &self.path)
             .field("blocks", &self.blocks)
             .field("partition", &self.partition)
+            .field("found", &self.found)
             .finish_non_exhaustive()
     }
 }
 
-/// Bytes a backing file is made for a device of `pages`: every page written back raw.
+/// Bytes a backing file is made for a device of `pages`: every page written back raw, and
+/// the label's block.
 pub fn file_bytes(pages: u64) -> u64 {
     let sealed = (PAGE_SIZE + CHECKSUM_BYTES + SEAL_BYTES) as u64;
-    (pages * sealed).div_ceil(BLOCK_BYTES as u64) * BLOCK_BYTES as u64
+    (pages * sealed).div_ceil(BLOCK_BYTES as u64) * BLOCK_BYTES as u64 + BLOCK_BYTES as u64
 }
 
 impl BackingFile {
-    /// Opens (or creates, for a file) the backing device at `path` for a device of `pages`.
+    /// Opens (or creates, for a file) the backing device at `path` for a new device of
+    /// `pages`: a file too small for them grows, and what the device holds is looked at
+    /// ([`Found`]) before anything is written.
     pub fn open(path: &Path, pages: u64) -> anyhow::Result<Self> {
+        Self::open_for(path, pages, true)
+    }
+
+    /// Opens the backing device at `path` of a device of `pages` taken over: as
+    /// [`BackingFile::open`], but nothing is read, and an existing file keeps its size
+    /// (the store's records of its blocks were made for that size).
+    pub fn reopen(path: &Path, pages: u64) -> anyhow::Result<Self> {
+        Self::open_for(path, pages, false)
+    }
+
+    fn open_for(path: &Path, pages: u64, new: bool) -> anyhow::Result<Self> {
         if !path.is_absolute() {
             bail!(
                 "writeback-device {} is not an absolute path",
@@ -89,8 +120,8 @@ impl BackingFile {
         match std::fs::symlink_metadata(path) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => Self::create(path, pages),
             Err(e) => Err(e).with_context(|| format!("looking at {}", path.display())),
-            Ok(meta) if meta.file_type().is_block_device() => Self::partition(path),
-            Ok(meta) if meta.file_type().is_file() => Self::existing_file(path, &meta, pages),
+            Ok(meta) if meta.file_type().is_block_device() => Self::partition(path, new),
+            Ok(meta) if meta.file_type().is_file() => Self::existing_file(path, &meta, pages, new),
             Ok(_) => bail!(
                 "writeback-device {} is neither a regular file nor a block device (a symbolic \
                  link is not followed): name the file or partition itself",
@@ -114,17 +145,41 @@ impl BackingFile {
             });
         }
         tracing::info!(path = %path.display(), bytes, "backing file created");
-        Ok(Self::new(file, path, bytes / BLOCK_BYTES as u64, false))
+        Ok(Self::new(
+            file,
+            path,
+            bytes / BLOCK_BYTES as u64,
+            false,
+            Found::Empty,
+        ))
     }
 
-    fn existing_file(path: &Path, meta: &std::fs::Metadata, pages: u64) -> anyhow::Result<Self> {
+    fn existing_file(
+        path: &Path,
+        meta: &std::fs::Metadata,
+        pages: u64,
+        new: bool,
+    ) -> anyhow::Result<Self> {
         check_private(path, meta)?;
         let file = open(path, false, false)
             .with_context(|| format!("opening the backing file {}", path.display()))?;
         // Checked again on what was opened: the name may have been changed in between.
         check_private(path, &file.metadata()?)?;
+        if !new {
+            let bytes = file.metadata()?.len();
+            return Ok(Self::new(
+                file,
+                path,
+                bytes / BLOCK_BYTES as u64,
+                false,
+                Found::Unread,
+            ));
+        }
+        // Before it grows: a label is in the last block of the size it was.
+        let found = backing_label::probe(&file, file.metadata()?.len())
+            .with_context(|| format!("reading the backing file {}", path.display()))?;
         let want = file_bytes(pages);
-        if file.metadata()?.len() < want {
+        if found != Found::Foreign && file.metadata()?.len() < want {
             reserve(&file, path, want).with_context(|| {
                 format!(
                     "growing the backing file {} to {want} bytes",
@@ -133,10 +188,16 @@ impl BackingFile {
             })?;
         }
         let bytes = file.metadata()?.len();
-        Ok(Self::new(file, path, bytes / BLOCK_BYTES as u64, false))
+        Ok(Self::new(
+            file,
+            path,
+            bytes / BLOCK_BYTES as u64,
+            false,
+            found,
+        ))
     }
 
-    fn partition(path: &Path) -> anyhow::Result<Self> {
+    fn partition(path: &Path, new: bool) -> anyhow::Result<Self> {
         let file = open(path, false, true).with_context(|| {
             format!(
                 "opening the partition {} for writeback (it must not be mounted, swap, or in \
@@ -146,10 +207,17 @@ impl BackingFile {
         })?;
         let bytes = disk::block_device_bytes(file.as_fd())
             .with_context(|| format!("sizing {}", path.display()))?;
-        Ok(Self::new(file, path, bytes / BLOCK_BYTES as u64, true))
+        let blocks = bytes / BLOCK_BYTES as u64;
+        let found = if new {
+            backing_label::probe(&file, bytes)
+                .with_context(|| format!("reading {}", path.display()))?
+        } else {
+            Found::Unread
+        };
+        Ok(Self::new(file, path, blocks, true, found))
     }
 
-    fn new(file: File, path: &Path, blocks: u64, partition: bool) -> Self {
+    fn new(file: File, path: &Path, blocks: u64, partition: bool, found: Found) -> Self {
         let ring = match IoUring::new(RUNS_IN_FLIGHT as u32) {
             Ok(ring) => Some(ring),
             Err(e) => {
@@ -162,8 +230,42 @@ impl BackingFile {
             path: path.to_path_buf(),
             blocks,
             partition,
+            found,
+            labelled: AtomicBool::new(false),
             ring: Mutex::new(ring),
         }
+    }
+
+    /// Takes the device for a device's writeback, whose first key is about to be made:
+    /// refused unless it was empty or uzram's ([`Found`]); then its last block is written
+    /// with the label and kept out of the store's reach.
+    pub fn label(&self) -> anyhow::Result<()> {
+        let path = self.path.display();
+        let found = match self.found {
+            Found::Unread => {
+                let bytes = if self.partition {
+                    self.blocks * BLOCK_BYTES as u64
+                } else {
+                    self.file.metadata()?.len()
+                };
+                backing_label::probe(&self.file, bytes)
+                    .with_context(|| format!("reading the backing device {path}"))?
+            }
+            found => found,
+        };
+        if found == Found::Foreign {
+            bail!(backing_label::refusal(&self.path, self.partition));
+        }
+        let Some(last) = self.blocks.checked_sub(1).filter(|&last| last > 0) else {
+            bail!(
+                "writeback-device {path} has room for no page beside uzram's label: it needs \
+                 at least two blocks of {BLOCK_BYTES} bytes"
+            );
+        };
+        backing_label::write(&self.file, last)
+            .with_context(|| format!("writing uzram's label to the backing device {path}"))?;
+        self.labelled.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// Writes `runs` through `ring`, all submitted at once; fills `failed`. `Err`: the ring
@@ -373,8 +475,9 @@ fn check_private(path: &Path, meta: &std::fs::Metadata) -> anyhow::Result<()> {
 }
 
 impl BackingDevice for BackingFile {
+    /// The label's block is not the store's.
     fn blocks(&self) -> u64 {
-        self.blocks
+        self.blocks - u64::from(self.labelled.load(Ordering::Acquire))
     }
 
     fn write_runs(&self, runs: &[BlockRun<'_>], failed: &mut [Option<io::Error>]) {
@@ -468,14 +571,14 @@ thread_local! {
 }
 
 /// A block-aligned buffer (direct I/O needs one), carved out of a slightly larger vector.
-struct Aligned {
+pub(super) struct Aligned {
     vec: Vec<u8>,
     start: usize,
     len: usize,
 }
 
 impl Aligned {
-    fn new(len: usize) -> io::Result<Self> {
+    pub(super) fn new(len: usize) -> io::Result<Self> {
         let mut vec = Vec::new();
         vec.try_reserve_exact(len + BLOCK_BYTES)
             .map_err(|_| io::Error::from(io::ErrorKind::OutOfMemory))?;
@@ -488,7 +591,7 @@ impl Aligned {
         self.len
     }
 
-    fn bytes(&mut self) -> &mut [u8] {
+    pub(super) fn bytes(&mut self) -> &mut [u8] {
         &mut self.vec[self.start..self.start + self.len]
     }
 }
@@ -509,7 +612,11 @@ pub fn open_configured(
     let Some(settings) = &cfg.writeback else {
         return Ok(None);
     };
-    let file = BackingFile::open(&settings.device, pages)?;
+    let file = if taken_over {
+        BackingFile::reopen(&settings.device, pages)?
+    } else {
+        BackingFile::open(&settings.device, pages)?
+    };
     let fits = host.and_then(|host| cfg.check_backing_memory(host, file.blocks));
     if let Err(error) = fits {
         if !taken_over {
@@ -545,14 +652,18 @@ pub fn attach(
         return Ok(());
     };
     let (key, next) = match region.writeback_key() {
-        Some(kept) => kept,
+        Some(kept) => {
+            file.labelled.store(kept.labelled, Ordering::Release);
+            (kept.key, kept.next)
+        }
         None => {
+            file.label()?;
             let key = new_key()?;
             let nonces = region.set_writeback_key(&key);
             (key, nonces)
         }
     };
-    let floors = kept_floors(region, file.blocks)?;
+    let floors = kept_floors(region, BackingDevice::blocks(&*file))?;
     let nonces = Nonces::Kept {
         next,
         floors: floors.floors(),
@@ -734,6 +845,138 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(small.blocks, file_bytes(pages) / BLOCK_BYTES as u64);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The mistake the label guards against, tried through [`attach`] as a new device takes
+    /// its backing device: a key file of root's (0600, one name) and a file holding a
+    /// filesystem are refused, left byte for byte as they were, and no key is made; an empty
+    /// file is taken and labelled, its label's block kept from the store, and taken again
+    /// after use and when it grows; a store an earlier release left (its key unlabelled)
+    /// keeps every block without a look, and a device taken over that has no key yet is
+    /// looked at as a new one.
+    #[test]
+    fn a_backing_device_holding_data_that_is_not_uzrams_is_refused_and_left_alone() {
+        use uzram_core::codec::Algorithm;
+        use uzram_core::store::StoreConfig;
+        if !crate::sys::is_root() {
+            println!("SKIP: not root");
+            return;
+        }
+        let pages = 64;
+        let fresh = || {
+            let cfg = StoreConfig::new(pages, Algorithm::Lz4);
+            let region =
+                crate::daemon::store::new_region(&cfg, crate::footprint::MIN_ROOM, u32::MAX, true)
+                    .inspect_err(|e| println!("SKIP: {e:#}"))
+                    .ok()?;
+            let store = crate::daemon::store::new_store(cfg, &region).unwrap();
+            Some((store, region))
+        };
+        // Containers without CAP_IPC_LOCK cannot lock segments.
+        let Some((_, region)) = fresh() else { return };
+        crate::takeover::store_segment::remove(region.id());
+        let dir = scratch("label");
+        let attach_new = |path: &Path| {
+            let (store, region) = fresh().unwrap();
+            let file = Arc::new(BackingFile::open(path, pages)?);
+            let done = attach(&store, &region, Some(file.clone()));
+            let keyed = region.writeback_key().is_some();
+            crate::takeover::store_segment::remove(region.id());
+            assert_eq!(
+                keyed,
+                done.is_ok(),
+                "a key is made exactly for a device taken"
+            );
+            done.map(|()| file)
+        };
+        let planted = |name: &str, bytes: &[u8], len: u64| {
+            let path = dir.join(name);
+            let f = std::fs::OpenOptions::new()
+                .create_new(true)
+                .write(true)
+                .mode(0o600)
+                .open(&path)
+                .unwrap();
+            f.write_all_at(bytes, 0).unwrap();
+            f.set_len(len.max(bytes.len() as u64)).unwrap();
+            path
+        };
+
+        let key = b"-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmU=\n";
+        let mut ext4 = vec![0u8; 1082];
+        ext4[1080..].copy_from_slice(&[0x53, 0xef]);
+        for (name, bytes, len) in [("id_ed25519", &key[..], 0), ("fs.img", &ext4[..], 4 << 20)] {
+            let path = planted(name, bytes, len);
+            let before = std::fs::read(&path).unwrap();
+            let err = format!("{:#}", attach_new(&path).unwrap_err());
+            assert!(err.contains("not uzram's") && err.contains("rm "), "{err}");
+            assert_eq!(std::fs::read(&path).unwrap(), before, "{name} was changed");
+        }
+
+        // Empty (as `truncate` leaves it): taken, grown, labelled.
+        let path = planted("wb", &[], 4096);
+        let file = attach_new(&path).expect("an empty file is taken");
+        let total = std::fs::metadata(&path).unwrap().len() / BLOCK_BYTES as u64;
+        assert_eq!(total, file_bytes(pages) / BLOCK_BYTES as u64);
+        assert_eq!(
+            BackingDevice::blocks(&*file),
+            total - 1,
+            "the label's block"
+        );
+        let label = |path: &Path, block: u64| {
+            let mut b = vec![0u8; BLOCK_BYTES];
+            File::open(path)
+                .unwrap()
+                .read_exact_at(&mut b, block * BLOCK_BYTES as u64)
+                .unwrap();
+            b.starts_with(b"UZRAMWB1")
+        };
+        assert!(label(&path, total - 1));
+        // Used (ciphertext in its first blocks), then taken again by a new device.
+        let mut run = Aligned::new(4 * BLOCK_BYTES).unwrap();
+        run.bytes().fill(0xa5);
+        let mut failed: [Option<io::Error>; 1] = Default::default();
+        file.write_runs(
+            &[BlockRun {
+                first: 0,
+                data: run.bytes(),
+            }],
+            &mut failed,
+        );
+        assert!(failed[0].is_none(), "{:?}", failed[0]);
+        drop(file);
+        attach_new(&path).expect("a labelled file is taken again");
+        // A device four times the size: the file grows, the label goes to its new end.
+        let (store, region) = fresh().unwrap();
+        let big = Arc::new(BackingFile::open(&path, pages * 4).unwrap());
+        attach(&store, &region, Some(big.clone())).expect("a labelled file grows");
+        let grown = std::fs::metadata(&path).unwrap().len() / BLOCK_BYTES as u64;
+        assert!(grown > total && label(&path, grown - 1));
+        assert_eq!(BackingDevice::blocks(&*big), grown - 1);
+        crate::takeover::store_segment::remove(region.id());
+
+        // A store an earlier release left: its key unlabelled, every block the store's, and
+        // the file (here a foreign one) neither read nor refused.
+        let fs = dir.join("fs.img");
+        let (store, region) = fresh().unwrap();
+        region.set_writeback_key(&new_key().unwrap());
+        region.forget_label();
+        let old = Arc::new(BackingFile::reopen(&fs, pages).unwrap());
+        attach(&store, &region, Some(old.clone())).expect("an earlier release's store");
+        assert_eq!(BackingDevice::blocks(&*old), old.blocks);
+        crate::takeover::store_segment::remove(region.id());
+        // Taken over without a key yet (writeback added to its settings): looked at.
+        let (store, region) = fresh().unwrap();
+        let err = attach(
+            &store,
+            &region,
+            Some(Arc::new(BackingFile::reopen(&fs, pages).unwrap())),
+        )
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("not uzram's"), "{err:#}");
+        assert!(region.writeback_key().is_none());
+        crate::takeover::store_segment::remove(region.id());
         let _ = std::fs::remove_dir_all(&dir);
     }
 

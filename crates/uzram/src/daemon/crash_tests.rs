@@ -245,7 +245,7 @@ fn verifier(shm: i32) {
         "the writer recorded nonce floors exactly when it wrote back"
     );
     let file = backing.as_deref().map(|path| {
-        let file = super::backing::BackingFile::open(std::path::Path::new(path), store.pages())
+        let file = super::backing::BackingFile::reopen(std::path::Path::new(path), store.pages())
             .expect("the backing file of the killed writer");
         std::sync::Arc::new(file)
     });

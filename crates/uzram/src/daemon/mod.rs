@@ -3,6 +3,7 @@
 
 pub mod backend;
 pub mod backing;
+mod backing_label;
 mod budget;
 mod compactor;
 #[cfg(test)]

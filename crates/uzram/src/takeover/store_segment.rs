@@ -71,11 +71,16 @@ const STAGING_TAG: u64 = 0x5354_4147 << 32;
 const FLOORS_OFF: usize = 2056;
 const FLOORS_TAG: u64 = 0x464c_4f52 << 32; // "FLOR"
 /// Where the device's writeback key and nonce counter live (`daemon/backing.rs`): a word
-/// with [`WRITEBACK_TAG`] once they are set (0: none; an older daemon has 0 there), the
-/// next nonce, then the key's 32 bytes. The segment is root's alone (0600, checked on every
-/// attach), as the pages in it are.
+/// with [`WRITEBACK_TAG`] (or [`UNLABELLED_TAG`]) once they are set (0: none; an older
+/// daemon has 0 there), the next nonce, then the key's 32 bytes. The segment is root's alone
+/// (0600, checked on every attach), as the pages in it are.
 const WRITEBACK_OFF: usize = 2560;
-const WRITEBACK_TAG: u64 = 0x5752_4954_4542_4b31; // "WRITEBK1"
+/// The tag of a key whose backing device carries uzram's label in its last block, which
+/// no object may use (`daemon/backing.rs`).
+const WRITEBACK_TAG: u64 = 0x5752_4954_4542_4b32; // "WRITEBK2"
+/// The tag a daemon of an earlier release set: its backing device has no label, and its
+/// objects may lie in any block.
+const UNLABELLED_TAG: u64 = 0x5752_4954_4542_4b31; // "WRITEBK1"
 /// Words at [`WRITEBACK_OFF`]: the tag, the nonce counter, the key.
 const WRITEBACK_WORDS: usize = 2 + uzram_core::store::KEY_BYTES / 8;
 /// Where the carried counters (`carry.rs`) live: in the header's unit, after the header.
@@ -117,6 +122,17 @@ struct Header {
     /// 1 when stored objects carry checksums, 0 when not.
     checksums: u32,
     _pad: u32,
+}
+
+/// A device's writeback key as its store's region keeps it.
+pub struct KeptKey {
+    /// The key its pages on the backing device are sealed with.
+    pub key: WritebackKey,
+    /// The next nonce, in the region.
+    pub next: &'static AtomicU64,
+    /// Whether the backing device's last block is uzram's label (a key this release set),
+    /// or objects may lie there (one an earlier release set).
+    pub labelled: bool,
 }
 
 /// An attached region; see the module docs. Never detached: the store in it lives as long as
@@ -525,19 +541,26 @@ impl StoreSegment {
     }
 
     /// The device's writeback key and nonce counter, when a daemon set them.
-    pub fn writeback_key(&self) -> Option<(WritebackKey, &'static AtomicU64)> {
+    pub fn writeback_key(&self) -> Option<KeptKey> {
         let words = self.writeback_words();
-        if words[0].load(Ordering::Acquire) != WRITEBACK_TAG {
-            return None;
-        }
+        let labelled = match words[0].load(Ordering::Acquire) {
+            WRITEBACK_TAG => true,
+            UNLABELLED_TAG => false,
+            _ => return None,
+        };
         let mut key = [0u8; uzram_core::store::KEY_BYTES];
         for (bytes, w) in key.chunks_exact_mut(8).zip(&words[2..]) {
             bytes.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
         }
-        Some((WritebackKey(key), &words[1]))
+        Some(KeptKey {
+            key: WritebackKey(key),
+            next: &words[1],
+            labelled,
+        })
     }
 
-    /// Records the device's writeback `key`, its nonce counter at 0; returns the counter.
+    /// Records the device's writeback `key`, its nonce counter at 0, for a backing device
+    /// that carries uzram's label; returns the counter.
     pub fn set_writeback_key(&self, key: &WritebackKey) -> &'static AtomicU64 {
         let words = self.writeback_words();
         words[0].store(0, Ordering::Release);
@@ -549,6 +572,13 @@ impl StoreSegment {
         words[1].store(0, Ordering::Relaxed);
         words[0].store(WRITEBACK_TAG, Ordering::Release);
         &words[1]
+    }
+
+    /// Marks the recorded writeback key as an earlier release's, whose backing device has
+    /// no label: how a store that release left looks.
+    #[cfg(test)]
+    pub fn forget_label(&self) {
+        self.writeback_words()[0].store(UNLABELLED_TAG, Ordering::Release);
     }
 
     /// The store's recompression dictionary's area (`dictionary.rs`), in the header's unit.
