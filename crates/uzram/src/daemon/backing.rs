@@ -7,6 +7,7 @@
 //!   (after a takeover, every block no page uses): a later writeback into them can fail
 //!   for want of space if the filesystem filled meanwhile, and its pages then stay in RAM.
 //!   An existing file must be a regular file of root's with no access for group or others.
+//!   A daemon holds its file locked (`flock`): a second device naming it is refused.
 //! - Every directory on the way to it, as named and as it resolves, must be root's and
 //!   writable by no one else unless sticky (where no one can rename or remove root's
 //!   entries), and every symbolic link on the way root's: otherwise another user could point
@@ -133,6 +134,7 @@ impl BackingFile {
     fn create(path: &Path, pages: u64) -> anyhow::Result<Self> {
         let file = open(path, true, false)
             .with_context(|| format!("creating the backing file {}", path.display()))?;
+        hold(&file, path, true)?;
         let bytes = file_bytes(pages);
         if let Err(e) = reserve(&file, path, bytes) {
             let _ = std::fs::remove_file(path);
@@ -165,6 +167,7 @@ impl BackingFile {
             .with_context(|| format!("opening the backing file {}", path.display()))?;
         // Checked again on what was opened: the name may have been changed in between.
         check_private(path, &file.metadata()?)?;
+        hold(&file, path, new)?;
         if !new {
             let bytes = file.metadata()?.len();
             return Ok(Self::new(
@@ -329,6 +332,39 @@ impl BackingFile {
             }
         }
         Ok(())
+    }
+}
+
+/// Locks a backing file for as long as this process has it open (an exclusive `flock`, which
+/// the kernel drops when the process exits, however it exits), so that two devices never
+/// write into one file: a new device is refused while another daemon holds it (a partition
+/// gets the same from `O_EXCL`). A device taken over takes the lock as it finds it: its
+/// predecessor is gone, and its pages are in the file whoever else holds it (warned).
+fn hold(file: &File, path: &Path, new: bool) -> anyhow::Result<()> {
+    match crate::sys::try_lock_exclusive(file) {
+        Ok(true) => Ok(()),
+        Ok(false) if new => bail!(
+            "writeback-device {} is in use by another uzram device (its daemon holds it): give \
+             each device a backing file of its own",
+            path.display()
+        ),
+        Ok(false) => {
+            tracing::warn!(
+                path = %path.display(),
+                "another process holds the backing file of the device taken over: its pages are \
+                 there, so it is kept; no new device can take it while either holds it"
+            );
+            Ok(())
+        }
+        // A filesystem without flock (some network ones): two devices could share the file.
+        Err(e) => {
+            tracing::warn!(
+                path = %path.display(),
+                error = %e,
+                "the backing file cannot be locked: nothing keeps another device from naming it"
+            );
+            Ok(())
+        }
     }
 }
 
@@ -977,6 +1013,26 @@ mod tests {
         assert!(format!("{err:#}").contains("not uzram's"), "{err:#}");
         assert!(region.writeback_key().is_none());
         crate::takeover::store_segment::remove(region.id());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Two devices naming one backing file (a copied line in a config): the second is
+    /// refused while the first holds it, and takes it once the first is gone; a device
+    /// taken over opens it whoever holds it, for its pages are there.
+    #[test]
+    fn a_backing_file_serves_one_device_at_a_time() {
+        if !crate::sys::is_root() {
+            println!("SKIP: not root");
+            return;
+        }
+        let dir = scratch("lock");
+        let path = dir.join("wb");
+        let first = BackingFile::open(&path, 64).unwrap();
+        let err = format!("{:#}", BackingFile::open(&path, 64).unwrap_err());
+        assert!(err.contains("in use by another uzram device"), "{err}");
+        BackingFile::reopen(&path, 64).expect("a device taken over keeps its file");
+        drop(first);
+        BackingFile::open(&path, 64).expect("free once the first is gone");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
