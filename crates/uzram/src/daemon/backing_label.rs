@@ -33,14 +33,14 @@ pub(super) enum Found {
 }
 
 /// What a backing device's last block starts with while a device of uzram's may use it.
-pub(super) const LABEL_MAGIC: [u8; 8] = *b"UZRAMWB1";
+const LABEL_MAGIC: [u8; 8] = *b"UZRAMWB1";
 /// What follows the magic, for whoever finds the device.
 const LABEL_NOTE: &[u8] = b"\nuzram writeback device: its other blocks hold pages of a ublk \
 device, sealed under a key only its daemon holds. Zero its first MiB and this block before \
 using it for anything else.\n";
 /// How much of a device without the label must read as zeros for uzram to take it: every
 /// common filesystem, partition table, swap and volume signature lies in it.
-pub(super) const EMPTY_PROBE_BYTES: u64 = 1 << 20;
+const EMPTY_PROBE_BYTES: u64 = 1 << 20;
 
 /// What `file`, of `bytes`, holds ([`Found`]): its last whole block is read for the label,
 /// and, without one, its first [`EMPTY_PROBE_BYTES`] (every byte of a smaller file, a
