@@ -24,13 +24,21 @@
 //! does a same-filled entry whose check byte does not match. Reads of such a page fail,
 //! and a recovery refuses a table that holds one.
 //!
-//! The all-zero entry is [`Slot::Empty`], so a fresh table is a zeroed allocation.
+//! [`Slot::Empty`] is one fixed word with tag 0 ([`EMPTY_WORD`]), not the all-zero word: an
+//! entry that was zeroed (a page of the table lost, or cleared by mistake) decodes as
+//! [`Slot::Invalid`], and its page reads as an I/O error instead of a page of zeros. Stores
+//! of earlier releases wrote 0 for an empty page; a takeover rewrites those
+//! ([`mark_zero_entries`]) before the table is read.
 
 use crate::page::PAGE_SIZE;
 
 const TAG_BITS: u32 = 3;
 const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
 const TAG_EMPTY: u64 = 0;
+/// The entry of an empty page: tag 0 under a fixed pattern of bits that no damage which
+/// zeroes, or sets, whole bytes makes.
+pub const EMPTY_WORD: u64 = 0x5a3c_96e1_0f78_b4d0;
+const _: () = assert!(EMPTY_WORD & TAG_MASK == TAG_EMPTY);
 const TAG_SAME: u64 = 1;
 const TAG_SAME_EXT: u64 = 2;
 const TAG_STORED: u64 = 3;
@@ -143,13 +151,19 @@ pub(crate) enum Slot {
 }
 
 /// One page's packed metadata.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(transparent)]
 pub(crate) struct Entry(u64);
 
+impl Default for Entry {
+    fn default() -> Self {
+        Entry::EMPTY
+    }
+}
+
 impl Entry {
     /// The entry of an empty page.
-    pub(crate) const EMPTY: Entry = Entry(TAG_EMPTY);
+    pub(crate) const EMPTY: Entry = Entry(EMPTY_WORD);
 
     /// Packs `slot`. `Slot::Same(w)` with a word that does not fit packs as `SameExt`;
     /// the caller checks [`Entry::same_fits`] first and keeps such words itself.
@@ -262,7 +276,7 @@ impl Entry {
                     Slot::Invalid
                 }
             }
-            TAG_EMPTY if self.0 == TAG_EMPTY => Slot::Empty,
+            TAG_EMPTY if self.0 == EMPTY_WORD => Slot::Empty,
             _ => Slot::Invalid,
         }
     }
@@ -463,6 +477,37 @@ mod tests {
             }
         }
         // The empty entry with a bit flipped into a same-filled tag: not a page of zeros.
+        assert_eq!(
+            Entry::from_word(EMPTY_WORD ^ TAG_SAME).slot(),
+            Slot::Invalid
+        );
         assert_eq!(Entry::from_word(TAG_SAME).slot(), Slot::Invalid);
+    }
+
+    #[test]
+    fn a_zeroed_entry_is_invalid_never_an_empty_page() {
+        assert_eq!(Entry::EMPTY.slot(), Slot::Empty);
+        assert_eq!(Entry::pack(Slot::Empty).word(), EMPTY_WORD);
+        // A table page lost or cleared: its entries read as I/O errors, not as zeros.
+        assert_eq!(Entry::from_word(0).slot(), Slot::Invalid);
+        // Damage to the empty entry: any bit above the tag, any whole byte zeroed or set.
+        for bit in 3..64 {
+            let flipped = Entry::from_word(EMPTY_WORD ^ (1 << bit)).slot();
+            assert_eq!(flipped, Slot::Invalid, "bit {bit}");
+        }
+        for byte in 0..8 {
+            let mask = 0xffu64 << (8 * byte);
+            for damaged in [EMPTY_WORD & !mask, EMPTY_WORD | mask] {
+                assert_ne!(
+                    Entry::from_word(damaged).slot(),
+                    Slot::Empty,
+                    "{damaged:#x}"
+                );
+            }
+        }
+        // Every word but the empty one that carries the empty tag is refused.
+        for word in [1u64 << 3, !TAG_MASK, EMPTY_WORD << 8] {
+            assert_eq!(Entry::from_word(word).slot(), Slot::Invalid, "{word:#x}");
+        }
     }
 }

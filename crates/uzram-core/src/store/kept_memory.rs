@@ -71,9 +71,32 @@ impl KeptMemory {
     /// A new process's store over the memory the last [`KeptMemory::kill`] kept (no
     /// backing device or dictionary attached yet).
     pub(super) fn recover(&self) -> Result<(PageStore, Recovered), CoreError> {
+        self.restore();
+        self.recover_as_is()
+    }
+
+    /// [`KeptMemory::recover`] of a table an earlier release kept: its zero entries are
+    /// marked empty first. Returns how many were.
+    pub(super) fn recover_zero_empties(&self) -> Result<(u64, (PageStore, Recovered)), CoreError> {
+        self.restore();
+        let marked = PageStore::mark_zero_entries(self.cfg.pages, self.table)?;
+        Ok((marked, self.recover_as_is()?))
+    }
+
+    /// Changes the kept table's words, as something outside the process might have.
+    pub(super) fn rewrite(&mut self, f: impl Fn(usize, u64) -> u64) {
+        for (i, w) in self.words.iter_mut().enumerate() {
+            *w = f(i, *w);
+        }
+    }
+
+    fn restore(&self) {
         for (w, v) in self.table.iter().zip(&self.words) {
             w.store(*v, Relaxed);
         }
+    }
+
+    fn recover_as_is(&self) -> Result<(PageStore, Recovered), CoreError> {
         let home = MemHome {
             found: Mutex::new(self.segments.clone()),
         };

@@ -50,7 +50,7 @@ pub use self::backing::{
     RUNS_IN_FLIGHT, RUN_BLOCKS, SEAL_BYTES,
 };
 pub use self::disk_read::DiskRead;
-pub use self::entry::{StagedAt, MAX_SLOT_PAGES, MAX_STAGING_SLOTS};
+pub use self::entry::{StagedAt, EMPTY_WORD, MAX_SLOT_PAGES, MAX_STAGING_SLOTS};
 pub use self::persist::{Persistence, Recovered, SegmentHome, SegmentWords, SEGMENT_BYTES};
 pub use self::staged::{Commit, CommitState, Encoded, StagedPages, Ticket};
 pub use self::stats::{MemoryUsage, Stats};
@@ -205,6 +205,32 @@ impl PageStore {
             .ok()
             .and_then(|ages| (layout.shards * layout.shard_len).checked_add(ages))
             .ok_or_else(|| CoreError::Config(format!("{pages} pages is too many")))
+    }
+
+    /// Rewrites every all-zero entry of a kept page table of `pages` pages (`table`,
+    /// [`PageStore::table_len`] words) as the empty entry, which stores of earlier releases
+    /// wrote as 0; the pages' ages after the entries are left as they are. Returns how many
+    /// were rewritten. For a table whose keeper says its empty entries are zeros, before
+    /// [`PageStore::recover`] reads it: in any other table a zero entry is damage, and is
+    /// read as such. Running it again changes nothing, so a takeover that dies in the
+    /// middle is finished by the next.
+    pub fn mark_zero_entries(pages: u64, table: &[AtomicU64]) -> Result<u64, CoreError> {
+        let layout = Layout::of(&StoreConfig::new(pages, Algorithm::Lz4))?;
+        let need = Self::table_len(pages)?;
+        if table.len() != need {
+            return Err(CoreError::Config(format!(
+                "the kept page table has {} words; the store needs {need}",
+                table.len()
+            )));
+        }
+        let mut marked = 0;
+        for word in &table[..layout.shards * layout.shard_len] {
+            if word.load(Ordering::Relaxed) == 0 {
+                word.store(Entry::EMPTY.word(), Ordering::Relaxed);
+                marked += 1;
+            }
+        }
+        Ok(marked)
     }
 
     /// The bytes of page table a store of `pages` pages holds from the start (its

@@ -936,6 +936,58 @@ fn a_store_with_unbound_checksums_is_taken_over_as_such() {
     }
 }
 
+/// An entry that was zeroed is damage, never an empty page: in a running store its page
+/// reads as an I/O error, and a takeover refuses the table. A table an earlier release kept,
+/// whose empty pages were zeros, is taken over whole once its zeros are marked.
+#[test]
+fn a_zeroed_entry_reads_as_an_error_and_an_earlier_releases_zeros_are_marked() {
+    let pages = 64;
+    let mut kept = super::kept_memory::KeptMemory::new(StoreConfig::new(pages, Algorithm::Lz4), 0);
+    let store = kept.store();
+    let written: Vec<_> = (1..9u64).map(|i| (i * 5, text_page(i as u8))).collect();
+    for (i, p) in &written {
+        store.write(*i, p).unwrap();
+    }
+    let table = kept.table;
+    let entries = table.len() - tier::Ages::words_for(pages) as usize;
+    let held: Vec<usize> = (0..entries)
+        .filter(|&i| table[i].load(Ordering::Relaxed) != entry::EMPTY_WORD)
+        .collect();
+    assert_eq!(held.len(), written.len(), "one entry a written page");
+    // A table page lost (zeros) under a running store.
+    let lost = (held[0], table[held[0]].load(Ordering::Relaxed));
+    table[lost.0].store(0, Ordering::Relaxed);
+    let mut out = [7u8; PAGE_SIZE];
+    let mut failed = 0;
+    for (i, p) in &written {
+        match store.read(*i, &mut out) {
+            Ok(()) => assert_eq!(out, *p, "page {i}"),
+            Err(_) => failed += 1,
+        }
+    }
+    assert_eq!(failed, 1, "the zeroed entry's page, and only it, fails");
+    store.read(1, &mut out).unwrap();
+    assert_eq!(out, [0u8; PAGE_SIZE], "a page never written reads as zeros");
+    kept.kill(store);
+    assert!(matches!(kept.recover(), Err(CoreError::Damaged(_))));
+    // As an earlier release kept it: every empty entry zero, the written ones whole.
+    kept.rewrite(|i, w| match w {
+        _ if i == lost.0 => lost.1,
+        entry::EMPTY_WORD => 0,
+        w => w,
+    });
+    assert!(matches!(kept.recover(), Err(CoreError::Damaged(_))));
+    let (marked, (taken, found)) = kept.recover_zero_empties().unwrap();
+    assert_eq!(marked, (entries - written.len()) as u64);
+    assert_eq!(found.pages_stored, written.len() as u64);
+    for (i, p) in &written {
+        assert_eq!(read_page(&taken, *i), *p, "page {i}");
+    }
+    assert_eq!(read_page(&taken, 1), [0u8; PAGE_SIZE]);
+    // Marking a marked table changes nothing.
+    assert_eq!(PageStore::mark_zero_entries(pages, table).unwrap(), 0);
+}
+
 #[test]
 fn a_staged_copy_that_no_longer_matches_its_checksum_is_not_read() {
     // The ring's staging checks its copies (batch::staging); the store fails the read.

@@ -364,7 +364,7 @@ fn given_back_unused_blocks(store: &uzram_core::store::PageStore, path: &std::pa
 #[ignore = "a child process of crash_at_random_instants_loses_nothing"]
 fn crash_child() {
     match std::env::var(ENV).as_deref() {
-        Ok("writer") => writer(Via::Store),
+        Ok("writer" | "earlier-writer") => writer(Via::Store),
         Ok("ring-writer") => writer(Via::HostRing),
         Ok("gpu-writer") => writer(Via::Gpu),
         Ok("wb-writer") => writer(Via::Writeback),
@@ -395,6 +395,41 @@ fn child(mode: &str) -> Command {
 fn crash_at_random_instants_loses_nothing() {
     let staged = crash_rounds("writer").staged;
     assert_eq!(staged, (0, 0), "no ring, nothing staged");
+}
+
+/// A store a daemon of an earlier release left (an empty page's entry 0, no mark) is taken
+/// over whole: its zero entries are marked empty before the table is read, where this
+/// release reads a zero entry as damage.
+#[test]
+fn crash_of_an_earlier_releases_daemon_loses_nothing() {
+    let staged = crash_rounds("earlier-writer").staged;
+    assert_eq!(staged, (0, 0), "no ring, nothing staged");
+}
+
+/// Leaves the killed writer's store in segment `shm` as a daemon of an earlier release would.
+fn as_an_earlier_release_left_it(shm: i32) {
+    let cfg = config();
+    let store_cfg = store::store_config(&cfg);
+    let algorithm = cfg.algorithm.to_string();
+    let expect = store_segment::Expected {
+        device: DEVICE,
+        pages: store_cfg.pages,
+        algorithm: &algorithm,
+        checksums: store_cfg.checksums,
+    };
+    let region = store_segment::StoreSegment::attach(shm, expect).expect("the killed store");
+    assert!(
+        region.empties_marked(),
+        "a store of this release marks its empties"
+    );
+    region.unmark_empties_for_tests();
+    assert!(!region.empties_marked());
+    let zeros = region
+        .table()
+        .iter()
+        .filter(|w| w.load(std::sync::atomic::Ordering::Relaxed) == 0)
+        .count();
+    assert!(zeros > 0, "no empty page to mark");
 }
 
 #[test]
@@ -495,6 +530,9 @@ fn crash_rounds(mode: &str) -> Rounds {
         std::thread::sleep(Duration::from_millis(delay_ms));
         writer.kill().expect("SIGKILL the writer");
         let _ = writer.wait();
+        if mode == "earlier-writer" {
+            as_an_earlier_release_left_it(shm);
+        }
         let out = with_backing(child("verifier"))
             .env(SHM_ENV, shm.to_string())
             .output()

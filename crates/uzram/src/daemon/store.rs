@@ -13,7 +13,7 @@ use crate::memory::pool;
 use crate::takeover::staging_segment::StagingSegment;
 use crate::takeover::store_segment::{Expected, StoreSegment};
 
-fn store_config(cfg: &DeviceConfig) -> StoreConfig {
+pub(crate) fn store_config(cfg: &DeviceConfig) -> StoreConfig {
     let mut store_cfg = StoreConfig::new(cfg.size / PAGE_SIZE as u64, cfg.algorithm);
     store_cfg.mem_limit = cfg.mem_limit;
     store_cfg.checksums = cfg.checksums;
@@ -69,7 +69,9 @@ pub fn new_store(store_cfg: StoreConfig, region: &StoreSegment) -> anyhow::Resul
         table,
         home: Arc::new(region.home()),
     };
-    PageStore::new_persistent(store_cfg, persist).context("creating the page store")
+    let store = PageStore::new_persistent(store_cfg, persist).context("creating the page store")?;
+    region.set_empties_marked();
+    Ok(store)
 }
 
 /// A store taken over from a dead daemon.
@@ -123,6 +125,16 @@ pub fn recover(
         adopted_bytes = adopted * pool::BLOCK,
         "the old daemon's free blocks are the new pool"
     );
+    if !region.empties_marked() {
+        // A store an earlier release kept wrote an empty page's entry as 0, which this
+        // release reads as damage: marked first, then recorded (a takeover that dies in
+        // between is finished by the next).
+        let marked = PageStore::mark_zero_entries(store_cfg.pages, region.table())
+            .context("marking the preserved store's empty entries")?;
+        region.set_empties_marked();
+        tracing::info!(marked, "the preserved store's empty entries are marked");
+        step("store: empties");
+    }
     let persist = Persistence {
         table: region.table(),
         home: Arc::new(region.home()),

@@ -70,6 +70,11 @@ const STAGING_TAG: u64 = 0x5354_4147 << 32;
 /// daemon has 0 there).
 const FLOORS_OFF: usize = 2056;
 const FLOORS_TAG: u64 = 0x464c_4f52 << 32; // "FLOR"
+/// Where the region says its page table's empty entries are `uzram_core`'s empty word:
+/// [`EMPTIES_TAG`] (0: zeros, as a daemon of an earlier release wrote them; a takeover
+/// marks them before it reads the table, then sets the tag).
+const EMPTIES_OFF: usize = 2064;
+const EMPTIES_TAG: u64 = 0x454d_5054_594d_4b31; // "EMPTYMK1"
 /// Where the device's writeback key and nonce counter live (`daemon/backing.rs`): a word
 /// with [`WRITEBACK_TAG`] (or [`UNLABELLED_TAG`]) once they are set (0: none; an older
 /// daemon has 0 there), the next nonce, then the key's 32 bytes. The segment is root's alone
@@ -91,7 +96,8 @@ const DICTIONARY_OFF: usize = 8192;
 const _: () = assert!(
     std::mem::size_of::<Header>() <= STAGING_OFF
         && STAGING_OFF + 8 <= FLOORS_OFF
-        && FLOORS_OFF + 8 <= WRITEBACK_OFF
+        && FLOORS_OFF + 8 <= EMPTIES_OFF
+        && EMPTIES_OFF + 8 <= WRITEBACK_OFF
         && WRITEBACK_OFF + WRITEBACK_WORDS * 8 <= CARRY_OFF
         && CARRY_OFF + crate::takeover::carry::WORDS * 8 <= DICTIONARY_OFF
         && DICTIONARY_OFF + crate::takeover::dictionary::WORDS * 8 <= UNIT
@@ -494,7 +500,7 @@ impl StoreSegment {
 
     fn recorded_word(&self, record: Recorded) -> &AtomicU64 {
         // SAFETY: the header's unit lies in the mapping (see `carried_counters`); the word at
-        // `record.off` (STAGING_OFF or FLOORS_OFF, inside it by the assertion above) is
+        // `record.off` (STAGING_OFF, FLOORS_OFF or EMPTIES_OFF, inside it by the assertion above) is
         // 8-aligned, only ever accessed atomically, and the mapping is never detached.
         unsafe { &*((self.base + record.off) as *const AtomicU64) }
     }
@@ -527,6 +533,34 @@ impl StoreSegment {
     /// Records the backing device's nonce floors segment (`None`: it has none).
     pub fn set_floors(&self, id: Option<i32>) {
         self.record(FLOORS, id);
+    }
+
+    /// Whether the page table's empty entries are `uzram_core`'s empty word, so a zero
+    /// entry is damage; false for a store an earlier release kept, whose empty entries
+    /// are zeros until [`StoreSegment::set_empties_marked`].
+    pub fn empties_marked(&self) -> bool {
+        self.recorded_word(EMPTIES).load(Ordering::Acquire) == EMPTIES_TAG
+    }
+
+    /// Records that every empty entry of the page table is the empty word.
+    pub fn set_empties_marked(&self) {
+        self.recorded_word(EMPTIES)
+            .store(EMPTIES_TAG, Ordering::Release);
+    }
+
+    /// Leaves the page table as a daemon of an earlier release did: every empty entry 0, no
+    /// mark.
+    #[cfg(test)]
+    pub fn unmark_empties_for_tests(&self) {
+        for word in self.table() {
+            let _ = word.compare_exchange(
+                uzram_core::store::EMPTY_WORD,
+                0,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+        self.recorded_word(EMPTIES).store(0, Ordering::Release);
     }
 
     fn writeback_words(&self) -> &'static [AtomicU64] {
@@ -843,6 +877,10 @@ const STAGING: Recorded = Recorded {
 const FLOORS: Recorded = Recorded {
     off: FLOORS_OFF,
     tag: FLOORS_TAG,
+};
+const EMPTIES: Recorded = Recorded {
+    off: EMPTIES_OFF,
+    tag: EMPTIES_TAG,
 };
 
 impl Recorded {
