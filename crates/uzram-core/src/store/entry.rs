@@ -22,7 +22,7 @@
 //!
 //! Tag 7 is never written: an entry with it decodes as [`Slot::Invalid`], and so
 //! does a same-filled entry whose check byte does not match. Reads of such a page fail,
-//! and a recovery refuses a table that holds one.
+//! and a recovery takes the page as lost (`Recovered::damaged_entries`).
 //!
 //! [`Slot::Empty`] is one fixed word with tag 0 ([`EMPTY_WORD`]), not the all-zero word: an
 //! entry that was zeroed (a page of the table lost, or cleared by mistake) decodes as

@@ -268,7 +268,9 @@ impl PageStore {
     /// [`PageStore::new_persistent`] with the same `cfg.pages`): the entries as they are,
     /// the segments from the home; counters, free space and the arena's bookkeeping are
     /// rebuilt from the entries. Fails with [`CoreError::Damaged`] when the entries do not
-    /// describe a consistent store (an object outside the segments, two that overlap).
+    /// describe a consistent store (an object outside the segments, two that overlap). An
+    /// entry that is none the store writes loses its page only
+    /// ([`Recovered::damaged_entries`]).
     ///
     /// Pages the dead process had staged (written, waiting for their compressed form) are
     /// read from `staged` (the staging it left, e.g. [`crate::batch::StagedCopy`]),
@@ -286,6 +288,7 @@ impl PageStore {
         let mut found = Recovered::default();
         let mut objects: Vec<(u64, usize)> = Vec::new();
         let mut waiting: Vec<(u64, StagedAt)> = Vec::new();
+        let mut damaged: Vec<u64> = Vec::new();
         for (s, shard) in store.shards.iter().enumerate() {
             let mut shard = write_lock(shard);
             let mut totals = PageTotals::default();
@@ -295,15 +298,11 @@ impl PageStore {
                         waiting.push((store.page_at(s, idx), at));
                         slot
                     }
-                    Slot::SameExt => {
-                        return Err(CoreError::Damaged(format!(
-                            "entry {idx} names a fill word the old process kept in its own memory"
-                        )))
-                    }
-                    Slot::Invalid => {
-                        return Err(CoreError::Damaged(format!(
-                            "entry {idx} of shard {s} is no entry this store writes"
-                        )))
+                    // Damage, or a fill word that lived in the old process's memory: that
+                    // page is lost (its reads fail until it is written again), not the store.
+                    Slot::SameExt | Slot::Invalid => {
+                        damaged.push(store.page_at(s, idx));
+                        Slot::Lost
                     }
                     other => other,
                 };
@@ -321,6 +320,13 @@ impl PageStore {
             .arena
             .adopt(&mut objects)
             .map_err(CoreError::Damaged)?;
+        for &index in &damaged {
+            // Padding entries past the last page are no page's: left as they are.
+            if index < store.pages() {
+                store.lose(index);
+                found.damaged_entries += 1;
+            }
+        }
         if store.mem_limit.is_some() {
             store.staged.store(waiting.len() as u64, Ordering::Relaxed);
         }
@@ -347,7 +353,7 @@ impl PageStore {
                 found.settled_pages += 1;
                 found.pages_stored += 1;
             } else {
-                store.lose_staged(index);
+                store.lose(index);
                 found.lost_pages += 1;
             }
         }
@@ -379,8 +385,9 @@ impl PageStore {
         state.is_ok_and(|s| s == CommitState::Installed)
     }
 
-    /// Marks a page whose staged copy is gone as lost.
-    fn lose_staged(&self, index: u64) {
+    /// Marks page `index` lost (its staged copy is gone, or its entry was damaged): reads
+    /// of it fail until it is written again.
+    fn lose(&self, index: u64) {
         let (shard, idx) = self.locate(index);
         let mut shard = write_lock(shard);
         // Lost needs no side map, so `set` cannot fail.

@@ -68,6 +68,11 @@ pub struct Recovered {
     /// Pages that were staged when the old process died and whose staged copy was not
     /// there: their content is gone and reads of them fail until they are written again.
     pub lost_pages: u64,
+    /// Entries that are none this store writes (damage: a word zeroed or changed), or that
+    /// name a fill word the old process kept in its own memory: their pages are lost, and
+    /// reads of them fail until they are written again. The rest of the store is taken
+    /// over.
+    pub damaged_entries: u64,
     /// Arena segments taken over.
     pub segments: usize,
 }

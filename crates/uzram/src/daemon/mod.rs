@@ -314,8 +314,15 @@ fn open_store(
         segments = found.segments,
         staged_pages_installed = found.settled_pages,
         lost_pages = found.lost_pages,
+        damaged_entries = found.damaged_entries,
         "store recovered"
     );
+    if found.damaged_entries > 0 {
+        tracing::error!(
+            damaged_entries = found.damaged_entries,
+            "pages whose page-table entries were damaged are lost: reading them fails until they are written again"
+        );
+    }
     if found.lost_pages > 0 {
         tracing::error!(
             lost_pages = found.lost_pages,
