@@ -216,15 +216,9 @@ impl PageStore {
     /// middle is finished by the next.
     pub fn mark_zero_entries(pages: u64, table: &[AtomicU64]) -> Result<u64, CoreError> {
         let layout = Layout::of(&StoreConfig::new(pages, Algorithm::Lz4))?;
-        let need = Self::table_len(pages)?;
-        if table.len() != need {
-            return Err(CoreError::Config(format!(
-                "the kept page table has {} words; the store needs {need}",
-                table.len()
-            )));
-        }
+        let (entries, _) = split_kept_table(&layout, pages, table)?;
         let mut marked = 0;
-        for word in &table[..layout.shards * layout.shard_len] {
+        for word in entries {
             if word.load(Ordering::Relaxed) == 0 {
                 word.store(Entry::EMPTY.word(), Ordering::Relaxed);
                 marked += 1;
@@ -1141,6 +1135,21 @@ fn kept_parts(
     pages: u64,
     table: &'static [AtomicU64],
 ) -> Result<(Shards, tier::Ages), CoreError> {
+    let (entries, ages) = split_kept_table(layout, pages, table)?;
+    let shards = entries
+        .chunks(layout.shard_len)
+        .map(|part| RwLock::new(Shard::with_entries(Entries::Kept(part))))
+        .collect();
+    Ok((shards, tier::Ages::kept(pages, ages)?))
+}
+
+/// A kept page table of `pages` pages split into its entries and the pages' ages; refused
+/// unless it is exactly [`PageStore::table_len`] words.
+fn split_kept_table<'a>(
+    layout: &Layout,
+    pages: u64,
+    table: &'a [AtomicU64],
+) -> Result<(&'a [AtomicU64], &'a [AtomicU64]), CoreError> {
     let need = PageStore::table_len(pages)?;
     if table.len() != need {
         return Err(CoreError::Config(format!(
@@ -1148,12 +1157,7 @@ fn kept_parts(
             table.len()
         )));
     }
-    let (entries, ages) = table.split_at(layout.shards * layout.shard_len);
-    let shards = entries
-        .chunks(layout.shard_len)
-        .map(|part| RwLock::new(Shard::with_entries(Entries::Kept(part))))
-        .collect();
-    Ok((shards, tier::Ages::kept(pages, ages)?))
+    Ok(table.split_at(layout.shards * layout.shard_len))
 }
 
 /// Most arena segments a store of `pages` pages can need: every page raw, twice over for

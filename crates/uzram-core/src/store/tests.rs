@@ -955,32 +955,38 @@ fn a_zeroed_entry_reads_as_an_error_and_an_earlier_releases_zeros_are_marked() {
         .filter(|&i| table[i].load(Ordering::Relaxed) != entry::EMPTY_WORD)
         .collect();
     assert_eq!(held.len(), written.len(), "one entry a written page");
+    // How many written pages fail their reads; every other one reads back whole.
+    let failing = |store: &PageStore| {
+        let mut out = [7u8; PAGE_SIZE];
+        let mut failed = 0;
+        for (i, p) in &written {
+            match store.read(*i, &mut out) {
+                Ok(()) => assert_eq!(out, *p, "page {i}"),
+                Err(_) => failed += 1,
+            }
+        }
+        failed
+    };
     // A table page lost (zeros) under a running store.
     let lost = (held[0], table[held[0]].load(Ordering::Relaxed));
     table[lost.0].store(0, Ordering::Relaxed);
+    assert_eq!(
+        failing(&store),
+        1,
+        "the zeroed entry's page, and only it, fails"
+    );
     let mut out = [7u8; PAGE_SIZE];
-    let mut failed = 0;
-    for (i, p) in &written {
-        match store.read(*i, &mut out) {
-            Ok(()) => assert_eq!(out, *p, "page {i}"),
-            Err(_) => failed += 1,
-        }
-    }
-    assert_eq!(failed, 1, "the zeroed entry's page, and only it, fails");
     store.read(1, &mut out).unwrap();
     assert_eq!(out, [0u8; PAGE_SIZE], "a page never written reads as zeros");
     kept.kill(store);
     let (taken, found) = kept.recover().unwrap();
     assert_eq!(found.damaged_entries, 1);
     assert_eq!(found.pages_stored, written.len() as u64 - 1);
-    let mut failed = 0;
-    for (i, p) in &written {
-        match taken.read(*i, &mut out) {
-            Ok(()) => assert_eq!(out, *p, "page {i}"),
-            Err(_) => failed += 1,
-        }
-    }
-    assert_eq!(failed, 1, "the damaged entry's page, and only it, is lost");
+    assert_eq!(
+        failing(&taken),
+        1,
+        "the damaged entry's page, and only it, is lost"
+    );
     assert_eq!(read_page(&taken, 1), [0u8; PAGE_SIZE]);
     drop(taken);
     // As an earlier release kept it: every empty entry zero, the written ones whole. Read
