@@ -482,6 +482,8 @@ mod tests {
             "pool_take_timeouts",
             "io_threads_per_queue",
             "queue_ring_setup_flags",
+            "queue_retried_waits",
+            "queue_failed_commands",
         ];
         DeviceStatus {
             id: 3,

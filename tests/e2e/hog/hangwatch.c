@@ -3,8 +3,11 @@
  * Locks itself in memory (so it keeps running when everything else waits on swap-in), sleeps
  * SECS, then triggers sysrq 't' (every task's kernel stack, into the kernel log) and prints
  * state, wait channel and kernel stack of every thread of every process whose comm starts with
- * NAME. Killed by the scenario when the workload finishes in time. Its heap is faulted in and
- * locked up front: a new page later would wait in reclaim like everything else.
+ * NAME, with the CPU time each has used in user space and in the kernel (a thread that spins
+ * shows there), and the state of each io_uring the process has open. Last, the tail of each
+ * log file the process has open: last because the file may sit in swap, on the very device
+ * that is stuck. Killed by the scenario when the workload finishes in time. Its heap is
+ * faulted in and locked up front: a new page later would wait in reclaim like everything else.
  */
 #include <dirent.h>
 #include <malloc.h>
@@ -26,6 +29,24 @@ static void cat(const char *path, const char *prefix)
 	fclose(f);
 }
 
+/* the last `keep` lines of a file, each after `prefix` */
+static void tail(const char *path, const char *prefix, int keep)
+{
+	static char lines[64][256];
+	int n = 0;
+	FILE *f = fopen(path, "r");
+
+	if (!f)
+		return;
+	if (keep > 64)
+		keep = 64;
+	while (fgets(lines[n % keep], sizeof(lines[0]), f))
+		n++;
+	fclose(f);
+	for (int i = n > keep ? n - keep : 0; i < n; i++)
+		printf("%s%s", prefix, lines[i % keep]);
+}
+
 static int read_line(const char *path, char *buf, size_t len)
 {
 	FILE *f = fopen(path, "r");
@@ -42,7 +63,9 @@ static int read_line(const char *path, char *buf, size_t len)
 
 int main(int argc, char **argv)
 {
-	char path[600], comm[64], buf[64];
+	char path[600], comm[64], buf[300];
+	char logs[8][300];
+	int nlogs = 0;
 	struct dirent *p, *t;
 
 	if (argc != 3) {
@@ -87,6 +110,18 @@ int main(int argc, char **argv)
 			ssize_t n = readlink(path, target, sizeof(target) - 1);
 			target[n < 0 ? 0 : n] = 0;
 			printf("hangwatch:   fd %s -> %s\n", t->d_name, target);
+			size_t tl = strlen(target);
+			if (!strcmp(target, "anon_inode:[io_uring]")) {
+				snprintf(path, sizeof(path), "/proc/%s/fdinfo/%s", p->d_name, t->d_name);
+				snprintf(buf, sizeof(buf), "hangwatch:     fd %s: ", t->d_name);
+				tail(path, buf, 24);
+			} else if (tl > 4 && !strcmp(target + tl - 4, ".log") && nlogs < 8) {
+				int dup = 0;
+				for (int i = 0; i < nlogs; i++)
+					dup |= !strcmp(logs[i], target);
+				if (!dup)
+					snprintf(logs[nlogs++], sizeof(logs[0]), "%s", target);
+			}
 		}
 		if (fds)
 			closedir(fds);
@@ -103,8 +138,17 @@ int main(int argc, char **argv)
 			snprintf(path, sizeof(path), "/proc/%s/task/%s/stat", p->d_name, t->d_name);
 			read_line(path, st, sizeof(st));
 			char *state = strrchr(st, ')');
-			printf("hangwatch: pid %s tid %s (%s) state %.1s wchan %s\n", p->d_name,
-			       t->d_name, tc, state ? state + 2 : "?", wchan);
+			/* fields 14 and 15 of stat: user and kernel CPU time, in clock ticks */
+			unsigned long ut = 0, kt = 0;
+			if (state)
+				sscanf(state + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
+				       &ut, &kt);
+			long hz = sysconf(_SC_CLK_TCK);
+			if (hz <= 0)
+				hz = 100;
+			printf("hangwatch: pid %s tid %s (%s) state %.1s wchan %s cpu user %.2fs kernel %.2fs\n",
+			       p->d_name, t->d_name, tc, state ? state + 2 : "?", wchan,
+			       (double)ut / hz, (double)kt / hz);
 			snprintf(path, sizeof(path), "/proc/%s/task/%s/stack", p->d_name, t->d_name);
 			snprintf(buf, sizeof(buf), "hangwatch:   ");
 			cat(path, buf);
@@ -116,5 +160,11 @@ int main(int argc, char **argv)
 		closedir(proc);
 	cat("/proc/meminfo", "hangwatch: meminfo ");
 	fflush(stdout);
+	for (int i = 0; i < nlogs; i++) {
+		printf("hangwatch: the last lines of %s:\n", logs[i]);
+		fflush(stdout);
+		tail(logs[i], "hangwatch:   log ", 40);
+		fflush(stdout);
+	}
 	return 0;
 }

@@ -162,6 +162,12 @@ counters! {
     QUEUE_PAGE_FAULTS = "queue_page_faults", Requests, Counter, No,
         "uzram_queue_page_faults_total",
         "Major page faults taken by the queue threads (each one is a stall under memory pressure).";
+    QUEUE_RETRIED_WAITS = "queue_retried_waits", Requests, Counter, No,
+        "uzram_queue_retried_waits_total",
+        "Waits of the queue threads' io_uring that failed (interrupted, or the kernel short of resources) and were waited again.";
+    QUEUE_FAILED_COMMANDS = "queue_failed_commands", Requests, Counter, No,
+        "uzram_queue_failed_commands_total",
+        "ublk commands of the queue threads that completed with an error (a batch fetch, which is re-armed).";
     POOL_FREE_BLOCKS = "pool_free_blocks", Requests, Gauge, No,
         "uzram_pool_free_blocks",
         "Free 64 KiB blocks in the daemon's pre-faulted block pool.";

@@ -12,7 +12,7 @@ use libublk::io::{
 use libublk::UblkError;
 
 use super::disk_reads::DiskReads;
-use super::server::{queue_io_bufs, Server, WaitRetries};
+use super::server::{queue_io_bufs, Server};
 use crate::takeover::leave;
 
 /// Serves queue `qid` until the device stops; returns after the kernel released every buffer.
@@ -56,9 +56,10 @@ fn run(
     pending: &mut Vec<UblkBatchCompletion>,
     server: &mut Server<'_>,
 ) -> Result<(), UblkError> {
-    let mut retries = WaitRetries::default();
+    let mut retries = server.retries(queue.get_qid());
     loop {
         let mut failed = None;
+        let mut served = 0;
         let waited = queue.flush_and_wake_io_tasks(
             |user_data, cqe, _is_last| {
                 // One of our own reads (`disk_reads.rs`): its request may be done. (The
@@ -72,7 +73,11 @@ fn run(
                     }
                     return;
                 }
-                let served = batch.handle_cqe(cqe, |batch, tags| {
+                // The batch commands' own results: a fetch that failed is re-armed by
+                // libublk at once, which `retries` must see to stop a spin.
+                retries.command_done(cqe.result());
+                let handled = batch.handle_cqe(cqe, |batch, tags| {
+                    served += tags.len();
                     for &tag in tags {
                         let iod = queue.get_iod(tag);
                         let res = match batch.io_buf_mut(tag) {
@@ -88,7 +93,7 @@ fn run(
                     Ok(())
                 });
                 // Ok(false): a CQE of no batch command; this ring carries nothing else.
-                if let Err(err) = served {
+                if let Err(err) = handled {
                     failed.get_or_insert(err);
                 }
             },
@@ -97,8 +102,8 @@ fn run(
         match waited {
             Ok(_) => {}
             // A stop signal or a tracer cut the wait short, or the kernel was short of memory
-            // (`target::WaitRetries`); the results still pending are committed below.
-            Err(err) if retries.retry(queue.get_qid(), &err) => {}
+            // (`retries.rs`); the results still pending are committed below.
+            Err(err) if retries.retry(&err) => {}
             // Stopped with nothing left in flight: the transport is done with the buffers.
             Err(UblkError::QueueIsDown) => return Ok(()),
             Err(err) => return Err(err),
@@ -114,5 +119,6 @@ fn run(
         if batch.try_begin_shutdown()? && batch.is_shutdown_complete() {
             return Ok(());
         }
+        retries.turn_done(served);
     }
 }

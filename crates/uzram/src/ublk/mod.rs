@@ -4,7 +4,7 @@
 //! - [`uring`]: the queues' io_uring setup.
 //! - [`queue_fn`] (here): each queue thread's start, in the loop of its mode;
 //!   [`queue`]: the per-queue and per-I/O-daemon loops; [`batch`]: the batch loop.
-//! - [`server`]: a queue thread's state.
+//! - [`server`]: a queue thread's state; [`retries`]: its failed waits and commands.
 //! - [`handler`]: the request handler, which sees a store and a [`handler::PageWriter`] and
 //!   nothing else.
 //! - [`tuning`]: the block queue's settings once the device exists.
@@ -15,6 +15,7 @@ pub mod disk_reads;
 pub mod handler;
 pub mod queue;
 pub mod queue_mode;
+pub mod retries;
 pub mod server;
 pub mod tuning;
 pub mod uring;

@@ -5,7 +5,8 @@ use libublk::sys;
 use libublk::{BufDesc, UblkIORes};
 
 use super::disk_reads::DiskReads;
-use super::server::{own_io_bufs, Server, WaitRetries};
+use super::retries::Retries;
+use super::server::{own_io_bufs, Server};
 use crate::takeover::leave;
 
 /// `per-queue` and `per-io-daemon`: one FETCH / COMMIT_AND_FETCH uring command per request,
@@ -46,6 +47,7 @@ pub fn serve(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
         server.copy_through(dev.tgt.fds[0], qid);
     }
     server.start(queue.get_depth() as u16);
+    let retries = server.retries(qid);
     let data_of = |tag: u16| -> Option<&mut [u8]> {
         let buf = bufs.get(usize::from(tag))?;
         // SAFETY: `buf` is this tag's I/O buffer, allocated above with `buf.len()` bytes and
@@ -83,7 +85,7 @@ pub fn serve(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
             }
         }
     };
-    wait_and_handle_io(&queue, handler);
+    wait_and_handle_io(&queue, retries, handler);
     tracing::info!(qid, "queue stopped");
 }
 
@@ -96,35 +98,40 @@ enum Event {
 }
 
 /// libublk's `UblkQueue::wait_and_handle_io`, except that a wait interrupted by a signal,
-/// or refused for want of resources (`short_of_resources` in `server.rs`), is waited
-/// again, and that any other error leaves the device to the next daemon (`leave.rs`).
-/// libublk's loop ends the queue on any error, and a stop signal (`kill -STOP`, a debugger
-/// attaching) interrupts every queue's `io_uring_enter` with `EINTR`: each queue thread
-/// ended, and the daemon, its queues gone, deleted the device (seen when a debugger
-/// attached).
-fn wait_and_handle_io(queue: &UblkQueue<'_>, mut handle: impl FnMut(&UblkQueue<'_>, Event)) {
-    let mut retries = WaitRetries::default();
+/// or refused for want of resources, is waited again (`retries.rs`), and that any other
+/// error leaves the device to the next daemon (`leave.rs`). libublk's loop ends the queue
+/// on any error, and a stop signal (`kill -STOP`, a debugger attaching) interrupts every
+/// queue's `io_uring_enter` with `EINTR`: each queue thread ended, and the daemon, its
+/// queues gone, deleted the device (seen when a debugger attached).
+fn wait_and_handle_io(
+    queue: &UblkQueue<'_>,
+    mut retries: Retries<'_>,
+    mut handle: impl FnMut(&UblkQueue<'_>, Event),
+) {
     loop {
+        let mut served = 0;
         let waited = queue.flush_and_wake_io_tasks(
             |user_data, cqe, _last| {
                 // As libublk's loop: a fetched request; or one of our own reads.
                 if DiskReads::owns(user_data) {
                     let res = cqe.result();
                     handle(queue, Event::Target { user_data, res });
-                } else if user_data & libublk::UblkUringData::Target as u64 == 0
-                    && cqe.result() == sys::UBLK_IO_RES_OK as i32
-                {
-                    handle(
-                        queue,
-                        Event::Request(UblkIOCtx::user_data_to_tag(user_data) as u16),
-                    );
+                } else if user_data & libublk::UblkUringData::Target as u64 == 0 {
+                    retries.command_done(cqe.result());
+                    if cqe.result() == sys::UBLK_IO_RES_OK as i32 {
+                        served += 1;
+                        handle(
+                            queue,
+                            Event::Request(UblkIOCtx::user_data_to_tag(user_data) as u16),
+                        );
+                    }
                 }
             },
             1,
         );
         match waited {
             Ok(_) => {}
-            Err(err) if retries.retry(queue.get_qid(), &err) => {}
+            Err(err) if retries.retry(&err) => {}
             // Stopped with nothing left in flight.
             Err(libublk::UblkError::QueueIsDown) => break,
             Err(err) => {
@@ -133,6 +140,7 @@ fn wait_and_handle_io(queue: &UblkQueue<'_>, mut handle: impl FnMut(&UblkQueue<'
                 break;
             }
         }
+        retries.turn_done(served);
     }
     for tag in queue.tags() {
         queue.unregister_io_buf(tag);

@@ -1,6 +1,7 @@
 //! A queue thread's state: its request counters, the store and writer it serves with, its
-//! page-fault accounting, its I/O buffers, and which failed waits it waits again. Both
-//! serving loops (`queue.rs` per request, `batch.rs` in groups) go through [`Server`].
+//! page-fault accounting and its I/O buffers. Both serving loops (`queue.rs` per request,
+//! `batch.rs` in groups) go through [`Server`]; what they do with failed waits and commands
+//! is `retries.rs`.
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +15,7 @@ use uzram_core::PAGE_SIZE;
 
 use super::disk_reads::DiskReads;
 use super::handler::{handle_via, Op, PageWriter, Via};
+use super::retries::Retries;
 use super::user_copy::KernelCopy;
 use crate::control::counters;
 use crate::control::proto::Stat;
@@ -37,6 +39,10 @@ struct QueueCounters {
     errors: AtomicU64,
     /// Page faults the queue thread took while serving (see `fault_guard`).
     page_faults: AtomicU64,
+    /// Waits of the thread's io_uring that failed and were waited again (`retries.rs`).
+    retried_waits: AtomicU64,
+    /// The thread's ublk commands that completed with an error (`retries.rs`).
+    failed_commands: AtomicU64,
 }
 
 /// Per-operation request counters of every queue thread.
@@ -59,6 +65,20 @@ impl RequestCounters {
     fn set_faults(&self, slot: u16, faults: u64) {
         if let Some(q) = self.queues.get(usize::from(slot)) {
             q.page_faults.store(faults, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a failed wait of queue thread `slot` that it waits again.
+    pub(super) fn count_retried_wait(&self, slot: u16) {
+        if let Some(q) = self.queues.get(usize::from(slot)) {
+            q.retried_waits.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a ublk command of queue thread `slot` that completed with an error.
+    pub(super) fn count_failed_command(&self, slot: u16) {
+        if let Some(q) = self.queues.get(usize::from(slot)) {
+            q.failed_commands.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -99,7 +119,7 @@ impl RequestCounters {
                 .sum()
         };
         type Field = fn(&QueueCounters) -> &AtomicU64;
-        let fields: [(&str, Field); 9] = [
+        let fields: [(&str, Field); 11] = [
             (counters::READ_REQUESTS, |q| &q.reads),
             (counters::READ_BYTES, |q| &q.read_bytes),
             (counters::WRITE_REQUESTS, |q| &q.writes),
@@ -109,6 +129,8 @@ impl RequestCounters {
             (counters::WRITE_ZEROES_REQUESTS, |q| &q.write_zeroes),
             (counters::FAILED_REQUESTS, |q| &q.errors),
             (counters::QUEUE_PAGE_FAULTS, |q| &q.page_faults),
+            (counters::QUEUE_RETRIED_WAITS, |q| &q.retried_waits),
+            (counters::QUEUE_FAILED_COMMANDS, |q| &q.failed_commands),
         ];
         fields
             .iter()
@@ -169,6 +191,12 @@ impl<'a> Server<'a> {
     pub fn reading_backed_pages_inline(mut self) -> Self {
         self.inline_disk_reads = true;
         self
+    }
+
+    /// The failed waits and commands of this thread's loop on queue `qid`, counted in its
+    /// slot.
+    pub fn retries(&self, qid: u16) -> Retries<'a> {
+        Retries::new(qid, self.slot, self.counters)
     }
 
     /// The thread's setup is done (buffers allocated and locked) for a queue of `depth`
@@ -304,47 +332,6 @@ impl<'a> Server<'a> {
     }
 }
 
-/// A queue's wait for requests cut short by a signal (`EINTR`, from a stop signal or a
-/// tracer): wait again; no completion was taken.
-fn interrupted(err: &libublk::UblkError) -> bool {
-    matches!(err, libublk::UblkError::IOError(e) if e.kind() == std::io::ErrorKind::Interrupted)
-}
-
-/// `io_uring_enter` refused for want of memory or completion-queue room (`EAGAIN`, `ENOMEM`,
-/// `EBUSY`): the kernel kept the submissions, and the documented answer is to wait and enter
-/// again. A swap daemon meets this when memory runs out, the one time it must not give up.
-fn short_of_resources(err: &libublk::UblkError) -> bool {
-    matches!(err, libublk::UblkError::IOError(e)
-        if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::ENOMEM | libc::EBUSY)))
-}
-
-/// Which failed waits of a queue's loop (per-request or batch) are waited again: one
-/// [`interrupted`] at once, one [`short_of_resources`] after a millisecond, logged at the
-/// 1st, 2nd, 4th, 8th, ... time so that a long shortage does not flood the log.
-#[derive(Default)]
-pub struct WaitRetries {
-    short: u64,
-}
-
-impl WaitRetries {
-    /// Whether the queue should wait again after `err` (having slept where due); false for
-    /// any other error.
-    pub fn retry(&mut self, qid: u16, err: &libublk::UblkError) -> bool {
-        if interrupted(err) {
-            return true;
-        }
-        if !short_of_resources(err) {
-            return false;
-        }
-        self.short += 1;
-        if self.short.is_power_of_two() {
-            tracing::warn!(qid, error = %err, times = self.short, "entering the queue's io_uring failed; retrying");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
-        true
-    }
-}
-
 /// Full-size I/O buffers made and locked by [`stash_io_bufs`] before a takeover pauses the
 /// device; queue threads take them instead of making their own.
 static STASH: Mutex<Vec<IoBuf<u8>>> = Mutex::new(Vec::new());
@@ -429,31 +416,6 @@ mod tests {
         drop_stashed_io_bufs();
         assert_eq!(len(), 0);
         assert!(io_buf(IO_BUF_BYTES as usize).len() == IO_BUF_BYTES as usize);
-    }
-
-    #[test]
-    fn a_wait_short_of_memory_is_retried_and_other_errors_are_not() {
-        use libublk::UblkError;
-        let io = |code| UblkError::IOError(std::io::Error::from_raw_os_error(code));
-        for code in [libc::EAGAIN, libc::ENOMEM, libc::EBUSY] {
-            assert!(short_of_resources(&io(code)), "{code}");
-            assert!(!interrupted(&io(code)), "{code}");
-        }
-        assert!(interrupted(&io(libc::EINTR)));
-        assert!(!short_of_resources(&io(libc::EINTR)));
-        for code in [libc::EBADF, libc::EINVAL, libc::ENXIO, libc::EFAULT] {
-            assert!(!short_of_resources(&io(code)), "{code}");
-            assert!(!interrupted(&io(code)), "{code}");
-        }
-        assert!(!short_of_resources(&UblkError::QueueIsDown));
-        assert!(!short_of_resources(&UblkError::OtherError(-libc::EINVAL)));
-        let mut retries = WaitRetries::default();
-        for code in [libc::EINTR, libc::EAGAIN, libc::ENOMEM, libc::EBUSY] {
-            assert!(retries.retry(0, &io(code)), "{code}");
-        }
-        assert_eq!(retries.short, 3);
-        assert!(!retries.retry(0, &io(libc::EBADF)));
-        assert!(!retries.retry(0, &UblkError::QueueIsDown));
     }
 
     #[test]

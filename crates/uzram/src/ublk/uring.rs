@@ -94,7 +94,7 @@ pub fn describe(flags: u32) -> String {
 /// again: cut short by a signal (`EINTR`), or refused for want of memory or completion-queue
 /// room (`EAGAIN`, `EBUSY`), in which cases the kernel kept the submissions. The waits that
 /// must see their reads and writes through (a disk read's worker, a writeback run, a
-/// thread's first entry) use it; a queue's own loop has `server::WaitRetries`.
+/// thread's first entry) use it; a queue's own loop has `retries::Retries`.
 pub fn wait_again(err: &std::io::Error) -> bool {
     matches!(
         err.raw_os_error(),
