@@ -162,10 +162,10 @@ counters! {
     QUEUE_PAGE_FAULTS = "queue_page_faults", Requests, Counter, No,
         "uzram_queue_page_faults_total",
         "Major page faults taken by the queue threads (each one is a stall under memory pressure).";
-    QUEUE_RETRIED_WAITS = "queue_retried_waits", Requests, Counter, No,
+    QUEUE_RETRIED_WAITS = "queue_retried_waits", Requests, Counter, Sum,
         "uzram_queue_retried_waits_total",
         "Waits of the queue threads' io_uring that failed (interrupted, or the kernel short of resources) and were waited again.";
-    QUEUE_FAILED_COMMANDS = "queue_failed_commands", Requests, Counter, No,
+    QUEUE_FAILED_COMMANDS = "queue_failed_commands", Requests, Counter, Sum,
         "uzram_queue_failed_commands_total",
         "ublk commands of the queue threads that completed with an error (a batch fetch, which is re-armed).";
     POOL_FREE_BLOCKS = "pool_free_blocks", Requests, Gauge, No,
@@ -177,13 +177,13 @@ counters! {
     DAEMON_RSS_BYTES = "daemon_rss_bytes", Requests, Gauge, No,
         "uzram_daemon_resident_bytes",
         "Memory the daemon holds: resident pages, the block pool's shared memory included.";
-    POOL_REFUSED_BLOCKS = "pool_refused_blocks", Requests, Counter, No,
+    POOL_REFUSED_BLOCKS = "pool_refused_blocks", Requests, Counter, Sum,
         "uzram_pool_refused_blocks_total",
         "Block requests the empty pool refused (each one failed a write with ENOMEM).";
-    POOL_WAITED_TAKES = "pool_waited_takes", Requests, Counter, No,
+    POOL_WAITED_TAKES = "pool_waited_takes", Requests, Counter, Sum,
         "uzram_pool_waited_takes_total",
         "New arena segments that found the pool empty and waited for its keeper.";
-    POOL_TAKE_TIMEOUTS = "pool_take_timeouts", Requests, Counter, No,
+    POOL_TAKE_TIMEOUTS = "pool_take_timeouts", Requests, Counter, Sum,
         "uzram_pool_take_timeouts_total",
         "Waits for the pool keeper that ended with no block (each one failed a write with ENOMEM).";
     STAGED_PAGES = "staged_pages", Store, Gauge, No,
