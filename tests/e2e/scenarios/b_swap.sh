@@ -44,6 +44,7 @@ if hog_swap_device; then
   qpf=$(stat_field "$DEV" queue_page_faults)
   # What the queue loops met under the hog (retries.rs): told, not checked.
   say "  queue_retried_waits=$(stat_field "$DEV" queue_retried_waits) queue_failed_commands=$(stat_field "$DEV" queue_failed_commands)"
+  grep -hE "ublk command of the queue failed|keeps failing|io_uring failed" /run/uzram/*.log 2>/dev/null | tail -5 | sed 's/^/    | /'
   say "  queue_page_faults=$qpf; $(grep -E '^(compact_migrate_scanned|compact_isolated|thp_collapse_alloc) ' /proc/vmstat | tr '\n' ' ')"
   [ -n "$qpf" ] && [ "$qpf" -le 8 ] && ok "queue threads took $qpf page faults while serving (<= 8)" \
     || fail_check "queue threads took ${qpf:-?} page faults while serving"
