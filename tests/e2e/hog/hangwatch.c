@@ -3,8 +3,8 @@
  * Locks itself in memory (so it keeps running when everything else waits on swap-in), sleeps
  * SECS, then triggers sysrq 't' (every task's kernel stack, into the kernel log) and prints
  * state, wait channel and kernel stack of every thread of every process whose comm starts with
- * NAME, with the CPU time each has used in user space and in the kernel (a thread that spins
- * shows there), and the state of each io_uring the process has open. Last, the tail of each
+ * NAME, with the CPU time each has used in user space and in the kernel, in all and in the
+ * second before the dump (a thread that spins shows there), and the state of each io_uring the process has open. Last, the tail of each
  * log file the process has open: last because the file may sit in swap, on the very device
  * that is stuck. Killed by the scenario when the workload finishes in time. Its heap is
  * faulted in and locked up front: a new page later would wait in reclaim like everything else.
@@ -61,6 +61,56 @@ static int read_line(const char *path, char *buf, size_t len)
 	return 0;
 }
 
+/* user and kernel CPU time of task `tid` of `pid` (fields 14 and 15 of its stat), in ticks */
+static int task_cpu(const char *pid, const char *tid, unsigned long *ut, unsigned long *kt)
+{
+	char path[600], st[512];
+
+	snprintf(path, sizeof(path), "/proc/%s/task/%s/stat", pid, tid);
+	if (read_line(path, st, sizeof(st)))
+		return -1;
+	char *rest = strrchr(st, ')');
+	if (!rest || sscanf(rest + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", ut,
+			    kt) != 2)
+		return -1;
+	return 0;
+}
+
+/* CPU times of up to 512 threads, taken a second before the dump: a thread that spins
+ * shows it as about a second of user or kernel time between the two */
+static struct {
+	long tid;
+	unsigned long ut, kt;
+} before[512];
+static int nbefore;
+
+static void sample_threads(const char *name)
+{
+	char path[600], comm[64];
+	struct dirent *p, *t;
+	DIR *proc = opendir("/proc");
+
+	while (proc && (p = readdir(proc))) {
+		snprintf(path, sizeof(path), "/proc/%s/comm", p->d_name);
+		if (read_line(path, comm, sizeof(comm)) || strncmp(comm, name, strlen(name)))
+			continue;
+		snprintf(path, sizeof(path), "/proc/%s/task", p->d_name);
+		DIR *tasks = opendir(path);
+		while (tasks && (t = readdir(tasks)) && nbefore < 512) {
+			if (t->d_name[0] == '.')
+				continue;
+			if (task_cpu(p->d_name, t->d_name, &before[nbefore].ut, &before[nbefore].kt))
+				continue;
+			before[nbefore].tid = atol(t->d_name);
+			nbefore++;
+		}
+		if (tasks)
+			closedir(tasks);
+	}
+	if (proc)
+		closedir(proc);
+}
+
 int main(int argc, char **argv)
 {
 	char path[600], comm[64], buf[300];
@@ -81,7 +131,10 @@ int main(int argc, char **argv)
 		memset(pad, 1, 4 << 20);
 		free(pad);
 	}
-	sleep((unsigned)atoi(argv[1]));
+	unsigned secs = (unsigned)atoi(argv[1]);
+	sleep(secs > 1 ? secs - 1 : 0);
+	sample_threads(argv[2]);
+	sleep(1);
 	/* t: every task's stack; l: what the CPUs run now (t skips running tasks); m: memory */
 	for (const char *c = "tlm"; *c; c++) {
 		FILE *s = fopen("/proc/sysrq-trigger", "w");
@@ -138,17 +191,20 @@ int main(int argc, char **argv)
 			snprintf(path, sizeof(path), "/proc/%s/task/%s/stat", p->d_name, t->d_name);
 			read_line(path, st, sizeof(st));
 			char *state = strrchr(st, ')');
-			/* fields 14 and 15 of stat: user and kernel CPU time, in clock ticks */
 			unsigned long ut = 0, kt = 0;
-			if (state)
-				sscanf(state + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
-				       &ut, &kt);
+			task_cpu(p->d_name, t->d_name, &ut, &kt);
 			long hz = sysconf(_SC_CLK_TCK);
 			if (hz <= 0)
 				hz = 100;
-			printf("hangwatch: pid %s tid %s (%s) state %.1s wchan %s cpu user %.2fs kernel %.2fs\n",
+			char last[80] = "";
+			for (int i = 0; i < nbefore; i++)
+				if (before[i].tid == atol(t->d_name))
+					snprintf(last, sizeof(last), " (last second: user %.2fs kernel %.2fs)",
+						 (double)(ut - before[i].ut) / hz,
+						 (double)(kt - before[i].kt) / hz);
+			printf("hangwatch: pid %s tid %s (%s) state %.1s wchan %s cpu user %.2fs kernel %.2fs%s\n",
 			       p->d_name, t->d_name, tc, state ? state + 2 : "?", wchan,
-			       (double)ut / hz, (double)kt / hz);
+			       (double)ut / hz, (double)kt / hz, last);
 			snprintf(path, sizeof(path), "/proc/%s/task/%s/stack", p->d_name, t->d_name);
 			snprintf(buf, sizeof(buf), "hangwatch:   ");
 			cat(path, buf);

@@ -19,14 +19,14 @@ use super::server::RequestCounters;
 
 /// A queue's wait for requests cut short by a signal (`EINTR`, from a stop signal or a
 /// tracer): wait again; no completion was taken.
-pub(super) fn interrupted(err: &libublk::UblkError) -> bool {
+fn interrupted(err: &libublk::UblkError) -> bool {
     matches!(err, libublk::UblkError::IOError(e) if e.kind() == std::io::ErrorKind::Interrupted)
 }
 
 /// `io_uring_enter` refused for want of memory or completion-queue room (`EAGAIN`, `ENOMEM`,
 /// `EBUSY`): the kernel kept the submissions, and the documented answer is to wait and enter
 /// again. A swap daemon meets this when memory runs out, the one time it must not give up.
-pub(super) fn short_of_resources(err: &libublk::UblkError) -> bool {
+fn short_of_resources(err: &libublk::UblkError) -> bool {
     matches!(err, libublk::UblkError::IOError(e)
         if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::ENOMEM | libc::EBUSY)))
 }
