@@ -61,19 +61,24 @@ static int read_line(const char *path, char *buf, size_t len)
 	return 0;
 }
 
-/* user and kernel CPU time of task `tid` of `pid` (fields 14 and 15 of its stat), in ticks */
-static int task_cpu(const char *pid, const char *tid, unsigned long *ut, unsigned long *kt)
+/* user and kernel CPU time (fields 14 and 15) from a task's stat line, in ticks */
+static int stat_cpu(const char *st, unsigned long *ut, unsigned long *kt)
 {
-	char path[600], st[512];
+	const char *rest = strrchr(st, ')');
 
-	snprintf(path, sizeof(path), "/proc/%s/task/%s/stat", pid, tid);
-	if (read_line(path, st, sizeof(st)))
-		return -1;
-	char *rest = strrchr(st, ')');
 	if (!rest || sscanf(rest + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", ut,
 			    kt) != 2)
 		return -1;
 	return 0;
+}
+
+/* whether process `pid` is one of those watched: its comm (into `comm`) starts with `name` */
+static int watched(const char *pid, const char *name, char *comm, size_t len)
+{
+	char path[300];
+
+	snprintf(path, sizeof(path), "/proc/%s/comm", pid);
+	return !read_line(path, comm, len) && !strncmp(comm, name, strlen(name));
 }
 
 /* CPU times of up to 512 threads, taken a second before the dump: a thread that spins
@@ -86,20 +91,21 @@ static int nbefore;
 
 static void sample_threads(const char *name)
 {
-	char path[600], comm[64];
+	char path[600], comm[64], st[512];
 	struct dirent *p, *t;
 	DIR *proc = opendir("/proc");
 
 	while (proc && (p = readdir(proc))) {
-		snprintf(path, sizeof(path), "/proc/%s/comm", p->d_name);
-		if (read_line(path, comm, sizeof(comm)) || strncmp(comm, name, strlen(name)))
+		if (!watched(p->d_name, name, comm, sizeof(comm)))
 			continue;
 		snprintf(path, sizeof(path), "/proc/%s/task", p->d_name);
 		DIR *tasks = opendir(path);
 		while (tasks && (t = readdir(tasks)) && nbefore < 512) {
 			if (t->d_name[0] == '.')
 				continue;
-			if (task_cpu(p->d_name, t->d_name, &before[nbefore].ut, &before[nbefore].kt))
+			snprintf(path, sizeof(path), "/proc/%s/task/%s/stat", p->d_name, t->d_name);
+			if (read_line(path, st, sizeof(st)) ||
+			    stat_cpu(st, &before[nbefore].ut, &before[nbefore].kt))
 				continue;
 			before[nbefore].tid = atol(t->d_name);
 			nbefore++;
@@ -146,8 +152,7 @@ int main(int argc, char **argv)
 	printf("hangwatch: no progress after %ss; threads of '%s':\n", argv[1], argv[2]);
 	DIR *proc = opendir("/proc");
 	while (proc && (p = readdir(proc))) {
-		snprintf(path, sizeof(path), "/proc/%s/comm", p->d_name);
-		if (read_line(path, comm, sizeof(comm)) || strncmp(comm, argv[2], strlen(argv[2])))
+		if (!watched(p->d_name, argv[2], comm, sizeof(comm)))
 			continue;
 		/* not cmdline: reading it takes the process's mmap lock, which is what a stuck
 		 * process may hold (hangwatch then stopped at this line in CI) */
@@ -192,7 +197,7 @@ int main(int argc, char **argv)
 			read_line(path, st, sizeof(st));
 			char *state = strrchr(st, ')');
 			unsigned long ut = 0, kt = 0;
-			task_cpu(p->d_name, t->d_name, &ut, &kt);
+			stat_cpu(st, &ut, &kt);
 			long hz = sysconf(_SC_CLK_TCK);
 			if (hz <= 0)
 				hz = 100;

@@ -49,7 +49,6 @@ pub struct Retries<'a> {
     slot: u16,
     counters: &'a RequestCounters,
     short: u64,
-    interrupted: u64,
     failed_commands: u64,
     /// This turn met a failure.
     failed_turn: bool,
@@ -67,7 +66,6 @@ impl<'a> Retries<'a> {
             slot,
             counters,
             short: 0,
-            interrupted: 0,
             failed_commands: 0,
             failed_turn: false,
             last_errno: 0,
@@ -82,8 +80,7 @@ impl<'a> Retries<'a> {
     /// failing streak ([`Retries::turn_done`]).
     pub fn retry(&mut self, err: &libublk::UblkError) -> bool {
         if interrupted(err) {
-            self.interrupted += 1;
-            self.failed(libc::EINTR);
+            self.wait_failed(libc::EINTR);
             return true;
         }
         if !short_of_resources(err) {
@@ -97,7 +94,7 @@ impl<'a> Retries<'a> {
             libublk::UblkError::IOError(e) => e.raw_os_error().unwrap_or(libc::EAGAIN),
             _ => libc::EAGAIN,
         };
-        self.failed(errno);
+        self.wait_failed(errno);
         std::thread::sleep(Duration::from_millis(1));
         true
     }
@@ -124,7 +121,8 @@ impl<'a> Retries<'a> {
         self.last_errno = -res;
     }
 
-    fn failed(&mut self, errno: i32) {
+    /// Counts a failed wait that is waited again; it fails the turn.
+    fn wait_failed(&mut self, errno: i32) {
         self.counters.count_retried_wait(self.slot);
         self.failed_turn = true;
         self.last_errno = errno;
@@ -157,11 +155,7 @@ impl<'a> Retries<'a> {
 /// The sleep after the `streak`-th failing turn in a row, if any.
 fn nap_after(streak: u32) -> Option<Duration> {
     let over = streak.checked_sub(SPIN_TURNS)?;
-    Some(
-        FIRST_NAP
-            .saturating_mul(1u32.checked_shl(over.min(16)).unwrap_or(u32::MAX))
-            .min(MAX_NAP),
-    )
+    Some(FIRST_NAP.saturating_mul(1 << over.min(16)).min(MAX_NAP))
 }
 
 #[cfg(test)]
@@ -201,7 +195,7 @@ mod tests {
         for code in [libc::EINTR, libc::EAGAIN, libc::ENOMEM, libc::EBUSY] {
             assert!(retries.retry(&io(code)), "{code}");
         }
-        assert_eq!((retries.short, retries.interrupted), (3, 1));
+        assert_eq!(retries.short, 3);
         assert!(!retries.retry(&io(libc::EBADF)));
         assert!(!retries.retry(&UblkError::QueueIsDown));
         assert_eq!(counts(&counters), (4, 0));
