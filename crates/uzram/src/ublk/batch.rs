@@ -26,9 +26,7 @@ pub fn serve(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
         }
     };
     let depth = queue.get_depth() as usize;
-    // One fetch buffer can carry every tag of the queue: a full queue arrives in one CQE.
-    let config = UblkBatchConfig::new()
-        .with_tags_per_fetch_buffer(u16::try_from(depth).unwrap_or(u16::MAX).max(1));
+    let config = fetch_config(u16::try_from(depth).unwrap_or(u16::MAX));
     let buffers = UblkBatchBuffers::IoBufs(queue_io_bufs(dev));
     let mut batch = match UblkBatchQueue::new(&queue, buffers, config) {
         Ok(batch) => batch,
@@ -46,6 +44,28 @@ pub fn serve(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
         return;
     }
     tracing::info!(qid, "queue stopped");
+}
+
+/// Most tags the kernel puts in one fetch completion (`MAX_NR_TAG` in `ublk_drv.c`); a
+/// larger fetch buffer would never be filled.
+const TAGS_PER_FETCH_MAX: u16 = 128;
+
+/// The batch transport's fetch buffers for a queue of `depth` tags: one per tag.
+///
+/// Every fetch completion the kernel posts takes one provided buffer and carries at least one
+/// tag, which stays the daemon's until its result is committed; libublk provides the buffer
+/// again (in the submission queue, ahead of that commit) when it reads the completion. So at
+/// most `depth` buffers are ever out of the kernel's hands, and with `depth` of them a fetch
+/// never ends for want of one (`ENOBUFS`). With libublk's default eight, a queue thread that
+/// fell eight completions behind under memory pressure had its fetch end so and re-armed
+/// (seen in the guest under the swap hog); a fetch that keeps ending so is a loop the queue
+/// thread spins in. Each buffer costs 2 bytes a tag: 8 KiB a queue at the default depth.
+fn fetch_config(depth: u16) -> UblkBatchConfig {
+    let depth = depth.max(1);
+    let defaults = UblkBatchConfig::new();
+    UblkBatchConfig::new()
+        .with_fetch_buffer_count(depth.max(defaults.fetch_buffer_count()))
+        .with_tags_per_fetch_buffer(depth.min(TAGS_PER_FETCH_MAX))
 }
 
 /// The serving loop: handle CQEs, serve fetched requests, commit their results; ends once the
@@ -120,5 +140,33 @@ fn run(
             return Ok(());
         }
         retries.turn_done(served);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_queue_has_a_fetch_buffer_for_every_tag_and_each_holds_what_the_kernel_sends() {
+        for depth in [1u16, 2, 8, 64, 128, 129, 1024, 4096] {
+            let config = fetch_config(depth);
+            // No fetch can run out of buffers: every tag could sit in a completion of its own.
+            assert!(config.fetch_buffer_count() >= depth, "depth {depth}");
+            // libublk's own floor (it refuses more fetch commands than buffers).
+            assert!(config.fetch_buffer_count() >= config.fetch_command_count());
+            // A buffer holds a full queue's tags, up to the most one completion carries.
+            assert_eq!(
+                config.tags_per_fetch_buffer(),
+                depth.min(TAGS_PER_FETCH_MAX)
+            );
+            // The cost stays small at the largest depth: 1 MiB a queue.
+            let bytes = usize::from(config.fetch_buffer_count())
+                * usize::from(config.tags_per_fetch_buffer())
+                * 2;
+            assert!(bytes <= 1 << 20, "depth {depth}: {bytes} bytes");
+        }
+        // depth 0 cannot be configured, but is not a zero-buffer transport either.
+        assert!(fetch_config(0).tags_per_fetch_buffer() >= 1);
     }
 }
