@@ -56,10 +56,12 @@ const TAGS_PER_FETCH_MAX: u16 = 128;
 /// tag, which stays the daemon's until its result is committed; libublk provides the buffer
 /// again (in the submission queue, ahead of that commit) when it reads the completion. So at
 /// most `depth` buffers are ever out of the kernel's hands, and with `depth` of them a fetch
-/// never ends for want of one (`ENOBUFS`). With libublk's default eight, a queue thread that
-/// fell eight completions behind under memory pressure had its fetch end so and re-armed
-/// (seen in the guest under the swap hog); a fetch that keeps ending so is a loop the queue
-/// thread spins in. Each buffer costs 2 bytes a tag: 8 KiB a queue at the default depth.
+/// never ends for want of one. A fetch also ends (with the same `ENOBUFS`) when its
+/// completion finds the ring's completion queue full, which `queue_cq_entries` sizes for
+/// these completions too. With libublk's default eight buffers and a completion queue of
+/// `depth` entries, a fetch ended so and was re-armed twice in the guest under the swap hog;
+/// a fetch that keeps ending so is a loop the queue thread spins in. Each buffer costs 2
+/// bytes a tag: 8 KiB a queue at the default depth.
 fn fetch_config(depth: u16) -> UblkBatchConfig {
     let depth = depth.max(1);
     let defaults = UblkBatchConfig::new();

@@ -64,6 +64,26 @@ pub fn params(size: u64) -> sys::ublk_params {
     }
 }
 
+/// Completion-queue entries for the ring of a queue thread that serves `depth` tags: room
+/// for every completion that can be outstanding at once.
+///
+/// A full completion queue costs more than memory. A completion that finds it full waits in
+/// the kernel's overflow list, whose entries are allocated without waiting (under the memory
+/// pressure swap serves, the allocation can fail, and the completion is dropped: a request
+/// or a disk read never finishes); and the kernel posts a multishot command's completions
+/// (`batch` mode's fetches) only into free entries, so a fetch that finds none ends with
+/// ENOBUFS. Outstanding at most: one completion per tag (the per-request modes' commands; in
+/// `batch` mode a fetch's completions, each carrying a tag or more), one per fetch buffer
+/// given back (`batch`: one buffer per tag), the disk reads ([`disk_reads::SLOTS`]) and
+/// the reader threads' messages ([`disk_readers::READERS`] ready notes besides their
+/// reads), and a few more (the batch commits and fetch ends, the first read of the thread's
+/// io_uring worker). The kernel rounds it up to a power of two: 256 entries (4 KiB) at the
+/// default depth of 64.
+pub fn queue_cq_entries(depth: u16) -> u32 {
+    let reads = disk_reads::SLOTS + disk_readers::READERS;
+    2 * u32::from(depth) + u32::try_from(reads).unwrap_or(u32::MAX / 4) + 16
+}
+
 /// A shareable queue function for `UblkCtrl::run_target`: sets up the thread's ring and serves
 /// its share of queue `qid` in `plan`'s mode until the device stops.
 pub fn queue_fn(
@@ -76,7 +96,8 @@ pub fn queue_fn(
         let slot = qid
             .saturating_mul(plan.threads_per_queue)
             .saturating_add(libublk::io::io_thread_idx());
-        let (sq, cq) = (u32::from(dev.tgt.sq_depth), u32::from(dev.tgt.cq_depth));
+        let sq = u32::from(dev.tgt.sq_depth);
+        let cq = queue_cq_entries(dev.dev_info.queue_depth).max(sq);
         match uring::init_queue_ring(sq, cq) {
             Ok(flags) => tracing::debug!(qid, ring = %uring::describe(flags), "queue ring"),
             Err(err) => {
@@ -104,6 +125,24 @@ pub fn queue_fn(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_queue_ring_holds_every_completion_that_can_be_outstanding() {
+        use super::{disk_readers::READERS, disk_reads::SLOTS};
+        use crate::footprint::MAX_DEPTH;
+        for depth in [1u16, 2, 64, 128, 1000, MAX_DEPTH] {
+            let d = u32::from(depth);
+            let cq = queue_cq_entries(depth);
+            // A command or fetch completion per tag, a buffer given back per tag, every disk
+            // read, every reader's ready note, the batch commits and fetch ends.
+            let outstanding = d + d + SLOTS as u32 + READERS as u32 + 2 + 2 + 1;
+            assert!(cq >= outstanding, "depth {depth}: {cq} < {outstanding}");
+            // The submission queue (a tag's depth) never exceeds it (IORING_SETUP_CQSIZE).
+            assert!(cq >= d);
+            // io_uring's own bound on completion entries (IORING_MAX_CQ_ENTRIES).
+            assert!(cq.next_power_of_two() <= 65536, "depth {depth}: {cq}");
+        }
+    }
 
     #[test]
     fn params_advertise_4k_blocks_and_discard() {
