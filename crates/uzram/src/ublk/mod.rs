@@ -68,9 +68,9 @@ pub fn params(size: u64) -> sys::ublk_params {
 /// for every completion that can be outstanding at once.
 ///
 /// A full completion queue costs more than memory. A completion that finds it full waits in
-/// the kernel's overflow list, whose entries are allocated without waiting (under the memory
-/// pressure swap serves, the allocation can fail, and the completion is dropped: a request
-/// or a disk read never finishes); and the kernel posts a multishot command's completions
+/// the kernel's overflow list, whose entries are allocated then (under the memory pressure
+/// swap serves, that allocation can stall in reclaim or fail, and a failed one drops the
+/// completion: a request or a disk read never finishes); and the kernel posts a multishot command's completions
 /// (`batch` mode's fetches) only into free entries, so a fetch that finds none ends with
 /// ENOBUFS. Outstanding at most: one completion per tag (the per-request modes' commands; in
 /// `batch` mode a fetch's completions, each carrying a tag or more), one per fetch buffer
