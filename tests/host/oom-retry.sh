@@ -28,6 +28,8 @@ expect() {
   else echo "FAIL: $5: printed '$out' rc $rc, want '$1' rc $2"; fails=$((fails + 1)); fi
 }
 expect r 0 b,r,s '' "a hog taken by the OOM killer is retried"
+expect r 0 b,r,s '/FAIL: hog reported bad words/a\  60.2 UZRAM-E2E [59.1s]   FAIL: only 0 MiB swapped out; no real memory pressure' "a hog killed before it pushed out its swap is retried"
+expect '' 1 b,r,s '/FAIL: hog reported bad words/a\  60.2 UZRAM-E2E [59.1s]   FAIL: only 0 MiB swapped out; the device refused' "another swap check is not"
 expect '' 1 b,r,s,t '' "a scenario without a result line (a hang) is not"
 expect '' 1 b,r,s 's/(hog)/(uzram)/' "the OOM killer taking another process is not"
 expect '' 1 b,r,s 's/FAIL: hog rc=137/hog: verified 5 words, 12 bad words in 1 bad pages/' "a bad word is not"
