@@ -45,7 +45,8 @@ pub fn measure<'e>(
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
-                crate::ublk::uring::init_queue_ring(64, 128).ok()?;
+                // The daemon's ring for a queue of 64 tags.
+                crate::ublk::uring::init_queue_ring(64, crate::ublk::queue_cq_entries(64)).ok()?;
                 store.prepare_thread().ok()?;
                 if deferred {
                     crate::ublk::disk_reads::ready(store).ok()?;

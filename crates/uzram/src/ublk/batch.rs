@@ -65,7 +65,7 @@ const TAGS_PER_FETCH_MAX: u16 = 128;
 fn fetch_config(depth: u16) -> UblkBatchConfig {
     let depth = depth.max(1);
     let defaults = UblkBatchConfig::new();
-    UblkBatchConfig::new()
+    defaults
         .with_fetch_buffer_count(depth.max(defaults.fetch_buffer_count()))
         .with_tags_per_fetch_buffer(depth.min(TAGS_PER_FETCH_MAX))
 }

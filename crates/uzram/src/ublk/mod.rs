@@ -70,9 +70,9 @@ pub fn params(size: u64) -> sys::ublk_params {
 /// A full completion queue costs more than memory. A completion that finds it full waits in
 /// the kernel's overflow list, whose entries are allocated then (under the memory pressure
 /// swap serves, that allocation can stall in reclaim or fail, and a failed one drops the
-/// completion: a request or a disk read never finishes); and the kernel posts a multishot command's completions
-/// (`batch` mode's fetches) only into free entries, so a fetch that finds none ends with
-/// ENOBUFS. Outstanding at most: one completion per tag (the per-request modes' commands; in
+/// completion: a request or a disk read never finishes); and the kernel posts a multishot
+/// command's completions (`batch` mode's fetches) only into free entries, so a fetch that
+/// finds none ends with ENOBUFS. Outstanding at most: one completion per tag (the per-request modes' commands; in
 /// `batch` mode a fetch's completions, each carrying a tag or more), one per fetch buffer
 /// given back (`batch`: one buffer per tag), the disk reads ([`disk_reads::SLOTS`]) and
 /// the reader threads' messages ([`disk_readers::READERS`] ready notes besides their
@@ -80,8 +80,9 @@ pub fn params(size: u64) -> sys::ublk_params {
 /// io_uring worker). The kernel rounds it up to a power of two: 256 entries (4 KiB) at the
 /// default depth of 64.
 pub fn queue_cq_entries(depth: u16) -> u32 {
-    let reads = disk_reads::SLOTS + disk_readers::READERS;
-    2 * u32::from(depth) + u32::try_from(reads).unwrap_or(u32::MAX / 4) + 16
+    // 36: the cast of these two small constants cannot truncate.
+    const READS: u32 = (disk_reads::SLOTS + disk_readers::READERS) as u32;
+    2 * u32::from(depth) + READS + 16
 }
 
 /// A shareable queue function for `UblkCtrl::run_target`: sets up the thread's ring and serves
