@@ -15,6 +15,26 @@ SRC=/tmp/w.src
 programs_source "$SRC" 16777216
 sum() { dd if="$1" bs=1M count="$MIB" iflag=direct 2>/dev/null | sha256sum | cut -d' ' -f1; }
 json_field() { tr -d ' \n' < "$1" | sed -n "s/.*\"$2\":\([0-9][0-9]*\).*/\1/p"; }
+# A RAID member whose first MiB and last block are zeros (an md superblock 1.0, 8 KiB from
+# the disk's end): refused and left as it was; the command the refusal gives clears it.
+if [ -n "$WB" ] && [ -b "$WB" ]; then
+  _blocks=$(( $(blockdev --getsize64 "$WB") / 4096 ))
+  { printf '\374\116\053\251'; head -c 4092 /dev/zero; } > /tmp/w.md
+  dd if=/dev/zero of="$WB" bs=1M count=1 oflag=direct 2>/dev/null
+  dd if=/dev/zero of="$WB" bs=4096 count=1 seek=$((_blocks - 1)) oflag=direct 2>/dev/null
+  dd if=/tmp/w.md of="$WB" bs=4096 count=1 seek=$((_blocks - 2)) oflag=direct conv=notrunc 2>/dev/null
+  md_block() { dd if="$WB" bs=4096 count=1 skip=$((_blocks - 2)) iflag=direct 2>/dev/null; }
+  expect_refused "a RAID member as backing device" "not uzram's: its first or last MiB" \
+    uzram create --size 64M --writeback-device "$WB"
+  md_block | cmp -s - /tmp/w.md && ok "the refused disk's superblock is unchanged" \
+    || fail_check "the refused disk's superblock was changed"
+  _clear=$(tr '\n' ' ' < /tmp/refused.out | sed -n 's/.*clear it with `\([^`]*\)`.*/\1/p')
+  if [ -n "$_clear" ] && sh -c "$_clear" 2>/dev/null && [ "$(md_block | tr -d '\0' | wc -c)" = 0 ]; then
+    ok "the refusal's command clears the disk: $_clear"
+  else
+    fail_check "the refusal's command did not clear the superblock: '$_clear'"
+  fi
+fi
 if [ -z "$WB" ] || [ ! -b "$WB" ]; then
   fail_check "no blank disk with serial uzramscratch in this guest"
 elif [ "$MIB" -lt 8 ]; then

@@ -17,9 +17,10 @@
 //!   held by anyone else. Its blocks hold only sealed objects; anyone who can read the
 //!   partition (group `disk`) sees ciphertext, and a change to it is an I/O error.
 //! - **Taken only when empty or uzram's** (`backing_label.rs`). A device gets a backing
-//!   device for writeback only when it is a new file, its first MiB (all of it, if smaller)
-//!   reads as zeros, or its last block carries uzram's label: anything else (a filesystem, a
-//!   partition table, swap, a file of root's named by mistake) is refused, not overwritten.
+//!   device for writeback only when it is a new file, its first and last MiB (all of it, if
+//!   smaller) read as zeros, or its last block carries uzram's label: anything else (a
+//!   filesystem, a partition table, swap, a RAID member, a file of root's named by mistake)
+//!   is refused, not overwritten.
 //!   The label is written when a device first gets the backing device, and no object is ever
 //!   put in that block; a device taken over keeps what it had without looking (its pages are
 //!   there), and one an earlier release made, whose key the store records as unlabelled,

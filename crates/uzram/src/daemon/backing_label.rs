@@ -3,12 +3,14 @@
 //! `writeback-device` names a path, and a path can be wrong: a partition with a filesystem,
 //! a disk, a file of root's (a key, a database) that happens to be mode 0600 with one name.
 //! uzram takes a device for a device's writeback only when it is empty (a new file, or its
-//! first MiB all zeros) or carries uzram's label in its last block, which uzram writes when
-//! it first takes it and keeps out of the store's reach. Anything else is refused, never
-//! overwritten. The label is at the end, not the start, so that the blocks an earlier
-//! release wrote objects to keep their places (a store it left is taken over with every
-//! block), and so that the first MiB, where filesystems, partition tables, swap and volume
-//! managers put their signatures, stays where the emptiness check looks.
+//! first and last MiB all zeros) or carries uzram's label in its last block, which uzram
+//! writes when it first takes it and keeps out of the store's reach. Anything else is
+//! refused, never overwritten. The label is at the end, not the start, so that the blocks an
+//! earlier release wrote objects to keep their places (a store it left is taken over with
+//! every block). The emptiness check reads both ends because that is where signatures are:
+//! filesystems, partition tables, swap and volume managers put theirs in the first MiB, and
+//! RAID members (md's 0.90 and 1.0 superblocks, DDF, Intel's IMSM), GPT's backup header and
+//! ZFS's last two labels in the last.
 
 use std::fs::File;
 use std::io;
@@ -22,7 +24,8 @@ use super::backing::Aligned;
 /// What a backing device held when it was opened: whether uzram may take it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Found {
-    /// Made here, or its first [`EMPTY_PROBE_BYTES`] (all of it, if smaller) read as zeros.
+    /// Made here, or its first and last [`EMPTY_PROBE_BYTES`] (all of it, if smaller) read
+    /// as zeros.
     Empty,
     /// Its last block carries uzram's label.
     Labelled,
@@ -38,16 +41,16 @@ const LABEL_MAGIC: [u8; 8] = *b"UZRAMWB1";
 const LABEL_NOTE: &[u8] = b"\nuzram writeback device: its other blocks hold pages of a ublk \
 device, sealed under a key only its daemon holds. Zero its first MiB and this block before \
 using it for anything else.\n";
-/// How much of a device without the label must read as zeros for uzram to take it: every
-/// common filesystem, partition table, swap and volume signature lies in it.
+/// How much of each end of a device without the label must read as zeros for uzram to take
+/// it: every common filesystem, partition table, swap, volume and RAID signature lies in one
+/// of them (the furthest from its end, ZFS's labels, within 512 KiB).
 const EMPTY_PROBE_BYTES: u64 = 1 << 20;
 
 /// What `file`, of `bytes`, holds ([`Found`]): its last whole block is read for the label,
-/// and, without one, its first [`EMPTY_PROBE_BYTES`] (every byte of a smaller file, a
-/// partial block too) for anything but zeros.
+/// and, without one, its first and last [`EMPTY_PROBE_BYTES`] (every byte of a smaller
+/// file, a partial last block too) for anything but zeros.
 pub(super) fn probe(file: &File, bytes: u64) -> io::Result<Found> {
-    const CHUNK: usize = 64 << 10;
-    let mut buf = Aligned::new(CHUNK)?;
+    let mut buf = Aligned::new(PROBE_CHUNK)?;
     if let Some(last) = (bytes / BLOCK_BYTES as u64).checked_sub(1) {
         let block = &mut buf.bytes()[..BLOCK_BYTES];
         file.read_exact_at(block, last * BLOCK_BYTES as u64)?;
@@ -55,22 +58,37 @@ pub(super) fn probe(file: &File, bytes: u64) -> io::Result<Found> {
             return Ok(Found::Labelled);
         }
     }
-    let end = EMPTY_PROBE_BYTES.min(bytes);
-    let mut at = 0;
-    while at < end {
-        // Whole blocks, as direct I/O reads them; a file's last partial one comes back short.
-        let len = CHUNK.min((end - at).next_multiple_of(BLOCK_BYTES as u64) as usize);
+    let head = EMPTY_PROBE_BYTES.min(bytes);
+    // From a whole block, as direct I/O reads, where the head ends or earlier.
+    let tail = (bytes.saturating_sub(EMPTY_PROBE_BYTES) / BLOCK_BYTES as u64 * BLOCK_BYTES as u64)
+        .max(head / BLOCK_BYTES as u64 * BLOCK_BYTES as u64);
+    if zeros(file, &mut buf, 0, head)? && zeros(file, &mut buf, tail, bytes)? {
+        Ok(Found::Empty)
+    } else {
+        Ok(Found::Foreign)
+    }
+}
+
+/// Bytes read at a time by [`probe`].
+const PROBE_CHUNK: usize = 64 << 10;
+
+/// Whether bytes `from..to` of `file` read as zeros (`from` a whole block's offset). Reads
+/// whole blocks, as direct I/O does; a file's last partial one comes back short.
+fn zeros(file: &File, buf: &mut Aligned, from: u64, to: u64) -> io::Result<bool> {
+    let mut at = from;
+    while at < to {
+        let len = PROBE_CHUNK.min((to - at).next_multiple_of(BLOCK_BYTES as u64) as usize);
         let chunk = &mut buf.bytes()[..len];
         let n = file.read_at(chunk, at)?;
         if n == 0 {
             break;
         }
         if chunk[..n].iter().any(|&b| b != 0) {
-            return Ok(Found::Foreign);
+            return Ok(false);
         }
         at += n as u64;
     }
-    Ok(Found::Empty)
+    Ok(true)
 }
 
 /// Writes the label into block `block` of `file` and syncs it.
@@ -88,16 +106,20 @@ pub(super) fn write(file: &File, block: u64) -> io::Result<()> {
 pub(super) fn refusal(path: &Path, partition: bool) -> String {
     let path = path.display();
     let clear = if partition {
-        format!("`dd if=/dev/zero of={path} bs=1M count=1`")
+        format!(
+            "`dd if=/dev/zero of={path} bs=1M count=1 && dd if=/dev/zero of={path} bs=1M \
+             count=1 oflag=seek_bytes seek=$(($(blockdev --getsize64 {path}) - 1048576))` \
+             (its first and last MiB)"
+        )
     } else {
         format!("`rm {path}` (uzram makes it anew)")
     };
     format!(
-        "writeback-device {path} holds data that is not uzram's: its first MiB is not all \
-         zeros and its last block carries no uzram label (a filesystem, a partition table, \
-         swap, someone's file, or the backing file of a uzram release before labels?). uzram \
-         does not overwrite it. If everything on it may go, clear it with {clear} and start \
-         again; otherwise name another"
+        "writeback-device {path} holds data that is not uzram's: its first or last MiB is not \
+         all zeros and its last block carries no uzram label (a filesystem, a partition table, \
+         swap, a RAID member, someone's file, or the backing file of a uzram release before \
+         labels?). uzram does not overwrite it. If everything on it may go, clear it with \
+         {clear} and start again; otherwise name another"
     )
 }
 
@@ -120,9 +142,10 @@ mod tests {
     }
 
     /// What the probe calls empty, labelled and foreign: a key file shorter than a block,
-    /// a filesystem's signature in its first MiB and a byte in a file's partial last block
-    /// are foreign; zeros, sparse or not, are empty; data only beyond the first MiB is not
-    /// looked at; the label is found in the last whole block, and only there.
+    /// a filesystem's signature in its first MiB, a RAID superblock or GPT's backup header in
+    /// its last MiB and a byte in a file's partial last block are foreign; zeros, sparse or
+    /// not, are empty; data only between the first and the last MiB is not looked at; the
+    /// label is found in the last whole block, and only there.
     #[test]
     fn the_probe_tells_empty_labelled_and_foreign_apart() {
         let dir = std::env::temp_dir().join(format!("uzram-label-{}", std::process::id()));
@@ -148,17 +171,47 @@ mod tests {
         assert_eq!(probe_of(&file(&dir, "sparse", &[], 1 << 30)), Found::Empty);
         let zeros = file(&dir, "zeros", &vec![0u8; 3 << 20], 0);
         assert_eq!(probe_of(&zeros), Found::Empty);
-        let late = file(&dir, "late", &[], 4 << 20);
-        late.write_all_at(b"data", EMPTY_PROBE_BYTES).unwrap();
+        let middle = file(&dir, "middle", &[], 4 << 20);
+        middle.write_all_at(b"data", EMPTY_PROBE_BYTES).unwrap();
+        middle.write_all_at(b"data", (3 << 20) - 4).unwrap();
         assert_eq!(
-            probe_of(&late),
+            probe_of(&middle),
             Found::Empty,
-            "past the first MiB: not looked at"
+            "between the first and the last MiB: not looked at"
+        );
+
+        // Signatures at the end, with zeros at the start: an md RAID member (superblock
+        // 1.0, 8 KiB from the end; 0.90, 64 KiB below the last 64 KiB boundary), a disk's
+        // GPT backup header in its last sector, a byte just past the first MiB of a device
+        // under 2 MiB.
+        let md_magic = 0xa92b_4efc_u32.to_le_bytes();
+        let md10 = file(&dir, "md10", &[], 64 << 20);
+        md10.write_all_at(&md_magic, (64 << 20) - (8 << 10))
+            .unwrap();
+        assert_eq!(probe_of(&md10), Found::Foreign, "md 1.0 superblock");
+        let md090 = file(&dir, "md090", &[], (64 << 20) + 12288);
+        md090
+            .write_all_at(&md_magic, (64 << 20) - (64 << 10))
+            .unwrap();
+        assert_eq!(probe_of(&md090), Found::Foreign, "md 0.90 superblock");
+        let gpt = file(&dir, "gpt", &[], 32 << 20);
+        gpt.write_all_at(b"EFI PART", (32 << 20) - 512).unwrap();
+        assert_eq!(probe_of(&gpt), Found::Foreign, "GPT backup header");
+        let small = file(&dir, "small", &[], 3 << 19);
+        small.write_all_at(&[1], EMPTY_PROBE_BYTES + 1).unwrap();
+        assert_eq!(
+            probe_of(&small),
+            Found::Foreign,
+            "past the first MiB of 1.5 MiB"
         );
 
         // Labelled at its last block: taken whatever its first MiB holds.
         let used = file(&dir, "used", &[0xa5; 64 << 10], 16 * BLOCK_BYTES as u64);
         write(&used, 15).unwrap();
+        assert_eq!(probe_of(&used), Found::Labelled);
+        // Its pages fill its last MiB too: the label decides before the zeros are looked for.
+        used.write_all_at(&[0x5a; 8 << 10], 13 * BLOCK_BYTES as u64)
+            .unwrap();
         assert_eq!(probe_of(&used), Found::Labelled);
         // The label one block early is not uzram's label of this file.
         let early = file(&dir, "early", &[0xa5; 64 << 10], 16 * BLOCK_BYTES as u64);
