@@ -60,12 +60,15 @@ expect_refused() {
 }
 
 # Queue settings from the kernel command line, added to every uzram_create: uzram.queue_mode
-# (--queue-mode), uzram.queues, uzram.depth. uzram.expect_queue_mode: the mode `uzram status`
-# must then show (scripts/test checks that each kernel gets the mode it should).
+# (--queue-mode), uzram.queues, uzram.depth; uzram.checksums=off (--no-checksums, for the
+# benchmark: TCG emulates the CRC's carry-less multiplications slowly, see
+# docs/bench/2026-12-guest.md). uzram.expect_queue_mode: the mode `uzram status` must then
+# show (scripts/test checks that each kernel gets the mode it should).
 create_flags() {
   [ -z "${UZ_queue_mode:-}" ] || printf -- '--queue-mode %s ' "$UZ_queue_mode"
   [ -z "${UZ_queues:-}" ] || printf -- '--queues %s ' "$UZ_queues"
   [ -z "${UZ_depth:-}" ] || printf -- '--depth %s ' "$UZ_depth"
+  [ "${UZ_checksums:-on}" != off ] || printf -- '--no-checksums '
 }
 # uzram_create [--default] ARGS...: sets DEV (path printed alone on stdout) or fails the
 # check; checks the queue mode against uzram.expect_queue_mode. Without --default the device
