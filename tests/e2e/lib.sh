@@ -129,6 +129,18 @@ daemon_pid() {
   done
   return 1
 }
+# single_cpu_threads PID: how many threads of PID may run on one CPU only (libublk pins each
+# queue thread to its queue's CPUs: one each with as many queues as CPUs); io_uring's workers
+# are left out.
+single_cpu_threads() {
+  _n=0
+  for _t in /proc/"$1"/task/*; do
+    case "$(cat "$_t/comm" 2>/dev/null)" in iou-*) continue ;; esac
+    _l=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' "$_t/status" 2>/dev/null)
+    case "$_l" in *[,-]* | "") ;; *) _n=$((_n + 1)) ;; esac
+  done
+  echo "$_n"
+}
 # fio_job FILE VAR=VALUE...: run a fio job file with a time limit; prints fio's terse output
 # (also kept in /tmp/fio.out) and returns fio's exit status.
 fio_job() {

@@ -134,6 +134,11 @@ pub struct DeviceArgs {
     /// copy): auto (where writes go to a GPU, at up to 4 queues), on or off.
     #[arg(long)]
     pub user_copy: Option<String>,
+    /// Where the queue threads run: auto (pinned to their queues' CPUs, as libublk pins
+    /// them, with the cpu backend; on any CPU with the gpu backend, whose installer threads
+    /// share those CPUs), kernel or any.
+    #[arg(long)]
+    pub queue_affinity: Option<String>,
     /// Most memory the compressed data may use (like zram's mem_limit).
     #[arg(long)]
     pub mem_limit: Option<String>,
@@ -532,6 +537,13 @@ pub struct BenchArgs {
     /// N writes in flight cycles through about N (the daemon's tags: `--depth`, 64).
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub request_buffers: usize,
+    /// Where the queue threads run: auto (as the daemon places them: pinned for the cpu
+    /// backend, anywhere for the gpu backend), kernel (each pinned to the CPUs the kernel's
+    /// block layer maps to its queue, as libublk pins them), any (wherever the scheduler
+    /// puts them), or several side by side (kernel,any). The installers, the pool keeper and
+    /// the timing reader run anywhere, as the daemon's helper threads do.
+    #[arg(long, default_value = "auto", value_name = "WHERE")]
+    pub queue_affinity: String,
     /// After each run's writes, mark every page idle and recompress it with zstd,
     /// zstd:LEVEL, zstd-gpu (NVIDIA nvCOMP's zstd), lz4-gpu (an NVIDIA GPU's high LZ4
     /// parse) or lz4-gpu-dict (LZ4 with a dictionary trained on the run's pages, on an
@@ -559,6 +571,7 @@ impl DeviceArgs {
             depth: self.depth,
             queue_mode: self.queue_mode.clone(),
             user_copy: self.user_copy.clone(),
+            queue_affinity: self.queue_affinity.clone(),
             mem_limit: self.mem_limit.clone(),
             id: self.id,
             metrics_textfile: self.metrics_textfile.clone(),
@@ -583,6 +596,7 @@ impl DeviceArgs {
             depth: raw.depth,
             queue_mode: raw.queue_mode.clone(),
             user_copy: raw.user_copy.clone(),
+            queue_affinity: raw.queue_affinity.clone(),
             mem_limit: raw.mem_limit.clone(),
             id: raw.id,
             gpu: GpuArgs {
@@ -618,6 +632,7 @@ impl DeviceArgs {
         push_flag(&mut v, "--depth", self.depth);
         push_flag(&mut v, "--queue-mode", self.queue_mode.as_ref());
         push_flag(&mut v, "--user-copy", self.user_copy.as_ref());
+        push_flag(&mut v, "--queue-affinity", self.queue_affinity.as_ref());
         push_flag(&mut v, "--mem-limit", self.mem_limit.as_ref());
         push_flag(&mut v, "--id", self.id);
         push_flag(

@@ -1,6 +1,7 @@
 # Scenario a: create -> fio crc32c verify (random writes with interleaved verify reads, 4k, 64k,
 # mixed sizes, trim-then-write) -> the same with the daemon stopped and continued -> discard a
-# range, it reads back as zeros and the data around it still verifies -> destroy.
+# range, it reads back as zeros and the data around it still verifies -> destroy; its queue
+# threads pinned to their queues' CPUs, and with `--queue-affinity any` on any CPU.
 . /e2e/lib.sh
 begin a_fio_verify
 SIZE_MIB=${UZ_fio_dev_mib:-256}
@@ -11,6 +12,17 @@ if uzram_create --size "${SIZE_MIB}M"; then
   q_=/sys/block/${DEV#/dev/}/queue
   lb=$(cat "$q_/logical_block_size"); pb=$(cat "$q_/physical_block_size")
   [ "$lb" = 4096 ] && [ "$pb" = 4096 ] && ok "4096-byte logical/physical blocks" || fail_check "block sizes logical=$lb physical=$pb, want 4096"
+  # Where the queue threads run: libublk pins each to the CPUs the kernel maps to its queue
+  # (as many queues as CPUs here: one each), and the cpu backend keeps that
+  # (`queue-affinity = auto`); `uzram bench` pins its stand-ins the same way.
+  nq=$(stat_field "$DEV" queues); per=$(stat_field "$DEV" io_threads_per_queue)
+  if [ "$(nproc)" -ge 2 ] && [ "${nq:-0}" = "$(nproc)" ] && [ -n "$per" ]; then
+    got=$(single_cpu_threads "$(daemon_pid "$DEV")")
+    [ "$got" = $((nq * per)) ] && ok "$got queue threads, each pinned to its queue's CPU ($nq queues, $per threads each)" \
+      || fail_check "$got threads pinned to one CPU, want $((nq * per)) ($nq queues x $per threads)"
+  else
+    say "  (queue pinning not checked: $(nproc) CPUs, ${nq:-?} queues)"
+  fi
   if fio_job verify.fio DEV="$DEV" SIZE="${JOB_MIB}M" > /dev/null; then
     ok "fio verify.fio on $DEV (${RUN_SECS}s): $(awk -F';' '{printf "%s ", $3}' /tmp/fio.out)"
   else
@@ -42,6 +54,16 @@ if uzram_create --size "${SIZE_MIB}M"; then
   check "fio verify 0..${q}M after discard" fio_job region.fio DEV="$DEV" OFFSET=0 LEN="${q}M" VONLY=1
   check "fio verify $((2 * q))M..${half}M after discard" fio_job region.fio DEV="$DEV" OFFSET="$((2 * q))M" LEN="$((half - 2 * q))M" VONLY=1
   timeout -s KILL "$TMO" uzram status "$DEV" | sed 's/^/    | /'
+  uzram_destroy "$DEV"
+fi
+# `queue-affinity = any` (the gpu backend's `auto`): once libublk pinned them, the daemon lets
+# its queue threads run on any of its CPUs, and the device serves as before.
+if [ "$(nproc)" -ge 2 ] && uzram_create --size 32M --queue-affinity any; then
+  got=$(single_cpu_threads "$(daemon_pid "$DEV")")
+  [ "$got" = 0 ] && ok "--queue-affinity any: no thread pinned to one CPU" \
+    || fail_check "--queue-affinity any: $got threads still pinned to one CPU"
+  check "fio write 0..16M (queue threads anywhere)" fio_job region.fio DEV="$DEV" OFFSET=0 LEN=16M VONLY=0
+  check "fio verify 0..16M (queue threads anywhere)" fio_job region.fio DEV="$DEV" OFFSET=0 LEN=16M VONLY=1
   uzram_destroy "$DEV"
 fi
 end

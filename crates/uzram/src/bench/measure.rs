@@ -19,6 +19,7 @@ use crate::daemon::backend::{StagingHome, WriteBackend};
 use crate::memory::pool;
 use crate::sys::{cpu_time, usage, CpuOf};
 use crate::ublk::handler::{handle, handle_via, Op, Via};
+use crate::ublk::placement::Placement;
 
 /// Pages per write request: 64 KiB, a typical swap-out request.
 pub const REQUEST_PAGES: usize = 16;
@@ -55,6 +56,10 @@ pub struct Setup {
     /// Request buffers each writer fills in turn (the kernel's copy rotates over them, as
     /// over a ublk queue's tags): how cold the buffer the copy lands in is.
     pub request_buffers: usize,
+    /// Where the writers run: each pinned to the CPUs blk-mq maps to its queue, as libublk
+    /// pins the daemon's queue threads (`sys::affinity::queue_cpus`), or on any CPU, as the
+    /// daemon lets them with the gpu backend (`ublk::placement`).
+    pub placement: Placement,
 }
 
 /// What recompressing every page after the writes did (`--recompress`).
@@ -258,6 +263,14 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
     let stop = AtomicBool::new(false);
     let bad_reads = AtomicU64::new(0);
     let per = setup.pages.div_ceil(setup.queues);
+    // The CPUs this process may use, which blk-mq's map shares out among the queues.
+    let pinned = setup.placement == Placement::Kernel;
+    let cpus = if pinned {
+        crate::sys::affinity::allowed_cpus().context("reading this process's CPUs")?
+    } else {
+        Vec::new()
+    };
+    let cpus = &cpus;
     // Each writer's buffers are made before the clock starts, and freed after it stopped:
     // freeing 16 writers' 64 MiB copies inside the clock took 40 ms of a 100 ms run
     // (docs/bench/gpu-runs.md, run 162).
@@ -316,6 +329,11 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
                         scope,
                         move || -> anyhow::Result<Writer> {
                             queue_thread_priority(&name);
+                            if pinned {
+                                let mine = crate::sys::affinity::queue_cpus(cpus, q, setup.queues);
+                                crate::sys::affinity::pin_thread(mine)
+                                    .with_context(|| format!("pinning {name} to CPUs {mine:?}"))?;
+                            }
                             // Its own CPU, measured here: the thread is gone when the run
                             // ends.
                             let start = cpu_time(CpuOf::Thread)?;

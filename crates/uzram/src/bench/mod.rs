@@ -34,6 +34,7 @@ use uzram_core::PAGE_SIZE;
 use crate::cli::BenchArgs;
 use crate::config::{Backend, GpuSettings, RawDevice, RecompressCodec};
 use crate::size::parse_size;
+use crate::ublk::placement::Placement;
 use crate::ublk::queue_mode::user_copy_by_default;
 
 pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
@@ -48,6 +49,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let backends = parse_backends(&args.backend)?;
     let checksums = parse_checksums(&args.checksums)?;
     let copies = parse_user_copy(&args.user_copy)?;
+    let affinities = parse_queue_affinity(&args.queue_affinity)?;
     ensure!(
         (1..=usize::from(crate::config::MAX_DEPTH)).contains(&args.request_buffers),
         "--request-buffers must be in 1..={} (a queue's tags), not {}",
@@ -108,22 +110,26 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let mut reports = Vec::new();
     for (name, corpus) in &corpora {
         let queues = u16::try_from(args.queues).unwrap_or(u16::MAX);
-        let mut settings: Vec<(Backend, bool, bool)> = Vec::new();
+        let mut settings: Vec<(Backend, bool, bool, Placement)> = Vec::new();
         for &b in &backends {
             let auto = user_copy_by_default(b == Backend::Gpu, queues);
             for &c in &checksums {
                 for copy in &copies {
-                    // `auto,off` gives the cpu backend's run once.
-                    let s = (b, c, copy.unwrap_or(auto));
-                    if !settings.contains(&s) {
-                        settings.push(s);
+                    for placement in &affinities {
+                        // `auto,off` gives the cpu backend's run once.
+                        let placement =
+                            placement.unwrap_or(Placement::for_backend(b == Backend::Gpu));
+                        let s = (b, c, copy.unwrap_or(auto), placement);
+                        if !settings.contains(&s) {
+                            settings.push(s);
+                        }
                     }
                 }
             }
         }
         let setups: Vec<(Backend, measure::Setup)> = settings
             .into_iter()
-            .map(|(backend, checksums, user_copy)| {
+            .map(|(backend, checksums, user_copy, placement)| {
                 let setup = measure::Setup {
                     algorithm,
                     backend,
@@ -138,6 +144,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                     read_gap: std::time::Duration::from_micros(args.read_gap_us),
                     user_copy,
                     request_buffers: args.request_buffers,
+                    placement,
                 };
                 (backend, setup)
             })
@@ -209,6 +216,19 @@ fn parse_user_copy(text: &str) -> anyhow::Result<Vec<Option<bool>>> {
         "on" => Ok(Some(true)),
         "off" => Ok(Some(false)),
         other => bail!("--user-copy {other:?}: use auto, on, off, or a list such as on,off"),
+    })
+}
+
+/// `--queue-affinity`: `auto` (`None`: as the daemon places its queue threads for the
+/// backend), `kernel`, `any`, or several side by side.
+fn parse_queue_affinity(text: &str) -> anyhow::Result<Vec<Option<Placement>>> {
+    parse_list(text, "--queue-affinity", |part| match part {
+        "auto" => Ok(None),
+        "kernel" => Ok(Some(Placement::Kernel)),
+        "any" => Ok(Some(Placement::Anywhere)),
+        other => {
+            bail!("--queue-affinity {other:?}: use auto, kernel, any, or a list such as kernel,any")
+        }
     })
 }
 

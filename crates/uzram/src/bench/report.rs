@@ -25,6 +25,9 @@ pub struct Report {
     pub user_copy: bool,
     /// Request buffers each writer filled in turn (`--request-buffers`).
     pub request_buffers: usize,
+    /// Where the writers ran (`--queue-affinity`): `kernel`, each pinned to its queue's
+    /// CPUs as libublk pins the daemon's queue threads, or `any`.
+    pub queue_affinity: &'static str,
     /// CPU-seconds per GiB of the stand-in for the kernel's copy of each written request
     /// (a `memcpy`, in the wall time, left out of `cpu_s_per_gib`; median).
     pub kernel_copy_s_per_gib: f64,
@@ -199,6 +202,7 @@ impl Report {
             checksums: setup.checksums,
             user_copy: setup.user_copy,
             request_buffers: setup.request_buffers,
+            queue_affinity: setup.placement.name(),
             kernel_copy_s_per_gib: m(&|r| {
                 r.writers
                     .iter()
@@ -347,11 +351,12 @@ fn role(r: &Report, name: &str) -> f64 {
 pub fn table(reports: &[Report]) -> String {
     let mut out = String::new();
     out.push_str(&format!(
-        "{:<14} {:<8} {:>4} {:>4} {:>7} {:>7} {:>9} {:>7} {:>16} {:>16} {:>9} {:>8}\n",
+        "{:<14} {:<8} {:>4} {:>4} {:>6} {:>7} {:>7} {:>9} {:>7} {:>16} {:>16} {:>9} {:>8}\n",
         "corpus",
         "backend",
         "sums",
         "copy",
+        "cpus",
         "ingest",
         "ack",
         "CPU-s/GiB",
@@ -368,11 +373,12 @@ pub fn table(reports: &[Report]) -> String {
             format!("{}>{}", r.backend_asked, r.backend)
         };
         out.push_str(&format!(
-            "{:<14} {:<8} {:>4} {:>4} {:>7.2} {:>7.2} {:>9.3} {:>7.4} {:>16} {:>16} {:>8}M {:>8}\n",
+            "{:<14} {:<8} {:>4} {:>4} {:>6} {:>7.2} {:>7.2} {:>9.3} {:>7.4} {:>16} {:>16} {:>8}M {:>8}\n",
             r.corpus,
             backend,
             if r.checksums { "on" } else { "off" },
             if r.user_copy { "user" } else { "buf" },
+            r.queue_affinity,
             r.ingest_gbps,
             r.ack_gbps,
             r.cpu_s_per_gib,
@@ -386,7 +392,8 @@ pub fn table(reports: &[Report]) -> String {
     out.push_str(
         "(GB/s of uncompressed pages; ratio = orig_data_size / mem_used_total; copy: buf = the \
          pages copied into the request's buffer, user = ublk's user copy, into staging; that \
-         copy, the kernel's, is stood in for by a memcpy, its CPU left out)\n",
+         copy, the kernel's, is stood in for by a memcpy, its CPU left out; cpus: kernel = each \
+         queue thread pinned to its queue's CPUs, as libublk pins the daemon's, any = anywhere)\n",
     );
     for r in reports {
         if let Some(w) = &r.writeback {
@@ -434,10 +441,11 @@ pub fn table(reports: &[Report]) -> String {
         }
     }
     for r in reports {
-        let Some(first) = reports
-            .iter()
-            .find(|b| b.corpus == r.corpus && b.checksums == r.checksums)
-        else {
+        let Some(first) = reports.iter().find(|b| {
+            b.corpus == r.corpus
+                && b.checksums == r.checksums
+                && b.queue_affinity == r.queue_affinity
+        }) else {
             continue;
         };
         // The same backend another way (user copy) has its own line below.
@@ -457,7 +465,9 @@ pub fn table(reports: &[Report]) -> String {
     }
     // What user copy saves: each run with it against the same run without.
     for on in reports.iter().filter(|r| r.user_copy) {
-        let Some(off) = twin(reports, on, |b| !b.user_copy && b.checksums == on.checksums) else {
+        let Some(off) = twin(reports, on, |b| {
+            !b.user_copy && b.checksums == on.checksums && b.queue_affinity == on.queue_affinity
+        }) else {
             continue;
         };
         out.push_str(&format!(
@@ -476,7 +486,9 @@ pub fn table(reports: &[Report]) -> String {
     }
     // What the checksums cost: each run with them against the same run without.
     for on in reports.iter().filter(|r| r.checksums) {
-        let Some(off) = twin(reports, on, |b| !b.checksums && b.user_copy == on.user_copy) else {
+        let Some(off) = twin(reports, on, |b| {
+            !b.checksums && b.user_copy == on.user_copy && b.queue_affinity == on.queue_affinity
+        }) else {
             continue;
         };
         out.push_str(&format!(
@@ -489,6 +501,33 @@ pub fn table(reports: &[Report]) -> String {
             on.ratio / off.ratio.max(1e-9),
             on.read_idle_p50_us / off.read_idle_p50_us.max(1e-9),
             on.read_idle_p99_us / off.read_idle_p99_us.max(1e-9),
+        ));
+    }
+    // What pinning the queue threads does: each pinned run against the same run unpinned.
+    for on in reports.iter().filter(|r| r.queue_affinity == "kernel") {
+        let Some(off) = twin(reports, on, |b| {
+            b.queue_affinity == "any" && b.checksums == on.checksums && b.user_copy == on.user_copy
+        }) else {
+            continue;
+        };
+        // The cpu backend has no installers.
+        let installers = if role(off, "installers") > 0.0 {
+            format!(
+                ", installers x{:.3}",
+                role(on, "installers") / role(off, "installers")
+            )
+        } else {
+            String::new()
+        };
+        out.push_str(&format!(
+            "{} {} queue threads on their queues' CPUs vs anywhere: CPU per GiB x{:.3} (queues \
+             x{:.3}{installers}), ingest x{:.3}, busy read p99 x{:.3}\n",
+            on.corpus,
+            on.backend,
+            on.cpu_s_per_gib / off.cpu_s_per_gib.max(1e-9),
+            role(on, "queues") / role(off, "queues").max(1e-9),
+            on.ingest_gbps / off.ingest_gbps.max(1e-9),
+            on.read_busy_p99_us / off.read_busy_p99_us.max(1e-9),
         ));
     }
     out

@@ -112,6 +112,7 @@ mod tests {
         "depth",
         "queue-mode",
         "user-copy",
+        "queue-affinity",
         "id",
         "gpus",
         "gpu-memory",

@@ -274,6 +274,56 @@ impl fmt::Display for UserCopy {
     }
 }
 
+/// Where the queue threads run (`queue-affinity`). libublk pins each to the CPUs the
+/// kernel maps to its queue; `auto` keeps that for the cpu backend and lets them run on any
+/// CPU with the gpu backend, whose installer threads share those CPUs
+/// (`ublk::placement`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QueueAffinity {
+    /// Pinned for the cpu backend, anywhere for the gpu backend.
+    #[default]
+    Auto,
+    /// Each on its queue's CPUs, as libublk pins them.
+    Kernel,
+    /// On any CPU the daemon may use.
+    Any,
+}
+
+impl QueueAffinity {
+    /// Every value `--queue-affinity` takes.
+    pub const NAMES: &'static str = "auto, kernel or any";
+
+    /// Parses `auto`, `kernel` or `any`.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "auto" => QueueAffinity::Auto,
+            "kernel" => QueueAffinity::Kernel,
+            "any" => QueueAffinity::Any,
+            _ => return None,
+        })
+    }
+
+    /// Where the queue threads go when `gpu` says whether the gpu backend serves writes.
+    pub fn placement(self, gpu: bool) -> crate::ublk::placement::Placement {
+        use crate::ublk::placement::Placement;
+        match self {
+            QueueAffinity::Auto => Placement::for_backend(gpu),
+            QueueAffinity::Kernel => Placement::Kernel,
+            QueueAffinity::Any => Placement::Anywhere,
+        }
+    }
+}
+
+impl fmt::Display for QueueAffinity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            QueueAffinity::Auto => "auto",
+            QueueAffinity::Kernel => "kernel",
+            QueueAffinity::Any => "any",
+        })
+    }
+}
+
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -299,6 +349,9 @@ pub enum ConfigError {
     /// The user copy setting is not auto, on or off.
     #[error("unknown user-copy {0:?}: use {names}", names = UserCopy::NAMES)]
     UnknownUserCopy(String),
+    /// The queue affinity is not auto, kernel or any.
+    #[error("unknown queue-affinity {0:?}: use {names}", names = QueueAffinity::NAMES)]
+    UnknownQueueAffinity(String),
     /// `--backend gpu` where no GPU or driver is usable.
     #[error(
         "the gpu backend is not available: {0}; use --backend cpu, or --backend auto to use \
@@ -530,6 +583,8 @@ pub struct DeviceConfig {
     pub queue_mode: QueueModeChoice,
     /// Whether requests' data moves by ublk's user copy.
     pub user_copy: UserCopy,
+    /// Where the queue threads run.
+    pub queue_affinity: QueueAffinity,
     /// Memory limit in bytes for compressed data, if any.
     pub mem_limit: Option<u64>,
     /// Device id to ask the kernel for; `None` lets it pick.
@@ -675,6 +730,9 @@ pub struct RawDevice {
     /// User copy text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_copy: Option<String>,
+    /// Queue affinity text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_affinity: Option<String>,
     /// Memory limit text.
     pub mem_limit: Option<String>,
     /// Device id.
@@ -768,6 +826,11 @@ impl RawDevice {
                 .ok_or_else(|| ConfigError::UnknownUserCopy(text.to_string()))?,
             None => UserCopy::Auto,
         };
+        let queue_affinity = match self.queue_affinity.as_deref() {
+            Some(text) => QueueAffinity::parse(text)
+                .ok_or_else(|| ConfigError::UnknownQueueAffinity(text.to_string()))?,
+            None => QueueAffinity::Auto,
+        };
         let mem_limit = self
             .mem_limit
             .as_deref()
@@ -793,6 +856,7 @@ impl RawDevice {
             depth,
             queue_mode,
             user_copy,
+            queue_affinity,
             mem_limit,
             id,
             gpu,

@@ -72,6 +72,7 @@ pub(super) struct FileConfig {
     depth: Option<u64>,
     queue_mode: Option<String>,
     user_copy: Option<String>,
+    queue_affinity: Option<String>,
     id: Option<u64>,
     gpus: Option<String>,
     gpu_memory: Option<SizeValue>,
@@ -224,6 +225,7 @@ pub(super) fn plan(file: FileConfig, path: &Path, host: Host) -> Result<Plan, Co
         depth: file.depth,
         queue_mode: file.queue_mode,
         user_copy: file.user_copy,
+        queue_affinity: file.queue_affinity,
         mem_limit,
         id: file.id,
         gpus: file.gpus,
@@ -672,6 +674,35 @@ mod tests {
             parse("size = [1]"),
             Err(ConfigError::Parse { .. })
         ));
+    }
+
+    #[test]
+    fn queue_affinity_defaults_to_auto_and_values_are_checked() {
+        use crate::config::QueueAffinity;
+        use crate::ublk::placement::Placement;
+        let device = parse("size = \"1G\"").unwrap().device;
+        assert_eq!(device.queue_affinity, QueueAffinity::Auto);
+        assert_eq!(device.queue_affinity.placement(true), Placement::Anywhere);
+        assert_eq!(device.queue_affinity.placement(false), Placement::Kernel);
+        for (text, want) in [
+            ("kernel", QueueAffinity::Kernel),
+            ("any", QueueAffinity::Any),
+            ("auto", QueueAffinity::Auto),
+        ] {
+            let file = format!("size = \"1G\"\nqueue-affinity = \"{text}\"");
+            let got = parse(&file).unwrap().device.queue_affinity;
+            assert_eq!(got, want);
+            assert_eq!(got.to_string(), text);
+        }
+        assert_eq!(
+            QueueAffinity::Kernel.placement(true),
+            Placement::Kernel,
+            "asked for, kept with the gpu backend too"
+        );
+        assert_eq!(QueueAffinity::Any.placement(false), Placement::Anywhere);
+        let err = parse("size = \"1G\"\nqueue-affinity = \"pinned\"").unwrap_err();
+        assert!(matches!(err, ConfigError::UnknownQueueAffinity(_)), "{err}");
+        assert!(err.to_string().contains("auto, kernel or any"), "{err}");
     }
 
     #[test]

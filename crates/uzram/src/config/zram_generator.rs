@@ -267,6 +267,7 @@ const UZRAM_KEYS: &[&str] = &[
     "depth",
     "queue-mode",
     "user-copy",
+    "queue-affinity",
     "id",
     "gpus",
     "gpu-memory",
@@ -699,11 +700,12 @@ mod tests {
             read(dir.path(), "").unwrap().devices["zram0"].plan(HOST)
         };
         let good =
-            section("[zram0]\nbackend = cpu\nqueues = 2\nchecksums = false\nuser-copy = on\n");
+            section("[zram0]\nbackend = cpu\nqueues = 2\nchecksums = false\nuser-copy = on\nqueue-affinity = any\n");
         let run = device(&good);
         assert_eq!(run.device.queues, 2);
         assert!(!run.device.checksums);
         assert_eq!(run.device.user_copy, crate::config::UserCopy::On);
+        assert_eq!(run.device.queue_affinity, crate::config::QueueAffinity::Any);
         for (text, want) in [
             ("[zram0]\nqueues = many\n", "queues"),
             ("[zram0]\nswap-priority = high\n", "swap-priority"),
@@ -711,6 +713,7 @@ mod tests {
             ("[zram0]\nfs-type = ext2\n", "ext2"),
             ("[zram0]\nzram-size = maxmem / 2\n", "maxmem"),
             ("[zram0]\nuser-copy = sometimes\n", "user-copy"),
+            ("[zram0]\nqueue-affinity = pinned\n", "queue-affinity"),
         ] {
             let err = section(text).plan.unwrap_err().to_string();
             assert!(err.contains(want), "{text:?}: {err}");

@@ -39,6 +39,7 @@ use crate::takeover::pause::PauseClock;
 use crate::takeover::record;
 use crate::takeover::staging_segment::StagingSegment;
 use crate::takeover::store_segment::StoreSegment;
+use crate::ublk::placement::QueueThreads;
 use crate::ublk::queue_mode::QueuePlan;
 use crate::ublk::server::RequestCounters;
 use backend::WriteBackend;
@@ -191,14 +192,20 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         alias_rdev: alias_rdev.clone(),
     };
     let size = cfg.size;
+    let queue_threads = Arc::new(QueueThreads::default());
+    let placement = cfg.queue_affinity.placement(backend.name() == "gpu");
+    let placed = queue_threads.clone();
     let served = ctrl.run_target(
         move |dev: &mut UblkDev| {
             dev.tgt.dev_size = size;
             dev.tgt.params = crate::ublk::params(size);
             Ok(())
         },
-        crate::ublk::queue_fn(store, backend, counters, plan),
-        move |_: &UblkCtrl| publish.serving(),
+        crate::ublk::queue_fn(store, backend, counters, plan, queue_threads),
+        move |_: &UblkCtrl| {
+            placed.place(placement);
+            publish.serving()
+        },
     );
     // Tear down: what was published, the device, and the store with its recovery record.
     states.remove(id);

@@ -1,7 +1,9 @@
 //! The raw system calls of the binary, each wrapped in a function with its SAFETY note:
 //! process, signals, files and sockets here; [`memory`] for address ranges; [`sched`] for
-//! scheduling; [`disk`] for the backing device. SysV shared memory has its own room, `crate::shm`.
+//! scheduling, [`affinity`] for the CPUs a thread runs on; [`disk`] for the backing device.
+//! SysV shared memory has its own room, `crate::shm`.
 
+pub mod affinity;
 pub mod disk;
 mod errno;
 pub mod memory;

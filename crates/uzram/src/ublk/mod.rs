@@ -13,6 +13,7 @@ pub mod batch;
 pub mod disk_readers;
 pub mod disk_reads;
 pub mod handler;
+pub mod placement;
 pub mod queue;
 pub mod queue_mode;
 pub mod retries;
@@ -92,8 +93,10 @@ pub fn queue_fn(
     writer: Arc<dyn PageWriter + Send + Sync>,
     counters: Arc<RequestCounters>,
     plan: QueuePlan,
+    threads: Arc<placement::QueueThreads>,
 ) -> impl FnOnce(u16, &UblkDev) + Send + Sync + Clone + 'static {
     move |qid, dev| {
+        threads.register();
         let slot = qid
             .saturating_mul(plan.threads_per_queue)
             .saturating_add(libublk::io::io_thread_idx());
