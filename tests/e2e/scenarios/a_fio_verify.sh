@@ -1,7 +1,8 @@
 # Scenario a: create -> fio crc32c verify (random writes with interleaved verify reads, 4k, 64k,
 # mixed sizes, trim-then-write) -> the same with the daemon stopped and continued -> discard a
 # range, it reads back as zeros and the data around it still verifies -> destroy; its queue
-# threads pinned to their queues' CPUs, and with `--queue-affinity any` on any CPU.
+# threads pinned to their queues' CPUs, and with `--queue-affinity any` on any CPU; a link
+# planted in libublk's run directory, not followed.
 . /e2e/lib.sh
 begin a_fio_verify
 SIZE_MIB=${UZ_fio_dev_mib:-256}
@@ -66,4 +67,20 @@ if [ "$(nproc)" -ge 2 ] && uzram_create --size 32M --queue-affinity any; then
   check "fio verify 0..16M (queue threads anywhere)" fio_job region.fio DEV="$DEV" OFFSET=0 LEN=16M VONLY=1
   uzram_destroy "$DEV"
 fi
+# libublk makes /run/ublksrvd 0777 where it finds none and writes a device's JSON file there
+# through whatever is at its name: a link planted as 0009.json would have root's file
+# truncated and overwritten. The daemon makes the directory root's alone first.
+mkdir -p /run/ublksrvd && chmod 0777 /run/ublksrvd
+echo "root's own file" > /tmp/victim
+ln -sf /tmp/victim /run/ublksrvd/0009.json
+if uzram_create --size 16M --id 9; then
+  [ "$(cat /tmp/victim)" = "root's own file" ] && ok "a link planted at libublk's file name: its target untouched" \
+    || fail_check "the file behind a link planted at /run/ublksrvd/0009.json was overwritten: $(head -c 200 /tmp/victim)"
+  mode=$(stat -c %a /run/ublksrvd)
+  [ "$mode" = 700 ] && [ -f /run/ublksrvd/0009.json ] && [ ! -L /run/ublksrvd/0009.json ] \
+    && ok "/run/ublksrvd made root's alone (700), the device's file a plain one" \
+    || fail_check "/run/ublksrvd mode $mode, 0009.json: $(ls -l /run/ublksrvd/0009.json 2>&1)"
+  uzram_destroy "$DEV"
+fi
+rm -f /tmp/victim
 end

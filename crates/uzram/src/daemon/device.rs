@@ -90,6 +90,7 @@ pub(super) fn add(
     plan: QueuePlan,
     features: Option<u64>,
 ) -> anyhow::Result<(UblkCtrl, QueuePlan)> {
+    secure_run_dir()?;
     let refused = match build_ctrl(cfg, plan) {
         Ok(ctrl) => return Ok((ctrl, plan)),
         Err(err) => err,
@@ -133,6 +134,17 @@ pub(super) fn add(
 /// issued again to the new one (swap writes and reads may be repeated; nothing is lost).
 const RECOVERY_FLAGS: u64 =
     (libublk::sys::UBLK_F_USER_RECOVERY | libublk::sys::UBLK_F_USER_RECOVERY_REISSUE) as u64;
+
+/// libublk writes the device's JSON file into its run directory as root, through whatever is
+/// at that name: the directory must be root's alone first (`ublk::run_dir`).
+fn secure_run_dir() -> anyhow::Result<()> {
+    crate::ublk::run_dir::secure().map(drop).map_err(|e| {
+        anyhow::anyhow!(
+            "making libublk's run directory {} root's alone: {e}",
+            libublk::ctrl::UblkCtrl::run_dir()
+        )
+    })
+}
 
 fn build_ctrl(cfg: &DeviceConfig, plan: QueuePlan) -> Result<UblkCtrl, UblkError> {
     ctrl_builder(
@@ -257,6 +269,7 @@ pub(super) fn recovery_plan(id: u32, plan: QueuePlan) -> anyhow::Result<(Device,
 /// reissued requests to our queues once they serve (`START_USER_RECOVERY` here,
 /// `END_USER_RECOVERY` when started).
 fn start_recovery(id: u32, queues: u16, depth: u16, plan: QueuePlan) -> anyhow::Result<UblkCtrl> {
+    secure_run_dir()?;
     let ctrl = ctrl_builder(
         id as i32,
         queues,

@@ -61,6 +61,14 @@ pub fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
+/// Sets the permission bits of the file open at `fd` (`fchmod`: the file itself, never
+/// what a name now points at).
+pub fn fchmod(fd: std::os::fd::BorrowedFd<'_>, mode: libc::mode_t) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fchmod takes a descriptor, open for the call's duration, and an integer.
+    check(unsafe { libc::fchmod(fd.as_raw_fd(), mode) })
+}
+
 /// Makes `fd` a copy of `from` (`dup2`), closing what `fd` was.
 pub fn redirect_fd(from: std::os::fd::BorrowedFd<'_>, fd: i32) -> io::Result<()> {
     use std::os::fd::AsRawFd;

@@ -92,9 +92,7 @@ fn segments_of(id: u32) -> Vec<shm::Stat> {
 /// device writes the same one; any other (a second one two writers made at once, or one on
 /// the legacy key) is removed once this one is written.
 pub fn write(state: &DaemonState) -> Result<(), ControlError> {
-    let ublk = std::fs::read(ublk_json_path(state.id))
-        .ok()
-        .and_then(|bytes| serde_json::from_slice(&bytes).ok());
+    let ublk = read_ublk_json(std::path::Path::new(&ublk_json_path(state.id)));
     let record = Record {
         state: state.clone(),
         ublk,
@@ -284,6 +282,30 @@ fn read_record(id: u32) -> Option<Record> {
     })
 }
 
+/// libublk's device file at `path`, if it is a plain file of root's that fits in a record:
+/// never through a link, never past the record's size (a FIFO or `/dev/zero` at the name
+/// would hang or fill the daemon), never a file another user could have written.
+fn read_ublk_json(path: &std::path::Path) -> Option<serde_json::Value> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.uid() != 0 || meta.mode() & 0o022 != 0 {
+        tracing::warn!(path = %path.display(), "libublk's device file is not root's alone: not kept in the recovery record");
+        return None;
+    }
+    let mut bytes = Vec::new();
+    file.take(LEN as u64 + 1).read_to_end(&mut bytes).ok()?;
+    if bytes.len() > LEN {
+        return None;
+    }
+    serde_json::from_slice(&bytes).ok()
+}
+
 /// The published state in the recovery record of device `id`, if there is one that passes
 /// every check.
 pub fn read(id: u32) -> Option<DaemonState> {
@@ -410,6 +432,37 @@ mod tests {
 
     /// Writes, reads back, overwrites and removes a record (needs root for SHM_LOCK; the test
     /// says so and returns otherwise). Uses an id no ublk device of this machine has.
+    #[test]
+    fn libublk_s_file_is_kept_only_when_it_is_a_plain_root_file_that_fits() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("0001.json");
+        std::fs::write(&good, r#"{"dev_info":{"dev_id":1}}"#).unwrap();
+        std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(read_ublk_json(&good).is_some());
+        // Through a link: not followed.
+        let link = dir.path().join("0002.json");
+        std::os::unix::fs::symlink(&good, &link).unwrap();
+        assert!(read_ublk_json(&link).is_none());
+        // Past the record's size, or endless: not read past it.
+        let big = dir.path().join("0003.json");
+        std::fs::write(&big, format!("\"{}\"", "x".repeat(LEN))).unwrap();
+        assert!(read_ublk_json(&big).is_none());
+        let start = std::time::Instant::now();
+        assert!(read_ublk_json(std::path::Path::new("/dev/zero")).is_none());
+        assert!(start.elapsed().as_secs() < 5);
+        // Writable by others.
+        let open = dir.path().join("0004.json");
+        std::fs::write(&open, "{}").unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(read_ublk_json(&open).is_none());
+        // Another user's.
+        if crate::sys::is_root() {
+            std::os::unix::fs::chown(&good, Some(65534), None).unwrap();
+            assert!(read_ublk_json(&good).is_none());
+        }
+    }
+
     #[test]
     fn a_record_round_trips_and_goes() {
         if !crate::sys::is_root() {

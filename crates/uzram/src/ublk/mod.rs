@@ -17,6 +17,7 @@ pub mod placement;
 pub mod queue;
 pub mod queue_mode;
 pub mod retries;
+pub mod run_dir;
 pub mod server;
 pub mod tuning;
 pub mod uring;
