@@ -1,14 +1,16 @@
 //! Where the queue threads run.
 //!
 //! libublk pins each queue thread to the CPUs the kernel's block layer maps to its queue
-//! (`UBLK_CMD_GET_QUEUE_AFFINITY`): one CPU each when there are as many queues as CPUs. That
-//! suits the cpu backend, whose queue threads are the daemon's only busy ones (`uzram bench
-//! --queue-affinity kernel,any` on the GPU host, 16 queues: 8–12 % more ingest pinned, the
-//! same CPU per GiB). The gpu backend also runs its installers and pool keeper on those
-//! CPUs, and a pinned queue thread whose CPU an installer took waits for it instead of moving
-//! to an idle one: at 16 queues pinning cost the GPU path 10–16 % of its ingest at the same
-//! CPU per GiB (docs/bench/gpu-runs.md, run 270). So with the gpu backend the daemon lets
-//! its queue threads run on any CPU it may use, once libublk has pinned them.
+//! (`UBLK_CMD_GET_QUEUE_AFFINITY`): one CPU each when there are as many queues as CPUs. The
+//! gpu backend also runs its installers and pool keeper on those CPUs, and a pinned queue
+//! thread whose CPU an installer took waits for it instead of moving to an idle one: at 16
+//! queues on the GPU host (`uzram bench --queue-affinity kernel,any`, 16 pairs on seven
+//! heaps) the GPU path ingested 1.00–1.16× (median 1.07×) as much unpinned, at the same CPU
+//! per GiB, with a lower busy read p99 in 14 of the 16 (docs/bench/gpu-runs.md, runs
+//! 270–272). So with the gpu backend the daemon lets its queue threads run on any CPU it may
+//! use, once libublk has pinned them. The cpu backend, whose queue threads are its only busy
+//! ones, measured 0.89–1.12× unpinned (within the host's spread): it keeps libublk's
+//! placement.
 
 use std::io;
 use std::sync::Mutex;
