@@ -239,6 +239,22 @@ pub enum TextfileError {
         /// The directory's owner.
         owner: u32,
     },
+    /// A link on the way to the file is another user's, who could point the daemon at
+    /// another directory with it.
+    #[error(
+        "metrics-textfile {}: the link {} on the way to it {why}, so another user could point \
+         it at another directory: name a directory without it, e.g. {GOOD_DIR}",
+        path.display(),
+        on_way.display()
+    )]
+    SharedPath {
+        /// The metrics file.
+        path: PathBuf,
+        /// The link.
+        on_way: PathBuf,
+        /// Why (its owner, or its mode).
+        why: String,
+    },
     /// A system call on the directory or the file failed.
     #[error("metrics-textfile {}: {what}: {error}", path.display())]
     Io {
@@ -276,6 +292,25 @@ fn open_dir(path: &Path) -> Result<(std::fs::File, OsString), TextfileError> {
             error,
         }
     };
+    // Every link on the way, as named, must be root's: the directory checked below is the one
+    // opened, but a link of another user's on the way would let them choose which one that
+    // is. (Directories on the way may be others': node_exporter's own directory on Debian,
+    // /var/lib/prometheus, is the prometheus user's.)
+    for on_way in dir.ancestors() {
+        let Ok(meta) = std::fs::symlink_metadata(on_way) else {
+            continue; // missing: reported below
+        };
+        if !meta.file_type().is_symlink() {
+            continue;
+        }
+        if let Some(why) = sys::changed_by_others(&meta) {
+            return Err(TextfileError::SharedPath {
+                path: path.to_path_buf(),
+                on_way: on_way.to_path_buf(),
+                why,
+            });
+        }
+    }
     let handle = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECTORY)
@@ -738,6 +773,44 @@ mod tests {
         let err = check_textfile_dir(&dir.join("missing/u.prom")).unwrap_err();
         assert!(err.to_string().contains("does not exist"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The attack on the way to the directory: in a directory of a user's, a link of theirs
+    /// named as the metrics directory, pointed at a directory only root can write, would
+    /// have the daemon write (and at its stop remove) a file there.
+    #[test]
+    fn a_link_another_user_owns_on_the_way_is_refused() {
+        if !sys::is_root() {
+            eprintln!("SKIP a_link_another_user_owns_on_the_way_is_refused: needs root");
+            return;
+        }
+        let roots = fresh_dir("redirect-target", 0o755);
+        let users = fresh_dir("redirect-home", 0o755);
+        std::os::unix::fs::chown(&users, Some(65534), Some(65534)).unwrap();
+        // A link of the user's, in their directory, to root's directory.
+        let link = users.join("m");
+        std::os::unix::fs::symlink(&roots, &link).unwrap();
+        std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).unwrap();
+        let path = link.join("u.prom");
+        let err = write_atomically(&path, "a 1\n").unwrap_err();
+        assert!(matches!(err, TextfileError::SharedPath { .. }), "{err}");
+        assert!(err.to_string().contains("uid 65534"), "{err}");
+        assert_eq!(
+            std::fs::read_dir(&roots).unwrap().count(),
+            0,
+            "nothing written"
+        );
+        // Root's directory inside the user's (as node_exporter's is on Debian): taken.
+        let inner = users.join("real");
+        std::fs::create_dir(&inner).unwrap();
+        check_textfile_dir(&inner.join("u.prom")).unwrap();
+        // Root's link to root's directory: fine.
+        let good_link = roots.join("ok");
+        std::fs::create_dir(roots.join("d")).unwrap();
+        std::os::unix::fs::symlink(roots.join("d"), &good_link).unwrap();
+        check_textfile_dir(&good_link.join("u.prom")).unwrap();
+        let _ = std::fs::remove_dir_all(&users);
+        let _ = std::fs::remove_dir_all(&roots);
     }
 
     /// A directory another user owns is theirs to plant links in, whatever its mode.

@@ -421,18 +421,7 @@ fn open(path: &Path, create: bool, exclusive: bool) -> io::Result<File> {
     }
 }
 
-/// Whether no one but root (or this process's user) can change what directory or link
-/// `meta` describes; why not otherwise. A sticky directory others may write is safe: no one
-/// can rename or remove root's entries in it, so what root made there stays root's.
-fn changed_by_others(meta: &std::fs::Metadata) -> Option<String> {
-    match crate::sys::others_could_write(meta) {
-        Some(crate::sys::OthersWrite::Owner(uid)) => Some(format!("is owned by uid {uid}")),
-        Some(crate::sys::OthersWrite::Mode(mode)) if meta.is_dir() && mode & libc::S_ISVTX == 0 => {
-            Some(format!("may be written by others (mode {mode:04o})"))
-        }
-        _ => None,
-    }
-}
+use crate::sys::changed_by_others;
 
 /// Checks every directory and link on the way to `path`, as named and as it resolves
 /// (`changed_by_others`, see the module docs), and returns the path to open: `path` with
@@ -448,14 +437,10 @@ fn resolve_roots_path(path: &Path) -> anyhow::Result<PathBuf> {
         )
     };
     let check_ancestors = |of: &Path| -> anyhow::Result<()> {
-        for dir in of.ancestors().skip(1) {
-            let meta = std::fs::symlink_metadata(dir)
-                .with_context(|| format!("looking at {}", dir.display()))?;
-            if let Some(why) = changed_by_others(&meta) {
-                return Err(refuse(dir, why));
-            }
+        match crate::sys::ancestor_changed_by_others(of)? {
+            Some((dir, why)) => Err(refuse(&dir, why)),
+            None => Ok(()),
         }
-        Ok(())
     };
     let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
         bail!("writeback-device {} names no file", path.display());

@@ -22,7 +22,6 @@ mod tier;
 pub use readiness::{Readiness, Reporter};
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU32;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -188,7 +187,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         reporter,
         log,
         after_start: running.after_start,
-        standby_pid: running.standby_pid,
+        standby: running.standby,
         alias_rdev: alias_rdev.clone(),
     };
     let size = cfg.size;
@@ -421,7 +420,7 @@ struct Publish {
     reporter: Arc<Reporter>,
     log: Option<PathBuf>,
     after_start: Vec<mpsc::Sender<()>>,
-    standby_pid: Arc<AtomicU32>,
+    standby: Arc<crate::takeover::standby::Standby>,
     alias_rdev: Arc<std::sync::OnceLock<u64>>,
 }
 
@@ -492,7 +491,7 @@ impl Publish {
             let _ = go.send(());
         }
         if self.want_standby {
-            crate::takeover::standby::start(state, &self.standby_pid);
+            crate::takeover::standby::start(state, &self.standby);
         }
         // Last: a refill in reclaim holds the mmap lock, which the threads started above
         // needed for their stacks.

@@ -1,7 +1,6 @@
 //! The daemon's threads beside its queues (control socket, metrics file, carried counters,
 //! signals, the stopper, the pool keeper, the compactor), and the numbers they report.
 
-use std::sync::atomic::AtomicU32;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
@@ -16,6 +15,7 @@ use crate::control::state::{DaemonState, StateDir};
 use crate::control::{listener, ControlError};
 use crate::sys;
 use crate::takeover::carry::Carry;
+use crate::takeover::standby::Standby;
 use crate::takeover::store_segment::StoreSegment;
 use crate::ublk::queue_mode::QueuePlan;
 use crate::ublk::server::RequestCounters;
@@ -55,8 +55,8 @@ pub(super) struct Setup<'a> {
 pub(super) struct Running {
     /// The metrics file, removed when the device goes.
     pub textfile: Option<Arc<crate::metrics::Textfile>>,
-    /// The standby's pid once it runs (0 before), for the stopper to end it at a handover.
-    pub standby_pid: Arc<AtomicU32>,
+    /// The standby once it runs, for the stopper to end it at a handover.
+    pub standby: Arc<Standby>,
     /// Senders that start the takeover's follow-up work once the device serves.
     pub after_start: Vec<mpsc::Sender<()>>,
 }
@@ -177,11 +177,11 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
             }
         }
     })?;
-    let standby_pid = Arc::new(AtomicU32::new(0));
+    let standby = Arc::new(Standby::default());
     let stopper = Stopper {
         id: s.state.id,
         dev: s.state.dev.clone(),
-        standby_pid: standby_pid.clone(),
+        standby: standby.clone(),
         backend: s.backend.clone(),
     };
     spawn("uzram-stopper", move || {
@@ -237,7 +237,7 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
     }
     Ok(Running {
         textfile,
-        standby_pid,
+        standby,
         after_start,
     })
 }
@@ -317,7 +317,7 @@ fn status_snapshot(s: &Setup<'_>) -> Arc<dyn Fn() -> DeviceStatus + Send + Sync>
 struct Stopper {
     id: u32,
     dev: String,
-    standby_pid: Arc<AtomicU32>,
+    standby: Arc<Standby>,
     backend: Arc<WriteBackend>,
 }
 
@@ -344,9 +344,8 @@ impl Stopper {
     /// Leaves the device to the daemon that asked for it; never returns.
     fn hand_over(&self) -> ! {
         // The daemon taking over is already running: our standby must not race it.
-        let standby = self.standby_pid.load(std::sync::atomic::Ordering::Acquire);
-        if standby != 0 {
-            let _ = sys::kill_now(standby);
+        if let Err(err) = self.standby.kill() {
+            tracing::warn!(error = %err, "ending the standby for the handover failed");
         }
         // Pages staged for the GPU are installed first, while we still serve: the next
         // daemon would install them on the CPU before it serves (or, from staging in our

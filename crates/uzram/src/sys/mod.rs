@@ -552,11 +552,39 @@ fn wait_for_exit_noting(
     }
 }
 
-/// Sends SIGKILL to `pid`.
-pub fn kill_now(pid: u32) -> io::Result<()> {
+/// A pidfd of process `pid` (`pidfd_open`): it names that process for as long as the
+/// descriptor is open, also once the process has exited, never a later one given its pid.
+pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
-    // SAFETY: kill only sends a signal.
-    check(unsafe { libc::kill(pid, libc::SIGKILL) })
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = i32::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: pidfd_open returned a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Sends SIGKILL to the process `pidfd` names (`pidfd_send_signal`); `ESRCH` once it has
+/// exited, whatever process now has its pid.
+pub fn pidfd_kill(pidfd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: pidfd_send_signal takes a descriptor (open for the call), a signal number, a
+    // null siginfo and flags.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The process's effective user id.
@@ -614,6 +642,37 @@ pub fn others_could_write(meta: &std::fs::Metadata) -> Option<OthersWrite> {
     }
     let mode = meta.mode() & 0o7777;
     (mode & 0o022 != 0).then_some(OthersWrite::Mode(mode))
+}
+
+/// Whether no one but root (or this process's user) can change what directory or link
+/// `meta` describes; why not otherwise. A sticky directory others may write is safe: no one
+/// can rename or remove root's entries in it, so what root made there stays root's.
+pub fn changed_by_others(meta: &std::fs::Metadata) -> Option<String> {
+    match others_could_write(meta) {
+        Some(OthersWrite::Owner(uid)) => Some(format!("is owned by uid {uid}")),
+        Some(OthersWrite::Mode(mode)) if meta.is_dir() && mode & libc::S_ISVTX == 0 => {
+            Some(format!("may be written by others (mode {mode:04o})"))
+        }
+        _ => None,
+    }
+}
+
+/// The first directory or link on the way to `path` (its ancestors as named, nearest
+/// first) that another user could change, so as to point `path` elsewhere, and why.
+pub fn ancestor_changed_by_others(
+    path: &std::path::Path,
+) -> io::Result<Option<(std::path::PathBuf, String)>> {
+    for dir in path.ancestors().skip(1) {
+        if dir.as_os_str().is_empty() {
+            continue;
+        }
+        let meta = std::fs::symlink_metadata(dir)
+            .map_err(|e| io::Error::new(e.kind(), format!("looking at {}: {e}", dir.display())))?;
+        if let Some(why) = changed_by_others(&meta) {
+            return Ok(Some((dir.to_path_buf(), why)));
+        }
+    }
+    Ok(None)
 }
 
 /// `name` as the C string a `*at` system call takes; a NUL inside is `InvalidInput`.

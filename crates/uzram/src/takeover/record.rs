@@ -63,7 +63,8 @@ fn shm_err(what: &str) -> impl FnOnce(shm::ShmError) -> ControlError + '_ {
 }
 
 /// The device whose recovery record `seg` (a segment root's alone) is: by its header, or by
-/// the legacy key it sits on.
+/// the legacy key it sits on and the legacy magic it starts with (another program of root's
+/// may have a segment on such a key: it is not ours to read or remove).
 pub fn device_of_segment(seg: &shm::Stat) -> Option<u32> {
     if seg.key == libc::IPC_PRIVATE && seg.size == LEN {
         let header: [u8; HEADER] = shm::peek(seg.id, 0).ok()?;
@@ -71,7 +72,8 @@ pub fn device_of_segment(seg: &shm::Stat) -> Option<u32> {
         return (header[..8] == MAGIC).then_some(device);
     }
     let id = seg.key.checked_sub(LEGACY_KEY_BASE)?;
-    (0..1 << 20).contains(&id).then_some(id as u32)
+    let magic: [u8; 8] = shm::peek(seg.id, 0).ok()?;
+    ((0..1 << 20).contains(&id) && magic == LEGACY_MAGIC).then_some(id as u32)
 }
 
 /// Root's record segments of device `id`: those found by their header, lowest id first, then
@@ -770,5 +772,28 @@ mod tests {
         assert!(shm::stat(seg).is_err(), "the legacy record is still there");
         remove(id);
         assert!(segments(id).is_empty());
+    }
+
+    /// A segment of another root program's that sits on a legacy key but holds something
+    /// else is not a record: never read as one, listed as one or removed with the device.
+    #[test]
+    fn another_program_s_segment_on_a_legacy_key_is_left_alone() {
+        if !crate::sys::is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let id = (1 << 20) - 19;
+        let seg = shm::tests::root_segment_on_key(LEGACY_KEY_BASE + id as i32, LEN);
+        shm::tests::write_as_owner(seg, b"NOTOURS!some other program's data");
+        let stat = shm::stat(seg).unwrap();
+        assert_eq!(device_of_segment(&stat), None);
+        assert!(segments(id).is_empty());
+        assert_eq!(read(id), None);
+        remove(id);
+        assert!(
+            shm::stat(seg).is_ok(),
+            "another program's segment was removed"
+        );
+        shm::remove(seg).unwrap();
     }
 }
