@@ -49,6 +49,10 @@ pub struct FaultPlan {
     /// checksum of what was compressed (a device that compressed other bytes than were
     /// staged: a copy that went wrong, a slot reused too early).
     pub misread_every: u64,
+    /// Report every n-th page that is not same-filled as its first word repeated, with the
+    /// page's true checksum (a device whose same-fill test is wrong: the checksum it reports
+    /// is of the page it read, and holds).
+    pub false_fill_every: u64,
     /// Wait this long in every `complete` (a slow device).
     pub delay: Duration,
 }
@@ -90,6 +94,8 @@ pub struct HostSlots {
     completes: AtomicU64,
     compressed: AtomicU64,
     misread: AtomicU64,
+    /// Pages looked at for `FaultPlan::false_fill_every`.
+    false_fills: AtomicU64,
 }
 
 impl std::fmt::Debug for HostSlots {
@@ -172,6 +178,7 @@ impl HostSlots {
             completes: AtomicU64::new(0),
             compressed: AtomicU64::new(0),
             misread: AtomicU64::new(0),
+            false_fills: AtomicU64::new(0),
         }
     }
 
@@ -225,8 +232,14 @@ impl HostSlots {
             let at = (2 * pages + 1 + i) * 4;
             out.meta[at..at + 4].copy_from_slice(&page_checksum(&page).to_le_bytes());
             let offset = out.packed.len() as u32;
+            let false_fill = self.faults.false_fill_every > 0
+                && (self.false_fills.fetch_add(1, Ordering::Relaxed) + 1)
+                    .is_multiple_of(self.faults.false_fill_every);
             let size = if let Some(word) = same_filled_word(&page) {
                 out.packed.extend_from_slice(&word.to_le_bytes());
+                SIZE_SAME_FILLED
+            } else if false_fill {
+                out.packed.extend_from_slice(&page[..8]);
                 SIZE_SAME_FILLED
             } else {
                 #[cfg(feature = "liblz4-reference")]

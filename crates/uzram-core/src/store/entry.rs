@@ -243,7 +243,9 @@ impl Entry {
                     Slot::Invalid
                 }
             }
-            TAG_SAME_EXT => Slot::SameExt,
+            // Packed as the bare tag: any other bits mean damage (a stored or written-back
+            // entry with one bit flipped can carry this tag).
+            TAG_SAME_EXT if self.0 == TAG_SAME_EXT => Slot::SameExt,
             TAG_STORED => {
                 let len = ((self.0 >> LEN_SHIFT) & LEN_MASK) as u16;
                 let recompressed = self.0 & RECOMPRESSED != 0;
@@ -392,7 +394,25 @@ mod tests {
         ];
         for slot in slots {
             assert_eq!(Entry::pack(slot).slot(), slot, "{slot:?}");
+            // A flip in the tag never makes a fill word the side map must hold: that entry
+            // is the bare tag alone (a stored entry with bit 0 flipped once read as zeros).
+            let word = Entry::pack(slot).word();
+            for bit in 0..TAG_BITS {
+                let flipped = word ^ (1 << bit);
+                if flipped != TAG_SAME_EXT {
+                    assert_ne!(
+                        Entry::from_word(flipped).slot(),
+                        Slot::SameExt,
+                        "{slot:?}, bit {bit}"
+                    );
+                }
+            }
         }
+        assert_eq!(Entry::from_word(TAG_SAME_EXT).slot(), Slot::SameExt);
+        assert_eq!(
+            Entry::from_word(TAG_SAME_EXT | 1 << 9).slot(),
+            Slot::Invalid
+        );
     }
 
     #[test]

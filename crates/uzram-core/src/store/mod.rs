@@ -721,7 +721,12 @@ impl PageStore {
                 fill_page(page, word);
                 return Ok(());
             }
-            Some(Slot::SameExt) => return Err(corrupt(index, "fill word missing")),
+            Some(Slot::SameExt) => {
+                return Err(self.failed_check(corrupt(
+                    index,
+                    "its table entry names a fill word the store does not hold",
+                )))
+            }
             Some(Slot::Lost) => {
                 return Err(corrupt(
                     index,

@@ -132,11 +132,15 @@ impl Shard {
         (self.same_ext.capacity() * (std::mem::size_of::<(u64, u64)>() + 1)) as u64
     }
 
-    /// The page's slot, with a side-map fill word resolved.
+    /// The page's slot, with a side-map fill word resolved; `SameExt` stays unresolved when
+    /// the side map has no word for the page (a damaged entry: never a page of zeros).
     pub(crate) fn get(&self, idx: u64) -> Option<Slot> {
         let slot = self.entries.get(idx)?.slot();
         Some(match slot {
-            Slot::SameExt => Slot::Same(self.same_ext.get(&idx).copied().unwrap_or_default()),
+            Slot::SameExt => match self.same_ext.get(&idx) {
+                Some(&word) => Slot::Same(word),
+                None => Slot::SameExt,
+            },
             other => other,
         })
     }

@@ -843,6 +843,35 @@ fn table_words_no_store_writes_fail_reads_and_are_counted() {
     assert_eq!(read_page(&store, 1), text_page(1));
 }
 
+/// A stored entry with a bit of its tag flipped to the side-map fill's tag, or that tag with
+/// no word in the side map: an I/O error, counted, never a page of zeros.
+#[test]
+fn an_entry_damaged_into_a_side_map_fill_fails_its_read() {
+    let store = store(4);
+    for page in 0..3 {
+        store.write(page, &text_page(page as u8)).unwrap();
+    }
+    let set = |page: u64, f: &dyn Fn(u64) -> u64| {
+        let (shard, idx) = store.locate(page);
+        let mut shard = write_lock(shard);
+        match &mut shard.entries_mut() {
+            shard::Entries::Owned(v) => v[idx as usize] = f(v[idx as usize]),
+            shard::Entries::Kept(_) => unreachable!(),
+        }
+    };
+    // Stored (tag 3) with bit 0 flipped: tag 2, the handle bits still set.
+    set(0, &|w| w ^ 1);
+    // The bare tag, with no fill word kept for the page.
+    set(1, &|_| 2);
+    let mut out = [0u8; PAGE_SIZE];
+    for page in [0, 1] {
+        let read = store.read(page, &mut out);
+        assert!(read.is_err(), "page {page} read as {:?}", &out[..8]);
+    }
+    assert_eq!(store.stats().checksum_failures, 2);
+    assert_eq!(read_page(&store, 2), text_page(2));
+}
+
 /// Swaps the table entries of pages `a` and `b`, as a stray write or a bug could.
 fn swap_entries(store: &PageStore, a: u64, b: u64) {
     let word = |page: u64| {

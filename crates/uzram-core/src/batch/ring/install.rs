@@ -170,9 +170,9 @@ impl Installer<'_> {
             };
             let result = out.map(|o| o.page(index));
             let plan = match result {
-                Some(Ok(PageResult::SameFilled(word))) => self
-                    .checksum_holds(ticket, out, index)
-                    .then_some(Plan::Same(word)),
+                Some(Ok(PageResult::SameFilled(word))) => (self.checksum_holds(ticket, out, index)
+                    && self.fill_holds(slot, index, word))
+                .then_some(Plan::Same(word)),
                 Some(Ok(PageResult::Compressed(block))) => {
                     (self.checksum_holds(ticket, out, index) && self.spot_check(slot, index, block))
                         .then_some(Plan::Block(index))
@@ -262,6 +262,22 @@ impl Installer<'_> {
         );
         sh.retire("a result whose checksum is not its page's");
         false
+    }
+
+    /// Whether page `index` of the slot is `word` repeated, as the backend says: a fill
+    /// entry carries no checksum of the page, so no read could catch a wrong one. Such
+    /// results are rare (the writers store fills themselves), and one that is wrong breaks
+    /// the contract (the backend is retired, the page compressed on the CPU).
+    fn fill_holds(&mut self, slot: usize, index: usize, word: u64) -> bool {
+        let holds = self
+            .sh
+            .staging
+            .words(slot, index)
+            .is_some_and(|words| words.iter().all(|w| w.load(Ordering::Relaxed) == word));
+        if !holds {
+            self.violation("a same-filled result for a page that is not");
+        }
+        holds
     }
 
     /// Decodes every n-th block on the CPU and compares it with the staged page. False

@@ -343,6 +343,31 @@ fn a_backend_that_compressed_other_bytes_is_caught_by_the_checksums_and_retired(
     assert_eq!(store.stats().checksum_failures, 0);
 }
 
+/// A backend whose same-fill test is wrong reports the checksum of the page it read, which
+/// holds; a fill entry carries no checksum, so only the installer's look at the page can
+/// catch it.
+#[test]
+fn a_backend_that_calls_a_page_same_filled_when_it_is_not_is_caught_and_retired() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let faults = FaultPlan {
+        false_fill_every: 5,
+        ..FaultPlan::default()
+    };
+    let cfg = RingConfig {
+        spot_check_every: 0,
+        ..RingConfig::default()
+    };
+    let (store, ring) = ring_with(n, host(4, 64, faults), cfg);
+    write_all(&ring, 0, &data);
+    ring.flush();
+    let s = ring.stats();
+    assert!(s.contract_violations > 0, "{s:?}");
+    assert_eq!(s.retired, 1);
+    assert_reads(&store, &data);
+    assert_eq!(store.stats().checksum_failures, 0);
+}
+
 #[test]
 fn a_lying_backend_the_spot_check_misses_yields_io_errors_never_other_data() {
     let data = pages();
