@@ -32,7 +32,7 @@ use uzram_core::codec::Algorithm;
 use uzram_core::PAGE_SIZE;
 
 use crate::cli::BenchArgs;
-use crate::config::{Backend, GpuSettings, RawDevice, RecompressCodec};
+use crate::config::{Backend, GpuSettings, QueueAffinity, RawDevice, RecompressCodec};
 use crate::size::parse_size;
 use crate::ublk::placement::Placement;
 use crate::ublk::queue_mode::user_copy_by_default;
@@ -115,10 +115,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             let auto = user_copy_by_default(b == Backend::Gpu, queues);
             for &c in &checksums {
                 for copy in &copies {
-                    for placement in &affinities {
+                    for affinity in &affinities {
                         // `auto,off` gives the cpu backend's run once.
-                        let placement =
-                            placement.unwrap_or(Placement::for_backend(b == Backend::Gpu));
+                        let placement = affinity.placement(b == Backend::Gpu);
                         let s = (b, c, copy.unwrap_or(auto), placement);
                         if !settings.contains(&s) {
                             settings.push(s);
@@ -219,16 +218,16 @@ fn parse_user_copy(text: &str) -> anyhow::Result<Vec<Option<bool>>> {
     })
 }
 
-/// `--queue-affinity`: `auto` (`None`: as the daemon places its queue threads for the
-/// backend), `kernel`, `any`, or several side by side.
-fn parse_queue_affinity(text: &str) -> anyhow::Result<Vec<Option<Placement>>> {
-    parse_list(text, "--queue-affinity", |part| match part {
-        "auto" => Ok(None),
-        "kernel" => Ok(Some(Placement::Kernel)),
-        "any" => Ok(Some(Placement::Anywhere)),
-        other => {
-            bail!("--queue-affinity {other:?}: use auto, kernel, any, or a list such as kernel,any")
-        }
+/// `--queue-affinity`: the daemon's values (`auto`: as the daemon places its queue threads
+/// for the backend), or several side by side.
+fn parse_queue_affinity(text: &str) -> anyhow::Result<Vec<QueueAffinity>> {
+    parse_list(text, "--queue-affinity", |part| {
+        QueueAffinity::parse(part).ok_or_else(|| {
+            anyhow::anyhow!(
+                "--queue-affinity {part:?}: use {}, or a list such as kernel,any",
+                QueueAffinity::NAMES
+            )
+        })
     })
 }
 

@@ -478,23 +478,18 @@ fn wait_for_exit_noting(
     mut dying: Option<&mut dyn FnMut()>,
 ) -> io::Result<bool> {
     let raw = pid;
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return Ok(true);
+    let fd = match pidfd_open(pid) {
+        Ok(fd) => fd,
+        // ESRCH: no such process (or no pid at all). EINVAL: the pid is now a thread of
+        // another process, which can only be a reuse.
+        Err(e) => {
+            return if e.raw_os_error() == Some(libc::ESRCH) || !process_alive(raw, started) {
+                Ok(true)
+            } else {
+                Err(e)
+            };
+        }
     };
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        let e = io::Error::last_os_error();
-        // ESRCH: no such process. EINVAL: the pid is now a thread of another process, which
-        // can only be a reuse.
-        return if e.raw_os_error() == Some(libc::ESRCH) || !process_alive(raw, started) {
-            Ok(true)
-        } else {
-            Err(e)
-        };
-    }
-    // SAFETY: pidfd_open returned a fresh descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
     // Checked after the pidfd is open: a start time that still matches means the pidfd names
     // that process (it started before the pidfd was opened and still runs).
     if started.is_some_and(|t| start_ticks(raw).is_some_and(|now| now != t)) {

@@ -289,14 +289,14 @@ fn read_record(id: u32) -> Option<Record> {
 /// would hang or fill the daemon), never a file another user could have written.
 fn read_ublk_json(path: &std::path::Path) -> Option<serde_json::Value> {
     use std::io::Read;
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)
         .ok()?;
     let meta = file.metadata().ok()?;
-    if !meta.is_file() || meta.uid() != 0 || meta.mode() & 0o022 != 0 {
+    if !meta.is_file() || crate::sys::others_could_write(&meta).is_some() {
         tracing::warn!(path = %path.display(), "libublk's device file is not root's alone: not kept in the recovery record");
         return None;
     }

@@ -6,7 +6,7 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
+use std::sync::OnceLock;
 
 use crate::control::state::DaemonState;
 
@@ -15,7 +15,7 @@ use crate::control::state::DaemonState;
 /// would name whoever has it by then, and the daemon kills as root).
 #[derive(Debug, Default)]
 pub struct Standby {
-    pidfd: Mutex<Option<OwnedFd>>,
+    pidfd: OnceLock<OwnedFd>,
 }
 
 impl Standby {
@@ -30,20 +30,14 @@ impl Standby {
             .spawn(move || {
                 let _ = child.wait();
             })?;
-        let pidfd = pidfd?;
-        if let Ok(mut held) = self.pidfd.lock() {
-            *held = Some(pidfd);
-        }
+        // A daemon starts one standby: a second would not replace the first.
+        let _ = self.pidfd.set(pidfd?);
         Ok(())
     }
 
     /// Kills the standby if it still runs: `Ok(false)` when there is none, or it has exited.
     pub fn kill(&self) -> io::Result<bool> {
-        let held = self
-            .pidfd
-            .lock()
-            .map_err(|_| io::Error::other("the standby's pidfd lock was poisoned"))?;
-        let Some(pidfd) = held.as_ref() else {
+        let Some(pidfd) = self.pidfd.get() else {
             return Ok(false);
         };
         match crate::sys::pidfd_kill(pidfd.as_fd()) {

@@ -60,7 +60,7 @@ pub fn secure_at(dir: &Path) -> io::Result<usize> {
         tracing::warn!(
             dir = %dir.display(),
             mode = format_args!("{:o}", meta.mode() & 0o7777),
-            "libublk's run directory could be written by others: made root's alone (0700)"
+            "libublk's run directory was not root's alone: made mode 0700"
         );
         crate::sys::fchmod(handle.as_fd(), 0o700)?;
     }

@@ -297,22 +297,33 @@ fn rejected_pages_are_compressed_on_the_cpu() {
     assert_reads(&store, &data);
 }
 
-#[test]
-fn a_lying_backend_is_caught_by_the_spot_check_and_retired() {
+/// The test corpus written through a ring over a host backend with `faults` (4 slots of 64
+/// pages, a spot check every `spot_check_every` blocks) and flushed: the pages, the store
+/// and the ring's counters.
+fn written_through_faulty(
+    faults: FaultPlan,
+    spot_check_every: u64,
+) -> (Vec<u8>, Arc<PageStore>, RingStats) {
     let data = pages();
     let n = (data.len() / PAGE_SIZE) as u64;
-    let faults = FaultPlan {
-        corrupt_every: 9,
-        ..FaultPlan::default()
-    };
     let cfg = RingConfig {
-        spot_check_every: 1,
+        spot_check_every,
         ..RingConfig::default()
     };
     let (store, ring) = ring_with(n, host(4, 64, faults), cfg);
     write_all(&ring, 0, &data);
     ring.flush();
-    let s = ring.stats();
+    let stats = ring.stats();
+    (data, store, stats)
+}
+
+#[test]
+fn a_lying_backend_is_caught_by_the_spot_check_and_retired() {
+    let faults = FaultPlan {
+        corrupt_every: 9,
+        ..FaultPlan::default()
+    };
+    let (data, store, s) = written_through_faulty(faults, 1);
     assert!(s.spot_check_failures > 0, "{s:?}");
     assert_eq!(s.retired, 1);
     assert_reads(&store, &data);
@@ -320,21 +331,12 @@ fn a_lying_backend_is_caught_by_the_spot_check_and_retired() {
 
 #[test]
 fn a_backend_that_compressed_other_bytes_is_caught_by_the_checksums_and_retired() {
-    let data = pages();
-    let n = (data.len() / PAGE_SIZE) as u64;
     let faults = FaultPlan {
         misread_every: 7,
         ..FaultPlan::default()
     };
     // No spot check: the checksum comparison alone catches it, on the first bad result.
-    let cfg = RingConfig {
-        spot_check_every: 0,
-        ..RingConfig::default()
-    };
-    let (store, ring) = ring_with(n, host(4, 64, faults), cfg);
-    write_all(&ring, 0, &data);
-    ring.flush();
-    let s = ring.stats();
+    let (data, store, s) = written_through_faulty(faults, 0);
     assert!(s.checksum_mismatches > 0, "{s:?}");
     assert!(s.checksum_checked_pages > 0, "{s:?}");
     assert_eq!(s.retired, 1);
@@ -348,20 +350,11 @@ fn a_backend_that_compressed_other_bytes_is_caught_by_the_checksums_and_retired(
 /// catch it.
 #[test]
 fn a_backend_that_calls_a_page_same_filled_when_it_is_not_is_caught_and_retired() {
-    let data = pages();
-    let n = (data.len() / PAGE_SIZE) as u64;
     let faults = FaultPlan {
         false_fill_every: 5,
         ..FaultPlan::default()
     };
-    let cfg = RingConfig {
-        spot_check_every: 0,
-        ..RingConfig::default()
-    };
-    let (store, ring) = ring_with(n, host(4, 64, faults), cfg);
-    write_all(&ring, 0, &data);
-    ring.flush();
-    let s = ring.stats();
+    let (data, store, s) = written_through_faulty(faults, 0);
     assert!(s.contract_violations > 0, "{s:?}");
     assert_eq!(s.retired, 1);
     assert_reads(&store, &data);
@@ -370,19 +363,11 @@ fn a_backend_that_calls_a_page_same_filled_when_it_is_not_is_caught_and_retired(
 
 #[test]
 fn a_lying_backend_the_spot_check_misses_yields_io_errors_never_other_data() {
-    let data = pages();
-    let n = (data.len() / PAGE_SIZE) as u64;
     let faults = FaultPlan {
         corrupt_every: 5,
         ..FaultPlan::default()
     };
-    let cfg = RingConfig {
-        spot_check_every: 0,
-        ..RingConfig::default()
-    };
-    let (store, ring) = ring_with(n, host(4, 64, faults), cfg);
-    write_all(&ring, 0, &data);
-    ring.flush();
+    let (data, store, _) = written_through_faulty(faults, 0);
     let mut failed = 0;
     let mut out = [0u8; PAGE_SIZE];
     for (i, page) in data.chunks_exact(PAGE_SIZE).enumerate() {
