@@ -274,7 +274,6 @@ pub enum TextfileError {
 /// writable by its owner alone, and that owner root (or the user running uzram, where that
 /// is not root): anyone else who can write there could plant a link at the temporary name.
 fn open_dir(path: &Path) -> Result<(std::fs::File, OsString), TextfileError> {
-    use std::os::unix::fs::OpenOptionsExt;
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
         return Err(TextfileError::NoDirectory {
             path: path.to_path_buf(),
@@ -292,36 +291,30 @@ fn open_dir(path: &Path) -> Result<(std::fs::File, OsString), TextfileError> {
             error,
         }
     };
-    // Every link on the way, as named, must be root's: the directory checked below is the one
-    // opened, but a link of another user's on the way would let them choose which one that
-    // is. (Directories on the way may be others': node_exporter's own directory on Debian,
-    // /var/lib/prometheus, is the prometheus user's.)
-    for on_way in dir.ancestors() {
-        let Ok(meta) = std::fs::symlink_metadata(on_way) else {
-            continue; // missing: reported below
-        };
-        if !meta.file_type().is_symlink() {
-            continue;
+    // Every link on the way must be root's: the directory checked below is the one opened,
+    // but a link of another user's on the way would let them choose which one that is. The
+    // walk judges each link through the descriptor it then follows, so a name swapped for a
+    // link between a look and an open is never followed. (Directories on the way may be
+    // others': node_exporter's own directory on Debian, /var/lib/prometheus, is the
+    // prometheus user's.)
+    let handle = sys::walk::open_dir(dir).map_err(|error| match error {
+        sys::walk::WalkError::Link { link, why } => TextfileError::SharedPath {
+            path: path.to_path_buf(),
+            on_way: link,
+            why,
+        },
+        e if e.is_not_found() => TextfileError::Missing {
+            path: path.to_path_buf(),
+            dir: dir.to_path_buf(),
+        },
+        e @ sys::walk::WalkError::Io { .. } => {
+            let kind = match &e {
+                sys::walk::WalkError::Io { error, .. } => error.kind(),
+                sys::walk::WalkError::Link { .. } => std::io::ErrorKind::Other,
+            };
+            io("opening its directory")(std::io::Error::new(kind, e.to_string()))
         }
-        if let Some(why) = sys::changed_by_others(&meta) {
-            return Err(TextfileError::SharedPath {
-                path: path.to_path_buf(),
-                on_way: on_way.to_path_buf(),
-                why,
-            });
-        }
-    }
-    let handle = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY)
-        .open(dir)
-        .map_err(|error| match error.kind() {
-            std::io::ErrorKind::NotFound => TextfileError::Missing {
-                path: path.to_path_buf(),
-                dir: dir.to_path_buf(),
-            },
-            _ => io("opening its directory")(error),
-        })?;
+    })?;
     let meta = handle
         .metadata()
         .map_err(io("reading its directory's owner and mode"))?;
@@ -811,6 +804,120 @@ mod tests {
         check_textfile_dir(&good_link.join("u.prom")).unwrap();
         let _ = std::fs::remove_dir_all(&users);
         let _ = std::fs::remove_dir_all(&roots);
+    }
+
+    /// The race on the way to the directory: in a directory of another user's (as
+    /// `/var/lib/prometheus` is the prometheus user's), that user swaps root's metrics
+    /// directory for a link of theirs to another of root's directories, and back, as fast as
+    /// they can, while the daemon writes. Whatever the timing, nothing is written through
+    /// their link.
+    #[test]
+    fn a_directory_swapped_for_a_link_while_writing_is_never_followed() {
+        if !sys::is_root() {
+            eprintln!(
+                "SKIP a_directory_swapped_for_a_link_while_writing_is_never_followed: the \
+                 swapping user is uid 65534, which needs root"
+            );
+            return;
+        }
+        let roots = fresh_dir("swap-target", 0o755);
+        let users = fresh_dir("swap-home", 0o755);
+        std::os::unix::fs::chown(&users, Some(65534), Some(65534)).unwrap();
+        let real = users.join("m");
+        std::fs::create_dir(&real).unwrap();
+        let link = users.join("alt");
+        std::os::unix::fs::symlink(&roots, &link).unwrap();
+        std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).unwrap();
+        let Some(swapper) = Swapper::start(&real, &link) else {
+            eprintln!(
+                "SKIP a_directory_swapped_for_a_link_while_writing_is_never_followed: this \
+                 file system has no RENAME_EXCHANGE"
+            );
+            let _ = std::fs::remove_dir_all(&users);
+            let _ = std::fs::remove_dir_all(&roots);
+            return;
+        };
+        let path = real.join("u.prom");
+        let (mut written, mut refused) = (0, 0);
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_secs(3) || written == 0 || refused == 0 {
+            match write_atomically(&path, "a 1\n") {
+                Ok(()) => written += 1,
+                Err(TextfileError::SharedPath { .. }) => refused += 1,
+                Err(e) => panic!("{e}"),
+            }
+            assert_eq!(
+                std::fs::read_dir(&roots).unwrap().count(),
+                0,
+                "a file was written through the user's link ({written} written, {refused} \
+                 refused)"
+            );
+            assert!(start.elapsed() < std::time::Duration::from_secs(60));
+        }
+        drop(swapper);
+        eprintln!("{written} written, {refused} refused, none through the link");
+        let _ = std::fs::remove_dir_all(&users);
+        let _ = std::fs::remove_dir_all(&roots);
+    }
+
+    /// A child process, uid 65534, exchanging two names of its directory until dropped.
+    struct Swapper(libc::pid_t);
+
+    impl Swapper {
+        /// `None` when the file system cannot exchange names.
+        fn start(a: &Path, b: &Path) -> Option<Swapper> {
+            use std::os::unix::ffi::OsStrExt;
+            let a = std::ffi::CString::new(a.as_os_str().as_bytes()).unwrap();
+            let b = std::ffi::CString::new(b.as_os_str().as_bytes()).unwrap();
+            let exchange = || {
+                // SAFETY: both names are valid NUL-terminated strings.
+                unsafe {
+                    libc::renameat2(
+                        libc::AT_FDCWD,
+                        a.as_ptr(),
+                        libc::AT_FDCWD,
+                        b.as_ptr(),
+                        libc::RENAME_EXCHANGE,
+                    )
+                }
+            };
+            if exchange() != 0 || exchange() != 0 {
+                return None;
+            }
+            // SAFETY: the child calls only async-signal-safe functions (setgid, setuid,
+            // renameat2, _exit) and never returns into the test harness.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+            if pid == 0 {
+                // SAFETY: as above; the child runs as uid 65534 from here, or exits.
+                unsafe {
+                    if libc::setgid(65534) != 0 || libc::setuid(65534) != 0 {
+                        libc::_exit(2);
+                    }
+                    loop {
+                        if exchange() != 0 {
+                            libc::_exit(3);
+                        }
+                    }
+                }
+            }
+            Some(Swapper(pid))
+        }
+    }
+
+    impl Drop for Swapper {
+        fn drop(&mut self) {
+            let mut status = 0;
+            // SAFETY: `self.0` is this test's child, reaped here once.
+            unsafe {
+                libc::kill(self.0, libc::SIGKILL);
+                libc::waitpid(self.0, &mut status, 0);
+            }
+            assert!(
+                libc::WIFSIGNALED(status),
+                "the swapping child stopped by itself (status {status:#x})"
+            );
+        }
     }
 
     /// A directory another user owns is theirs to plant links in, whatever its mode.

@@ -1,6 +1,7 @@
 //! The raw system calls of the binary, each wrapped in a function with its SAFETY note:
 //! process, signals, files and sockets here; [`memory`] for address ranges; [`sched`] for
-//! scheduling, [`affinity`] for the CPUs a thread runs on; [`disk`] for the backing device.
+//! scheduling, [`affinity`] for the CPUs a thread runs on; [`disk`] for the backing device;
+//! [`walk`] for opening a directory through links only root could have made.
 //! SysV shared memory has its own room, `crate::shm`.
 
 pub mod affinity;
@@ -8,6 +9,7 @@ pub mod disk;
 mod errno;
 pub mod memory;
 pub mod sched;
+pub mod walk;
 
 pub use sched::{raise_io_thread_priority, set_thread_nice};
 
