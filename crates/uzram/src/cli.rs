@@ -114,10 +114,10 @@ pub struct DeviceArgs {
     /// Device size: bytes or with a K, M, G or T suffix (rounded up to whole 4 KiB pages).
     #[arg(long, short = 's')]
     pub size: String,
-    /// WriteBackend algorithm: lz4, zstd or zstd:LEVEL.
+    /// Compression algorithm: lz4, zstd or zstd:LEVEL.
     #[arg(long, short = 'a', default_value = "lz4")]
     pub algorithm: String,
-    /// WriteBackend backend: cpu, gpu or auto.
+    /// Where pages are compressed: cpu, gpu or auto.
     #[arg(long, short = 'b', default_value = "cpu")]
     pub backend: String,
     /// Hardware queues (default: one per CPU, at most 4).
@@ -279,7 +279,7 @@ pub struct DaemonArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct RecoverArgs {
-    /// The device: /dev/ublkbN, ublkbN or N.
+    /// The device: /dev/ublkbN, its swap node /dev/zram-uzram/ublkbN, ublkbN or N.
     pub device: String,
     /// Start now, while the device's daemon runs: the next daemon starts at once, makes its
     /// memory (heap, locked I/O buffers) and waits until that daemon exits, then takes the
@@ -297,7 +297,7 @@ pub struct RecoverArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct DestroyArgs {
-    /// The device: /dev/ublkbN, ublkbN or N.
+    /// The device: /dev/ublkbN, its swap node /dev/zram-uzram/ublkbN, ublkbN or N.
     #[arg(required_unless_present = "all", conflicts_with = "all")]
     pub device: Option<String>,
     /// Destroy every uzram device that is not in use, and free the shared memory that no
@@ -351,7 +351,7 @@ pub struct ListArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
-    /// The device: /dev/ublkbN, ublkbN or N.
+    /// The device: /dev/ublkbN, its swap node /dev/zram-uzram/ublkbN, ublkbN or N.
     pub device: String,
     /// Print JSON.
     #[arg(long)]
@@ -401,7 +401,7 @@ pub struct ConfigArg {
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("which").required(true).args(["all", "age"])))]
 pub struct IdleArgs {
-    /// The device: /dev/ublkbN, ublkbN or N.
+    /// The device: /dev/ublkbN, its swap node /dev/zram-uzram/ublkbN, ublkbN or N.
     pub device: String,
     /// Only pages unused this long (30s, 10m, 1h, 2d; zram's `echo SECONDS > idle`).
     #[arg(long)]
@@ -413,11 +413,11 @@ pub struct IdleArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct RecompressArgs {
-    /// The device: /dev/ublkbN, ublkbN or N.
+    /// The device: /dev/ublkbN, its swap node /dev/zram-uzram/ublkbN, ublkbN or N.
     pub device: String,
     /// Which pages: idle (unused for the device's recompress-idle-age, default 1h, or marked
     /// with uzram idle), huge (stored uncompressed), or huge_idle (both).
-    #[arg(long = "type", default_value = "idle", value_name = "TYPE")]
+    #[arg(long = "type", default_value = "idle", value_name = "TYPE", value_parser = ["idle", "huge", "huge_idle"])]
     pub kind: String,
     /// Only pages stored in at least this many bytes (zram's threshold=).
     #[arg(long, value_name = "BYTES")]
@@ -433,12 +433,12 @@ pub struct RecompressArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct WritebackArgs {
-    /// The device: /dev/ublkbN, ublkbN or N.
+    /// The device: /dev/ublkbN, its swap node /dev/zram-uzram/ublkbN, ublkbN or N.
     pub device: String,
     /// Which pages: idle (unused for the device's writeback-idle-age, default 1h, or marked
     /// with uzram idle), huge (stored uncompressed), or incompressible (stored uncompressed
     /// after recompression could not shrink them).
-    #[arg(long = "type", default_value = "idle", value_name = "TYPE")]
+    #[arg(long = "type", default_value = "idle", value_name = "TYPE", value_parser = ["idle", "huge", "incompressible"])]
     pub kind: String,
     /// At most this many pages, oldest first.
     #[arg(long, value_name = "N")]
@@ -493,7 +493,7 @@ pub struct BenchArgs {
     /// give it more than once to run each corpus.
     #[arg(long, required = true)]
     pub corpus: Vec<PathBuf>,
-    /// WriteBackend algorithm: lz4, zstd or zstd:LEVEL.
+    /// Compression algorithm: lz4, zstd or zstd:LEVEL.
     #[arg(long, default_value = "lz4")]
     pub algorithm: String,
     /// Backends to run side by side: cpu, gpu, auto, comma-separated (e.g. cpu,gpu).

@@ -3,18 +3,23 @@
 /// Parses a device name into its id.
 pub fn parse_device(name: &str) -> Result<u32, String> {
     let n = name.trim();
+    // The swap node (`swapon --show` lists it) names the same device.
     let digits = n
         .strip_prefix("/dev/ublkb")
+        .or_else(|| n.strip_prefix("/dev/zram-uzram/ublkb"))
         .or_else(|| n.strip_prefix("ublkb"))
         .unwrap_or(n);
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return Err(format!(
-            "invalid device {name:?}: expected /dev/ublkbN, ublkbN or N"
+            "invalid device {name:?}: expected /dev/ublkbN, /dev/zram-uzram/ublkbN, ublkbN or N"
         ));
     }
+    let max = crate::config::MAX_ID;
     digits
         .parse()
-        .map_err(|_| format!("invalid device {name:?}: number too large"))
+        .ok()
+        .filter(|&id| id <= max)
+        .ok_or_else(|| format!("invalid device {name:?}: ublk device ids go up to {max}"))
 }
 
 /// `/dev/ublkbN`.
@@ -37,7 +42,12 @@ mod tests {
         assert_eq!(parse_device("/dev/ublkb3"), Ok(3));
         assert_eq!(parse_device("ublkb12"), Ok(12));
         assert_eq!(parse_device("0"), Ok(0));
+        assert_eq!(parse_device("/dev/zram-uzram/ublkb2"), Ok(2));
+        assert_eq!(parse_device("1048575"), Ok(1_048_575));
         for bad in [
+            "1048576",
+            "4294967295",
+            "/dev/zram-uzram/ublkb",
             "",
             "/dev/ublkb",
             "ublkc3",

@@ -116,7 +116,8 @@ fn main() -> ExitCode {
     if !malloc_configured {
         tracing::warn!("mallopt failed: memory headroom may not hold under pressure");
     }
-    if let Some(Err(err)) = io_flusher {
+    // Without root the command stops at its own root check, which says what to do.
+    if let (Some(Err(err)), true) = (io_flusher, sys::is_root()) {
         tracing::warn!(error = %err, "PR_SET_IO_FLUSHER failed: {}", io_flusher_failure(&err));
     }
     match run(cli) {
@@ -131,9 +132,11 @@ fn main() -> ExitCode {
 /// What a failed `PR_SET_IO_FLUSHER` means, and what to do about it.
 fn io_flusher_failure(err: &std::io::Error) -> String {
     match err.raw_os_error() {
-        Some(libc::EPERM) => {
-            "it needs CAP_SYS_RESOURCE: run uzram as root, or grant it the capability".into()
-        }
+        Some(libc::EPERM) => "uzram runs as root without CAP_SYS_RESOURCE (a container, or a \
+                              unit's CapabilityBoundingSet= without it): under memory pressure \
+                              its allocations may wait on its own device's writes; give it \
+                              that capability"
+            .into(),
         Some(libc::EINVAL) => "the kernel is older than 5.6".into(),
         _ => err.to_string(),
     }

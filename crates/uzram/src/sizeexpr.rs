@@ -54,8 +54,8 @@ pub fn eval_mib(key: &'static str, expr: &str, ram_mib: u64) -> Result<f64, Expr
         .parse(expr, &mut slab.ps)
         .map_err(|e| ExprError::Parse {
             key,
-            expr: expr.to_string(),
-            reason: e.to_string(),
+            expr: crate::config::file::clip(expr, 80),
+            reason: in_words(&e),
         })?;
     let mut ns = |name: &str, args: Vec<f64>| -> Option<f64> {
         (name == "ram" && args.is_empty()).then_some(ram_mib as f64)
@@ -65,8 +65,8 @@ pub fn eval_mib(key: &'static str, expr: &str, ram_mib: u64) -> Result<f64, Expr
         .eval(&slab, &mut ns)
         .map_err(|e| ExprError::Eval {
             key,
-            expr: expr.to_string(),
-            reason: format!("{e:?}"),
+            expr: crate::config::file::clip(expr, 80),
+            reason: in_words(&e),
         })?;
     // zram-generator's rule: negative and NaN results are errors; +inf saturates.
     if value >= 0.0 {
@@ -78,6 +78,29 @@ pub fn eval_mib(key: &'static str, expr: &str, ram_mib: u64) -> Result<f64, Expr
             value,
             ram_mib,
         })
+    }
+}
+
+/// fasteval's error in words (its own text is its Rust debug form).
+fn in_words(e: &fasteval::Error) -> String {
+    use fasteval::Error as E;
+    match e {
+        E::EOF | E::EofWhileParsing(_) => "it ends where a value should follow".into(),
+        E::TooLong => "it is longer than the evaluator takes (4 KiB)".into(),
+        E::TooDeep => "it nests deeper than the evaluator takes".into(),
+        E::SlabOverflow => "it has more parts than the evaluator takes".into(),
+        E::UnparsedTokensRemaining(rest) => format!(
+            "{:?} is left over after the expression",
+            crate::config::file::clip(rest, 40)
+        ),
+        E::Undefined(name) => format!("{:?} is not defined", crate::config::file::clip(name, 40)),
+        E::ParseF64(what) => format!("{:?} is not a number", crate::config::file::clip(what, 40)),
+        E::Expected(what) => format!("expected {}", crate::config::file::clip(what, 40)),
+        E::WrongArgs(what) => format!(
+            "{} is given the wrong arguments",
+            crate::config::file::clip(what, 40)
+        ),
+        other => crate::config::file::clip(&format!("{other:?}"), 80),
     }
 }
 
@@ -176,5 +199,22 @@ mod tests {
         assert_eq!(mem_total_mib("MemFree: 1 kB\n"), None);
         let real = std::fs::read_to_string("/proc/meminfo").unwrap();
         assert!(mem_total_mib(&real).unwrap() > 0);
+    }
+
+    /// The evaluator's errors in words, and a long expression quoted cut.
+    #[test]
+    fn errors_are_in_words() {
+        let long = "1+".repeat(3000) + "1";
+        for (expr, want) in [
+            ("ram +", "it ends where a value should follow"),
+            ("x * 2", "\"x\" is not defined"),
+            ("ram 5", "\"5\" is left over"),
+            (long.as_str(), "longer than the evaluator takes"),
+        ] {
+            let err = eval_mib("zram-size", expr, 1024).unwrap_err().to_string();
+            assert!(err.contains(want), "{expr:.40}: {err}");
+            assert!(!err.contains("(\""), "no debug form: {err}");
+            assert!(err.len() < 400, "{} bytes", err.len());
+        }
     }
 }

@@ -13,15 +13,17 @@ expect_refused "a memory limit below the page table" 'mem-limit.*page table' uzr
 _n1=$(tail -n +2 /proc/sysvipc/shm | wc -l)
 [ "$_n1" = "$_n0" ] && ok "no shared memory taken by the refused creates" \
   || fail_check "$((_n1 - _n0)) shared memory segments made by refused creates"
-# check-config refuses what the daemon refuses (exit 255: an invalid file), and reads no
-# more than a config's worth of a file that is none
+# check-config refuses what the daemon refuses (exit 255: an invalid file), and reads only
+# regular files (a FIFO no one writes to once held it, and the generator at boot, forever)
 printf 'size = "16T"\n' > /tmp/e-big.toml
-for _c in "/tmp/e-big.toml:RAM" "/dev/zero:larger than"; do
+rm -f /tmp/e-fifo.toml && mkfifo /tmp/e-fifo.toml
+for _c in "/tmp/e-big.toml:RAM" "/dev/zero:a character device, not a regular file" "/tmp/e-fifo.toml:a FIFO, not a regular file"; do
   run_t "$TMO" /tmp/refused.out uzram check-config --config "${_c%%:*}"; _rc=$?
   [ $_rc = 255 ] && grep -q "${_c#*:}" /tmp/refused.out \
     && ok "check-config ${_c%%:*}: rc=255 in ${RUN_SECS}s: $(head -c 200 /tmp/refused.out | tr '\n' ' ')" \
     || fail_check "check-config ${_c%%:*}: rc=$_rc, $(head -c 300 /tmp/refused.out | tr '\n' ' ')"
 done
+rm -f /tmp/e-fifo.toml
 expect_refused "unknown algorithm" 'algorithm|foo' uzram create --size 64M --algorithm foo
 expect_refused "gpu backend without a GPU" 'gpu|cuda|nvidia' uzram create --size 64M --backend gpu
 expect_refused "GPU recompressor without a GPU" 'lz4-gpu.*recompress-algorithm zstd' uzram create --size 64M --recompress-algorithm lz4-gpu

@@ -56,6 +56,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         crate::config::MAX_DEPTH,
         args.request_buffers
     );
+    ensure!(
+        args.read_gap_us <= MAX_READ_GAP_US,
+        "--read-gap-us must be at most {MAX_READ_GAP_US} (a second), not {}: a run waits out \
+         the reader's last pause",
+        args.read_gap_us
+    );
     let recompress = match args.recompress.as_deref() {
         None => None,
         Some("zstd") => Some(RecompressCodec::Zstd {
@@ -296,7 +302,19 @@ fn corpus_name(path: &Path) -> String {
     n.split('.').next().unwrap_or("corpus").to_string()
 }
 
+/// The longest pause the timing reader may take between reads.
+const MAX_READ_GAP_US: u64 = 1_000_000;
+
 fn load_corpus(path: &Path) -> anyhow::Result<Vec<u8>> {
+    // Only a regular file: a device (`/dev/zero`) never ends and a FIFO may never start.
+    let meta = std::fs::metadata(path)
+        .with_context(|| format!("cannot read corpus {}", path.display()))?;
+    ensure!(
+        meta.is_file(),
+        "corpus {} is {}, not a regular file of pages",
+        path.display(),
+        crate::config::file::file_kind(&meta.file_type())
+    );
     let data =
         std::fs::read(path).with_context(|| format!("cannot read corpus {}", path.display()))?;
     // The project's corpora ship zstd-compressed; take them as they are.
@@ -316,4 +334,34 @@ fn load_corpus(path: &Path) -> anyhow::Result<Vec<u8>> {
         data.len()
     );
     Ok(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A corpus that is not a regular file is refused by kind, at once: `/dev/zero` was read
+    /// without end (300 MB/s of memory), a FIFO waited for a writer.
+    #[test]
+    fn a_corpus_that_is_not_a_regular_file_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("pages");
+        let name = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: `name` is a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o644) }, 0);
+        for (path, kind) in [
+            (Path::new("/dev/zero"), "a character device"),
+            (dir.path(), "a directory"),
+            (fifo.as_path(), "a FIFO"),
+        ] {
+            let err = load_corpus(path).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("is {kind}, not a regular file")),
+                "{err}"
+            );
+        }
+        let pages = dir.path().join("ok.pages");
+        std::fs::write(&pages, vec![7u8; 2 * PAGE_SIZE]).unwrap();
+        assert_eq!(load_corpus(&pages).unwrap().len(), 2 * PAGE_SIZE);
+    }
 }

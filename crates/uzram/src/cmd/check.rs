@@ -31,10 +31,16 @@ fn report(what: &str, plan: Result<Plan, ConfigError>, notes: &[String]) -> u8 {
         println!("{what}: note: {note}");
     }
     match plan {
-        Ok(Plan::Device(cfg)) => {
-            println!("{what}: {}", describe(&cfg));
-            0
-        }
+        Ok(Plan::Device(cfg)) => match paths_hold(&cfg) {
+            Ok(()) => {
+                println!("{what}: {}", describe(&cfg));
+                0
+            }
+            Err(err) => {
+                eprintln!("uzram: error: {what}: {err:#}");
+                INVALID
+            }
+        },
         Ok(Plan::Skip(why)) => {
             println!("{what}: no device on this host: {why}");
             1
@@ -46,16 +52,39 @@ fn report(what: &str, plan: Result<Plan, ConfigError>, notes: &[String]) -> u8 {
     }
 }
 
+/// The daemon's checks of the paths a config names, made before it starts serving: the
+/// metrics file's directory, and what is at the backing device's path (nothing is opened
+/// for writing or read).
+fn paths_hold(cfg: &RunConfig) -> anyhow::Result<()> {
+    if let Some(path) = &cfg.device.metrics_textfile {
+        crate::metrics::check_textfile_dir(path)?;
+    }
+    if let Some(wb) = &cfg.device.writeback {
+        crate::daemon::backing::precheck(&wb.device)?;
+    }
+    Ok(())
+}
+
 fn describe(cfg: &RunConfig) -> String {
     let d = &cfg.device;
     format!(
-        "a device of {} ({} bytes), {}, backend {:?}, memory limit {}{}; swap priority {}, \
+        "a device of {} ({} bytes), {}, backend {}, memory limit {}{}{}{}; swap priority {}, \
          options {}",
         format_size(d.size),
         d.size,
         d.algorithm,
-        d.backend,
+        d.backend.name(),
         d.mem_limit.map_or("none".to_string(), format_size),
+        d.recompress.as_ref().map_or(String::new(), |r| format!(
+            ", pages idle {} min recompressed with {}",
+            r.idle_age_minutes,
+            r.codec.name()
+        )),
+        d.writeback.as_ref().map_or(String::new(), |w| format!(
+            ", pages idle {} min written back to {}",
+            w.idle_age_minutes,
+            w.device.display()
+        )),
         d.metrics_textfile
             .as_ref()
             .map_or(String::new(), |p| format!(", metrics in {}", p.display())),
@@ -68,9 +97,19 @@ fn describe(cfg: &RunConfig) -> String {
 
 /// Every configured device, each under its unit's name. 255 if any is invalid.
 fn every_source() -> anyhow::Result<ExitCode> {
-    let (list, notes) = sources::on_host()?;
-    for note in &notes {
+    let configured = sources::on_host();
+    for note in &configured.notes {
         println!("note: {note}");
+    }
+    let list = configured.sources;
+    let broken = configured.zram_generator.map(|err| {
+        eprintln!(
+            "uzram: error: zram-generator's configuration makes no device: {:#}",
+            anyhow::Error::new(err)
+        );
+    });
+    if list.is_empty() && broken.is_some() {
+        return Ok(ExitCode::from(INVALID));
     }
     if list.is_empty() {
         println!(
@@ -80,8 +119,12 @@ fn every_source() -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let host = Host::current()?;
-    let zg = zram_generator::read_host()?;
-    let mut worst = 0;
+    let zg = if broken.is_some() {
+        Default::default()
+    } else {
+        zram_generator::read_host()?
+    };
+    let mut worst = if broken.is_some() { INVALID } else { 0 };
     for source in list {
         let what = format!("uzram@{}.service ({})", source.name, source.spec.display());
         let code = match section_of_spec(&source.spec) {
@@ -99,4 +142,48 @@ fn every_source() -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::from(worst))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(text: &str) -> Result<Plan, ConfigError> {
+        crate::config::file::parse_config(Path::new("t.toml"), text, Host { ram_mib: 8192 })
+    }
+
+    /// What the daemon would refuse at its start, check-config refuses too (255): a metrics
+    /// directory others may write or that is missing, and a writeback device that is a
+    /// directory, a character device or a name under /dev that is no device.
+    #[test]
+    fn paths_the_daemon_refuses_are_invalid() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let shared = dir.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let good = dir.path().join("good");
+        std::fs::create_dir(&good).unwrap();
+        std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let size = "size = \"64M\"\n";
+        let ok = format!(
+            "{size}metrics-textfile = \"{}/u.prom\"\nwriteback-device = \"{}/wb\"\n",
+            good.display(),
+            good.display()
+        );
+        assert_eq!(report("ok", plan(&ok), &[]), 0);
+        for bad in [
+            format!("{size}metrics-textfile = \"{}/u.prom\"\n", shared.display()),
+            format!(
+                "{size}metrics-textfile = \"{}/missing/u.prom\"\n",
+                good.display()
+            ),
+            format!("{size}writeback-device = \"{}\"\n", good.display()),
+            format!("{size}writeback-device = \"/dev/null\"\n"),
+            format!("{size}writeback-device = \"/dev/uzram-no-such-disk\"\n"),
+        ] {
+            assert!(plan(&bad).is_ok(), "the file itself parses: {bad}");
+            assert_eq!(report("bad", plan(&bad), &[]), INVALID, "{bad}");
+        }
+    }
 }

@@ -12,6 +12,7 @@ use crate::cli::DestroyArgs;
 use crate::control::client;
 use crate::control::proto::{Request, Response};
 use crate::control::state::{DaemonState, StateDir};
+use crate::control::ControlError;
 use crate::devname::{dev_path, parse_device};
 use crate::inuse::in_use;
 use crate::takeover::record;
@@ -29,8 +30,15 @@ pub fn run(args: DestroyArgs) -> anyhow::Result<ExitCode> {
     let states = StateDir::default();
     if args.all {
         let mut failed = 0;
-        for state in states.list()? {
+        let (live, damaged) = states.list_all()?;
+        for state in live {
             if let Err(err) = destroy(&states, &state) {
+                eprintln!("uzram: error: {err:#}");
+                failed += 1;
+            }
+        }
+        for err in damaged {
+            if let Err(err) = destroy_damaged(&states, &err) {
                 eprintln!("uzram: error: {err:#}");
                 failed += 1;
             }
@@ -51,11 +59,17 @@ pub fn run(args: DestroyArgs) -> anyhow::Result<ExitCode> {
         });
     }
     for id in ids {
-        let Some(state) = states.read(id)? else {
-            anyhow::bail!(
+        let state = match states.read(id) {
+            Ok(Some(state)) => state,
+            Ok(None) => anyhow::bail!(
                 "unknown device {}: no uzram device with id {id}",
                 dev_path(id)
-            );
+            ),
+            Err(err @ ControlError::DamagedState { .. }) => {
+                destroy_damaged(&states, &err)?;
+                continue;
+            }
+            Err(err) => return Err(err.into()),
         };
         destroy(&states, &state)?;
     }
@@ -79,6 +93,34 @@ fn destroy(states: &StateDir, state: &DaemonState) -> anyhow::Result<()> {
     }
     record::remove(state.id);
     states.remove(state.id);
+    Ok(())
+}
+
+/// A device whose state file is damaged: its daemon's pid and segments are unknown, so it
+/// is deleted only when no process holds the device's lock (every daemon holds it while it
+/// serves or takes the device over). Its store's segments are then kept by no device, and
+/// `uzram destroy --all` frees them.
+fn destroy_damaged(states: &StateDir, damaged: &ControlError) -> anyhow::Result<()> {
+    let ControlError::DamagedState { id, .. } = *damaged else {
+        anyhow::bail!("{damaged}");
+    };
+    let dev = dev_path(id);
+    if let Some(reason) = in_use(&dev) {
+        anyhow::bail!("{reason}");
+    }
+    let Some(_lock) = states.try_lock(id)? else {
+        anyhow::bail!(
+            "{damaged}; a daemon of it still runs (it holds {}): stop it (`systemctl stop \
+             uzram@NAME`, or kill the process that holds that file: `fuser {}`), then run \
+             uzram destroy {id} again",
+            states.path().join(format!("{id}.lock")).display(),
+            states.path().join(format!("{id}.lock")).display()
+        );
+    };
+    eprintln!("uzram: {dev}: its state file is damaged and no daemon holds the device; deleting the device directly");
+    delete_orphan(id)?;
+    record::remove(id);
+    states.remove(id);
     Ok(())
 }
 
@@ -118,4 +160,43 @@ fn delete_orphan(id: u32) -> anyhow::Result<()> {
     ctrl.del_dev()
         .map_err(|e| anyhow::anyhow!("deleting ublk device {id}: {e} ({e:?})"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A damaged state file names no daemon: the device is deleted (and the file removed)
+    /// only when no process holds the device's lock, as every daemon does while it serves.
+    #[test]
+    fn a_damaged_state_file_is_cleared_only_when_no_daemon_holds_the_device() {
+        let dir = tempfile::tempdir().unwrap();
+        let states = StateDir::new(dir.path().join("run"));
+        states.create().unwrap();
+        // An id no kernel device and no record has.
+        let id = 1_048_000;
+        std::fs::write(states.state_path(id), "{garbage").unwrap();
+        let damaged = states.read(id).unwrap_err();
+        assert!(
+            matches!(damaged, ControlError::DamagedState { id: i, .. } if i == id),
+            "{damaged}"
+        );
+        assert!(damaged
+            .to_string()
+            .contains(&format!("`uzram destroy {id}` deletes the device")));
+        let (listed, unreadable) = states.list_all().unwrap();
+        assert!(listed.is_empty());
+        assert_eq!(unreadable.len(), 1);
+        let daemon = states.try_lock(id).unwrap().expect("the lock is free");
+        let err = destroy_damaged(&states, &damaged).unwrap_err().to_string();
+        assert!(err.contains("a daemon of it still runs"), "{err}");
+        assert!(
+            states.state_path(id).exists(),
+            "kept while a daemon holds it"
+        );
+        drop(daemon);
+        destroy_damaged(&states, &damaged).unwrap();
+        assert!(!states.state_path(id).exists());
+        assert!(states.list_all().unwrap().1.is_empty());
+    }
 }

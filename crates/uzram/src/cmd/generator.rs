@@ -15,6 +15,8 @@
 //! `StateDirectory=`, need neither).
 
 use std::io::Write;
+
+use anyhow::Context;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -60,10 +62,18 @@ pub fn generate(
     normal: &Path,
     log: &dyn Log,
 ) -> anyhow::Result<Vec<String>> {
-    let (list, notes) = sources::all(root, cmdline)?;
-    for note in notes {
-        log.info(&note);
+    let configured = sources::all(root, cmdline);
+    for note in &configured.notes {
+        log.info(note);
     }
+    if let Some(err) = &configured.zram_generator {
+        // Its sections are unknown, so they get no unit; uzram's own files still do.
+        log.error(&format!(
+            "zram-generator's configuration makes no device: {err:#} (`uzram check-config` \
+             says the same)"
+        ));
+    }
+    let list = configured.sources;
     if list.is_empty() {
         return Ok(Vec::new());
     }
@@ -92,8 +102,10 @@ pub fn generate(
         want(root, normal, &target, source)?;
         if let Some(path) = backing {
             let dir = normal.join(format!("uzram@{}.service.d", source.name));
-            std::fs::create_dir_all(&dir)?;
-            std::fs::write(dir.join("writeback.conf"), writeback_dropin(root, &path))?;
+            std::fs::create_dir_all(&dir).with_context(|| format!("making {}", dir.display()))?;
+            let file = dir.join("writeback.conf");
+            std::fs::write(&file, writeback_dropin(root, &path))
+                .with_context(|| format!("writing {}", file.display()))?;
         }
         wanted.push(source.name.clone());
     }
@@ -110,7 +122,8 @@ fn plan_of(root: &Path, cmdline: &str, source: &Source, host: Host) -> anyhow::R
         return Ok(section.plan(host).plan?);
     }
     let path = root.join(source.spec.strip_prefix("/").unwrap_or(&source.spec));
-    let text = crate::config::file::read_capped(&path)?;
+    let text = crate::config::file::read_capped(&path)
+        .with_context(|| format!("reading {}", path.display()))?;
     Ok(crate::config::file::parse_config(
         &source.spec,
         &text,
@@ -165,13 +178,14 @@ fn escape_path(path: &Path) -> String {
 fn want(root: &Path, normal: &Path, template: &Path, source: &Source) -> anyhow::Result<()> {
     let unit = format!("uzram@{}.service", source.name);
     let wants = normal.join("swap.target.wants");
-    std::fs::create_dir_all(&wants)?;
+    std::fs::create_dir_all(&wants).with_context(|| format!("making {}", wants.display()))?;
     let link = wants.join(&unit);
     let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(template, &link)?;
+    std::os::unix::fs::symlink(template, &link)
+        .with_context(|| format!("linking {}", link.display()))?;
     if section_of_spec(&source.spec).is_some() {
         let dir = normal.join(format!("{unit}.d"));
-        std::fs::create_dir_all(&dir)?;
+        std::fs::create_dir_all(&dir).with_context(|| format!("making {}", dir.display()))?;
         let files = zram_generator::files(root);
         let source_path = files
             .first()
@@ -188,7 +202,8 @@ fn want(root: &Path, normal: &Path, template: &Path, source: &Source) -> anyhow:
                 source_path.display(),
                 source.spec.display()
             ),
-        )?;
+        )
+        .with_context(|| format!("writing {}", dir.join("zram-generator.conf").display()))?;
     }
     Ok(())
 }
@@ -378,5 +393,53 @@ mod tests {
         let off = generate(r, "systemd.zram=0", host, out.path(), &Lines::default()).unwrap();
         assert!(off.is_empty());
         assert!(!out.path().join("swap.target.wants").exists());
+    }
+
+    /// A zram-generator.conf that cannot be read (a syntax error, bytes that are not UTF-8,
+    /// a FIFO) costs its own sections only, with an error in the log: uzram's files still
+    /// get their units, and the generator never waits.
+    #[test]
+    fn a_broken_zram_generator_conf_keeps_uzram_files_units() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        write(r, "usr/lib/systemd/system/uzram@.service", "[Unit]\n");
+        write(r, "etc/uzram/swap0.toml", "size = \"1G\"\n");
+        let conf = r.join("etc/systemd/zram-generator.conf");
+        let host = Host { ram_mib: 8192 };
+        for broken in ["syntax", "utf8", "fifo"] {
+            let _ = std::fs::remove_file(&conf);
+            match broken {
+                "syntax" => write(r, "etc/systemd/zram-generator.conf", "[zram0\n"),
+                "utf8" => std::fs::write(&conf, b"\xff\xfe[zram0]\n").unwrap(),
+                _ => {
+                    let name = std::ffi::CString::new(conf.to_str().unwrap()).unwrap();
+                    // SAFETY: `name` is a valid NUL-terminated path.
+                    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o644) }, 0);
+                }
+            }
+            let out = tempfile::tempdir().unwrap();
+            let log = Lines::default();
+            let wanted = generate(r, "", host, out.path(), &log).unwrap();
+            assert_eq!(wanted, ["swap0"], "{broken}");
+            assert!(std::fs::symlink_metadata(
+                out.path().join("swap.target.wants/uzram@swap0.service")
+            )
+            .is_ok());
+            let lines = log.0.borrow();
+            assert!(
+                lines.iter().any(|l| l
+                    .starts_with("error: zram-generator's configuration makes no device")
+                    && l.contains("zram-generator.conf")),
+                "{broken}: {lines:?}"
+            );
+            if broken == "syntax" {
+                assert!(
+                    lines
+                        .iter()
+                        .any(|l| l.contains("line 2, column 1: expecting ']'")),
+                    "{lines:?}"
+                );
+            }
+        }
     }
 }

@@ -280,7 +280,11 @@ pub fn run(args: ListArgs) -> anyhow::Result<ExitCode> {
     super::require_root()?;
     let states = StateDir::default();
     let mut rows = Vec::new();
-    for state in states.list()? {
+    let (listed, damaged) = states.list_all()?;
+    for err in damaged {
+        eprintln!("uzram: {err}");
+    }
+    for state in listed {
         match probe(&states, &state) {
             Probe::Live(s) => rows.push(Row::from_status(&s, mount_column(&s.dev))),
             Probe::Orphan => {

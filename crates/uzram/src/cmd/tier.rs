@@ -61,6 +61,9 @@ pub fn recompress(args: RecompressArgs) -> anyhow::Result<ExitCode> {
         Some(text) => match uzram_core::codec::Algorithm::parse(text) {
             Ok(uzram_core::codec::Algorithm::Zstd { level }) => Some(level),
             _ if text == "zstd" => Some(uzram_core::store::DEFAULT_RECOMPRESS_LEVEL),
+            Err(err) if text.starts_with("zstd:") => {
+                anyhow::bail!("uzram recompress --algorithm {text:?}: {err}")
+            }
             _ => anyhow::bail!(
                 "uzram recompress --algorithm writes zstd: give zstd or zstd:LEVEL, not {text:?} \
                  (leave it out for the device's recompress-algorithm, zstd-gpu, lz4-gpu and lz4-gpu-dict included)"

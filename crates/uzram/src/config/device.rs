@@ -466,7 +466,7 @@ pub enum ConfigError {
     #[error(
         "config file {path}: {key} = {expr:?} is {mib} MiB with ram = {ram_mib}, above the 16T \
          maximum; {key} is in MiB, as in zram-generator (and G there means 10^9): for 8 GiB \
-         write {key} = 8192, or size = \"8G\""
+         write {key} = 8192, or {} = \"8G\"", if *key == "zram-size" { "size" } else { "mem-limit" }
     )]
     ExprTooLarge {
         /// The file.
@@ -502,7 +502,14 @@ pub enum ConfigError {
     #[error("cannot read MemTotal from /proc/meminfo (needed for ram in size expressions)")]
     MemInfo,
     /// `zram-generator:zramN` names a section that no file has.
-    #[error("zram-generator's configuration has no [{name}] section (files read: {files:?})")]
+    #[error(
+        "zram-generator's configuration has no [{name}] section ({})",
+        if files.is_empty() {
+            "there is no zram-generator.conf, nor a drop-in in zram-generator.conf.d".to_string()
+        } else {
+            format!("files read: {}", files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", "))
+        }
+    )]
     NoSection {
         /// The section.
         name: String,
@@ -571,7 +578,7 @@ pub enum ConfigError {
 pub struct DeviceConfig {
     /// Device size in bytes, a whole number of pages.
     pub size: u64,
-    /// WriteBackend algorithm.
+    /// Compression algorithm.
     pub algorithm: Algorithm,
     /// Backend as asked for (`auto` is kept so `list` shows what the user chose).
     pub backend: Backend,

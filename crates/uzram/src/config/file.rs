@@ -12,7 +12,10 @@ use crate::sizeexpr::{eval_mib, mib_to_bytes};
 /// A `zram-size` or `zram-resident-limit` in a TOML file: an expression (`"ram / 2"`) or a
 /// number, both in MiB.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "a number of MiB or an expression in quotes, e.g. 4096 or \"ram / 2\""
+)]
 enum ExprValue {
     Int(u64),
     Float(f64),
@@ -31,7 +34,7 @@ impl ExprValue {
 
 /// `host-memory-limit`: MiB, or "none".
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a whole number of MiB, or \"none\"")]
 enum LimitValue {
     Int(u64),
     Text(String),
@@ -39,7 +42,10 @@ enum LimitValue {
 
 /// A size in a TOML file: `"8G"` or a plain number of bytes.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "a size in quotes, e.g. \"8G\", or a whole number of bytes"
+)]
 enum SizeValue {
     Bytes(u64),
     Text(String),
@@ -139,9 +145,52 @@ fn expr_bytes(
 pub fn parse_config(path: &Path, text: &str, host: Host) -> Result<Plan, ConfigError> {
     let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
         path: path.to_path_buf(),
-        message: e.message().to_string(),
+        message: placed(text, e.span(), e.message()),
     })?;
     plan(file, path, host)
+}
+
+/// The longest piece of a config file a message quotes.
+const QUOTED_CHARS: usize = 80;
+
+/// `message` with where in `text` it arose (`span`, a byte range): the line, the column and
+/// the line itself, each cut to a readable length (a config file may be a megabyte).
+fn placed(text: &str, span: Option<std::ops::Range<usize>>, message: &str) -> String {
+    // What the parser quotes (a key, in backticks) may be the whole file; its list of the
+    // keys there are is not.
+    let message: Vec<String> = message
+        .trim_end()
+        .split('`')
+        .enumerate()
+        .map(|(i, part)| {
+            if i % 2 == 1 {
+                clip(part, QUOTED_CHARS)
+            } else {
+                part.to_string()
+            }
+        })
+        .collect();
+    let message = message.join("`");
+    let Some(at) = span.map(|s| s.start.min(text.len())) else {
+        return message;
+    };
+    let before = text.get(..at).unwrap_or_default();
+    let line = before.matches('\n').count() + 1;
+    let start = before.rfind('\n').map_or(0, |i| i + 1);
+    let column = text.get(start..at).map_or(1, |t| t.chars().count() + 1);
+    let whole = text[start..].lines().next().unwrap_or_default().trim();
+    format!(
+        "line {line}, column {column} ({}): {message}",
+        clip(whole, QUOTED_CHARS)
+    )
+}
+
+/// `text` cut to `max` characters, marked where cut.
+pub(crate) fn clip(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
+    }
 }
 
 /// What `file`'s keys make on `host`; `path` names them in messages.
@@ -263,27 +312,42 @@ pub(super) fn plan(file: FileConfig, path: &Path, host: Host) -> Result<Plan, Co
 /// of a path that is no file (`/dev/zero`) takes.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
-/// The text of `path`, refused when it passes [`MAX_CONFIG_BYTES`], or when others than its
-/// reader and root could have written it: the file is not root's (or the reader's) or is
-/// writable by its group or others. A config names files the daemon opens as root and ends
-/// up in the unit (the generator's drop-ins), so only whoever runs it may have written it.
+/// The text of `path`, refused when it is not a regular file (a FIFO would block the reader,
+/// at boot the generator, until someone writes to it; a device never ends), when it passes
+/// [`MAX_CONFIG_BYTES`], or when others than its reader and root could have written it: the
+/// file is not root's (or the reader's) or is writable by its group or others. A config
+/// names files the daemon opens as root and ends up in the unit (the generator's drop-ins),
+/// so only whoever runs it may have written it.
 pub(crate) fn read_capped(path: &Path) -> std::io::Result<String> {
     use std::io::Read;
-    let file = std::fs::File::open(path)?;
+    use std::os::unix::fs::OpenOptionsExt;
+    // Non-blocking: opening a FIFO for reading waits for a writer otherwise.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
     let meta = file.metadata()?;
-    // A character device (`/dev/zero`) is the kernel's, whatever its mode; the cap refuses it.
-    let kernels = std::os::unix::fs::FileTypeExt::is_char_device(&meta.file_type());
+    if !meta.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "{} is {}, not a regular file: name the config file itself",
+                path.display(),
+                file_kind(&meta.file_type())
+            ),
+        ));
+    }
     let refused = match crate::sys::others_could_write(&meta) {
         Some(crate::sys::OthersWrite::Owner(owner)) => Some(format!(
             "owned by uid {owner}, not root or the reader (uid {}): `chown root: {}`",
             crate::sys::effective_uid(),
             path.display()
         )),
-        Some(crate::sys::OthersWrite::Mode(mode)) if !kernels => Some(format!(
+        Some(crate::sys::OthersWrite::Mode(mode)) => Some(format!(
             "writable by its group or others (mode {mode:04o}): `chmod go-w {}`",
             path.display()
         )),
-        _ => None,
+        None => None,
     };
     if let Some(why) = refused {
         return Err(std::io::Error::new(
@@ -300,6 +364,26 @@ pub(crate) fn read_capped(path: &Path) -> std::io::Result<String> {
         ));
     }
     Ok(text)
+}
+
+/// What a file that is not a regular one is, in words.
+pub(crate) fn file_kind(kind: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_file() {
+        "a regular file"
+    } else {
+        "not a file"
+    }
 }
 
 #[cfg(test)]
@@ -361,6 +445,66 @@ mod tests {
         }
     }
 
+    /// A value of the wrong kind, a TOML syntax error or a duplicate key says where (line,
+    /// column, the line itself) and what the key takes; a huge key is quoted cut, not whole.
+    #[test]
+    fn parse_errors_say_where_and_what() {
+        for (text, want) in [
+            (
+                "size = \"1G\"\nzram-size = true\n",
+                "line 2, column 13 (zram-size = true): a number of MiB or an expression in \
+                 quotes",
+            ),
+            (
+                "size = 1.5\n",
+                "line 1, column 8 (size = 1.5): a size in quotes, e.g. \"8G\", or a whole number",
+            ),
+            (
+                "size = \"1G\"\nhost-memory-limit = -5\n",
+                "(host-memory-limit = -5): a whole number of MiB, or \"none\"",
+            ),
+            (
+                "size = \"1G\"\nsize = \"2G\"\n",
+                "line 2, column 1 (size = \"2G\"): duplicate key",
+            ),
+            ("queues = \"four\"\n", "(queues = \"four\"): invalid type"),
+        ] {
+            let err = plan(text, HOST).unwrap_err().to_string();
+            assert!(err.contains(want), "{text:?}: {err}");
+        }
+        let huge = format!("{} = 1\n", "x".repeat(100_000));
+        let err = plan(&huge, HOST).unwrap_err().to_string();
+        assert!(err.len() < 2_000, "{} bytes", err.len());
+        assert!(
+            err.contains("`writeback-limit`"),
+            "the keys are listed whole: {err}"
+        );
+    }
+
+    /// Only a regular file is read: a FIFO no one writes to (which held the generator, and
+    /// with it the boot, until its timeout) and a directory are refused at once, by kind.
+    #[test]
+    fn a_fifo_or_a_directory_is_refused_without_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo.toml");
+        let name = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: `name` is a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o644) }, 0);
+        let start = std::time::Instant::now();
+        let err = read_capped(&fifo).unwrap_err();
+        assert!(start.elapsed() < std::time::Duration::from_secs(5));
+        assert!(
+            err.to_string().contains("is a FIFO, not a regular file"),
+            "{err}"
+        );
+        let err = read_capped(dir.path()).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("is a directory, not a regular file"),
+            "{err}"
+        );
+    }
+
     /// A config someone else could have written is refused before it is read: writable by
     /// its group or others, or (read by root) owned by another user.
     #[test]
@@ -379,7 +523,11 @@ mod tests {
             assert!(err.to_string().contains("chmod go-w"), "{err}");
         }
         let zero = read_capped(Path::new("/dev/zero")).unwrap_err();
-        assert!(zero.to_string().contains("larger than"), "{zero}");
+        assert!(
+            zero.to_string()
+                .contains("a character device, not a regular file"),
+            "{zero}"
+        );
         set(0o644).unwrap();
         if crate::sys::is_root() {
             std::os::unix::fs::chown(&path, Some(65534), None).unwrap();
@@ -541,6 +689,10 @@ mod tests {
             (
                 "zram-size = \"8G\"",
                 "for 8 GiB write zram-size = 8192, or size = \"8G\"",
+            ),
+            (
+                "zram-size = 64\nzram-resident-limit = \"ram * 10000\"",
+                "for 8 GiB write zram-resident-limit = 8192, or mem-limit = \"8G\"",
             ),
         ] {
             let err = plan(text, HOST).unwrap_err();

@@ -19,12 +19,34 @@ pub struct Source {
     pub spec: PathBuf,
 }
 
+/// Every device configured on a host, and what was left out.
+#[derive(Debug, Default)]
+pub struct Configured {
+    /// uzram's files first, then zram-generator's sections.
+    pub sources: Vec<Source>,
+    /// What was left out, and why.
+    pub notes: Vec<String>,
+    /// Why zram-generator's configuration could not be read, when it could not: none of
+    /// its sections is known then, and uzram's own files still make their devices.
+    pub zram_generator: Option<ConfigError>,
+}
+
 /// The devices configured under `root`, uzram's files first, then zram-generator's
-/// sections; a section whose name a uzram file already has is left out, with a note.
-pub fn all(root: &Path, cmdline: &str) -> Result<(Vec<Source>, Vec<String>), ConfigError> {
-    let mut sources = uzram_files(root);
-    let zg: ZramGeneratorConfig = zram_generator::read(root, cmdline)?;
-    let mut notes = zg.notes;
+/// sections; a section whose name a uzram file already has is left out, with a note. A
+/// broken zram-generator configuration leaves out its own sections only.
+pub fn all(root: &Path, cmdline: &str) -> Configured {
+    let (mut sources, mut notes) = uzram_files(root);
+    let zg: ZramGeneratorConfig = match zram_generator::read(root, cmdline) {
+        Ok(zg) => zg,
+        Err(err) => {
+            return Configured {
+                sources,
+                notes,
+                zram_generator: Some(err),
+            }
+        }
+    };
+    notes.extend(zg.notes);
     if zg.disabled_by_cmdline {
         notes.push(
             "systemd.zram=0 on the kernel command line: zram-generator's sections make no device"
@@ -44,36 +66,57 @@ pub fn all(root: &Path, cmdline: &str) -> Result<(Vec<Source>, Vec<String>), Con
             spec: zram_generator::spec_of(name),
         });
     }
-    Ok((sources, notes))
+    Configured {
+        sources,
+        notes,
+        zram_generator: None,
+    }
 }
 
 /// This host's devices.
-pub fn on_host() -> Result<(Vec<Source>, Vec<String>), ConfigError> {
+pub fn on_host() -> Configured {
     let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
     all(Path::new("/"), &cmdline)
 }
 
-/// `/etc/uzram/*.toml`, by name; names a unit instance cannot take are skipped.
-fn uzram_files(root: &Path) -> Vec<Source> {
+/// `/etc/uzram/*.toml`, by name; a name a unit instance cannot take is left out, with a
+/// note.
+fn uzram_files(root: &Path) -> (Vec<Source>, Vec<String>) {
     let Ok(entries) = std::fs::read_dir(root.join(UZRAM_DIR)) else {
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     };
-    let mut out: Vec<Source> = entries
-        .flatten()
-        .filter_map(|e| {
-            let path = e.path();
-            let name = path.file_stem()?.to_str()?.to_string();
-            let usable = path.extension()? == "toml"
-                && !name.is_empty()
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
-            let spec = Path::new("/").join(UZRAM_DIR).join(path.file_name()?);
-            usable.then_some(Source { name, spec })
-        })
-        .collect();
+    let mut notes = Vec::new();
+    let mut out: Vec<Source> = Vec::new();
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(stem) = file_name
+            .to_string_lossy()
+            .strip_suffix(".toml")
+            .map(String::from)
+        else {
+            continue;
+        };
+        let name = Some(stem).filter(|n| {
+            !n.is_empty()
+                && file_name.to_str().is_some()
+                && n.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        });
+        match name {
+            Some(name) => out.push(Source {
+                name,
+                spec: Path::new("/").join(UZRAM_DIR).join(&file_name),
+            }),
+            None => notes.push(format!(
+                "{} is left out: a unit's name takes only letters, digits, '-', '_' and '.' \
+                 before .toml; rename it",
+                Path::new("/").join(UZRAM_DIR).join(&file_name).display()
+            )),
+        }
+    }
     out.sort_by(|a, b| a.name.cmp(&b.name));
-    out
+    notes.sort();
+    (out, notes)
 }
 
 #[cfg(test)]
@@ -91,7 +134,9 @@ mod tests {
         let sd = dir.path().join("etc/systemd");
         std::fs::create_dir_all(&sd).unwrap();
         std::fs::write(sd.join("zram-generator.conf"), "[zram0]\n[zram1]\n").unwrap();
-        let (sources, notes) = all(dir.path(), "").unwrap();
+        std::fs::write(etc.join("we ird.toml"), "size = \"1G\"\n").unwrap();
+        std::fs::write(etc.join(".toml"), "size = \"1G\"\n").unwrap();
+        let Configured { sources, notes, .. } = all(dir.path(), "");
         let names: Vec<_> = sources
             .iter()
             .map(|s| (s.name.as_str(), s.spec.clone()))
@@ -105,8 +150,43 @@ mod tests {
             ]
         );
         assert!(notes.iter().any(|n| n.contains("[zram1]")), "{notes:?}");
-        let (off, notes) = all(dir.path(), "systemd.zram=0").unwrap();
+        for odd in ["we ird.toml", "/.toml"] {
+            assert!(
+                notes
+                    .iter()
+                    .any(|n| n.contains(odd) && n.contains("is left out")),
+                "{odd}: {notes:?}"
+            );
+        }
+        let Configured {
+            sources: off,
+            notes,
+            ..
+        } = all(dir.path(), "systemd.zram=0");
         assert_eq!(off.len(), 2, "uzram's own files stay");
         assert!(notes.iter().any(|n| n.contains("systemd.zram=0")));
+    }
+
+    /// A zram-generator.conf that cannot be read leaves out its own sections only: uzram's
+    /// files still make their devices, and the reason is kept for the caller to report.
+    #[test]
+    fn a_broken_zram_generator_conf_leaves_uzram_files_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let etc = dir.path().join("etc/uzram");
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::write(etc.join("swap0.toml"), "size = \"1G\"\n").unwrap();
+        let sd = dir.path().join("etc/systemd");
+        std::fs::create_dir_all(&sd).unwrap();
+        for broken in [&b"[zram0\n"[..], b"\xff\xfe[zram0]\n"] {
+            std::fs::write(sd.join("zram-generator.conf"), broken).unwrap();
+            let got = all(dir.path(), "");
+            let names: Vec<_> = got.sources.iter().map(|s| s.name.as_str()).collect();
+            assert_eq!(names, ["swap0"]);
+            let err = got.zram_generator.expect("the error is kept");
+            assert!(
+                err.to_string().contains("zram-generator.conf"),
+                "names the file: {err}"
+            );
+        }
     }
 }

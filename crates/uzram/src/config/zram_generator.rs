@@ -200,10 +200,17 @@ pub fn is_device_name(name: &str) -> bool {
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
+/// rust-ini's parse error in words: where, and what it wanted (it prints the characters
+/// it expected as a Rust list of options).
+fn ini_message(e: &ini::ParseError) -> String {
+    let msg = e.msg.replace("\"[Some('", "'").replace("')]\"", "'");
+    format!("line {}, column {}: {msg}", e.line, e.col)
+}
+
 fn apply(cfg: &mut ZramGeneratorConfig, path: &Path, text: &str) -> Result<(), ConfigError> {
     let ini = ini::Ini::load_from_str(text).map_err(|e| ConfigError::Parse {
         path: path.to_path_buf(),
-        message: e.to_string(),
+        message: ini_message(&e),
     })?;
     for (section, props) in ini.iter() {
         let Some(name) = section else {

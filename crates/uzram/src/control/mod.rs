@@ -39,4 +39,18 @@ pub enum ControlError {
     /// The peer sent something that is not the protocol.
     #[error("malformed control message: {0}")]
     Protocol(String),
+    /// A device's state file could not be parsed.
+    #[error(
+        "the state file {} of device {id} is damaged ({why}): once no daemon of the device \
+         runs, `uzram destroy {id}` deletes the device and removes the file",
+        path.display()
+    )]
+    DamagedState {
+        /// The device.
+        id: u32,
+        /// The file.
+        path: std::path::PathBuf,
+        /// What the parser said.
+        why: String,
+    },
 }

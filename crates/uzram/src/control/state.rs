@@ -204,9 +204,15 @@ impl StateDir {
     pub fn read(&self, id: u32) -> Result<Option<DaemonState>, ControlError> {
         let path = self.state_path(id);
         match std::fs::read_to_string(&path) {
-            Ok(text) => serde_json::from_str(&text)
-                .map(Some)
-                .map_err(|e| ControlError::Protocol(format!("{}: {e}", path.display()))),
+            Ok(text) => {
+                serde_json::from_str(&text)
+                    .map(Some)
+                    .map_err(|e| ControlError::DamagedState {
+                        id,
+                        path: path.clone(),
+                        why: e.to_string(),
+                    })
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(io_err(format!("reading {}", path.display()))(e)),
         }
@@ -215,12 +221,25 @@ impl StateDir {
     /// Every published state, sorted by id. A missing directory means none; unreadable files are
     /// skipped with a warning.
     pub fn list(&self) -> Result<Vec<DaemonState>, ControlError> {
+        let (states, unreadable) = self.list_all()?;
+        for err in unreadable {
+            tracing::warn!(error = %err, "skipping unreadable state file");
+        }
+        Ok(states)
+    }
+
+    /// Every published state, sorted by id, and why each state file that could not be read
+    /// could not (by id).
+    pub fn list_all(&self) -> Result<(Vec<DaemonState>, Vec<ControlError>), ControlError> {
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok((Vec::new(), Vec::new()))
+            }
             Err(e) => return Err(io_err(format!("reading {}", self.dir.display()))(e)),
         };
         let mut states = Vec::new();
+        let mut unreadable = Vec::new();
         for entry in entries.flatten() {
             let name = entry.file_name();
             let Some(id) = name
@@ -233,11 +252,12 @@ impl StateDir {
             match self.read(id) {
                 Ok(Some(state)) => states.push(state),
                 Ok(None) => {}
-                Err(err) => tracing::warn!(error = %err, "skipping unreadable state file"),
+                Err(err) => unreadable.push((id, err)),
             }
         }
         states.sort_by_key(|s| s.id);
-        Ok(states)
+        unreadable.sort_by_key(|&(id, _)| id);
+        Ok((states, unreadable.into_iter().map(|(_, e)| e).collect()))
     }
 
     /// Removes `<id>.json` and `<id>.sock` (missing files are fine).

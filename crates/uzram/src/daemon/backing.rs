@@ -111,24 +111,12 @@ impl BackingFile {
     }
 
     fn open_for(path: &Path, pages: u64, new: bool) -> anyhow::Result<Self> {
-        if !path.is_absolute() {
-            bail!(
-                "writeback-device {} is not an absolute path",
-                path.display()
-            );
-        }
-        let resolved = resolve_roots_path(path)?;
-        let path = resolved.as_path();
-        match std::fs::symlink_metadata(path) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Self::create(path, pages),
-            Err(e) => Err(e).with_context(|| format!("looking at {}", path.display())),
-            Ok(meta) if meta.file_type().is_block_device() => Self::partition(path, new),
-            Ok(meta) if meta.file_type().is_file() => Self::existing_file(path, &meta, pages, new),
-            Ok(_) => bail!(
-                "writeback-device {} is neither a regular file nor a block device (a symbolic \
-                 link is not followed): name the file or partition itself",
-                path.display()
-            ),
+        let (path, found) = look_at(path)?;
+        let path = path.as_path();
+        match found {
+            Kind::Missing => Self::create(path, pages),
+            Kind::Partition => Self::partition(path, new),
+            Kind::File(meta) => Self::existing_file(path, &meta, pages, new),
         }
     }
 
@@ -422,6 +410,57 @@ fn open(path: &Path, create: bool, exclusive: bool) -> io::Result<File> {
 }
 
 use crate::sys::changed_by_others;
+
+/// What a `writeback-device` path names, once its way there is checked.
+enum Kind {
+    /// Nothing yet: a file is made there.
+    Missing,
+    /// A block device.
+    Partition,
+    /// A regular file, as found.
+    File(std::fs::Metadata),
+}
+
+/// The path to open for `writeback-device = path` and what is there, or why it cannot be
+/// one: not absolute, a way another user could change, something neither a regular file
+/// nor a block device, or a name under `/dev` that is no device (a file there would live
+/// in RAM).
+fn look_at(path: &Path) -> anyhow::Result<(PathBuf, Kind)> {
+    if !path.is_absolute() {
+        bail!(
+            "writeback-device {} is not an absolute path",
+            path.display()
+        );
+    }
+    let resolved = resolve_roots_path(path)?;
+    let kind = match std::fs::symlink_metadata(&resolved) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound && resolved.starts_with("/dev") => bail!(
+            "writeback-device {}: no such device (a file under /dev would live in RAM): name \
+             a partition that exists, or a file on a disk",
+            path.display()
+        ),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Kind::Missing,
+        Err(e) => return Err(e).with_context(|| format!("looking at {}", resolved.display())),
+        Ok(meta) if meta.file_type().is_block_device() => Kind::Partition,
+        Ok(meta) if meta.file_type().is_file() => Kind::File(meta),
+        Ok(meta) => bail!(
+            "writeback-device {} is {}, neither a regular file nor a block device (a symbolic \
+             link is not followed): name the file or partition itself",
+            path.display(),
+            crate::config::file::file_kind(&meta.file_type())
+        ),
+    };
+    Ok((resolved, kind))
+}
+
+/// What the daemon checks of `writeback-device = path` before it opens it, without opening
+/// or reading anything: for `uzram check-config`. A file found there must be root's alone.
+pub fn precheck(path: &Path) -> anyhow::Result<()> {
+    match look_at(path)? {
+        (found, Kind::File(meta)) => check_private(&found, &meta),
+        _ => Ok(()),
+    }
+}
 
 /// Checks every directory and link on the way to `path`, as named and as it resolves
 /// (`changed_by_others`, see the module docs), and returns the path to open: `path` with
