@@ -162,7 +162,7 @@ impl Column {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ColumnError {
     /// A name that is not a column.
-    #[error("unknown column: {0} (see uzram list --help for the columns)")]
+    #[error("unknown column {0:?} (see uzram list --help for the columns)")]
     Unknown(String),
 }
 
