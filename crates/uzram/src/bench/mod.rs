@@ -346,9 +346,7 @@ mod tests {
     fn a_corpus_that_is_not_a_regular_file_is_refused_at_once() {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("pages");
-        let name = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-        // SAFETY: `name` is a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o644) }, 0);
+        crate::sys::make_fifo(&fifo).unwrap();
         for (path, kind) in [
             (Path::new("/dev/zero"), "a character device"),
             (dir.path(), "a directory"),

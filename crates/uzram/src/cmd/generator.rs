@@ -411,11 +411,7 @@ mod tests {
             match broken {
                 "syntax" => write(r, "etc/systemd/zram-generator.conf", "[zram0\n"),
                 "utf8" => std::fs::write(&conf, b"\xff\xfe[zram0]\n").unwrap(),
-                _ => {
-                    let name = std::ffi::CString::new(conf.to_str().unwrap()).unwrap();
-                    // SAFETY: `name` is a valid NUL-terminated path.
-                    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o644) }, 0);
-                }
+                _ => crate::sys::make_fifo(&conf).unwrap(),
             }
             let out = tempfile::tempdir().unwrap();
             let log = Lines::default();

@@ -487,9 +487,7 @@ mod tests {
     fn a_fifo_or_a_directory_is_refused_without_waiting() {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("fifo.toml");
-        let name = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-        // SAFETY: `name` is a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o644) }, 0);
+        crate::sys::make_fifo(&fifo).unwrap();
         let start = std::time::Instant::now();
         let err = read_capped(&fifo).unwrap_err();
         assert!(start.elapsed() < std::time::Duration::from_secs(5));

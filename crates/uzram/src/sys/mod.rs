@@ -672,6 +672,14 @@ pub fn ancestor_changed_by_others(
     Ok(None)
 }
 
+/// Makes a FIFO at `path` (for tests of readers that must not wait on one).
+#[cfg(test)]
+pub fn make_fifo(path: &std::path::Path) -> io::Result<()> {
+    let name = c_name(path.as_os_str())?;
+    // SAFETY: `name` is a valid NUL-terminated path for the call's duration.
+    check(unsafe { libc::mkfifo(name.as_ptr(), 0o644) })
+}
+
 /// `name` as the C string a `*at` system call takes; a NUL inside is `InvalidInput`.
 fn c_name(name: &std::ffi::OsStr) -> io::Result<std::ffi::CString> {
     use std::os::unix::ffi::OsStrExt;
