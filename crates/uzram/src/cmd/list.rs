@@ -162,7 +162,10 @@ impl Column {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ColumnError {
     /// A name that is not a column.
-    #[error("unknown column {0:?} (see uzram list --help for the columns)")]
+    #[error(
+        "unknown column: {} (see uzram list --help for the columns)",
+        if .0.is_empty() { "\"\" (an empty name)" } else { .0.as_str() }
+    )]
     Unknown(String),
 }
 

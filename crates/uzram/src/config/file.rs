@@ -170,7 +170,7 @@ fn placed(text: &str, span: Option<std::ops::Range<usize>>, message: &str) -> St
             }
         })
         .collect();
-    let message = message.join("`");
+    let message = clip(&message.join("`"), 20 * QUOTED_CHARS);
     let Some(at) = span.map(|s| s.start.min(text.len())) else {
         return message;
     };
@@ -321,21 +321,30 @@ pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 pub(crate) fn read_capped(path: &Path) -> std::io::Result<String> {
     use std::io::Read;
     use std::os::unix::fs::OpenOptionsExt;
-    // Non-blocking: opening a FIFO for reading waits for a writer otherwise.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(std::io::Error::new(
+    let not_a_file = |meta: &std::fs::Metadata| {
+        std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             format!(
                 "{} is {}, not a regular file: name the config file itself",
                 path.display(),
                 file_kind(&meta.file_type())
             ),
-        ));
+        )
+    };
+    // Looked at before it is opened: opening a device can act (a watchdog arms, a tape
+    // rewinds).
+    let named = std::fs::metadata(path)?;
+    if !named.is_file() {
+        return Err(not_a_file(&named));
+    }
+    // Non-blocking: opening a FIFO (put there since the look) waits for a writer otherwise.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(not_a_file(&meta));
     }
     let refused = match crate::sys::others_could_write(&meta) {
         Some(crate::sys::OthersWrite::Owner(owner)) => Some(format!(
@@ -369,7 +378,9 @@ pub(crate) fn read_capped(path: &Path) -> std::io::Result<String> {
 /// What a file that is not a regular one is, in words.
 pub(crate) fn file_kind(kind: &std::fs::FileType) -> &'static str {
     use std::os::unix::fs::FileTypeExt;
-    if kind.is_dir() {
+    if kind.is_symlink() {
+        "a symbolic link"
+    } else if kind.is_dir() {
         "a directory"
     } else if kind.is_fifo() {
         "a FIFO"
@@ -472,6 +483,9 @@ mod tests {
             let err = plan(text, HOST).unwrap_err().to_string();
             assert!(err.contains(want), "{text:?}: {err}");
         }
+        let huge_value = format!("queues = \"{}\"\n", "x".repeat(100_000));
+        let err = plan(&huge_value, HOST).unwrap_err().to_string();
+        assert!(err.len() < 2_000, "{} bytes", err.len());
         let huge = format!("{} = 1\n", "x".repeat(100_000));
         let err = plan(&huge, HOST).unwrap_err().to_string();
         assert!(err.len() < 2_000, "{} bytes", err.len());

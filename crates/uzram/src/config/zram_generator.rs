@@ -203,8 +203,22 @@ pub fn is_device_name(name: &str) -> bool {
 /// rust-ini's parse error in words: where, and what it wanted (it prints the characters
 /// it expected as a Rust list of options).
 fn ini_message(e: &ini::ParseError) -> String {
-    let msg = e.msg.replace("\"[Some('", "'").replace("')]\"", "'");
-    format!("line {}, column {}: {msg}", e.line, e.col)
+    let msg = &e.msg;
+    let words = match (msg.find("\"["), msg.find("]\"")) {
+        (Some(from), Some(to)) if from < to => {
+            let wanted: Vec<String> = msg[from + 2..to]
+                .split(", ")
+                .map(|c| {
+                    c.trim_start_matches("Some(")
+                        .trim_end_matches(')')
+                        .to_string()
+                })
+                .collect();
+            format!("{}{}{}", &msg[..from], wanted.join(" or "), &msg[to + 2..])
+        }
+        _ => msg.to_string(),
+    };
+    format!("line {}, column {}: {words}", e.line, e.col)
 }
 
 fn apply(cfg: &mut ZramGeneratorConfig, path: &Path, text: &str) -> Result<(), ConfigError> {
@@ -486,6 +500,19 @@ mod tests {
     use crate::config::RecompressCodec;
 
     const HOST: Host = Host { ram_mib: 8192 };
+
+    /// rust-ini's syntax errors read as words: where, and the characters it wanted.
+    #[test]
+    fn syntax_errors_say_where_and_what_was_wanted() {
+        for (text, want) in [
+            ("[zram0\n", "line 2, column 1: expecting ']' but found EOF"),
+            ("[zram0]\nzram-size\n", "expecting '=' or ':' but found EOF"),
+        ] {
+            let dir = tree(&[("etc/systemd/zram-generator.conf", text)]);
+            let err = read(dir.path(), "").unwrap_err().to_string();
+            assert!(err.contains(want), "{text:?}: {err}");
+        }
+    }
 
     fn tree(files: &[(&str, &str)]) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();

@@ -228,8 +228,8 @@ impl StateDir {
         Ok(states)
     }
 
-    /// Every published state, sorted by id, and why each state file that could not be read
-    /// could not (by id).
+    /// Every published state, sorted by id, and each damaged state file (one that was read
+    /// but does not parse); a file that cannot be read at all is skipped with a warning.
     pub fn list_all(&self) -> Result<(Vec<DaemonState>, Vec<ControlError>), ControlError> {
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(entries) => entries,
@@ -252,7 +252,8 @@ impl StateDir {
             match self.read(id) {
                 Ok(Some(state)) => states.push(state),
                 Ok(None) => {}
-                Err(err) => unreadable.push((id, err)),
+                Err(err @ ControlError::DamagedState { .. }) => unreadable.push((id, err)),
+                Err(err) => tracing::warn!(error = %err, "skipping unreadable state file"),
             }
         }
         states.sort_by_key(|s| s.id);

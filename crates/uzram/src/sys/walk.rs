@@ -68,7 +68,15 @@ pub fn open_dir(path: &Path) -> Result<std::fs::File, WalkError> {
             continue;
         }
         let here = at.join(&name);
-        let next = open_path(dir_fd(&dir), &name, libc::O_NOFOLLOW).map_err(|e| fail(&here, e))?;
+        // A directory first (an automount point is mounted only when looked up as one);
+        // anything else, a link included, is then opened as itself.
+        let next = match open_path(dir_fd(&dir), &name, libc::O_NOFOLLOW | libc::O_DIRECTORY) {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)) => {
+                open_path(dir_fd(&dir), &name, libc::O_NOFOLLOW)
+            }
+            other => other,
+        }
+        .map_err(|e| fail(&here, e))?;
         let meta = std::fs::File::from(next.try_clone().map_err(|e| fail(&here, e))?)
             .metadata()
             .map_err(|e| fail(&here, e))?;
@@ -82,6 +90,17 @@ pub fn open_dir(path: &Path) -> Result<std::fs::File, WalkError> {
         }
         if let Some(why) = changed_by_others(&meta) {
             return Err(WalkError::Link { link: here, why });
+        }
+        // A second name for root's link may be another user's doing (a hard link they made
+        // in their directory, where `fs.protected_hardlinks` is off).
+        if std::os::unix::fs::MetadataExt::nlink(&meta) > 1 {
+            return Err(WalkError::Link {
+                link: here,
+                why: format!(
+                    "has {} names (hard links): someone may have linked root's link there",
+                    std::os::unix::fs::MetadataExt::nlink(&meta)
+                ),
+            });
         }
         links += 1;
         if links > MAX_LINKS {
@@ -261,6 +280,25 @@ mod tests {
             matches!(&err, WalkError::Io { error, .. } if error.raw_os_error() == Some(libc::ELOOP)),
             "{err}"
         );
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    /// Root's link with a second name (a hard link, which anyone may make to it where
+    /// `fs.protected_hardlinks` is off) is refused: its place may be another user's choice.
+    #[test]
+    fn a_link_with_two_names_is_refused() {
+        let base = fresh("hardlink");
+        std::fs::create_dir(base.join("d")).unwrap();
+        std::os::unix::fs::symlink("d", base.join("l")).unwrap();
+        assert!(open_dir(&base.join("l")).is_ok());
+        std::fs::hard_link(base.join("l"), base.join("l2")).unwrap();
+        for named in ["l", "l2"] {
+            let err = open_dir(&base.join(named)).unwrap_err();
+            assert!(
+                matches!(&err, WalkError::Link { why, .. } if why.contains("has 2 names")),
+                "{named}: {err}"
+            );
+        }
         std::fs::remove_dir_all(&base).unwrap();
     }
 
