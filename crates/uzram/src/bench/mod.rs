@@ -313,7 +313,7 @@ fn load_corpus(path: &Path) -> anyhow::Result<Vec<u8>> {
         meta.is_file(),
         "corpus {} is {}, not a regular file of pages",
         path.display(),
-        crate::config::file::file_kind(&meta.file_type())
+        crate::sys::owned_file::file_kind(&meta.file_type())
     );
     let data =
         std::fs::read(path).with_context(|| format!("cannot read corpus {}", path.display()))?;

@@ -319,82 +319,39 @@ pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// names files the daemon opens as root and ends up in the unit (the generator's drop-ins),
 /// so only whoever runs it may have written it.
 pub(crate) fn read_capped(path: &Path) -> std::io::Result<String> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let not_a_file = |meta: &std::fs::Metadata| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
+    use crate::sys::owned_file::{self, Links, Refused};
+    use std::io::{Error, ErrorKind};
+    let bytes = owned_file::read(path, MAX_CONFIG_BYTES, Links::Follow).map_err(|e| match e {
+        Refused::NotAFile(kind) => Error::new(
+            ErrorKind::InvalidInput,
             format!(
-                "{} is {}, not a regular file: name the config file itself",
-                path.display(),
-                file_kind(&meta.file_type())
+                "{} is {kind}, not a regular file: name the config file itself",
+                path.display()
             ),
-        )
-    };
-    // Looked at before it is opened: opening a device can act (a watchdog arms, a tape
-    // rewinds).
-    let named = std::fs::metadata(path)?;
-    if !named.is_file() {
-        return Err(not_a_file(&named));
-    }
-    // Non-blocking: opening a FIFO (put there since the look) waits for a writer otherwise.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(not_a_file(&meta));
-    }
-    let refused = match crate::sys::others_could_write(&meta) {
-        Some(crate::sys::OthersWrite::Owner(owner)) => Some(format!(
-            "owned by uid {owner}, not root or the reader (uid {}): `chown root: {}`",
-            crate::sys::effective_uid(),
-            path.display()
-        )),
-        Some(crate::sys::OthersWrite::Mode(mode)) => Some(format!(
-            "writable by its group or others (mode {mode:04o}): `chmod go-w {}`",
-            path.display()
-        )),
-        None => None,
-    };
-    if let Some(why) = refused {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::PermissionDenied,
-            why,
-        ));
-    }
-    let mut text = String::new();
-    file.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text)?;
-    if text.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("larger than {MAX_CONFIG_BYTES} bytes: not a uzram config file"),
-        ));
-    }
-    Ok(text)
-}
-
-/// What a file that is not a regular one is, in words.
-pub(crate) fn file_kind(kind: &std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if kind.is_symlink() {
-        "a symbolic link"
-    } else if kind.is_dir() {
-        "a directory"
-    } else if kind.is_fifo() {
-        "a FIFO"
-    } else if kind.is_char_device() {
-        "a character device"
-    } else if kind.is_block_device() {
-        "a block device"
-    } else if kind.is_socket() {
-        "a socket"
-    } else if kind.is_file() {
-        "a regular file"
-    } else {
-        "not a file"
-    }
+        ),
+        Refused::OthersWrite(crate::sys::OthersWrite::Owner(owner)) => Error::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "owned by uid {owner}, not root or the reader (uid {}): `chown root: {}`",
+                crate::sys::effective_uid(),
+                path.display()
+            ),
+        ),
+        Refused::OthersWrite(crate::sys::OthersWrite::Mode(mode)) => Error::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "writable by its group or others (mode {mode:04o}): `chmod go-w {}`",
+                path.display()
+            ),
+        ),
+        Refused::TooLarge(max) => Error::new(
+            ErrorKind::InvalidData,
+            format!("larger than {max} bytes: not a uzram config file"),
+        ),
+        Refused::Io(e) => e,
+    })?;
+    String::from_utf8(bytes)
+        .map_err(|_| Error::new(ErrorKind::InvalidData, "stream did not contain valid UTF-8"))
 }
 
 #[cfg(test)]

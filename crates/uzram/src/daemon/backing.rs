@@ -447,7 +447,7 @@ fn look_at(path: &Path) -> anyhow::Result<(PathBuf, Kind)> {
             "writeback-device {} is {}, neither a regular file nor a block device (a symbolic \
              link is not followed): name the file or partition itself",
             path.display(),
-            crate::config::file::file_kind(&meta.file_type())
+            crate::sys::owned_file::file_kind(&meta.file_type())
         ),
     };
     Ok((resolved, kind))

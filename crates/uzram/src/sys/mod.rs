@@ -1,13 +1,15 @@
 //! The raw system calls of the binary, each wrapped in a function with its SAFETY note:
 //! process, signals, files and sockets here; [`memory`] for address ranges; [`sched`] for
 //! scheduling, [`affinity`] for the CPUs a thread runs on; [`disk`] for the backing device;
-//! [`walk`] for opening a directory through links only root could have made.
+//! [`walk`] for opening a directory through links only root could have made; [`owned_file`]
+//! for reading a small file only root could have written.
 //! SysV shared memory has its own room, `crate::shm`.
 
 pub mod affinity;
 pub mod disk;
 mod errno;
 pub mod memory;
+pub mod owned_file;
 pub mod sched;
 pub mod walk;
 

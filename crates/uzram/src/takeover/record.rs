@@ -288,24 +288,15 @@ fn read_record(id: u32) -> Option<Record> {
 /// never through a link, never past the record's size (a FIFO or `/dev/zero` at the name
 /// would hang or fill the daemon), never a file another user could have written.
 fn read_ublk_json(path: &std::path::Path) -> Option<serde_json::Value> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-        .ok()?;
-    let meta = file.metadata().ok()?;
-    if !meta.is_file() || crate::sys::others_could_write(&meta).is_some() {
-        tracing::warn!(path = %path.display(), "libublk's device file is not root's alone: not kept in the recovery record");
-        return None;
+    use crate::sys::owned_file::{self, Links, Refused};
+    match owned_file::read(path, LEN as u64, Links::Refuse) {
+        Ok(bytes) => serde_json::from_slice(&bytes).ok(),
+        Err(why @ (Refused::NotAFile(_) | Refused::OthersWrite(_))) => {
+            tracing::warn!(path = %path.display(), %why, "libublk's device file is not root's alone: not kept in the recovery record");
+            None
+        }
+        Err(_) => None,
     }
-    let mut bytes = Vec::new();
-    file.take(LEN as u64 + 1).read_to_end(&mut bytes).ok()?;
-    if bytes.len() > LEN {
-        return None;
-    }
-    serde_json::from_slice(&bytes).ok()
 }
 
 /// The published state in the recovery record of device `id`, if there is one that passes
