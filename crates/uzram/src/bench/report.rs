@@ -269,7 +269,7 @@ impl Report {
                     held_before_bytes: last.held_before,
                     held_after_bytes: last.held_after,
                     gbps: mm(&|r| r.tried as f64 * PAGE_SIZE as f64 / secs(r.wall) / 1e9),
-                    cpu_s_per_gib: mm(&|r| r.cpu.as_secs_f64() / gib(r).max(1e-9)),
+                    cpu_s_per_gib: mm(&|r| times(r.cpu.as_secs_f64(), gib(r))),
                     rewritten_share: mm(&|r| r.rewritten as f64 / r.tried.max(1) as f64),
                     prepare_s: mm(&|r| r.prepare_wall.as_secs_f64()),
                     prepare_cpu_s: mm(&|r| r.prepare_cpu.as_secs_f64()),
@@ -342,6 +342,11 @@ fn twin<'a>(
 }
 
 /// CPU-seconds per GiB of thread role `name` (0 when the run has none).
+/// `a` as a multiple of `b` (a `b` of 0 counts as a tiny number, not a division by zero).
+fn times(a: f64, b: f64) -> f64 {
+    a / b.max(1e-9)
+}
+
 fn role(r: &Report, name: &str) -> f64 {
     r.cpu_s_per_gib_by_role.get(name).copied().unwrap_or(0.0)
 }
@@ -412,7 +417,7 @@ pub fn table(reports: &[Report]) -> String {
                 w.ram_idle_p99_us,
                 w.ram_busy_p50_us,
                 w.ram_busy_p99_us,
-                w.ram_busy_p99_us / w.ram_idle_p99_us.max(1e-9),
+                times(w.ram_busy_p99_us, w.ram_idle_p99_us),
                 w.ram_busy_reads,
                 w.disk_p50_us,
                 w.disk_p99_us,
@@ -429,7 +434,7 @@ pub fn table(reports: &[Report]) -> String {
                     i.ram_p99_us,
                     q.ram_p50_us,
                     q.ram_p99_us,
-                    q.ram_p99_us / i.ram_p99_us.max(1e-9),
+                    times(q.ram_p99_us, i.ram_p99_us),
                     i.disk_p50_us,
                     i.disk_p99_us,
                     q.disk_p50_us,
@@ -457,10 +462,10 @@ pub fn table(reports: &[Report]) -> String {
             r.corpus,
             r.backend,
             first.backend,
-            r.ingest_gbps / first.ingest_gbps.max(1e-9),
-            r.cpu_s_per_gib / first.cpu_s_per_gib.max(1e-9),
-            r.ratio / first.ratio.max(1e-9),
-            r.read_busy_p99_us / r.read_idle_p99_us.max(1e-9)
+            times(r.ingest_gbps, first.ingest_gbps),
+            times(r.cpu_s_per_gib, first.cpu_s_per_gib),
+            times(r.ratio, first.ratio),
+            times(r.read_busy_p99_us, r.read_idle_p99_us)
         ));
     }
     // What user copy saves: each run with it against the same run without.
@@ -476,10 +481,10 @@ pub fn table(reports: &[Report]) -> String {
              against {:.3} CPU-s/GiB, left out)\n",
             on.corpus,
             on.backend,
-            on.cpu_s_per_gib / off.cpu_s_per_gib.max(1e-9),
-            role(on, "queues") / role(off, "queues").max(1e-9),
-            on.ingest_gbps / off.ingest_gbps.max(1e-9),
-            on.read_busy_p99_us / off.read_busy_p99_us.max(1e-9),
+            times(on.cpu_s_per_gib, off.cpu_s_per_gib),
+            times(role(on, "queues"), role(off, "queues")),
+            times(on.ingest_gbps, off.ingest_gbps),
+            times(on.read_busy_p99_us, off.read_busy_p99_us),
             on.kernel_copy_s_per_gib,
             off.kernel_copy_s_per_gib,
         ));
@@ -496,11 +501,11 @@ pub fn table(reports: &[Report]) -> String {
              read p50 x{:.3}, p99 x{:.3}\n",
             on.corpus,
             on.backend,
-            on.cpu_s_per_gib / off.cpu_s_per_gib.max(1e-9),
-            on.ingest_gbps / off.ingest_gbps.max(1e-9),
-            on.ratio / off.ratio.max(1e-9),
-            on.read_idle_p50_us / off.read_idle_p50_us.max(1e-9),
-            on.read_idle_p99_us / off.read_idle_p99_us.max(1e-9),
+            times(on.cpu_s_per_gib, off.cpu_s_per_gib),
+            times(on.ingest_gbps, off.ingest_gbps),
+            times(on.ratio, off.ratio),
+            times(on.read_idle_p50_us, off.read_idle_p50_us),
+            times(on.read_idle_p99_us, off.read_idle_p99_us),
         ));
     }
     // What pinning the queue threads does: each pinned run against the same run unpinned.
@@ -524,10 +529,10 @@ pub fn table(reports: &[Report]) -> String {
              x{:.3}{installers}), ingest x{:.3}, busy read p99 x{:.3}\n",
             on.corpus,
             on.backend,
-            on.cpu_s_per_gib / off.cpu_s_per_gib.max(1e-9),
-            role(on, "queues") / role(off, "queues").max(1e-9),
-            on.ingest_gbps / off.ingest_gbps.max(1e-9),
-            on.read_busy_p99_us / off.read_busy_p99_us.max(1e-9),
+            times(on.cpu_s_per_gib, off.cpu_s_per_gib),
+            times(role(on, "queues"), role(off, "queues")),
+            times(on.ingest_gbps, off.ingest_gbps),
+            times(on.read_busy_p99_us, off.read_busy_p99_us),
         ));
     }
     out
