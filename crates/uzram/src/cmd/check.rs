@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use crate::cli::CheckArgs;
 use crate::config::file::RunConfig;
 use crate::config::zram_generator::section_of_spec;
-use crate::config::{load_config, sources, zram_generator, ConfigError, Host, Plan};
+use crate::config::{load_config, sources, ConfigError, Host, Plan};
 use crate::size::format_size;
 
 /// Exit status for an invalid config: 255, so `ExecCondition=` fails the unit, not skips it.
@@ -109,13 +109,18 @@ fn every_source() -> anyhow::Result<ExitCode> {
         println!("note: {note}");
     }
     let list = configured.sources;
-    let broken = configured.zram_generator.map(|err| {
-        eprintln!(
-            "uzram: error: zram-generator's configuration makes no device: {:#}",
-            anyhow::Error::new(err)
-        );
-    });
-    if list.is_empty() && broken.is_some() {
+    let zg = match configured.zram_generator {
+        Ok(zg) => Some(zg),
+        Err(err) => {
+            eprintln!(
+                "uzram: error: zram-generator's configuration makes no device: {:#}",
+                anyhow::Error::new(err)
+            );
+            None
+        }
+    };
+    let broken = zg.is_none();
+    if list.is_empty() && broken {
         return Ok(ExitCode::from(INVALID));
     }
     if list.is_empty() {
@@ -126,12 +131,8 @@ fn every_source() -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let host = Host::current()?;
-    let zg = if broken.is_some() {
-        Default::default()
-    } else {
-        zram_generator::read_host()?
-    };
-    let mut worst = if broken.is_some() { INVALID } else { 0 };
+    let zg = zg.unwrap_or_default();
+    let mut worst = if broken { INVALID } else { 0 };
     for source in list {
         let what = format!("uzram@{}.service ({})", source.name, source.spec.display());
         let code = match section_of_spec(&source.spec) {

@@ -22,7 +22,7 @@ use std::process::ExitCode;
 
 use crate::cli::GeneratorArgs;
 use crate::config::sources::{self, Source};
-use crate::config::zram_generator::{self, section_of_spec};
+use crate::config::zram_generator::{section_of_spec, ZramGeneratorConfig};
 use crate::config::{Host, Plan};
 
 /// Where the template unit may be installed, in systemd's order.
@@ -66,13 +66,14 @@ pub fn generate(
     for note in &configured.notes {
         log.info(note);
     }
-    if let Some(err) = &configured.zram_generator {
+    if let Err(err) = &configured.zram_generator {
         // Its sections are unknown, so they get no unit; uzram's own files still do.
         log.error(&format!(
             "zram-generator's configuration makes no device: {err:#} (`uzram check-config` \
              says the same)"
         ));
     }
+    let zg = configured.zram_generator.ok();
     let list = configured.sources;
     if list.is_empty() {
         return Ok(Vec::new());
@@ -89,7 +90,7 @@ pub fn generate(
     let mut wanted = Vec::new();
     for source in &list {
         let mut backing = None;
-        match plan_of(root, cmdline, source, host) {
+        match plan_of(root, zg.as_ref(), source, host) {
             Ok(Plan::Skip(why)) => {
                 log.info(&format!("{}: no device on this host: {why}", source.name));
                 continue;
@@ -99,7 +100,7 @@ pub fn generate(
             // administrator looks (systemctl status, the journal).
             Err(err) => log.error(&format!("{}: {err:#}", source.name)),
         }
-        want(root, normal, &target, source)?;
+        want(root, normal, &target, source, zg.as_ref())?;
         if let Some(path) = backing {
             let dir = normal.join(format!("uzram@{}.service.d", source.name));
             std::fs::create_dir_all(&dir).with_context(|| format!("making {}", dir.display()))?;
@@ -112,12 +113,17 @@ pub fn generate(
     Ok(wanted)
 }
 
-fn plan_of(root: &Path, cmdline: &str, source: &Source, host: Host) -> anyhow::Result<Plan> {
+/// What `source` makes on `host`; a section's plan comes from `zg`, zram-generator's
+/// configuration as [`sources::all`] read it (`None`: it could not be read).
+fn plan_of(
+    root: &Path,
+    zg: Option<&ZramGeneratorConfig>,
+    source: &Source,
+    host: Host,
+) -> anyhow::Result<Plan> {
     if let Some(name) = section_of_spec(&source.spec) {
-        let cfg = zram_generator::read(root, cmdline)?;
-        let section = cfg
-            .devices
-            .get(name)
+        let section = zg
+            .and_then(|zg| zg.devices.get(name))
             .ok_or_else(|| anyhow::anyhow!("no section [{name}]"))?;
         return Ok(section.plan(host).plan?);
     }
@@ -175,7 +181,13 @@ fn escape_path(path: &Path) -> String {
 }
 
 /// `swap.target.wants/uzram@NAME.service`, and for a zram-generator section its drop-in.
-fn want(root: &Path, normal: &Path, template: &Path, source: &Source) -> anyhow::Result<()> {
+fn want(
+    root: &Path,
+    normal: &Path,
+    template: &Path,
+    source: &Source,
+    zg: Option<&ZramGeneratorConfig>,
+) -> anyhow::Result<()> {
     let unit = format!("uzram@{}.service", source.name);
     let wants = normal.join("swap.target.wants");
     std::fs::create_dir_all(&wants).with_context(|| format!("making {}", wants.display()))?;
@@ -186,9 +198,8 @@ fn want(root: &Path, normal: &Path, template: &Path, source: &Source) -> anyhow:
     if section_of_spec(&source.spec).is_some() {
         let dir = normal.join(format!("{unit}.d"));
         std::fs::create_dir_all(&dir).with_context(|| format!("making {}", dir.display()))?;
-        let files = zram_generator::files(root);
-        let source_path = files
-            .first()
+        let source_path = zg
+            .and_then(|zg| zg.files.first())
             .map(|f| Path::new("/").join(f.strip_prefix(root).unwrap_or(f)))
             .unwrap_or_else(|| PathBuf::from("/etc/systemd/zram-generator.conf"));
         std::fs::write(

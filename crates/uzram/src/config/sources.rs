@@ -20,15 +20,16 @@ pub struct Source {
 }
 
 /// Every device configured on a host, and what was left out.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Configured {
     /// uzram's files first, then zram-generator's sections.
     pub sources: Vec<Source>,
     /// What was left out, and why.
     pub notes: Vec<String>,
-    /// Why zram-generator's configuration could not be read, when it could not: none of
-    /// its sections is known then, and uzram's own files still make their devices.
-    pub zram_generator: Option<ConfigError>,
+    /// zram-generator's configuration as read (its notes moved to `notes`), or why it could
+    /// not be: none of its sections is known then, and uzram's own files still make their
+    /// devices.
+    pub zram_generator: Result<ZramGeneratorConfig, ConfigError>,
 }
 
 /// The devices configured under `root`, uzram's files first, then zram-generator's
@@ -36,17 +37,17 @@ pub struct Configured {
 /// broken zram-generator configuration leaves out its own sections only.
 pub fn all(root: &Path, cmdline: &str) -> Configured {
     let (mut sources, mut notes) = uzram_files(root);
-    let zg: ZramGeneratorConfig = match zram_generator::read(root, cmdline) {
+    let mut zg: ZramGeneratorConfig = match zram_generator::read(root, cmdline) {
         Ok(zg) => zg,
         Err(err) => {
             return Configured {
                 sources,
                 notes,
-                zram_generator: Some(err),
+                zram_generator: Err(err),
             }
         }
     };
-    notes.extend(zg.notes);
+    notes.append(&mut zg.notes);
     if zg.disabled_by_cmdline {
         notes.push(
             "systemd.zram=0 on the kernel command line: zram-generator's sections make no device"
@@ -69,7 +70,7 @@ pub fn all(root: &Path, cmdline: &str) -> Configured {
     Configured {
         sources,
         notes,
-        zram_generator: None,
+        zram_generator: Ok(zg),
     }
 }
 
@@ -182,7 +183,7 @@ mod tests {
             let got = all(dir.path(), "");
             let names: Vec<_> = got.sources.iter().map(|s| s.name.as_str()).collect();
             assert_eq!(names, ["swap0"]);
-            let err = got.zram_generator.expect("the error is kept");
+            let err = got.zram_generator.expect_err("the error is kept");
             assert!(
                 err.to_string().contains("zram-generator.conf"),
                 "names the file: {err}"
