@@ -303,17 +303,16 @@ fn open_dir(path: &Path) -> Result<(std::fs::File, OsString), TextfileError> {
             on_way: link,
             why,
         },
-        e if e.is_not_found() => TextfileError::Missing {
-            path: path.to_path_buf(),
-            dir: dir.to_path_buf(),
-        },
-        e @ sys::walk::WalkError::Io { .. } => {
-            let kind = match &e {
-                sys::walk::WalkError::Io { error, .. } => error.kind(),
-                sys::walk::WalkError::Link { .. } => std::io::ErrorKind::Other,
-            };
-            io("opening its directory")(std::io::Error::new(kind, e.to_string()))
+        sys::walk::WalkError::Io { error, .. } if error.kind() == std::io::ErrorKind::NotFound => {
+            TextfileError::Missing {
+                path: path.to_path_buf(),
+                dir: dir.to_path_buf(),
+            }
         }
+        sys::walk::WalkError::Io { at, error } => io("opening its directory")(std::io::Error::new(
+            error.kind(),
+            format!("{}: {error}", at.display()),
+        )),
     })?;
     let meta = handle
         .metadata()

@@ -9,13 +9,13 @@
 //! through that one descriptor, so what was judged is what is followed.
 
 use std::collections::VecDeque;
-use std::ffi::{CString, OsStr, OsString};
+use std::ffi::{OsStr, OsString};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Component, Path, PathBuf};
 
-use super::changed_by_others;
+use super::{c_name, changed_by_others};
 
 /// The most links one walk follows, as the kernel's own lookup allows (`ELOOP` beyond).
 const MAX_LINKS: usize = 40;
@@ -41,13 +41,6 @@ pub enum WalkError {
     },
 }
 
-impl WalkError {
-    /// True when a name on the way does not exist.
-    pub fn is_not_found(&self) -> bool {
-        matches!(self, WalkError::Io { error, .. } if error.kind() == io::ErrorKind::NotFound)
-    }
-}
-
 /// Opens the directory `path` for reading (a descriptor to use with `*at` calls), walking it
 /// a name at a time: every link on the way must be root's or this process's user's.
 /// Directories on the way may be anyone's; the caller judges the one it gets.
@@ -61,25 +54,19 @@ pub fn open_dir(path: &Path) -> Result<std::fs::File, WalkError> {
     let mut dir = start(path, &mut at, &mut names).map_err(|e| fail(&at, e))?;
     let mut links = 0;
     while let Some(name) = names.pop_front() {
-        if name == ".." {
-            dir = open_path(dir_fd(&dir), OsStr::new(".."), libc::O_DIRECTORY)
-                .map_err(|e| fail(&at, e))?;
-            at.push("..");
-            continue;
-        }
         let here = at.join(&name);
         // A directory first (an automount point is mounted only when looked up as one);
         // anything else, a link included, is then opened as itself.
-        let next = match open_path(dir_fd(&dir), &name, libc::O_NOFOLLOW | libc::O_DIRECTORY) {
+        let next = match open_path(dir.as_fd(), &name, libc::O_NOFOLLOW | libc::O_DIRECTORY) {
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)) => {
-                open_path(dir_fd(&dir), &name, libc::O_NOFOLLOW)
+                open_path(dir.as_fd(), &name, libc::O_NOFOLLOW)
             }
             other => other,
         }
         .map_err(|e| fail(&here, e))?;
-        let meta = std::fs::File::from(next.try_clone().map_err(|e| fail(&here, e))?)
-            .metadata()
-            .map_err(|e| fail(&here, e))?;
+        let next = std::fs::File::from(next);
+        let meta = next.metadata().map_err(|e| fail(&here, e))?;
+        let next = OwnedFd::from(next);
         if meta.is_dir() {
             dir = next;
             at = here;
@@ -93,12 +80,13 @@ pub fn open_dir(path: &Path) -> Result<std::fs::File, WalkError> {
         }
         // A second name for root's link may be another user's doing (a hard link they made
         // in their directory, where `fs.protected_hardlinks` is off).
-        if std::os::unix::fs::MetadataExt::nlink(&meta) > 1 {
+        let names_of_link = std::os::unix::fs::MetadataExt::nlink(&meta);
+        if names_of_link > 1 {
             return Err(WalkError::Link {
                 link: here,
                 why: format!(
-                    "has {} names (hard links): someone may have linked root's link there",
-                    std::os::unix::fs::MetadataExt::nlink(&meta)
+                    "has {names_of_link} names (hard links): someone may have linked root's \
+                     link there"
                 ),
             });
         }
@@ -145,15 +133,6 @@ fn start_of(path: &Path, names: &mut VecDeque<OsString>) -> Option<io::Result<Ow
         }
     }
     root
-}
-
-fn dir_fd(dir: &OwnedFd) -> BorrowedFd<'_> {
-    use std::os::fd::AsFd;
-    dir.as_fd()
-}
-
-fn c_name(name: &OsStr) -> io::Result<CString> {
-    CString::new(name.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
 }
 
 /// `openat(dir, name, O_PATH | flags)`: a descriptor that names the file without opening it
@@ -268,7 +247,10 @@ mod tests {
         std::fs::write(base.join("file"), "").unwrap();
         std::os::unix::fs::symlink("loop", base.join("loop")).unwrap();
         let err = open_dir(&base.join("missing/x")).unwrap_err();
-        assert!(err.is_not_found(), "{err}");
+        assert!(
+            matches!(&err, WalkError::Io { error, .. } if error.kind() == io::ErrorKind::NotFound),
+            "{err}"
+        );
         assert!(err.to_string().contains("missing"), "{err}");
         let err = open_dir(&base.join("file")).unwrap_err();
         assert!(
