@@ -109,12 +109,12 @@ fn destroy_damaged(states: &StateDir, damaged: &ControlError) -> anyhow::Result<
         anyhow::bail!("{reason}");
     }
     let Some(_lock) = states.try_lock(id)? else {
+        let lock = states.lock_path(id);
         anyhow::bail!(
-            "{damaged}; a daemon of it still runs (it holds {}): stop it (`systemctl stop \
-             uzram@NAME`, or kill the process that holds that file: `fuser {}`), then run \
+            "{damaged}; a daemon of it still runs (it holds {lock}): stop it (`systemctl stop \
+             uzram@NAME`, or kill the process that holds that file: `fuser {lock}`), then run \
              uzram destroy {id} again",
-            states.path().join(format!("{id}.lock")).display(),
-            states.path().join(format!("{id}.lock")).display()
+            lock = lock.display()
         );
     };
     eprintln!("uzram: {dev}: its state file is damaged and no daemon holds the device; deleting the device directly");

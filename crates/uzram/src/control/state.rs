@@ -166,6 +166,11 @@ impl StateDir {
         self.dir.join(format!("{id}.sock"))
     }
 
+    /// `<id>.lock`, the file [`StateDir::try_lock`] locks.
+    pub fn lock_path(&self, id: u32) -> PathBuf {
+        self.dir.join(format!("{id}.lock"))
+    }
+
     /// `<id>.log`.
     pub fn log_path(&self, id: u32) -> PathBuf {
         self.dir.join(format!("{id}.log"))
@@ -176,7 +181,7 @@ impl StateDir {
     /// another process holds it. The file stays (removing it would let a later locker lock
     /// a different file than a waiting one).
     pub fn try_lock(&self, id: u32) -> Result<Option<std::fs::File>, ControlError> {
-        let path = self.dir.join(format!("{id}.lock"));
+        let path = self.lock_path(id);
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
