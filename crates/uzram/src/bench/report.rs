@@ -347,6 +347,17 @@ fn times(a: f64, b: f64) -> f64 {
     a / b.max(1e-9)
 }
 
+/// One run against another: "CPU per GiB x (queues x{extra}), ingest x, busy read p99 x".
+fn cost_and_speed(on: &Report, off: &Report, extra: &str) -> String {
+    format!(
+        "CPU per GiB x{:.3} (queues x{:.3}{extra}), ingest x{:.3}, busy read p99 x{:.3}",
+        times(on.cpu_s_per_gib, off.cpu_s_per_gib),
+        times(role(on, "queues"), role(off, "queues")),
+        times(on.ingest_gbps, off.ingest_gbps),
+        times(on.read_busy_p99_us, off.read_busy_p99_us),
+    )
+}
+
 fn role(r: &Report, name: &str) -> f64 {
     r.cpu_s_per_gib_by_role.get(name).copied().unwrap_or(0.0)
 }
@@ -476,15 +487,11 @@ pub fn table(reports: &[Report]) -> String {
             continue;
         };
         out.push_str(&format!(
-            "{} {} user copy vs the request's buffer: CPU per GiB x{:.3} (queues x{:.3}), \
-             ingest x{:.3}, busy read p99 x{:.3} (the stand-in for the kernel's copy: {:.3} \
-             against {:.3} CPU-s/GiB, left out)\n",
+            "{} {} user copy vs the request's buffer: {} (the stand-in for the kernel's copy: \
+             {:.3} against {:.3} CPU-s/GiB, left out)\n",
             on.corpus,
             on.backend,
-            times(on.cpu_s_per_gib, off.cpu_s_per_gib),
-            times(role(on, "queues"), role(off, "queues")),
-            times(on.ingest_gbps, off.ingest_gbps),
-            times(on.read_busy_p99_us, off.read_busy_p99_us),
+            cost_and_speed(on, off, ""),
             on.kernel_copy_s_per_gib,
             off.kernel_copy_s_per_gib,
         ));
@@ -525,14 +532,10 @@ pub fn table(reports: &[Report]) -> String {
             String::new()
         };
         out.push_str(&format!(
-            "{} {} queue threads on their queues' CPUs vs anywhere: CPU per GiB x{:.3} (queues \
-             x{:.3}{installers}), ingest x{:.3}, busy read p99 x{:.3}\n",
+            "{} {} queue threads on their queues' CPUs vs anywhere: {}\n",
             on.corpus,
             on.backend,
-            times(on.cpu_s_per_gib, off.cpu_s_per_gib),
-            times(role(on, "queues"), role(off, "queues")),
-            times(on.ingest_gbps, off.ingest_gbps),
-            times(on.read_busy_p99_us, off.read_busy_p99_us),
+            cost_and_speed(on, off, &installers),
         ));
     }
     out
