@@ -1,7 +1,10 @@
 /*
  * hangwatch SECS NAME: diagnostics for a guest that stops making progress under memory pressure.
  * Locks itself in memory (so it keeps running when everything else waits on swap-in), sleeps
- * SECS, then triggers sysrq 't' (every task's kernel stack, into the kernel log) and prints
+ * SECS, then triggers sysrq 't' (every task's kernel stack, into the kernel log) through a
+ * descriptor opened before the sleep: that write allocates nothing, where reading /proc does
+ * (seq_file buffers), and in a guest whose free memory sat at the min watermark the /proc
+ * reads waited in reclaim with everything else and no stack was ever printed. Then it prints
  * state, wait channel and kernel stack of every thread of every process whose comm starts with
  * NAME, with the CPU time each has used in user space and in the kernel, in all and in the
  * second before the dump (a thread that spins shows there), and the state of each io_uring the process has open. Last, the tail of each
@@ -10,6 +13,7 @@
  * faulted in and locked up front: a new page later would wait in reclaim like everything else.
  */
 #include <dirent.h>
+#include <fcntl.h>
 #include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,18 +141,18 @@ int main(int argc, char **argv)
 		memset(pad, 1, 4 << 20);
 		free(pad);
 	}
+	int sysrq = open("/proc/sysrq-trigger", O_WRONLY | O_CLOEXEC);
+	if (sysrq < 0)
+		perror("hangwatch: /proc/sysrq-trigger");
 	unsigned secs = (unsigned)atoi(argv[1]);
 	sleep(secs > 1 ? secs - 1 : 0);
+	/* t: every task's stack; l: what the CPUs run now (t skips running tasks); m: memory.
+	 * First, before anything that reads /proc (see the top of the file). */
+	for (const char *c = "tlm"; sysrq >= 0 && *c; c++)
+		if (write(sysrq, c, 1) != 1)
+			perror("hangwatch: sysrq");
 	sample_threads(argv[2]);
 	sleep(1);
-	/* t: every task's stack; l: what the CPUs run now (t skips running tasks); m: memory */
-	for (const char *c = "tlm"; *c; c++) {
-		FILE *s = fopen("/proc/sysrq-trigger", "w");
-		if (s) {
-			fputc(*c, s);
-			fclose(s);
-		}
-	}
 	printf("hangwatch: no progress after %ss; threads of '%s':\n", argv[1], argv[2]);
 	DIR *proc = opendir("/proc");
 	while (proc && (p = readdir(proc))) {

@@ -46,7 +46,7 @@ else
     # The hog's own limit (uzram.limit_hog_secs): in clean-clone CI it took 420-620 s, and
     # 903 s (killed at 900, still verifying: 92 % swapped back in) in a 7.3 boot while the
     # host also ran cargo test; the watch dumps the threads' stacks at 600 s either way.
-    run_hog "${UZ_limit_hog_secs:-1200}" "$HOG" 600
+    run_hog "${UZ_limit_hog_secs:-1200}" "$HOG" "${UZ_hangwatch_secs:-600}"
     out1=$(awk '/pswpout/{print $2}' /proc/vmstat)
     say "  hog wall time $(since "$t0")s, pswpout +$(((out1 - out0) / 256)) MiB, pswpin $(awk '/pswpin/{print $2}' /proc/vmstat)"
     [ $HRC = 0 ] && grep -q ' 0 bad words' /tmp/l.hog && ok "a hog of 3x the memory filled and verified every word" \
