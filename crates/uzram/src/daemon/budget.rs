@@ -5,7 +5,12 @@
 //! (the tier's, pressure's, `uzram writeback`) goes through [`budgeted_writeback`].
 //!
 //! The directory is made root's with mode 0700 and checked on every use; the file is
-//! written atomically (a temporary file and a rename, through the directory's descriptor).
+//! written atomically (a temporary file and a rename, through the directory's descriptor),
+//! by a thread of its own ([`Budget::keep_on_disk`]), never by the pass that spent: the room
+//! thread's passes run exactly when memory is exhausted, writes at `mem-limit` wait for
+//! them, and a file system write allocates (an I/O flusher's allocation then waits in
+//! reclaim as long as it takes). A daemon that dies right after a pass may leave that pass
+//! uncounted on disk.
 //! A file that does not parse, or that counts a day after today, is not trusted: the day's
 //! budget counts as spent (a warning says so), never as unspent.
 
@@ -13,7 +18,7 @@ use std::ffi::OsString;
 use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
@@ -45,6 +50,10 @@ pub struct Budget {
     name: OsString,
     per_day: u64,
     today: Mutex<Day>,
+    /// Whether `today` changed since it was last kept on disk, and the wake-up of the
+    /// thread that keeps it.
+    unsaved: Mutex<bool>,
+    spent: Condvar,
 }
 
 /// Today, in days since 1970-01-01 (UTC).
@@ -83,6 +92,8 @@ impl Budget {
                 day: today(),
                 spent: 0,
             }),
+            unsaved: Mutex::new(false),
+            spent: Condvar::new(),
         };
         let dir_fd = budget.open_dir()?;
         let kept = budget.read();
@@ -128,22 +139,45 @@ impl Budget {
         self.per_day.saturating_sub(d.spent)
     }
 
-    /// Counts `bytes` written today and keeps the count on disk.
-    pub fn spend(&self, bytes: u64) -> anyhow::Result<()> {
-        self.spend_on(today(), bytes)
+    /// Counts `bytes` written today; [`Budget::keep_on_disk`] writes the count down.
+    pub fn spend(&self, bytes: u64) {
+        self.spend_on(today(), bytes);
     }
 
-    fn spend_on(&self, now: u64, bytes: u64) -> anyhow::Result<()> {
-        let day = {
+    fn spend_on(&self, now: u64, bytes: u64) {
+        {
             let mut d = self.today.lock().unwrap_or_else(|e| e.into_inner());
             if d.day != now {
                 *d = Day { day: now, spent: 0 };
             }
             d.spent = d.spent.saturating_add(bytes);
-            *d
-        };
+        }
+        *self.unsaved.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.spent.notify_one();
+    }
+
+    /// Writes today's count to the file now.
+    pub fn save_now(&self) -> anyhow::Result<()> {
+        let day = *self.today.lock().unwrap_or_else(|e| e.into_inner());
         let dir = self.open_dir()?;
         self.save(&dir, day)
+    }
+
+    /// The thread that keeps the count on disk: writes it down after each pass that spent.
+    /// Never returns.
+    pub fn keep_on_disk(&self) {
+        loop {
+            {
+                let mut unsaved = self.unsaved.lock().unwrap_or_else(|e| e.into_inner());
+                while !*unsaved {
+                    unsaved = self.spent.wait(unsaved).unwrap_or_else(|e| e.into_inner());
+                }
+                *unsaved = false;
+            }
+            if let Err(error) = self.save_now() {
+                tracing::error!(error = %format!("{error:#}"), "the writeback budget could not be kept on disk");
+            }
+        }
     }
 
     /// The directory, made root's and 0700 if absent, and checked: root's, no access for
@@ -242,11 +276,8 @@ pub(super) fn budgeted_writeback(
 
 /// Counts a pass's blocks against the day's budget.
 fn spend(budget: &Budget, blocks: u64) {
-    if blocks == 0 {
-        return;
-    }
-    if let Err(error) = budget.spend(blocks * uzram_core::store::BLOCK_BYTES as u64) {
-        tracing::error!(error = %format!("{error:#}"), "the writeback budget could not be kept on disk");
+    if blocks > 0 {
+        budget.spend(blocks * uzram_core::store::BLOCK_BYTES as u64);
     }
 }
 
@@ -266,13 +297,14 @@ mod tests {
         let dev = Path::new("/dev/sdb2");
         let b = Budget::open(&dir, dev, 1000).unwrap();
         assert_eq!(b.left(), 1000);
-        b.spend(300).unwrap();
+        b.spend(300);
         assert_eq!(b.left(), 700);
+        b.save_now().unwrap();
         drop(b);
         // A restart goes on from the file.
         let b = Budget::open(&dir, dev, 1000).unwrap();
         assert_eq!(b.left(), 700);
-        b.spend(900).unwrap();
+        b.spend(900);
         assert_eq!(b.left(), 0);
         // Another device has its own budget.
         assert_eq!(
@@ -284,11 +316,45 @@ mod tests {
         // Tomorrow, the budget is whole again, and that is kept too.
         let tomorrow = today() + 1;
         assert_eq!(b.left_on(tomorrow), 1000);
-        b.spend_on(tomorrow, 10).unwrap();
+        b.spend_on(tomorrow, 10);
         assert_eq!(b.left_on(tomorrow), 990);
+        b.save_now().unwrap();
         let meta = std::fs::metadata(dir.join("_dev_sdb2.json")).unwrap();
         assert_eq!(meta.mode() & 0o777, 0o600);
         assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_pass_spends_in_memory_and_the_keeper_thread_writes_it_down() {
+        let dir = scratch("keeper");
+        let dev = Path::new("/dev/sdd1");
+        let b = std::sync::Arc::new(Budget::open(&dir, dev, 1000).unwrap());
+        let file = dir.join(file_name(dev));
+        let on_disk = || {
+            let text = std::fs::read_to_string(&file).unwrap();
+            serde_json::from_str::<Day>(&text).unwrap().spent
+        };
+        // The directory taken away: a spend does not need it (the pass never waits on the
+        // file system), and counts at once.
+        std::fs::remove_dir_all(&dir).unwrap();
+        b.spend(100);
+        assert_eq!(b.left(), 900);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .unwrap();
+        let keeper = b.clone();
+        std::thread::spawn(move || keeper.keep_on_disk());
+        b.spend(250);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !(file.exists() && on_disk() == 350) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the count was not written down"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(Budget::open(&dir, dev, 1000).unwrap().left(), 650);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

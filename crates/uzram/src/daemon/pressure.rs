@@ -46,8 +46,11 @@ const EVERY: Duration = Duration::from_secs(1);
 pub(super) fn keep_room(store: Arc<PageStore>, budget: Option<Arc<Budget>>, room: Arc<Room>) {
     crate::memory::io_path_thread("uzram-room");
     store.prepare_backing_thread();
+    let mut pressure = PressureFile::open();
     loop {
-        room_round(&store, budget.as_deref(), &room, EVERY, host_some_avg10);
+        room_round(&store, budget.as_deref(), &room, EVERY, || {
+            pressure.some_avg10()
+        });
     }
 }
 
@@ -84,9 +87,35 @@ pub fn some_avg10(text: &str) -> Option<f64> {
         .ok()
 }
 
-/// The host's memory pressure now (`None` without PSI: a kernel built without it).
-pub fn host_some_avg10() -> Option<f64> {
-    some_avg10(&std::fs::read_to_string("/proc/pressure/memory").ok()?)
+/// `/proc/pressure/memory`, opened once and read again from its start each round.
+///
+/// Why: opening and reading a `/proc` file allocates kernel memory (the file, its seq_file
+/// and a page for its text). Under memory exhaustion an allocation of the daemon's (an I/O
+/// flusher, whose reclaim can neither swap nor wake the OOM killer) waits in reclaim as long
+/// as it takes, and writes at `mem-limit` wait for this thread (in guest runs of scenario l
+/// they waited out their 3 s and failed, one after another, for a minute, while the pool
+/// keeper sat in reclaim; where this thread sat then was not recorded). A file kept open
+/// keeps its buffer, so a read from its start allocates nothing.
+pub struct PressureFile {
+    file: Option<std::fs::File>,
+    text: [u8; 256],
+}
+
+impl PressureFile {
+    /// Opens it (`None` inside: a kernel built without PSI, whose pressure reads as none).
+    pub fn open() -> Self {
+        Self {
+            file: std::fs::File::open("/proc/pressure/memory").ok(),
+            text: [0; 256],
+        }
+    }
+
+    /// The host's memory pressure now (`None` without PSI or when the read fails).
+    pub fn some_avg10(&mut self) -> Option<f64> {
+        use std::os::unix::fs::FileExt;
+        let n = self.file.as_ref()?.read_at(&mut self.text, 0).ok()?;
+        some_avg10(std::str::from_utf8(&self.text[..n]).ok()?)
+    }
 }
 
 /// What one second of the policy wrote back, in pages, and why.
@@ -190,6 +219,19 @@ mod tests {
         assert_eq!(some_avg10(text), Some(12.5));
         assert_eq!(some_avg10("full avg10=1.00\n"), None);
         assert_eq!(some_avg10("some avg10=x\n"), None);
+    }
+
+    #[test]
+    fn the_pressure_file_is_read_again_from_its_start() {
+        let mut psi = PressureFile::open();
+        if psi.file.is_none() {
+            println!("SKIP: this kernel has no /proc/pressure/memory (PSI)");
+            return;
+        }
+        for _ in 0..3 {
+            let now = psi.some_avg10();
+            assert!(now.is_some_and(|p| (0.0..=100.0).contains(&p)), "{now:?}");
+        }
     }
 
     fn page(i: u64) -> Vec<u8> {

@@ -116,6 +116,10 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
             .map(Arc::new),
         None => None,
     };
+    if let Some(b) = &budget {
+        let b = b.clone();
+        spawn("uzram-budget", move || b.keep_on_disk())?;
+    }
     let kept_budget = budget.clone();
     spawn("uzram-control", move || {
         // `uzram writeback` runs its pass here.

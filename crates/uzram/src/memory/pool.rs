@@ -11,10 +11,8 @@
 //!   mapped, faulted in and locked; it takes no lock shared with anything that can block in
 //!   reclaim (a spin lock around a pointer swap), and falls back to the system allocator when
 //!   the pool is empty or not set up;
-//! - a keeper thread ([`keep`]) adds blocks whenever the pool is below its target, a target
-//!   that grows when the pool ran low: each block's pages are allocated in the region's file
-//!   first (`fallocate`, which holds no lock of this process's memory map while it waits
-//!   for memory), then mapped (locked by mlockall). On
+//! - a keeper thread ([`keep`]) maps more blocks (touched page by page, locked by mlockall)
+//!   whenever the pool is below its target, a target that grows when the pool ran low. On
 //!   machines with many CPUs, filler threads ([`filler_count`]) share the work when the pool
 //!   is far below its target. Like
 //!   the queue threads it is an I/O flusher: its reclaim takes pages whose swap-out is done
@@ -32,7 +30,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -63,14 +61,6 @@ static TAKE_WAITS: AtomicUsize = AtomicUsize::new(0);
 static TAKE_TIMEOUTS: AtomicUsize = AtomicUsize::new(0);
 /// Whether `MADV_POPULATE_WRITE` works here (Linux 5.14+); cleared at its first refusal.
 static POPULATE: AtomicBool = AtomicBool::new(true);
-/// The region's file, through which [`commit`] allocates a block's pages (-1: not open,
-/// or refused; then the fault that maps a block allocates its pages).
-static REGION_FD: AtomicI32 = AtomicI32::new(-1);
-/// The mapping of the region's file that [`allocate_in_region`] takes addresses in, and
-/// the file's offset of address 0 (wrapping): address `a` of it is at `a + REGION_FILE_DELTA`.
-static REGION_MAP_START: AtomicUsize = AtomicUsize::new(0);
-static REGION_MAP_END: AtomicUsize = AtomicUsize::new(0);
-static REGION_FILE_DELTA: AtomicUsize = AtomicUsize::new(0);
 
 /// Whether a block's pages are in memory, kept in the store's region (a byte a block,
 /// `store_segment.rs`) so that a recovery adopts the old daemon's free blocks that are still in
@@ -239,11 +229,9 @@ static REFILLS_ALLOWED: AtomicBool = AtomicBool::new(true);
 ///
 /// Why: a recovering daemon starts while its device serves nothing, often with memory
 /// exhausted. A refill then sits in reclaim that only the device's swap writes can satisfy,
-/// taking memory the starting daemon needs. When refills allocated in their fault
-/// (`MADV_POPULATE_WRITE`, and still where the region's file cannot be opened, see
-/// [`allocate_in_region`]) they did so holding the process's mmap lock: the next mmap of the
-/// starting daemon (a thread's stack) waited behind it, the device never served, and every
-/// later taker of the lock (even a read of `/proc/PID/cmdline`) waited too. Seen in the
+/// and `MADV_POPULATE_WRITE` does so holding the process's mmap lock: the next mmap of the
+/// starting daemon (a thread's stack) waits behind it, the device never serves, and every
+/// later taker of the lock (even a read of `/proc/PID/cmdline`) waits too. Seen in the
 /// guest's crash test: the keeper in `madvise` on its CPU for 400 s, the new daemon stuck.
 /// The recovery serves with the blocks it adopted instead, and refills once it serves.
 pub fn hold_refills() {
@@ -405,78 +393,8 @@ pub fn init_with(
     }
     FRONTIER.store(base + top * BLOCK, Ordering::Release);
     LIMIT.store(base + blocks * BLOCK, Ordering::Release);
-    open_region_file(base);
     BASE.store(base, Ordering::Release);
     adopted
-}
-
-/// Opens the file of the region at `base` for [`commit`]'s allocations, or leaves blocks
-/// to be allocated by the faults that map them (with a note why) where it cannot be opened
-/// (`/proc/self/map_files` takes `CAP_SYS_ADMIN`, which a container may lack).
-fn open_region_file(base: usize) {
-    use std::os::fd::IntoRawFd;
-    let fd = match crate::sys::memory::mapped_file(base) {
-        Ok(mapped) => {
-            let delta = (mapped.offset as usize).wrapping_sub(mapped.mapping.start);
-            REGION_FILE_DELTA.store(delta, Ordering::Relaxed);
-            REGION_MAP_START.store(mapped.mapping.start, Ordering::Relaxed);
-            REGION_MAP_END.store(mapped.mapping.end, Ordering::Relaxed);
-            mapped.file.into_raw_fd()
-        }
-        Err(err) => {
-            tracing::info!(error = %err, "the store's file cannot be opened: pool blocks are allocated by the faults that map them, holding the memory map's lock while memory is short");
-            -1
-        }
-    };
-    // Never closed: `init` runs once per process, and a commit may hold the number.
-    REGION_FD.store(fd, Ordering::Release);
-}
-
-/// Allocates the pages of `len` bytes at `addr` in the region's file, which takes no lock
-/// of this process's memory map; false when there is no file to do it in, or the range is
-/// not in the mapping it was opened for (the caller's fault allocates them then). For the
-/// pool's blocks ([`commit`]) and the recovery room, which lies in the same mapping.
-///
-/// Why: a fault of the region (shared memory has no `map_pages`, so its faults never run
-/// under the per-VMA lock) allocates while holding the memory map's lock for reading, and
-/// under memory exhaustion an I/O flusher's allocation waits in reclaim for as long as it
-/// takes: minutes. Any thread of the daemon that then maps or unmaps memory (`brk`, a stack)
-/// waits for that lock, and every fault of every other thread waits behind it: the room
-/// thread sat in `brk` so once, and in one CI run the whole device stopped for 2,000 s with
-/// the keeper in such a fault. Allocated here, the later fault only maps the pages; what it
-/// may still allocate under the lock is a page table, one per 32 blocks.
-pub fn allocate_in_region(addr: usize, len: usize) -> bool {
-    let fd = REGION_FD.load(Ordering::Acquire);
-    let inside = addr >= REGION_MAP_START.load(Ordering::Relaxed)
-        && addr
-            .checked_add(len)
-            .is_some_and(|end| end <= REGION_MAP_END.load(Ordering::Relaxed));
-    if fd < 0 || !inside {
-        return false;
-    }
-    let offset = addr.wrapping_add(REGION_FILE_DELTA.load(Ordering::Relaxed)) as u64;
-    // SAFETY: REGION_FD, once open, is never closed.
-    let file = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-    match crate::sys::memory::allocate_in_file(file, offset, len) {
-        Ok(()) => true,
-        Err(err)
-            if matches!(
-                err.raw_os_error(),
-                Some(libc::ENOMEM | libc::EINTR | libc::ENOSPC)
-            ) =>
-        {
-            false
-        }
-        Err(err) => {
-            if REGION_FD
-                .compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
-                tracing::warn!(error = %err, "allocating pool blocks in the store's file failed: the faults that map them allocate them from now on");
-            }
-            false
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -590,16 +508,13 @@ pub fn reserve(bytes: usize) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Allocates the pages of `block`, maps them (mlockall locks them) and frees it into the pool.
+/// Touches every page of `block` (faulting it in; mlockall locks it) and frees it into the pool.
 ///
 /// # Safety
 /// `block` must be a block of the reservation that nobody uses: never handed out, or given
 /// back by `trim`.
 unsafe fn commit(block: usize) {
     mark(block, BlockState::Changing);
-    // The pages first, outside the memory map's lock (see there); the fault below then maps
-    // them, or allocates them itself where that failed.
-    allocate_in_region(block, BLOCK);
     // One call per block instead of a fault per page: a fifth to a third less of the keeper's
     // CPU per block (docs/bench/gpu-runs.md).
     if POPULATE.load(Ordering::Relaxed) {
@@ -1096,47 +1011,6 @@ mod tests {
             // SAFETY: pool blocks taken above with this layout.
             unsafe { PoolAlloc.dealloc(b, layout) };
         }
-    }
-
-    #[test]
-    fn a_refill_allocates_in_the_region_file_and_its_fault_only_maps() {
-        let _serial = test_pool();
-        if !crate::sys::is_root() {
-            println!("SKIP: not root (/proc/self/map_files takes CAP_SYS_ADMIN)");
-            return;
-        }
-        use std::os::unix::fs::MetadataExt;
-        let fd = REGION_FD.load(Ordering::Acquire);
-        assert!(fd >= 0, "the region's file was not opened");
-        let blocks_in_file = || {
-            std::fs::metadata(format!("/proc/self/fd/{fd}"))
-                .unwrap()
-                .blocks()
-        };
-        // A block never used, claimed past the frontier as `refill` claims it.
-        let limit = LIMIT.load(Ordering::Acquire);
-        let block = FRONTIER
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| {
-                (f + BLOCK <= limit).then_some(f + BLOCK)
-            })
-            .expect("the tests' reservation is used up");
-        let before = blocks_in_file();
-        assert!(allocate_in_region(block, BLOCK));
-        assert!(
-            !allocate_in_region(LIMIT.load(Ordering::Acquire), BLOCK),
-            "a range past the mapping was allocated"
-        );
-        // st_blocks counts 512-byte units
-        assert_eq!(blocks_in_file() - before, (BLOCK / 512) as u64);
-        assert!(!mapped_here(block), "allocating the pages mapped them");
-        // SAFETY: claimed above, never handed out.
-        unsafe { commit(block) };
-        assert!(mapped_here(block) && mapped_here(block + BLOCK - 4096));
-        assert_eq!(
-            blocks_in_file() - before,
-            (BLOCK / 512) as u64,
-            "the fault allocated pages of its own"
-        );
     }
 
     /// Whether `addr`'s page is mapped in this process's page tables (`/proc/self/pagemap`).

@@ -97,63 +97,6 @@ pub fn populate_read(addr: usize, len: usize) -> io::Result<()> {
     ok(unsafe { libc::madvise(addr as *mut libc::c_void, len, MADV_POPULATE_READ) })
 }
 
-/// The file behind a shared mapping, opened through `/proc/self/map_files`.
-#[derive(Debug)]
-pub struct MappedFile {
-    /// The file (shared memory's own), open read-write.
-    pub file: std::fs::File,
-    /// The mapping (as `/proc/self/maps` listed it when the file was opened).
-    pub mapping: std::ops::Range<usize>,
-    /// The file's offset of the mapping's start.
-    pub offset: u64,
-}
-
-/// The file behind the shared mapping that holds `addr`, opened read-write through
-/// `/proc/self/map_files` (which takes `CAP_SYS_ADMIN`): for [`allocate_in_file`].
-pub fn mapped_file(addr: usize) -> io::Result<MappedFile> {
-    let maps = std::fs::read_to_string("/proc/self/maps")?;
-    let (mapping, offset) = maps
-        .lines()
-        .find_map(|line| {
-            let mut fields = line.split_ascii_whitespace();
-            let (start, end) = fields.next()?.split_once('-')?;
-            let start = usize::from_str_radix(start, 16).ok()?;
-            let end = usize::from_str_radix(end, 16).ok()?;
-            let offset = u64::from_str_radix(fields.nth(1)?, 16).ok()?;
-            (start..end).contains(&addr).then_some((start..end, offset))
-        })
-        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no mapping holds the address"))?;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(format!(
-            "/proc/self/map_files/{:x}-{:x}",
-            mapping.start, mapping.end
-        ))?;
-    Ok(MappedFile {
-        file,
-        mapping,
-        offset,
-    })
-}
-
-/// Allocates the pages of `len` bytes at `offset` of `file` (`fallocate`, keeping its
-/// size), without mapping them. For shared memory the pages then sit in the file's page
-/// cache, and a fault of a mapping over them only maps them.
-pub fn allocate_in_file(
-    file: std::os::fd::BorrowedFd<'_>,
-    offset: u64,
-    len: usize,
-) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
-    };
-    // SAFETY: fallocate takes a descriptor the caller holds open and two integers; it
-    // changes no byte a mapping shows (new pages read as zeros, existing ones are kept).
-    ok(unsafe { libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, offset, len) })
-}
-
 /// One flag per 4 KiB page of the range: whether it is resident (`mincore`).
 pub fn resident_pages(addr: usize, len: usize) -> io::Result<Vec<bool>> {
     let mut pages = vec![0u8; len.div_ceil(4096)];
@@ -181,38 +124,6 @@ pub fn mallinfo() -> libc::mallinfo2 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pages_allocated_in_a_mappings_file_are_its_own_and_read_as_zeros() {
-        if !crate::sys::is_root() {
-            println!("SKIP: not root (/proc/self/map_files takes CAP_SYS_ADMIN)");
-            return;
-        }
-        use std::os::fd::AsFd;
-        use std::os::unix::fs::MetadataExt;
-        let len = 64 * 4096;
-        let base = map_shared_anonymous(len, true).unwrap();
-        let mapped = mapped_file(base + 16 * 4096).unwrap();
-        assert_eq!(mapped.mapping, base..base + len);
-        let (file, at) = (mapped.file, mapped.offset + 16 * 4096);
-        let blocks = file.metadata().unwrap().blocks();
-        allocate_in_file(file.as_fd(), at, 16 * 4096).unwrap();
-        // st_blocks counts 512-byte units: the file holds 16 more pages, none of them mapped
-        let grown = file.metadata().unwrap().blocks() - blocks;
-        assert_eq!(grown, 16 * 8, "the file grew by {grown} blocks");
-        populate_write(base + 16 * 4096, 16 * 4096).unwrap();
-        assert_eq!(
-            file.metadata().unwrap().blocks() - blocks,
-            16 * 8,
-            "populate allocated again"
-        );
-        // SAFETY: our fresh mapping; nothing else refers to it.
-        let page =
-            unsafe { std::slice::from_raw_parts((base + 16 * 4096) as *const u8, 16 * 4096) };
-        assert!(page.iter().all(|&b| b == 0));
-        // SAFETY: as above.
-        unsafe { unmap(base, len) }.unwrap();
-    }
 
     #[test]
     fn a_range_given_back_is_no_longer_resident_and_reads_zeros() {

@@ -730,12 +730,8 @@ pub fn commit_room_soon(start: usize, len: usize) {
     );
 }
 
-/// Faults in `len` bytes at `start`, a range of a region's recovery room: its pages
-/// allocated in the store's file first where the pool has it open, so that a wait for
-/// memory (a recovery commits its room again while the swap storm goes on) holds no lock of
-/// this process's memory map (`pool::allocate_in_region`).
+/// Faults in `len` bytes at `start`, a range of a region's recovery room.
 pub fn commit_room_at(start: usize, len: usize) {
-    crate::memory::pool::allocate_in_region(start, len);
     for page in (start..start + len).step_by(4096) {
         // SAFETY: `page` lies in the recovery room of our read-write mapping, which nothing
         // else uses; the write faults the page in.
