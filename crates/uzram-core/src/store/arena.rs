@@ -610,7 +610,7 @@ impl Arena {
 
 /// One live object, as compaction sees it: where it is, how long, and an opaque tag the
 /// caller uses to find its table entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Object {
     pub handle: u64,
     pub len: u16,

@@ -833,6 +833,7 @@ impl PageStore {
             {
                 return 0;
             }
+            fault_in_spare(&mut objects, Object::default());
             let mut compaction = self.arena.lock_for_compaction();
             if compaction.objects() as usize > objects.capacity() {
                 continue;
@@ -1345,6 +1346,26 @@ fn corrupt(index: u64, what: &str) -> CoreError {
     CoreError::Corrupt {
         index,
         source: crate::codec::CodecError::Corrupt(what.into()),
+    }
+}
+
+/// Writes an item on every page of `v`'s spare room, so that the room is in memory before
+/// the caller takes its locks.
+///
+/// Why: a reservation is address space; its pages come with the first write (the daemon
+/// locks memory on fault, `MCL_ONFAULT`, and a large reservation is a fresh mapping of its
+/// own). Compaction's list of every object (24 bytes an object: 60 MB for 2.5 million pages
+/// in RAM) was first written under every shard's write lock, so one of those faults waiting
+/// in reclaim (under memory exhaustion an I/O flusher's waits as long as it takes) would
+/// hold every queue thread.
+fn fault_in_spare<T: Copy>(v: &mut Vec<T>, item: T) {
+    let per_page = (4096 / std::mem::size_of::<T>().max(1)).max(1);
+    let spare = v.spare_capacity_mut();
+    let last = spare.len().checked_sub(1);
+    for i in (0..spare.len()).step_by(per_page).chain(last) {
+        spare[i].write(item);
+        // The write must happen: nothing reads it before the item written there later.
+        std::hint::black_box(&spare[i]);
     }
 }
 

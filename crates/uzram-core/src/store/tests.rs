@@ -1057,3 +1057,38 @@ fn a_staged_copy_that_no_longer_matches_its_checksum_is_not_read() {
     assert!(store.read(2, &mut out).is_err());
     assert_eq!(store.stats().checksum_failures, 1);
 }
+
+/// Pages of `[addr, addr + len)` mapped in this process (`/proc/self/pagemap`'s present bit).
+fn resident_pages(addr: usize, len: usize) -> usize {
+    use std::os::unix::fs::FileExt;
+    let start = addr & !4095;
+    let pages = (addr + len - start).div_ceil(4096);
+    let mut entries = vec![0u8; pages * 8];
+    std::fs::File::open("/proc/self/pagemap")
+        .unwrap()
+        .read_exact_at(&mut entries, (start / 4096 * 8) as u64)
+        .unwrap();
+    entries.chunks_exact(8).filter(|e| e[7] & 0x80 != 0).count()
+}
+
+#[test]
+fn compactions_object_list_is_in_memory_before_it_takes_the_locks() {
+    // 64 MiB: above glibc's largest mmap threshold, so a fresh mapping, never touched.
+    let n = (64 << 20) / std::mem::size_of::<super::arena::Object>();
+    let mut objects: Vec<super::arena::Object> = Vec::new();
+    objects.try_reserve_exact(n).unwrap();
+    let (addr, len) = (
+        objects.as_ptr() as usize,
+        objects.capacity() * std::mem::size_of::<super::arena::Object>(),
+    );
+    let pages = resident_pages(addr, len);
+    assert!(pages < 16, "{pages} pages of a fresh reservation in memory");
+    super::fault_in_spare(&mut objects, super::arena::Object::default());
+    let all = (addr + len - (addr & !4095)).div_ceil(4096);
+    assert_eq!(
+        resident_pages(addr, len),
+        all,
+        "pages left to fault under the locks"
+    );
+    assert!(objects.is_empty());
+}
