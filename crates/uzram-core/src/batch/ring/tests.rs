@@ -460,7 +460,13 @@ fn a_drain_leaves_no_page_in_staging_while_writes_go_on() {
                 }
             });
         }
-        std::thread::sleep(Duration::from_millis(10));
+        // The drain starts once the writers staged something (on a busy machine 10 ms were
+        // not always enough), so that it meets writes going on.
+        let start = Instant::now();
+        while ring.stats().staged_pages == 0 {
+            assert!(start.elapsed() < Duration::from_secs(30), "nothing staged");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         assert!(ring.drain(Duration::from_secs(30)), "drain timed out");
         // What the writers stage from now on would be a page only this process holds.
         assert_eq!(
