@@ -1,5 +1,10 @@
 /*
- * hangwatch SECS NAME: diagnostics for a guest that stops making progress under memory pressure.
+ * hangwatch SECS NAME [STALL]: diagnostics for a guest that stops making progress under memory
+ * pressure. With STALL, it dumps as soon as swap has stood still for STALL seconds (the
+ * kernel's Writeback and SwapFree in /proc/meminfo unchanged, read each second through a
+ * descriptor opened at start: a re-read of a seq_file from its start allocates nothing),
+ * or after SECS, whichever comes first: a stall that a swap device recovers from after a
+ * minute is over by a fixed time.
  * Locks itself in memory (so it keeps running when everything else waits on swap-in), sleeps
  * SECS, then triggers sysrq 't' (every task's kernel stack, into the kernel log) through a
  * descriptor opened before the sleep: that write allocates nothing, where reading /proc does
@@ -121,6 +126,24 @@ static void sample_threads(const char *name)
 		closedir(proc);
 }
 
+/* "Writeback W SwapFree S" (kB) from /proc/meminfo, read from its start through `fd` */
+static int swap_state(int fd, char *out, size_t len)
+{
+	static char text[8192];
+	ssize_t n = pread(fd, text, sizeof(text) - 1, 0);
+	unsigned long wb = 0, sf = 0;
+
+	if (n <= 0)
+		return -1;
+	text[n] = 0;
+	char *w = strstr(text, "\nWriteback:"), *f = strstr(text, "\nSwapFree:");
+	if (!w || !f || sscanf(w, "\nWriteback: %lu", &wb) != 1 ||
+	    sscanf(f, "\nSwapFree: %lu", &sf) != 1)
+		return -1;
+	snprintf(out, len, "Writeback %lu SwapFree %lu", wb, sf);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	char path[600], comm[64], buf[300];
@@ -128,8 +151,8 @@ int main(int argc, char **argv)
 	int nlogs = 0;
 	struct dirent *p, *t;
 
-	if (argc != 3) {
-		fprintf(stderr, "usage: hangwatch SECS NAME\n");
+	if (argc != 3 && argc != 4) {
+		fprintf(stderr, "usage: hangwatch SECS NAME [STALL]\n");
 		return 2;
 	}
 	mallopt(M_TRIM_THRESHOLD, 1 << 30);
@@ -145,7 +168,21 @@ int main(int argc, char **argv)
 	if (sysrq < 0)
 		perror("hangwatch: /proc/sysrq-trigger");
 	unsigned secs = (unsigned)atoi(argv[1]);
-	sleep(secs > 1 ? secs - 1 : 0);
+	unsigned stall = argc == 4 ? (unsigned)atoi(argv[3]) : 0;
+	int meminfo = stall ? open("/proc/meminfo", O_RDONLY | O_CLOEXEC) : -1;
+	char last[64] = "", now[64];
+	unsigned still = 0, waited = 0;
+	while (waited + 1 < secs && (meminfo < 0 || still < stall)) {
+		sleep(1);
+		waited++;
+		if (meminfo < 0 || swap_state(meminfo, now, sizeof(now)) != 0)
+			continue;
+		still = strcmp(now, last) == 0 ? still + 1 : 0;
+		memcpy(last, now, sizeof(last));
+	}
+	if (meminfo >= 0 && still >= stall)
+		printf("hangwatch: swap stood still for %us after %us (%s)\n", still, waited, last);
+	fflush(stdout);
 	/* t: every task's stack; l: what the CPUs run now (t skips running tasks); m: memory.
 	 * First, before anything that reads /proc (see the top of the file). */
 	for (const char *c = "tlm"; sysrq >= 0 && *c; c++)
