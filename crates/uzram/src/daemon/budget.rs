@@ -50,9 +50,7 @@ pub struct Budget {
     name: OsString,
     per_day: u64,
     today: Mutex<Day>,
-    /// Whether `today` changed since it was last kept on disk, and the wake-up of the
-    /// thread that keeps it.
-    unsaved: Mutex<bool>,
+    /// Wakes the thread that keeps `today` on disk when it changes.
     spent: Condvar,
 }
 
@@ -92,7 +90,6 @@ impl Budget {
                 day: today(),
                 spent: 0,
             }),
-            unsaved: Mutex::new(false),
             spent: Condvar::new(),
         };
         let dir_fd = budget.open_dir()?;
@@ -152,31 +149,38 @@ impl Budget {
             }
             d.spent = d.spent.saturating_add(bytes);
         }
-        *self.unsaved.lock().unwrap_or_else(|e| e.into_inner()) = true;
         self.spent.notify_one();
     }
 
-    /// Writes today's count to the file now.
-    pub fn save_now(&self) -> anyhow::Result<()> {
+    /// Writes today's count to the file now (what the thread does after a spend).
+    #[cfg(test)]
+    fn save_now(&self) -> anyhow::Result<()> {
         let day = *self.today.lock().unwrap_or_else(|e| e.into_inner());
+        self.write_down(day)
+    }
+
+    fn write_down(&self, day: Day) -> anyhow::Result<()> {
         let dir = self.open_dir()?;
         self.save(&dir, day)
     }
 
-    /// The thread that keeps the count on disk: writes it down after each pass that spent.
-    /// Never returns.
+    /// The thread that keeps the count on disk: writes it down at its start and then
+    /// whenever it differs from what it last wrote (after each pass that spent). Never
+    /// returns.
     pub fn keep_on_disk(&self) {
+        let mut written: Option<Day> = None;
         loop {
-            {
-                let mut unsaved = self.unsaved.lock().unwrap_or_else(|e| e.into_inner());
-                while !*unsaved {
-                    unsaved = self.spent.wait(unsaved).unwrap_or_else(|e| e.into_inner());
+            let day = {
+                let mut d = self.today.lock().unwrap_or_else(|e| e.into_inner());
+                while written == Some(*d) {
+                    d = self.spent.wait(d).unwrap_or_else(|e| e.into_inner());
                 }
-                *unsaved = false;
-            }
-            if let Err(error) = self.save_now() {
+                *d
+            };
+            if let Err(error) = self.write_down(day) {
                 tracing::error!(error = %format!("{error:#}"), "the writeback budget could not be kept on disk");
             }
+            written = Some(day);
         }
     }
 
