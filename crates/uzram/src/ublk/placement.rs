@@ -141,7 +141,15 @@ mod tests {
         assert_eq!(threads.spread(&all).unwrap(), 1);
         go_tx.send(()).unwrap();
         assert_eq!(queue.join().unwrap(), all, "free to run anywhere");
-        // A thread that has ended is passed over.
+        // A thread that has ended is passed over. A joined thread can still be found by its
+        // id for a moment (the join wakes before the kernel releases the task: one CI run
+        // moved it), so the check waits until the task is gone.
+        let tid = threads.tids.lock().unwrap()[0];
+        let start = std::time::Instant::now();
+        while std::path::Path::new(&format!("/proc/self/task/{tid}")).exists() {
+            assert!(start.elapsed().as_secs() < 10, "thread {tid} never went");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         assert_eq!(threads.spread(&all).unwrap(), 0);
         assert_eq!(Placement::for_backend(true), Placement::Anywhere);
         assert_eq!(Placement::for_backend(false).name(), "kernel");
