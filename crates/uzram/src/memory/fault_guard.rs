@@ -194,23 +194,32 @@ mod tests {
         let _serial = SERIAL
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // A page of .bss nobody has written yet: populating must fault it in up front.
-        static UNTOUCHED: [std::sync::atomic::AtomicU8; 3 * 4096] =
-            [const { std::sync::atomic::AtomicU8::new(0) }; 3 * 4096];
+        // Pages of .bss nobody has written yet: populating must fault them in up front.
+        static UNTOUCHED: [std::sync::atomic::AtomicU8; 7 * 4096] =
+            [const { std::sync::atomic::AtomicU8::new(0) }; 7 * 4096];
         let done = populate_writable_mappings().unwrap();
         assert!(done.mappings > 0 && done.bytes > 0, "{done:?}");
-        // Two pages: unpopulated, that is two faults; a stray housekeeping fault is tolerated.
-        let before = thread_faults().unwrap();
-        UNTOUCHED[4096].store(1, std::sync::atomic::Ordering::Relaxed);
-        UNTOUCHED[8192].store(1, std::sync::atomic::Ordering::Relaxed);
-        let after = thread_faults().unwrap();
+        // Each try writes two pages not written before: unpopulated, that is two faults. A
+        // stray fault (the host's compaction or khugepaged moving a page of this process
+        // under load) is tolerated, one in a try, and a try with more is made again on two
+        // fresh pages, three tries at most: unpopulated pages fail every one.
+        let mut seen = Vec::new();
+        for first in [1, 3, 5] {
+            let before = thread_faults().unwrap();
+            UNTOUCHED[first * 4096].store(1, std::sync::atomic::Ordering::Relaxed);
+            UNTOUCHED[(first + 1) * 4096].store(1, std::sync::atomic::Ordering::Relaxed);
+            let faults = thread_faults().unwrap() - before;
+            seen.push(faults);
+            if faults <= 1 {
+                break;
+            }
+        }
         assert!(
-            after - before <= 1,
-            "{} faults writing a populated static",
-            after - before
+            seen.last().is_some_and(|&f| f <= 1),
+            "faults writing two populated static pages, a try each: {seen:?}"
         );
         assert_eq!(
-            UNTOUCHED[8192].load(std::sync::atomic::Ordering::Relaxed),
+            UNTOUCHED[4096].load(std::sync::atomic::Ordering::Relaxed),
             1
         );
     }
