@@ -62,6 +62,11 @@ fn main() -> ExitCode {
     // for the daemon that `recover` has yet to start (and that daemon, forked from it,
     // inherits the flag through exec).
     let io_flusher = cli.command.on_a_device_io_path().then(sys::set_io_flusher);
+    // No core file of swapped memory, and no crash stuck in a dump: see `forbid_core_dumps`.
+    let no_dumps = cli
+        .command
+        .on_a_device_io_path()
+        .then(sys::forbid_core_dumps);
     // Log lines go through a bounded queue to a writer thread, and are dropped when it is
     // full: a queue thread must never block on a log write. The daemon's log file lives on
     // tmpfs (/run), whose pages can be swapped out to the daemon's own device; a queue
@@ -115,6 +120,9 @@ fn main() -> ExitCode {
     };
     if !malloc_configured {
         tracing::warn!("mallopt failed: memory headroom may not hold under pressure");
+    }
+    if let Some(Err(err)) = no_dumps {
+        tracing::warn!(error = %err, "PR_SET_DUMPABLE failed: a crash may write swapped memory to a core file");
     }
     // Without root the command stops at its own root check, which says what to do.
     if let (Some(Err(err)), true) = (io_flusher, sys::is_root()) {

@@ -117,13 +117,20 @@ if uzram_create --size 64M; then
         || { fail_check "uzram recover --wait on a destroyed device: rc=$rc"; tail -5 /tmp/d-wait.out; }
     fi
     # A device made as a user makes it (with its standby, the default) recovers by itself,
-    # crash after crash, and its standby ends with it.
+    # crash after crash, and its standby ends with it. The second crash is a signal that dumps
+    # core, its daemon allowed a core of any size: the daemon forbids dumps (its memory is
+    # everyone's swap), so none is written and the standby takes over as after a kill -9.
+    CORE_PATTERN=$(cat /proc/sys/kernel/core_pattern)
+    mkdir -p /tmp/cores && rm -f /tmp/cores/*
+    echo '/tmp/cores/core.%e.%p' > /proc/sys/kernel/core_pattern
+    ulimit -c unlimited
     if uzram_create --default --size 16M; then
       check "fio write 0..8M (standby device)" fio_job region.fio DEV="$DEV" OFFSET=0 LEN=8M VONLY=0
       for n in 1 2; do
         P=$(daemon_pid "$DEV")
         t=$(up)
-        kill -9 "$P"; wait_gone "$P"
+        sig=KILL; [ $n = 2 ] && sig=ABRT
+        kill -s $sig "$P"; wait_gone "$P"
         i=0
         while N=$(daemon_pid "$DEV"); { [ -z "$N" ] || [ "$N" = "$P" ]; } && [ $i -lt 200 ]; do
           i=$((i + 1)); usleep 50000
@@ -132,8 +139,11 @@ if uzram_create --size 64M; then
           || fail_check "crash $n: no new daemon for $DEV 10 s after the kill"
         # returns once the device serves again
         check "crash $n: fio verify 0..8M" fio_job region.fio DEV="$DEV" OFFSET=0 LEN=8M VONLY=1
-        say "  crash $n: served and verified $(since "$t") s after the kill"
+        say "  crash $n: served and verified $(since "$t") s after the kill (SIG$sig)"
       done
+      _c=$(ls /tmp/cores)
+      [ -z "$_c" ] && ok "SIGABRT, with cores allowed, left no core file of the daemon" \
+        || fail_check "the daemon dumped core: $(ls -l /tmp/cores | tail -n +2 | tr -s ' ' | head -c 200)"
       SB=$(standby_pids)
       [ -n "$SB" ] && ok "its standby waits (pid $SB)" || fail_check "no uzram recover --wait --keep process"
       uzram_destroy "$DEV"
@@ -149,6 +159,9 @@ if uzram_create --size 64M; then
         || fail_check "vm.percpu_pagelist_high_fraction is $_f after the destroy, not $_f0"
       dmesg | grep -a 'uzram::cmd::recover' | tail -3 | sed 's/^/    kmsg| /'
     fi
+    ulimit -c 0
+    echo "$CORE_PATTERN" > /proc/sys/kernel/core_pattern
+    rm -rf /tmp/cores
   fi
   dmesg | grep -i ublk | tail -8 | sed 's/^/    dmesg| /'
 fi

@@ -200,6 +200,19 @@ pub(crate) struct Arena {
     home: Option<Arc<dyn SegmentHome>>,
 }
 
+/// Segments of a home that outlives the store (a daemon's shared memory) are the home's, not
+/// the allocator's: freeing them hands them to the allocator, which writes its free-list link
+/// into each one's first word. A takeover that fails after adopting a store drops it, and
+/// the store it left for the next one had lost the first object of every segment. The
+/// home's directory still names them; whoever comes next adopts them.
+impl Drop for Arena {
+    fn drop(&mut self) {
+        if self.home.as_ref().is_some_and(|h| h.outlives_the_store()) {
+            self.segments.forget_all();
+        }
+    }
+}
+
 impl Arena {
     /// An empty arena of up to `max_segments` segments. `base_bytes` is memory held
     /// elsewhere that counts against `limit`.

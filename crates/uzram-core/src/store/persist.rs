@@ -41,6 +41,12 @@ pub trait SegmentHome: Send + Sync + Debug {
     fn removed(&self, index: usize);
     /// Segment `index` as recorded by `placed` (in this or an earlier process), taken over.
     fn find(&self, index: usize) -> Option<SegmentWords>;
+    /// Whether its segments outlive the store (a daemon's shared memory, which the next
+    /// daemon takes over): a store dropped whole then lets go of them without freeing them.
+    /// Segments it releases one by one are freed all the same.
+    fn outlives_the_store(&self) -> bool {
+        false
+    }
 }
 
 /// Bytes of one arena segment (the unit a [`SegmentHome`] hands out).

@@ -91,6 +91,20 @@ impl SegmentTable {
         }
     }
 
+    /// Lets go of every segment without freeing it (its memory belongs to someone else:
+    /// see the arena's `Drop`).
+    pub(crate) fn forget_all(&mut self) {
+        for chunk in self.chunks.iter_mut().filter_map(OnceLock::get_mut) {
+            for slot in chunk.iter_mut() {
+                let segment = slot
+                    .get_mut()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take();
+                std::mem::forget(segment);
+            }
+        }
+    }
+
     /// Segment `i`, read-locked.
     pub(crate) fn read(&self, i: usize) -> Option<SegmentGuard<'_>> {
         let guard = self.slot(i)?.read().unwrap_or_else(PoisonError::into_inner);

@@ -337,6 +337,17 @@ fn verifier(shm: i32) {
     println!("VERIFIED {held}");
 }
 
+/// Child: takes the store over and fails, as a takeover whose start fails after the store
+/// was adopted (`serve` returns its error): everything it built is dropped, the store with
+/// it. The next process must find the store as the killed writer left it.
+fn failed_taker(shm: i32) {
+    let taken = store::recover(&config(), DEVICE, shm, &mut |_| {})
+        .expect("the killed writer's store is recoverable");
+    let held = taken.store.stats().pages_stored;
+    drop(taken);
+    println!("DROPPED {held}");
+}
+
 /// What the release thread of a daemon that took the store over does first: every block of
 /// the backing file that no page uses is given back (the killed writer's last frees, and
 /// the space the file reserved and nothing was written to), so the file then holds space
@@ -368,6 +379,12 @@ fn crash_child() {
         Ok("ring-writer") => writer(Via::HostRing),
         Ok("gpu-writer") => writer(Via::Gpu),
         Ok("wb-writer") => writer(Via::Writeback),
+        Ok("failed-taker") => failed_taker(
+            std::env::var(SHM_ENV)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .expect("UZRAM_CRASH_SHM"),
+        ),
         Ok("verifier") => verifier(
             std::env::var(SHM_ENV)
                 .ok()
@@ -484,7 +501,8 @@ struct Rounds {
     backed: u64,
 }
 
-/// Three rounds of: start a writer of `mode`, kill it, verify its store in a new process.
+/// Three rounds of: start a writer of `mode`, kill it, verify its store in a new process (for
+/// `writer`, after a takeover that failed).
 fn crash_rounds(mode: &str) -> Rounds {
     let (mut installed, mut lost, mut backed) = (0, 0, 0);
     for (round, delay_ms) in [37u64, 151, 409].into_iter().enumerate() {
@@ -532,6 +550,19 @@ fn crash_rounds(mode: &str) -> Rounds {
         let _ = writer.wait();
         if mode == "earlier-writer" {
             as_an_earlier_release_left_it(shm);
+        }
+        if mode == "writer" {
+            // A takeover that fails first: the verifier must find every page all the same.
+            let out = child("failed-taker")
+                .env(SHM_ENV, shm.to_string())
+                .output()
+                .expect("running the failed takeover");
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success() && text.contains("DROPPED"),
+                "round {round}: the failed takeover: {text}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         let out = with_backing(child("verifier"))
             .env(SHM_ENV, shm.to_string())

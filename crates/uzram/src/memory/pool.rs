@@ -365,7 +365,15 @@ pub fn init_with(
         .rev()
         .find(|&b| in_use[b] || residency[b] != Resident::None)
         .map_or(0, |b| b + 1);
+    // Published before the first push: from then on `alloc` may hand out a block (a 64 KiB
+    // buffer, `released` below growing to one among them), and its `dealloc` must know it
+    // for a pool block. Known a moment later, it went to glibc's `free`, which takes any
+    // pointer into the region for one of its own chunks.
+    FRONTIER.store(base + top * BLOCK, Ordering::Release);
+    LIMIT.store(base + blocks * BLOCK, Ordering::Release);
+    BASE.store(base, Ordering::Release);
     let mut released = RELEASED.lock().unwrap_or_else(PoisonError::into_inner);
+    released.reserve(top);
     let mut adopted = 0;
     for b in (0..top).rev().filter(|&b| !in_use[b]) {
         let block = base + b * BLOCK;
@@ -391,9 +399,6 @@ pub fn init_with(
             tracing::warn!(error = %err, "giving back the old daemon's free blocks failed");
         }
     }
-    FRONTIER.store(base + top * BLOCK, Ordering::Release);
-    LIMIT.store(base + blocks * BLOCK, Ordering::Release);
-    BASE.store(base, Ordering::Release);
     adopted
 }
 
@@ -1022,6 +1027,64 @@ mod tests {
             .read_exact_at(&mut entry, (addr / 4096 * 8) as u64)
             .unwrap();
         u64::from_le_bytes(entry) >> 63 == 1
+    }
+
+    /// Set in the process [`a_block_taken_while_the_pool_is_set_up_goes_back_to_the_pool`]
+    /// starts for itself.
+    const FRESH_PROCESS: &str = "UZRAM_POOL_TEST_FRESH_PROCESS";
+
+    /// `init_with` hands adopted blocks out while it still sorts the rest of the region: a
+    /// 64 KiB buffer taken then (its own list of given-back blocks growing to one, past 4096
+    /// of them) must go back to the pool when freed (past 8192), never to glibc's `free`,
+    /// which aborts on a pointer into the region or takes it for a chunk of its own. In a
+    /// process of its own: the pool is set up once per process, here never before.
+    #[test]
+    fn a_block_taken_while_the_pool_is_set_up_goes_back_to_the_pool() {
+        let name =
+            "memory::pool::tests::a_block_taken_while_the_pool_is_set_up_goes_back_to_the_pool";
+        if std::env::var_os(FRESH_PROCESS).is_none() {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", name, "--test-threads=1", "--nocapture"])
+                .env(FRESH_PROCESS, "1")
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "setting the pool up in a fresh process failed ({}): {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return;
+        }
+        // The old daemon's region: blocks recorded empty below two recorded full ones at
+        // the top, which are adopted first (the walk goes down), before the empty ones fill
+        // the list of blocks given back.
+        let empty = 8192 + 16;
+        let blocks = empty + 2;
+        let base = crate::sys::memory::map_shared_anonymous(blocks * BLOCK, true).unwrap();
+        let states: &'static [AtomicU8] = Box::leak(
+            (0..blocks)
+                .map(|b| {
+                    let s = if b >= empty {
+                        BlockState::Filled
+                    } else {
+                        BlockState::Empty
+                    };
+                    AtomicU8::new(s as u8)
+                })
+                .collect(),
+        );
+        assert_eq!(init_with(base, blocks * BLOCK, &[], Some(states)), 2);
+        // Whatever the set-up took of its two blocks it gave back.
+        assert_eq!(free_blocks(), 2, "a block taken during the set-up was lost");
+        assert_eq!(
+            RELEASED
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .len(),
+            empty
+        );
     }
 
     #[test]

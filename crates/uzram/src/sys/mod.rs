@@ -49,6 +49,28 @@ pub fn set_io_flusher() -> io::Result<()> {
     check(unsafe { libc::prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) })
 }
 
+/// Makes the process non-dumpable (`PR_SET_DUMPABLE` 0): a crash writes no core file.
+///
+/// Why: a daemon's memory holds every page swapped out to its device, decompressed ones in
+/// its buffers among them; a core file would put them on disk (systemd-coredump keeps them),
+/// which swap on memory exists to avoid. And a core dump first waits for every thread to stop,
+/// which a thread waiting for a page of its own device never does: a daemon that crashed while
+/// its log writer waited for a swapped-out page of its log file sat in the dump for good
+/// (seen in the guest), the device paused with it. Ptrace and `/proc/PID/mem` are then
+/// root's alone, as they are for a root daemon anyway.
+pub fn forbid_core_dumps() -> io::Result<()> {
+    // SAFETY: prctl(PR_SET_DUMPABLE, 0) takes no pointers; unused arguments are zero.
+    check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) })
+}
+
+/// Whether the process may dump core (`PR_GET_DUMPABLE`).
+#[cfg(test)]
+pub fn dumpable() -> io::Result<bool> {
+    // SAFETY: prctl(PR_GET_DUMPABLE) takes no pointers and returns the flag.
+    let flag = unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) };
+    check(flag).map(|()| flag != 0)
+}
+
 /// Exempts the process from the OOM killer (`oom_score_adj` = -1000). The daemon holds other
 /// processes' swapped-out pages and its RSS grows with them, so under pressure it is the
 /// killer's favourite victim; killing it loses every page on the device (seen in the guest:
@@ -826,6 +848,56 @@ pub fn become_nobody_thread() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A process marked so reads back as not dumpable, and a core-dumping signal then ends
+    /// it with no core (the wait status's core bit clear, though its limit allows one).
+    #[test]
+    fn a_process_that_forbids_core_dumps_dies_without_one() {
+        // SAFETY: the child only makes system calls and leaves by a signal or _exit, never
+        // returning into the test harness.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let unlimited = libc::rlimit {
+                rlim_cur: libc::RLIM_INFINITY,
+                rlim_max: libc::RLIM_INFINITY,
+            };
+            // SAFETY: `unlimited` is a valid rlimit for the call's duration.
+            let raised = unsafe { libc::setrlimit(libc::RLIMIT_CORE, &unlimited) } == 0;
+            // Dumpable to begin with (another test's change of a thread's credentials may
+            // have made this process not).
+            // SAFETY: prctl(PR_SET_DUMPABLE, 1) takes no pointers.
+            let made_dumpable = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) } == 0;
+            let ok = raised
+                && made_dumpable
+                && dumpable().unwrap_or(false)
+                && forbid_core_dumps().is_ok()
+                && dumpable().ok() == Some(false);
+            if !ok {
+                exit_now(1);
+            }
+            // Where a core would go, should one be written: a scratch directory.
+            let dir = std::env::temp_dir();
+            if std::env::set_current_dir(&dir).is_err() {
+                exit_now(2);
+            }
+            // SAFETY: raise sends SIGABRT (default action: dump core) to this process.
+            unsafe { libc::raise(libc::SIGABRT) };
+            exit_now(3);
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child made above; `status` is a valid out-parameter.
+        let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!(waited, pid);
+        assert!(
+            libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGABRT,
+            "the child did not die of SIGABRT (status {status:#x})"
+        );
+        assert!(
+            !libc::WCOREDUMP(status),
+            "the child dumped core although it forbade it"
+        );
+    }
 
     /// A file is replaced with the mode asked, a link at the name is replaced and its target
     /// left as it was, and no temporary file stays behind.

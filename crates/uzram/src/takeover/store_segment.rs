@@ -1010,6 +1010,10 @@ impl SegmentHome for Home {
         let block = self.dir.get(index)?.load(Ordering::Acquire) as usize;
         (block > 0 && block <= self.blocks).then(|| Self::words(self.start + (block - 1) * UNIT))
     }
+
+    fn outlives_the_store(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]
