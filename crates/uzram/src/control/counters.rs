@@ -179,7 +179,7 @@ counters! {
         "Memory the daemon holds: resident pages, the block pool's shared memory included.";
     POOL_REFUSED_BLOCKS = "pool_refused_blocks", Requests, Counter, Sum,
         "uzram_pool_refused_blocks_total",
-        "Block requests the empty pool refused (each one failed a write with ENOMEM).";
+        "64 KiB allocations of I/O threads that found the block pool empty (the system allocator served them).";
     POOL_WAITED_TAKES = "pool_waited_takes", Requests, Counter, Sum,
         "uzram_pool_waited_takes_total",
         "New arena segments that found the pool empty and waited for its keeper.";

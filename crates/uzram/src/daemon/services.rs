@@ -485,7 +485,7 @@ fn pool_stats() -> [Stat; 6] {
         },
         Stat {
             name: counters::POOL_REFUSED_BLOCKS.into(),
-            value: crate::memory::pool::refused_blocks() as u64,
+            value: crate::memory::pool::fallen_back_blocks() as u64,
         },
         Stat {
             name: counters::POOL_WAITED_TAKES.into(),
