@@ -253,13 +253,12 @@ static FELL_BACK: AtomicUsize = AtomicUsize::new(0);
 /// Marks the calling thread as one that serves I/O, so that a 64 KiB allocation it makes
 /// while the pool is empty is counted ([`fallen_back_blocks`]).
 ///
-/// Such an allocation once got null instead, meant for the store's segments, so that a
-/// queue thread would fail that one write with ENOMEM rather than fault memory in from an
-/// empty pool. But the store's segments come from [`take_within`], which never falls back,
-/// and any other allocation of that size (a vector growing through 64 KiB) is one Rust
-/// cannot fail: null made it abort the daemon (`memory allocation of 65536 bytes failed`,
-/// SIGABRT), swap and all. The system allocator serves it from the heap's headroom instead,
-/// as it serves every other size.
+/// Why not refuse it (null), so that the thread never faults memory in from the system:
+/// the store's segments come from [`take_within`], which never falls back and fails the one
+/// write with ENOMEM, and any other allocation of that size (a vector growing through 64 KiB)
+/// is one Rust cannot fail: null aborts the daemon (`memory allocation of 65536 bytes
+/// failed`, SIGABRT), swap and all (seen in a takeover in the guest, docs/known-gaps.md).
+/// The system allocator serves it from the heap's headroom, as it serves every other size.
 pub fn strict_current_thread() {
     STRICT.with(|s| s.set(true));
 }
