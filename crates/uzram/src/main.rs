@@ -61,19 +61,16 @@ fn main() -> ExitCode {
     // these commands. So does `recover`: while the device is paused, a swap write to it waits
     // for the daemon that `recover` has yet to start (and that daemon, forked from it,
     // inherits the flag through exec).
-    let io_flusher = cli.command.on_a_device_io_path().then(sys::set_io_flusher);
+    let on_io_path = cli.command.on_a_device_io_path();
+    let io_flusher = on_io_path.then(sys::set_io_flusher);
     // No core file of swapped memory, and no crash stuck in a dump: see `forbid_core_dumps`.
-    let no_dumps = cli
-        .command
-        .on_a_device_io_path()
-        .then(sys::forbid_core_dumps);
+    let no_dumps = on_io_path.then(sys::forbid_core_dumps);
     // Log lines go through a bounded queue to a writer thread, and are dropped when it is
     // full: a queue thread must never block on a log write. The daemon's log file lives on
     // tmpfs (/run), whose pages can be swapped out to the daemon's own device; a queue
     // thread writing there would wait for its own swap-in (seen in the guest).
     // The writer thread must never take a daemon's SIGTERM (see `with_stop_signals_blocked`).
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let on_io_path = cli.command.on_a_device_io_path();
     // On a device's I/O path the writer gets a copy of stderr of its own, and stderr itself
     // (with stdout where it is the log too) is routed into the queue: see `stdio_route`.
     let log_file = on_io_path

@@ -379,20 +379,18 @@ fn crash_child() {
         Ok("ring-writer") => writer(Via::HostRing),
         Ok("gpu-writer") => writer(Via::Gpu),
         Ok("wb-writer") => writer(Via::Writeback),
-        Ok("failed-taker") => failed_taker(
-            std::env::var(SHM_ENV)
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .expect("UZRAM_CRASH_SHM"),
-        ),
-        Ok("verifier") => verifier(
-            std::env::var(SHM_ENV)
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .expect("UZRAM_CRASH_SHM"),
-        ),
+        Ok("failed-taker") => failed_taker(shm_from_env()),
+        Ok("verifier") => verifier(shm_from_env()),
         _ => {}
     }
+}
+
+/// The killed writer's segment id, as the parent passes it to a child.
+fn shm_from_env() -> i32 {
+    std::env::var(SHM_ENV)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .expect("UZRAM_CRASH_SHM")
 }
 
 fn child(mode: &str) -> Command {

@@ -371,7 +371,6 @@ pub fn init_with(
     LIMIT.store(base + blocks * BLOCK, Ordering::Release);
     BASE.store(base, Ordering::Release);
     let mut released = RELEASED.lock().unwrap_or_else(PoisonError::into_inner);
-    released.reserve(top);
     let mut adopted = 0;
     for b in (0..top).rev().filter(|&b| !in_use[b]) {
         let block = base + b * BLOCK;
