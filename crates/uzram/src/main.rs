@@ -14,6 +14,7 @@ mod hibernate;
 mod inuse;
 mod memory;
 mod metrics;
+mod pinned_log;
 mod shm;
 mod size;
 mod sizeexpr;
@@ -78,9 +79,13 @@ fn main() -> ExitCode {
         .flatten()
         .map(std::fs::File::from);
     let routed = log_file.is_some();
-    let log_destination: Box<dyn std::io::Write + Send> = match log_file {
-        Some(file) => Box::new(file),
-        None => Box::new(std::io::stderr()),
+    // A log file's last page is kept in memory: see `pinned_log`.
+    let (log_destination, unpinned): (Box<dyn std::io::Write + Send>, _) = match log_file {
+        Some(file) => {
+            let (log, err) = pinned_log::PinnedLog::new(file);
+            (Box::new(log), err)
+        }
+        None => (Box::new(std::io::stderr()), None),
     };
     let (log_writer, _log_guard) = sys::with_stop_signals_blocked(|| {
         tracing_appender::non_blocking::NonBlockingBuilder::default()
@@ -115,6 +120,9 @@ fn main() -> ExitCode {
         }
         None => None,
     };
+    if let Some(err) = unpinned {
+        tracing::warn!(error = %err, "the log file's last page cannot be kept in memory: a crash while it is swapped out to this device can hang the device");
+    }
     if !malloc_configured {
         tracing::warn!("mallopt failed: memory headroom may not hold under pressure");
     }

@@ -49,6 +49,7 @@ if hog_swap_device; then
   [ -n "$qpf" ] && [ "$qpf" -le 8 ] && ok "queue threads took $qpf page faults while serving (<= 8)" \
     || fail_check "queue threads took ${qpf:-?} page faults while serving"
   timeout -s KILL "$TMO" uzram list | sed 's/^/    | /'
+  log_tail_stays "$DEV"
   check "swapoff" swapoff "$DEV"
   uzram_destroy "$DEV"
 fi

@@ -44,6 +44,34 @@ pub fn map_shared_anonymous(len: usize, noreserve: bool) -> io::Result<usize> {
     Ok(base as usize)
 }
 
+/// Maps `len` bytes of the file open at `fd`, from byte `offset` (a multiple of the page
+/// size), shared and read-only, where the kernel picks. Returns its address.
+pub fn map_file_read_only(
+    fd: std::os::fd::BorrowedFd<'_>,
+    offset: u64,
+    len: usize,
+) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let offset =
+        libc::off_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+    // SAFETY: a new read-only mapping at an address the kernel picks; no memory of ours is
+    // touched, and a bad descriptor or offset fails.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            offset,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(base as usize)
+}
+
 /// Unmaps `[addr, addr + len)`.
 ///
 /// # Safety

@@ -302,6 +302,15 @@ fn pipe_with(flags: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// The file status flags of an open descriptor (`F_GETFL`: `O_APPEND`, the access mode...).
+pub fn status_flags(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<libc::c_int> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: F_GETFL takes no pointers and only reads the descriptor's flags.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    check(flags)?;
+    Ok(flags)
+}
+
 /// A copy of descriptor `fd`, close-on-exec.
 pub fn dup_cloexec(fd: i32) -> io::Result<OwnedFd> {
     // SAFETY: F_DUPFD_CLOEXEC takes no pointers; an invalid `fd` fails with EBADF.

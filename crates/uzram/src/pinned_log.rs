@@ -1,0 +1,245 @@
+//! The daemon's log file, appended to without ever waiting on swap.
+//!
+//! A daemon's log lives on tmpfs (`/run/uzram`), whose pages can be swapped out to the
+//! daemon's own device. An append touches the page that holds the file's end; were that page
+//! in swap, the log writer would wait for its own daemon to serve the swap-in. A daemon that
+//! crashed then could never finish exiting: the waiting thread keeps its files open, the
+//! device's control file among them, so no successor can take the device over, and its swap
+//! hangs (seen in the guest). So the page holding the end is kept mapped and locked: an append
+//! then touches only that page and new ones, which are never in swap.
+//!
+//! Left: an append that starts a new page leaves it unlocked until the write returns and
+//! the new end is pinned; a page reclaimed in that instant is read back by the pin, which
+//! waits on the device, while the daemon still serves it.
+
+use std::fs::File;
+use std::io::{self, Seek, Write};
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::fs::MetadataExt;
+
+use crate::sys::{self, memory};
+
+const PAGE: u64 = 4096;
+
+/// A log file whose last page stays in memory (see the module's note). Any other
+/// destination (a pipe, a socket, a terminal) is written as it is.
+pub struct PinnedLog {
+    file: File,
+    /// The same file opened for reading, which a mapping needs; `None` for any other
+    /// destination.
+    readable: Option<File>,
+    appends: bool,
+    /// The page mapped and locked: its offset in the file and its address.
+    pinned: Option<(u64, usize)>,
+    told: bool,
+}
+
+impl PinnedLog {
+    /// Wraps `file` and pins the page holding its end. The error says why nothing could be
+    /// pinned; the log is written anyway.
+    pub fn new(file: File) -> (PinnedLog, Option<io::Error>) {
+        let mut log = PinnedLog {
+            file,
+            readable: None,
+            appends: false,
+            pinned: None,
+            told: false,
+        };
+        let err = log.open_readable().and_then(|()| log.pin_end()).err();
+        (log, err)
+    }
+
+    fn open_readable(&mut self) -> io::Result<()> {
+        let meta = self.file.metadata()?;
+        if !meta.file_type().is_file() {
+            return Ok(());
+        }
+        self.appends = sys::status_flags(self.file.as_fd())? & libc::O_APPEND != 0;
+        let path = format!("/proc/self/fd/{}", self.file.as_raw_fd());
+        // The descriptor may be write-only; its link in /proc opens the same file anew.
+        let readable = File::open(&path)?;
+        let again = readable.metadata()?;
+        if (again.dev(), again.ino()) != (meta.dev(), meta.ino()) {
+            return Err(io::Error::other("the log reopened as another file"));
+        }
+        self.readable = Some(readable);
+        Ok(())
+    }
+
+    /// Where the next write lands.
+    fn end(&self, size: u64) -> io::Result<u64> {
+        if self.appends {
+            Ok(size)
+        } else {
+            (&self.file).stream_position()
+        }
+    }
+
+    /// Pins the page the next write starts in, if the file has it already (a write at a
+    /// page boundary past the end starts a new page, which is not in swap).
+    fn pin_end(&mut self) -> io::Result<()> {
+        let Some(readable) = &self.readable else {
+            return Ok(());
+        };
+        let size = readable.metadata()?.len();
+        let page = self.end(size)? / PAGE * PAGE;
+        let want = (page < size).then_some(page);
+        if self.pinned.map(|(at, _)| at) == want {
+            return Ok(());
+        }
+        let fresh = match want {
+            Some(at) => {
+                let addr = memory::map_file_read_only(readable.as_fd(), at, PAGE as usize)?;
+                if let Err(err) = memory::lock(addr, PAGE as usize) {
+                    // SAFETY: the mapping was made just now and nothing refers to it.
+                    let _ = unsafe { memory::unmap(addr, PAGE as usize) };
+                    return Err(err);
+                }
+                Some((at, addr))
+            }
+            None => None,
+        };
+        self.unpin();
+        self.pinned = fresh;
+        Ok(())
+    }
+
+    fn unpin(&mut self) {
+        if let Some((_, addr)) = self.pinned.take() {
+            // SAFETY: the mapping is this writer's own and nothing reads through it.
+            let _ = unsafe { memory::unmap(addr, PAGE as usize) };
+        }
+    }
+}
+
+impl Write for PinnedLog {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.file.write(buf)?;
+        if let Err(err) = self.pin_end() {
+            if !self.told {
+                self.told = true;
+                // Said in the log itself: this runs on the log's own writer thread.
+                let _ = writeln!(
+                    self.file,
+                    "uzram: the log's last page could not be kept in memory ({err}): a crash \
+                     while it is swapped out to this device can hang the device"
+                );
+            }
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
+    }
+}
+
+impl Drop for PinnedLog {
+    fn drop(&mut self) {
+        self.unpin();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// This process's mappings of `path`: (offset in the file, kB locked).
+    fn mappings_of(path: &std::path::Path) -> Vec<(u64, u64)> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let name = path.to_str().unwrap();
+        let mut found = Vec::new();
+        let mut current: Option<u64> = None;
+        for line in smaps.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let header = fields.first().is_some_and(|f| {
+                f.contains('-') && f.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+            });
+            if header {
+                current = (fields.get(5) == Some(&name))
+                    .then(|| u64::from_str_radix(fields[2], 16).unwrap());
+            } else if let (Some(offset), Some(&"Locked:")) = (current, fields.first()) {
+                found.push((offset, fields[1].parse().unwrap()));
+            }
+        }
+        found
+    }
+
+    /// A file on tmpfs where there is one, as the daemon's log is.
+    fn scratch() -> tempfile::TempDir {
+        let shm = std::path::Path::new("/dev/shm");
+        if shm.is_dir() {
+            tempfile::tempdir_in(shm).unwrap()
+        } else {
+            tempfile::tempdir().unwrap()
+        }
+    }
+
+    #[test]
+    fn the_page_holding_the_end_stays_locked_as_the_log_grows() {
+        let dir = scratch();
+        let path = dir.path().join("daemon.log");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        let (mut log, err) = PinnedLog::new(file);
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(mappings_of(&path), vec![], "an empty file has no page");
+        let mut written = Vec::new();
+        for (i, len) in [100usize, 3996, 1, 8191, 5000, 4096, 7]
+            .into_iter()
+            .enumerate()
+        {
+            let chunk = vec![b'a' + i as u8; len];
+            log.write_all(&chunk).unwrap();
+            written.extend_from_slice(&chunk);
+            let end = written.len() as u64;
+            let want = if end.is_multiple_of(PAGE) {
+                vec![]
+            } else {
+                vec![(end / PAGE * PAGE, 4)]
+            };
+            assert_eq!(mappings_of(&path), want, "after {end} bytes");
+        }
+        drop(log);
+        assert_eq!(mappings_of(&path), vec![], "dropped, it maps nothing");
+        let mut back = Vec::new();
+        File::open(&path).unwrap().read_to_end(&mut back).unwrap();
+        assert!(back == written, "the log holds what was written, in order");
+    }
+
+    #[test]
+    fn an_appended_log_pins_the_end_others_moved() {
+        let dir = scratch();
+        let path = dir.path().join("shared.log");
+        let open = || {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .unwrap()
+        };
+        let (mut log, err) = PinnedLog::new(open());
+        assert!(err.is_none(), "{err:?}");
+        let mut other = open();
+        other.write_all(&[b'x'; 10_000]).unwrap();
+        log.write_all(b"one line\n").unwrap();
+        assert_eq!(mappings_of(&path), vec![(8192, 4)]);
+    }
+
+    #[test]
+    fn a_pipe_is_written_as_it_is() {
+        let (rx, tx) = crate::sys::pipe_cloexec().unwrap();
+        let (mut log, err) = PinnedLog::new(File::from(tx));
+        assert!(err.is_none(), "{err:?}");
+        log.write_all(b"through\n").unwrap();
+        drop(log);
+        let mut back = String::new();
+        File::from(rx).read_to_string(&mut back).unwrap();
+        assert_eq!(back, "through\n");
+    }
+}
