@@ -117,6 +117,33 @@ fn json_report_has_every_key_and_verifies() {
     }
 }
 
+/// Each run builds a fresh store in the bench's one region; a dropped store's segments must
+/// go back to the pool. When they stayed out (a home that keeps them for a daemon's next
+/// takeover), the fourth or fifth run of 32 MiB failed its writes with ENOMEM.
+#[test]
+fn many_runs_reuse_the_memory_of_the_runs_before() {
+    let file = TempFile::new("many-runs", &slice("mixed-swap"));
+    let out = uzram(&[
+        "bench",
+        "--corpus",
+        file.arg(),
+        "--total",
+        "32M",
+        "--repeat",
+        "9",
+        "--queues",
+        "2",
+        "--backend",
+        "cpu",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("one JSON object for one backend");
+    assert_eq!(v["repeat"], 9);
+    assert_eq!(v["verified"], true);
+}
+
 /// True where libcuda loads and reports a GPU (then `auto` may pick it).
 fn uzram_gpu_present() -> bool {
     ["/dev/nvidia0", "/dev/nvidiactl"]

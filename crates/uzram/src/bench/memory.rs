@@ -52,6 +52,6 @@ impl StoreMemory {
 
     /// A fresh, empty store in the region. The previous one must have been dropped.
     pub fn store(&self, cfg: StoreConfig) -> anyhow::Result<PageStore> {
-        store::new_store(cfg, &self.region)
+        store::new_store_in_turn(cfg, &self.region)
     }
 }

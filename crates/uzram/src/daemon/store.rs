@@ -54,8 +54,26 @@ pub fn new_region(
 }
 
 /// A new, empty store of `store_cfg.pages` (at most the region's) over `region`'s table and
-/// blocks, which the pool serves. The store before it in the region must be gone.
+/// blocks, which the pool serves: a daemon's, whose segments outlive it for the next daemon.
+/// The store before it in the region must be gone.
 pub fn new_store(store_cfg: StoreConfig, region: &StoreSegment) -> anyhow::Result<PageStore> {
+    new_store_at(store_cfg, region, region.home())
+}
+
+/// As [`new_store`], for stores that follow one another in `region` within this process
+/// (`uzram bench`'s runs): a dropped store's segments go back to the pool for the next.
+pub fn new_store_in_turn(
+    store_cfg: StoreConfig,
+    region: &StoreSegment,
+) -> anyhow::Result<PageStore> {
+    new_store_at(store_cfg, region, region.home_for_stores_in_turn())
+}
+
+fn new_store_at(
+    store_cfg: StoreConfig,
+    region: &StoreSegment,
+    home: crate::takeover::store_segment::Home,
+) -> anyhow::Result<PageStore> {
     let len = PageStore::table_len(store_cfg.pages).context("sizing the page table")?;
     let table = region.table();
     let have = table.len();
@@ -67,7 +85,7 @@ pub fn new_store(store_cfg: StoreConfig, region: &StoreSegment) -> anyhow::Resul
     };
     let persist = Persistence {
         table,
-        home: Arc::new(region.home()),
+        home: Arc::new(home),
     };
     let store = PageStore::new_persistent(store_cfg, persist).context("creating the page store")?;
     region.set_empties_marked();

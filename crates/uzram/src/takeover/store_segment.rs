@@ -698,13 +698,28 @@ impl StoreSegment {
             .collect()
     }
 
-    /// The segment home over this region's directory and blocks.
+    /// The segment home over this region's directory and blocks, for a daemon's store: a
+    /// store dropped whole leaves its segments where they are, for whoever adopts the region
+    /// next ([`SegmentHome::outlives_the_store`]).
     pub fn home(&self) -> Home {
+        self.home_kept(true)
+    }
+
+    /// The segment home for stores that follow one another in this region within one
+    /// process (`uzram bench`'s runs): a store dropped whole gives its segments back to the
+    /// pool, where the next store takes them. Without that, each run's segments stayed out
+    /// of the pool and a bench of a few runs ran out of memory.
+    pub fn home_for_stores_in_turn(&self) -> Home {
+        self.home_kept(false)
+    }
+
+    fn home_kept(&self, outlives: bool) -> Home {
         let (start, len) = self.blocks();
         Home {
             dir: self.dir(),
             start,
             blocks: len / UNIT,
+            outlives,
         }
     }
 }
@@ -968,6 +983,7 @@ pub struct Home {
     dir: &'static [AtomicU32],
     start: usize,
     blocks: usize,
+    outlives: bool,
 }
 
 impl Home {
@@ -1012,7 +1028,7 @@ impl SegmentHome for Home {
     }
 
     fn outlives_the_store(&self) -> bool {
-        true
+        self.outlives
     }
 }
 
