@@ -121,7 +121,7 @@ fn main() -> ExitCode {
         None => None,
     };
     if let Some(err) = unpinned {
-        tracing::warn!(error = %err, "the log file's last page cannot be kept in memory: a crash while it is swapped out to this device can hang the device");
+        tracing::warn!(error = %err, "{}", pinned_log::UNPINNED);
     }
     if !malloc_configured {
         tracing::warn!("mallopt failed: memory headroom may not hold under pressure");

@@ -21,6 +21,10 @@ use crate::sys::{self, memory};
 
 const PAGE: u64 = 4096;
 
+/// What a log whose last page cannot be pinned says, once.
+pub const UNPINNED: &str = "the log file's last page cannot be kept in memory: a crash while \
+                            it is swapped out to this device can hang the device";
+
 /// A log file whose last page stays in memory (see the module's note). Any other
 /// destination (a pipe, a socket, a terminal) is written as it is.
 pub struct PinnedLog {
@@ -119,11 +123,7 @@ impl Write for PinnedLog {
             if !self.told {
                 self.told = true;
                 // Said in the log itself: this runs on the log's own writer thread.
-                let _ = writeln!(
-                    self.file,
-                    "uzram: the log's last page could not be kept in memory ({err}): a crash \
-                     while it is swapped out to this device can hang the device"
-                );
+                let _ = writeln!(self.file, "uzram: {UNPINNED} ({err})");
             }
         }
         Ok(n)

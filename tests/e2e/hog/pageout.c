@@ -82,13 +82,16 @@ int main(int argc, char **argv)
 		}
 		f->path = argv[i];
 		f->pages = (st.st_size + page - 1) / page;
-		if (f->pages == 0)
+		if (f->pages == 0) {
+			close(fd);
 			continue;
+		}
 		f->map = mmap(NULL, f->pages * page, PROT_READ, MAP_SHARED, fd, 0);
 		if (f->map == MAP_FAILED) {
 			perror("mmap");
 			return 1;
 		}
+		close(fd);
 	}
 	for (int pass = 0; pass < 3; pass++) {
 		for (int i = 0; i < argc - 1; i++) {
