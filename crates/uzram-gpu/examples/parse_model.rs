@@ -35,8 +35,19 @@
 //! covers MIN_MATCH bytes of it (`--inherit N`: N bytes), and searches its own chain only
 //! otherwise.
 //!
+//! `--two-phase 8`: the search in two phases (the kernel's `HIGH_TWO_PHASE`): every position
+//! first walks at most 8 candidates; then only the positions a parse can start a literal or
+//! a sequence at walk on to `--depth` (`--path`: `lanes`, the kernel's per-thread walks of the
+//! greedy-and-lazy parse over the first phase's matches; `walk`, that walk from the page's
+//! start; `reach`, every position no earlier match covers; `price`, the price pass's
+//! decisions), each with the `--near` (default 2) positions after it. As in the kernel, every
+//! marked position walks in the second phase (also one that took over its sample's match in
+//! the first), from its chain's head again (its steps count in full), and the longer of the
+//! two phases' matches stays.
+//!
 //! Usage: parse_model [--depth N,N,...] [--long-depth N,N,...] [--pattern N,N] [--sample N,N]
-//! [--inherit N] [--threshold N] [--pages N] [--search-cap N] CORPUS.pages.zst...
+//! [--inherit N] [--threshold N] [--pages N] [--search-cap N] [--two-phase N [--near N]
+//! [--path lanes|walk|reach|price]] CORPUS.pages.zst...
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -62,6 +73,9 @@ struct Args {
     patterns: Vec<bool>,
     samples: Vec<usize>,
     inherit: usize,
+    two_phase: Option<usize>,
+    near: usize,
+    path: DeepPath,
     corpora: Vec<PathBuf>,
 }
 
@@ -75,6 +89,9 @@ fn parse_args() -> Result<Args, String> {
         patterns: vec![false],
         samples: vec![1],
         inherit: MIN_MATCH,
+        two_phase: None,
+        near: 2,
+        path: DeepPath::Lanes,
         corpora: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -129,6 +146,19 @@ fn parse_args() -> Result<Args, String> {
                     .map_err(|_| "bad --search-cap")?
             }
             "--pages" => a.pages = value("--pages")?.parse().map_err(|_| "bad --pages")?,
+            "--two-phase" => {
+                a.two_phase = Some(
+                    value("--two-phase")?
+                        .parse()
+                        .map_err(|_| "bad --two-phase")?,
+                )
+            }
+            "--near" => a.near = value("--near")?.parse().map_err(|_| "bad --near")?,
+            "--path" => {
+                let v = value("--path")?;
+                a.path = DeepPath::parse(&v)
+                    .ok_or(format!("bad --path {v} (walk, lanes, reach or price)"))?;
+            }
             s if s.starts_with("--") => return Err(format!("unknown option {s}")),
             _ => a.corpora.push(arg.into()),
         }
@@ -140,7 +170,7 @@ fn parse_args() -> Result<Args, String> {
     }
     if a.corpora.is_empty() || a.depths.contains(&0) {
         return Err(
-            "usage: parse_model [--depth N,N,...] [--long-depth N,N,...] [--pattern N,N] [--sample N,N] [--inherit N] [--threshold N] [--pages N] [--search-cap N] CORPUS...".into(),
+            "usage: parse_model [--depth N,N,...] [--long-depth N,N,...] [--pattern N,N] [--sample N,N] [--inherit N] [--threshold N] [--pages N] [--search-cap N] [--two-phase N [--near N] [--path lanes|walk|reach|price]] CORPUS...".into(),
         );
     }
     Ok(a)
@@ -202,6 +232,8 @@ struct Matches {
     /// Of those, the ones whose byte at the best length so far was the position's: the
     /// kernel measures only those (its one-byte test).
     measured: u64,
+    /// Candidates compared by each position's own search.
+    pos_steps: Vec<u32>,
 }
 
 impl Matches {
@@ -215,6 +247,7 @@ impl Matches {
             prev8: vec![NO_POS; PAGE_SIZE],
             steps: 0,
             measured: 0,
+            pos_steps: vec![0; PAGE_SIZE],
         }
     }
 
@@ -231,6 +264,7 @@ impl Matches {
         self.head.fill(NO_POS);
         self.head8.fill(NO_POS);
         self.len.fill(0);
+        self.pos_steps.fill(0);
         for p in 0..=LAST_START {
             let v = read32(page, p);
             let v8 = u64::from_le_bytes(page[p..p + 8].try_into().expect("8 bytes"));
@@ -306,6 +340,7 @@ impl Matches {
                 c = self.prev[cand];
             }
             self.steps += seen as u64;
+            self.pos_steps[p] = seen as u32;
             self.measured += measured;
             self.prev[p] = self.head[h];
             self.head[h] = p as u32;
@@ -314,6 +349,123 @@ impl Matches {
             if best >= MIN_MATCH {
                 self.len[p] = whole;
                 self.off[p] = off;
+            }
+        }
+    }
+}
+
+/// Which positions the two-phase search (`--two-phase A`) walks on to the full depth, after
+/// every position walked at most A candidates.
+#[derive(Clone, Copy)]
+enum DeepPath {
+    /// The greedy-and-lazy parse of the first phase's matches, walked from the page's start:
+    /// its literals, each decision and the `--near` positions after it.
+    Walk,
+    /// The same walk by the kernel's threads (`HIGH_TWO_PHASE` 3): each span of 16 positions
+    /// walked alone, from 16 positions before it.
+    Lanes,
+    /// Every position no first-phase match reaches past, of those starting `--near` + 1 or
+    /// more positions before it (a prefix maximum: no walk at all).
+    Reach,
+    /// The kernel's price pass over the first phase's matches, its decisions and the
+    /// `--near` positions after each.
+    Price,
+}
+
+impl DeepPath {
+    fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "walk" => Self::Walk,
+            "lanes" => Self::Lanes,
+            "reach" => Self::Reach,
+            "price" => Self::Price,
+            _ => return None,
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Walk => "walk",
+            Self::Lanes => "lanes",
+            Self::Reach => "reach",
+            Self::Price => "price",
+        }
+    }
+}
+
+/// Lengths as the kernel's first phase keeps them (capped at 64).
+fn capped(m: &Matches, p: usize) -> usize {
+    if p <= LAST_START {
+        m.len[p].min(64)
+    } else {
+        0
+    }
+}
+
+/// Marks, in `[start, end)`, the positions the greedy-and-lazy walk over `m` from `from`
+/// visits (literals, decisions, the lazy steps' positions) and the `near` after each match.
+fn walk_marks(m: &Matches, from: usize, start: usize, end: usize, near: usize, marks: &mut [bool]) {
+    let mut mark = |q: usize| {
+        if (start..end).contains(&q) {
+            marks[q] = true;
+        }
+    };
+    let mut a = from;
+    while a < end {
+        if capped(m, a) == 0 {
+            mark(a);
+            a += 1;
+            continue;
+        }
+        let (mut mp, mut ml) = (a, capped(m, a));
+        for _ in 0..2 {
+            let l1 = capped(m, mp + 1);
+            if l1 <= ml + 1 {
+                break;
+            }
+            mark(mp);
+            mp += 1;
+            ml = l1;
+        }
+        (mp..=mp + near).for_each(&mut mark);
+        a = mp + ml;
+    }
+}
+
+/// The positions the second phase searches (`marks`), as `path` picks them.
+fn deep_marks(m: &Matches, path: DeepPath, near: usize, scratch: &mut Scratch, marks: &mut [bool]) {
+    marks.fill(false);
+    let end = LAST_START + 1;
+    match path {
+        DeepPath::Walk => walk_marks(m, 0, 0, end, near, marks),
+        DeepPath::Lanes => {
+            for start in (0..end).step_by(16) {
+                walk_marks(
+                    m,
+                    start.saturating_sub(16),
+                    start,
+                    (start + 16).min(end),
+                    near,
+                    marks,
+                );
+            }
+        }
+        DeepPath::Reach => {
+            let mut reach = 0;
+            for (q, mark) in marks.iter_mut().enumerate().take(end) {
+                // `reach`: the furthest end of the matches starting before q - near.
+                if q > near {
+                    reach = reach.max(q - near - 1 + capped(m, q - near - 1));
+                }
+                *mark = reach <= q;
+            }
+        }
+        DeepPath::Price => {
+            segmented_bytes(m, 132, 64, 64, &mut scratch.cost, &mut scratch.choice);
+            let mut p = 0;
+            while p < end {
+                (p..=(p + near).min(end - 1)).for_each(|q| marks[q] = true);
+                p += scratch.choice[p].max(1);
             }
         }
     }
@@ -622,21 +774,55 @@ fn main() {
                 let mut bytes = [0usize; PARSES.len()];
                 m.steps = 0;
                 m.measured = 0;
+                let mut deep = Matches::new();
+                let mut marks = vec![false; PAGE_SIZE];
+                let mut two_steps = 0u64;
                 for page in &pages {
-                    m.search(
-                        page,
-                        &Search {
-                            depth,
-                            long,
-                            cap: args.search_cap,
-                            pattern,
-                            sample,
-                            inherit: args.inherit,
-                        },
-                    );
+                    let how = |depth: usize| Search {
+                        depth,
+                        long,
+                        cap: args.search_cap,
+                        pattern,
+                        sample,
+                        inherit: args.inherit,
+                    };
+                    match args.two_phase {
+                        Some(first) => {
+                            // The kernel's second phase starts each marked position's walk
+                            // over from its chain's head: its steps are the full walk's.
+                            // Every marked position walks in the kernel's second phase,
+                            // also one that took over its sample's match in the first; the
+                            // longer of the two phases' matches stays.
+                            deep.search(
+                                page,
+                                &Search {
+                                    sample: 1,
+                                    ..how(depth)
+                                },
+                            );
+                            m.search(page, &how(first));
+                            two_steps += m.steps;
+                            m.steps = 0;
+                            deep_marks(&m, args.path, args.near, &mut scratch, &mut marks);
+                            for (q, &marked) in marks.iter().enumerate().take(LAST_START + 1) {
+                                if !marked || m.len[q] >= 64 {
+                                    continue;
+                                }
+                                two_steps += u64::from(deep.pos_steps[q]);
+                                if deep.len[q] > m.len[q] {
+                                    m.len[q] = deep.len[q];
+                                    m.off[q] = deep.off[q];
+                                }
+                            }
+                        }
+                        None => m.search(page, &how(depth)),
+                    }
                     for (total, (_, parse)) in bytes.iter_mut().zip(PARSES.iter()) {
                         *total += stored(parse(page, &m, &mut scratch));
                     }
+                }
+                if args.two_phase.is_some() {
+                    m.steps = two_steps;
                 }
                 let vs_hc9: Vec<String> = PARSES
                     .iter()
@@ -644,9 +830,14 @@ fn main() {
                     .map(|((name, _), n)| format!("\"{name}\":{:.4}", refs[1] as f64 / n as f64))
                     .collect();
                 println!(
-                    "{{\"corpus\":\"{name}\",\"pages\":{},\"depth\":{depth},\"long_depth\":{long},\"pattern\":{pattern},\"sample\":{sample},\"inherit\":{},\"steps_per_page\":{:.0},\"measured_per_page\":{:.0},\"lz4\":{:.4},\"hc9\":{:.4},\"hc12\":{:.4},\"vs_hc9\":{{{}}}}}",
+                    "{{\"corpus\":\"{name}\",\"pages\":{},\"depth\":{depth},\"long_depth\":{long},\"pattern\":{pattern},\"sample\":{sample},\"inherit\":{},\"two_phase\":{},\"steps_per_page\":{:.0},\"measured_per_page\":{:.0},\"lz4\":{:.4},\"hc9\":{:.4},\"hc12\":{:.4},\"vs_hc9\":{{{}}}}}",
                     pages.len(),
                     args.inherit,
+                    args.two_phase.map_or("null".to_string(), |a| format!(
+                        "{{\"first_depth\":{a},\"near\":{},\"path\":\"{}\"}}",
+                        args.near,
+                        args.path.name()
+                    )),
                     m.steps as f64 / pages.len() as f64,
                     m.measured as f64 / pages.len() as f64,
                     raw / refs[0] as f64,
