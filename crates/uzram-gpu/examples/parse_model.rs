@@ -35,10 +35,11 @@
 //! covers MIN_MATCH bytes of it (`--inherit N`: N bytes), and searches its own chain only
 //! otherwise.
 //!
-//! `--two-phase 8`: the search in two phases (the kernel's `HIGH_TWO_PHASE`): every position
-//! first walks at most 8 candidates; then only the positions a parse can start a literal or
-//! a sequence at walk on to `--depth` (`--path`: `lanes`, the kernel's per-thread walks of the
-//! greedy-and-lazy parse over the first phase's matches; `walk`, that walk from the page's
+//! `--two-phase 8`: the search in two phases (run 278's kernel, `HIGH_TWO_PHASE` in
+//! e34bf46's `lz4.cu`): every position first walks at most 8 candidates; then only the
+//! positions a parse can start a literal or a sequence at walk on to `--depth` (`--path`:
+//! `lanes`, the kernel's per-thread walks of the greedy-and-lazy parse over the first
+//! phase's matches; `walk`, that walk from the page's
 //! start; `reach`, every position no earlier match covers; `price`, the price pass's
 //! decisions), each with the `--near` (default 2) positions after it. As in the kernel, every
 //! marked position walks in the second phase (also one that took over its sample's match in
