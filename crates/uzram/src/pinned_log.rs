@@ -8,9 +8,14 @@
 //! hangs (seen in the guest). So the page holding the end is kept mapped and locked: an append
 //! then touches only that page and new ones, which are never in swap.
 //!
-//! Left: an append that starts a new page leaves it unlocked until the write returns and
-//! the new end is pinned; a page reclaimed in that instant is read back by the pin, which
-//! waits on the device, while the daemon still serves it.
+//! A write that ends in a new page would leave that page unlocked from the moment the write
+//! makes it until the pin after the write; a page reclaimed in that instant is read back by
+//! the pin, which waits on the device. So, where this writer alone places its writes (the file
+//! is not `O_APPEND`), the file is first grown to reach one byte into that page (a hole, which
+//! nothing can swap), the page is mapped and locked (the fault makes it already locked), and
+//! only then is the data written. Someone reading the file in that instant sees the gap as
+//! zero bytes until the write fills it. An `O_APPEND` file, where any writer may have moved
+//! the end, keeps the instant: growing it would put others' appends behind a gap.
 
 use std::fs::File;
 use std::io::{self, Seek, Write};
@@ -35,6 +40,9 @@ pub struct PinnedLog {
     appends: bool,
     /// The page mapped and locked: its offset in the file and its address.
     pinned: Option<(u64, usize)>,
+    /// The new page a write in progress ends in, pinned before the write, with the size the
+    /// file had before it was grown to reach that page.
+    ahead: Option<Ahead>,
     told: bool,
 }
 
@@ -47,6 +55,7 @@ impl PinnedLog {
             readable: None,
             appends: false,
             pinned: None,
+            ahead: None,
             told: false,
         };
         let err = log.open_readable().and_then(|()| log.pin_end()).err();
@@ -91,6 +100,11 @@ impl PinnedLog {
         if self.pinned.map(|(at, _)| at) == want {
             return Ok(());
         }
+        if let Some(ahead) = self.ahead.take_if(|ahead| Some(ahead.page) == want) {
+            self.unpin();
+            self.pinned = Some((ahead.page, ahead.addr));
+            return Ok(());
+        }
         let fresh = match want {
             Some(at) => {
                 let addr = memory::map_file_read_only(readable.as_fd(), at, PAGE as usize)?;
@@ -108,23 +122,116 @@ impl PinnedLog {
         Ok(())
     }
 
+    /// Before a write of `len` bytes that ends in a page the file does not have yet: grows
+    /// the file to reach one byte into that page and pins it (see the module's note).
+    fn pin_ahead(&mut self, len: usize) -> io::Result<()> {
+        let Some(readable) = &self.readable else {
+            return Ok(());
+        };
+        if self.appends || len == 0 {
+            return Ok(());
+        }
+        let size = readable.metadata()?.len();
+        let end = (&self.file).stream_position()? + len as u64;
+        let page = end / PAGE * PAGE;
+        if end == page || page < size {
+            // It ends at a page's end (the next write starts a new page, done then), or in a
+            // page the file has, which the pin after the write finds.
+            return Ok(());
+        }
+        self.file.set_len(page + 1)?;
+        let addr =
+            memory::map_file_read_only(readable.as_fd(), page, PAGE as usize).and_then(|addr| {
+                match memory::lock(addr, PAGE as usize) {
+                    Ok(()) => Ok(addr),
+                    Err(err) => {
+                        // SAFETY: the mapping was made just now and nothing refers to it.
+                        let _ = unsafe { memory::unmap(addr, PAGE as usize) };
+                        Err(err)
+                    }
+                }
+            });
+        let ahead = Ahead {
+            page,
+            addr: 0,
+            size_before: size,
+        };
+        match addr {
+            Ok(addr) => {
+                self.ahead = Some(Ahead { addr, ..ahead });
+                Ok(())
+            }
+            Err(err) => {
+                self.shrink_back(&ahead);
+                Err(err)
+            }
+        }
+    }
+
+    /// After the write: where it did not reach the page pinned ahead (it failed, or wrote
+    /// less), the file shrinks back from the grown size to what was written.
+    fn settle(&mut self) {
+        let Some(ahead) = self.ahead else {
+            return;
+        };
+        if (&self.file)
+            .stream_position()
+            .is_ok_and(|at| at > ahead.page)
+        {
+            return;
+        }
+        self.ahead = None;
+        self.shrink_back(&ahead);
+        // SAFETY: the mapping is this writer's own and nothing reads through it.
+        let _ = unsafe { memory::unmap(ahead.addr, PAGE as usize) };
+    }
+
+    /// Undoes `pin_ahead`'s growth down to what this writer has written, unless the file has
+    /// changed size since (someone else wrote to it; their bytes stay).
+    fn shrink_back(&self, ahead: &Ahead) {
+        let grown = ahead.page + 1;
+        let Ok(at) = (&self.file).stream_position() else {
+            return;
+        };
+        if self.file.metadata().is_ok_and(|m| m.len() == grown) {
+            let _ = self.file.set_len(at.clamp(ahead.size_before, grown));
+        }
+    }
+
     fn unpin(&mut self) {
         if let Some((_, addr)) = self.pinned.take() {
             // SAFETY: the mapping is this writer's own and nothing reads through it.
             let _ = unsafe { memory::unmap(addr, PAGE as usize) };
         }
     }
+
+    fn tell(&mut self, err: &io::Error) {
+        if !self.told {
+            self.told = true;
+            // Said in the log itself: this runs on the log's own writer thread.
+            let _ = writeln!(self.file, "uzram: {UNPINNED} ({err})");
+        }
+    }
+}
+
+/// A page pinned before the write that makes it (see `PinnedLog::pin_ahead`).
+#[derive(Clone, Copy)]
+struct Ahead {
+    page: u64,
+    addr: usize,
+    size_before: u64,
 }
 
 impl Write for PinnedLog {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.file.write(buf)?;
+        if let Err(err) = self.pin_ahead(buf.len()) {
+            self.tell(&err);
+        }
+        let written = self.file.write(buf);
+        self.settle();
+        let n = written?;
         if let Err(err) = self.pin_end() {
-            if !self.told {
-                self.told = true;
-                // Said in the log itself: this runs on the log's own writer thread.
-                let _ = writeln!(self.file, "uzram: {UNPINNED} ({err})");
-            }
+            self.tell(&err);
         }
         Ok(n)
     }
@@ -137,6 +244,10 @@ impl Write for PinnedLog {
 impl Drop for PinnedLog {
     fn drop(&mut self) {
         self.unpin();
+        if let Some(ahead) = self.ahead.take() {
+            // SAFETY: the mapping is this writer's own and nothing reads through it.
+            let _ = unsafe { memory::unmap(ahead.addr, PAGE as usize) };
+        }
     }
 }
 
@@ -145,7 +256,7 @@ mod tests {
     use super::*;
     use std::io::Read;
 
-    /// This process's mappings of `path`: (offset in the file, kB locked).
+    /// This process's mappings of `path`: (offset in the file, kB locked), by offset.
     fn mappings_of(path: &std::path::Path) -> Vec<(u64, u64)> {
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
         let name = path.to_str().unwrap();
@@ -163,6 +274,7 @@ mod tests {
                 found.push((offset, fields[1].parse().unwrap()));
             }
         }
+        found.sort_unstable();
         found
     }
 
@@ -210,6 +322,85 @@ mod tests {
         let mut back = Vec::new();
         File::open(&path).unwrap().read_to_end(&mut back).unwrap();
         assert!(back == written, "the log holds what was written, in order");
+    }
+
+    /// The file's length.
+    fn size_of(path: &std::path::Path) -> u64 {
+        std::fs::metadata(path).unwrap().len()
+    }
+
+    #[test]
+    fn a_write_into_a_new_page_finds_it_locked_already() {
+        let dir = scratch();
+        let path = dir.path().join("daemon.log");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        let (mut log, err) = PinnedLog::new(file);
+        assert!(err.is_none(), "{err:?}");
+        log.write_all(&[b'a'; 4000]).unwrap();
+        assert_eq!(mappings_of(&path), vec![(0, 4)]);
+        // What `write` does before the data goes out: 200 bytes from 4000 end in page 4096.
+        log.pin_ahead(200).unwrap();
+        assert_eq!(
+            mappings_of(&path),
+            vec![(0, 4), (4096, 4)],
+            "the page being written and the new one are both locked before the write"
+        );
+        assert_eq!(size_of(&path), 4097, "grown one byte into the new page");
+        let n = log.file.write(&[b'b'; 200]).unwrap();
+        assert_eq!(n, 200);
+        log.settle();
+        log.pin_end().unwrap();
+        assert_eq!(
+            mappings_of(&path),
+            vec![(4096, 4)],
+            "the new page took over"
+        );
+        assert_eq!(size_of(&path), 4200, "no gap left behind");
+        // A write ending at a page's end, or inside the page pinned, grows nothing.
+        log.pin_ahead(8192 - 4200).unwrap();
+        assert_eq!(size_of(&path), 4200);
+        log.pin_ahead(10).unwrap();
+        assert_eq!(size_of(&path), 4200);
+        assert!(log.ahead.is_none());
+    }
+
+    #[test]
+    fn a_write_that_fails_after_the_growth_leaves_no_gap() {
+        let dir = scratch();
+        let path = dir.path().join("daemon.log");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        let (mut log, err) = PinnedLog::new(file);
+        assert!(err.is_none(), "{err:?}");
+        log.write_all(&[b'a'; 5000]).unwrap();
+        log.pin_ahead(20_000).unwrap();
+        assert_eq!(
+            size_of(&path),
+            24_577,
+            "grown into the page the write ends in"
+        );
+        assert_eq!(mappings_of(&path), vec![(4096, 4), (24_576, 4)]);
+        // The write stops short of that page (as a full /run would make it).
+        let n = log.file.write(&[b'b'; 3000]).unwrap();
+        assert_eq!(n, 3000);
+        log.settle();
+        assert_eq!(size_of(&path), 8000, "shrunk back to what was written");
+        assert_eq!(mappings_of(&path), vec![(4096, 4)], "the page ahead let go");
+        log.pin_end().unwrap();
+        assert_eq!(mappings_of(&path), vec![(4096, 4)]);
+        let mut back = Vec::new();
+        File::open(&path).unwrap().read_to_end(&mut back).unwrap();
+        assert_eq!(back.len(), 8000);
+        assert!(!back.contains(&0), "no zero byte of the growth is left");
     }
 
     #[test]
