@@ -97,24 +97,20 @@ impl PinnedLog {
         let size = readable.metadata()?.len();
         let page = self.end(size)? / PAGE * PAGE;
         let want = (page < size).then_some(page);
+        if let Some(ahead) = self.ahead.take() {
+            if Some(ahead.page) == want {
+                self.unpin();
+                self.pinned = Some((ahead.page, ahead.addr));
+                return Ok(());
+            }
+            // The end moved elsewhere (another writer of the same file offset).
+            ahead.unmap();
+        }
         if self.pinned.map(|(at, _)| at) == want {
             return Ok(());
         }
-        if let Some(ahead) = self.ahead.take_if(|ahead| Some(ahead.page) == want) {
-            self.unpin();
-            self.pinned = Some((ahead.page, ahead.addr));
-            return Ok(());
-        }
         let fresh = match want {
-            Some(at) => {
-                let addr = memory::map_file_read_only(readable.as_fd(), at, PAGE as usize)?;
-                if let Err(err) = memory::lock(addr, PAGE as usize) {
-                    // SAFETY: the mapping was made just now and nothing refers to it.
-                    let _ = unsafe { memory::unmap(addr, PAGE as usize) };
-                    return Err(err);
-                }
-                Some((at, addr))
-            }
+            Some(at) => Some((at, map_locked(readable, at)?)),
             None => None,
         };
         self.unpin();
@@ -128,6 +124,9 @@ impl PinnedLog {
         let Some(readable) = &self.readable else {
             return Ok(());
         };
+        if let Some(left) = self.ahead.take() {
+            left.unmap();
+        }
         if self.appends || len == 0 {
             return Ok(());
         }
@@ -140,17 +139,7 @@ impl PinnedLog {
             return Ok(());
         }
         self.file.set_len(page + 1)?;
-        let addr =
-            memory::map_file_read_only(readable.as_fd(), page, PAGE as usize).and_then(|addr| {
-                match memory::lock(addr, PAGE as usize) {
-                    Ok(()) => Ok(addr),
-                    Err(err) => {
-                        // SAFETY: the mapping was made just now and nothing refers to it.
-                        let _ = unsafe { memory::unmap(addr, PAGE as usize) };
-                        Err(err)
-                    }
-                }
-            });
+        let addr = map_locked(readable, page);
         let ahead = Ahead {
             page,
             addr: 0,
@@ -182,8 +171,7 @@ impl PinnedLog {
         }
         self.ahead = None;
         self.shrink_back(&ahead);
-        // SAFETY: the mapping is this writer's own and nothing reads through it.
-        let _ = unsafe { memory::unmap(ahead.addr, PAGE as usize) };
+        ahead.unmap();
     }
 
     /// Undoes `pin_ahead`'s growth down to what this writer has written, unless the file has
@@ -214,12 +202,30 @@ impl PinnedLog {
     }
 }
 
+/// Maps the page of `file` at `at` and locks it; the fault of a hole makes the page locked.
+fn map_locked(file: &File, at: u64) -> io::Result<usize> {
+    let addr = memory::map_file_read_only(file.as_fd(), at, PAGE as usize)?;
+    if let Err(err) = memory::lock(addr, PAGE as usize) {
+        // SAFETY: the mapping was made just now and nothing refers to it.
+        let _ = unsafe { memory::unmap(addr, PAGE as usize) };
+        return Err(err);
+    }
+    Ok(addr)
+}
+
 /// A page pinned before the write that makes it (see `PinnedLog::pin_ahead`).
 #[derive(Clone, Copy)]
 struct Ahead {
     page: u64,
     addr: usize,
     size_before: u64,
+}
+
+impl Ahead {
+    fn unmap(self) {
+        // SAFETY: the mapping is the log writer's own and nothing reads through it.
+        let _ = unsafe { memory::unmap(self.addr, PAGE as usize) };
+    }
 }
 
 impl Write for PinnedLog {
@@ -245,8 +251,7 @@ impl Drop for PinnedLog {
     fn drop(&mut self) {
         self.unpin();
         if let Some(ahead) = self.ahead.take() {
-            // SAFETY: the mapping is this writer's own and nothing reads through it.
-            let _ = unsafe { memory::unmap(ahead.addr, PAGE as usize) };
+            ahead.unmap();
         }
     }
 }
