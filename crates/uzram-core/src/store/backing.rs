@@ -53,7 +53,8 @@ pub(crate) const RUN_OBJECTS: usize = 1024;
 /// Bytes of a device key.
 pub const KEY_BYTES: usize = 32;
 const NONCE_BYTES: usize = 8;
-const TAG_BYTES: usize = 16;
+/// Bytes of a Poly1305 tag, as a sealed object and a label's [`WritebackKey::label_tag`] carry.
+pub const TAG_BYTES: usize = 16;
 /// Most blocks one object can touch: the largest sealed object (a raw page, its checksum
 /// and the seal) is under two blocks, so it touches at most three.
 pub const MAX_OBJECT_BLOCKS: usize = 3;
@@ -244,6 +245,24 @@ pub struct WritebackKey(pub [u8; KEY_BYTES]);
 impl fmt::Debug for WritebackKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("WritebackKey(..)")
+    }
+}
+
+impl WritebackKey {
+    /// What a backing device's label carries to name the key its pages are sealed with,
+    /// without giving it away: the key's Poly1305 tag of nothing, under a nonce no object
+    /// is sealed with (objects' nonces end in four zero bytes, this one in `LABL`). A
+    /// takeover reads it back to know that the device a path names now is the one the
+    /// store's pages were written to.
+    pub fn label_tag(&self) -> [u8; TAG_BYTES] {
+        let cipher = ChaCha20Poly1305::new(Key::from_slice(&self.0));
+        let mut nonce = [0u8; 12];
+        nonce[8..].copy_from_slice(b"LABL");
+        let tag = cipher
+            .encrypt_in_place_detached(Nonce::from_slice(&nonce), b"uzram writeback label", &mut [])
+            // Sealing fails only for a message over ChaCha20's 256 GiB; this one is empty.
+            .unwrap_or_default();
+        tag.into()
     }
 }
 

@@ -47,7 +47,7 @@ use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWrite
 
 pub use self::backing::{
     BackingDevice, BlockRun, Nonces, WritebackKey, BLOCK_BYTES, KEY_BYTES, MAX_OBJECT_BLOCKS,
-    RUNS_IN_FLIGHT, RUN_BLOCKS, SEAL_BYTES,
+    RUNS_IN_FLIGHT, RUN_BLOCKS, SEAL_BYTES, TAG_BYTES,
 };
 pub use self::disk_read::DiskRead;
 pub use self::entry::{StagedAt, EMPTY_WORD, MAX_SLOT_PAGES, MAX_STAGING_SLOTS};

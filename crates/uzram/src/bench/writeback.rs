@@ -65,9 +65,10 @@ pub fn measure(
 ) -> anyhow::Result<WrittenBack> {
     let file = BackingFile::open(path, store.pages())?;
     // A path that holds anything but zeros or uzram's label is refused, as the daemon does.
-    file.label()?;
+    let key = new_key()?;
+    file.label(&key)?;
     store
-        .attach_backing(Arc::new(file), &new_key()?, Nonces::Owned)
+        .attach_backing(Arc::new(file), &key, Nonces::Owned)
         .context("attaching the backing file")?;
     let half = total / 2;
     // Every page idle, then the upper half used again: the pass takes the lower half only.

@@ -1088,12 +1088,23 @@ impl DeviceConfig {
     }
 }
 
-/// Directories a writeback file may not sit in: the generator opens a file's directory to
-/// the daemon (`ReadWritePaths=`), which would undo the unit's `ProtectSystem=strict` there.
-const SYSTEM_DIRS: [&str; 12] = [
-    "/", "/etc", "/usr", "/boot", "/bin", "/sbin", "/lib", "/lib64", "/proc", "/sys", "/run",
-    "/root",
+/// Trees a writeback file may not sit in, at any depth: the generator opens a file's
+/// directory to the daemon (`ReadWritePaths=`), which would undo the unit's
+/// `ProtectSystem=strict` there (and `/run`, `/proc`, `/sys` hold no disk space).
+const SYSTEM_TREES: [&str; 10] = [
+    "/etc", "/usr", "/boot", "/bin", "/sbin", "/lib", "/lib64", "/proc", "/sys", "/run",
 ];
+/// Directories a writeback file may not sit in directly: opening one would open every
+/// directory below it.
+const SHARED_DIRS: [&str; 9] = [
+    "/", "/root", "/var", "/var/lib", "/home", "/opt", "/srv", "/mnt", "/media",
+];
+
+/// Whether a writeback file in directory `dir` would open a system directory (above).
+fn opens_a_system_dir(dir: &Path) -> bool {
+    SHARED_DIRS.iter().any(|d| dir == Path::new(d))
+        || SYSTEM_TREES.iter().any(|t| dir.starts_with(t))
+}
 
 /// Why `path` cannot be a writeback device, if it cannot. The generator writes it into the
 /// unit's drop-in, where a space separates values, `%` starts a specifier and a newline a
@@ -1113,11 +1124,14 @@ fn unsafe_writeback_path(path: &Path) -> Option<&'static str> {
         );
     }
     let is_file = !path.starts_with("/dev/");
-    let parent = path.parent().and_then(Path::to_str).unwrap_or("/");
-    if is_file && SYSTEM_DIRS.contains(&parent) {
+    let parent = path.parent().unwrap_or(Path::new("/"));
+    // As named, and where a link on the way leads (when the directory exists yet).
+    let resolved = std::fs::canonicalize(parent).ok();
+    if is_file && (opens_a_system_dir(parent) || resolved.is_some_and(|d| opens_a_system_dir(&d))) {
         return Some(
-            "is a file in a system directory, which the unit would then let the daemon write: \
-             put it in a directory of its own (e.g. /var/lib/uzram/swap0.wb)",
+            "is a file in a system directory, or directly in a shared one (/var, /srv, /mnt, \
+             ...), which the unit would then let the daemon write: put it in a directory of \
+             its own (e.g. /var/lib/uzram/swap0.wb or /srv/swap/swap0.wb)",
         );
     }
     None

@@ -389,6 +389,12 @@ mod tests {
             ("/swap.wb", "system directory"),
             ("/etc/x.wb", "system directory"),
             ("/run/x.wb", "system directory"),
+            ("/etc/systemd/system/x.wb", "system directory"),
+            ("/usr/lib/x/x.wb", "system directory"),
+            ("/var/x.wb", "system directory"),
+            ("/var/lib/x.wb", "system directory"),
+            ("/srv/x.wb", "system directory"),
+            ("/mnt/x.wb", "system directory"),
         ] {
             let text = format!("size = \"1G\"\nwriteback-device = \"{path}\"\n");
             let err = parse(&text).unwrap_err();
@@ -411,6 +417,27 @@ mod tests {
                 Some(std::path::PathBuf::from(path))
             );
         }
+    }
+
+    /// A directory that is a link into a system directory opens that directory as well
+    /// as one named outright (systemd's `ReadWritePaths=` follows links).
+    #[test]
+    fn a_writeback_file_through_a_link_into_a_system_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("wb");
+        std::os::unix::fs::symlink("/etc/systemd", &link).unwrap();
+        let text = format!(
+            "size = \"1G\"\nwriteback-device = \"{}\"\n",
+            link.join("x.wb").display()
+        );
+        let err = parse(&text).unwrap_err();
+        assert!(
+            matches!(err, ConfigError::WritebackPathUnsafe { .. }),
+            "{err}"
+        );
+        std::fs::remove_file(&link).unwrap();
+        std::fs::create_dir(&link).unwrap();
+        assert!(parse(&text).is_ok(), "a directory of its own is fine");
     }
 
     /// A value of the wrong kind, a TOML syntax error or a duplicate key says where (line,

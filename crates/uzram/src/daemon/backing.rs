@@ -228,10 +228,10 @@ impl BackingFile {
         }
     }
 
-    /// Takes the device for a device's writeback, whose first key is about to be made:
-    /// refused unless it was empty or uzram's ([`Found`]); then its last block is written
-    /// with the label and kept out of the store's reach.
-    pub fn label(&self) -> anyhow::Result<()> {
+    /// Takes the device for a device's writeback with its first key, `key`: refused unless
+    /// it was empty or uzram's ([`Found`]); then its last block is written with the label
+    /// for `key` and kept out of the store's reach.
+    pub fn label(&self, key: &WritebackKey) -> anyhow::Result<()> {
         let path = self.path.display();
         let found = match self.found {
             Found::Unread => {
@@ -254,10 +254,43 @@ impl BackingFile {
                  at least two blocks of {BLOCK_BYTES} bytes"
             );
         };
-        backing_label::write(&self.file, last)
+        backing_label::write(&self.file, last, key)
             .with_context(|| format!("writing uzram's label to the backing device {path}"))?;
         self.labelled.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// For a device taken over whose pages were written back under `key` to a labelled
+    /// device: refuses the device `writeback-device` names now unless its label is for
+    /// `key`, before anything on it is touched (the takeover gives back every block no page
+    /// uses, which on another device would be its data). A label an earlier release wrote,
+    /// without a key's tag, is taken and given the tag.
+    fn check_label(&self, key: &WritebackKey) -> anyhow::Result<()> {
+        let path = self.path.display();
+        let wrong = "Nothing on it was touched. Start the device with the writeback-device its                      pages were written to (see `uzram status` before the change, or the config                      it was made with), or destroy the device and make it anew";
+        let Some(last) = self.blocks.checked_sub(1).filter(|&last| last > 0) else {
+            bail!(
+                "writeback-device {path} is too small to be the backing device this device's                  pages were written to. {wrong}"
+            );
+        };
+        let label = backing_label::read(&self.file, last)
+            .with_context(|| format!("reading the label of the backing device {path}"))?;
+        match label {
+            backing_label::Label::Keyed(tag) if tag == key.label_tag() => Ok(()),
+            backing_label::Label::Keyed(_) => bail!(
+                "writeback-device {path} is not the backing device this device's pages were                  written to: its label is another uzram device's (another device's backing                  file, or a path that now names another disk). {wrong}"
+            ),
+            backing_label::Label::Missing => bail!(
+                "writeback-device {path} is not the backing device this device's pages were                  written to: its last block carries no uzram label (the setting changed, or                  the path now names another disk). {wrong}"
+            ),
+            backing_label::Label::Untagged => {
+                backing_label::write(&self.file, last, key).with_context(|| {
+                    format!("writing uzram's label to the backing device {path}")
+                })?;
+                tracing::info!(path = %path, "the backing device's label now names its key");
+                Ok(())
+            }
+        }
     }
 
     /// Writes `runs` through `ring`, all submitted at once; fills `failed`. `Err`: the ring
@@ -714,12 +747,15 @@ pub fn attach(
     };
     let (key, next) = match region.writeback_key() {
         Some(kept) => {
+            if kept.labelled {
+                file.check_label(&kept.key)?;
+            }
             file.labelled.store(kept.labelled, Ordering::Release);
             (kept.key, kept.next)
         }
         None => {
-            file.label()?;
             let key = new_key()?;
+            file.label(&key)?;
             let nonces = region.set_writeback_key(&key);
             (key, nonces)
         }
@@ -1038,6 +1074,102 @@ mod tests {
         assert!(format!("{err:#}").contains("not uzram's"), "{err:#}");
         assert!(region.writeback_key().is_none());
         crate::takeover::store_segment::remove(region.id());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The mistake a takeover guards against: `writeback-device` changed, or naming another
+    /// disk, between a daemon and the one that takes its device over. The takeover would
+    /// give back every block no page uses, so a device whose label is not for the store's
+    /// key (another device's backing file, a filesystem, an empty file) is refused and left
+    /// byte for byte as it was; the device the pages are on is taken, and an earlier
+    /// release's label on it, without a key's tag, is given the tag.
+    #[test]
+    fn a_takeover_takes_only_the_backing_device_its_pages_are_on() {
+        use uzram_core::codec::Algorithm;
+        use uzram_core::store::StoreConfig;
+        if !crate::sys::is_root() {
+            println!("SKIP: not root");
+            return;
+        }
+        let pages = 64;
+        let fresh = || {
+            let cfg = StoreConfig::new(pages, Algorithm::Lz4);
+            let region =
+                crate::daemon::store::new_region(&cfg, crate::footprint::MIN_ROOM, u32::MAX, true)
+                    .inspect_err(|e| println!("SKIP: {e:#}"))
+                    .ok()?;
+            let store = crate::daemon::store::new_store(cfg, &region).unwrap();
+            Some((store, region))
+        };
+        let Some((store, region)) = fresh() else {
+            return;
+        };
+        let dir = scratch("takeover-label");
+        // The device's own backing file, and another device's.
+        let own = dir.join("own");
+        attach(
+            &store,
+            &region,
+            Some(Arc::new(BackingFile::open(&own, pages).unwrap())),
+        )
+        .unwrap();
+        let key = region.writeback_key().unwrap().key;
+        crate::takeover::store_segment::remove(region.id());
+        drop(store);
+        let others = dir.join("others");
+        let (store, region) = fresh().unwrap();
+        attach(
+            &store,
+            &region,
+            Some(Arc::new(BackingFile::open(&others, pages).unwrap())),
+        )
+        .unwrap();
+        crate::takeover::store_segment::remove(region.id());
+        drop(store);
+        let empty = dir.join("empty");
+        std::fs::write(&empty, vec![0u8; 1 << 20]).unwrap();
+        let mut ext4 = vec![0u8; 4 << 20];
+        ext4[1080..1082].copy_from_slice(&[0x53, 0xef]);
+        let fs = dir.join("fs.img");
+        std::fs::write(&fs, &ext4).unwrap();
+        for path in [&empty, &fs] {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+
+        let take_over = |path: &Path| {
+            let (store, region) = fresh().unwrap();
+            region.set_writeback_key(&key);
+            let done = attach(
+                &store,
+                &region,
+                Some(Arc::new(BackingFile::reopen(path, pages).unwrap())),
+            );
+            crate::takeover::store_segment::remove(region.id());
+            done
+        };
+        for (path, says) in [
+            (&others, "another uzram device's"),
+            (&empty, "no uzram label"),
+            (&fs, "no uzram label"),
+        ] {
+            let before = std::fs::read(path).unwrap();
+            let err = format!("{:#}", take_over(path).unwrap_err());
+            assert!(err.contains(says) && err.contains("Nothing on it"), "{err}");
+            assert!(std::fs::read(path).unwrap() == before, "{path:?} changed");
+        }
+        take_over(&own).expect("the device its pages are on");
+        // An earlier release's label: no tag, taken, and given the tag.
+        let last = std::fs::metadata(&own).unwrap().len() / BLOCK_BYTES as u64 - 1;
+        let file = std::fs::OpenOptions::new().write(true).open(&own).unwrap();
+        file.write_all_at(&[0; 64], last * BLOCK_BYTES as u64 + 1024)
+            .unwrap();
+        let untagged = |path: &Path| {
+            let f = File::open(path).unwrap();
+            backing_label::read(&f, last).unwrap()
+        };
+        assert_eq!(untagged(&own), backing_label::Label::Untagged);
+        take_over(&own).expect("an earlier release's label");
+        assert_eq!(untagged(&own), backing_label::Label::Keyed(key.label_tag()));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -17,7 +17,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use uzram_core::store::BLOCK_BYTES;
+use uzram_core::store::{WritebackKey, BLOCK_BYTES, TAG_BYTES};
 
 use super::backing::Aligned;
 
@@ -41,6 +41,25 @@ const LABEL_MAGIC: [u8; 8] = *b"UZRAMWB1";
 const LABEL_NOTE: &[u8] = b"\nuzram writeback device: its other blocks hold pages of a ublk \
 device, sealed under a key only its daemon holds. Zero its first MiB and this block before \
 using it for anything else.\n";
+/// Where in the label's block the key's tag ([`WritebackKey::label_tag`]) is, after
+/// [`KEY_MARK`]: a takeover reads it to know the device is the one its pages are on.
+const KEY_AT: usize = 1024;
+/// What precedes the key's tag; a label an earlier release wrote has zeros there.
+const KEY_MARK: [u8; 8] = *b"KEYTAG01";
+const _: () = assert!(LABEL_MAGIC.len() + LABEL_NOTE.len() <= KEY_AT);
+const _: () = assert!(KEY_AT + KEY_MARK.len() + TAG_BYTES <= BLOCK_BYTES);
+
+/// What a backing device's last block says of the key its pages are sealed with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Label {
+    /// No uzram label.
+    Missing,
+    /// uzram's label without a key's tag (an earlier release wrote it).
+    Untagged,
+    /// uzram's label for the key of this tag.
+    Keyed([u8; TAG_BYTES]),
+}
+
 /// How much of each end of a device without the label must read as zeros for uzram to take
 /// it: every common filesystem, partition table, swap, volume and RAID signature lies in one
 /// of them (the furthest from its end, ZFS's labels, within 512 KiB).
@@ -91,15 +110,35 @@ fn zeros(file: &File, buf: &mut Aligned, from: u64, to: u64) -> io::Result<bool>
     Ok(true)
 }
 
-/// Writes the label into block `block` of `file` and syncs it.
-pub(super) fn write(file: &File, block: u64) -> io::Result<()> {
+/// Writes the label for `key` into block `block` of `file` and syncs it.
+pub(super) fn write(file: &File, block: u64, key: &WritebackKey) -> io::Result<()> {
     let mut label = Aligned::new(BLOCK_BYTES)?;
     let bytes = label.bytes();
     bytes.fill(0);
     bytes[..LABEL_MAGIC.len()].copy_from_slice(&LABEL_MAGIC);
     bytes[LABEL_MAGIC.len()..LABEL_MAGIC.len() + LABEL_NOTE.len()].copy_from_slice(LABEL_NOTE);
+    bytes[KEY_AT..KEY_AT + KEY_MARK.len()].copy_from_slice(&KEY_MARK);
+    bytes[KEY_AT + KEY_MARK.len()..KEY_AT + KEY_MARK.len() + TAG_BYTES]
+        .copy_from_slice(&key.label_tag());
     file.write_all_at(bytes, block * BLOCK_BYTES as u64)?;
     file.sync_data()
+}
+
+/// Reads block `block` of `file` as a label ([`Label`]).
+pub(super) fn read(file: &File, block: u64) -> io::Result<Label> {
+    let mut buf = Aligned::new(BLOCK_BYTES)?;
+    let bytes = buf.bytes();
+    file.read_exact_at(bytes, block * BLOCK_BYTES as u64)?;
+    if !bytes.starts_with(&LABEL_MAGIC) {
+        return Ok(Label::Missing);
+    }
+    let mark = &bytes[KEY_AT..KEY_AT + KEY_MARK.len()];
+    if mark != KEY_MARK {
+        return Ok(Label::Untagged);
+    }
+    let mut tag = [0u8; TAG_BYTES];
+    tag.copy_from_slice(&bytes[KEY_AT + KEY_MARK.len()..KEY_AT + KEY_MARK.len() + TAG_BYTES]);
+    Ok(Label::Keyed(tag))
 }
 
 /// Why the backing device at `path` is not taken, and what to do.
@@ -206,8 +245,9 @@ mod tests {
         );
 
         // Labelled at its last block: taken whatever its first MiB holds.
+        let key = WritebackKey([7; 32]);
         let used = file(&dir, "used", &[0xa5; 64 << 10], 16 * BLOCK_BYTES as u64);
-        write(&used, 15).unwrap();
+        write(&used, 15, &key).unwrap();
         assert_eq!(probe_of(&used), Found::Labelled);
         // Its pages fill its last MiB too: the label decides before the zeros are looked for.
         used.write_all_at(&[0x5a; 8 << 10], 13 * BLOCK_BYTES as u64)
@@ -215,12 +255,41 @@ mod tests {
         assert_eq!(probe_of(&used), Found::Labelled);
         // The label one block early is not uzram's label of this file.
         let early = file(&dir, "early", &[0xa5; 64 << 10], 16 * BLOCK_BYTES as u64);
-        write(&early, 14).unwrap();
+        write(&early, 14, &key).unwrap();
         assert_eq!(probe_of(&early), Found::Foreign);
         let mut block = vec![0u8; BLOCK_BYTES];
         used.read_exact_at(&mut block, 15 * BLOCK_BYTES as u64)
             .unwrap();
         assert!(block.starts_with(&LABEL_MAGIC));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A label names its key by a tag that another key does not make, and that does not
+    /// give the key away; a label without the tag (an earlier release's) and a block that
+    /// is no label are told apart from it.
+    #[test]
+    fn a_label_names_its_key() {
+        let dir = std::env::temp_dir().join(format!("uzram-label-key-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = WritebackKey([7; 32]);
+        let other = WritebackKey([8; 32]);
+        assert_ne!(key.label_tag(), other.label_tag());
+        assert_eq!(key.label_tag(), WritebackKey([7; 32]).label_tag());
+        let f = file(&dir, "wb", &[], 4 * BLOCK_BYTES as u64);
+        assert_eq!(read(&f, 3).unwrap(), Label::Missing);
+        write(&f, 3, &key).unwrap();
+        assert_eq!(read(&f, 3).unwrap(), Label::Keyed(key.label_tag()));
+        let mut block = vec![0u8; BLOCK_BYTES];
+        f.read_exact_at(&mut block, 3 * BLOCK_BYTES as u64).unwrap();
+        assert!(
+            !block.windows(8).any(|w| key.0.windows(8).any(|k| k == w)),
+            "no part of the key is in the label"
+        );
+        // An earlier release's label: the magic and the note, nothing where the tag goes.
+        f.write_all_at(&[0; 64], (3 * BLOCK_BYTES + KEY_AT) as u64)
+            .unwrap();
+        assert_eq!(read(&f, 3).unwrap(), Label::Untagged);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -71,9 +71,13 @@ pub fn device_of_segment(seg: &shm::Stat) -> Option<u32> {
         let device = u32::from_ne_bytes(header[12..16].try_into().ok()?);
         return (header[..8] == MAGIC).then_some(device);
     }
-    let id = seg.key.checked_sub(LEGACY_KEY_BASE)?;
+    // The key's range first: a segment on any other key is not looked into at all.
+    let id = seg
+        .key
+        .checked_sub(LEGACY_KEY_BASE)
+        .filter(|id| (0..1 << 20).contains(id))?;
     let magic: [u8; 8] = shm::peek(seg.id, 0).ok()?;
-    ((0..1 << 20).contains(&id) && magic == LEGACY_MAGIC).then_some(id as u32)
+    (magic == LEGACY_MAGIC).then_some(id as u32)
 }
 
 /// Root's record segments of device `id`: those found by their header, lowest id first, then
