@@ -297,14 +297,7 @@ mod tests {
     fn the_page_holding_the_end_stays_locked_as_the_log_grows() {
         let dir = scratch();
         let path = dir.path().join("daemon.log");
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        let (mut log, err) = PinnedLog::new(file);
-        assert!(err.is_none(), "{err:?}");
+        let mut log = new_log(&path);
         assert_eq!(mappings_of(&path), vec![], "an empty file has no page");
         let mut written = Vec::new();
         for (i, len) in [100usize, 3996, 1, 8191, 5000, 4096, 7]
@@ -329,6 +322,19 @@ mod tests {
         assert!(back == written, "the log holds what was written, in order");
     }
 
+    /// A log writing `path` anew, its end pinned.
+    fn new_log(path: &std::path::Path) -> PinnedLog {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .open(path)
+            .unwrap();
+        let (log, err) = PinnedLog::new(file);
+        assert!(err.is_none(), "{err:?}");
+        log
+    }
+
     /// The file's length.
     fn size_of(path: &std::path::Path) -> u64 {
         std::fs::metadata(path).unwrap().len()
@@ -338,14 +344,7 @@ mod tests {
     fn a_write_into_a_new_page_finds_it_locked_already() {
         let dir = scratch();
         let path = dir.path().join("daemon.log");
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        let (mut log, err) = PinnedLog::new(file);
-        assert!(err.is_none(), "{err:?}");
+        let mut log = new_log(&path);
         log.write_all(&[b'a'; 4000]).unwrap();
         assert_eq!(mappings_of(&path), vec![(0, 4)]);
         // What `write` does before the data goes out: 200 bytes from 4000 end in page 4096.
@@ -378,14 +377,7 @@ mod tests {
     fn a_write_that_fails_after_the_growth_leaves_no_gap() {
         let dir = scratch();
         let path = dir.path().join("daemon.log");
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        let (mut log, err) = PinnedLog::new(file);
-        assert!(err.is_none(), "{err:?}");
+        let mut log = new_log(&path);
         log.write_all(&[b'a'; 5000]).unwrap();
         log.pin_ahead(20_000).unwrap();
         assert_eq!(

@@ -851,6 +851,20 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
+    /// A new store of `pages` in a region of its own; `None` (said) where the host cannot
+    /// lock segments (containers without CAP_IPC_LOCK).
+    fn store_of(pages: u64) -> Option<(PageStore, StoreSegment)> {
+        use uzram_core::codec::Algorithm;
+        use uzram_core::store::StoreConfig;
+        let cfg = StoreConfig::new(pages, Algorithm::Lz4);
+        let region =
+            crate::daemon::store::new_region(&cfg, crate::footprint::MIN_ROOM, u32::MAX, true)
+                .inspect_err(|e| println!("SKIP: {e:#}"))
+                .ok()?;
+        let store = crate::daemon::store::new_store(cfg, &region).unwrap();
+        Some((store, region))
+    }
+
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("uzram-backing-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -954,22 +968,12 @@ mod tests {
     /// looked at as a new one.
     #[test]
     fn a_backing_device_holding_data_that_is_not_uzrams_is_refused_and_left_alone() {
-        use uzram_core::codec::Algorithm;
-        use uzram_core::store::StoreConfig;
         if !crate::sys::is_root() {
             println!("SKIP: not root");
             return;
         }
         let pages = 64;
-        let fresh = || {
-            let cfg = StoreConfig::new(pages, Algorithm::Lz4);
-            let region =
-                crate::daemon::store::new_region(&cfg, crate::footprint::MIN_ROOM, u32::MAX, true)
-                    .inspect_err(|e| println!("SKIP: {e:#}"))
-                    .ok()?;
-            let store = crate::daemon::store::new_store(cfg, &region).unwrap();
-            Some((store, region))
-        };
+        let fresh = || store_of(pages);
         // Containers without CAP_IPC_LOCK cannot lock segments.
         let Some((_, region)) = fresh() else { return };
         crate::takeover::store_segment::remove(region.id());
@@ -1085,22 +1089,12 @@ mod tests {
     /// release's label on it, without a key's tag, is given the tag.
     #[test]
     fn a_takeover_takes_only_the_backing_device_its_pages_are_on() {
-        use uzram_core::codec::Algorithm;
-        use uzram_core::store::StoreConfig;
         if !crate::sys::is_root() {
             println!("SKIP: not root");
             return;
         }
         let pages = 64;
-        let fresh = || {
-            let cfg = StoreConfig::new(pages, Algorithm::Lz4);
-            let region =
-                crate::daemon::store::new_region(&cfg, crate::footprint::MIN_ROOM, u32::MAX, true)
-                    .inspect_err(|e| println!("SKIP: {e:#}"))
-                    .ok()?;
-            let store = crate::daemon::store::new_store(cfg, &region).unwrap();
-            Some((store, region))
-        };
+        let fresh = || store_of(pages);
         let Some((store, region)) = fresh() else {
             return;
         };
