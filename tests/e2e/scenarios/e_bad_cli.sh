@@ -65,6 +65,13 @@ expect_refused "a backing file holding someone's data" "writeback-device /tmp/e-
 [ "$(sha256sum < /tmp/e-data.wb)" = "$_sum" ] && ok "the refused backing file is unchanged ($(stat -c %s /tmp/e-data.wb) bytes)" \
   || fail_check "the refused backing file was changed: $(stat -c %s /tmp/e-data.wb) bytes"
 rm -f /tmp/e-data.wb
+# A writeback file deep in a system tree, or reached through a link into one: the unit's
+# drop-in would open that directory to the daemon.
+expect_refused "a writeback file under /etc" 'system directory' \
+  uzram create --size 64M --writeback-device /etc/systemd/e-wb.wb
+ln -s /run /tmp/e-link && expect_refused "a writeback file through a link into /run" 'system directory' \
+  uzram create --size 64M --writeback-device /tmp/e-link/e-wb.wb
+rm -f /tmp/e-link
 if [ -n "$(ls /dev/ublkb* 2>/dev/null)" ]; then
   fail_check "a device exists after refused creates: $(ls /dev/ublkb*)"
 fi
