@@ -53,6 +53,10 @@ pub struct FaultPlan {
     /// page's true checksum (a device whose same-fill test is wrong: the checksum it reports
     /// is of the page it read, and holds).
     pub false_fill_every: u64,
+    /// Zero every n-th page's staged copy in the slot itself before compressing it, and
+    /// report what it then holds, honestly: a fill of zeros with the checksum of zeros (the
+    /// staging damaged after its writer took the page's checksum).
+    pub zero_input_every: u64,
     /// Wait this long in every `complete` (a slow device).
     pub delay: Duration,
 }
@@ -96,6 +100,8 @@ pub struct HostSlots {
     misread: AtomicU64,
     /// Pages looked at for `FaultPlan::false_fill_every`.
     false_fills: AtomicU64,
+    /// Pages looked at for `FaultPlan::zero_input_every`.
+    zeroed: AtomicU64,
 }
 
 impl std::fmt::Debug for HostSlots {
@@ -179,6 +185,7 @@ impl HostSlots {
             compressed: AtomicU64::new(0),
             misread: AtomicU64::new(0),
             false_fills: AtomicU64::new(0),
+            zeroed: AtomicU64::new(0),
         }
     }
 
@@ -224,7 +231,14 @@ impl HostSlots {
         let mut page = [0u8; PAGE_SIZE];
         let mut block = vec![0u8; PAGE_SIZE];
         for i in 0..pages {
-            words_to_page(&input[i * PAGE_WORDS..(i + 1) * PAGE_WORDS], &mut page);
+            let words = &input[i * PAGE_WORDS..(i + 1) * PAGE_WORDS];
+            let zeroed = self.zeroed.fetch_add(1, Ordering::Relaxed) + 1;
+            if self.faults.zero_input_every > 0
+                && zeroed.is_multiple_of(self.faults.zero_input_every)
+            {
+                words.iter().for_each(|w| w.store(0, Ordering::Relaxed));
+            }
+            words_to_page(words, &mut page);
             let seen = self.misread.fetch_add(1, Ordering::Relaxed) + 1;
             if self.faults.misread_every > 0 && seen.is_multiple_of(self.faults.misread_every) {
                 page[100] ^= 1;

@@ -526,13 +526,14 @@ impl Arena {
         Ok(())
     }
 
-    /// Returns an object's space to its class's free list. When the last object goes,
-    /// every segment is released.
+    /// [`Arena::free_many`] of one object.
+    #[cfg(test)]
     pub(crate) fn free(&self, handle: u64, len: usize) {
         self.free_many(std::iter::once((handle, len)));
     }
 
-    /// [`Arena::free`] for several `(handle, len)` objects under one lock.
+    /// Returns the space of several `(handle, len)` objects to their classes' free lists,
+    /// under one lock. When the last object goes, every segment is released.
     pub(crate) fn free_many(&self, objects: impl IntoIterator<Item = (u64, usize)>) {
         let mut meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
         for (handle, len) in objects {

@@ -1006,12 +1006,19 @@ impl PageStore {
     }
 
     fn free_slot(&self, slot: Slot) {
-        if let Some(object) = self.stored_object(slot) {
-            self.arena.free(object.0, object.1);
-        }
-        if let Slot::Backed { at, len, .. } = slot {
-            if let Some(backing) = self.backing.get() {
-                backing.free(self.on_disk(at, usize::from(len)));
+        self.free_slots(&[slot]);
+    }
+
+    /// Frees what `slots` held: their objects in the arena (under one lock) and their
+    /// blocks on the backing device. Call it holding no shard's lock.
+    fn free_slots(&self, slots: &[Slot]) {
+        self.arena
+            .free_many(slots.iter().filter_map(|&s| self.stored_object(s)));
+        for &slot in slots {
+            if let Slot::Backed { at, len, .. } = slot {
+                if let Some(backing) = self.backing.get() {
+                    backing.free(self.on_disk(at, usize::from(len)));
+                }
             }
         }
     }

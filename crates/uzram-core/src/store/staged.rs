@@ -134,8 +134,9 @@ impl PageStore {
             staged: true,
             ..PageCost::default()
         };
-        // Old contents to free after the locks (a handful per call: no allocation).
-        let mut freed = [(0u64, 0usize); 16];
+        // Old contents to free after the locks (a handful at a time: no allocation). Never
+        // under a shard's lock: compaction takes the arena's lock before the shards'.
+        let mut freed = [Slot::Empty; 16];
         let mut nfreed = 0;
         let mut start = 0;
         while start < items.len() {
@@ -146,7 +147,13 @@ impl PageStore {
                 .map_or(items.len(), |k| start + k);
             let mut shard = write_lock(&self.shards[shard_index]);
             let mut newly = 0u64;
-            for &(page, at) in &items[start..end] {
+            let mut next = end;
+            for (k, &(page, at)) in items.iter().enumerate().take(end).skip(start) {
+                if nfreed == freed.len() {
+                    // Freed after the lock; the rest of the shard's pages under it again.
+                    next = k;
+                    break;
+                }
                 let idx = self.locate(page).1;
                 // A staged slot needs no side map, so `set` cannot fail here.
                 let Ok(Some(old)) = shard.set(idx, Slot::Staged(at)) else {
@@ -155,12 +162,8 @@ impl PageStore {
                 shard.totals.replace(cost_of(old), staged_cost);
                 self.ages.written(page);
                 newly += u64::from(!matches!(old, Slot::Staged(_)));
-                if let Some(object) = self.stored_object(old) {
-                    if nfreed == freed.len() {
-                        self.arena.free_many(freed.iter().copied());
-                        nfreed = 0;
-                    }
-                    freed[nfreed] = object;
+                if self.stored_object(old).is_some() || matches!(old, Slot::Backed { .. }) {
+                    freed[nfreed] = old;
                     nfreed += 1;
                 }
             }
@@ -168,9 +171,13 @@ impl PageStore {
             if self.mem_limit.is_some() {
                 self.staged.fetch_add(newly, Ordering::Relaxed);
             }
-            start = end;
+            if nfreed == freed.len() {
+                self.free_slots(&freed);
+                nfreed = 0;
+            }
+            start = next;
         }
-        self.arena.free_many(freed[..nfreed].iter().copied());
+        self.free_slots(&freed[..nfreed]);
         Counters::bump(&self.counters.writes, n);
         Ok(())
     }

@@ -1092,3 +1092,51 @@ fn compactions_object_list_is_in_memory_before_it_takes_the_locks() {
     );
     assert!(objects.is_empty());
 }
+
+/// A staged write of many pages that replaces stored ones frees their objects while
+/// compaction runs: compaction takes the arena's lock before the shards', so the write must
+/// not take the arena's while it holds a shard's (it did once it had 17 objects to free, and
+/// the two waited for each other for good, with every queue thread behind them).
+#[test]
+fn a_staged_write_freeing_many_objects_never_deadlocks_with_compaction() {
+    let (store, staging) = staged_store(4096);
+    let store = Arc::new(store);
+    const N: u64 = 64;
+    for i in 0..N {
+        store.write(i, &text_page(i as u8)).unwrap();
+    }
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let compactor = {
+        let (store, done) = (store.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                store.compact();
+            }
+        })
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            for round in 0..300u64 {
+                let items: Vec<(u64, StagedAt)> =
+                    (0..N).map(|i| (i, at(0, i as usize, round))).collect();
+                for &(i, at) in &items {
+                    staging.put(i, at, text_page(i as u8));
+                }
+                store.stage_many(&items).unwrap();
+                for i in 0..N {
+                    store.write(i, &text_page((i + round) as u8)).unwrap();
+                }
+            }
+            let _ = tx.send(());
+        });
+    }
+    let finished = rx.recv_timeout(std::time::Duration::from_secs(60));
+    done.store(true, Ordering::Relaxed);
+    assert!(
+        finished.is_ok(),
+        "staged writes and compaction waited for each other"
+    );
+    compactor.join().unwrap();
+}

@@ -825,3 +825,39 @@ fn a_device_without_a_descriptor_reads_every_page_itself() {
         assert!(out[i * PAGE_SIZE..(i + 1) * PAGE_SIZE] == page(i as u64, 0));
     }
 }
+
+/// Staging that is never read here: the pages staged in it only replace others.
+struct UnreadStaging;
+
+impl StagedPages for UnreadStaging {
+    fn read_staged(&self, _: u64, _: StagedAt, _: &mut [u8; PAGE_SIZE]) -> bool {
+        false
+    }
+}
+
+/// A written-back page overwritten through the GPU's ring (staged) gives its blocks back as
+/// an inline write does: before, only its arena object was freed, its blocks stayed in use
+/// until a takeover counted them again, and the device filled up for good.
+#[test]
+fn a_staged_overwrite_of_a_written_back_page_frees_its_blocks() {
+    let disk = MemDisk::new(128);
+    let store = backed_store(&disk);
+    store.attach_staging(Arc::new(UnreadStaging)).unwrap();
+    filled(&store, 0);
+    let first = store.writeback(idle_pass(u64::MAX)).unwrap();
+    assert_eq!(first.pages, PAGES);
+    let items: Vec<(u64, StagedAt)> = (0..PAGES)
+        .map(|i| (i, StagedAt::new(0, i as usize, 1).unwrap()))
+        .collect();
+    store.stage_many(&items).unwrap();
+    assert_eq!(store.stats().bd_count, 0);
+    assert_eq!(
+        store.release_freed_blocks(),
+        first.blocks,
+        "every block the pass wrote is free again"
+    );
+    // The device holds 128 blocks: a second pass fits only if the first one's were freed.
+    filled(&store, 1);
+    assert_eq!(store.writeback(idle_pass(u64::MAX)).unwrap().pages, PAGES);
+    reads_back(&store, 1);
+}

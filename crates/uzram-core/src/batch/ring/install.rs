@@ -13,7 +13,7 @@ use super::stats::{bump, Step};
 use crate::batch::backend::{BackendError, FailureKind};
 use crate::batch::layout::{PageResult, SlotOutput};
 use crate::codec::{Algorithm, PageCodec};
-use crate::page::{same_filled_word, words_to_page, PAGE_SIZE};
+use crate::page::{page_checksum, same_filled_word, words_to_page, PAGE_SIZE};
 use crate::store::{Commit, CommitState, Encoded, Ticket};
 use crate::CoreError;
 
@@ -194,7 +194,7 @@ impl Installer<'_> {
                 None => {
                     self.load(slot, index, next_buf);
                     next_buf += 1;
-                    self.encode_on_cpu(next_buf - 1)
+                    self.encode_on_cpu(next_buf - 1, ticket)
                 }
             };
             self.tools.plan.push((ticket, plan));
@@ -209,12 +209,20 @@ impl Installer<'_> {
         }
     }
 
-    /// Compresses the page in buffer `buf` on the CPU (the result replaces it there).
-    fn encode_on_cpu(&mut self, buf: usize) -> Plan {
+    /// Compresses the page in buffer `buf`, staged for `ticket`, on the CPU (the result
+    /// replaces it there).
+    fn encode_on_cpu(&mut self, buf: usize, ticket: Ticket) -> Plan {
         bump(&self.sh.counters.cpu_pages, 1);
         let page = &mut self.tools.bufs[buf];
         if let Some(word) = same_filled_word(page) {
-            return Plan::Same(word);
+            // Writers store same-filled pages themselves, so a staged copy that reads as a
+            // fill may be one damaged since its writer took its checksum; a fill entry keeps
+            // no checksum, so the fill is taken only where the writer's checksum says so.
+            // Otherwise the page is stored with that checksum and its reads fail the check.
+            let staging = &self.sh.staging;
+            if !staging.checksums() || staging.checksum(ticket) == Some(page_checksum(page)) {
+                return Plan::Same(word);
+            }
         }
         let limit = self.sh.limit;
         match self

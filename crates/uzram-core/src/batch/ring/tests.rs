@@ -345,6 +345,31 @@ fn a_backend_that_compressed_other_bytes_is_caught_by_the_checksums_and_retired(
     assert_eq!(store.stats().checksum_failures, 0);
 }
 
+/// A staged copy damaged after its writer took its checksum (here zeroed in the slot) is
+/// caught by the checksums, and the CPU, which compresses the page again from that copy,
+/// must not store it as the fill of zeros it became (a fill entry keeps no checksum): its
+/// reads fail their check, and no page reads back as other data.
+#[test]
+fn a_staged_page_zeroed_before_its_install_reads_as_an_error_never_as_zeros() {
+    let faults = FaultPlan {
+        zero_input_every: 5,
+        ..FaultPlan::default()
+    };
+    let (data, store, s) = written_through_faulty(faults, 0);
+    assert!(s.checksum_mismatches > 0, "{s:?}");
+    assert_eq!(s.retired, 1);
+    let mut failed = 0;
+    for (i, want) in data.chunks_exact(PAGE_SIZE).enumerate() {
+        let mut out = [0u8; PAGE_SIZE];
+        match store.read(i as u64, &mut out) {
+            Ok(()) => assert!(out[..] == want[..], "page {i} read back other data"),
+            Err(CoreError::Checksum { .. }) => failed += 1,
+            Err(e) => panic!("page {i}: {e}"),
+        }
+    }
+    assert!(failed > 0, "the zeroed pages fail their check");
+}
+
 /// A backend whose same-fill test is wrong reports the checksum of the page it read, which
 /// holds; a fill entry carries no checksum, so only the installer's look at the page can
 /// catch it.
