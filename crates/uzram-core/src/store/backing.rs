@@ -372,6 +372,16 @@ impl Backing {
         key: &WritebackKey,
         nonces: Nonces,
     ) -> Result<Self, CoreError> {
+        // An entry holds a byte offset below 128 TiB: an object placed further would be
+        // recorded at another place (and read as an I/O error).
+        if device.blocks() > (super::entry::MAX_DISK_OFFSET + 1) / BLOCK_BYTES as u64 {
+            return Err(CoreError::Config(format!(
+                "the backing device has {} blocks, more than the {} TiB a page's entry can \
+                 address: give it a partition or file of at most that size",
+                device.blocks(),
+                (super::entry::MAX_DISK_OFFSET + 1) >> 40
+            )));
+        }
         let blocks = usize::try_from(device.blocks())
             .map_err(|_| CoreError::Config("the backing device is too large".into()))?;
         let (next_nonce, floors) = match nonces {

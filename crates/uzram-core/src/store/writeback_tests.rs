@@ -861,3 +861,29 @@ fn a_staged_overwrite_of_a_written_back_page_frees_its_blocks() {
     assert_eq!(store.writeback(idle_pass(u64::MAX)).unwrap().pages, PAGES);
     reads_back(&store, 1);
 }
+
+/// A device of more blocks than an entry can address: refused before anything is made for
+/// it (an object past 128 TiB would be recorded at another place).
+#[test]
+fn a_backing_device_past_what_an_entry_addresses_is_refused() {
+    #[derive(Debug)]
+    struct Huge(u64);
+    impl BackingDevice for Huge {
+        fn blocks(&self) -> u64 {
+            self.0
+        }
+        fn write_runs(&self, _: &[BlockRun<'_>], _: &mut [Option<io::Error>]) {}
+        fn read_blocks(&self, _: u64, _: &mut [u8]) -> io::Result<()> {
+            Ok(())
+        }
+        fn release(&self, _: u64, _: u64) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    let most = (super::entry::MAX_DISK_OFFSET + 1) / BLOCK_BYTES as u64;
+    let store = PageStore::new(StoreConfig::new(PAGES, Algorithm::Lz4)).unwrap();
+    let err = store
+        .attach_backing(Arc::new(Huge(most + 1)), &KEY, Nonces::Owned)
+        .unwrap_err();
+    assert!(err.to_string().contains("128 TiB"), "{err}");
+}
