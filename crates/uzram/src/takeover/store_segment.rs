@@ -792,15 +792,35 @@ fn attach_room(id: i32) -> Result<AttachedRoom, SegmentError> {
     }
     // SAFETY: the segment is at least one unit long, so the header lies in the mapping.
     let header = unsafe { ptr::read_volatile(mapped.base() as *const Header) };
-    let end = header.room_off.checked_add(header.room_len);
-    if header.magic != MAGIC || header.version != VERSION {
-        return Err(foreign(id, "no uzram store header of this version".into()));
-    }
-    if end.is_none_or(|end| end > size as u64)
-        || header.room_off % 4096 != 0
-        || header.room_len % 4096 != 0
+    if header.magic != MAGIC || (header.version != VERSION && header.version != UNBOUND_VERSION)
     {
-        return Err(foreign(id, "its recovery room does not fit".into()));
+        return Err(foreign(id, "no uzram store header of a known layout".into()));
+    }
+    // The room is given back (its pages zeroed) before the store is checked whole: a header
+    // whose room were anywhere else would have the table or the objects zeroed instead. So
+    // the whole layout must be the one its own fields give, as a takeover checks it.
+    let room = usize::try_from(header.room_len).unwrap_or(usize::MAX);
+    let laid_out = (MIN_ROOM..=max_room())
+        .contains(&room)
+        .then(|| Sizes::of(header.pages, room))
+        .flatten()
+        .and_then(|s| {
+            layout(
+                s,
+                &algorithm_name(&header.algorithm),
+                header.checksums == 1,
+                header.device,
+            )
+        })
+        .map(|laid_out| Header {
+            version: header.version,
+            ..laid_out
+        });
+    if laid_out.as_ref() != Some(&header) || header.len != size as u64 {
+        return Err(foreign(
+            id,
+            "its layout is not a store's, so its recovery room is not known".into(),
+        ));
     }
     Ok(AttachedRoom {
         room: mapped.base() as usize + header.room_off as usize,
@@ -1355,6 +1375,46 @@ mod tests {
         assert_eq!(resident(), 0, "given back through the mapping made ahead");
         drop(mapped);
         assert_eq!(attaches(region.id()), before);
+        remove(region.id());
+    }
+
+    /// The room is given back before the store is checked whole, so it is mapped only
+    /// where the header's whole layout is a store's: a header whose room were moved over
+    /// the table (damage) would have the table zeroed. A store an earlier release laid out
+    /// (layout 5) has its room given back as this release's does.
+    #[test]
+    fn a_room_is_mapped_only_where_the_whole_layout_is_a_stores() {
+        let Some(region) = small_region() else {
+            return;
+        };
+        let good = region.header;
+        let write = |h: Header| {
+            // SAFETY: the header lies at the start of our own mapping of the segment, and
+            // no other thread of this test reads it meanwhile.
+            unsafe { ptr::write_volatile(region.base as *mut Header, h) }
+        };
+        write(Header {
+            room_off: good.table_off,
+            ..good
+        });
+        let err = MappedRoom::map(region.id()).unwrap_err();
+        assert!(err.to_string().contains("layout"), "{err}");
+        write(Header {
+            room_len: good.room_len + 4096,
+            ..good
+        });
+        assert!(MappedRoom::map(region.id()).is_err());
+        write(Header {
+            version: UNBOUND_VERSION,
+            ..good
+        });
+        let (_, len) = region.room();
+        assert_eq!(
+            MappedRoom::map(region.id()).unwrap().release().unwrap(),
+            len,
+            "a layout 5 store's room"
+        );
+        write(good);
         remove(region.id());
     }
 
