@@ -194,6 +194,8 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let queue_threads = Arc::new(QueueThreads::default());
     let placement = cfg.queue_affinity.placement(backend.name() == "gpu");
     let placed = queue_threads.clone();
+    // From here a panic anywhere leaves the device to the next daemon (see the function).
+    crate::takeover::leave::leave_device_on_panic();
     let served = ctrl.run_target(
         move |dev: &mut UblkDev| {
             dev.tgt.dev_size = size;
@@ -206,6 +208,19 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
             publish.serving()
         },
     );
+    if let Err(err) = &served {
+        if leaves_device_on_failure(recover.is_some(), crate::takeover::leave::is_stopping()) {
+            tracing::error!(
+                id,
+                error = %err,
+                "the takeover could not serve the device: leaving it, its pages and its store to \
+                 the next daemon (`uzram recover`, the standby, the unit's restart)"
+            );
+            // The log line goes through the log thread's queue: a moment for it to be written.
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            crate::takeover::leave::exit_leaving_device(crate::takeover::leave::QUEUE_FAILED_EXIT);
+        }
+    }
     // Tear down: what was published, the device, and the store with its recovery record.
     states.remove(id);
     if let Some(&rdev) = alias_rdev.get() {
@@ -223,6 +238,14 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     served.map_err(|err| anyhow::anyhow!("serving the device failed: {err}"))?;
     tracing::info!(id, "device deleted; daemon exits");
     Ok(())
+}
+
+/// Whether a daemon whose device could not be served (`run_target` failed) leaves the device
+/// as it is, for the next daemon, instead of deleting it: a device taken over holds every
+/// page its swap has out, which deleting it would take with it (processes then die of
+/// SIGBUS); unless it is being stopped on purpose. A new device holds nothing yet.
+fn leaves_device_on_failure(taken_over: bool, stopping: bool) -> bool {
+    taken_over && !stopping
 }
 
 fn step(pause: &mut Option<PauseClock>, name: &'static str) {
@@ -559,4 +582,19 @@ pub fn wait_for_path(path: &Path, timeout: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A takeover that cannot serve leaves the device (with every page in swap) to the next
+    /// daemon; a new device that cannot serve, or a device stopped on purpose, is deleted.
+    #[test]
+    fn only_a_new_or_stopping_device_is_deleted_when_serving_fails() {
+        assert!(leaves_device_on_failure(true, false));
+        assert!(!leaves_device_on_failure(true, true));
+        assert!(!leaves_device_on_failure(false, false));
+        assert!(!leaves_device_on_failure(false, true));
+    }
 }

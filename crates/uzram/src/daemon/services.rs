@@ -296,10 +296,8 @@ fn status_snapshot(s: &Setup<'_>) -> Arc<dyn Fn() -> DeviceStatus + Send + Sync>
             })
             .collect();
         stats.extend(super::tier::age_stats(&store));
-        let mut requests = counters.snapshot();
         crate::takeover::carry::add_base(&mut stats, &carried_in);
-        crate::takeover::carry::add_base(&mut requests, &carried_in);
-        requests.extend(pool_stats().into_iter().chain(queue_stats(plan)));
+        let requests = request_stats(counters.snapshot(), &carried_in, plan);
         let mut backend_stats = backend.stats();
         if let Some(r) = &recompressor {
             backend_stats.extend(
@@ -446,6 +444,18 @@ fn wait_until_not_swap(dev: &str) {
 }
 
 /// How the queues are served, as numbers for `uzram status` (the mode's name is `queue_mode`).
+/// The request counters, the pool's and the queues', each carried one with what the dead
+/// daemons before this one counted (`carried_in`) added, the pool's included.
+fn request_stats(
+    mut requests: Vec<Stat>,
+    carried_in: &std::collections::HashMap<String, u64>,
+    plan: QueuePlan,
+) -> Vec<Stat> {
+    requests.extend(pool_stats().into_iter().chain(queue_stats(plan)));
+    crate::takeover::carry::add_base(&mut requests, carried_in);
+    requests
+}
+
 fn queue_stats(plan: QueuePlan) -> [Stat; 3] {
     [
         Stat {
@@ -500,6 +510,28 @@ fn pool_stats() -> [Stat; 6] {
 
 #[cfg(test)]
 mod tests {
+
+    /// What the daemons before a takeover counted of the pool's carried counters is in the
+    /// status after it, as for the request counters (the pool's were read after the carried
+    /// base was added, so a successor's first save reset them).
+    #[test]
+    fn the_pools_carried_counters_go_on_from_the_dead_daemons() {
+        let carried_in: std::collections::HashMap<String, u64> = [
+            (counters::POOL_TAKE_TIMEOUTS.to_string(), 5),
+            (counters::POOL_REFUSED_BLOCKS.to_string(), 7),
+        ]
+        .into();
+        let plan = QueuePlan {
+            mode: crate::ublk::queue_mode::QueueMode::Batch,
+            ctrl_flags: 0,
+            threads_per_queue: 1,
+        };
+        let stats = request_stats(Vec::new(), &carried_in, plan);
+        let value = |name: &str| stats.iter().find(|s| s.name == name).map(|s| s.value);
+        assert!(value(counters::POOL_TAKE_TIMEOUTS).is_some_and(|v| v >= 5));
+        assert!(value(counters::POOL_REFUSED_BLOCKS).is_some_and(|v| v >= 7));
+    }
+
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -59,6 +59,27 @@ pub fn queue_failed(qid: u16, err: &dyn std::fmt::Display) {
     exit_leaving_device(QUEUE_FAILED_EXIT)
 }
 
+/// From now on a panic in any thread ends the process as a failed queue does (unless the
+/// device is being stopped): a panic is a bug, and one that ended a queue thread, or a thread
+/// a queue waits on, would leave that queue gone for good while the process lived on holding
+/// the device, so that nothing took it over and its swap hung.
+pub fn leave_device_on_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        if is_stopping() {
+            return;
+        }
+        tracing::error!(
+            panic = %info,
+            "a daemon thread panicked (a bug: please report it): leaving the device, its pages \
+             and its requests to the next daemon"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+        exit_leaving_device(QUEUE_FAILED_EXIT)
+    }));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,6 +113,45 @@ mod tests {
                 "--test-threads=1",
             ])
             .env(CHILD, &marker)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        let saved = std::fs::read(&marker);
+        let _ = std::fs::remove_file(&marker);
+        assert_eq!(status.code(), Some(QUEUE_FAILED_EXIT));
+        assert_eq!(saved.unwrap(), b"saved");
+    }
+
+    const PANIC_CHILD: &str = "UZRAM_TEST_PANIC_CHILD";
+
+    /// Run in a child process by the test below: a thread panics after the hook is set.
+    #[test]
+    fn panic_child() {
+        let Some(marker) = std::env::var_os(PANIC_CHILD) else {
+            return;
+        };
+        let marker = std::path::PathBuf::from(marker);
+        save_counts_with(Arc::new(move || {
+            let _ = std::fs::write(&marker, b"saved");
+        }));
+        leave_device_on_panic();
+        let _ = std::thread::spawn(|| panic!("a bug on a queue thread")).join();
+        // Not reached: the hook exits.
+        std::process::exit(0);
+    }
+
+    #[test]
+    fn a_panicking_thread_saves_the_counts_and_leaves_the_device() {
+        let marker = std::env::temp_dir().join(format!("uzram-panic-{}", std::process::id()));
+        let _ = std::fs::remove_file(&marker);
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "takeover::leave::tests::panic_child",
+                "--test-threads=1",
+            ])
+            .env(PANIC_CHILD, &marker)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .status()

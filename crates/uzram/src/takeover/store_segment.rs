@@ -792,9 +792,11 @@ fn attach_room(id: i32) -> Result<AttachedRoom, SegmentError> {
     }
     // SAFETY: the segment is at least one unit long, so the header lies in the mapping.
     let header = unsafe { ptr::read_volatile(mapped.base() as *const Header) };
-    if header.magic != MAGIC || (header.version != VERSION && header.version != UNBOUND_VERSION)
-    {
-        return Err(foreign(id, "no uzram store header of a known layout".into()));
+    if header.magic != MAGIC || (header.version != VERSION && header.version != UNBOUND_VERSION) {
+        return Err(foreign(
+            id,
+            "no uzram store header of a known layout".into(),
+        ));
     }
     // The room is given back (its pages zeroed) before the store is checked whole: a header
     // whose room were anywhere else would have the table or the objects zeroed instead. So
