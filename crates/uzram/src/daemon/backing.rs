@@ -787,6 +787,10 @@ fn kept_floors(region: &StoreSegment, blocks: u64) -> anyhow::Result<FloorsSegme
     if let Some(id) = region.floors() {
         match FloorsSegment::attach(id, blocks) {
             Ok(floors) => return Ok(floors),
+            // Short of memory now: the takeover fails, the floors stay for the next try.
+            Err(error) if error.is_for_now() => {
+                return Err(error).context("taking over the backing device's nonce floors")
+            }
             Err(error) => {
                 tracing::warn!(
                     id,

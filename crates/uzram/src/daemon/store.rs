@@ -157,15 +157,20 @@ pub fn recover(
         table: region.table(),
         home: Arc::new(region.home()),
     };
-    let staging = region
-        .staging()
-        .and_then(|id| match StagingSegment::attach(id) {
-            Ok(staging) => Some(staging),
-            Err(error) => {
-                tracing::error!(id, %error, "the old daemon's GPU staging cannot be taken over");
-                None
-            }
-        });
+    let staging = match region.staging().map(|id| (id, StagingSegment::attach(id))) {
+        None => None,
+        Some((_, Ok(staging))) => Some(staging),
+        // Short of memory now: giving it up would lose every staged page for good, so the
+        // takeover fails and the next try takes it.
+        Some((id, Err(error))) if error.is_for_now() => {
+            return Err(error)
+                .with_context(|| format!("taking over the GPU staging (segment {id})"))
+        }
+        Some((id, Err(error))) => {
+            tracing::error!(id, %error, "the old daemon's GPU staging cannot be taken over");
+            None
+        }
+    };
     let copy = staging.as_ref().and_then(|s| s.copy(store_cfg.checksums));
     let (store, found) = PageStore::recover(
         store_cfg,

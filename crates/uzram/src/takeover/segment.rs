@@ -25,6 +25,20 @@ pub enum SegmentError {
     Shm(#[from] crate::shm::ShmError),
 }
 
+impl SegmentError {
+    /// Whether the segment could not be taken over for want of memory or of a lock's room
+    /// now (`ENOMEM`, `EAGAIN`, `EINTR` from a call), which says nothing of what it holds: a
+    /// later try may take it, so it must not be given up for it.
+    pub fn is_for_now(&self) -> bool {
+        let errno = match self {
+            SegmentError::Sys { source, .. } => source.raw_os_error(),
+            SegmentError::Shm(crate::shm::ShmError::Sys { source, .. }) => source.raw_os_error(),
+            SegmentError::Foreign { .. } | SegmentError::Shm(_) => None,
+        };
+        matches!(errno, Some(libc::ENOMEM | libc::EAGAIN | libc::EINTR))
+    }
+}
+
 /// Maps a failed system call's error, naming the call.
 pub fn sys(what: &'static str) -> impl FnOnce(std::io::Error) -> SegmentError {
     move |source| SegmentError::Sys { what, source }
@@ -128,6 +142,33 @@ pub fn remove_recorded<H>(id: i32, found: Result<H, SegmentError>, what: &str) {
 /// Checks each kind of recorded segment runs against the segments it must not take.
 #[cfg(test)]
 pub mod tests {
+
+    /// Only a call short of memory or room now is a failure for now: a segment that is not
+    /// there, not a uzram one or not root's alone is given up.
+    #[test]
+    fn only_a_call_short_of_memory_fails_for_now() {
+        let call = |errno| SegmentError::Sys {
+            what: "mlock",
+            source: std::io::Error::from_raw_os_error(errno),
+        };
+        assert!(call(libc::ENOMEM).is_for_now());
+        assert!(call(libc::EAGAIN).is_for_now());
+        let shm = SegmentError::Shm(crate::shm::ShmError::Sys {
+            what: "shmat",
+            source: std::io::Error::from_raw_os_error(libc::ENOMEM),
+        });
+        assert!(shm.is_for_now());
+        assert!(!call(libc::EINVAL).is_for_now(), "a segment that is gone");
+        assert!(!call(libc::EIDRM).is_for_now());
+        assert!(!super::foreign(1, "no header".into()).is_for_now());
+        let theirs = SegmentError::Shm(crate::shm::ShmError::NotRootOnly {
+            id: 1,
+            uid: 65534,
+            cuid: 65534,
+            mode: 0o600,
+        });
+        assert!(!theirs.is_for_now());
+    }
     use super::{remove_logged, SegmentError};
 
     /// A segment of someone else's under a recorded id (freed and reused): `attach` refuses
