@@ -21,7 +21,7 @@ pub fn serve(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
     let queue = match UblkQueue::new(qid, dev) {
         Ok(queue) => queue,
         Err(err) => {
-            tracing::error!(qid, error = %err, "queue setup failed");
+            super::queue::setup_failed(qid, &err);
             return;
         }
     };
@@ -31,7 +31,7 @@ pub fn serve(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
     let mut batch = match UblkBatchQueue::new(&queue, buffers, config) {
         Ok(batch) => batch,
         Err(err) => {
-            tracing::error!(qid, error = %err, "batch queue setup failed");
+            super::queue::setup_failed(qid, &format!("batch queue setup: {err}"));
             return;
         }
     };

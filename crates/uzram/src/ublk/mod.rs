@@ -106,14 +106,14 @@ pub fn queue_fn(
         match uring::init_queue_ring(sq, cq) {
             Ok(flags) => tracing::debug!(qid, ring = %uring::describe(flags), "queue ring"),
             Err(err) => {
-                tracing::error!(qid, error = %err, "creating the queue's io_uring failed");
+                queue::setup_failed(qid, &format!("creating the queue's io_uring: {err}"));
                 return;
             }
         }
         // The codec this thread compresses and decodes with, made now: a failure to allocate
         // it must stop the queue at start, not fail requests later.
         if let Err(err) = store.prepare_thread() {
-            tracing::error!(qid, error = %err, "creating the queue's codec failed");
+            queue::setup_failed(qid, &format!("creating the queue's codec: {err}"));
             return;
         }
         if let Err(err) = disk_reads::ready(&store) {

@@ -9,6 +9,15 @@ use super::retries::Retries;
 use super::server::{own_io_bufs, Server};
 use crate::takeover::leave;
 
+/// A queue thread that cannot start serving: the device cannot start (or go on, after a
+/// takeover) without it, and nothing else would end the wait for it (libublk waits for every
+/// queue's buffers, the kernel for every queue's fetches), so it ends the daemon as a queue
+/// that fails later does: the device left to the next daemon. Returns only while stopping.
+pub(super) fn setup_failed(qid: u16, err: &dyn std::fmt::Display) {
+    tracing::error!(qid, error = %err, "queue setup failed");
+    leave::queue_failed(qid, err);
+}
+
 /// `per-queue` and `per-io-daemon`: one FETCH / COMMIT_AND_FETCH uring command per request,
 /// for the tags this thread owns (all of the queue's, or its share under per-io-daemon).
 /// Buffers are allocated (and locked) before the first request; serving allocates nothing.
@@ -16,7 +25,7 @@ pub fn serve(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
     let queue = match UblkQueue::new(qid, dev) {
         Ok(queue) => queue,
         Err(err) => {
-            tracing::error!(qid, error = %err, "queue setup failed");
+            setup_failed(qid, &err);
             return;
         }
     };
@@ -25,9 +34,9 @@ pub fn serve(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
     // the thread's own, for reads to decode into and writes that need a bounce.
     let user_copy = dev.dev_info.flags & u64::from(sys::UBLK_F_USER_COPY) != 0;
     if user_copy && !bufs.iter().all(|b| b.mlock()) {
-        tracing::error!(
+        setup_failed(
             qid,
-            "locking the queue's I/O buffers failed (RLIMIT_MEMLOCK?)"
+            &"locking the queue's I/O buffers failed (RLIMIT_MEMLOCK?)",
         );
         return;
     }
@@ -39,7 +48,7 @@ pub fn serve(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
     let queue = match queue.submit_fetch_commands_unified(fetch) {
         Ok(queue) => queue,
         Err(err) => {
-            tracing::error!(qid, error = %err, "queue setup failed");
+            setup_failed(qid, &err);
             return;
         }
     };
