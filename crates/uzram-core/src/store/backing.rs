@@ -393,6 +393,21 @@ impl Backing {
                         floors.len()
                     )));
                 }
+                // A counter at or under a block's floor went back (damage): an object there
+                // was sealed with a nonce at or above that floor, and the counter would
+                // hand it out again, which ChaCha20-Poly1305 must never see. Raised past
+                // every nonce a run from that floor can have used.
+                let top = floors.iter().map(|f| f.load(Relaxed)).max().unwrap_or(0);
+                if top > 0 && next.load(Relaxed) <= top {
+                    let raised = top.saturating_add(RUN_OBJECTS as u64);
+                    tracing::error!(
+                        next = next.load(Relaxed),
+                        top,
+                        raised,
+                        "the kept nonce counter is at or under a block's floor: raised"
+                    );
+                    next.store(raised, Relaxed);
+                }
                 (Words::Kept(std::slice::from_ref(next)), Words::Kept(floors))
             }
         };

@@ -887,3 +887,31 @@ fn a_backing_device_past_what_an_entry_addresses_is_refused() {
         .unwrap_err();
     assert!(err.to_string().contains("128 TiB"), "{err}");
 }
+
+/// A kept nonce counter that went back to or under a block's floor (damage) is raised past
+/// every nonce a run from that floor can have used, before anything is sealed with it.
+#[test]
+fn a_kept_nonce_counter_under_a_floor_is_raised_past_it() {
+    let disk = MemDisk::new(1024);
+    let (store, kept) = Kept::new(&disk);
+    filled(&store, 0);
+    store.writeback(idle_pass(u64::MAX)).unwrap();
+    let next = kept.nonces.load(Relaxed);
+    let top = kept.floors.iter().map(|f| f.load(Relaxed)).max().unwrap();
+    assert!(next > top, "a counter past every floor ({next} > {top})");
+    drop(store);
+    // Damaged down to the top floor, then taken over.
+    kept.nonces.store(top, Relaxed);
+    let again = PageStore::new(StoreConfig::new(PAGES, Algorithm::Lz4)).unwrap();
+    again
+        .attach_backing(disk.clone(), &KEY, kept.nonces())
+        .unwrap();
+    assert!(kept.nonces.load(Relaxed) >= top + super::backing::RUN_OBJECTS as u64);
+    // An intact counter is left as it was.
+    kept.nonces.store(next + super::backing::RUN_OBJECTS as u64, Relaxed);
+    let third = PageStore::new(StoreConfig::new(PAGES, Algorithm::Lz4)).unwrap();
+    third
+        .attach_backing(disk.clone(), &KEY, kept.nonces())
+        .unwrap();
+    assert_eq!(kept.nonces.load(Relaxed), next + super::backing::RUN_OBJECTS as u64);
+}
