@@ -211,6 +211,16 @@ impl PageStore {
         Ok(adopted)
     }
 
+    /// Bytes written to the backing device so far (0 without one): a pass's writes are the
+    /// difference across it, also where the pass failed partway.
+    pub fn backing_bytes_written(&self) -> u64 {
+        self.backing.get().map_or(0, |b| {
+            b.counters
+                .bytes_written
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+    }
+
     /// Marks every block of the backing device that holds no live object for release by
     /// [`PageStore::release_freed_blocks`], and returns how many: after a takeover, the
     /// blocks the dead daemon freed but had not released yet, and those of earlier devices

@@ -908,10 +908,14 @@ fn a_kept_nonce_counter_under_a_floor_is_raised_past_it() {
         .unwrap();
     assert!(kept.nonces.load(Relaxed) >= top + super::backing::RUN_OBJECTS as u64);
     // An intact counter is left as it was.
-    kept.nonces.store(next + super::backing::RUN_OBJECTS as u64, Relaxed);
+    kept.nonces
+        .store(next + super::backing::RUN_OBJECTS as u64, Relaxed);
     let third = PageStore::new(StoreConfig::new(PAGES, Algorithm::Lz4)).unwrap();
     third
         .attach_backing(disk.clone(), &KEY, kept.nonces())
         .unwrap();
-    assert_eq!(kept.nonces.load(Relaxed), next + super::backing::RUN_OBJECTS as u64);
+    assert_eq!(
+        kept.nonces.load(Relaxed),
+        next + super::backing::RUN_OBJECTS as u64
+    );
 }

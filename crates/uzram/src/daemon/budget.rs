@@ -52,7 +52,15 @@ pub struct Budget {
     today: Mutex<Day>,
     /// Wakes the thread that keeps `today` on disk when it changes.
     spent: Condvar,
+    /// Held by a budgeted pass from reading what is left to spending what it wrote, so that
+    /// two passes (the tier, room and control threads) never both spend the same bytes.
+    turn: Mutex<()>,
 }
+
+/// How many days ahead of the clock a kept count may be and still be the device's own (an
+/// early-boot clock behind, an RTC kept in local time): kept, and today counts as spent
+/// until the clock reaches it. Further ahead, the file is taken as damaged.
+const CLOCK_BEHIND_DAYS: u64 = 2;
 
 /// Today, in days since 1970-01-01 (UTC).
 pub fn today() -> u64 {
@@ -91,6 +99,7 @@ impl Budget {
                 spent: 0,
             }),
             spent: Condvar::new(),
+            turn: Mutex::new(()),
         };
         let dir_fd = budget.open_dir()?;
         let kept = budget.read();
@@ -99,6 +108,15 @@ impl Budget {
             Ok(Some(d)) if d.day == now => d,
             Ok(Some(d)) if d.day < now => Day { day: now, spent: 0 },
             Ok(None) => Day { day: now, spent: 0 },
+            Ok(Some(d)) if d.day - now <= CLOCK_BEHIND_DAYS => {
+                tracing::warn!(
+                    day = d.day,
+                    today = now,
+                    "the writeback budget file counts a day after today (the clock behind?): \
+                     nothing more is written back until the clock reaches that day"
+                );
+                d
+            }
             Ok(Some(d)) => {
                 tracing::warn!(
                     day = d.day,
@@ -128,10 +146,14 @@ impl Budget {
         self.left_on(today())
     }
 
+    /// A clock that went back, to before the day counted, leaves that day's count as it is
+    /// and spends nothing until it reaches that day again.
     fn left_on(&self, now: u64) -> u64 {
         let mut d = self.today.lock().unwrap_or_else(|e| e.into_inner());
-        if d.day != now {
+        if now > d.day {
             *d = Day { day: now, spent: 0 };
+        } else if now < d.day {
+            return 0;
         }
         self.per_day.saturating_sub(d.spent)
     }
@@ -144,7 +166,8 @@ impl Budget {
     fn spend_on(&self, now: u64, bytes: u64) {
         {
             let mut d = self.today.lock().unwrap_or_else(|e| e.into_inner());
-            if d.day != now {
+            // A clock behind the day counted: the bytes count for that day.
+            if now > d.day {
                 *d = Day { day: now, spent: 0 };
             }
             d.spent = d.spent.saturating_add(bytes);
@@ -263,26 +286,26 @@ pub(super) fn budgeted_writeback(
     candidates: WritebackCandidates,
     max_pages: u64,
 ) -> Result<WrittenBack, uzram_core::CoreError> {
+    let _turn = budget.map(|b| b.turn.lock().unwrap_or_else(|e| e.into_inner()));
     let max_bytes = budget.map_or(u64::MAX, Budget::left);
     if max_bytes < uzram_core::store::BLOCK_BYTES as u64 {
         return Ok(WrittenBack::default());
     }
+    let before = store.backing_bytes_written();
     let done = store.writeback(Writeback {
         candidates,
         max_pages,
         max_bytes,
-    })?;
+    });
     if let Some(b) = budget {
-        spend(b, done.blocks);
+        // What reached the device, also where the pass failed partway (the runs written
+        // before the failure stay written back).
+        let written = store.backing_bytes_written().saturating_sub(before);
+        if written > 0 {
+            b.spend(written);
+        }
     }
-    Ok(done)
-}
-
-/// Counts a pass's blocks against the day's budget.
-fn spend(budget: &Budget, blocks: u64) {
-    if blocks > 0 {
-        budget.spend(blocks * uzram_core::store::BLOCK_BYTES as u64);
-    }
+    done
 }
 
 #[cfg(test)]
@@ -326,6 +349,98 @@ mod tests {
         let meta = std::fs::metadata(dir.join("_dev_sdb2.json")).unwrap();
         assert_eq!(meta.mode() & 0o777, 0o600);
         assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The tier, room and control threads' passes at once never spend more than the day's
+    /// budget between them: each reads what is left only after the one before spent what it
+    /// wrote (before, all could read the same amount left, and each write that much).
+    #[test]
+    fn passes_at_once_never_spend_more_than_the_day() {
+        use std::sync::Arc;
+        use uzram_core::codec::Algorithm;
+        use uzram_core::store::{Nonces, StoreConfig, BLOCK_BYTES};
+        if !crate::sys::is_root() {
+            println!("SKIP: not root");
+            return;
+        }
+        let dir = scratch("turns");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .unwrap();
+        let pages = 512u64;
+        let store = Arc::new(PageStore::new(StoreConfig::new(pages, Algorithm::Lz4)).unwrap());
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for p in 0..pages {
+            let page: Vec<u8> = (0..BLOCK_BYTES / 8)
+                .flat_map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x.to_le_bytes()
+                })
+                .collect();
+            store.write(p, &page).unwrap();
+        }
+        let wb = dir.join("wb");
+        let file = super::super::backing::BackingFile::open(&wb, pages).unwrap();
+        let key = super::super::backing::new_key().unwrap();
+        file.label(&key).unwrap();
+        store
+            .attach_backing(Arc::new(file), &key, Nonces::Owned)
+            .unwrap();
+        let per_day = 64 * BLOCK_BYTES as u64;
+        let budget = Arc::new(Budget::open(&dir, &wb, per_day).unwrap());
+        let passes: Vec<_> = (0..3)
+            .map(|_| {
+                let (store, budget) = (store.clone(), budget.clone());
+                std::thread::spawn(move || {
+                    budgeted_writeback(
+                        &store,
+                        Some(&budget),
+                        WritebackCandidates::Idle { min_age: 0 },
+                        u64::MAX,
+                    )
+                    .unwrap()
+                })
+            })
+            .collect();
+        for p in passes {
+            p.join().unwrap();
+        }
+        let written = store.backing_bytes_written();
+        assert!(written > 0, "nothing was written back");
+        assert!(
+            written <= per_day,
+            "{written} bytes written, {per_day} a day"
+        );
+        assert_eq!(budget.left(), per_day - written);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A clock behind the day counted (early boot, an RTC in local time) or stepped back
+    /// keeps that day's count, spends nothing until the clock is back there, and goes on
+    /// from the count then (before, the whole budget came back on a day half spent).
+    #[test]
+    fn a_clock_behind_the_day_counted_keeps_its_count() {
+        let dir = scratch("clock");
+        let dev = Path::new("/dev/sde1");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .unwrap();
+        let t = today() + 1;
+        std::fs::write(
+            dir.join(file_name(dev)),
+            format!("{{\"day\": {t}, \"spent\": 600}}"),
+        )
+        .unwrap();
+        let b = Budget::open(&dir, dev, 1000).unwrap();
+        assert_eq!(b.left(), 0, "today is before the day counted");
+        assert_eq!(b.left_on(t), 400, "that day goes on from its count");
+        b.spend_on(t, 300);
+        assert_eq!(b.left_on(t - 1), 0, "the clock stepped back");
+        assert_eq!(b.left_on(t), 100);
+        assert_eq!(b.left_on(t + 1), 1000, "a new day");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
