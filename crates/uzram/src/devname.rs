@@ -9,7 +9,10 @@ pub fn parse_device(name: &str) -> Result<u32, String> {
         .or_else(|| n.strip_prefix("/dev/zram-uzram/ublkb"))
         .or_else(|| n.strip_prefix("ublkb"))
         .unwrap_or(n);
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    // No leading zero: no node `/dev/ublkb01` exists, and taking it for device 1 would act
+    // on a device nobody named.
+    let leading_zero = digits.len() > 1 && digits.starts_with('0');
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) || leading_zero {
         return Err(format!(
             "invalid device {name:?}: expected /dev/ublkbN, /dev/zram-uzram/ublkbN, ublkbN or N"
         ));
@@ -55,6 +58,9 @@ mod tests {
             "-1",
             "x1",
             "99999999999",
+            "/dev/ublkb01",
+            "ublkb007",
+            "00",
         ] {
             assert!(parse_device(bad).is_err(), "{bad}");
         }

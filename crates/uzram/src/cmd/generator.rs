@@ -167,13 +167,19 @@ fn writeback_dropin(root: &Path, path: &Path) -> String {
 /// `/`, `/` as `-`, every byte but ASCII letters, digits, `_` and `.` (not first) as `\xNN`.
 fn escape_path(path: &Path) -> String {
     let text = path.to_string_lossy();
-    let trimmed = text.trim_matches('/');
+    // Simplified first, as systemd does: no empty or `.` parts (`//dev/./sdb2` is
+    // `dev-sdb2`); `..` never gets here (the config refuses it).
+    let simplified = text
+        .split('/')
+        .filter(|part| !part.is_empty() && *part != ".")
+        .collect::<Vec<_>>()
+        .join("/");
     let mut out = String::new();
-    for (i, b) in trimmed.bytes().enumerate() {
+    for (i, b) in simplified.bytes().enumerate() {
         match b {
             b'/' => out.push('-'),
             b'.' if i > 0 => out.push('.'),
-            b if b.is_ascii_alphanumeric() || b == b'_' => out.push(b as char),
+            b if b.is_ascii_alphanumeric() || b == b'_' || b == b':' => out.push(b as char),
             b => out.push_str(&format!("\\x{b:02x}")),
         }
     }
@@ -271,6 +277,26 @@ fn in_container() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Device unit names as `systemd-escape --path` gives them (its output for each, on
+    /// Debian 12's systemd 252): `:` kept, empty and `.` parts dropped.
+    #[test]
+    fn device_paths_are_escaped_as_systemd_escapes_them() {
+        for (path, unit) in [
+            (
+                "/dev/disk/by-path/pci-0000:00:1f.2-ata-1-part2",
+                r"dev-disk-by\x2dpath-pci\x2d0000:00:1f.2\x2data\x2d1\x2dpart2",
+            ),
+            (
+                "/dev/disk/by-id/usb-Generic_Flash_Disk_1234-0:0-part1",
+                r"dev-disk-by\x2did-usb\x2dGeneric_Flash_Disk_1234\x2d0:0\x2dpart1",
+            ),
+            ("//dev//sdb2", "dev-sdb2"),
+            ("/dev/./sdb2", "dev-sdb2"),
+        ] {
+            assert_eq!(escape_path(Path::new(path)), unit, "{path}");
+        }
+    }
     use std::cell::RefCell;
 
     #[derive(Default)]

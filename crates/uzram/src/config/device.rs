@@ -1123,6 +1123,10 @@ fn unsafe_writeback_path(path: &Path) -> Option<&'static str> {
              (the unit's drop-in names it): rename it",
         );
     }
+    // As written: `Path::components` would drop a `.` in the middle.
+    if text.split('/').any(|part| part == "." || part == "..") {
+        return Some("holds a `.` or `..` part: name the path as it is, without them");
+    }
     let is_file = !path.starts_with("/dev/");
     let parent = path.parent().unwrap_or(Path::new("/"));
     // As named, and where a link on the way leads (when the directory exists yet).

@@ -395,6 +395,8 @@ mod tests {
             ("/var/lib/x.wb", "system directory"),
             ("/srv/x.wb", "system directory"),
             ("/mnt/x.wb", "system directory"),
+            ("/dev/../etc/x.wb", "`..`"),
+            ("/srv/swap/./x.wb", "`..`"),
         ] {
             let text = format!("size = \"1G\"\nwriteback-device = \"{path}\"\n");
             let err = parse(&text).unwrap_err();
