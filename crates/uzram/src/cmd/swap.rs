@@ -69,9 +69,21 @@ pub fn on(args: ConfigArg) -> anyhow::Result<ExitCode> {
 
 pub fn off(off_args: SwapOffArgs) -> anyhow::Result<ExitCode> {
     let args = off_args.config;
-    if let Plan::Skip(_) = load_config(&args.config)? {
-        // No device was made from this file here: nothing to deactivate.
-        return Ok(ExitCode::SUCCESS);
+    // The device is found by the file's path, not by what the file says now: one edited,
+    // broken or removed since its device was made must not keep that device's swap on (the
+    // unit's stop would then wait for a swapoff until its timeout, 15 minutes).
+    let made = device_for(&args.config).is_ok();
+    match load_config(&args.config) {
+        Ok(Plan::Skip(_)) if !made => {
+            // No device was made from this file here: nothing to deactivate.
+            return Ok(ExitCode::SUCCESS);
+        }
+        Err(err) if !made => return Err(err.into()),
+        Err(err) => eprintln!(
+            "uzram: {}: {err:#}; turning swap off on the device made from it anyway",
+            args.config.display()
+        ),
+        Ok(_) => {}
     }
     super::require_root()?;
     let canonical = std::fs::canonicalize(&args.config).unwrap_or_else(|_| args.config.clone());
