@@ -93,34 +93,42 @@ mod tests {
         let Some(marker) = std::env::var_os(CHILD) else {
             return;
         };
-        let marker = std::path::PathBuf::from(marker);
-        save_counts_with(Arc::new(move || {
-            let _ = std::fs::write(&marker, b"saved");
-        }));
+        saves_counts_to(marker);
         queue_failed(3, &"io_uring_enter: EBADF");
         // Not reached: queue_failed exits.
         std::process::exit(0);
     }
 
-    #[test]
-    fn a_failed_queue_saves_the_counts_and_exits_without_returning() {
-        let marker = std::env::temp_dir().join(format!("uzram-leave-{}", std::process::id()));
+    /// Registers a count saver that writes `marker` (in a child process).
+    fn saves_counts_to(marker: std::ffi::OsString) {
+        let marker = std::path::PathBuf::from(marker);
+        save_counts_with(Arc::new(move || {
+            let _ = std::fs::write(&marker, b"saved");
+        }));
+    }
+
+    /// Runs test `child` of this binary in a process of its own, `env` naming a marker file:
+    /// the child's exit code, and whether its counts were saved.
+    fn run_child(child: &str, env: &str) -> (Option<i32>, bool) {
+        let marker = std::env::temp_dir().join(format!("uzram-{child}-{}", std::process::id()));
         let _ = std::fs::remove_file(&marker);
         let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "takeover::leave::tests::leave_child",
-                "--test-threads=1",
-            ])
-            .env(CHILD, &marker)
+            .args(["--exact", child, "--test-threads=1"])
+            .env(env, &marker)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .status()
             .unwrap();
-        let saved = std::fs::read(&marker);
+        let saved = std::fs::read(&marker).is_ok_and(|b| b == b"saved");
         let _ = std::fs::remove_file(&marker);
-        assert_eq!(status.code(), Some(QUEUE_FAILED_EXIT));
-        assert_eq!(saved.unwrap(), b"saved");
+        (status.code(), saved)
+    }
+
+    #[test]
+    fn a_failed_queue_saves_the_counts_and_exits_without_returning() {
+        let (code, saved) = run_child("takeover::leave::tests::leave_child", CHILD);
+        assert_eq!(code, Some(QUEUE_FAILED_EXIT));
+        assert!(saved);
     }
 
     const PANIC_CHILD: &str = "UZRAM_TEST_PANIC_CHILD";
@@ -131,10 +139,7 @@ mod tests {
         let Some(marker) = std::env::var_os(PANIC_CHILD) else {
             return;
         };
-        let marker = std::path::PathBuf::from(marker);
-        save_counts_with(Arc::new(move || {
-            let _ = std::fs::write(&marker, b"saved");
-        }));
+        saves_counts_to(marker);
         leave_device_on_panic();
         let _ = std::thread::spawn(|| panic!("a bug on a queue thread")).join();
         // Not reached: the hook exits.
@@ -143,23 +148,9 @@ mod tests {
 
     #[test]
     fn a_panicking_thread_saves_the_counts_and_leaves_the_device() {
-        let marker = std::env::temp_dir().join(format!("uzram-panic-{}", std::process::id()));
-        let _ = std::fs::remove_file(&marker);
-        let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "takeover::leave::tests::panic_child",
-                "--test-threads=1",
-            ])
-            .env(PANIC_CHILD, &marker)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .unwrap();
-        let saved = std::fs::read(&marker);
-        let _ = std::fs::remove_file(&marker);
-        assert_eq!(status.code(), Some(QUEUE_FAILED_EXIT));
-        assert_eq!(saved.unwrap(), b"saved");
+        let (code, saved) = run_child("takeover::leave::tests::panic_child", PANIC_CHILD);
+        assert_eq!(code, Some(QUEUE_FAILED_EXIT));
+        assert!(saved);
     }
 
     #[test]
