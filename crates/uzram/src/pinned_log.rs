@@ -104,7 +104,7 @@ impl PinnedLog {
                 return Ok(());
             }
             // The end moved elsewhere (another writer of the same file offset).
-            ahead.unmap();
+            unmap_page(ahead.addr);
         }
         if self.pinned.map(|(at, _)| at) == want {
             return Ok(());
@@ -125,7 +125,7 @@ impl PinnedLog {
             return Ok(());
         };
         if let Some(left) = self.ahead.take() {
-            left.unmap();
+            unmap_page(left.addr);
         }
         if self.appends || len == 0 {
             return Ok(());
@@ -139,19 +139,17 @@ impl PinnedLog {
             return Ok(());
         }
         self.file.set_len(page + 1)?;
-        let addr = map_locked(readable, page);
-        let ahead = Ahead {
-            page,
-            addr: 0,
-            size_before: size,
-        };
-        match addr {
+        match map_locked(readable, page) {
             Ok(addr) => {
-                self.ahead = Some(Ahead { addr, ..ahead });
+                self.ahead = Some(Ahead {
+                    page,
+                    addr,
+                    size_before: size,
+                });
                 Ok(())
             }
             Err(err) => {
-                self.shrink_back(&ahead);
+                self.shrink_back(page, size);
                 Err(err)
             }
         }
@@ -170,26 +168,26 @@ impl PinnedLog {
             return;
         }
         self.ahead = None;
-        self.shrink_back(&ahead);
-        ahead.unmap();
+        self.shrink_back(ahead.page, ahead.size_before);
+        unmap_page(ahead.addr);
     }
 
-    /// Undoes `pin_ahead`'s growth down to what this writer has written, unless the file has
-    /// changed size since (someone else wrote to it; their bytes stay).
-    fn shrink_back(&self, ahead: &Ahead) {
-        let grown = ahead.page + 1;
+    /// Undoes `pin_ahead`'s growth into `page` (from `size_before`) down to what this writer
+    /// has written, unless the file has changed size since (someone else wrote to it; their
+    /// bytes stay).
+    fn shrink_back(&self, page: u64, size_before: u64) {
+        let grown = page + 1;
         let Ok(at) = (&self.file).stream_position() else {
             return;
         };
         if self.file.metadata().is_ok_and(|m| m.len() == grown) {
-            let _ = self.file.set_len(at.clamp(ahead.size_before, grown));
+            let _ = self.file.set_len(at.clamp(size_before, grown));
         }
     }
 
     fn unpin(&mut self) {
         if let Some((_, addr)) = self.pinned.take() {
-            // SAFETY: the mapping is this writer's own and nothing reads through it.
-            let _ = unsafe { memory::unmap(addr, PAGE as usize) };
+            unmap_page(addr);
         }
     }
 
@@ -206,11 +204,16 @@ impl PinnedLog {
 fn map_locked(file: &File, at: u64) -> io::Result<usize> {
     let addr = memory::map_file_read_only(file.as_fd(), at, PAGE as usize)?;
     if let Err(err) = memory::lock(addr, PAGE as usize) {
-        // SAFETY: the mapping was made just now and nothing refers to it.
-        let _ = unsafe { memory::unmap(addr, PAGE as usize) };
+        unmap_page(addr);
         return Err(err);
     }
     Ok(addr)
+}
+
+/// Unmaps a page [`map_locked`] mapped.
+fn unmap_page(addr: usize) {
+    // SAFETY: every page the log maps is the writer's own, and nothing reads through it.
+    let _ = unsafe { memory::unmap(addr, PAGE as usize) };
 }
 
 /// A page pinned before the write that makes it (see `PinnedLog::pin_ahead`).
@@ -219,13 +222,6 @@ struct Ahead {
     page: u64,
     addr: usize,
     size_before: u64,
-}
-
-impl Ahead {
-    fn unmap(self) {
-        // SAFETY: the mapping is the log writer's own and nothing reads through it.
-        let _ = unsafe { memory::unmap(self.addr, PAGE as usize) };
-    }
 }
 
 impl Write for PinnedLog {
@@ -251,7 +247,7 @@ impl Drop for PinnedLog {
     fn drop(&mut self) {
         self.unpin();
         if let Some(ahead) = self.ahead.take() {
-            ahead.unmap();
+            unmap_page(ahead.addr);
         }
     }
 }

@@ -248,7 +248,7 @@ impl BackingFile {
         if found == Found::Foreign {
             bail!(backing_label::refusal(&self.path, self.partition));
         }
-        let Some(last) = self.blocks.checked_sub(1).filter(|&last| last > 0) else {
+        let Some(last) = self.label_block() else {
             bail!(
                 "writeback-device {path} has room for no page beside uzram's label: it needs \
                  at least two blocks of {BLOCK_BYTES} bytes"
@@ -268,7 +268,7 @@ impl BackingFile {
     fn check_label(&self, key: &WritebackKey) -> anyhow::Result<()> {
         let path = self.path.display();
         let wrong = "Nothing on it was touched. Start the device with the writeback-device its                      pages were written to (see `uzram status` before the change, or the config                      it was made with), or destroy the device and make it anew";
-        let Some(last) = self.blocks.checked_sub(1).filter(|&last| last > 0) else {
+        let Some(last) = self.label_block() else {
             bail!(
                 "writeback-device {path} is too small to be the backing device this device's                  pages were written to. {wrong}"
             );
@@ -291,6 +291,12 @@ impl BackingFile {
                 Ok(())
             }
         }
+    }
+
+    /// The block uzram's label lives in: the last, where the device has another beside it
+    /// for pages.
+    fn label_block(&self) -> Option<u64> {
+        self.blocks.checked_sub(1).filter(|&last| last > 0)
     }
 
     /// Writes `runs` through `ring`, all submitted at once; fills `failed`. `Err`: the ring

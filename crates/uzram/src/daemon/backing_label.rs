@@ -46,8 +46,10 @@ using it for anything else.\n";
 const KEY_AT: usize = 1024;
 /// What precedes the key's tag; a label an earlier release wrote has zeros there.
 const KEY_MARK: [u8; 8] = *b"KEYTAG01";
+/// Where the tag itself is.
+const TAG_AT: usize = KEY_AT + KEY_MARK.len();
 const _: () = assert!(LABEL_MAGIC.len() + LABEL_NOTE.len() <= KEY_AT);
-const _: () = assert!(KEY_AT + KEY_MARK.len() + TAG_BYTES <= BLOCK_BYTES);
+const _: () = assert!(TAG_AT + TAG_BYTES <= BLOCK_BYTES);
 
 /// What a backing device's last block says of the key its pages are sealed with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,8 +120,7 @@ pub(super) fn write(file: &File, block: u64, key: &WritebackKey) -> io::Result<(
     bytes[..LABEL_MAGIC.len()].copy_from_slice(&LABEL_MAGIC);
     bytes[LABEL_MAGIC.len()..LABEL_MAGIC.len() + LABEL_NOTE.len()].copy_from_slice(LABEL_NOTE);
     bytes[KEY_AT..KEY_AT + KEY_MARK.len()].copy_from_slice(&KEY_MARK);
-    bytes[KEY_AT + KEY_MARK.len()..KEY_AT + KEY_MARK.len() + TAG_BYTES]
-        .copy_from_slice(&key.label_tag());
+    bytes[TAG_AT..TAG_AT + TAG_BYTES].copy_from_slice(&key.label_tag());
     file.write_all_at(bytes, block * BLOCK_BYTES as u64)?;
     file.sync_data()
 }
@@ -137,7 +138,7 @@ pub(super) fn read(file: &File, block: u64) -> io::Result<Label> {
         return Ok(Label::Untagged);
     }
     let mut tag = [0u8; TAG_BYTES];
-    tag.copy_from_slice(&bytes[KEY_AT + KEY_MARK.len()..KEY_AT + KEY_MARK.len() + TAG_BYTES]);
+    tag.copy_from_slice(&bytes[TAG_AT..TAG_AT + TAG_BYTES]);
     Ok(Label::Keyed(tag))
 }
 

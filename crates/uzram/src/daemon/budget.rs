@@ -312,6 +312,12 @@ pub(super) fn budgeted_writeback(
 mod tests {
     use super::*;
 
+    /// Makes `dir` root's alone (0700), as the budget's directory must be.
+    fn make_private(dir: &Path) {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    }
+
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("uzram-budget-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -365,9 +371,7 @@ mod tests {
             return;
         }
         let dir = scratch("turns");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .unwrap();
+        make_private(&dir);
         let pages = 512u64;
         let store = Arc::new(PageStore::new(StoreConfig::new(pages, Algorithm::Lz4)).unwrap());
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
@@ -425,9 +429,7 @@ mod tests {
     fn a_clock_behind_the_day_counted_keeps_its_count() {
         let dir = scratch("clock");
         let dev = Path::new("/dev/sde1");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .unwrap();
+        make_private(&dir);
         let t = today() + 1;
         std::fs::write(
             dir.join(file_name(dev)),
@@ -459,9 +461,7 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
         b.spend(100);
         assert_eq!(b.left(), 900);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .unwrap();
+        make_private(&dir);
         let keeper = b.clone();
         std::thread::spawn(move || keeper.keep_on_disk());
         b.spend(250);
@@ -481,9 +481,7 @@ mod tests {
     fn a_file_that_is_not_uzrams_or_a_shared_directory_is_not_trusted() {
         let dir = scratch("foreign");
         let dev = Path::new("/var/lib/uzram/swap0.wb");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .unwrap();
+        make_private(&dir);
         let file = dir.join(file_name(dev));
         for bad in [
             "not json",

@@ -216,9 +216,7 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
                 "the takeover could not serve the device: leaving it, its pages and its store to \
                  the next daemon (`uzram recover`, the standby, the unit's restart)"
             );
-            // The log line goes through the log thread's queue: a moment for it to be written.
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            crate::takeover::leave::exit_leaving_device(crate::takeover::leave::QUEUE_FAILED_EXIT);
+            crate::takeover::leave::exit_after_logging();
         }
     }
     // Tear down: what was published, the device, and the store with its recovery record.

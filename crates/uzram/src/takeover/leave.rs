@@ -54,7 +54,12 @@ pub fn queue_failed(qid: u16, err: &dyn std::fmt::Display) {
         "a queue can serve no more: leaving the device, its pages and its requests to the next \
          daemon (the standby, the unit's restart, or `uzram recover` for a created device)"
     );
-    // The log line goes through the log thread's queue: a moment for it to be written.
+    exit_after_logging()
+}
+
+/// Ends the process as [`exit_leaving_device`] with [`QUEUE_FAILED_EXIT`], a moment after
+/// the caller's log line: it goes through the log thread's queue.
+pub fn exit_after_logging() -> ! {
     std::thread::sleep(Duration::from_millis(50));
     exit_leaving_device(QUEUE_FAILED_EXIT)
 }
@@ -75,8 +80,7 @@ pub fn leave_device_on_panic() {
             "a daemon thread panicked (a bug: please report it): leaving the device, its pages \
              and its requests to the next daemon"
         );
-        std::thread::sleep(Duration::from_millis(50));
-        exit_leaving_device(QUEUE_FAILED_EXIT)
+        exit_after_logging()
     }));
 }
 

@@ -258,19 +258,29 @@ fn check_header(
     if !(MIN_ROOM..=max_room()).contains(&room) {
         return Err(foreign(id, format!("a recovery room of {room} bytes")));
     }
-    let laid_out = Sizes::of(expect.pages, room)
-        .and_then(|s| layout(s, expect.algorithm, expect.checksums, expect.device))
-        .map(|laid_out| Header {
-            version: header.version,
-            ..laid_out
-        });
-    if laid_out.as_ref() != Some(header) || header.len != size as u64 {
+    if !lays_out(header, size, expect) {
         return Err(foreign(
             id,
             "its layout is not the one its device's settings give".into(),
         ));
     }
     Ok(())
+}
+
+/// Whether `header`, of a segment of `size` bytes, is exactly the layout `expect` gives
+/// with the header's own recovery room (of a size a daemon makes) and layout version.
+fn lays_out(header: &Header, size: usize, expect: Expected<'_>) -> bool {
+    let room = usize::try_from(header.room_len).unwrap_or(usize::MAX);
+    (MIN_ROOM..=max_room()).contains(&room)
+        && header.len == size as u64
+        && Sizes::of(expect.pages, room)
+            .and_then(|s| layout(s, expect.algorithm, expect.checksums, expect.device))
+            .is_some_and(|laid_out| {
+                Header {
+                    version: header.version,
+                    ..laid_out
+                } == *header
+            })
 }
 
 /// Seeds for the store-header fuzz target: a valid header of a small device and its
@@ -801,24 +811,14 @@ fn attach_room(id: i32) -> Result<AttachedRoom, SegmentError> {
     // The room is given back (its pages zeroed) before the store is checked whole: a header
     // whose room were anywhere else would have the table or the objects zeroed instead. So
     // the whole layout must be the one its own fields give, as a takeover checks it.
-    let room = usize::try_from(header.room_len).unwrap_or(usize::MAX);
-    let laid_out = (MIN_ROOM..=max_room())
-        .contains(&room)
-        .then(|| Sizes::of(header.pages, room))
-        .flatten()
-        .and_then(|s| {
-            layout(
-                s,
-                &algorithm_name(&header.algorithm),
-                header.checksums == 1,
-                header.device,
-            )
-        })
-        .map(|laid_out| Header {
-            version: header.version,
-            ..laid_out
-        });
-    if laid_out.as_ref() != Some(&header) || header.len != size as u64 {
+    let algorithm = algorithm_name(&header.algorithm);
+    let own = Expected {
+        device: header.device,
+        pages: header.pages,
+        algorithm: &algorithm,
+        checksums: header.checksums == 1,
+    };
+    if !lays_out(&header, size, own) {
         return Err(foreign(
             id,
             "its layout is not a store's, so its recovery room is not known".into(),

@@ -31,7 +31,7 @@ pub fn serve(qid: u16, dev: &UblkDev, server: &mut Server<'_>) {
     let mut batch = match UblkBatchQueue::new(&queue, buffers, config) {
         Ok(batch) => batch,
         Err(err) => {
-            super::queue::setup_failed(qid, &format!("batch queue setup: {err}"));
+            super::queue::setup_failed(qid, &format!("the batch queue: {err}"));
             return;
         }
     };

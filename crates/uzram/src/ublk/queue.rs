@@ -14,8 +14,7 @@ use crate::takeover::leave;
 /// queue's buffers, the kernel for every queue's fetches), so it ends the daemon as a queue
 /// that fails later does: the device left to the next daemon. Returns only while stopping.
 pub(super) fn setup_failed(qid: u16, err: &dyn std::fmt::Display) {
-    tracing::error!(qid, error = %err, "queue setup failed");
-    leave::queue_failed(qid, err);
+    leave::queue_failed(qid, &format_args!("queue setup: {err}"));
 }
 
 /// `per-queue` and `per-io-daemon`: one FETCH / COMMIT_AND_FETCH uring command per request,
