@@ -160,6 +160,7 @@ fn is_sticky(code: CUresult) -> bool {
             | CUresult::CUDA_ERROR_INVALID_PC
             | CUresult::CUDA_ERROR_ECC_UNCORRECTABLE
             | CUresult::CUDA_ERROR_ASSERT
+            | CUresult::CUDA_ERROR_LAUNCH_TIMEOUT
             | CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED
             | CUresult::CUDA_ERROR_DEVICE_UNAVAILABLE
     )
@@ -188,6 +189,8 @@ mod tests {
         }
         assert!(drv(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS).is_sticky());
         assert!(!drv(CUresult::CUDA_ERROR_OUT_OF_MEMORY).is_sticky());
+        // CUDA: after a watchdog's timeout "the context cannot be used".
+        assert!(drv(CUresult::CUDA_ERROR_LAUNCH_TIMEOUT).is_sticky());
         assert!(GpuError::Poisoned.kind().is_fallback());
     }
 

@@ -371,11 +371,13 @@ pub(crate) fn slot_output<'a>(
     })
 }
 
-/// How a [`GpuError`] crosses the seam: a fault that leaves the context unusable, or a
-/// GPU that is not there, is sticky (the ring retires the backend); anything else costs
-/// one slot.
+/// How a [`GpuError`] crosses the seam: a fault that leaves the context unusable, a GPU
+/// that is not there, or results that break the layout's contract (a device that writes
+/// past its buffers is not trusted again) are sticky (the ring retires the backend);
+/// anything else costs one slot.
 pub fn to_backend_error(e: &GpuError) -> BackendError {
-    let kind = if e.is_sticky() || e.kind() == crate::ErrorKind::Unavailable {
+    let broke_contract = matches!(e, GpuError::BadLength { .. });
+    let kind = if e.is_sticky() || broke_contract || e.kind() == crate::ErrorKind::Unavailable {
         FailureKind::Sticky
     } else {
         FailureKind::Transient
@@ -521,5 +523,16 @@ mod tests {
             code: CUresult::CUDA_ERROR_OUT_OF_MEMORY,
         };
         assert_eq!(to_backend_error(&oom).kind, FailureKind::Transient);
+    }
+
+    #[test]
+    fn a_packed_total_past_the_buffer_retires_the_backend() {
+        // One page whose packed total (the meta's third word) claims more than the buffer.
+        let mut meta = vec![0u8; meta_bytes(1)];
+        meta[8..12].copy_from_slice(&5000u32.to_le_bytes());
+        let Err(e) = slot_output(1, &meta, &[0u8; 4096], 3000) else {
+            panic!("a total past the buffer was accepted");
+        };
+        assert_eq!(e.kind, FailureKind::Sticky, "{}", e.message);
     }
 }
