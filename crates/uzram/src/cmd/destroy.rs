@@ -85,6 +85,11 @@ fn destroy(states: &StateDir, state: &DaemonState) -> anyhow::Result<()> {
         Probe::Live(_) => return stop_live(states, state, &dev),
         Probe::Orphan => "its daemon died (the device waits for uzram recover)".to_string(),
         Probe::Stale(why) => why,
+        // Deleting the device under a live daemon would skip its own stop (swap off first,
+        // its segments given back in order) while it still serves.
+        Probe::Silent(why) => {
+            anyhow::bail!("not deleting {dev}: {}", super::silent_advice(state, &why))
+        }
     };
     eprintln!("uzram: {dev}: {why}; deleting the device directly");
     delete_orphan(state.id)?;
@@ -165,6 +170,49 @@ fn delete_orphan(id: u32) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::control::proto::{Request, Response};
+
+    /// A daemon alive but slower to answer than the probe waits (a long pass once held its
+    /// control thread for minutes) was taken for a stale one, and its device deleted under
+    /// it; `uzram status` told the user to do so.
+    #[test]
+    fn a_live_daemon_that_does_not_answer_is_not_deleted_under_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let states = StateDir::new(dir.path().join("run"));
+        states.create().unwrap();
+        // An id no kernel device and no record has; the daemon is this process.
+        let id = 1_048_001;
+        let pid = std::process::id();
+        let state = DaemonState {
+            pid,
+            started: crate::sys::start_ticks(pid),
+            ..DaemonState::example(id)
+        };
+        assert!(state.daemon_alive());
+        states.write(&state).unwrap();
+        let socket = crate::control::listener::bind(&states.socket_path(id)).unwrap();
+        std::thread::spawn(move || {
+            crate::control::listener::serve(
+                socket,
+                |_: Request| {
+                    std::thread::sleep(std::time::Duration::from_secs(8));
+                    Response::Stopping
+                },
+                None,
+            )
+        });
+        match super::super::probe(&states, &state) {
+            super::super::Probe::Silent(why) => assert!(why.contains("does not answer"), "{why}"),
+            _ => panic!("a live daemon that did not answer was not told apart"),
+        }
+        let err = destroy(&states, &state).unwrap_err().to_string();
+        assert!(
+            err.contains("not deleting") && err.contains("alive"),
+            "{err}"
+        );
+        assert!(states.state_path(id).exists(), "its state was removed");
+        assert!(states.socket_path(id).exists(), "its socket was removed");
+    }
 
     /// A damaged state file names no daemon: the device is deleted (and the file removed)
     /// only when no process holds the device's lock, as every daemon does while it serves.

@@ -299,6 +299,7 @@ pub fn run(args: ListArgs) -> anyhow::Result<ExitCode> {
                 "uzram: {}: {why} (stale state): run uzram destroy {} to clean up",
                 state.dev, state.id
             ),
+            Probe::Silent(why) => eprintln!("uzram: {}", super::silent_advice(&state, &why)),
         }
     }
     for leftover in super::leftovers::find() {

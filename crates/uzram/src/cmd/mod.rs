@@ -50,8 +50,20 @@ pub enum Probe {
     Live(Box<DeviceStatus>),
     /// Its daemon died and the device waits, I/O paused, for `uzram recover`.
     Orphan,
-    /// Its state file is there but the daemon is gone or does not answer.
+    /// Its state file is there but the daemon is gone, or something else answered.
     Stale(String),
+    /// Its daemon is alive but did not answer in time (busy or hung): nothing may be done to
+    /// the device behind its back.
+    Silent(String),
+}
+
+/// What to tell the user of a daemon that is alive but does not answer.
+pub fn silent_advice(state: &DaemonState, why: &str) -> String {
+    format!(
+        "{}: {why}; it is alive (busy or hung): try again in a minute, and if it stays \
+         silent, stop it (kill {}) and run uzram recover {} or uzram destroy {}",
+        state.dev, state.pid, state.id, state.id
+    )
 }
 
 /// What is known of a device whose daemon died (`Probe::Orphan`): its settings, no counters
@@ -99,6 +111,6 @@ pub fn probe(states: &StateDir, state: &DaemonState) -> Probe {
     ) {
         Ok(Response::Status(s)) => Probe::Live(Box::new(s)),
         Ok(other) => Probe::Stale(format!("daemon answered {other:?}")),
-        Err(err) => Probe::Stale(format!("daemon pid {} does not answer: {err:#}", state.pid)),
+        Err(err) => Probe::Silent(format!("daemon pid {} does not answer: {err:#}", state.pid)),
     }
 }

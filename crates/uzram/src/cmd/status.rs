@@ -29,6 +29,7 @@ pub fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
             "{}: {why} (stale state): run uzram destroy {id} to clean up",
             state.dev
         ),
+        Probe::Silent(why) => anyhow::bail!("{}", super::silent_advice(&state, &why)),
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&to_json(&status))?);

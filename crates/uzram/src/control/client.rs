@@ -81,17 +81,21 @@ mod tests {
         let socket = listener::bind(&path).unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            listener::serve(socket, move |req| match req {
-                Request::Status => Response::Status(status()),
-                Request::Stop => {
-                    tx.send(()).unwrap();
-                    Response::Stopping
-                }
-                Request::Handoff => Response::HandingOff,
-                _ => Response::Error {
-                    message: "not served by this test".into(),
+            listener::serve(
+                socket,
+                move |req| match req {
+                    Request::Status => Response::Status(status()),
+                    Request::Stop => {
+                        tx.send(()).unwrap();
+                        Response::Stopping
+                    }
+                    Request::Handoff => Response::HandingOff,
+                    _ => Response::Error {
+                        message: "not served by this test".into(),
+                    },
                 },
-            })
+                None,
+            )
         });
         let t = Duration::from_secs(5);
         assert_eq!(

@@ -6,6 +6,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
 use super::proto::{decode, encode, Request, Response, MAX_LINE};
@@ -66,9 +67,61 @@ const LIMITS: Limits = Limits {
 /// Answers connections forever, one thread for all of them: one request line in, one
 /// response line out. A connection from any user but root is closed unanswered. A client
 /// that sends garbage, stalls or dribbles only loses its own connection: the thread waits on
-/// every connection at once and serves whichever has sent its line.
-pub fn serve(listener: UnixListener, handler: impl Fn(Request) -> Response) {
-    serve_with(listener, &handler, LIMITS);
+/// every connection at once and serves whichever has sent its line. Requests that `long`
+/// names go, with their connection, to its thread, which answers them (a tier pass takes
+/// minutes, and answered here it held every other client up for as long: `uzram status`
+/// found a busy daemon stale, a handoff timed out and ran minutes later).
+pub fn serve(
+    listener: UnixListener,
+    handler: impl Fn(Request) -> Response,
+    long: Option<LongRequests>,
+) {
+    serve_with(listener, &handler, long.as_ref(), LIMITS);
+}
+
+/// Where the serving thread sends the requests that take long.
+pub struct LongRequests {
+    /// Which requests.
+    pub is_long: fn(&Request) -> bool,
+    /// Their thread's line: at most [`LONG_WAITING`] wait for it; one more is refused.
+    pub to: SyncSender<Handed>,
+}
+
+/// Long requests that may wait for their thread at once, beside the one it serves.
+pub const LONG_WAITING: usize = 4;
+
+/// The line of long requests and its end: `LongRequests::to` and the thread's receiver.
+pub fn long_line(is_long: fn(&Request) -> bool) -> (LongRequests, Receiver<Handed>) {
+    let (to, from) = std::sync::mpsc::sync_channel(LONG_WAITING);
+    (LongRequests { is_long, to }, from)
+}
+
+/// A long request and the connection its answer goes to.
+pub struct Handed {
+    /// The request.
+    pub request: Request,
+    stream: UnixStream,
+}
+
+impl Handed {
+    /// Whether the client has gone (hung up, or its connection broke) since it asked: its
+    /// request is not acted on, since no one waits for what it does.
+    pub fn client_gone(&self) -> bool {
+        let mut fds = [libc::pollfd {
+            fd: self.stream.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        }];
+        match sys::poll(&mut fds, Some(Duration::ZERO)) {
+            Ok(_) => fds[0].revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0,
+            Err(_) => false,
+        }
+    }
+
+    /// Sends the answer.
+    pub fn answer(self, response: &Response) -> Result<(), ControlError> {
+        respond(self.stream, response)
+    }
 }
 
 /// A connection still sending its request line.
@@ -88,7 +141,12 @@ enum Progress {
     Failed(std::io::Error),
 }
 
-fn serve_with(listener: UnixListener, handler: &impl Fn(Request) -> Response, limits: Limits) {
+fn serve_with(
+    listener: UnixListener,
+    handler: &impl Fn(Request) -> Response,
+    long: Option<&LongRequests>,
+    limits: Limits,
+) {
     // Accepting stops where nothing is pending instead of blocking the thread.
     if let Err(err) = listener.set_nonblocking(true) {
         tracing::warn!(error = %err, "control socket left blocking");
@@ -132,7 +190,7 @@ fn serve_with(listener: UnixListener, handler: &impl Fn(Request) -> Response, li
                 Progress::Waiting => {}
                 Progress::Complete => {
                     if let Some(conn) = pending.remove(i) {
-                        if let Err(err) = answer(conn, handler) {
+                        if let Err(err) = answer(conn, handler, long) {
                             tracing::debug!(error = %err, "control connection failed");
                         }
                     }
@@ -223,31 +281,62 @@ fn read_more(conn: &mut Pending) -> Progress {
     }
 }
 
-fn answer(conn: Pending, handler: &impl Fn(Request) -> Response) -> Result<(), ControlError> {
+fn answer(
+    conn: Pending,
+    handler: &impl Fn(Request) -> Response,
+    long: Option<&LongRequests>,
+) -> Result<(), ControlError> {
+    let request = match std::str::from_utf8(&conn.line) {
+        Ok(line) => decode::<Request>(line).map_err(|err| err.to_string()),
+        Err(_) => Err("the request is not UTF-8".to_string()),
+    };
+    let (response, stream) = match (request, long) {
+        (Ok(request), Some(long)) if (long.is_long)(&request) => {
+            let handed = Handed {
+                request,
+                stream: conn.stream,
+            };
+            match long.to.try_send(handed) {
+                Ok(()) => return Ok(()),
+                Err(TrySendError::Full(h)) => (
+                    Response::Error {
+                        message: format!(
+                            "{LONG_WAITING} requests for writeback or recompression passes \
+                             already wait for the one running; try again once they are done"
+                        ),
+                    },
+                    h.stream,
+                ),
+                Err(TrySendError::Disconnected(h)) => (
+                    Response::Error {
+                        message: "the daemon's thread for writeback and recompression passes \
+                                  has stopped; see the daemon's log"
+                            .into(),
+                    },
+                    h.stream,
+                ),
+            }
+        }
+        (Ok(request), _) => (handler(request), conn.stream),
+        (Err(message), _) => (Response::Error { message }, conn.stream),
+    };
+    respond(stream, &response)
+}
+
+/// Writes `response` to a connection, waiting at most [`WRITE_TIMEOUT`].
+fn respond(stream: UnixStream, response: &Response) -> Result<(), ControlError> {
     let io = |what: &'static str| {
         move |source| ControlError::Io {
             what: what.to_string(),
             source,
         }
     };
-    let response = match std::str::from_utf8(&conn.line) {
-        Ok(line) => match decode::<Request>(line) {
-            Ok(req) => handler(req),
-            Err(err) => Response::Error {
-                message: err.to_string(),
-            },
-        },
-        Err(_) => Response::Error {
-            message: "the request is not UTF-8".into(),
-        },
-    };
-    let stream = conn.stream;
     stream.set_nonblocking(false).map_err(io("set blocking"))?;
     stream
         .set_write_timeout(Some(WRITE_TIMEOUT))
         .map_err(io("set timeout"))?;
     (&stream)
-        .write_all(encode(&response).as_bytes())
+        .write_all(encode(response).as_bytes())
         .map_err(io("writing response"))
 }
 
@@ -298,6 +387,7 @@ mod tests {
                         message: "not served by this test".into(),
                     },
                 },
+                None,
                 limits,
             )
         });
@@ -424,6 +514,126 @@ mod tests {
             let closed = closed_within(conn, Duration::from_millis(100));
             assert_eq!(closed, i < 3, "connection {i}");
         }
+    }
+
+    /// A server whose writeback requests go to a thread of their own, which takes `pass`
+    /// for each (a tier pass takes minutes) and reports the requests it ran, or skipped for
+    /// their client having gone, on the channel returned.
+    fn start_with_passes(
+        tag: &str,
+        pass: Duration,
+    ) -> (SocketAddr, std::sync::mpsc::Receiver<&'static str>) {
+        let name = format!("uzram-test-{tag}-{}", std::process::id());
+        let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let listener = UnixListener::bind_addr(&addr).unwrap();
+        let (long, passes) = long_line(|req| matches!(req, Request::Writeback { .. }));
+        let (ran, runs) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for handed in passes {
+                if handed.client_gone() {
+                    let _ = ran.send("skipped");
+                    continue;
+                }
+                std::thread::sleep(pass);
+                let _ = ran.send("ran");
+                let _ = handed.answer(&Response::Idled { pages: 7 });
+            }
+        });
+        std::thread::spawn(move || {
+            serve_with(
+                listener,
+                &|req| match req {
+                    Request::Status => Response::Status(status()),
+                    _ => Response::Error {
+                        message: "not served by this test".into(),
+                    },
+                },
+                Some(&long),
+                LIMITS,
+            )
+        });
+        (addr, runs)
+    }
+
+    fn writeback() -> Request {
+        Request::Writeback {
+            kind: "idle".into(),
+            max_pages: None,
+        }
+    }
+
+    fn send(addr: &SocketAddr, req: &Request) -> UnixStream {
+        let stream = UnixStream::connect_addr(addr).unwrap();
+        (&stream).write_all(encode(req).as_bytes()).unwrap();
+        stream
+    }
+
+    fn read_answer(stream: &UnixStream, within: Duration) -> Response {
+        stream.set_read_timeout(Some(within)).unwrap();
+        let mut line = String::new();
+        BufReader::new(stream).read_line(&mut line).unwrap();
+        decode(&line).unwrap()
+    }
+
+    /// A pass of minutes, answered on the serving thread, held every other client up for as
+    /// long: `uzram status` took the busy daemon for a stale one.
+    #[test]
+    fn a_long_pass_holds_no_one_up() {
+        let (addr, runs) = start_with_passes("pass", Duration::from_secs(3));
+        let pass = send(&addr, &writeback());
+        std::thread::sleep(Duration::from_millis(100));
+        for _ in 0..3 {
+            let (got, took) = ask_new(&addr).unwrap();
+            assert_eq!(got, Response::Status(status()));
+            assert!(took < PROMPT, "answered after {took:?} behind a pass");
+        }
+        assert_eq!(
+            read_answer(&pass, Duration::from_secs(10)),
+            Response::Idled { pages: 7 }
+        );
+        assert_eq!(runs.recv_timeout(Duration::from_secs(1)), Ok("ran"));
+    }
+
+    /// Passes wait in line, a bounded one: one more is refused at once with an error that
+    /// says why. A waiting pass whose client hung up is never run.
+    #[test]
+    fn passes_wait_in_a_bounded_line_and_a_gone_client_s_is_not_run() {
+        let (addr, runs) = start_with_passes("line", Duration::from_secs(2));
+        let running = send(&addr, &writeback());
+        std::thread::sleep(Duration::from_millis(200));
+        // The line fills; its first client hangs up while it waits.
+        let waiting: Vec<UnixStream> = (0..LONG_WAITING)
+            .map(|_| send(&addr, &writeback()))
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let refused = send(&addr, &writeback());
+        match read_answer(&refused, PROMPT) {
+            Response::Error { message } => assert!(message.contains("wait"), "{message}"),
+            other => panic!("a pass past the line was answered {other:?}"),
+        }
+        let mut waiting = waiting.into_iter();
+        drop(waiting.next());
+        assert_eq!(
+            read_answer(&running, Duration::from_secs(10)),
+            Response::Idled { pages: 7 }
+        );
+        for stream in waiting {
+            assert_eq!(
+                read_answer(&stream, Duration::from_secs(20)),
+                Response::Idled { pages: 7 }
+            );
+        }
+        // In the line's order, which need not be the clients' (one turn of the serving
+        // thread takes the requests that came together in any order).
+        let reports: Vec<_> = (0..=LONG_WAITING)
+            .map(|_| runs.recv_timeout(Duration::from_secs(5)).unwrap())
+            .collect();
+        assert_eq!(reports[0], "ran");
+        assert_eq!(
+            reports.iter().filter(|&&r| r == "skipped").count(),
+            1,
+            "{reports:?}"
+        );
     }
 
     /// Where a test's own thread ends instead of exiting. glibc keeps an exited thread's

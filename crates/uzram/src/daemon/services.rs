@@ -121,39 +121,63 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
         spawn("uzram-budget", move || b.keep_on_disk())?;
     }
     let kept_budget = budget.clone();
-    spawn("uzram-control", move || {
-        // `uzram writeback` runs its pass here.
+    let (long, passes) = listener::long_line(|req| {
+        matches!(req, Request::Recompress { .. } | Request::Writeback { .. })
+    });
+    let idled = tiered.clone();
+    spawn("uzram-passes", move || {
+        // `uzram writeback` and `uzram recompress` run their passes here, one at a time.
         tiered.prepare_backing_thread();
-        listener::serve(socket, move |req| match req {
-            Request::Idle { min_age_minutes } => Response::Idled {
-                pages: tiered.mark_idle(min_age_minutes),
-            },
-            Request::Recompress {
-                kind,
-                threshold,
-                level,
-            } => match super::tier::recompress_now(
-                &tiered,
-                recompress.as_ref(),
-                &kind,
-                threshold,
-                level,
-            ) {
-                Ok(report) => Response::Recompressed(report),
-                Err(message) => Response::Error { message },
-            },
-            Request::Writeback { kind, max_pages } => {
-                match super::tier::writeback_now(
-                    &tiered,
-                    writeback.as_ref(),
-                    budget.as_deref(),
-                    &kind,
-                    max_pages,
-                ) {
-                    Ok(report) => Response::WrittenBack(report),
-                    Err(message) => Response::Error { message },
-                }
+        for handed in passes {
+            if handed.client_gone() {
+                tracing::info!("a pass's client left before it began; not run");
+                continue;
             }
+            let response = match &handed.request {
+                Request::Recompress {
+                    kind,
+                    threshold,
+                    level,
+                } => match super::tier::recompress_now(
+                    &tiered,
+                    recompress.as_ref(),
+                    kind,
+                    *threshold,
+                    *level,
+                ) {
+                    Ok(report) => Response::Recompressed(report),
+                    Err(message) => Response::Error { message },
+                },
+                Request::Writeback { kind, max_pages } => {
+                    match super::tier::writeback_now(
+                        &tiered,
+                        writeback.as_ref(),
+                        budget.as_deref(),
+                        kind,
+                        *max_pages,
+                    ) {
+                        Ok(report) => Response::WrittenBack(report),
+                        Err(message) => Response::Error { message },
+                    }
+                }
+                _ => Response::Error {
+                    message: "not a pass".into(),
+                },
+            };
+            if let Err(err) = handed.answer(&response) {
+                tracing::debug!(error = %err, "answering a pass's client failed");
+            }
+        }
+    })?;
+    spawn("uzram-control", move || {
+        let handler = move |req| match req {
+            Request::Idle { min_age_minutes } => Response::Idled {
+                pages: idled.mark_idle(min_age_minutes),
+            },
+            // `long` takes these to the passes' thread.
+            Request::Recompress { .. } | Request::Writeback { .. } => Response::Error {
+                message: "a pass reached the control thread".into(),
+            },
             Request::Status => Response::Status(snapshot()),
             Request::Stop => {
                 if let Ok(tx) = requests.lock() {
@@ -167,7 +191,8 @@ pub(super) fn spawn_all(s: Setup<'_>) -> anyhow::Result<Running> {
                 }
                 Response::HandingOff
             }
-        })
+        };
+        listener::serve(socket, handler, Some(long))
     })?;
     spawn("uzram-signals", move || loop {
         match sys::wait_stop_signal() {
