@@ -5,7 +5,7 @@
 //! is refused before anything is taken ([`Upfront::check`]): a typo in a size (16T for 16G)
 //! once locked a 32 GiB page table in a 1 GiB guest, and the kernel panicked.
 
-use uzram_core::store::BLOCK_BYTES;
+use uzram_core::store::{BLOCK_BYTES, RAW_PAGES_PER_SEGMENT};
 use uzram_core::{PageStore, PAGE_SIZE};
 
 /// The unit a store's region is laid out in, and the pool's block.
@@ -100,13 +100,30 @@ pub struct Offsets {
 
 impl Sizes {
     /// The parts of the store of a device of `pages` pages with a recovery room of `room`
-    /// bytes: its table, its directory, blocks for every page stored raw plus [`SLACK`].
-    /// `None` when they do not fit the address space.
+    /// bytes: its table, its directory, blocks for every page stored raw (with its checksum,
+    /// [`RAW_PAGES_PER_SEGMENT`] a block) plus [`SLACK`]. `None` when they do not fit the
+    /// address space.
     pub fn of(pages: u64, room: usize) -> Option<Sizes> {
+        let block_bytes = usize::try_from(pages)
+            .ok()?
+            .div_ceil(RAW_PAGES_PER_SEGMENT)
+            .checked_mul(UNIT)?
+            .checked_add(SLACK)?;
+        Self::with_blocks(pages, room, block_bytes)
+    }
+
+    /// The sizes of store layouts before 7, which gave blocks for the device's bytes plus
+    /// [`SLACK`]: a block holds 15 raw pages, not 16, so incompressible pages filled those
+    /// blocks before the device (a device over 960 MiB); taken over as they were made.
+    pub fn before_layout_7(pages: u64, room: usize) -> Option<Sizes> {
         let block_bytes = usize::try_from(pages)
             .ok()?
             .checked_mul(PAGE_SIZE)?
             .checked_add(SLACK)?;
+        Self::with_blocks(pages, room, block_bytes)
+    }
+
+    fn with_blocks(pages: u64, room: usize, block_bytes: usize) -> Option<Sizes> {
         Some(Sizes {
             pages,
             table_len: PageStore::table_len(pages).ok()?,
@@ -319,6 +336,28 @@ mod tests {
         assert_eq!(Sizes::of(u64::MAX, MIN_ROOM), None);
         let odd_room = Sizes::of(16, MIN_ROOM + 1).unwrap();
         assert_eq!(odd_room.offsets(), None);
+    }
+
+    /// A raw page takes 4104 bytes with its checksum, so 15 fit a block: blocks for the
+    /// device's bytes left a device over 960 MiB of incompressible pages without room for
+    /// its last pages (a 1 GiB device 1,024 short, a 4 GiB one 50,176).
+    #[test]
+    fn the_blocks_hold_every_page_stored_raw_and_the_slack_beside_them() {
+        let raw = uzram_core::PAGE_SIZE + 4;
+        let raw_in_block = UNIT / raw.next_multiple_of(8);
+        assert_eq!(raw_in_block, 15);
+        for pages in [16u64, 245_760, 1 << 18, 1 << 20, 1 << 22] {
+            let s = Sizes::of(pages, MIN_ROOM).unwrap();
+            let blocks = s.block_bytes / UNIT;
+            assert!(
+                (blocks - SLACK / UNIT) * raw_in_block >= pages as usize,
+                "{pages} pages: {blocks} blocks"
+            );
+            let before = Sizes::before_layout_7(pages, MIN_ROOM).unwrap();
+            assert!(before.block_bytes < s.block_bytes);
+        }
+        let gib = Sizes::before_layout_7(1 << 18, MIN_ROOM).unwrap();
+        assert!((gib.block_bytes / UNIT - SLACK / UNIT) * raw_in_block < 1 << 18);
     }
 
     #[test]

@@ -34,6 +34,10 @@ pub(crate) const CHECKSUM_BYTES: usize = 4;
 /// The largest object: a raw page and its checksum.
 pub(crate) const MAX_OBJECT: usize = PAGE_SIZE + CHECKSUM_BYTES;
 const CLASSES: usize = MAX_OBJECT.div_ceil(CLASS_GRANULE) + 1;
+/// Raw pages (with checksums) one segment holds: a raw page's object takes its class's
+/// bytes (4104), so 15 a segment, not 16; the tail is a hole no raw page fits.
+pub const RAW_PAGES_PER_SEGMENT: usize =
+    SEGMENT_SIZE / (MAX_OBJECT.div_ceil(CLASS_GRANULE) * CLASS_GRANULE);
 /// The largest hole a free range is cut into: the largest class.
 const MAX_HOLE: u64 = ((CLASSES - 1) * CLASS_GRANULE) as u64;
 const BITMAP_WORDS: usize = CLASSES.div_ceil(64);

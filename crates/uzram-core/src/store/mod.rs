@@ -45,6 +45,7 @@ mod writeback;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+pub use self::arena::RAW_PAGES_PER_SEGMENT;
 pub use self::backing::{
     BackingDevice, BlockRun, Nonces, WritebackKey, BLOCK_BYTES, KEY_BYTES, MAX_OBJECT_BLOCKS,
     RUNS_IN_FLIGHT, RUN_BLOCKS, SEAL_BYTES, TAG_BYTES,
@@ -1378,6 +1379,10 @@ fn fault_in_spare<T: Copy>(v: &mut Vec<T>, item: T) {
 
 /// An empty vector with room for `n` items, or `NoMemory`.
 fn try_vec<T>(n: usize) -> Result<Vec<T>, CoreError> {
+    #[cfg(test)]
+    if tests::failing_alloc() {
+        return Err(CoreError::NoMemory);
+    }
     let mut v = Vec::new();
     v.try_reserve_exact(n).map_err(|_| CoreError::NoMemory)?;
     Ok(v)

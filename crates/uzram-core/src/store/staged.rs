@@ -234,6 +234,11 @@ impl PageStore {
         handles.resize(lens.len(), 0u64);
         let mut slots = try_vec(commits.len())?;
         let mut unused = try_vec(commits.len())?;
+        // Every allocation that can fail comes before the arena's: objects reserved and then
+        // left by an error would be neither published nor freed (counted against mem-limit,
+        // and compaction, which waits for the arena's objects to match the table's, would
+        // never run again).
+        let (order, shards) = self.shard_order(commits)?;
         self.arena
             .alloc_many(&lens, Budget::Reserved, &mut handles)?;
         self.arena.write_many(
@@ -252,7 +257,6 @@ impl PageStore {
             }
             _ => payload(c).map(|p| stored(next.next().copied().unwrap_or_default(), p.len())),
         }));
-        let (order, shards) = self.shard_order(commits)?;
         let mut start = 0;
         while start < order.len() {
             let shard = shards[order[start] as usize];

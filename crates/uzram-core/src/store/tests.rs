@@ -36,6 +36,24 @@ fn staged_store(pages: u64) -> (PageStore, Arc<MapStaging>) {
     (store, staging)
 }
 
+thread_local! {
+    /// The store's fallible allocations on this thread fail from the Nth on (test hook).
+    static FAIL_ALLOCS_FROM: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    static ALLOCS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether this fallible allocation fails (see [`fail_allocs_from`]).
+pub(super) fn failing_alloc() -> bool {
+    let n = ALLOCS.with(|a| a.replace(a.get() + 1));
+    FAIL_ALLOCS_FROM.with(|f| f.get().is_some_and(|from| n >= from))
+}
+
+/// Makes this thread's fallible store allocations fail from the `from`th on (`None`: none).
+fn fail_allocs_from(from: Option<usize>) {
+    ALLOCS.with(|a| a.set(0));
+    FAIL_ALLOCS_FROM.with(|f| f.set(from));
+}
+
 fn at(slot: usize, index: usize, epoch: u64) -> StagedAt {
     StagedAt::new(slot, index, epoch).unwrap()
 }
@@ -1153,4 +1171,49 @@ fn a_staged_write_freeing_many_objects_never_deadlocks_with_compaction() {
         "staged writes and compaction waited for each other (round {stalled:?} never ended)"
     );
     compactor.join().unwrap();
+}
+
+#[test]
+fn a_commit_that_runs_out_of_memory_anywhere_leaves_no_object_behind() {
+    let pages: Vec<[u8; PAGE_SIZE]> = (0..8u8).map(text_page).collect();
+    let blocks: Vec<Vec<u8>> = pages.iter().map(compressed).collect();
+    let mut failed_at = Vec::new();
+    for from in 0..12 {
+        let (store, staging) = staged_store(4096);
+        let mut commits = Vec::new();
+        for (i, page) in pages.iter().enumerate() {
+            // Pages far apart, so that the commit spans several shards.
+            let index = i as u64 * 509;
+            let t = at(0, i, 1);
+            staging.put(index, t, *page);
+            let ticket = store.stage(index, t).unwrap();
+            commits.push(Commit::new(
+                ticket,
+                Encoded::Compressed(&blocks[i]),
+                page_checksum(page),
+            ));
+        }
+        fail_allocs_from(Some(from));
+        let result = store.commit(&mut commits);
+        fail_allocs_from(None);
+        if result.is_err() {
+            failed_at.push(from);
+            assert_eq!(
+                store.arena.usage().objects,
+                0,
+                "a commit that failed at allocation {from} kept objects it never published"
+            );
+            store.commit(&mut commits).unwrap();
+        }
+        assert!(commits.iter().all(|c| c.state == CommitState::Installed));
+        assert_eq!(store.arena.usage().objects, pages.len() as u64);
+        staging.0.lock().unwrap().clear();
+        for (i, page) in pages.iter().enumerate() {
+            assert_eq!(read_page(&store, i as u64 * 509), *page);
+        }
+    }
+    assert!(
+        failed_at.len() >= 4,
+        "too few failures were injected: {failed_at:?}"
+    );
 }

@@ -586,12 +586,18 @@ pub fn refill(blocks: usize) -> usize {
 /// Refills the pool until it holds `target` free blocks; `false` when the reservation or the
 /// system ran out first.
 pub fn fill_to(target: usize) -> bool {
-    while free_blocks() < target {
-        if refill(target - free_blocks()) == 0 {
+    loop {
+        // One reading of the count: another thread's free between two readings could make
+        // the second larger than `target` (a wrapped, huge refill) or equal to it (a refill
+        // of none, taken for a failure).
+        let missing = target.saturating_sub(free_blocks());
+        if missing == 0 {
+            return true;
+        }
+        if refill(missing) == 0 {
             return false;
         }
     }
-    true
 }
 
 /// Gives up to `blocks` free blocks back to the system: each is taken off the free list and
@@ -603,6 +609,11 @@ pub fn trim(blocks: usize) -> usize {
     let mut released = RELEASED.lock().unwrap_or_else(PoisonError::into_inner);
     let mut done = 0;
     while done < blocks {
+        // Room to remember the block before its pages go: a punched block pushed back onto
+        // the free list would fault its pages in on the I/O path that takes it next.
+        if released.try_reserve(1).is_err() {
+            break;
+        }
         let block = pop();
         if block.is_null() {
             break;
@@ -617,11 +628,6 @@ pub fn trim(blocks: usize) -> usize {
             break;
         }
         mark(block as usize, BlockState::Empty);
-        if released.try_reserve(1).is_err() {
-            // SAFETY: as above; without room to remember it, keep it in the pool.
-            unsafe { push(block) };
-            break;
-        }
         released.push(block as usize);
         done += 1;
     }

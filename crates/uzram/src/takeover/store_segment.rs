@@ -49,13 +49,22 @@ use super::segment::{foreign, sys, SegmentError};
 use crate::memory::pool;
 
 const MAGIC: [u8; 8] = *b"UZRAMST1";
-/// Layout 6: each stored checksum is bound to its page (`StoreConfig::checksums_name_pages`).
-/// Layout 5 (taken over, and kept unbound) made the page table's words end with the pages'
-/// ages (`PageStore::table_len`), so a takeover keeps each page's age and tried flag; layout
-/// 4 added the checksums. A store of an older layout is not taken over.
-const VERSION: u32 = 6;
-/// The layout before [`VERSION`] that is still taken over: the same but for unbound checksums.
+/// Layout 7: blocks for every page stored raw with its checksum (`Sizes::of`). Layout 6
+/// bound each stored checksum to its page (`StoreConfig::checksums_name_pages`). Layout 5
+/// (taken over, and kept unbound) made the page table's words end with the pages' ages
+/// (`PageStore::table_len`), so a takeover keeps each page's age and tried flag; layout 4
+/// added the checksums. A store of an older layout is not taken over.
+const VERSION: u32 = 7;
+/// Layout 6, still taken over: as [`VERSION`] but with fewer blocks
+/// (`Sizes::before_layout_7`).
+const BOUND_VERSION: u32 = 6;
+/// Layout 5, still taken over: as [`BOUND_VERSION`] but for unbound checksums.
 const UNBOUND_VERSION: u32 = 5;
+
+/// Whether a store of layout `version` is taken over.
+fn known_version(version: u32) -> bool {
+    matches!(version, VERSION | BOUND_VERSION | UNBOUND_VERSION)
+}
 use crate::footprint::max_room;
 use crate::footprint::{Sizes, MIN_ROOM};
 
@@ -201,11 +210,11 @@ fn check_header(
     if header.magic != MAGIC {
         return Err(foreign(id, "no uzram store header".into()));
     }
-    if header.version != VERSION && header.version != UNBOUND_VERSION {
+    if !known_version(header.version) {
         return Err(foreign(
             id,
             format!(
-                "layout version {} (this daemon takes over layouts {UNBOUND_VERSION} and \
+                "layout version {} (this daemon takes over layouts {UNBOUND_VERSION} to \
                  {VERSION}, with a checksum on every page and its age; a store of another \
                  uzram is not taken over: stop the device with the uzram that made it)",
                 header.version
@@ -273,14 +282,18 @@ fn lays_out(header: &Header, size: usize, expect: Expected<'_>) -> bool {
     let room = usize::try_from(header.room_len).unwrap_or(usize::MAX);
     (MIN_ROOM..=max_room()).contains(&room)
         && header.len == size as u64
-        && Sizes::of(expect.pages, room)
-            .and_then(|s| layout(s, expect.algorithm, expect.checksums, expect.device))
-            .is_some_and(|laid_out| {
-                Header {
-                    version: header.version,
-                    ..laid_out
-                } == *header
-            })
+        && if header.version < VERSION {
+            Sizes::before_layout_7(expect.pages, room)
+        } else {
+            Sizes::of(expect.pages, room)
+        }
+        .and_then(|s| layout(s, expect.algorithm, expect.checksums, expect.device))
+        .is_some_and(|laid_out| {
+            Header {
+                version: header.version,
+                ..laid_out
+            } == *header
+        })
 }
 
 /// Seeds for the store-header fuzz target: a valid header of a small device and its
@@ -802,7 +815,7 @@ fn attach_room(id: i32) -> Result<AttachedRoom, SegmentError> {
     }
     // SAFETY: the segment is at least one unit long, so the header lies in the mapping.
     let header = unsafe { ptr::read_volatile(mapped.base() as *const Header) };
-    if header.magic != MAGIC || (header.version != VERSION && header.version != UNBOUND_VERSION) {
+    if header.magic != MAGIC || !known_version(header.version) {
         return Err(foreign(
             id,
             "no uzram store header of a known layout".into(),
@@ -1264,18 +1277,42 @@ mod tests {
             let err = StoreSegment::attach(region.id(), expected()).expect_err(what);
             assert!(err.to_string().contains(what), "{what}: {err}");
         }
-        // The layout before, whose checksums are not bound to their pages, is taken over as
-        // that (its store keeps them unbound), and a new store is bound.
         assert!(region.checksums_name_pages());
-        // SAFETY: as above.
-        unsafe { ptr::write_volatile(region.base as *mut Header, Header { version: 5, ..h }) };
-        let unbound = StoreSegment::attach(region.id(), expected()).unwrap();
-        assert!(!unbound.checksums_name_pages());
         // SAFETY: as above.
         unsafe { ptr::write_volatile(region.base as *mut Header, h) };
         assert!(StoreSegment::attach(region.id(), expected())
             .unwrap()
             .checksums_name_pages());
+        // Layouts 5 and 6 gave fewer blocks: this one's blocks are not theirs.
+        for version in [UNBOUND_VERSION, BOUND_VERSION] {
+            // SAFETY: as above.
+            unsafe { ptr::write_volatile(region.base as *mut Header, Header { version, ..h }) };
+            let err = StoreSegment::attach(region.id(), expected()).expect_err("fewer blocks");
+            assert!(err.to_string().contains("layout"), "{version}: {err}");
+        }
+        remove(region.id());
+
+        // A store of layout 6 (bound checksums) or 5 (unbound) is taken over as made, its
+        // store keeping its checksums as they were; one of layout 7 with their blocks is not.
+        let old = StoreSegment::create(
+            Sizes::before_layout_7(16, MIN_ROOM).unwrap(),
+            "lz4",
+            true,
+            DEVICE,
+            true,
+        )
+        .unwrap();
+        let o = old.header;
+        for (version, bound) in [(BOUND_VERSION, true), (UNBOUND_VERSION, false)] {
+            // SAFETY: the header lies at the start of our mapping; nothing else uses it.
+            unsafe { ptr::write_volatile(old.base as *mut Header, Header { version, ..o }) };
+            let taken = StoreSegment::attach(old.id(), expected()).unwrap();
+            assert_eq!(taken.checksums_name_pages(), bound, "layout {version}");
+        }
+        // SAFETY: as above.
+        unsafe { ptr::write_volatile(old.base as *mut Header, o) };
+        assert!(StoreSegment::attach(old.id(), expected()).is_err());
+        remove(old.id());
     }
 
     #[test]
@@ -1410,14 +1447,40 @@ mod tests {
             version: UNBOUND_VERSION,
             ..good
         });
-        let (_, len) = region.room();
-        assert_eq!(
-            MappedRoom::map(region.id()).unwrap().release().unwrap(),
-            len,
-            "a layout 5 store's room"
+        assert!(
+            MappedRoom::map(region.id()).is_err(),
+            "layout 5 with layout 7's blocks"
         );
         write(good);
         remove(region.id());
+        let old = StoreSegment::create(
+            Sizes::before_layout_7(16, MIN_ROOM).unwrap(),
+            "lz4",
+            true,
+            DEVICE,
+            true,
+        )
+        .unwrap();
+        let (_, len) = old.room();
+        for version in [UNBOUND_VERSION, BOUND_VERSION] {
+            // SAFETY: the header lies at the start of our own mapping of the segment, and
+            // no other thread of this test reads it meanwhile.
+            unsafe {
+                ptr::write_volatile(
+                    old.base as *mut Header,
+                    Header {
+                        version,
+                        ..old.header
+                    },
+                )
+            };
+            assert_eq!(
+                MappedRoom::map(old.id()).unwrap().release().unwrap(),
+                len,
+                "a layout {version} store's room"
+            );
+        }
+        remove(old.id());
     }
 
     #[test]
