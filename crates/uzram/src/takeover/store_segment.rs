@@ -1085,6 +1085,13 @@ mod tests {
             .ok()
     }
 
+    /// A region of [`small_region`]'s device with the blocks layouts 5 and 6 gave it (its
+    /// header says layout 7 until a test writes another).
+    fn old_layout_region() -> StoreSegment {
+        let sizes = Sizes::before_layout_7(16, MIN_ROOM).unwrap();
+        StoreSegment::create(sizes, "lz4", true, DEVICE, true).unwrap()
+    }
+
     fn expected() -> Expected<'static> {
         Expected {
             device: DEVICE,
@@ -1294,14 +1301,7 @@ mod tests {
 
         // A store of layout 6 (bound checksums) or 5 (unbound) is taken over as made, its
         // store keeping its checksums as they were; one of layout 7 with their blocks is not.
-        let old = StoreSegment::create(
-            Sizes::before_layout_7(16, MIN_ROOM).unwrap(),
-            "lz4",
-            true,
-            DEVICE,
-            true,
-        )
-        .unwrap();
+        let old = old_layout_region();
         let o = old.header;
         for (version, bound) in [(BOUND_VERSION, true), (UNBOUND_VERSION, false)] {
             // SAFETY: the header lies at the start of our mapping; nothing else uses it.
@@ -1453,14 +1453,7 @@ mod tests {
         );
         write(good);
         remove(region.id());
-        let old = StoreSegment::create(
-            Sizes::before_layout_7(16, MIN_ROOM).unwrap(),
-            "lz4",
-            true,
-            DEVICE,
-            true,
-        )
-        .unwrap();
+        let old = old_layout_region();
         let (_, len) = old.room();
         for version in [UNBOUND_VERSION, BOUND_VERSION] {
             // SAFETY: the header lies at the start of our own mapping of the segment, and
