@@ -10,7 +10,7 @@ use crate::config::file::parse_config;
 use crate::config::{Host, Plan};
 use crate::control::proto::{decode, encode, Request, Response};
 
-const HOST: Host = Host { ram_mib: 4096 };
+const HOST: Host = Host::with_ram(4096);
 
 #[test]
 fn fuzz_config_files_are_refused_or_make_a_device_the_host_holds() {

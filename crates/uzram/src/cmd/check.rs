@@ -157,7 +157,7 @@ mod tests {
     use super::*;
 
     fn plan(text: &str) -> Result<Plan, ConfigError> {
-        crate::config::file::parse_config(Path::new("t.toml"), text, Host { ram_mib: 8192 })
+        crate::config::file::parse_config(Path::new("t.toml"), text, Host::with_ram(8192))
     }
 
     /// What the daemon would refuse at its start, check-config refuses too (255): a metrics

@@ -132,7 +132,7 @@ mod tests {
     #[test]
     fn the_config_page_names_every_key_a_file_accepts() {
         let page = WRITTEN[0].1;
-        let host = crate::config::Host { ram_mib: 8192 };
+        let host = crate::config::Host::with_ram(8192);
         for key in KEYS {
             let named = page
                 .split(|c: char| c.is_whitespace() || c == '"' || c == ',')

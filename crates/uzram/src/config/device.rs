@@ -57,13 +57,14 @@ impl Backend {
     /// Refuses `gpu` early (before a daemon starts) where it cannot work: an algorithm other
     /// than LZ4, or no NVIDIA driver or GPU. `auto` is decided when the device starts
     /// (`daemon::backend`), the one place that chooses.
-    pub fn check(self, algorithm: Algorithm) -> Result<(), ConfigError> {
+    /// With `probe` off, only the algorithm is checked.
+    pub fn check(self, algorithm: Algorithm, probe: bool) -> Result<(), ConfigError> {
         match self {
             Backend::Gpu if algorithm != Algorithm::Lz4 => Err(ConfigError::GpuNeedsLz4),
-            Backend::Gpu => uzram_gpu::probe()
+            Backend::Gpu if probe => uzram_gpu::probe()
                 .map(drop)
                 .map_err(|e| ConfigError::GpuUnavailable(e.to_string())),
-            Backend::Cpu | Backend::Auto => Ok(()),
+            Backend::Gpu | Backend::Cpu | Backend::Auto => Ok(()),
         }
     }
 }
@@ -813,7 +814,7 @@ impl RawDevice {
         let algorithm = Algorithm::parse(algorithm_text)
             .map_err(|_| ConfigError::UnknownAlgorithm(algorithm_text.to_string()))?;
         let backend = Backend::parse(self.backend.as_deref().unwrap_or("cpu"))?;
-        backend.check(algorithm)?;
+        backend.check(algorithm, host.probe_gpu)?;
         let gpu = self.gpu_settings()?;
         let queues = match self.queues {
             Some(q) => ranged("queues", q, 1, MAX_QUEUES.into())? as u16,
@@ -1106,6 +1107,12 @@ fn opens_a_system_dir(dir: &Path) -> bool {
         || SYSTEM_TREES.iter().any(|t| dir.starts_with(t))
 }
 
+/// Whether writeback path `path` names a device (under /dev) rather than a file: the one
+/// rule validation and the generator's drop-in share.
+pub fn writeback_is_device(path: &Path) -> bool {
+    path.starts_with("/dev")
+}
+
 /// Why `path` cannot be a writeback device, if it cannot. The generator writes it into the
 /// unit's drop-in, where a space separates values, `%` starts a specifier and a newline a
 /// new setting (a config line could add an `ExecStartPre=`), and opens a file's directory
@@ -1127,7 +1134,10 @@ fn unsafe_writeback_path(path: &Path) -> Option<&'static str> {
     if text.split('/').any(|part| part == "." || part == "..") {
         return Some("holds a `.` or `..` part: name the path as it is, without them");
     }
-    let is_file = !path.starts_with("/dev/");
+    if writeback_is_device(path) && path.components().count() < 3 {
+        return Some("is /dev itself: name the partition or disk (e.g. /dev/disk/by-partuuid/...)");
+    }
+    let is_file = !writeback_is_device(path);
     let parent = path.parent().unwrap_or(Path::new("/"));
     // As named, and where a link on the way leads (when the directory exists yet).
     let resolved = std::fs::canonicalize(parent).ok();
@@ -1160,20 +1170,42 @@ fn check_metrics_textfile(path: &Path) -> Result<(), ConfigError> {
     }
 }
 
-/// The host facts that size expressions use.
+/// The host facts that size expressions use, and whether validation may probe the host's
+/// devices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Host {
     /// MemTotal in whole MiB: zram-generator's `ram`.
     pub ram_mib: u64,
+    /// Whether `backend = "gpu"` is checked against the driver and its GPUs
+    /// ([`Backend::check`]). Off for the generator, which runs before any unit at boot:
+    /// loading the driver there would hold the boot up (and the GPU's module may not be
+    /// loaded yet); the unit's `check-config` probes it.
+    pub probe_gpu: bool,
 }
 
 impl Host {
+    /// A host with `ram_mib` MiB of memory, whose GPU is probed.
+    pub const fn with_ram(ram_mib: u64) -> Host {
+        Host {
+            ram_mib,
+            probe_gpu: true,
+        }
+    }
+
     /// This host, from `/proc/meminfo`.
     pub fn current() -> Result<Host, ConfigError> {
         std::fs::read_to_string("/proc/meminfo")
             .ok()
             .and_then(|t| crate::sizeexpr::mem_total_mib(&t))
-            .map(|ram_mib| Host { ram_mib })
+            .map(Host::with_ram)
             .ok_or(ConfigError::MemInfo)
+    }
+
+    /// The same host, validated without probing its devices.
+    pub const fn without_probes(self) -> Host {
+        Host {
+            probe_gpu: false,
+            ..self
+        }
     }
 }

@@ -361,7 +361,7 @@ mod tests {
     use uzram_core::codec::Algorithm;
     use uzram_gpu::Parse;
 
-    const HOST: Host = Host { ram_mib: 8192 };
+    const HOST: Host = Host::with_ram(8192);
 
     fn plan(text: &str, host: Host) -> Result<Plan, ConfigError> {
         parse_config(Path::new("test.toml"), text, host)
@@ -397,6 +397,8 @@ mod tests {
             ("/mnt/x.wb", "system directory"),
             ("/dev/../etc/x.wb", "`..`"),
             ("/srv/swap/./x.wb", "`..`"),
+            ("/dev", "/dev itself"),
+            ("/dev/", "/dev itself"),
         ] {
             let text = format!("size = \"1G\"\nwriteback-device = \"{path}\"\n");
             let err = parse(&text).unwrap_err();
@@ -606,7 +608,7 @@ mod tests {
         let cfg = parse("size = 1048576\noptions = \"\"").unwrap();
         assert_eq!(cfg.swap.options, None);
         // No size at all: zram-generator's default, min(ram / 2, 4096) MiB.
-        let small = Host { ram_mib: 1000 };
+        let small = Host::with_ram(1000);
         let Plan::Device(cfg) = plan("", small).unwrap() else {
             panic!("skipped")
         };
@@ -617,7 +619,7 @@ mod tests {
     #[test]
     fn zram_generator_size_keys() {
         // MiB expressions over ram, as zram-generator.conf(5) documents them.
-        let host = Host { ram_mib: 16384 };
+        let host = Host::with_ram(16384);
         let size = |text: &str| match plan(text, host).unwrap() {
             Plan::Device(cfg) => (cfg.device.size, cfg.device.mem_limit),
             Plan::Skip(why) => panic!("{text}: skipped: {why}"),

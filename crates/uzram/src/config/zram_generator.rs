@@ -95,7 +95,9 @@ pub fn files(root: &Path) -> Vec<PathBuf> {
         .iter()
         .rev()
         .map(|base| root.join(base).join(MAIN))
-        .find(|p| p.exists() || p.is_symlink());
+        // exists() follows a link: a dangling one is passed over, as zram-generator does
+        // (a mask's link to /dev/null exists).
+        .find(|p| p.exists());
     if let Some(main) = main.filter(|p| !is_masked(p)) {
         out.push(main);
     }
@@ -255,6 +257,13 @@ fn apply(cfg: &mut ZramGeneratorConfig, path: &Path, text: &str) -> Result<(), C
                 keys: BTreeMap::new(),
             });
         for (key, value) in props.iter() {
+            // memory-limit is host-memory-limit's old name: one setting, whichever file or
+            // line sets it last wins, as in zram-generator.
+            let key = if key == "memory-limit" {
+                "host-memory-limit"
+            } else {
+                key
+            };
             device
                 .keys
                 .insert(key.to_string(), (value.to_string(), path.to_path_buf()));
@@ -335,8 +344,8 @@ impl Section {
                 "zram-size" | "zram-resident-limit" | "options" => {
                     table.insert(key.clone(), value.into());
                 }
-                "host-memory-limit" | "memory-limit" => {
-                    table.insert("host-memory-limit".into(), value.into());
+                "host-memory-limit" => {
+                    table.insert(key.clone(), value.into());
                 }
                 "compression-algorithm" => {
                     let parsed = algorithms(value);
@@ -410,11 +419,20 @@ fn typed(key: &str, value: &str, label: &Path) -> Result<toml::Value, ConfigErro
         path: label.to_path_buf(),
         message: format!("{key} = {value:?}: expected {what}"),
     };
-    if NUMBER_KEYS.contains(&key) {
+    if key == "swap-priority" {
         return value
             .parse::<i64>()
             .map(toml::Value::Integer)
             .map_err(|_| bad("a whole number"));
+    }
+    if NUMBER_KEYS.contains(&key) {
+        // Parsed unsigned here, so that a negative value's error names its key.
+        return value
+            .parse::<u64>()
+            .ok()
+            .and_then(|n| i64::try_from(n).ok())
+            .map(toml::Value::Integer)
+            .ok_or_else(|| bad("a whole number from 0"));
     }
     if key == "checksums" {
         return match value {
@@ -499,7 +517,7 @@ mod tests {
     use super::*;
     use crate::config::RecompressCodec;
 
-    const HOST: Host = Host { ram_mib: 8192 };
+    const HOST: Host = Host::with_ram(8192);
 
     /// rust-ini's syntax errors read as words: where, and the characters it wanted.
     #[test]
@@ -691,9 +709,51 @@ mod tests {
         // host-memory-limit (as its old name) below this host's 8192 MiB: no device.
         let zram2 = cfg.devices["zram2"].plan(HOST);
         assert!(matches!(zram2.plan, Ok(Plan::Skip(_))), "{:?}", zram2.plan);
-        let big = Host { ram_mib: 4096 };
+        let big = Host::with_ram(4096);
         let zram2 = cfg.devices["zram2"].plan(big);
         assert_eq!(device(&zram2).device.size, 1000 << 20);
+    }
+
+    /// memory-limit and host-memory-limit are one setting: the later assignment wins, in
+    /// whichever spelling (zram-generator's rule), not the name that sorts last.
+    #[test]
+    fn the_last_host_memory_limit_wins_under_either_name() {
+        let dir = tree(&[
+            (
+                "etc/systemd/zram-generator.conf",
+                "[zram0]\nmemory-limit = 2048\n",
+            ),
+            (
+                "etc/systemd/zram-generator.conf.d/99-local.conf",
+                "[zram0]\nhost-memory-limit = none\n",
+            ),
+            (
+                "etc/systemd/zram-generator.conf.d/50-x.conf",
+                "[zram1]\nhost-memory-limit = none\nmemory-limit = 2048\n",
+            ),
+        ]);
+        let cfg = read(dir.path(), "").unwrap();
+        // zram0: the drop-in's "none" came last: a device on this 8 GiB host.
+        device(&cfg.devices["zram0"].plan(HOST));
+        // zram1: the old name came last in its file: no device above 2048 MiB.
+        let zram1 = cfg.devices["zram1"].plan(HOST);
+        assert!(matches!(zram1.plan, Ok(Plan::Skip(_))), "{:?}", zram1.plan);
+    }
+
+    /// A main file that is a dangling link is passed over for the next base's, as
+    /// zram-generator does; a link to /dev/null still masks.
+    #[test]
+    fn a_dangling_main_file_link_falls_back_to_the_next_one() {
+        let dir = tree(&[("usr/lib/systemd/zram-generator.conf", "[zram0]\n")]);
+        let etc = dir.path().join("etc/systemd");
+        std::fs::create_dir_all(&etc).unwrap();
+        std::os::unix::fs::symlink("/nonexistent/zram.conf", etc.join("zram-generator.conf"))
+            .unwrap();
+        let cfg = read(dir.path(), "").unwrap();
+        assert!(cfg.devices.contains_key("zram0"), "{:?}", cfg.files);
+        std::fs::remove_file(etc.join("zram-generator.conf")).unwrap();
+        std::os::unix::fs::symlink("/dev/null", etc.join("zram-generator.conf")).unwrap();
+        assert!(read(dir.path(), "").unwrap().devices.is_empty());
     }
 
     #[test]
@@ -748,6 +808,8 @@ mod tests {
             ("[zram0]\nzram-size = maxmem / 2\n", "maxmem"),
             ("[zram0]\nuser-copy = sometimes\n", "user-copy"),
             ("[zram0]\nqueue-affinity = pinned\n", "queue-affinity"),
+            ("[zram0]\nqueues = -1\n", "queues"),
+            ("[zram0]\ngpu-slot-wait-us = -5\n", "gpu-slot-wait-us"),
         ] {
             let err = section(text).plan.unwrap_err().to_string();
             assert!(err.contains(want), "{text:?}: {err}");

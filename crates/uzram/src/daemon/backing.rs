@@ -942,10 +942,10 @@ mod tests {
                 writeback_device: Some(path.to_path_buf()),
                 ..Default::default()
             }
-            .validate(Host { ram_mib: 8192 })
+            .validate(Host::with_ram(8192))
             .expect("64 MiB with a backing file fits 8 GiB")
         };
-        let host = Host { ram_mib: 8192 };
+        let host = Host::with_ram(8192);
         let pages = (64 << 20) / PAGE_SIZE as u64;
         let err = open_configured(&cfg(&path), Ok(host), pages, false)
             .expect_err("1 TiB of blocks on 8 GiB");
@@ -960,7 +960,7 @@ mod tests {
         assert!(open_configured(&cfg(&path), unknown(), pages, true).is_ok());
         assert!(open_configured(&cfg(&path), unknown(), pages, false).is_err());
         // The same file on a host of 64 GiB fits; and a file made for the device always does.
-        assert!(open_configured(&cfg(&path), Ok(Host { ram_mib: 65536 }), pages, false).is_ok());
+        assert!(open_configured(&cfg(&path), Ok(Host::with_ram(65536)), pages, false).is_ok());
         let made = dir.join("made");
         let small = open_configured(&cfg(&made), Ok(host), pages, false)
             .unwrap()

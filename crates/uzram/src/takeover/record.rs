@@ -546,7 +546,7 @@ mod tests {
         page
     }
 
-    const HOST: crate::config::Host = crate::config::Host { ram_mib: 1024 };
+    const HOST: crate::config::Host = crate::config::Host::with_ram(1024);
 
     #[test]
     fn the_fuzz_seeds_are_records_that_pass() {

@@ -104,7 +104,9 @@ fn run(
                         let iod = queue.get_iod(tag);
                         let res = match batch.io_buf_mut(tag) {
                             Some(buf) => server.handle(tag, iod, buf.as_mut_slice()),
-                            // A tag the transport did not hand out: fail the request only.
+                            // A tag the transport did not hand out (libublk 0.4 marks every
+                            // fetched tag its own before this runs): its completion is refused
+                            // with the batch's, and the queue stops as for any failed commit.
                             None => Some(-libc::EIO),
                         };
                         // None: it waits for disk reads, and is committed when they are done.

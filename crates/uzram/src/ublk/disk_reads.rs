@@ -263,6 +263,30 @@ impl DiskReads {
         Ok(())
     }
 
+    /// The queue thread stops with reads in flight (its loop ended with requests it held):
+    /// their blocks' holds go back to the store, so the blocks can be released once their
+    /// pages are gone. On the io_uring worker's path the kernel may still read into their
+    /// buffers after this, so the buffers are leaked (32 slots' worth at most, once per
+    /// queue thread); the reader threads finish every read they hold before they are gone.
+    pub fn abandon(mut self, store: &PageStore) {
+        let held: Vec<InFlight> = self.inflight.iter_mut().filter_map(Option::take).collect();
+        if held.is_empty() {
+            return;
+        }
+        let worker = self.readers.is_none();
+        drop(self.readers.take());
+        tracing::warn!(
+            reads = held.len(),
+            "a queue thread stops with disk reads in flight: their requests never complete"
+        );
+        for f in held {
+            store.cancel_disk_read(f.read);
+        }
+        if worker {
+            std::mem::forget(std::mem::take(&mut self.bufs));
+        }
+    }
+
     /// Slot `slot` now holds `read`, page `page` of request `tag`.
     fn take(&mut self, slot: usize, tag: u16, page: usize, read: DiskRead) {
         self.free &= !(1 << slot);
@@ -520,6 +544,83 @@ mod tests {
             assert!(readers_read.is_empty());
         }
         drop(server);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A queue thread that stops while a request waits for its disk reads gives their
+    /// blocks' holds back: once every page is discarded, every block written is released.
+    #[test]
+    fn an_abandoned_read_gives_its_blocks_back() {
+        on_a_queue_thread(|| abandon_a_read(Through::Readers), true);
+        on_a_queue_thread(|| abandon_a_read(Through::Worker), false);
+    }
+
+    fn abandon_a_read(through: Through) {
+        use crate::ublk::handler::PageWriter;
+        use crate::ublk::server::{RequestCounters, Server};
+        use std::sync::Arc;
+        use uzram_core::codec::Algorithm;
+        use uzram_core::store::{Nonces, Writeback, WritebackCandidates};
+        use uzram_core::StoreConfig;
+
+        let dir = std::env::temp_dir().join(format!(
+            "uzram-abandoned-reads-{}-{}",
+            std::process::id(),
+            through == Through::Readers
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        const PAGES: u64 = 32;
+        let store = PageStore::new(StoreConfig::new(PAGES, Algorithm::Lz4)).unwrap();
+        store.prepare_thread().unwrap();
+        let file = crate::daemon::backing::BackingFile::open(&dir.join("wb"), PAGES).unwrap();
+        let key = crate::daemon::backing::new_key().unwrap();
+        store
+            .attach_backing(Arc::new(file), &key, Nonces::Owned)
+            .unwrap();
+        for i in 0..PAGES {
+            let p: Vec<u8> = (0..PAGE_SIZE)
+                .map(|k| (k as u64 * (i + 3) % 251) as u8)
+                .collect();
+            store.write_pages(i, &p).unwrap();
+        }
+        let done = store
+            .writeback(Writeback {
+                candidates: WritebackCandidates::Idle { min_age: 0 },
+                max_pages: PAGES,
+                max_bytes: u64::MAX,
+            })
+            .unwrap();
+        assert_eq!(done.pages, PAGES);
+        let written = store.stats().bd_writes;
+        if through == Through::Readers {
+            assert_eq!(ready(&store).expect("readied"), ReadPath::Readers);
+        } else {
+            ready_worker(&store).expect("the ring's worker readied");
+        }
+        let counters = RequestCounters::new(1);
+        let mut server = Server::new(0, &store, &store, &counters);
+        server.start(4);
+        let iod = libublk::sys::ublksrv_io_desc {
+            op_flags: libublk::sys::UBLK_IO_OP_READ,
+            nr_sectors: 16 * 8,
+            start_sector: 0,
+            addr: 0,
+        };
+        let mut buf = vec![0u8; 16 * PAGE_SIZE];
+        assert_eq!(
+            server.handle(1, &iod, &mut buf),
+            None,
+            "waits for its reads"
+        );
+        drop(server);
+        store.discard(0, PAGES).unwrap();
+        assert_eq!(
+            store.release_freed_blocks(),
+            written,
+            "every block written is released"
+        );
+        drop(store);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

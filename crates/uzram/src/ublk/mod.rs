@@ -87,6 +87,17 @@ pub fn queue_cq_entries(depth: u16) -> u32 {
     2 * u32::from(depth) + READS + 16
 }
 
+/// Submission entries for a queue thread's io_uring with `depth` tags: a command per tag,
+/// and every disk read on the io_uring worker's path ([`disk_reads::SLOTS`]), which shares
+/// the queue. libublk's push of a command into a full queue submits and then unwraps that
+/// submission's result, so a full queue under memory pressure (where `io_uring_enter` may
+/// fail with EAGAIN or ENOMEM) could end the daemon: the queue has room for everything at
+/// once (and a few more: `batch` mode's commits and fetches).
+pub fn queue_sq_entries(depth: u16) -> u32 {
+    // 36: the cast of this small constant cannot truncate.
+    u32::from(depth) + disk_reads::SLOTS as u32 + 8
+}
+
 /// A shareable queue function for `UblkCtrl::run_target`: sets up the thread's ring and serves
 /// its share of queue `qid` in `plan`'s mode until the device stops.
 pub fn queue_fn(
@@ -101,7 +112,7 @@ pub fn queue_fn(
         let slot = qid
             .saturating_mul(plan.threads_per_queue)
             .saturating_add(libublk::io::io_thread_idx());
-        let sq = u32::from(dev.tgt.sq_depth);
+        let sq = queue_sq_entries(dev.tgt.sq_depth);
         let cq = queue_cq_entries(dev.dev_info.queue_depth).max(sq);
         match uring::init_queue_ring(sq, cq) {
             Ok(flags) => tracing::debug!(qid, ring = %uring::describe(flags), "queue ring"),
@@ -142,8 +153,12 @@ mod tests {
             // read, every reader's ready note, the batch commits and fetch ends.
             let outstanding = d + d + SLOTS as u32 + READERS as u32 + 2 + 2 + 1;
             assert!(cq >= outstanding, "depth {depth}: {cq} < {outstanding}");
-            // The submission queue (a tag's depth) never exceeds it (IORING_SETUP_CQSIZE).
-            assert!(cq >= d);
+            // The submission queue holds a command per tag and every disk read at once, and
+            // never exceeds the completion queue (IORING_SETUP_CQSIZE).
+            let sq = queue_sq_entries(depth);
+            assert!(sq >= d + SLOTS as u32, "depth {depth}: {sq}");
+            assert!(cq >= sq, "depth {depth}: {cq} < {sq}");
+            assert!(sq.next_power_of_two() <= 32768, "depth {depth}: {sq}");
             // io_uring's own bound on completion entries (IORING_MAX_CQ_ENTRIES).
             assert!(cq.next_power_of_two() <= 65536, "depth {depth}: {cq}");
         }

@@ -159,6 +159,14 @@ pub struct Server<'a> {
     user_copy: Option<(RawFd, u16)>,
 }
 
+impl Drop for Server<'_> {
+    fn drop(&mut self) {
+        if let Some(disk) = self.disk.take() {
+            disk.abandon(self.store);
+        }
+    }
+}
+
 impl<'a> Server<'a> {
     pub fn new(
         slot: u16,
