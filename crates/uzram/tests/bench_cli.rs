@@ -174,7 +174,7 @@ fn human_output_compares_the_backends() {
         "CPU-s/GiB",
         "ratio",
         "busy p50/p99",
-        " vs cpu: ingest x",
+        " vs cpu (buffer): ingest x",
         "true",
     ] {
         assert!(stdout.contains(key), "{key} missing in {stdout}");

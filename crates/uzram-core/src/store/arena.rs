@@ -141,6 +141,25 @@ impl Meta {
             return None;
         }
         let next = get_word(segments, handle).unwrap_or(NONE);
+        // The link lives in the arena's memory (shared memory in a persistent store): taken
+        // only where a hole of this class can be. A damaged one ends the list (the holes
+        // after it leak) instead of handing out a place outside the arena or across a
+        // segment's end.
+        let size = (class * CLASS_GRANULE) as u64;
+        let next = if next == NONE
+            || (next.is_multiple_of(CLASS_GRANULE as u64)
+                && next % SEGMENT_SIZE as u64 + size <= SEGMENT_SIZE as u64
+                && get_word(segments, next).is_some())
+        {
+            next
+        } else {
+            tracing::error!(
+                class,
+                link = next,
+                "a damaged free-list link in the arena: the holes after it are left unused"
+            );
+            NONE
+        };
         self.free[class] = next;
         if next == NONE {
             self.nonempty[class / 64] &= !(1 << (class % 64));
@@ -914,6 +933,29 @@ mod tests {
         assert_eq!(a, b);
         assert_eq!(arena.usage().free_bytes, 0);
         assert_eq!(read(&arena, keep, 50), vec![9; 50]);
+    }
+
+    /// A hole's link to the next is read back from the arena's memory: a damaged one
+    /// (misaligned, outside the arena) is never handed out as a place for an object.
+    #[test]
+    fn a_damaged_free_list_link_is_not_followed() {
+        for bad in [5u64, 1 << 40, SEGMENT_SIZE as u64 - 8] {
+            let arena = Arena::new(0, None, 4096, None);
+            let keep = arena.store(&[9; 50], None, LIMITED).unwrap();
+            let a = arena.store(&[1; 100], None, LIMITED).unwrap();
+            let b = arena.store(&[1; 100], None, LIMITED).unwrap();
+            arena.free(a, 100);
+            arena.free(b, 100);
+            // b heads the list and links to a: damage the link.
+            assert!(set_word(&arena.segments, b, bad));
+            assert_eq!(arena.store(&[2; 100], None, LIMITED).unwrap(), b);
+            let next = arena.store(&[3; 100], None, LIMITED).unwrap();
+            assert_ne!(next, bad, "a damaged link handed out");
+            assert_eq!(next % CLASS_GRANULE as u64, 0);
+            assert_eq!(read(&arena, keep, 50), vec![9; 50]);
+            assert_eq!(read(&arena, b, 100), vec![2; 100]);
+            assert_eq!(read(&arena, next, 100), vec![3; 100]);
+        }
     }
 
     #[test]

@@ -1227,6 +1227,20 @@ impl PageStore {
         self.ages.age(index)
     }
 
+    /// The pages on the backing device now (`bd_count` of them), in no particular order.
+    pub fn written_back_pages(&self) -> Vec<u64> {
+        let mut out = Vec::new();
+        for (s, shard) in self.shards.iter().enumerate() {
+            let shard = read_lock(shard);
+            for (idx, slot) in shard.slots() {
+                if matches!(slot, Slot::Backed { .. }) {
+                    out.push(self.page_at(s, idx));
+                }
+            }
+        }
+        out
+    }
+
     /// Marks pages idle (zram's `idle`): every page holding data, or with `min_age` only
     /// those unused for that many ticks, gets the oldest age. Returns how many it marked.
     pub fn mark_idle(&self, min_age: Option<u32>) -> u64 {

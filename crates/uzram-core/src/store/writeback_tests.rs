@@ -168,6 +168,9 @@ fn written_back_pages_leave_ram_packed_and_read_back() {
     assert_eq!(done.payload_bytes, before.compr_data_size);
     let after = store.stats();
     assert_eq!(after.bd_count, PAGES);
+    let mut on_disk = store.written_back_pages();
+    on_disk.sort_unstable();
+    assert_eq!(on_disk, (0..PAGES).collect::<Vec<_>>());
     assert_eq!(after.compr_data_size, 0);
     assert_eq!(after.pages_stored, PAGES);
     assert_eq!(after.bd_writes, done.blocks);

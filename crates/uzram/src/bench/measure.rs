@@ -261,6 +261,7 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
     }
 
     let stop = AtomicBool::new(false);
+    let go = AtomicBool::new(false);
     let bad_reads = AtomicU64::new(0);
     let per = setup.pages.div_ceil(setup.queues);
     // The CPUs this process may use, which blk-mq's map shares out among the queues.
@@ -282,8 +283,14 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
             };
             // The requests' buffers, as ublk tags have one each.
             // (`bench::run` held them to a quarter of the host's memory.)
-            let buffer = vec![0u8; setup.request_buffers.max(1) * REQUEST_PAGES * PAGE_SIZE];
-            (src, vec![0u8; REQUEST_PAGES * PAGE_SIZE], buffer)
+            let mut buffer = vec![0u8; setup.request_buffers.max(1) * REQUEST_PAGES * PAGE_SIZE];
+            let mut scratch = vec![0u8; REQUEST_PAGES * PAGE_SIZE];
+            // Touched now: memory the allocator hands out zeroed may be untouched, and its
+            // first write would fault inside the clock (a run with more request buffers
+            // then paid faults a run with one, a pool block zeroed on taking, did not).
+            buffer.fill(1);
+            scratch.fill(1);
+            (src, scratch, buffer)
         })
         .collect();
     let (ack, writers, compressed, cpu, faults, cpu_by_role, busy, reader_ok) =
@@ -295,12 +302,29 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
                     // It stands in for the queue threads' reads: their priority.
                     queue_thread_priority("bench-reader");
                     let start = cpu_time(CpuOf::Thread)?;
-                    let mut lats = Vec::with_capacity(MAX_BUSY_SAMPLES);
+                    // Touched before the window: its first writes would fault inside it.
+                    let mut lats = vec![0u32; MAX_BUSY_SAMPLES];
+                    lats.clear();
                     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
                     let mut page = vec![0u8; PAGE_SIZE];
-                    while !stop.load(Ordering::Relaxed) && lats.len() < MAX_BUSY_SAMPLES {
+                    // Busy reads are those while the writers run: none before they start.
+                    while !go.load(Ordering::Acquire) && !stop.load(Ordering::Relaxed) {
+                        std::thread::yield_now();
+                    }
+                    let mut reads = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
                         let (lat, good) = timed_read(s, c, corpus, &mut seed, &mut page);
-                        lats.push(lat);
+                        // Past MAX_BUSY_SAMPLES, a reservoir: every read of the run has the
+                        // same chance to be kept, and the reader keeps its load on to the end.
+                        reads += 1;
+                        if lats.len() < MAX_BUSY_SAMPLES {
+                            lats.push(lat);
+                        } else if let Some(kept) = usize::try_from(next(&mut seed) % reads)
+                            .ok()
+                            .and_then(|j| lats.get_mut(j))
+                        {
+                            *kept = lat;
+                        }
                         if !good {
                             bad_reads.fetch_add(1, Ordering::Relaxed);
                         }
@@ -318,6 +342,7 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
             let before = usage(CpuOf::Process)?;
             let roles_before = super::threads::cpu_by_role();
             let t0 = Instant::now();
+            go.store(true, Ordering::Release);
             let writers: std::io::Result<Vec<_>> = sources
                 .iter_mut()
                 .enumerate()
@@ -568,6 +593,9 @@ fn timed_read(
 ) -> (u32, bool) {
     let cpages = corpus.len() / PAGE_SIZE;
     let p = (next(seed) % cpages as u64) as usize;
+    // A read that returned success without writing the page must not pass on what the
+    // buffer held before.
+    page.fill(0xa5);
     let t = Instant::now();
     let r = handle(Op::Read, p as u64 * SECTORS_PER_PAGE, 8, page, s, c);
     let lat = u32::try_from(t.elapsed().as_nanos()).unwrap_or(u32::MAX);
@@ -598,6 +626,7 @@ fn verify_all(
                     while first < hi {
                         let n = REQUEST_PAGES.min(hi - first);
                         let buf = &mut buf[..n * PAGE_SIZE];
+                        buf.fill(0xa5);
                         let r = handle(
                             Op::Read,
                             first as u64 * SECTORS_PER_PAGE,

@@ -80,7 +80,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let total = parse_size(&args.total).context("--total")?;
     let pages = usize::try_from(total / PAGE_SIZE as u64).context("--total is too large")?;
     ensure!(
-        pages >= args.queues * measure::REQUEST_PAGES,
+        args.queues
+            .checked_mul(measure::REQUEST_PAGES)
+            .is_some_and(|least| pages >= least),
         "--total must give every queue at least one 64 KiB request"
     );
     let buffers = (args.queues as u64)
@@ -156,7 +158,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             .collect();
         for (_, setup) in &setups {
             for _ in 0..args.warmup {
-                measure::run(corpus, setup, &memory)?;
+                // Not in the numbers, but its pages are checked like any run's.
+                all_verified &= measure::run(corpus, setup, &memory)?.verified;
             }
         }
         // The settings' runs interleaved (A B A B ...), not one after the other: a run's

@@ -33,15 +33,19 @@ pub struct QueueReads {
 }
 
 /// Serves the rounds on a new thread with its own queue ring; `None` where io_uring is
-/// refused. `expected(p)` is page `p`'s content; pages `disk` are written back, `ram` not.
+/// refused. `expected(p)` is page `p`'s content; pages `disk` (not empty) are written
+/// back, `ram` not.
 pub fn measure<'e>(
     store: &PageStore,
     c: &WriteBackend,
-    disk: std::ops::Range<usize>,
+    disk: &[usize],
     ram: std::ops::Range<usize>,
     deferred: bool,
     expected: &(dyn Fn(usize) -> &'e [u8] + Sync),
 ) -> Option<QueueReads> {
+    if disk.is_empty() {
+        return None;
+    }
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
@@ -70,7 +74,7 @@ struct Request {
 fn serve<'e>(
     store: &PageStore,
     c: &WriteBackend,
-    disk: std::ops::Range<usize>,
+    disk: &[usize],
     ram: std::ops::Range<usize>,
     deferred: bool,
     expected: &dyn Fn(usize) -> &'e [u8],
@@ -108,7 +112,7 @@ fn serve<'e>(
             if slot.is_none() {
                 let disk_page = tag % 2 == 0;
                 let page = if disk_page {
-                    pick(&disk, &mut seed)
+                    disk[(next(&mut seed) % disk.len().max(1) as u64) as usize]
                 } else {
                     pick(&ram, &mut seed)
                 };

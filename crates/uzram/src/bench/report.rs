@@ -151,7 +151,13 @@ pub struct RecompressReport {
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
+    let n = v.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => v[n / 2],
+        // Even: the mean of the middle two, not the upper one (of 2 runs, the best).
+        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 fn pct(sorted: &[u32], p: f64) -> f64 {
@@ -468,11 +474,26 @@ pub fn table(reports: &[Report]) -> String {
         if std::ptr::eq(first, r) || first.backend_asked == r.backend_asked {
             continue;
         }
+        // Against the first backend's run that moved its pages the same way, where it has
+        // one (a cpu,gpu run with user copy on,off has both); the way is named either way.
+        let first = reports
+            .iter()
+            .find(|b| {
+                b.corpus == r.corpus
+                    && b.checksums == r.checksums
+                    && b.queue_affinity == r.queue_affinity
+                    && b.backend_asked == first.backend_asked
+                    && b.user_copy == r.user_copy
+            })
+            .unwrap_or(first);
+        let copy = |b: &Report| if b.user_copy { "user copy" } else { "buffer" };
         out.push_str(&format!(
-            "{} {} vs {}: ingest x{:.2}, CPU per GiB x{:.3}, ratio x{:.4}; busy p99 / idle p99 x{:.2}\n",
+            "{} {} ({}) vs {} ({}): ingest x{:.2}, CPU per GiB x{:.3}, ratio x{:.4}; busy p99 / idle p99 x{:.2}\n",
             r.corpus,
             r.backend,
+            copy(r),
             first.backend,
+            copy(first),
             times(r.ingest_gbps, first.ingest_gbps),
             times(r.cpu_s_per_gib, first.cpu_s_per_gib),
             times(r.ratio, first.ratio),
@@ -539,4 +560,17 @@ pub fn table(reports: &[Report]) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn a_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(median(vec![]), 0.0);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![3.0, 1.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 10.0]), 3.0);
+    }
 }
