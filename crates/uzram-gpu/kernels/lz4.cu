@@ -931,7 +931,9 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 //     every HIGH_SAMPLE-th position first; a position between two takes over its sampled
 //     position's match, same offset, when that still covers MIN_MATCH bytes of it, and
 //     otherwise searches its own chain (inside a long match the parse only ever asks for
-//     the match's first bytes and its lazy successors). A
+//     the match's first bytes and its lazy successors). In two phases (HIGH_TWO_PHASE,
+//     below) every position first walks HIGH_DEPTH_A candidates, and a third pass walks
+//     to HIGH_DEPTH only where no earlier match reaches past the position. A
 //     candidate can only beat the best length L so far if its byte L matches too: that
 //     byte alone is compared before the match is measured from its first byte (a chain
 //     holds every position of the same hash, collisions too; a length under MIN_MATCH
@@ -959,10 +961,17 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
 // quarter of the speed: docs/gpu.md. HIGH_PRICE below weighs each match whole.)
 // ---------------------------------------------------------------------------------------
 
-// Chain steps a position's walk takes at most. 48 stores 0.01-0.46 points of HC-9 more on
-// seven corpora for 6-11 % of the ring (run 260, docs/bench/gpu-runs.md).
+// The search in two phases (below: HIGH_TWO_PHASE). 2, the default: the reach marks.
+#ifndef HIGH_TWO_PHASE
+#define HIGH_TWO_PHASE 2u
+#endif
+// Chain steps a position's walk takes at most (in two phases: the deep walk's). In one
+// phase 48 stores 0.01-0.46 points of HC-9 more on seven corpora for 6-11 % of the ring
+// (run 260, docs/bench/gpu-runs.md); with the reach marks at 48 the kernel runs 8-9 %
+// faster than one phase at 32 on the compiler, JVM and runtime heaps at the same ratio
+// (runs 279-280).
 #ifndef HIGH_DEPTH
-#define HIGH_DEPTH 32u
+#define HIGH_DEPTH (HIGH_TWO_PHASE ? 48u : 32u)
 #endif
 #ifndef HIGH_LAZY
 #define HIGH_LAZY 2u
@@ -1139,6 +1148,48 @@ __device__ __forceinline__ u32 match_len(const u32* words, u32 a, u32 b, u32 lim
 #define HIGH_PATTERN 2u
 #endif
 
+// The search in two phases: every position first walks at most HIGH_DEPTH_A candidates;
+// then only the positions marked below walk on to HIGH_DEPTH (from their chain's head again;
+// the longer of the two phases' matches stays). Positions inside a long match are never a
+// sequence's start, so deep walks there buy nothing. How the positions are marked:
+// 2 (the reach marks, default): those that no first-phase match starting HIGH_NEAR + 1 or
+//   more positions before them reaches past; a block-wide prefix maximum, a few
+//   instructions a position. At depth 48 the same ratio as one phase at 32 (-0.1 to +0.2
+//   points of HC-9), the kernel 8-9 % faster on the compiler, JVM and runtime heaps, 7 %
+//   slower on a database heap whose pages compress 3.6:1 (runs 279-280).
+// 1: the greedy-and-lazy walk over the first phase's matches (warp 0, from the page's start):
+//   every literal, each decision and the HIGH_NEAR positions after it. 0.2-0.8 points more,
+//   but the walk costs a quarter of the kernel while the block's other warps wait (run 278).
+// 3: the same walk, each thread over its own 16 positions from HIGH_WARM before them:
+//   +0.0-0.5 points, at HIGH_DEPTH_A 4 and depth 32 4-7 % faster on the heaps and 2-8 %
+//   slower on the others (runs 279-280).
+// 0: one phase, every position walks HIGH_DEPTH.
+#ifndef HIGH_DEPTH_A
+#define HIGH_DEPTH_A 8u
+#endif
+#ifndef HIGH_NEAR
+#define HIGH_NEAR 2u
+#endif
+#ifndef HIGH_WARM
+#define HIGH_WARM 16u
+#endif
+// Beside a first-phase length (at most HIGH_CAP): its walk reached its chain's end, so a
+// deeper walk finds nothing more.
+#define LENS_ENDED 0x80u
+#define LENS_LEN 0x7fu
+static_assert(HIGH_CAP < LENS_ENDED, "a length and the ended flag share a byte");
+static_assert(HIGH_NEAR + 1u + HIGH_LAZY <= MIN_MATCH + 1u, "the marked positions after a decision end inside its match");
+
+// Sets bits [from, to) of `bits`.
+__device__ __forceinline__ void mark_range(u32* bits, u32 from, u32 to) {
+    while (from < to) {
+        const u32 b = from & 31u;
+        const u32 n = 32u - b < to - from ? 32u - b : to - from;
+        bits[from >> 5] |= (n == 32u ? FULL_MASK : ((1u << n) - 1u)) << b;
+        from += n;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(HIGH_THREADS, HIGH_BLOCKS_PER_SM)
 uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                u8* __restrict__ packed, u32* __restrict__ meta, u32* __restrict__ ctrl)
@@ -1159,7 +1210,10 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
     u32* const s_small = (u32*)(s_off + PAGE_BYTES);
     __shared__ u32 s_flag;
     __shared__ u16 s_queue[HIGH_THREADS / 32u][32];   // each warp's positions to search
-    __shared__ u32 s_next[2];                          // each pass's next 32 positions
+    __shared__ u32 s_next[3];                          // each pass's next 32 positions
+#if HIGH_TWO_PHASE
+    __shared__ u32 s_deep[PAGE_BYTES / 32u];           // positions the deep walk searches
+#endif
     __shared__ u32 s_emit[3];                          // the parse's sequences, block offset and length
     __shared__ u32 s_scan[HIGH_THREADS / 32u];         // each warp's sum of sequence sizes
     u16* const heads = (u16*)s_small;
@@ -1194,10 +1248,16 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
         for (u32 k = tid; k < (1u << HIGH_HASH_LOG); k += HIGH_THREADS) {
             heads[k] = NO_POS;
         }
+#if HIGH_TWO_PHASE
+        for (u32 k = tid; k < PAGE_BYTES / 32u; k += HIGH_THREADS) {
+            s_deep[k] = 0u;
+        }
+#endif
         if (tid == 0u) {
             s_flag = 1u;
             s_next[0] = 0u;
             s_next[1] = 0u;
+            s_next[2] = 0u;
         }
         __syncthreads();
         if (!same) {
@@ -1299,9 +1359,136 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
         //    takes HIGH_STEPS chain steps per loop turn, and idle lanes take the next queued
         //    positions once HIGH_REFILL of them are idle, so the lanes stay converged however
         //    long their chains are and a position costs lane turns only when it is searched.
-        for (u32 pass = 0u; pass < (HIGH_SAMPLE > 1u ? 2u : 1u); ++pass) {
+        const u32 passes = (HIGH_SAMPLE > 1u ? 2u : 1u) + (HIGH_TWO_PHASE ? 1u : 0u);
+        for (u32 pass = 0u; pass < passes; ++pass) {
+            const bool deep = HIGH_TWO_PHASE && pass + 1u == passes;
+            const u32 depth = HIGH_TWO_PHASE && !deep ? HIGH_DEPTH_A : HIGH_DEPTH;
+#if HIGH_TWO_PHASE == 2
+            if (deep) {
+                // A position is searched deeper unless a first-phase match starting HIGH_NEAR
+                // + 1 or more positions before it reaches past it: thread t takes the window
+                // of positions from 16 t - HIGH_NEAR, and a block-wide prefix maximum of where
+                // the windows' matches end gives each thread the furthest end before it.
+                const int first = (int)(tid * 16u) - (int)HIGH_NEAR;
+                u32 ends[16];
+                u32 mine = 0u;
+#pragma unroll
+                for (u32 j = 0u; j < 16u; ++j) {
+                    const int r = first + (int)j;
+                    const u32 l = r >= 0 && r <= (int)last_start ? lens[r] & LENS_LEN : 0u;
+                    ends[j] = r >= 0 ? (u32)r + l : 0u;
+                    mine = ends[j] > mine ? ends[j] : mine;
+                }
+                u32 incl = mine;
+#pragma unroll
+                for (u32 k = 1u; k < 32u; k <<= 1) {
+                    const u32 o = __shfl_up_sync(FULL_MASK, incl, k);
+                    incl = lane >= k && o > incl ? o : incl;
+                }
+                if (lane == 31u) {
+                    s_scan[warp] = incl;
+                }
+                u32 before = __shfl_up_sync(FULL_MASK, incl, 1);
+                before = lane == 0u ? 0u : before;
+                __syncthreads();
+#pragma unroll
+                for (u32 w = 0u; w < HIGH_THREADS / 32u; ++w) {
+                    before = w < warp && s_scan[w] > before ? s_scan[w] : before;
+                }
+                u32 bits = 0u;
+#pragma unroll
+                for (u32 i = 0u; i < 16u; ++i) {
+                    // `before` is now the furthest end of the matches starting at or before
+                    // position 16 t + i - HIGH_NEAR - 1.
+                    bits |= (before > tid * 16u + i ? 0u : 1u) << i;
+                    before = ends[i] > before ? ends[i] : before;
+                }
+                const u32 odd = __shfl_down_sync(FULL_MASK, bits, 1);
+                if ((lane & 1u) == 0u) {
+                    s_deep[tid >> 1] = bits | (odd << 16);
+                }
+                __syncthreads();
+            }
+#elif HIGH_TWO_PHASE == 3
+            if (deep) {
+                // Every thread walks the greedy-and-lazy parse of the first phase's matches
+                // over its 16 positions, from HIGH_WARM positions before them (where a walk
+                // from the page's start would be, to a few positions): every literal, each
+                // decision and the HIGH_NEAR positions after it are marked. (Warp 0 walking
+                // the page from its start, a sequence a turn, cost a quarter of the kernel.)
+                const u32 s0 = tid * 16u;
+                const u32 e0 = s0 + 16u;
+                u32 a = s0 >= HIGH_WARM ? s0 - HIGH_WARM : 0u;
+                u32 bits = 0u;
+                while (a < e0 && a <= last_start) {
+                    const u32 l = lens[a] & LENS_LEN;
+                    if (l == 0u) {
+                        bits |= a >= s0 ? 1u << (a - s0) : 0u;
+                        ++a;
+                        continue;
+                    }
+                    u32 mp = a, ml = l;
+                    for (u32 step = 0u; step < HIGH_LAZY; ++step) {
+                        const u32 q1 = mp + 1u;
+                        const u32 l1 = q1 <= last_start ? lens[q1] & LENS_LEN : 0u;
+                        if (l1 <= ml + 1u) {
+                            break;
+                        }
+                        bits |= mp >= s0 && mp < e0 ? 1u << (mp - s0) : 0u;
+                        mp = q1;
+                        ml = l1;
+                    }
+#pragma unroll
+                    for (u32 k = 0u; k <= HIGH_NEAR; ++k) {
+                        const u32 q = mp + k;
+                        bits |= q >= s0 && q < e0 ? 1u << (q - s0) : 0u;
+                    }
+                    a = mp + ml;
+                }
+                const u32 odd = __shfl_down_sync(FULL_MASK, bits, 1);
+                if ((lane & 1u) == 0u) {
+                    s_deep[tid >> 1] = bits | (odd << 16);
+                }
+                __syncthreads();
+            }
+#elif HIGH_TWO_PHASE
+            if (deep) {
+                // The greedy-and-lazy walk over the first phase's matches (warp 0): every
+                // literal, each decision and the HIGH_NEAR positions after it are marked.
+                if (warp == 0u) {
+                    u32 a = 0u;
+                    while (a <= last_start) {
+                        const u32 q = a + lane;
+                        const u32 lq = q <= last_start ? lens[q] & LENS_LEN : 0u;
+                        const u32 hits = __ballot_sync(FULL_MASK, lq != 0u);
+                        u32 upto = a + 32u, next = a + 32u;
+                        if (hits != 0u) {
+                            const u32 k = (u32)(__ffs(hits) - 1);
+                            u32 mp = a + k;
+                            u32 ml = __shfl_sync(FULL_MASK, lq, k);
+                            for (u32 step = 0u; step < HIGH_LAZY; ++step) {
+                                const u32 q1 = mp + 1u;
+                                const u32 l1 = q1 <= last_start ? lens[q1] & LENS_LEN : 0u;
+                                if (l1 <= ml + 1u) {
+                                    break;
+                                }
+                                mp = q1;
+                                ml = l1;
+                            }
+                            upto = mp + 1u + HIGH_NEAR;
+                            next = mp + ml;
+                        }
+                        if (lane == 0u) {
+                            mark_range(s_deep, a, upto < last_start + 1u ? upto : last_start + 1u);
+                        }
+                        a = next;
+                    }
+                }
+                __syncthreads();
+            }
+#endif
             const u32 n0 = HIGH_SAMPLE > 1u ? last_start / HIGH_SAMPLE + 1u : last_start + 1u;
-            const u32 count = pass == 0u ? n0 : last_start + 1u - n0;
+            const u32 count = deep ? last_start + 1u : (pass == 0u ? n0 : last_start + 1u - n0);
             u16* const queue = s_queue[warp];
             u32 taken = 0u, queued = 0u;   // warp-uniform counts of positions through `queue`
             bool more = true;              // warp-uniform: the pass has positions left
@@ -1314,7 +1501,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                 if (state == WALK_DONE) {
                     const bool ok = best >= MIN_MATCH;
                     s_off[p] = ok ? (u16)boff : 0u;
-                    lens[p] = ok ? (u8)best : 0u;
+                    lens[p] = (u8)((ok ? best : 0u) | (HIGH_TWO_PHASE && !deep && c == NO_POS ? LENS_ENDED : 0u));
                     state = WALK_IDLE;
                 }
                 const u32 idle = __ballot_sync(FULL_MASK, state == WALK_IDLE);
@@ -1335,6 +1522,14 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                             nice = lim < HIGH_NICE ? lim : HIGH_NICE;
                             c = s_link[p];
                             best = MIN_MATCH - 1u;   // a match must reach MIN_MATCH bytes
+                            boff = 0u;
+#if HIGH_TWO_PHASE
+                            if (deep && lens[p] >= MIN_MATCH) {
+                                // What the first phase found: only a longer match counts.
+                                best = lens[p];
+                                boff = s_off[p];
+                            }
+#endif
                             tail = sp[p + best];     // the byte a longer match must share
 #if HIGH_PATTERN
                             {
@@ -1347,7 +1542,6 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                                 prun = prun < lim ? prun : 0u;
                             }
 #endif
-                            boff = 0u;
                             d = 0u;
                         }
                         taken += avail;
@@ -1365,14 +1559,26 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                             break;
                         }
                         const u32 j = t * 32u + lane;
-                        const u32 q = high_pos(pass, j);
+                        const u32 q = deep ? j : high_pos(pass, j);
                         bool need = false;
+#if HIGH_TWO_PHASE
+                        if (deep) {
+                            if (j < count) {
+                                const u32 lq = lens[q];
+                                const u32 room = match_end - q;
+                                need = ((s_deep[q >> 5] >> (q & 31u)) & 1u) != 0u
+                                    && (lq & LENS_ENDED) == 0u
+                                    && lq < (room < HIGH_CAP ? room : HIGH_CAP)
+                                    && s_link[q] != NO_POS;
+                            }
+                        } else
+#endif
                         if (j < count) {
                             u32 l = 0u, o = 0u;
                             need = s_link[q] != NO_POS;
                             if (pass == 1u) {
                                 const u32 sq = q & ~(HIGH_SAMPLE - 1u);
-                                const u32 lq = lens[sq];
+                                const u32 lq = lens[sq] & LENS_LEN;
                                 if (lq >= q - sq + HIGH_INHERIT) {
                                     l = lq >= HIGH_CAP ? HIGH_CAP : lq - (q - sq);
                                     o = s_off[sq];
@@ -1447,7 +1653,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                                 // At lim the walk ends below: no byte past it is read.
                                 tail = sp[p + (best < lim ? best : lim - 1u)];
                                 if (best >= nice) {
-                                    d = HIGH_DEPTH - 1u;
+                                    d = depth - 1u;
                                 }
                             }
                         }
@@ -1457,7 +1663,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
                         c = s_link[c];
 #endif
                         ++d;
-                        if (c == NO_POS || d >= HIGH_DEPTH) {
+                        if (c == NO_POS || d >= depth) {
                             state = WALK_DONE;
                             break;
                         }
@@ -1466,6 +1672,18 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
             }
             __syncthreads();
         }
+#if HIGH_TWO_PHASE
+        // The first phase's ended flags off the lengths the parse reads.
+        for (u32 k = tid; k < PAGE_BYTES / 16u; k += HIGH_THREADS) {
+            uint4 v = ((uint4*)lens)[k];
+            v.x &= 0x7f7f7f7fu;
+            v.y &= 0x7f7f7f7fu;
+            v.z &= 0x7f7f7f7fu;
+            v.w &= 0x7f7f7f7fu;
+            ((uint4*)lens)[k] = v;
+        }
+        __syncthreads();
+#endif
 
         // 3. The parse, in four steps over s_link (free once the search is done):
         //  a) the decision at each position, as one byte: 0 for a literal, or the match's
