@@ -400,6 +400,23 @@ mod tests {
         super::disk_readers::test_ring::on_a_queue_ring(64, 128, msg_ring, move |_| f());
     }
 
+    /// A store of `pages` pages, ready on this thread, backed by a file in `dir`.
+    fn backed_store(dir: &std::path::Path, pages: u64) -> PageStore {
+        use std::sync::Arc;
+        use uzram_core::codec::Algorithm;
+        use uzram_core::store::Nonces;
+        use uzram_core::StoreConfig;
+
+        let store = PageStore::new(StoreConfig::new(pages, Algorithm::Lz4)).unwrap();
+        store.prepare_thread().unwrap();
+        let file = crate::daemon::backing::BackingFile::open(&dir.join("wb"), pages).unwrap();
+        let key = crate::daemon::backing::new_key().unwrap();
+        store
+            .attach_backing(Arc::new(file), &key, Nonces::Owned)
+            .unwrap();
+        store
+    }
+
     #[derive(PartialEq)]
     enum Through {
         Readers,
@@ -409,10 +426,7 @@ mod tests {
     fn serve_written_back_reads(through: Through) {
         use crate::ublk::handler::PageWriter;
         use crate::ublk::server::{RequestCounters, Server};
-        use std::sync::Arc;
-        use uzram_core::codec::Algorithm;
-        use uzram_core::store::{Nonces, Writeback, WritebackCandidates};
-        use uzram_core::StoreConfig;
+        use uzram_core::store::{Writeback, WritebackCandidates};
 
         let dir = std::env::temp_dir().join(format!("uzram-disk-reads-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -434,13 +448,7 @@ mod tests {
             }
             p
         };
-        let store = PageStore::new(StoreConfig::new(PAGES, Algorithm::Lz4)).unwrap();
-        store.prepare_thread().unwrap();
-        let file = crate::daemon::backing::BackingFile::open(&dir.join("wb"), PAGES).unwrap();
-        let key = crate::daemon::backing::new_key().unwrap();
-        store
-            .attach_backing(Arc::new(file), &key, Nonces::Owned)
-            .unwrap();
+        let store = backed_store(&dir, PAGES);
         for i in 0..PAGES {
             store.write_pages(i, &page(i)).unwrap();
         }
@@ -558,10 +566,7 @@ mod tests {
     fn abandon_a_read(through: Through) {
         use crate::ublk::handler::PageWriter;
         use crate::ublk::server::{RequestCounters, Server};
-        use std::sync::Arc;
-        use uzram_core::codec::Algorithm;
-        use uzram_core::store::{Nonces, Writeback, WritebackCandidates};
-        use uzram_core::StoreConfig;
+        use uzram_core::store::{Writeback, WritebackCandidates};
 
         let dir = std::env::temp_dir().join(format!(
             "uzram-abandoned-reads-{}-{}",
@@ -571,13 +576,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         const PAGES: u64 = 32;
-        let store = PageStore::new(StoreConfig::new(PAGES, Algorithm::Lz4)).unwrap();
-        store.prepare_thread().unwrap();
-        let file = crate::daemon::backing::BackingFile::open(&dir.join("wb"), PAGES).unwrap();
-        let key = crate::daemon::backing::new_key().unwrap();
-        store
-            .attach_backing(Arc::new(file), &key, Nonces::Owned)
-            .unwrap();
+        let store = backed_store(&dir, PAGES);
         for i in 0..PAGES {
             let p: Vec<u8> = (0..PAGE_SIZE)
                 .map(|k| (k as u64 * (i + 3) % 251) as u8)
