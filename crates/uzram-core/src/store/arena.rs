@@ -149,7 +149,7 @@ impl Meta {
         let next = if next == NONE
             || (next.is_multiple_of(CLASS_GRANULE as u64)
                 && next % SEGMENT_SIZE as u64 + size <= SEGMENT_SIZE as u64
-                && get_word(segments, next).is_some())
+                && in_arena(segments, next))
         {
             next
         } else {
@@ -778,6 +778,15 @@ fn set_word(segments: &SegmentTable, handle: u64, value: u64) -> bool {
         },
         None => false,
     }
+}
+
+/// Whether `handle` is in one of the arena's segments, found without touching its memory
+/// (a page not yet mapped into this process would fault in on the I/O path).
+fn in_arena(segments: &SegmentTable, handle: u64) -> bool {
+    let (seg, off) = split(handle);
+    segments
+        .read(seg)
+        .is_some_and(|s| s.words().get(off / 8).is_some())
 }
 
 /// Reads one word at `handle`.
