@@ -79,7 +79,7 @@ pub fn measure(
         ok &= read(store, c, p, &mut page) && page == expected(corpus, base, p);
     }
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut timed = |pages: &mut dyn FnMut(u64) -> usize, page: &mut [u8]| {
+    let mut timed = |pages: &dyn Fn(u64) -> usize, page: &mut [u8]| {
         let p = pages(next(&mut seed));
         page.fill(0xa5);
         let t = Instant::now();
@@ -89,12 +89,10 @@ pub fn measure(
             good,
         )
     };
+    let in_ram = |r: u64| half + (r % (total - half) as u64) as usize;
     let mut ram_idle = Vec::with_capacity(READS);
     for _ in 0..READS {
-        let (lat, good) = timed(
-            &mut |r| half + (r % (total - half) as u64) as usize,
-            &mut page,
-        );
+        let (lat, good) = timed(&in_ram, &mut page);
         ram_idle.push(lat);
         ok &= good;
     }
@@ -114,10 +112,7 @@ pub fn measure(
         let mut busy = Vec::new();
         let mut page = vec![0u8; PAGE_SIZE];
         while !done.load(Ordering::Acquire) {
-            let (lat, good) = timed(
-                &mut |r| half + (r % (total - half) as u64) as usize,
-                &mut page,
-            );
+            let (lat, good) = timed(&in_ram, &mut page);
             busy.push(lat);
             ok &= good;
         }
@@ -138,10 +133,7 @@ pub fn measure(
     let mut disk = Vec::with_capacity(READS);
     if !on_disk.is_empty() {
         for _ in 0..READS {
-            let (lat, good) = timed(
-                &mut |r| on_disk[(r % on_disk.len() as u64) as usize],
-                &mut page,
-            );
+            let (lat, good) = timed(&|r| on_disk[(r % on_disk.len() as u64) as usize], &mut page);
             disk.push(lat);
             ok &= good;
         }

@@ -1134,10 +1134,10 @@ fn unsafe_writeback_path(path: &Path) -> Option<&'static str> {
     if text.split('/').any(|part| part == "." || part == "..") {
         return Some("holds a `.` or `..` part: name the path as it is, without them");
     }
-    if writeback_is_device(path) && path.components().count() < 3 {
+    let is_file = !writeback_is_device(path);
+    if !is_file && path.components().count() < 3 {
         return Some("is /dev itself: name the partition or disk (e.g. /dev/disk/by-partuuid/...)");
     }
-    let is_file = !writeback_is_device(path);
     let parent = path.parent().unwrap_or(Path::new("/"));
     // As named, and where a link on the way leads (when the directory exists yet).
     let resolved = std::fs::canonicalize(parent).ok();

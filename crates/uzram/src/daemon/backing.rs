@@ -856,6 +856,20 @@ pub fn new_key() -> anyhow::Result<WritebackKey> {
     Ok(WritebackKey(key))
 }
 
+/// A store of `pages` pages with `limit`, writing back to a new file in `dir` (tests).
+#[cfg(test)]
+pub(crate) fn file_backed_store(dir: &Path, pages: u64, limit: Option<u64>) -> PageStore {
+    let mut cfg = uzram_core::StoreConfig::new(pages, uzram_core::codec::Algorithm::Lz4);
+    cfg.mem_limit = limit;
+    let store = PageStore::new(cfg).unwrap();
+    let file = BackingFile::open(&dir.join("wb"), pages).unwrap();
+    let key = new_key().unwrap();
+    store
+        .attach_backing(Arc::new(file), &key, Nonces::Owned)
+        .unwrap();
+    store
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

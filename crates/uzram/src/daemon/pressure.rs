@@ -208,9 +208,7 @@ fn pass(store: &PageStore, budget: Option<&Budget>, min_age: u32, max_pages: u64
 mod tests {
     use super::*;
     use std::sync::Arc;
-    use uzram_core::codec::Algorithm;
-    use uzram_core::store::Nonces;
-    use uzram_core::{StoreConfig, PAGE_SIZE};
+    use uzram_core::PAGE_SIZE;
 
     #[test]
     fn pressure_is_read_from_the_some_line() {
@@ -255,19 +253,6 @@ mod tests {
         dir
     }
 
-    /// A store of `pages` pages with `limit`, writing back to a file in `dir`.
-    fn with_backing(dir: &std::path::Path, pages: u64, limit: Option<u64>) -> PageStore {
-        let mut cfg = StoreConfig::new(pages, Algorithm::Lz4);
-        cfg.mem_limit = limit;
-        let store = PageStore::new(cfg).unwrap();
-        let file = super::super::backing::BackingFile::open(&dir.join("wb"), pages).unwrap();
-        let key = super::super::backing::new_key().unwrap();
-        store
-            .attach_backing(Arc::new(file), &key, Nonces::Owned)
-            .unwrap();
-        store
-    }
-
     /// Writes through the daemon's backend at a limit a quarter of what they take: with the
     /// room thread's rounds answering every write that finds the limit, each succeeds and
     /// every page reads back; without room, the same writes hit the limit (ENOMEM).
@@ -284,7 +269,7 @@ mod tests {
 
         let dir = scratch_dir("room");
         let pages = 4096u64;
-        let probe = with_backing(&dir, pages, None);
+        let probe = super::super::backing::file_backed_store(&dir, pages, None);
         for i in 0..pages {
             probe.write(i, &page(i)).unwrap();
         }
@@ -301,7 +286,11 @@ mod tests {
                 })
                 .collect()
         };
-        let store = Arc::new(with_backing(&dir, pages, Some(limit)));
+        let store = Arc::new(super::super::backing::file_backed_store(
+            &dir,
+            pages,
+            Some(limit),
+        ));
         let start = |store: &Arc<PageStore>| {
             WriteBackend::start(
                 store.clone(),
@@ -345,7 +334,11 @@ mod tests {
 
         // Without room, the same writes hit the limit.
         let _ = std::fs::remove_file(dir.join("wb"));
-        let store = Arc::new(with_backing(&dir, pages, Some(limit)));
+        let store = Arc::new(super::super::backing::file_backed_store(
+            &dir,
+            pages,
+            Some(limit),
+        ));
         let backend = start(&store);
         let results = write_all(&store, &backend);
         assert!(results.contains(&-libc::ENOMEM), "{results:?}");
@@ -363,7 +356,8 @@ mod tests {
         }
         let dir = scratch_dir("high");
         let pages = 2048u64;
-        let fill = |limit: Option<u64>| with_backing(&dir, pages, limit);
+        let fill =
+            |limit: Option<u64>| super::super::backing::file_backed_store(&dir, pages, limit);
         // How much the pages take, then a limit they fill to 95 %.
         let probe = fill(None);
         for i in 0..pages {

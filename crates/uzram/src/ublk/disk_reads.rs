@@ -402,18 +402,8 @@ mod tests {
 
     /// A store of `pages` pages, ready on this thread, backed by a file in `dir`.
     fn backed_store(dir: &std::path::Path, pages: u64) -> PageStore {
-        use std::sync::Arc;
-        use uzram_core::codec::Algorithm;
-        use uzram_core::store::Nonces;
-        use uzram_core::StoreConfig;
-
-        let store = PageStore::new(StoreConfig::new(pages, Algorithm::Lz4)).unwrap();
+        let store = crate::daemon::backing::file_backed_store(dir, pages, None);
         store.prepare_thread().unwrap();
-        let file = crate::daemon::backing::BackingFile::open(&dir.join("wb"), pages).unwrap();
-        let key = crate::daemon::backing::new_key().unwrap();
-        store
-            .attach_backing(Arc::new(file), &key, Nonces::Owned)
-            .unwrap();
         store
     }
 
