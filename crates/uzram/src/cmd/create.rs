@@ -49,13 +49,12 @@ pub fn run(args: CreateArgs) -> anyhow::Result<ExitCode> {
 /// on tmpfs could have its pages in swap on the very device the standby waits to recover.
 /// Warnings only (unless UZRAM_LOG says otherwise): the kernel drops a burst of user lines.
 fn start_standby(dev: &str) -> anyhow::Result<()> {
-    let exe = std::env::current_exe().context("finding the uzram binary")?;
     let log = std::fs::OpenOptions::new()
         .write(true)
         .open("/dev/kmsg")
         .map(Stdio::from)
         .unwrap_or_else(|_| Stdio::null());
-    let mut cmd = std::process::Command::new(exe);
+    let mut cmd = super::spawn::this_binary();
     cmd.args(["recover", "--wait", "--keep", dev])
         .stdin(Stdio::null())
         .stdout(Stdio::null())

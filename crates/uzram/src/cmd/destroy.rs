@@ -1,7 +1,6 @@
 //! `uzram destroy DEV|--all`: refuse devices in use; otherwise stop the daemon (it deletes the
 //! device) and wait until the device is gone. Devices of dead daemons are deleted directly.
 
-use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -91,9 +90,29 @@ fn destroy(states: &StateDir, state: &DaemonState) -> anyhow::Result<()> {
             anyhow::bail!("not deleting {dev}: {}", super::silent_advice(state, &why))
         }
     };
+    // A daemon taking the device over (a standby, `uzram recover`) holds its lock from before
+    // it publishes itself: until then the state still names the dead daemon.
+    let Some(_lock) = states.try_lock(state.id)? else {
+        anyhow::bail!(
+            "not deleting {dev}: {why}, but another daemon is taking it over (it holds {}); \
+             run uzram status {} in a moment",
+            states.lock_path(state.id).display(),
+            state.id
+        );
+    };
+    if states.read(state.id)?.as_ref() != Some(state) {
+        anyhow::bail!(
+            "not deleting {dev}: its state changed meanwhile (a new daemon?); run uzram status {} \
+             and try again",
+            state.id
+        );
+    }
     eprintln!("uzram: {dev}: {why}; deleting the device directly");
     delete_orphan(state.id)?;
-    if let Some(shm) = state.store_shm.filter(|&shm| store_segment::exists(shm)) {
+    // Only this device's store: a stale state's segment id may since be another's.
+    if let Some(shm) = state.store_shm.filter(|&shm| {
+        store_segment::store_facts(shm).is_some_and(|facts| facts.device == state.id)
+    }) {
         store_segment::remove(shm);
     }
     record::remove(state.id);
@@ -130,6 +149,10 @@ fn destroy_damaged(states: &StateDir, damaged: &ControlError) -> anyhow::Result<
 }
 
 fn stop_live(states: &StateDir, state: &DaemonState, dev: &str) -> anyhow::Result<()> {
+    // The node of this daemon's device: once it is gone the kernel may give the id to a new
+    // device, whose node is another file (devtmpfs numbers each new node's inode afresh; its
+    // device number may be the same).
+    let node = node_of(dev);
     match client::request(
         &states.socket_path(state.id),
         &Request::Stop,
@@ -139,7 +162,8 @@ fn stop_live(states: &StateDir, state: &DaemonState, dev: &str) -> anyhow::Resul
         other => anyhow::bail!("{dev}: daemon refused to stop: {other:?}"),
     }
     let start = Instant::now();
-    while state.daemon_alive() || Path::new(dev).exists() {
+    let node_stays = || node.is_some() && node_of(dev) == node;
+    while state.daemon_alive() || node_stays() {
         if start.elapsed() > STOP_TIMEOUT {
             anyhow::bail!(
                 "{dev}: daemon pid {} did not finish within {}s",
@@ -149,8 +173,27 @@ fn stop_live(states: &StateDir, state: &DaemonState, dev: &str) -> anyhow::Resul
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    states.remove(state.id);
+    // The daemon removes its files itself; what is left is its, unless a new daemon of the
+    // same id published its own meanwhile.
+    let ours = |s: &DaemonState| s.pid == state.pid && s.started == state.started;
+    if states
+        .read(state.id)
+        .ok()
+        .flatten()
+        .is_some_and(|s| ours(&s))
+    {
+        states.remove(state.id);
+    }
     Ok(())
+}
+
+/// The inode and device number of block device node `dev`.
+fn node_of(dev: &str) -> Option<(u64, u64)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::metadata(dev).ok()?;
+    meta.file_type()
+        .is_block_device()
+        .then(|| (meta.ino(), meta.rdev()))
 }
 
 /// Deletes a device whose daemon died, through the ublk control device.
@@ -212,6 +255,34 @@ mod tests {
         );
         assert!(states.state_path(id).exists(), "its state was removed");
         assert!(states.socket_path(id).exists(), "its socket was removed");
+    }
+
+    /// A dead daemon's device is deleted directly only when no daemon holds its lock: a
+    /// successor taking it over holds the lock before it publishes its own state.
+    #[test]
+    fn a_dead_daemons_device_is_not_deleted_under_a_daemon_taking_it_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let states = StateDir::new(dir.path().join("run"));
+        states.create().unwrap();
+        // An id no kernel device and no record has; pid 0 is no live daemon.
+        let id = 1_048_002;
+        let state = DaemonState::example(id);
+        assert!(!state.daemon_alive());
+        states.write(&state).unwrap();
+        let successor = states.try_lock(id).unwrap().expect("the lock is free");
+        let err = destroy(&states, &state).unwrap_err().to_string();
+        assert!(err.contains("taking it over"), "{err}");
+        assert!(states.state_path(id).exists(), "its state was removed");
+        drop(successor);
+        let newer = DaemonState {
+            size: 2 << 20,
+            ..state.clone()
+        };
+        states.write(&newer).unwrap();
+        let err = destroy(&states, &state).unwrap_err().to_string();
+        assert!(err.contains("state changed"), "{err}");
+        destroy(&states, &newer).unwrap();
+        assert!(!states.state_path(id).exists());
     }
 
     /// A damaged state file names no daemon: the device is deleted (and the file removed)

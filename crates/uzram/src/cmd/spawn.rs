@@ -46,19 +46,24 @@ pub fn spawn_detached(
 ) -> anyhow::Result<(Started, std::process::Child)> {
     let states = StateDir::default();
     states.create()?;
+    // A name of its own for each daemon started: `recover --keep` starts a successor as soon
+    // as the one before reports, which renames its log only after that.
+    static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let seq = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let log_path = states
         .path()
-        .join(format!("pending-{}.log", std::process::id()));
+        .join(format!("pending-{}-{seq}.log", std::process::id()));
+    // One an earlier process of this pid left behind.
+    let _ = std::fs::remove_file(&log_path);
     let log = std::fs::OpenOptions::new()
-        .create(true)
+        .create_new(true)
         .write(true)
-        .truncate(true)
         .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&log_path)
         .with_context(|| format!("creating {}", log_path.display()))?;
     let (ready_rx, ready_tx) = sys::inheritable_pipe().context("creating the readiness pipe")?;
-    let exe = std::env::current_exe().context("finding the uzram binary")?;
-    let mut cmd = std::process::Command::new(exe);
+    let mut cmd = this_binary();
     cmd.arg("daemon")
         .args(daemon_args)
         .arg("--ready-fd")
@@ -129,6 +134,21 @@ pub fn spawn_detached(
             status.map_or("unknown status".to_string(), |s| s.to_string())
         ),
     }
+}
+
+/// A command that runs this very binary, even after a package upgrade replaced the file at
+/// its path (a long-lived standby starts its successors so): `/proc/self/exe` names the
+/// running binary, whose store format the successor must share, where the path would name
+/// the new one, or nothing while the upgrade swaps it (`current_exe` then ends in
+/// " (deleted)"). Its `argv[0]` is the path it was started from, for `ps`.
+pub fn this_binary() -> std::process::Command {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new("/proc/self/exe");
+    let name = std::env::args_os()
+        .next()
+        .unwrap_or_else(|| std::ffi::OsString::from("uzram"));
+    cmd.arg0(name);
+    cmd
 }
 
 /// Prints the last lines of a daemon's log to stderr.

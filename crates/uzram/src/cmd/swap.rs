@@ -87,7 +87,13 @@ pub fn off(off_args: SwapOffArgs) -> anyhow::Result<ExitCode> {
     }
     super::require_root()?;
     let canonical = std::fs::canonicalize(&args.config).unwrap_or_else(|_| args.config.clone());
-    if let Some(orphan) = crate::takeover::orphan::dead_record_of_config(&canonical) {
+    // A dead record counts only while no daemon serves the file's device: a record left by
+    // an earlier daemon whose device was deleted must not keep the current device's swap on.
+    let orphan = (!made)
+        .then(|| crate::takeover::orphan::dead_record_of_config(&canonical))
+        .flatten()
+        .filter(|o| crate::devname::in_kernel(o.id));
+    if let Some(orphan) = orphan {
         // The daemon died (systemd runs ExecStop after a crash too): swapoff would wait for
         // a server that is not there. Swap stays on; its standby or the restarted daemon
         // recovers the device.
@@ -105,6 +111,11 @@ pub fn off(off_args: SwapOffArgs) -> anyhow::Result<ExitCode> {
             "uzram: {}: served by a bridge daemon (pid {}) until the next daemon takes it over; swap stays on",
             bridge.dev, bridge.pid
         );
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !made {
+        // The daemon exited (`uzram destroy`, or it stopped on its own) and left nothing to
+        // recover: no device of this file is left to turn swap off on.
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(unit) = off_args.unit.as_deref().filter(|u| restarting(u)) {

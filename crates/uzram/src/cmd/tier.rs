@@ -55,21 +55,30 @@ pub fn idle(args: IdleArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn recompress(args: RecompressArgs) -> anyhow::Result<ExitCode> {
-    let level = match args.algorithm.as_deref() {
-        None => None,
-        Some(text) => match uzram_core::codec::Algorithm::parse(text) {
-            Ok(uzram_core::codec::Algorithm::Zstd { level }) => Some(level),
-            _ if text == "zstd" => Some(uzram_core::store::DEFAULT_RECOMPRESS_LEVEL),
-            Err(err) if text.starts_with("zstd:") => {
-                anyhow::bail!("uzram recompress --algorithm {text:?}: {err}")
-            }
-            _ => anyhow::bail!(
-                "uzram recompress --algorithm writes zstd: give zstd or zstd:LEVEL, not {text:?} \
-                 (leave it out for the device's recompress-algorithm, zstd-gpu, lz4-gpu and lz4-gpu-dict included)"
-            ),
-        },
+/// The zstd level `--algorithm` names; `None` without it (the device's own setting).
+/// A bare `zstd` is the recompressor's level (3), as in a config's `recompress-algorithm`,
+/// not the page codec's default.
+fn recompress_level(algorithm: Option<&str>) -> anyhow::Result<Option<i32>> {
+    let Some(text) = algorithm else {
+        return Ok(None);
     };
+    if text == "zstd" {
+        return Ok(Some(uzram_core::store::DEFAULT_RECOMPRESS_LEVEL));
+    }
+    match uzram_core::codec::Algorithm::parse(text) {
+        Ok(uzram_core::codec::Algorithm::Zstd { level }) => Ok(Some(level)),
+        Err(err) if text.starts_with("zstd:") => {
+            anyhow::bail!("uzram recompress --algorithm {text:?}: {err}")
+        }
+        _ => anyhow::bail!(
+            "uzram recompress --algorithm writes zstd: give zstd or zstd:LEVEL, not {text:?} \
+             (leave it out for the device's recompress-algorithm, zstd-gpu, lz4-gpu and lz4-gpu-dict included)"
+        ),
+    }
+}
+
+pub fn recompress(args: RecompressArgs) -> anyhow::Result<ExitCode> {
+    let level = recompress_level(args.algorithm.as_deref())?;
     let req = Request::Recompress {
         kind: args.kind.clone(),
         threshold: args.threshold,
@@ -133,4 +142,27 @@ pub fn writeback(args: WritebackArgs) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::recompress_level;
+
+    #[test]
+    fn bare_zstd_is_the_recompressors_level_as_in_a_config() {
+        assert_eq!(
+            recompress_level(Some("zstd")).unwrap(),
+            Some(uzram_core::store::DEFAULT_RECOMPRESS_LEVEL)
+        );
+        assert_eq!(uzram_core::store::DEFAULT_RECOMPRESS_LEVEL, 3);
+        assert_eq!(recompress_level(Some("zstd:7")).unwrap(), Some(7));
+        assert_eq!(recompress_level(None).unwrap(), None);
+    }
+
+    #[test]
+    fn other_algorithms_and_bad_levels_are_refused() {
+        for text in ["lz4", "zstd-gpu", "zstd:99", "zstd:x", ""] {
+            assert!(recompress_level(Some(text)).is_err(), "{text:?} was taken");
+        }
+    }
 }

@@ -53,4 +53,16 @@ pub enum ControlError {
         /// What the parser said.
         why: String,
     },
+    /// The state directory is not root's alone: nothing in it is trusted.
+    #[error(
+        "{} {why}: daemons publish their state only in a directory no one but root can \
+         change; remove it, and the next daemon makes it again",
+        path.display()
+    )]
+    UntrustedDir {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
 }

@@ -1,6 +1,6 @@
 //! Published daemon state under `/run/uzram/`: `<id>.json`, `<id>.sock`, `<id>.log`.
 
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -9,6 +9,9 @@ use super::ControlError;
 
 /// Where daemons publish their state.
 pub const RUN_DIR: &str = "/run/uzram";
+
+/// The largest state file read: a record with a device's whole settings is a few KiB.
+const MAX_STATE_BYTES: u64 = 64 << 10;
 
 /// What a daemon publishes about itself in `<id>.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -152,8 +155,44 @@ impl StateDir {
             .mode(0o700)
             .create(&self.dir)
             .map_err(io_err(format!("creating {}", self.dir.display())))?;
+        // Never through a link planted at the name: chmod would follow it.
+        self.checked_meta(true)?;
         std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(io_err(format!("restricting {}", self.dir.display())))
+            .map_err(io_err(format!("restricting {}", self.dir.display())))?;
+        self.check().map(drop)
+    }
+
+    /// Makes sure the directory is root's alone (or this process's user's, in tests): a
+    /// real directory, not a link, that no one else owns, and that its group and others can
+    /// neither change nor read. `Ok(false)` when there is none.
+    pub fn check(&self) -> Result<bool, ControlError> {
+        self.checked_meta(false).map(|meta| meta.is_some())
+    }
+
+    /// The directory's metadata once it passed [`StateDir::check`]'s rules (its mode only
+    /// when `before_chmod`: `create` restricts that next).
+    fn checked_meta(&self, before_chmod: bool) -> Result<Option<std::fs::Metadata>, ControlError> {
+        let untrusted = |why: String| ControlError::UntrustedDir {
+            path: self.dir.clone(),
+            why,
+        };
+        let meta = match std::fs::symlink_metadata(&self.dir) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err(format!("looking at {}", self.dir.display()))(e)),
+        };
+        if !meta.is_dir() {
+            let kind = crate::sys::owned_file::file_kind(&meta.file_type());
+            return Err(untrusted(format!("is {kind}, not a directory")));
+        }
+        if meta.uid() != 0 && meta.uid() != crate::sys::effective_uid() {
+            return Err(untrusted(format!("is owned by uid {}", meta.uid())));
+        }
+        let mode = meta.mode() & 0o7777;
+        if !before_chmod && mode & 0o077 != 0 {
+            return Err(untrusted(format!("has mode {mode:04o}, not 0700")));
+        }
+        Ok(Some(meta))
     }
 
     /// `<id>.json`.
@@ -181,11 +220,14 @@ impl StateDir {
     /// another process holds it. The file stays (removing it would let a later locker lock
     /// a different file than a waiting one).
     pub fn try_lock(&self, id: u32) -> Result<Option<std::fs::File>, ControlError> {
+        self.check()?;
         let path = self.lock_path(id);
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&path)
             .map_err(io_err(format!("opening {}", path.display())))?;
         match crate::sys::try_lock_exclusive(&file) {
@@ -197,30 +239,45 @@ impl StateDir {
 
     /// Writes `<id>.json` atomically (temporary file + rename).
     pub fn write(&self, state: &DaemonState) -> Result<(), ControlError> {
+        self.check()?;
         let path = self.state_path(state.id);
-        let tmp = self.dir.join(format!(".{}.json.tmp", state.id));
         let text = serde_json::to_string_pretty(state)
             .map_err(|e| ControlError::Protocol(e.to_string()))?;
-        std::fs::write(&tmp, text + "\n").map_err(io_err(format!("writing {}", tmp.display())))?;
-        std::fs::rename(&tmp, &path).map_err(io_err(format!("renaming to {}", path.display())))
+        crate::sys::write_replacing(&path, (text + "\n").as_bytes(), 0o600)
+            .map_err(io_err(format!("writing {}", path.display())))
     }
 
-    /// Reads `<id>.json`; `Ok(None)` when there is none.
+    /// Reads `<id>.json`; `Ok(None)` when there is none. A file that is not a regular file
+    /// at that name, that someone besides root could have written, that is larger than any
+    /// state, or that names another device is damaged.
     pub fn read(&self, id: u32) -> Result<Option<DaemonState>, ControlError> {
-        let path = self.state_path(id);
-        match std::fs::read_to_string(&path) {
-            Ok(text) => {
-                serde_json::from_str(&text)
-                    .map(Some)
-                    .map_err(|e| ControlError::DamagedState {
-                        id,
-                        path: path.clone(),
-                        why: e.to_string(),
-                    })
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io_err(format!("reading {}", path.display()))(e)),
+        if !self.check()? {
+            return Ok(None);
         }
+        self.read_checked(id)
+    }
+
+    /// [`StateDir::read`] in a directory already checked.
+    fn read_checked(&self, id: u32) -> Result<Option<DaemonState>, ControlError> {
+        use crate::sys::owned_file::{self, Links, Refused};
+        let path = self.state_path(id);
+        let damaged = |why: String| ControlError::DamagedState {
+            id,
+            path: path.clone(),
+            why,
+        };
+        let bytes = match owned_file::read(&path, MAX_STATE_BYTES, Links::Refuse) {
+            Ok(bytes) => bytes,
+            Err(Refused::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(Refused::Io(e)) => return Err(io_err(format!("reading {}", path.display()))(e)),
+            Err(refused) => return Err(damaged(format!("it {refused}"))),
+        };
+        let state: DaemonState =
+            serde_json::from_slice(&bytes).map_err(|e| damaged(e.to_string()))?;
+        if state.id != id {
+            return Err(damaged(format!("it names device {}", state.id)));
+        }
+        Ok(Some(state))
     }
 
     /// Every published state, sorted by id. A missing directory means none; unreadable files are
@@ -236,6 +293,9 @@ impl StateDir {
     /// Every published state, sorted by id, and each damaged state file (one that was read
     /// but does not parse); a file that cannot be read at all is skipped with a warning.
     pub fn list_all(&self) -> Result<(Vec<DaemonState>, Vec<ControlError>), ControlError> {
+        if !self.check()? {
+            return Ok((Vec::new(), Vec::new()));
+        }
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(entries) => entries,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -254,7 +314,7 @@ impl StateDir {
             else {
                 continue;
             };
-            match self.read(id) {
+            match self.read_checked(id) {
                 Ok(Some(state)) => states.push(state),
                 Ok(None) => {}
                 Err(err @ ControlError::DamagedState { .. }) => unreadable.push((id, err)),
@@ -324,6 +384,74 @@ mod tests {
         sd.remove(10);
         assert_eq!(sd.read(10).unwrap(), None);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Nothing is read from, or written to, a state directory others could change or read,
+    /// nor through a link planted at its name; `create` never restricts a link's target.
+    #[test]
+    fn a_state_directory_that_is_not_roots_alone_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(dir.path().join("run"));
+        sd.create().unwrap();
+        sd.write(&DaemonState::example(1)).unwrap();
+        let file_mode = std::fs::metadata(sd.state_path(1)).unwrap().mode() & 0o777;
+        assert_eq!(file_mode, 0o600, "a state file is root's alone");
+        std::fs::set_permissions(sd.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        for err in [
+            sd.read(1).unwrap_err(),
+            sd.list().unwrap_err(),
+            sd.write(&DaemonState::example(2)).unwrap_err(),
+            sd.try_lock(1).unwrap_err(),
+        ] {
+            assert!(
+                matches!(&err, ControlError::UntrustedDir { why, .. } if why.contains("0755")),
+                "{err}"
+            );
+        }
+        // `create` puts the mode right again.
+        sd.create().unwrap();
+        assert_eq!(sd.read(1).unwrap(), Some(DaemonState::example(1)));
+
+        let target = dir.path().join("elsewhere");
+        std::fs::create_dir(&target).unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let linked = StateDir::new(dir.path().join("linked"));
+        std::os::unix::fs::symlink(&target, linked.path()).unwrap();
+        let err = linked.create().unwrap_err();
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        let mode = std::fs::metadata(&target).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o755, "create changed the mode of a link's target");
+        assert!(linked.list().is_err());
+    }
+
+    /// A state file that names another device, that is a link, or that is larger than any
+    /// state is damaged, never taken for the device of its name.
+    #[test]
+    fn a_state_file_is_read_only_as_its_own_devices() {
+        let dir = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(dir.path().join("run"));
+        sd.create().unwrap();
+        sd.write(&DaemonState::example(5)).unwrap();
+        std::fs::rename(sd.state_path(5), sd.state_path(3)).unwrap();
+        let err = sd.read(3).unwrap_err();
+        assert!(
+            matches!(&err, ControlError::DamagedState { id: 3, why, .. } if why.contains("names device 5")),
+            "{err}"
+        );
+        sd.write(&DaemonState::example(5)).unwrap();
+        std::fs::remove_file(sd.state_path(3)).unwrap();
+        std::os::unix::fs::symlink(sd.state_path(5), sd.state_path(3)).unwrap();
+        assert!(matches!(
+            sd.read(3).unwrap_err(),
+            ControlError::DamagedState { id: 3, .. }
+        ));
+        std::fs::remove_file(sd.state_path(3)).unwrap();
+        std::fs::write(sd.state_path(3), vec![b' '; 1 << 20]).unwrap();
+        let err = sd.read(3).unwrap_err();
+        assert!(err.to_string().contains("larger than"), "{err}");
+        let (states, damaged) = sd.list_all().unwrap();
+        assert_eq!(states, vec![DaemonState::example(5)]);
+        assert_eq!(damaged.len(), 1);
     }
 
     #[test]

@@ -116,9 +116,6 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
         (None, None) => unreachable!("open_store adds a new device"),
     };
     step(&mut pause, "device");
-    // From here the device and its store are this daemon's to serve, and its stop (or a
-    // crash) is what ends them.
-    unborn.disarm();
     let id = device.id();
     let dev = format!("/dev/ublkb{id}");
     tracing::info!(id, %dev, size = cfg.size, queues = cfg.queues, depth = cfg.depth, "device added");
@@ -176,6 +173,10 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     populate_memory();
     step(&mut pause, "populate");
     let ctrl = device.start(plan, &mut pause)?;
+    // From here the device and its store are this daemon's to serve, and its stop (or a
+    // crash) is what ends them; a failed start of its services above removes a new store
+    // (locked memory, its pool filled) with its device, as any earlier failure does.
+    unborn.disarm();
     let alias_rdev = Arc::new(std::sync::OnceLock::new());
     let publish = Publish {
         pause,

@@ -354,9 +354,11 @@ impl Stopper {
             self.hand_over();
         }
         tracing::info!(why, "stopping the device");
+        // While it is still swap, a queue that fails (or a panic) leaves the device to the
+        // next daemon as before the stop: deleting it would take its pages with it.
+        wait_until_not_swap(&self.dev);
         // From here a queue that fails ends as the stop ends them all.
         crate::takeover::leave::stopping();
-        wait_until_not_swap(&self.dev);
         if let Err(err) = notify::notify("STOPPING=1") {
             tracing::warn!(error = %err, "sd_notify STOPPING=1 failed");
         }

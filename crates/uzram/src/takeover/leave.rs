@@ -14,6 +14,12 @@ use std::time::Duration;
 pub const QUEUE_FAILED_EXIT: i32 = 70;
 
 static STOPPING: AtomicBool = AtomicBool::new(false);
+static LEAVING: AtomicBool = AtomicBool::new(false);
+
+/// How long the exit waits for the counts to be saved: the thread that leaves may hold a
+/// lock the saver takes (a panic on the write path holds its shard's, or the arena's), and
+/// the device must not wait on it.
+const SAVE_WAIT: Duration = Duration::from_secs(1);
 static SAVE_COUNTS: OnceLock<Arc<dyn Fn() + Send + Sync>> = OnceLock::new();
 
 /// The daemon is stopping its device on purpose (a stop request or signal): from now on a
@@ -32,11 +38,25 @@ pub fn save_counts_with(save: Arc<dyn Fn() + Send + Sync>) {
     let _ = SAVE_COUNTS.set(save);
 }
 
-/// Saves the counts and ends the process at once with `code`; nothing else of ours runs (no
-/// device deletion, no removal of the state the next daemon reads).
+/// Saves the counts (on a thread of their own, for at most [`SAVE_WAIT`]) and ends the
+/// process at once with `code`; nothing else of ours runs (no device deletion, no removal of
+/// the state the next daemon reads). A second caller, the saver's own panic among them, ends
+/// the process without waiting.
 pub fn exit_leaving_device(code: i32) -> ! {
-    if let Some(save) = SAVE_COUNTS.get() {
-        save();
+    if LEAVING.swap(true, Ordering::AcqRel) {
+        crate::sys::exit_now(code)
+    }
+    if let Some(save) = SAVE_COUNTS.get().cloned() {
+        let (done, saved) = std::sync::mpsc::channel();
+        let saver = std::thread::Builder::new()
+            .name("save-counts".into())
+            .spawn(move || {
+                save();
+                let _ = done.send(());
+            });
+        if saver.is_ok() {
+            let _ = saved.recv_timeout(SAVE_WAIT);
+        }
     }
     crate::sys::exit_now(code)
 }
@@ -112,17 +132,30 @@ mod tests {
     }
 
     /// Runs test `child` of this binary in a process of its own, `env` naming a marker file:
-    /// the child's exit code, and whether its counts were saved.
+    /// the child's exit code, and whether its counts were saved. A child that has not exited
+    /// after 30 s is killed and fails the test (it hung).
     fn run_child(child: &str, env: &str) -> (Option<i32>, bool) {
         let marker = std::env::temp_dir().join(format!("uzram-{child}-{}", std::process::id()));
         let _ = std::fs::remove_file(&marker);
-        let status = std::process::Command::new(std::env::current_exe().unwrap())
+        let mut proc = std::process::Command::new(std::env::current_exe().unwrap())
             .args(["--exact", child, "--test-threads=1"])
             .env(env, &marker)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
-            .status()
+            .spawn()
             .unwrap();
+        let start = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = proc.try_wait().unwrap() {
+                break status;
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                let _ = proc.kill();
+                let _ = proc.wait();
+                panic!("{child} did not exit within 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
         let saved = std::fs::read(&marker).is_ok_and(|b| b == b"saved");
         let _ = std::fs::remove_file(&marker);
         (status.code(), saved)
@@ -155,6 +188,37 @@ mod tests {
         let (code, saved) = run_child("takeover::leave::tests::panic_child", PANIC_CHILD);
         assert_eq!(code, Some(QUEUE_FAILED_EXIT));
         assert!(saved);
+    }
+
+    const LOCKED_PANIC_CHILD: &str = "UZRAM_TEST_LOCKED_PANIC_CHILD";
+
+    /// Run in a child process by the test below: the count saver takes a lock, and a thread
+    /// panics while it holds that lock (as a panic on the write path holds its shard's).
+    #[test]
+    fn locked_panic_child() {
+        if std::env::var_os(LOCKED_PANIC_CHILD).is_none() {
+            return;
+        }
+        static SHARD: std::sync::Mutex<u64> = std::sync::Mutex::new(0);
+        save_counts_with(Arc::new(|| {
+            let _counts = SHARD.lock();
+        }));
+        leave_device_on_panic();
+        let _ = std::thread::spawn(|| {
+            let _held = SHARD.lock().unwrap();
+            panic!("a bug under a shard lock");
+        })
+        .join();
+        std::process::exit(0);
+    }
+
+    #[test]
+    fn a_panic_under_a_lock_the_saver_takes_still_leaves_the_device() {
+        let (code, _) = run_child(
+            "takeover::leave::tests::locked_panic_child",
+            LOCKED_PANIC_CHILD,
+        );
+        assert_eq!(code, Some(QUEUE_FAILED_EXIT));
     }
 
     #[test]
