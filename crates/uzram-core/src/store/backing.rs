@@ -46,6 +46,11 @@ pub const BLOCK_BYTES: usize = 4096;
 pub const SEAL_BYTES: usize = NONCE_BYTES + TAG_BYTES;
 /// Most blocks one writeback write covers (256 KiB).
 pub const RUN_BLOCKS: usize = 64;
+/// Fewest blocks a run is cut to where the device has no longer free runs: the largest
+/// sealed object (a raw page, its checksum and the seal) fits in two.
+pub const MIN_RUN_BLOCKS: usize = 2;
+const _: () =
+    assert!(PAGE_SIZE + super::CHECKSUM_BYTES + SEAL_BYTES <= MIN_RUN_BLOCKS * BLOCK_BYTES);
 /// Writes a pass keeps in flight at once (zram keeps 32 single-block bios; these are runs).
 pub const RUNS_IN_FLIGHT: usize = 8;
 /// Most objects one run holds, so that its list is made once.
@@ -125,6 +130,9 @@ pub(crate) struct Run {
     held: Vec<Held>,
     /// The run's first block once [`Backing::write_runs`] wrote it.
     written: Option<u64>,
+    /// Most blocks it fills ([`MIN_RUN_BLOCKS`]..=[`RUN_BLOCKS`]): a device whose free
+    /// blocks lie scattered has no free run of [`RUN_BLOCKS`].
+    cap: usize,
 }
 
 impl fmt::Debug for Run {
@@ -156,6 +164,7 @@ impl Run {
             used: 0,
             held,
             written: None,
+            cap: RUN_BLOCKS,
         })
     }
 
@@ -170,7 +179,13 @@ impl Run {
 
     /// Whether an object of `bytes` arena bytes still fits.
     pub(crate) fn fits(&self, bytes: usize) -> bool {
-        self.held.len() < RUN_OBJECTS && self.used + bytes + SEAL_BYTES <= RUN_BLOCKS * BLOCK_BYTES
+        self.held.len() < RUN_OBJECTS && self.used + bytes + SEAL_BYTES <= self.cap * BLOCK_BYTES
+    }
+
+    /// Fills at most `blocks` blocks from the next [`Run::clear`] on (clamped to
+    /// [`MIN_RUN_BLOCKS`]..=[`RUN_BLOCKS`]).
+    pub(crate) fn set_cap(&mut self, blocks: usize) {
+        self.cap = blocks.clamp(MIN_RUN_BLOCKS, RUN_BLOCKS);
     }
 
     /// Blocks the run's write takes.
@@ -773,6 +788,12 @@ impl Backing {
     /// user until [`Backing::drop_hold`].
     fn take(&self, n: usize) -> Result<u64, CoreError> {
         let total = self.users.len();
+        if n == 0 || n > total {
+            return Err(CoreError::BackingFull {
+                blocks: n as u64,
+                capacity: total as u64,
+            });
+        }
         let mut cursor = self.cursor.lock().unwrap_or_else(PoisonError::into_inner);
         let start = (*cursor as usize).min(total);
         let mut run = 0;

@@ -21,7 +21,8 @@ use std::collections::BinaryHeap;
 use std::sync::{Arc, PoisonError};
 
 use super::backing::{
-    Backing, BackingDevice, Nonces, Run, WritebackKey, BLOCK_BYTES, RUNS_IN_FLIGHT,
+    Backing, BackingDevice, Nonces, Run, WritebackKey, BLOCK_BYTES, MIN_RUN_BLOCKS, RUNS_IN_FLIGHT,
+    RUN_BLOCKS,
 };
 use super::entry::Slot;
 use super::{object_fingerprint, read_lock, PageStore};
@@ -92,6 +93,9 @@ pub(super) struct Scratch {
     /// object's fingerprint (`PageStore::fingerprint`).
     runs: Vec<Run>,
     slots: Vec<Vec<(Slot, u64)>>,
+    /// Most blocks a run fills now: halved while the device has no free run that long,
+    /// doubled again after a flush whose runs all found their place.
+    run_blocks: usize,
 }
 
 impl Scratch {
@@ -127,6 +131,7 @@ impl Scratch {
             picked,
             runs,
             slots,
+            run_blocks: RUN_BLOCKS,
         })
     }
 
@@ -157,8 +162,23 @@ impl Scratch {
     fn clear_runs(&mut self) {
         for (run, slots) in self.runs.iter_mut().zip(&mut self.slots) {
             run.clear();
+            run.set_cap(self.run_blocks);
             slots.clear();
         }
+    }
+
+    /// Halves the runs' size for the next flush; `false` when they are already the smallest.
+    fn shorter_runs(&mut self) -> bool {
+        if self.run_blocks <= MIN_RUN_BLOCKS {
+            return false;
+        }
+        self.run_blocks = (self.run_blocks / 2).max(MIN_RUN_BLOCKS);
+        true
+    }
+
+    /// Doubles the runs' size for the next flush, up to [`RUN_BLOCKS`].
+    fn longer_runs(&mut self) {
+        self.run_blocks = (self.run_blocks * 2).min(RUN_BLOCKS);
     }
 }
 
@@ -289,6 +309,7 @@ impl PageStore {
         let max_pages = usize::try_from(pass.max_pages).unwrap_or(usize::MAX);
         let mut done = WrittenBack::default();
         let mut taken = 0usize;
+        let mut failed = None;
         'scans: while taken < max_pages {
             let want = (max_pages - taken).min(PICK_PAGES);
             self.pick(pass.candidates, want, s);
@@ -297,6 +318,7 @@ impl PageStore {
                 break;
             }
             let before = done.pages;
+            let mut shortened = false;
             let mut cur = 0;
             for i in 0..found {
                 let index = s.picked[i].index;
@@ -307,25 +329,77 @@ impl PageStore {
                         CopyOut::Full => {
                             cur += 1;
                             if cur == s.runs.len() {
-                                self.flush(backing, s, &mut done)?;
+                                match self.flush_runs(backing, s, &mut done) {
+                                    Ok(shorter) => shortened |= shorter,
+                                    Err(e) => {
+                                        failed = Some(e);
+                                        break 'scans;
+                                    }
+                                }
                                 cur = 0;
                             }
                             continue;
                         }
                         CopyOut::OverBudget => {
-                            self.flush(backing, s, &mut done)?;
+                            if let Err(e) = self.flush_runs(backing, s, &mut done) {
+                                failed = Some(e);
+                            }
                             break 'scans;
                         }
                     }
                     break;
                 }
             }
-            self.flush(backing, s, &mut done)?;
-            if found < want || done.pages == before {
+            match self.flush_runs(backing, s, &mut done) {
+                Ok(shorter) => shortened |= shorter,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+            // Pages whose runs found no place stay in RAM, and the next scan picks them
+            // again for shorter runs (halved at most a few times: no endless loop).
+            if !shortened && (found < want || done.pages == before) {
                 break;
             }
         }
-        Ok(done)
+        match failed {
+            // What was written stays written (its pages' entries point at it): the pass
+            // made that much room, and says so.
+            Some(e) if done.pages > 0 => {
+                tracing::warn!(error = %e, pages = done.pages, "a writeback pass ended early");
+                Ok(done)
+            }
+            Some(e) => Err(e),
+            None => Ok(done),
+        }
+    }
+
+    /// [`PageStore::flush`], and the runs' size after it: where the device had no free run
+    /// as long as one of them, the next runs are half as long (`Ok(true)`; those pages stay
+    /// in RAM) until [`MIN_RUN_BLOCKS`], which failing fails the pass; after a flush whose
+    /// runs all found their place, twice as long again.
+    fn flush_runs(
+        &self,
+        backing: &Backing,
+        s: &mut Scratch,
+        done: &mut WrittenBack,
+    ) -> Result<bool, CoreError> {
+        if s.runs.iter().all(|r| r.is_empty()) {
+            return Ok(false);
+        }
+        match self.flush(backing, s, done) {
+            Ok(()) => {
+                s.longer_runs();
+                s.clear_runs();
+                Ok(false)
+            }
+            Err(CoreError::BackingFull { .. }) if s.shorter_runs() => {
+                s.clear_runs();
+                Ok(true)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// One scan: the best `want` (at most [`PICK_PAGES`]) pages the candidates name, into

@@ -16,6 +16,8 @@ struct MemDisk {
     bytes: Mutex<Vec<u8>>,
     released: Mutex<BTreeSet<u64>>,
     fail_writes: std::sync::atomic::AtomicBool,
+    /// In every `write_runs` call, the runs from this one on (counted from 0) fail.
+    fail_from_run: AtomicU64,
     /// Runs per `write_runs` call, in order.
     batches: Mutex<Vec<usize>>,
     release_calls: Mutex<u64>,
@@ -39,6 +41,7 @@ impl MemDisk {
             bytes: Mutex::new(vec![0; blocks * BLOCK_BYTES]),
             released: Mutex::new(BTreeSet::new()),
             fail_writes: false.into(),
+            fail_from_run: AtomicU64::new(u64::MAX),
             batches: Mutex::new(Vec::new()),
             release_calls: Mutex::new(0),
             race: Race::default(),
@@ -68,14 +71,16 @@ impl BackingDevice for MemDisk {
             race();
         }
         self.batches.lock().unwrap().push(runs.len());
-        for (run, failed) in runs.iter().zip(failed) {
+        let fail_from = self.fail_from_run.load(Relaxed);
+        for (i, (run, failed)) in runs.iter().zip(failed).enumerate() {
+            let fail = self.fail_writes.load(Relaxed) || i as u64 >= fail_from;
             assert_eq!(
                 run.data.as_ptr() as usize % BLOCK_BYTES,
                 0,
                 "a run is block-aligned"
             );
             assert_eq!(run.data.len() % BLOCK_BYTES, 0, "a run is whole blocks");
-            if self.fail_writes.load(Relaxed) {
+            if fail {
                 *failed = Some(io::Error::other("injected write failure"));
                 continue;
             }
@@ -264,11 +269,16 @@ fn a_full_device_or_a_failed_write_leaves_every_page_in_ram() {
     let disk = MemDisk::new(4);
     let store = backed_store(&disk);
     filled(&store, 0);
+    // Runs are cut down to what the device can take; the rest stays in RAM.
+    let done = store.writeback(idle_pass(u64::MAX)).unwrap();
+    let s = store.stats();
+    assert!(done.pages > 0 && done.blocks <= 4, "{done:?}");
+    assert!(s.bd_writes <= 4 && s.pages_stored == PAGES, "{s:?}");
+    assert_eq!(s.bd_count, done.pages);
+    reads_back(&store, 0);
+    // Full now: a pass finds no place for the smallest run either.
     let err = store.writeback(idle_pass(u64::MAX)).unwrap_err();
     assert!(matches!(err, CoreError::BackingFull { .. }), "{err}");
-    // What did not fit stayed in RAM; a run small enough for the device may have gone.
-    let s = store.stats();
-    assert!(s.bd_writes <= 4 && s.pages_stored == PAGES, "{s:?}");
     reads_back(&store, 0);
 
     let disk = MemDisk::new(1024);
@@ -283,6 +293,67 @@ fn a_full_device_or_a_failed_write_leaves_every_page_in_ram() {
     reads_back(&store, 0);
     disk.fail_writes.store(false, Relaxed);
     assert_eq!(store.writeback(idle_pass(u64::MAX)).unwrap().pages, PAGES);
+    reads_back(&store, 0);
+}
+
+/// A device whose free blocks come in runs shorter than a full run (blocks freed here and
+/// there, or a small device) still takes pages: the runs are cut to fit, and grow again.
+#[test]
+fn runs_shorten_to_the_free_runs_the_device_has() {
+    let disk = MemDisk::new(40);
+    let store = backed_store(&disk);
+    filled(&store, 0);
+    let done = store.writeback(idle_pass(u64::MAX)).unwrap();
+    assert!(
+        done.blocks >= 32,
+        "a device of 40 blocks took {} of them",
+        done.blocks
+    );
+    assert_eq!(store.stats().bd_count, done.pages);
+    assert!(
+        done.pages < PAGES,
+        "the test needs more pages than the device holds"
+    );
+    reads_back(&store, 0);
+    // Freed everywhere, the device takes full runs again.
+    store.discard(0, PAGES).unwrap();
+    assert_eq!(store.release_freed_blocks(), done.blocks);
+    filled(&store, 1);
+    let runs_before = disk.batches.lock().unwrap().len();
+    let again = store.writeback(idle_pass(16)).unwrap();
+    assert_eq!(again.pages, 16);
+    let batches = disk.batches.lock().unwrap().len() - runs_before;
+    assert!(batches <= 2, "{batches} writes for 16 pages");
+    reads_back(&store, 1);
+}
+
+/// A device of no blocks (a file that shrank under a taken-over store) refuses every run:
+/// the pass fails, the pages stay, nothing panics.
+#[test]
+fn a_device_of_no_blocks_takes_no_run() {
+    let disk = MemDisk::new(0);
+    let store = PageStore::new(StoreConfig::new(PAGES, Algorithm::Lz4)).unwrap();
+    store
+        .attach_backing(disk.clone(), &KEY, Nonces::Owned)
+        .unwrap();
+    filled(&store, 0);
+    let err = store.writeback(idle_pass(u64::MAX)).unwrap_err();
+    assert!(matches!(err, CoreError::BackingFull { .. }), "{err}");
+    reads_back(&store, 0);
+}
+
+/// A pass whose later write fails keeps what its earlier writes moved, and says so: that
+/// room is made, and those pages read back from the disk.
+#[test]
+fn a_pass_that_fails_part_way_reports_what_it_wrote() {
+    let disk = MemDisk::new(1024);
+    let store = backed_store(&disk);
+    filled(&store, 0);
+    disk.fail_from_run.store(1, Relaxed);
+    let done = store.writeback(idle_pass(u64::MAX)).unwrap();
+    assert!(done.pages > 0 && done.pages < PAGES, "{done:?}");
+    assert_eq!(store.stats().bd_count, done.pages);
+    assert!(store.stats().bd_failures > 0);
     reads_back(&store, 0);
 }
 

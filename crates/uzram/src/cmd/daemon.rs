@@ -102,7 +102,7 @@ fn wait_to_take_over(
                     // The winner serves (its record is out). Had this recoverer given the
                     // room back late, after the winner committed it again, the next crash
                     // would find none: committing it once more costs nothing if it is there.
-                    crate::takeover::store_segment::restore_room(shm);
+                    crate::takeover::store_segment::restore_room(shm, Some(record.id));
                 }
                 tracing::info!(%dev, pid = record.pid, "waiting for the device's daemon to exit");
                 // The room is given back as the first thing once the daemon is dying, before

@@ -56,7 +56,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 let mut clock = PauseClock::now();
                 if let Err(err) = super::handover::request(&live) {
                     if let Some(shm) = live.store_shm {
-                        crate::takeover::store_segment::restore_room(shm);
+                        crate::takeover::store_segment::restore_room(shm, Some(live.id));
                     }
                     crate::memory::free_lists::restore();
                     return Err(err);
@@ -182,6 +182,9 @@ fn take_orphan(states: &StateDir, config: &Path) -> anyhow::Result<Taken> {
     }
 }
 
+/// How long the standby tries again while another process holds the dead daemon's device.
+const STANDBY_BUSY_WAIT: Duration = Duration::from_secs(5);
+
 /// `uzram standby --config FILE --pid PID`: started by the unit's daemon (PID) in a scope of
 /// its own, it waits for that daemon to exit. If the daemon died leaving its device paused,
 /// the standby takes the device over at once, as a bridge, until the unit's next daemon takes
@@ -216,7 +219,18 @@ pub fn standby(args: StandbyArgs) -> anyhow::Result<ExitCode> {
     let mut pause = PauseClock::starting(gone);
     pause.step("room");
     let states = StateDir::default();
-    let (state, lock) = match take_orphan(&states, &config_path)? {
+    // The device's lock held by another for a moment (`uzram recover` and `uzram destroy`
+    // take it to look) is no takeover: only one held for longer is.
+    let busy_since = Instant::now();
+    let taken = loop {
+        match take_orphan(&states, &config_path)? {
+            Taken::Busy(_) if busy_since.elapsed() < STANDBY_BUSY_WAIT => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            taken => break taken,
+        }
+    };
+    let (state, lock) = match taken {
         Taken::Orphan(state, lock) => (state, lock),
         // A normal stop (the device is gone) or a takeover by another daemon.
         Taken::Nothing => {

@@ -75,7 +75,14 @@ pub struct BackingFile {
     labelled: AtomicBool,
     /// The writes' ring; `None` where io_uring is refused, or after it failed.
     ring: Mutex<Option<IoUring>>,
+    /// A failed ring left writes in flight whose end was never seen ([`BackingFile::drain`]):
+    /// any block may still be overwritten by one, so nothing more is written.
+    stranded: AtomicBool,
 }
+
+/// How long a failed ring's writes in flight are waited for (a disk's own timeouts and
+/// retries end a write well within it).
+const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl std::fmt::Debug for BackingFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -225,6 +232,7 @@ impl BackingFile {
             found,
             labelled: AtomicBool::new(false),
             ring: Mutex::new(ring),
+            stranded: AtomicBool::new(false),
         }
     }
 
@@ -337,6 +345,7 @@ impl BackingFile {
                             *f = Some(io::Error::new(e.kind(), e.to_string()));
                         }
                     }
+                    self.drain(ring, &mut pending);
                     return Err(e);
                 }
             }
@@ -360,6 +369,32 @@ impl BackingFile {
             }
         }
         Ok(())
+    }
+
+    /// After the ring failed: waits for the writes it still has in flight, reading its
+    /// completions from the shared ring (no `io_uring_enter`: they post as this thread
+    /// returns from its sleeps). Their runs count as failed, and their blocks are free again:
+    /// a write of a later pass to one of them must not be overtaken by an old write landing
+    /// after it (the page it holds would then fail its check, lost). Writes still out after
+    /// [`DRAIN_WAIT`] leave the device refusing writes until the daemon restarts.
+    fn drain(&self, ring: &mut IoUring, pending: &mut u32) {
+        let start = std::time::Instant::now();
+        while *pending != 0 && start.elapsed() < DRAIN_WAIT {
+            for cqe in ring.completion() {
+                *pending &= !(1u32.checked_shl(cqe.user_data() as u32).unwrap_or(0));
+            }
+            if *pending != 0 {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+        if *pending != 0 {
+            tracing::error!(
+                writes = pending.count_ones(),
+                "writes of the failed writeback ring are still in flight: the backing device \
+                 takes no more writes until the daemon restarts (pages stay in memory)"
+            );
+            self.stranded.store(true, Ordering::Release);
+        }
     }
 }
 
@@ -582,11 +617,19 @@ impl BackingDevice for BackingFile {
 
     fn write_runs(&self, runs: &[BlockRun<'_>], failed: &mut [Option<io::Error>]) {
         let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.stranded.load(Ordering::Acquire) {
+            for f in failed.iter_mut().take(runs.len()) {
+                *f = Some(io::Error::other(
+                    "the backing device takes no writes: a failed ring's writes may still land \
+                     (restart the daemon)",
+                ));
+            }
+            return;
+        }
         if let Some(r) = ring.as_mut() {
             if let Err(e) = self.write_through(r, runs, failed) {
-                // Writes it had in flight may still land, on blocks that are free again
-                // (their runs count as failed): no page points at them, and one taken
-                // again is written after this.
+                // Its writes in flight were waited for (`drain`): the runs they were count
+                // as failed, and their blocks may be written again.
                 tracing::warn!(error = %e, "the writeback ring failed: runs are written one at a time from now");
                 *ring = None;
             }

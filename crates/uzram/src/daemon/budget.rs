@@ -254,9 +254,9 @@ impl Budget {
         Ok(Some(day))
     }
 
-    fn save(&self, dir: &std::fs::File, day: Day) -> anyhow::Result<()> {
+    fn save(&self, dir_file: &std::fs::File, day: Day) -> anyhow::Result<()> {
         use std::io::Write;
-        let dir = dir.as_fd();
+        let dir = dir_file.as_fd();
         let mut tmp = OsString::from(".");
         tmp.push(&self.name);
         tmp.push(format!(".{}.tmp", std::process::id()));
@@ -268,13 +268,21 @@ impl Budget {
             other => other,
         }
         .context("creating the budget's temporary file")?;
+        // On disk before the rename, and the rename with the directory: after a power cut
+        // the file is the old day or the new one, never empty (one that does not parse
+        // counts the whole day as spent).
         let written = file
             .write_all(serde_json::to_string(&day)?.as_bytes())
+            .and_then(|()| file.sync_data())
             .and_then(|()| sys::rename_at(dir, &tmp, &self.name));
         if written.is_err() {
             let _ = sys::unlink_at(dir, &tmp);
         }
-        written.with_context(|| format!("saving the writeback budget in {}", self.dir.display()))
+        written
+            .with_context(|| format!("saving the writeback budget in {}", self.dir.display()))?;
+        dir_file
+            .sync_all()
+            .with_context(|| format!("syncing {}", self.dir.display()))
     }
 }
 

@@ -72,6 +72,8 @@ impl Drop for Unborn {
             crate::takeover::store_segment::remove(id);
         }
         if let Some(id) = self.device {
+            // Its recovery record, made empty with the store (`record::reserve`).
+            crate::takeover::record::remove(id);
             match UblkCtrl::new_simple(id as i32).and_then(|c| c.del_dev()) {
                 Ok(_) => tracing::info!(id, "the start failed: the device is deleted again"),
                 Err(err) => {

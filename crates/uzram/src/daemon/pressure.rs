@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use uzram_core::store::WritebackCandidates;
-use uzram_core::PageStore;
+use uzram_core::{PageStore, PAGE_SIZE};
 
 use super::budget::Budget;
 use super::room::Room;
@@ -160,14 +160,15 @@ fn make_room(store: &PageStore, budget: Option<&Budget>, asked: bool, room_made:
     let now = store.stats();
     let limit = now.mem_limit;
     let high = if asked { LIMIT_LOW } else { LIMIT_HIGH };
-    if limit == 0 || now.mem_used_total * 100 <= limit * high {
+    if limit == 0 || held_to_limit(&now) * 100 <= limit * high {
         return 0;
     }
     let mut pages = 0;
     loop {
         let s = store.stats();
         let target = limit / 100 * LIMIT_LOW;
-        if s.mem_used_total <= target {
+        let held = held_to_limit(&s);
+        if held <= target {
             break;
         }
         // About as many pages as hold the excess (their mean size in RAM), a few more for
@@ -177,18 +178,27 @@ fn make_room(store: &PageStore, budget: Option<&Budget>, asked: bool, room_made:
             .saturating_sub(s.same_pages + s.bd_count + s.staged_pages)
             .max(1);
         let mean = (s.compr_data_size / in_ram).max(1);
-        let want = ((s.mem_used_total - target) / mean + 16).min(ROOM_PASS_PAGES);
+        let want = ((held - target) / mean + 16).min(ROOM_PASS_PAGES);
         match pass(store, budget, 0, want) {
             Some(0) | None => break,
             Some(n) => pages += n,
         }
         // The objects' room is holes until compaction gives their segments back.
         store.compact();
-        if store.stats().mem_used_total * 100 <= limit * LIMIT_HIGH {
+        if held_to_limit(&store.stats()) * 100 <= limit * LIMIT_HIGH {
             room_made();
         }
     }
     pages
+}
+
+/// What the store holds as its limit counts it: its memory, and a page for each page
+/// staged for the GPU (a write that finds the limit reached counts those too; measured
+/// without them, a ring far behind the writes kept the room thread from making the room
+/// they wait for).
+fn held_to_limit(s: &uzram_core::store::Stats) -> u64 {
+    s.mem_used_total
+        .saturating_add(s.staged_pages.saturating_mul(PAGE_SIZE as u64))
 }
 
 /// One writeback pass of up to `max_pages` pages unused for `min_age` minutes, within the
@@ -208,7 +218,18 @@ fn pass(store: &PageStore, budget: Option<&Budget>, min_age: u32, max_pages: u64
 mod tests {
     use super::*;
     use std::sync::Arc;
-    use uzram_core::PAGE_SIZE;
+
+    /// The room thread measures what a staging write's limit check measures: pages staged
+    /// for the GPU hold a page of room each.
+    #[test]
+    fn staged_pages_count_to_the_limit_as_a_page_each() {
+        let s = uzram_core::store::Stats {
+            mem_used_total: 180 << 20,
+            staged_pages: 20_480,
+            ..Default::default()
+        };
+        assert_eq!(held_to_limit(&s), 260 << 20);
+    }
 
     #[test]
     fn pressure_is_read_from_the_some_line() {

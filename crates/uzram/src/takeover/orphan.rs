@@ -48,7 +48,7 @@ impl RoomAhead {
     /// Maps the room of `state`'s store (failing that, warns: the recovery gives nothing back).
     pub fn map(state: &DaemonState) -> RoomAhead {
         let room = state.store_shm.and_then(|shm| {
-            store_segment::MappedRoom::map(shm)
+            store_segment::MappedRoom::map(shm, Some(state.id))
                 .inspect_err(|err| tracing::warn!(dev = %state.dev, error = %err, "mapping the store's recovery room failed: a takeover will not give it back"))
                 .ok()
         });

@@ -118,31 +118,13 @@ pub fn write(state: &DaemonState) -> Result<(), ControlError> {
         .first()
         .filter(|seg| seg.key == libc::IPC_PRIVATE)
         .map(|seg| seg.id);
-    let id = match reused {
-        Some(id) => {
-            found.remove(0);
-            id
-        }
-        None => shm::create(LEN).map_err(shm_err("the recovery record"))?,
-    };
-    let map = shm::Attached::map(id, false).map_err(shm_err("the recovery record"))?;
-    if map.size() != LEN {
-        return Err(ControlError::Io {
-            what: format!("shared memory segment {id}"),
-            source: std::io::Error::other("not the size of a recovery record"),
-        });
+    if reused.is_some() {
+        found.remove(0);
     }
-    // SAFETY: the mapping is LEN bytes (checked) and ours while attached. The header names
-    // the device before the segment is locked, so a kill from here on leaves a record that
-    // `uzram list` finds; the length goes in last, so a record cut short reads as none.
-    unsafe {
-        let base = map.base();
-        ptr::write_volatile(base.add(8).cast::<u32>(), 0);
-        ptr::write_volatile(base.add(12).cast::<u32>(), state.id);
-        ptr::copy_nonoverlapping(MAGIC.as_ptr(), base, MAGIC.len());
-    }
-    shm::lock(id).map_err(shm_err("shmctl SHM_LOCK (the recovery record)"))?;
-    // SAFETY: as above; the body fits after the header (checked).
+    let (_, map) = headed_segment(state.id, reused)?;
+    // SAFETY: the mapping is LEN bytes (`headed_segment` checked) and ours while attached;
+    // the body fits after the header (checked). The length goes in last, so a record cut
+    // short reads as none.
     unsafe {
         let base = map.base();
         ptr::copy_nonoverlapping(json.as_ptr(), base.add(HEADER), json.len());
@@ -155,6 +137,59 @@ pub fn write(state: &DaemonState) -> Result<(), ControlError> {
         }
     }
     Ok(())
+}
+
+/// Device `id`'s record segment, `reused` or made now, attached, its header naming the
+/// device with a length of 0 (no record yet), and locked in memory. A segment made here
+/// and not handed out is removed again.
+fn headed_segment(id: u32, reused: Option<i32>) -> Result<(i32, shm::Attached), ControlError> {
+    let seg = match reused {
+        Some(seg) => seg,
+        None => shm::create(LEN).map_err(shm_err("the recovery record"))?,
+    };
+    let headed = shm::Attached::map(seg, false)
+        .map_err(shm_err("the recovery record"))
+        .and_then(|map| {
+            if map.size() != LEN {
+                return Err(ControlError::Io {
+                    what: format!("shared memory segment {seg}"),
+                    source: std::io::Error::other("not the size of a recovery record"),
+                });
+            }
+            // SAFETY: the mapping is LEN bytes (checked) and ours while attached. The header
+            // names the device before the segment is locked, so a kill from here on leaves a
+            // record that `uzram list` finds.
+            unsafe {
+                let base = map.base();
+                ptr::write_volatile(base.add(8).cast::<u32>(), 0);
+                ptr::write_volatile(base.add(12).cast::<u32>(), id);
+                ptr::copy_nonoverlapping(MAGIC.as_ptr(), base, MAGIC.len());
+            }
+            shm::lock(seg).map_err(shm_err("shmctl SHM_LOCK (the recovery record)"))?;
+            Ok(map)
+        });
+    match headed {
+        Ok(map) => Ok((seg, map)),
+        Err(err) => {
+            if reused.is_none() {
+                let _ = shm::remove(seg);
+            }
+            Err(err)
+        }
+    }
+}
+
+/// Makes the record segment of new device `id` now, with no record in it yet (one an
+/// earlier device of the id left is emptied and reused): its record is written only once
+/// it serves, and a segment made then could be refused (the host's segments are counted
+/// host-wide, and any user can use them all up), leaving a device in swap that no daemon
+/// could take over after a crash. A device whose segment cannot be had here is not made.
+pub fn reserve(id: u32) -> Result<(), ControlError> {
+    let reused = segments_of(id)
+        .first()
+        .filter(|seg| seg.key == libc::IPC_PRIVATE)
+        .map(|seg| seg.id);
+    headed_segment(id, reused).map(drop)
 }
 
 /// The bytes of record segment `seg`.
@@ -496,6 +531,50 @@ mod tests {
         );
         remove(id);
         assert_eq!(read(id), None);
+        assert!(segments(id).is_empty());
+    }
+
+    /// A new device's segment is made before it serves, empty (an earlier device's record of
+    /// the id is emptied), and its record later goes into that very segment: publishing it
+    /// needs no segment the host may have run out of by then.
+    #[test]
+    fn a_reserved_segment_holds_no_record_until_the_daemon_writes_it() {
+        if !crate::sys::is_root() {
+            eprintln!("skipped: SHM_LOCK needs root");
+            return;
+        }
+        let id = (1 << 20) - 19;
+        let state = DaemonState {
+            pid: 4242,
+            store_shm: Some(17),
+            ..DaemonState::example(id)
+        };
+        write(&state).unwrap();
+        let stale = segments(id);
+        reserve(id).unwrap();
+        assert_eq!(
+            segments(id),
+            stale,
+            "the earlier device's segment is reused"
+        );
+        assert_eq!(
+            read(id),
+            None,
+            "an earlier device's record outlived the reserve"
+        );
+        remove(id);
+        lock(&REMOVED).retain(|&r| r != id);
+        reserve(id).unwrap();
+        let reserved = segments(id);
+        assert!(
+            matches!(reserved[..], [(libc::IPC_PRIVATE, _)]),
+            "{reserved:?}"
+        );
+        assert_eq!(read(id), None);
+        write(&state).unwrap();
+        assert_eq!(read(id), Some(state));
+        assert_eq!(segments(id), reserved, "the record went elsewhere");
+        remove(id);
         assert!(segments(id).is_empty());
     }
 

@@ -98,7 +98,19 @@ pub fn attach_locked<H: Copy + PartialEq>(
     populating: &'static str,
 ) -> Result<usize, SegmentError> {
     // Mapped (and so checked root's alone) before it is locked: never lock another's memory.
-    let base = crate::shm::Attached::map(id, false)?.keep();
+    let mapped = crate::shm::Attached::map(id, false)?;
+    if mapped.size() < len {
+        // The id was freed and reused since the caller read the header through its own
+        // mapping: the slices handed out would reach past this one's end.
+        return Err(foreign(
+            id,
+            format!(
+                "it is {} bytes, not the {len} its header names",
+                mapped.size()
+            ),
+        ));
+    }
+    let base = mapped.keep();
     if let Err(e) = crate::shm::lock(id) {
         // SAFETY: our own mapping, made above; nothing refers to it.
         unsafe { crate::shm::detach(base) };

@@ -779,8 +779,8 @@ pub fn commit_room_at(start: usize, len: usize) {
 
 /// Commits the recovery room of segment `id` again, after [`MappedRoom::release`] for a handover
 /// that then failed (its daemon serves on, and needs its room for the next takeover).
-pub fn restore_room(id: i32) {
-    let restored = with_room(id, |room, len| {
+pub fn restore_room(id: i32, device: Option<u32>) {
+    let restored = with_room(id, device, |room, len| {
         commit_room_at(room, len);
         Ok(len)
     });
@@ -793,9 +793,10 @@ pub fn restore_room(id: i32) {
 /// length, once the header is checked to be a store's whose room lies in the segment.
 fn with_room(
     id: i32,
+    device: Option<u32>,
     f: impl FnOnce(usize, usize) -> Result<usize, SegmentError>,
 ) -> Result<usize, SegmentError> {
-    let attached = attach_room(id)?;
+    let attached = attach_room(id, device)?;
     f(attached.room, attached.len)
 }
 
@@ -807,7 +808,10 @@ struct AttachedRoom {
     len: usize,
 }
 
-fn attach_room(id: i32) -> Result<AttachedRoom, SegmentError> {
+/// The room of store `id`, when it is `device`'s store (where the caller knows the device:
+/// a record's segment id may since have been freed and reused by another device's store,
+/// whose room must not be given back).
+fn attach_room(id: i32, device: Option<u32>) -> Result<AttachedRoom, SegmentError> {
     let mapped = crate::shm::Attached::map(id, false)?;
     let size = mapped.size();
     if size < UNIT {
@@ -819,6 +823,12 @@ fn attach_room(id: i32) -> Result<AttachedRoom, SegmentError> {
         return Err(foreign(
             id,
             "no uzram store header of a known layout".into(),
+        ));
+    }
+    if let Some(device) = device.filter(|&d| d != header.device) {
+        return Err(foreign(
+            id,
+            format!("it is the store of device {}, not {device}", header.device),
         ));
     }
     // The room is given back (its pages zeroed) before the store is checked whole: a header
@@ -856,9 +866,10 @@ pub struct MappedRoom {
 }
 
 impl MappedRoom {
-    /// Maps the room of segment `id`, and only the room.
-    pub fn map(id: i32) -> Result<MappedRoom, SegmentError> {
-        let attached = attach_room(id)?;
+    /// Maps the room of segment `id` (when `device` is given, only if it is that device's
+    /// store), and only the room.
+    pub fn map(id: i32, device: Option<u32>) -> Result<MappedRoom, SegmentError> {
+        let attached = attach_room(id, device)?;
         let (room, len) = (attached.room, attached.len);
         let size = attached.mapped.size();
         let base = attached.mapped.keep();
@@ -1330,7 +1341,7 @@ mod tests {
         crate::shm::tests::write_as_owner(id, crate::shm::tests::bytes_of(&region.header));
         let err = StoreSegment::attach(id, expected()).expect_err("nobody's store");
         assert!(err.to_string().contains("not root's alone"), "{err}");
-        assert!(MappedRoom::map(id).is_err());
+        assert!(MappedRoom::map(id, None).is_err());
         assert_eq!(store_facts(id), None);
         remove(id);
         assert!(exists(id), "remove() took someone else's segment");
@@ -1351,12 +1362,21 @@ mod tests {
                 .count()
         };
         assert_eq!(resident(), len / 4096, "a new store's room is committed");
+        // Asked for as another device's store (a record whose segment id was reused): kept.
+        let device = store_facts(region.id()).unwrap().device;
+        let err = MappedRoom::map(region.id(), Some(device.wrapping_add(1))).unwrap_err();
+        assert!(err.to_string().contains("not"), "{err}");
+        restore_room(region.id(), Some(device.wrapping_add(1)));
+        assert_eq!(resident(), len / 4096, "another device's room was touched");
         assert_eq!(
-            MappedRoom::map(region.id()).unwrap().release().unwrap(),
+            MappedRoom::map(region.id(), Some(device))
+                .unwrap()
+                .release()
+                .unwrap(),
             len
         );
         assert_eq!(resident(), 0, "given back");
-        restore_room(region.id());
+        restore_room(region.id(), None);
         assert_eq!(resident(), len / 4096, "committed again");
         remove(region.id());
     }
@@ -1389,7 +1409,7 @@ mod tests {
         };
         let (room, len) = region.room();
         let before = attaches(region.id());
-        let mapped = MappedRoom::map(region.id()).unwrap();
+        let mapped = MappedRoom::map(region.id(), None).unwrap();
         assert_eq!(mapped.shm(), region.id());
         assert_eq!(attaches(region.id()), before + 1);
         // only the room is mapped: the maps line of its address spans the room's length
@@ -1436,19 +1456,19 @@ mod tests {
             room_off: good.table_off,
             ..good
         });
-        let err = MappedRoom::map(region.id()).unwrap_err();
+        let err = MappedRoom::map(region.id(), None).unwrap_err();
         assert!(err.to_string().contains("layout"), "{err}");
         write(Header {
             room_len: good.room_len + 4096,
             ..good
         });
-        assert!(MappedRoom::map(region.id()).is_err());
+        assert!(MappedRoom::map(region.id(), None).is_err());
         write(Header {
             version: UNBOUND_VERSION,
             ..good
         });
         assert!(
-            MappedRoom::map(region.id()).is_err(),
+            MappedRoom::map(region.id(), None).is_err(),
             "layout 5 with layout 7's blocks"
         );
         write(good);
@@ -1468,7 +1488,7 @@ mod tests {
                 )
             };
             assert_eq!(
-                MappedRoom::map(old.id()).unwrap().release().unwrap(),
+                MappedRoom::map(old.id(), None).unwrap().release().unwrap(),
                 len,
                 "a layout {version} store's room"
             );
@@ -1484,7 +1504,7 @@ mod tests {
         };
         let held = crate::shm::Attached::map(id, true).unwrap();
         crate::shm::remove(id).unwrap();
-        let err = MappedRoom::map(id).unwrap_err();
+        let err = MappedRoom::map(id, None).unwrap_err();
         assert!(err.to_string().contains("header"), "{err}");
         assert_eq!(attaches(id), 1, "nothing left mapped but ours");
         drop(held);
