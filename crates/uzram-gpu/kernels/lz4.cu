@@ -852,6 +852,9 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
         s_crc[i] = CRC32C_TABLE[i];
     }
     __syncwarp();
+    // No correct parse packs a slot's blocks past this; the result buffer is host memory
+    // (mapped), so a block placed past it by a faulty compressor is never read or exported.
+    const size_t cap = (size_t)npages * PAGE_BYTES;
     for (u32 page = blockIdx.x; page < npages; page += gridDim.x) {
         const u32 size = meta[page];
         const u32 off = meta[npages + page];
@@ -860,7 +863,10 @@ uzram_lz4_verify(const uint4* __restrict__ in, const u8* __restrict__ scratch,
         if (lane == 0u) {
             out_meta[2u * (size_t)npages + 1u + page] = crc;
         }
-        if (size == SIZE_RAW) {
+        const size_t placed_end = (size_t)off + (size == SIZE_SAME_FILLED ? 8u : (size_t)size);
+        if (size != SIZE_RAW && placed_end > cap) {
+            result = SIZE_REJECTED;
+        } else if (size == SIZE_RAW) {
             // Nothing to check: the host stores the page it staged.
         } else if (size == SIZE_SAME_FILLED) {
             const uint4* src = in + (size_t)page * (PAGE_BYTES / 16u);

@@ -138,9 +138,17 @@ fn damage_and_check(kernel: Kernel) {
     let mut unhinted = Vec::new();
     let mut poke = Poke {
         stream: &stream,
-        ranges: vec![(bufs.scratch, scratch_bytes(n)), (bufs.packed, bytes)],
-        pinned: HostBuf::new(&gpu, 2).unwrap(),
+        ranges: vec![
+            (bufs.scratch, scratch_bytes(n)),
+            (bufs.packed, bytes),
+            (bufs.meta, launch::device_buffer_bytes(n)[3]),
+        ],
+        pinned: HostBuf::new(&gpu, 4).unwrap(),
     };
+    // Blocks placed (by their offset) past the end of what a slot's blocks can fill, as a
+    // faulty compressor could place them: rejected before anything is read or exported
+    // there (the result buffer is host memory). Not walked: no check of the bytes runs.
+    let mut misplaced = Vec::new();
     for i in 0..n {
         let size = word(&meta, i) as usize;
         if size == 0 || size >= THRESHOLD {
@@ -154,6 +162,11 @@ fn damage_and_check(kernel: Kernel) {
             unhinted.push((i, count));
         }
         match i % 12 {
+            9 => {
+                let past = (bytes - size / 2) as u32;
+                poke.write(bufs.meta + ((n + i) * 4) as u64, &past.to_le_bytes());
+                misplaced.push(i);
+            }
             0 => {
                 let token = poke.read(bufs.packed + off, 1)[0];
                 poke.write(bufs.packed + off, &[token ^ 0x10]);
@@ -188,6 +201,12 @@ fn damage_and_check(kernel: Kernel) {
             }
             _ => {}
         }
+    }
+    // The same for a same-filled page's word.
+    if let Some(i) = (0..n).find(|&i| word(&meta, i) == u32::MAX) {
+        let past = (bytes - 4) as u32;
+        poke.write(bufs.meta + ((n + i) * 4) as u64, &past.to_le_bytes());
+        misplaced.push(i);
     }
     let compressed: usize = (0..n)
         .map(|i| word(&meta, i) as usize)
@@ -228,6 +247,7 @@ fn damage_and_check(kernel: Kernel) {
             "page {i}'s checksum"
         );
         match out.page(i).unwrap() {
+            PageResult::Rejected if misplaced.contains(&i) => {}
             PageResult::Rejected => {
                 assert!(
                     corrupted.contains(&i),
@@ -235,6 +255,7 @@ fn damage_and_check(kernel: Kernel) {
                 );
                 rejected += 1;
             }
+            _ if misplaced.contains(&i) => panic!("page {i}, placed past the blocks' end, passed"),
             PageResult::Compressed(b) => {
                 assert!(!corrupted.contains(&i), "corrupted page {i} passed");
                 use uzram_core::codec::PageCodec;
@@ -256,6 +277,7 @@ fn damage_and_check(kernel: Kernel) {
          {walked} walked serially"
     );
     assert_eq!(rejected, corrupted.len());
+    assert!(misplaced.len() > 5, "{} misplaced", misplaced.len());
     assert!(passed > 100);
     // Every damaged block and every misled one fails the hinted check and is walked
     // serially; every other block passes the hinted check.

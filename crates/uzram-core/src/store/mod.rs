@@ -318,7 +318,8 @@ impl PageStore {
         for &index in &damaged {
             // Padding entries past the last page are no page's: left as they are.
             if index < store.pages() {
-                store.lose(index);
+                // Counted as lost above already: nothing of its old entry is taken off.
+                store.lose(index, false);
                 found.damaged_entries += 1;
             }
         }
@@ -348,7 +349,7 @@ impl PageStore {
                 found.settled_pages += 1;
                 found.pages_stored += 1;
             } else {
-                store.lose(index);
+                store.lose(index, true);
                 found.lost_pages += 1;
             }
         }
@@ -381,13 +382,17 @@ impl PageStore {
     }
 
     /// Marks page `index` lost (its staged copy is gone, or its entry was damaged): reads
-    /// of it fail until it is written again.
-    fn lose(&self, index: u64) {
+    /// of it fail until it is written again. `counted`: the shard's totals count its old
+    /// entry (a damaged one was counted as lost already, and a damaged side-map fill's cost
+    /// taken off would wrap them).
+    fn lose(&self, index: u64, counted: bool) {
         let (shard, idx) = self.locate(index);
         let mut shard = write_lock(shard);
         // Lost needs no side map, so `set` cannot fail.
         if let Ok(Some(old)) = shard.set(idx, Slot::Lost) {
-            shard.totals.replace(cost_of(old), PageCost::default());
+            if counted {
+                shard.totals.replace(cost_of(old), PageCost::default());
+            }
             if self.mem_limit.is_some() && matches!(old, Slot::Staged(_)) {
                 self.staged.fetch_sub(1, Ordering::Relaxed);
             }
@@ -960,7 +965,9 @@ impl PageStore {
     }
 
     fn staged_room(&self) -> u64 {
-        self.staged.load(Ordering::Relaxed) * PAGE_SIZE as u64
+        self.staged
+            .load(Ordering::Relaxed)
+            .saturating_mul(PAGE_SIZE as u64)
     }
 
     /// Puts `payload` into page `index`, whatever it held.

@@ -167,10 +167,12 @@ impl PageStore {
                     nfreed += 1;
                 }
             }
-            drop(shard);
+            // Counted under the lock, as a rewrite that takes a staged page off counts it
+            // under the lock: counted after, such a rewrite in between wrapped the count.
             if self.mem_limit.is_some() {
                 self.staged.fetch_add(newly, Ordering::Relaxed);
             }
+            drop(shard);
             if nfreed == freed.len() {
                 self.free_slots(&freed);
                 nfreed = 0;

@@ -983,6 +983,37 @@ fn a_store_with_unbound_checksums_is_taken_over_as_such() {
     }
 }
 
+/// An entry that reads as a fill kept in the dead process's side map (its word is gone) is
+/// a lost page after a takeover, and the store's counts stay right (its cost was never
+/// counted: taking it off wrapped the shard's totals).
+#[test]
+fn a_side_map_fill_entry_is_lost_in_a_takeover_without_wrapping_the_counts() {
+    let pages = 64;
+    let mut kept = super::kept_memory::KeptMemory::new(StoreConfig::new(pages, Algorithm::Lz4), 0);
+    let store = kept.store();
+    let written: Vec<_> = (1..9u64).map(|i| (i * 5, text_page(i as u8))).collect();
+    for (i, p) in &written {
+        store.write(*i, p).unwrap();
+    }
+    let ext_entry = 2u64;
+    assert!(matches!(
+        entry::Entry::from_word(ext_entry).slot(),
+        entry::Slot::SameExt
+    ));
+    let table = kept.table;
+    table[3].store(ext_entry, Ordering::Relaxed);
+    kept.kill(store);
+    let (taken, found) = kept.recover().unwrap();
+    assert_eq!(found.damaged_entries, 1);
+    let s = taken.stats();
+    assert_eq!(s.pages_stored, written.len() as u64, "{s:?}");
+    assert_eq!(s.same_pages, 0, "{s:?}");
+    assert!(taken.read(3, &mut [0u8; PAGE_SIZE]).is_err());
+    for (i, p) in &written {
+        assert_eq!(read_page(&taken, *i), *p, "page {i}");
+    }
+}
+
 /// An entry that was zeroed is damage, never an empty page: in a running store its page
 /// reads as an I/O error, and a takeover loses that page, not the store. A table an earlier
 /// release kept, whose empty pages were zeros, is taken over whole once its zeros are

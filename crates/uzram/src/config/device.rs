@@ -528,6 +528,9 @@ pub enum ConfigError {
     /// `recompress-algorithm = "lz4-gpu-dict"` with `checksums = false`.
     #[error("recompress-algorithm lz4-gpu-dict needs checksums: a page decoded with a damaged dictionary must fail its check, so leave checksums on (the default)")]
     RecompressDictNeedsChecksums,
+    /// `backend = "gpu"` with `checksums = false`.
+    #[error("backend gpu needs checksums: a page the GPU compressed is installed only once its check matches the checksum taken when it was staged, so leave checksums on (the default), or use backend cpu or auto")]
+    GpuNeedsChecksums,
     /// `writeback-idle-age` or `writeback-limit` without `writeback-device`.
     #[error(
         "writeback-idle-age and writeback-limit need writeback-device (a partition or a file path)"
@@ -814,6 +817,9 @@ impl RawDevice {
         let algorithm = Algorithm::parse(algorithm_text)
             .map_err(|_| ConfigError::UnknownAlgorithm(algorithm_text.to_string()))?;
         let backend = Backend::parse(self.backend.as_deref().unwrap_or("cpu"))?;
+        if backend == Backend::Gpu && self.checksums == Some(false) {
+            return Err(ConfigError::GpuNeedsChecksums);
+        }
         backend.check(algorithm, host.probe_gpu)?;
         let gpu = self.gpu_settings()?;
         let queues = match self.queues {

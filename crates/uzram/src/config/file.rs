@@ -968,6 +968,10 @@ mod tests {
                 "lz4-gpu-dict needs checksums",
             ),
             (
+                "checksums = false\nbackend = \"gpu\"",
+                "backend gpu needs checksums",
+            ),
+            (
                 "compression-algorithm = \"zstd\"\nrecompress-algorithm = \"lz4-gpu\"",
                 "use it with algorithm lz4",
             ),

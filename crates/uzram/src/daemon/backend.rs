@@ -113,9 +113,18 @@ impl StagingHome<'_> {
 }
 
 /// Why `auto` compresses on the CPU, or `None` when it uses a GPU.
-fn auto_on_cpu<T>(algorithm: Algorithm, gpu: &Result<T, anyhow::Error>) -> Option<String> {
+fn auto_on_cpu<T>(
+    algorithm: Algorithm,
+    checksums: bool,
+    gpu: &Result<T, anyhow::Error>,
+) -> Option<String> {
     if algorithm != Algorithm::Lz4 {
         return Some(format!("the GPU compresses lz4, this device {algorithm}"));
+    }
+    if !checksums {
+        // A GPU result is installed once its check matches the checksum of the staged page:
+        // without checksums nothing on the host would catch a wrong one.
+        return Some("the GPU's results are checked against the page checksums, which this device does not keep".into());
     }
     gpu.as_ref().err().map(|e| format!("{e:#}"))
 }
@@ -141,12 +150,12 @@ impl WriteBackend {
                 "opening the GPU for --backend gpu (use --backend cpu, or auto to use a GPU only where one works)",
             )?),
             Backend::Auto => {
-                let gpu = if algorithm == Algorithm::Lz4 {
+                let gpu = if algorithm == Algorithm::Lz4 && store.checksums() {
                     open_gpus(settings)
                 } else {
                     Err(anyhow::anyhow!("not tried"))
                 };
-                match auto_on_cpu(algorithm, &gpu) {
+                match auto_on_cpu(algorithm, store.checksums(), &gpu) {
                     Some(why) => {
                         tracing::info!(why, "backend auto compresses on the CPU");
                         None
@@ -441,11 +450,23 @@ mod tests {
         let c = start(s.clone(), Backend::Auto).expect("auto with zstd must start");
         assert_eq!(c.name(), "cpu");
         round_trip(&s, &c);
-        assert!(
-            auto_on_cpu::<()>(Algorithm::Zstd { level: 3 }, &Err(anyhow::anyhow!("x")))
-                .unwrap()
-                .contains("lz4")
-        );
+        assert!(auto_on_cpu::<()>(
+            Algorithm::Zstd { level: 3 },
+            true,
+            &Err(anyhow::anyhow!("x"))
+        )
+        .unwrap()
+        .contains("lz4"));
+    }
+
+    /// Without checksums nothing on the host checks a GPU result: `auto` compresses on the
+    /// CPU, with or without a GPU.
+    #[test]
+    fn auto_without_checksums_uses_the_cpu() {
+        assert!(auto_on_cpu::<()>(Algorithm::Lz4, false, &Ok(()))
+            .unwrap()
+            .contains("checksums"));
+        assert_eq!(auto_on_cpu::<()>(Algorithm::Lz4, true, &Ok(())), None);
     }
 
     #[test]

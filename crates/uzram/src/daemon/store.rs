@@ -172,6 +172,10 @@ pub fn recover(
         }
     };
     let copy = staging.as_ref().and_then(|s| s.copy(store_cfg.checksums));
+    // Nothing refills the pool while the store is taken over (no keeper yet, and a refill
+    // could wait on this very device): a staged page that finds no segment is lost at once,
+    // not after a wait per page (thousands of pages, minutes of a paused device).
+    let _no_waits = crate::memory::pool::takes_without_waiting();
     let (store, found) = PageStore::recover(
         store_cfg,
         persist,

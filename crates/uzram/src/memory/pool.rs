@@ -157,7 +157,7 @@ unsafe fn push(block: *mut u8) {
 /// did at once before.
 pub fn take_within(wait: Duration) -> *mut u8 {
     let block = pop();
-    if !block.is_null() || BASE.load(Ordering::Acquire) == 0 {
+    if !block.is_null() || BASE.load(Ordering::Acquire) == 0 || NO_WAITS.with(|n| n.get() > 0) {
         return block;
     }
     TAKE_WAITS.fetch_add(1, Ordering::Relaxed);
@@ -178,6 +178,29 @@ pub fn take_within(wait: Duration) -> *mut u8 {
             return block;
         }
         nap = (nap * 2).min(Duration::from_millis(1));
+    }
+}
+
+thread_local! {
+    /// Guards of [`takes_without_waiting`] this thread holds.
+    static NO_WAITS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// While the guard lives, [`take_within`] on this thread does not wait for an empty pool to
+/// be refilled: for work during which nothing refills it (a takeover's adoption of the
+/// store, before its keeper starts).
+pub fn takes_without_waiting() -> NoWaits {
+    NO_WAITS.with(|n| n.set(n.get() + 1));
+    NoWaits(std::marker::PhantomData)
+}
+
+/// See [`takes_without_waiting`]; bound to its thread.
+#[must_use]
+pub struct NoWaits(std::marker::PhantomData<*const ()>);
+
+impl Drop for NoWaits {
+    fn drop(&mut self) {
+        NO_WAITS.with(|n| n.set(n.get().saturating_sub(1)));
     }
 }
 
@@ -847,6 +870,30 @@ mod tests {
         unsafe { push(p) };
         for b in held {
             // SAFETY: as above.
+            unsafe { push(b as *mut u8) };
+        }
+    }
+
+    /// While a takeover holds the guard, a take from the empty pool returns at once: no
+    /// keeper refills it then, and each wait would be a page's worth of a paused device.
+    #[test]
+    fn a_take_without_waiting_returns_at_once_from_an_empty_pool() {
+        let _serial = test_pool();
+        let held = take_every_free_block();
+        let started = Instant::now();
+        let p = {
+            let _no_waits = takes_without_waiting();
+            take_within(Duration::from_secs(5))
+        };
+        let took = started.elapsed();
+        if !p.is_null() {
+            // Another test gave a block back meanwhile.
+            // SAFETY: a free pool block nobody else uses.
+            unsafe { push(p) };
+        }
+        assert!(took < Duration::from_secs(1), "a take waited {took:?}");
+        for b in held {
+            // SAFETY: free pool blocks this test took and nobody else uses.
             unsafe { push(b as *mut u8) };
         }
     }
