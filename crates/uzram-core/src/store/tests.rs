@@ -983,18 +983,31 @@ fn a_store_with_unbound_checksums_is_taken_over_as_such() {
     }
 }
 
+/// A persistent store of `pages` pages in kept memory, with eight text pages written (pages
+/// 5, 10, ... 40), and those pages.
+fn kept_with_text_pages(
+    pages: u64,
+) -> (
+    super::kept_memory::KeptMemory,
+    PageStore,
+    Vec<(u64, [u8; PAGE_SIZE])>,
+) {
+    let kept = super::kept_memory::KeptMemory::new(StoreConfig::new(pages, Algorithm::Lz4), 0);
+    let store = kept.store();
+    let written: Vec<_> = (1..9u64).map(|i| (i * 5, text_page(i as u8))).collect();
+    for (i, p) in &written {
+        store.write(*i, p).unwrap();
+    }
+    (kept, store, written)
+}
+
 /// An entry that reads as a fill kept in the dead process's side map (its word is gone) is
 /// a lost page after a takeover, and the store's counts stay right (its cost was never
 /// counted: taking it off wrapped the shard's totals).
 #[test]
 fn a_side_map_fill_entry_is_lost_in_a_takeover_without_wrapping_the_counts() {
     let pages = 64;
-    let mut kept = super::kept_memory::KeptMemory::new(StoreConfig::new(pages, Algorithm::Lz4), 0);
-    let store = kept.store();
-    let written: Vec<_> = (1..9u64).map(|i| (i * 5, text_page(i as u8))).collect();
-    for (i, p) in &written {
-        store.write(*i, p).unwrap();
-    }
+    let (mut kept, store, written) = kept_with_text_pages(pages);
     let ext_entry = 2u64;
     assert!(matches!(
         entry::Entry::from_word(ext_entry).slot(),
@@ -1021,12 +1034,7 @@ fn a_side_map_fill_entry_is_lost_in_a_takeover_without_wrapping_the_counts() {
 #[test]
 fn a_zeroed_entry_reads_as_an_error_and_an_earlier_releases_zeros_are_marked() {
     let pages = 64;
-    let mut kept = super::kept_memory::KeptMemory::new(StoreConfig::new(pages, Algorithm::Lz4), 0);
-    let store = kept.store();
-    let written: Vec<_> = (1..9u64).map(|i| (i * 5, text_page(i as u8))).collect();
-    for (i, p) in &written {
-        store.write(*i, p).unwrap();
-    }
+    let (mut kept, store, written) = kept_with_text_pages(pages);
     let table = kept.table;
     let entries = table.len() - tier::Ages::words_for(pages) as usize;
     let held: Vec<usize> = (0..entries)
