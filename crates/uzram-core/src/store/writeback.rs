@@ -297,7 +297,7 @@ impl PageStore {
     /// One writeback pass over the pages `pass` selects, oldest first. It runs on the
     /// calling thread, allocates nothing (`writeback.rs`), and holds a shard's lock only to
     /// copy an object out and to switch an entry. Objects go in runs of up to
-    /// [`RUN_BLOCKS`](super::RUN_BLOCKS) blocks, [`RUNS_IN_FLIGHT`] runs written at once.
+    /// [`RUN_BLOCKS`] blocks, [`RUNS_IN_FLIGHT`] runs written at once.
     pub fn writeback(&self, pass: Writeback) -> Result<WrittenBack, CoreError> {
         let (Some(backing), Some(scratch)) = (self.backing.get(), self.pass.get()) else {
             return Err(CoreError::Config(
