@@ -44,7 +44,15 @@ pub fn create_alias(dev: &str) -> io::Result<PathBuf> {
     std::fs::create_dir_all(ALIAS_DIR)?;
     std::fs::set_permissions(ALIAS_DIR, std::fs::Permissions::from_mode(0o755))?;
     let alias_str = alias.to_string_lossy();
-    if block_rdev(&alias_str) == Some(rdev) {
+    let kept = std::fs::symlink_metadata(&alias).is_ok_and(|a| {
+        // A node left as it should be (one of an earlier version, or made by hand with
+        // another mode or owner, would let others read swapped pages through it).
+        block_rdev(&alias_str) == Some(rdev)
+            && !a.file_type().is_symlink()
+            && (a.mode() & 0o7777, a.uid(), a.gid())
+                == (meta.mode() & 0o7777, meta.uid(), meta.gid())
+    });
+    if kept {
         return Ok(alias);
     }
     match std::fs::remove_file(&alias) {

@@ -38,31 +38,76 @@ pub fn in_use(dev: &str) -> Option<String> {
 
 /// True when `/proc/swaps` lists `dev` now, under its own name or under another node of the
 /// same block device (`uzram swap-on` activates swap through `/dev/zram-uzram/ublkbN`; see
-/// `hibernate.rs`).
+/// `hibernate.rs`), that node removed since included.
 pub fn is_active_swap(dev: &str) -> std::io::Result<bool> {
-    let rdev = block_rdev(dev);
     let swaps = std::fs::read_to_string("/proc/swaps")?;
-    Ok(swap_active(&swaps, dev, |path| {
-        rdev.is_some() && block_rdev(path) == rdev
-    }))
+    Ok(swap_active(&swaps, dev, same_device_as(dev)))
 }
 
 /// `dev`'s line of `/proc/swaps`: (size, used) in KiB; `None` when it is not active swap.
 pub fn swap_usage(dev: &str) -> std::io::Result<Option<(u64, u64)>> {
-    let rdev = block_rdev(dev);
     let swaps = std::fs::read_to_string("/proc/swaps")?;
-    Ok(swap_line(&swaps, dev, |path| {
+    Ok(swap_line(&swaps, dev, same_device_as(dev)))
+}
+
+/// Whether a `/proc/swaps` path (decoded, [`swap_path`]) names block device `dev`: a node of
+/// the same device number, or, once removed (the kernel then lists it with " (deleted)"),
+/// `dev`'s own name or uzram's alias of it, whose number can no longer be read (taken for
+/// `dev`: a stop then waits for swapoff rather than delete a device still in swap).
+fn same_device_as(dev: &str) -> impl Fn(&str, bool) -> bool + '_ {
+    let rdev = block_rdev(dev);
+    let alias = crate::hibernate::alias_path(dev);
+    move |path, deleted| {
+        if deleted {
+            return path == dev || Path::new(path) == alias;
+        }
         rdev.is_some() && block_rdev(path) == rdev
-    }))
+    }
+}
+
+/// The path a `/proc/swaps` line names, and whether it was removed since: the kernel writes
+/// space, tab, newline and backslash as octal escapes (`\040`) and adds " (deleted)" to a
+/// path whose node is gone.
+fn swap_path(field: &str) -> (String, bool) {
+    let (field, deleted) = match field.strip_suffix("\\040(deleted)") {
+        Some(rest) => (rest, true),
+        None => (field, false),
+    };
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)))
+            .map(|d| d.iter().fold(0u32, |n, c| n * 8 + u32::from(c - b'0')))
+            .and_then(|n| u8::try_from(n).ok());
+        match octal {
+            Some(byte) => {
+                out.push(byte);
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    (String::from_utf8_lossy(&out).into_owned(), deleted)
 }
 
 /// (size, used) in KiB of the `/proc/swaps` line of `dev`, or of a path for which
 /// `same_device` holds.
-fn swap_line(swaps: &str, dev: &str, same_device: impl Fn(&str) -> bool) -> Option<(u64, u64)> {
+fn swap_line(
+    swaps: &str,
+    dev: &str,
+    same_device: impl Fn(&str, bool) -> bool,
+) -> Option<(u64, u64)> {
     swaps.lines().skip(1).find_map(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
-        let path = *f.first()?;
-        if path != dev && !same_device(path) {
+        let (path, deleted) = swap_path(f.first()?);
+        let named = path == dev && !deleted;
+        if !named && !same_device(&path, deleted) {
             return None;
         }
         Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?))
@@ -77,12 +122,13 @@ pub fn block_rdev(path: &str) -> Option<u64> {
 }
 
 /// True when `/proc/swaps` text lists `dev`, or a path for which `same_device` holds.
-fn swap_active(swaps: &str, dev: &str, same_device: impl Fn(&str) -> bool) -> bool {
+fn swap_active(swaps: &str, dev: &str, same_device: impl Fn(&str, bool) -> bool) -> bool {
     swaps
         .lines()
         .skip(1)
         .filter_map(|l| l.split_whitespace().next())
-        .any(|path| path == dev || same_device(path))
+        .map(swap_path)
+        .any(|(path, deleted)| (path == dev && !deleted) || same_device(&path, deleted))
 }
 
 /// The mount point of `dev` (device number `rdev`) in mountinfo text, if mounted.
@@ -102,7 +148,23 @@ pub fn mountpoint(mountinfo: &str, dev: &str, rdev: u64) -> Option<String> {
 /// The first process with `dev` open: (pid, command name). This process counts too: uzram
 /// never opens the device before this scan, so an fd of ours was inherited from a caller
 /// (e.g. `sh -c "exec 4<DEV; uzram destroy"`) that still uses the device.
+///
+/// A descriptor counts by what it has open, not by the name it was opened through: another
+/// node of the same block device (uzram's alias, a container's `/dev`) or a node removed
+/// since names the same device.
 fn open_by(dev: &str) -> Option<(u32, String)> {
+    use std::os::unix::fs::FileTypeExt;
+    let target = std::fs::metadata(dev).ok()?;
+    let block = target.file_type().is_block_device();
+    let same = |fd: &Path| {
+        std::fs::metadata(fd).is_ok_and(|m| {
+            if block {
+                m.file_type().is_block_device() && m.rdev() == target.rdev()
+            } else {
+                (m.dev(), m.ino()) == (target.dev(), target.ino())
+            }
+        })
+    };
     let procs = std::fs::read_dir("/proc").ok()?;
     for entry in procs.flatten() {
         let Some(pid) = entry
@@ -115,9 +177,7 @@ fn open_by(dev: &str) -> Option<(u32, String)> {
         let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
             continue;
         };
-        let open = fds
-            .flatten()
-            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == Path::new(dev)));
+        let open = fds.flatten().any(|fd| same(&fd.path()));
         if open {
             let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
             return Some((pid, comm.trim().to_string()));
@@ -135,20 +195,23 @@ mod tests {
         let swaps = "Filename\tType\tSize\tUsed\tPriority\n\
                      /dev/zram-uzram/ublkb0 partition\t1061884\t524288\t100\n\
                      /swapfile file 2097148 0 -2\n";
-        let alias = |p: &str| p == "/dev/zram-uzram/ublkb0";
+        let alias = |p: &str, _| p == "/dev/zram-uzram/ublkb0";
         assert_eq!(
             swap_line(swaps, "/dev/ublkb0", alias),
             Some((1061884, 524288))
         );
-        assert_eq!(swap_line(swaps, "/swapfile", |_| false), Some((2097148, 0)));
-        assert_eq!(swap_line(swaps, "/dev/ublkb1", |_| false), None);
+        assert_eq!(
+            swap_line(swaps, "/swapfile", |_, _| false),
+            Some((2097148, 0))
+        );
+        assert_eq!(swap_line(swaps, "/dev/ublkb1", |_, _| false), None);
     }
 
     #[test]
     fn finds_active_swap() {
         let swaps = "Filename\tType\tSize\tUsed\tPriority\n\
                      /dev/ublkb0                             partition\t262140\t0\t-2\n";
-        let never = |_: &str| false;
+        let never = |_: &str, _| false;
         assert!(swap_active(swaps, "/dev/ublkb0", never));
         assert!(!swap_active(swaps, "/dev/ublkb1", never));
         assert!(!swap_active("Filename\tType\n", "/dev/ublkb0", never));
@@ -156,7 +219,40 @@ mod tests {
         let alias = "Filename\tType\tSize\tUsed\tPriority\n\
                      /dev/zram-uzram/ublkb1                  partition\t262140\t0\t100\n";
         assert!(!swap_active(alias, "/dev/ublkb1", never));
-        assert!(swap_active(alias, "/dev/ublkb1", |p| p == "/dev/zram-uzram/ublkb1"));
+        assert!(swap_active(alias, "/dev/ublkb1", |p, _| p == "/dev/zram-uzram/ublkb1"));
+    }
+
+    /// The kernel escapes a swap path's spaces and backslashes, and marks a path whose node
+    /// was removed: swap turned on through uzram's alias stays found once the alias is gone
+    /// (the daemon's stop would otherwise delete a device still in swap).
+    #[test]
+    fn a_removed_alias_and_escaped_paths_are_still_found() {
+        assert_eq!(swap_path("/swap\\040file"), ("/swap file".into(), false));
+        assert_eq!(swap_path("/a\\134b"), ("/a\\b".into(), false));
+        assert_eq!(swap_path("/x\\9"), ("/x\\9".into(), false));
+        assert_eq!(
+            swap_path("/dev/zram-uzram/ublkb3\\040(deleted)"),
+            ("/dev/zram-uzram/ublkb3".into(), true)
+        );
+        let swaps = "Filename\tType\tSize\tUsed\tPriority\n\
+                     /dev/zram-uzram/ublkb3\\040(deleted) partition\t262140\t4\t100\n";
+        let same = same_device_as("/dev/ublkb3");
+        assert!(swap_active(swaps, "/dev/ublkb3", &same));
+        assert_eq!(swap_line(swaps, "/dev/ublkb3", &same), Some((262140, 4)));
+        assert!(!swap_active(
+            swaps,
+            "/dev/ublkb4",
+            same_device_as("/dev/ublkb4")
+        ));
+        // Turned on through the device's own node, removed since.
+        let gone = "Filename\tType\tSize\tUsed\tPriority\n\
+                    /dev/ublkb3\\040(deleted) partition\t262140\t4\t100\n";
+        assert!(swap_active(
+            gone,
+            "/dev/ublkb3",
+            same_device_as("/dev/ublkb3")
+        ));
+        assert!(!swap_active(gone, "/dev/ublkb3", |_, _| false));
     }
 
     #[test]
@@ -189,7 +285,16 @@ mod tests {
         let held = std::fs::File::open(&path).unwrap();
         let (pid, _) = open_by(&name).expect("our own fd must be found");
         assert_eq!(pid, std::process::id());
+        // Opened through another name of the same file: the same file open.
+        let other = path.with_extension("link");
+        std::fs::hard_link(&path, &other).unwrap();
         drop(held);
+        assert_eq!(open_by(&name), None);
+        let held = std::fs::File::open(&other).unwrap();
+        let (pid, _) = open_by(&name).expect("an fd opened through another name must be found");
+        assert_eq!(pid, std::process::id());
+        drop(held);
+        std::fs::remove_file(&other).unwrap();
         std::fs::remove_file(&path).unwrap();
         assert_eq!(open_by(&name), None);
     }

@@ -463,7 +463,17 @@ impl Publish {
         // commit and the pool's refill, have not run yet: realtime, they could take the
         // reserve the takeover had).
         let ran_realtime = crate::memory::realtime::begun();
-        match crate::memory::realtime::end() {
+        let mut ended = crate::memory::realtime::end();
+        // Its threads not listed (short of memory or descriptors, as a takeover may be):
+        // tried again a few times, realtime threads left behind would starve the host.
+        for _ in 0..20 {
+            if ended.is_ok() || !crate::memory::realtime::begun() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            ended = crate::memory::realtime::end();
+        }
+        match ended {
             Ok(0) => {}
             Ok(threads) => {
                 tracing::info!(

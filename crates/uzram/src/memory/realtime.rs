@@ -61,7 +61,16 @@ pub fn end() -> io::Result<usize> {
     let mut first_error = None;
     for _ in 0..PASSES {
         let before = moved;
-        for tid in threads()? {
+        let tids = match threads() {
+            Ok(tids) => tids,
+            Err(e) => {
+                // The threads could not be listed (no memory, no descriptor: most likely
+                // while memory is short, when this runs): a later call tries again.
+                BEGUN.store(true, Ordering::Release);
+                return Err(e);
+            }
+        };
+        for tid in tids {
             match is_realtime(tid) {
                 Ok(true) => {}
                 Ok(false) => continue,

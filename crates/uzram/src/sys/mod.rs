@@ -141,8 +141,14 @@ pub fn new_session() -> io::Result<()> {
 /// `/proc` must be the caller's pid namespace (as for the root daemon and the CLI): in
 /// another one a live daemon's pid would name some other process or none.
 pub fn start_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(&stat)?.started
+    read_stat(pid)?.started
+}
+
+/// `/proc/<pid>/stat`, parsed. Read as bytes: a process's name is whatever it set (any user
+/// can give theirs bytes that are not UTF-8), and the fields that matter come after it.
+fn read_stat(pid: impl std::fmt::Display) -> Option<ProcStat> {
+    let bytes = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&String::from_utf8_lossy(&bytes))
 }
 
 /// What one read of `/proc/<pid>/stat` says about a process.
@@ -188,10 +194,7 @@ pub fn process_alive(pid: u32, started: Option<u64>) -> bool {
     if pid <= 0 {
         return false;
     }
-    match std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| parse_stat(&s))
-    {
+    match read_stat(pid) {
         Some(stat) => {
             !stat.exited && started.is_none_or(|t| stat.started.is_none_or(|now| now == t))
         }
@@ -320,8 +323,16 @@ pub fn dup_cloexec(fd: i32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(new) })
 }
 
-/// Takes ownership of an inherited file descriptor number, marking it close-on-exec.
+/// Takes ownership of an inherited file descriptor number, marking it close-on-exec. The
+/// standard streams (0, 1, 2) are refused: the process uses them itself, and owning one would
+/// close it under that use.
 pub fn adopt_fd(fd: i32) -> io::Result<OwnedFd> {
+    if fd <= 2 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("descriptor {fd} is a standard stream, not one handed over to be owned"),
+        ));
+    }
     // SAFETY: F_GETFD on an arbitrary number only checks that it is open.
     check(unsafe { libc::fcntl(fd, libc::F_GETFD) })?;
     // SAFETY: F_SETFD takes no pointers; the descriptor was just checked to be open.
@@ -500,10 +511,7 @@ fn leader_gone(file: &std::fs::File) -> bool {
     use std::os::unix::fs::FileExt;
     let mut buf = [0u8; 1024];
     let n = file.read_at(&mut buf, 0).unwrap_or(0);
-    std::str::from_utf8(&buf[..n])
-        .ok()
-        .and_then(parse_stat)
-        .is_some_and(|s| s.dying)
+    parse_stat(&String::from_utf8_lossy(&buf[..n])).is_some_and(|s| s.dying)
 }
 
 fn wait_for_exit_noting(
@@ -645,7 +653,12 @@ pub fn write_replacing(path: &std::path::Path, bytes: &[u8], mode: u32) -> io::R
         .mode(mode)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&tmp)
-        .and_then(|mut f| f.write_all(bytes))
+        .and_then(|mut f| {
+            // The mode asked for, whatever the umask took off it (a man page for everyone).
+            use std::os::unix::fs::PermissionsExt;
+            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+            f.write_all(bytes)
+        })
         .and_then(|()| std::fs::rename(&tmp, path));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -936,6 +949,11 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 2, "{names:?}");
+        // The mode asked for, not what the umask (022 here, or 077) leaves of it.
+        let shared = dir.path().join("uzram.8");
+        write_replacing(&shared, b"page", 0o666).unwrap();
+        let mode = std::fs::metadata(&shared).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o666);
     }
 
     #[test]
@@ -1100,6 +1118,52 @@ ctypes.CDLL(None).pthread_exit(None)\n";
             !process_alive(pid, None),
             "every thread gone, not yet reaped: not alive"
         );
+        child.wait().unwrap();
+    }
+
+    /// A standard stream is never taken over as a handed-over descriptor (its owner would
+    /// close it under the process's own output).
+    #[test]
+    fn a_standard_stream_is_not_adopted() {
+        for fd in 0..=2 {
+            assert_eq!(
+                adopt_fd(fd).unwrap_err().kind(),
+                io::ErrorKind::InvalidInput
+            );
+        }
+        assert!(adopt_fd(-1).is_err());
+    }
+
+    /// Any user can name a process with bytes that are not UTF-8: its start time is still
+    /// read, so a pid reused by such a process is never taken for the daemon that had it.
+    #[test]
+    fn a_process_named_in_bytes_that_are_not_utf8_still_has_its_start_time() {
+        use std::io::Write;
+        let mut child = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "printf '\\377\\376x' > /proc/self/comm; echo named; read x",
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut named = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+            &mut named,
+        )
+        .unwrap();
+        assert_eq!(named.trim(), "named");
+        let comm = std::fs::read(format!("/proc/{}/comm", child.id())).unwrap();
+        assert!(std::str::from_utf8(&comm).is_err(), "{comm:?}");
+        let started = start_ticks(child.id()).expect("its start time");
+        assert!(process_alive(child.id(), Some(started)));
+        assert!(
+            !process_alive(child.id(), Some(started + 1)),
+            "a process that started at another time was taken for the one asked about"
+        );
+        child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
         child.wait().unwrap();
     }
 
