@@ -22,6 +22,10 @@ pub(crate) type Segment = Box<[AtomicU64]>;
 
 /// Segment slots per chunk.
 const CHUNK: usize = 64;
+/// Bytes the segment table grows by at once (a chunk of slots): memory held, but outside
+/// the room a staged page holds ([`super::STAGED_PAGE_ROOM`]).
+#[cfg(test)]
+pub(crate) const GROWTH_BYTES: u64 = (CHUNK * std::mem::size_of::<Slot>()) as u64;
 
 type Slot = RwLock<Option<Segment>>;
 

@@ -125,7 +125,7 @@ impl PageStore {
         let n = items.len() as u64;
         if let Some(limit) = self.mem_limit {
             let used = self.limited_bytes();
-            if used + n * PAGE_SIZE as u64 > limit {
+            if used + n * super::STAGED_PAGE_ROOM > limit {
                 return Err(CoreError::MemLimit { limit, used });
             }
         }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use uzram_core::store::WritebackCandidates;
-use uzram_core::{PageStore, PAGE_SIZE};
+use uzram_core::PageStore;
 
 use super::budget::Budget;
 use super::room::Room;
@@ -192,13 +192,15 @@ fn make_room(store: &PageStore, budget: Option<&Budget>, asked: bool, room_made:
     pages
 }
 
-/// What the store holds as its limit counts it: its memory, and a page for each page
-/// staged for the GPU (a write that finds the limit reached counts those too; measured
+/// What the store holds as its limit counts it: its memory, and a raw page's room for each
+/// page staged for the GPU (a write that finds the limit reached counts those too; measured
 /// without them, a ring far behind the writes kept the room thread from making the room
 /// they wait for).
 fn held_to_limit(s: &uzram_core::store::Stats) -> u64 {
-    s.mem_used_total
-        .saturating_add(s.staged_pages.saturating_mul(PAGE_SIZE as u64))
+    s.mem_used_total.saturating_add(
+        s.staged_pages
+            .saturating_mul(uzram_core::store::STAGED_PAGE_ROOM),
+    )
 }
 
 /// One writeback pass of up to `max_pages` pages unused for `min_age` minutes, within the
@@ -218,9 +220,10 @@ fn pass(store: &PageStore, budget: Option<&Budget>, min_age: u32, max_pages: u64
 mod tests {
     use super::*;
     use std::sync::Arc;
+    use uzram_core::PAGE_SIZE;
 
     /// The room thread measures what a staging write's limit check measures: pages staged
-    /// for the GPU hold a page of room each.
+    /// for the GPU hold a raw page's room each.
     #[test]
     fn staged_pages_count_to_the_limit_as_a_page_each() {
         let s = uzram_core::store::Stats {
@@ -228,7 +231,10 @@ mod tests {
             staged_pages: 20_480,
             ..Default::default()
         };
-        assert_eq!(held_to_limit(&s), 260 << 20);
+        assert_eq!(
+            held_to_limit(&s),
+            (180 << 20) + 20_480 * uzram_core::store::STAGED_PAGE_ROOM
+        );
     }
 
     #[test]
