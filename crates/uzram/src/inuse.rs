@@ -105,13 +105,18 @@ fn swap_line(
 ) -> Option<(u64, u64)> {
     swaps.lines().skip(1).find_map(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
-        let (path, deleted) = swap_path(f.first()?);
-        let named = path == dev && !deleted;
-        if !named && !same_device(&path, deleted) {
+        if !names(f.first()?, dev, &same_device) {
             return None;
         }
         Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?))
     })
+}
+
+/// Whether the path field of a `/proc/swaps` line names `dev`: its own node as it is, or a
+/// path for which `same_device` holds.
+fn names(field: &str, dev: &str, same_device: &impl Fn(&str, bool) -> bool) -> bool {
+    let (path, deleted) = swap_path(field);
+    (path == dev && !deleted) || same_device(&path, deleted)
 }
 
 /// The device number of a block device node.
@@ -127,8 +132,7 @@ fn swap_active(swaps: &str, dev: &str, same_device: impl Fn(&str, bool) -> bool)
         .lines()
         .skip(1)
         .filter_map(|l| l.split_whitespace().next())
-        .map(swap_path)
-        .any(|(path, deleted)| (path == dev && !deleted) || same_device(&path, deleted))
+        .any(|field| names(field, dev, &same_device))
 }
 
 /// The mount point of `dev` (device number `rdev`) in mountinfo text, if mounted.

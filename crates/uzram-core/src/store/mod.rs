@@ -965,8 +965,9 @@ impl PageStore {
         self.table_bytes
     }
 
-    /// Memory held to the limit: the table, the arena, and a page per staged page.
-    fn limited_bytes(&self) -> u64 {
+    /// Memory held to the limit, as a staging write's check counts it: the table, the
+    /// arena, and [`STAGED_PAGE_ROOM`] per staged page (the room thread measures the same).
+    pub fn limited_bytes(&self) -> u64 {
         self.table_bytes + self.arena.usage().held_bytes + self.staged_room()
     }
 

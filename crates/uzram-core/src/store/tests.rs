@@ -621,10 +621,13 @@ fn staged_pages_hold_room_under_the_memory_limit() {
     store.attach_staging(staging.clone()).unwrap();
     let page = text_page(3);
     let mut tickets = Vec::new();
+    let unstaged = store.limited_bytes();
     for i in 0..fit {
         staging.put(i, at(0, i as usize, 1), page);
         tickets.push(store.stage(i, at(0, i as usize, 1)).unwrap());
     }
+    // What the limit (and the daemon's room thread) counts of them: a raw page's room each.
+    assert_eq!(store.limited_bytes() - unstaged, fit * STAGED_PAGE_ROOM);
     assert!(matches!(
         store.stage(fit, at(0, fit as usize, 1)),
         Err(CoreError::MemLimit { .. })

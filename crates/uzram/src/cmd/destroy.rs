@@ -220,9 +220,7 @@ mod tests {
     /// it; `uzram status` told the user to do so.
     #[test]
     fn a_live_daemon_that_does_not_answer_is_not_deleted_under_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let states = StateDir::new(dir.path().join("run"));
-        states.create().unwrap();
+        let (_dir, states) = StateDir::temporary();
         // An id no kernel device and no record has; the daemon is this process.
         let id = 1_048_001;
         let pid = std::process::id();
@@ -261,9 +259,7 @@ mod tests {
     /// successor taking it over holds the lock before it publishes its own state.
     #[test]
     fn a_dead_daemons_device_is_not_deleted_under_a_daemon_taking_it_over() {
-        let dir = tempfile::tempdir().unwrap();
-        let states = StateDir::new(dir.path().join("run"));
-        states.create().unwrap();
+        let (_dir, states) = StateDir::temporary();
         // An id no kernel device and no record has; pid 0 is no live daemon.
         let id = 1_048_002;
         let state = DaemonState::example(id);
@@ -289,9 +285,7 @@ mod tests {
     /// only when no process holds the device's lock, as every daemon does while it serves.
     #[test]
     fn a_damaged_state_file_is_cleared_only_when_no_daemon_holds_the_device() {
-        let dir = tempfile::tempdir().unwrap();
-        let states = StateDir::new(dir.path().join("run"));
-        states.create().unwrap();
+        let (_dir, states) = StateDir::temporary();
         // An id no kernel device and no record has.
         let id = 1_048_000;
         std::fs::write(states.state_path(id), "{garbage").unwrap();

@@ -137,6 +137,17 @@ impl Default for StateDir {
     }
 }
 
+#[cfg(test)]
+impl StateDir {
+    /// A state directory made (0700) in a new temporary directory, which it lives as long as.
+    pub fn temporary() -> (tempfile::TempDir, StateDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let states = StateDir::new(dir.path().join("run"));
+        states.create().unwrap();
+        (dir, states)
+    }
+}
+
 impl StateDir {
     /// State under `dir`.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
@@ -156,7 +167,7 @@ impl StateDir {
             .create(&self.dir)
             .map_err(io_err(format!("creating {}", self.dir.display())))?;
         // Never through a link planted at the name: chmod would follow it.
-        self.checked_meta(true)?;
+        self.checked(false)?;
         std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
             .map_err(io_err(format!("restricting {}", self.dir.display())))?;
         self.check().map(drop)
@@ -166,19 +177,19 @@ impl StateDir {
     /// real directory, not a link, that no one else owns, and that its group and others can
     /// neither change nor read. `Ok(false)` when there is none.
     pub fn check(&self) -> Result<bool, ControlError> {
-        self.checked_meta(false).map(|meta| meta.is_some())
+        self.checked(true)
     }
 
-    /// The directory's metadata once it passed [`StateDir::check`]'s rules (its mode only
-    /// when `before_chmod`: `create` restricts that next).
-    fn checked_meta(&self, before_chmod: bool) -> Result<Option<std::fs::Metadata>, ControlError> {
+    /// [`StateDir::check`], its mode checked only with `mode_too` (`create` restricts that
+    /// next).
+    fn checked(&self, mode_too: bool) -> Result<bool, ControlError> {
         let untrusted = |why: String| ControlError::UntrustedDir {
             path: self.dir.clone(),
             why,
         };
         let meta = match std::fs::symlink_metadata(&self.dir) {
             Ok(meta) => meta,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
             Err(e) => return Err(io_err(format!("looking at {}", self.dir.display()))(e)),
         };
         if !meta.is_dir() {
@@ -189,10 +200,10 @@ impl StateDir {
             return Err(untrusted(format!("is owned by uid {}", meta.uid())));
         }
         let mode = meta.mode() & 0o7777;
-        if !before_chmod && mode & 0o077 != 0 {
+        if mode_too && mode & 0o077 != 0 {
             return Err(untrusted(format!("has mode {mode:04o}, not 0700")));
         }
-        Ok(Some(meta))
+        Ok(true)
     }
 
     /// `<id>.json`.
@@ -390,9 +401,7 @@ mod tests {
     /// nor through a link planted at its name; `create` never restricts a link's target.
     #[test]
     fn a_state_directory_that_is_not_roots_alone_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let sd = StateDir::new(dir.path().join("run"));
-        sd.create().unwrap();
+        let (dir, sd) = StateDir::temporary();
         sd.write(&DaemonState::example(1)).unwrap();
         let file_mode = std::fs::metadata(sd.state_path(1)).unwrap().mode() & 0o777;
         assert_eq!(file_mode, 0o600, "a state file is root's alone");
@@ -428,9 +437,7 @@ mod tests {
     /// state is damaged, never taken for the device of its name.
     #[test]
     fn a_state_file_is_read_only_as_its_own_devices() {
-        let dir = tempfile::tempdir().unwrap();
-        let sd = StateDir::new(dir.path().join("run"));
-        sd.create().unwrap();
+        let (_dir, sd) = StateDir::temporary();
         sd.write(&DaemonState::example(5)).unwrap();
         std::fs::rename(sd.state_path(5), sd.state_path(3)).unwrap();
         let err = sd.read(3).unwrap_err();

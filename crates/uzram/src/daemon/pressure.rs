@@ -160,14 +160,14 @@ fn make_room(store: &PageStore, budget: Option<&Budget>, asked: bool, room_made:
     let now = store.stats();
     let limit = now.mem_limit;
     let high = if asked { LIMIT_LOW } else { LIMIT_HIGH };
-    if limit == 0 || held_to_limit(&now) * 100 <= limit * high {
+    if limit == 0 || store.limited_bytes() * 100 <= limit * high {
         return 0;
     }
     let mut pages = 0;
     loop {
         let s = store.stats();
         let target = limit / 100 * LIMIT_LOW;
-        let held = held_to_limit(&s);
+        let held = store.limited_bytes();
         if held <= target {
             break;
         }
@@ -185,22 +185,11 @@ fn make_room(store: &PageStore, budget: Option<&Budget>, asked: bool, room_made:
         }
         // The objects' room is holes until compaction gives their segments back.
         store.compact();
-        if held_to_limit(&store.stats()) * 100 <= limit * LIMIT_HIGH {
+        if store.limited_bytes() * 100 <= limit * LIMIT_HIGH {
             room_made();
         }
     }
     pages
-}
-
-/// What the store holds as its limit counts it: its memory, and a raw page's room for each
-/// page staged for the GPU (a write that finds the limit reached counts those too; measured
-/// without them, a ring far behind the writes kept the room thread from making the room
-/// they wait for).
-fn held_to_limit(s: &uzram_core::store::Stats) -> u64 {
-    s.mem_used_total.saturating_add(
-        s.staged_pages
-            .saturating_mul(uzram_core::store::STAGED_PAGE_ROOM),
-    )
 }
 
 /// One writeback pass of up to `max_pages` pages unused for `min_age` minutes, within the
@@ -221,21 +210,6 @@ mod tests {
     use super::*;
     use std::sync::Arc;
     use uzram_core::PAGE_SIZE;
-
-    /// The room thread measures what a staging write's limit check measures: pages staged
-    /// for the GPU hold a raw page's room each.
-    #[test]
-    fn staged_pages_count_to_the_limit_as_a_page_each() {
-        let s = uzram_core::store::Stats {
-            mem_used_total: 180 << 20,
-            staged_pages: 20_480,
-            ..Default::default()
-        };
-        assert_eq!(
-            held_to_limit(&s),
-            (180 << 20) + 20_480 * uzram_core::store::STAGED_PAGE_ROOM
-        );
-    }
 
     #[test]
     fn pressure_is_read_from_the_some_line() {

@@ -114,14 +114,7 @@ pub fn write(state: &DaemonState) -> Result<(), ControlError> {
         });
     }
     let mut found = segments_of(state.id);
-    let reused = found
-        .first()
-        .filter(|seg| seg.key == libc::IPC_PRIVATE)
-        .map(|seg| seg.id);
-    if reused.is_some() {
-        found.remove(0);
-    }
-    let (_, map) = headed_segment(state.id, reused)?;
+    let map = headed_segment(state.id, take_reusable(&mut found))?;
     // SAFETY: the mapping is LEN bytes (`headed_segment` checked) and ours while attached;
     // the body fits after the header (checked). The length goes in last, so a record cut
     // short reads as none.
@@ -139,10 +132,18 @@ pub fn write(state: &DaemonState) -> Result<(), ControlError> {
     Ok(())
 }
 
+/// The first of a device's record segments (`found`, from [`segments_of`]) when it is the
+/// one to reuse (private: not on a legacy key), taken off the list.
+fn take_reusable(found: &mut Vec<shm::Stat>) -> Option<i32> {
+    let first = found.first().filter(|seg| seg.key == libc::IPC_PRIVATE)?.id;
+    found.remove(0);
+    Some(first)
+}
+
 /// Device `id`'s record segment, `reused` or made now, attached, its header naming the
 /// device with a length of 0 (no record yet), and locked in memory. A segment made here
 /// and not handed out is removed again.
-fn headed_segment(id: u32, reused: Option<i32>) -> Result<(i32, shm::Attached), ControlError> {
+fn headed_segment(id: u32, reused: Option<i32>) -> Result<shm::Attached, ControlError> {
     let seg = match reused {
         Some(seg) => seg,
         None => shm::create(LEN).map_err(shm_err("the recovery record"))?,
@@ -168,15 +169,10 @@ fn headed_segment(id: u32, reused: Option<i32>) -> Result<(i32, shm::Attached), 
             shm::lock(seg).map_err(shm_err("shmctl SHM_LOCK (the recovery record)"))?;
             Ok(map)
         });
-    match headed {
-        Ok(map) => Ok((seg, map)),
-        Err(err) => {
-            if reused.is_none() {
-                let _ = shm::remove(seg);
-            }
-            Err(err)
-        }
+    if headed.is_err() && reused.is_none() {
+        let _ = shm::remove(seg);
     }
+    headed
 }
 
 /// Makes the record segment of new device `id` now, with no record in it yet (one an
@@ -185,11 +181,7 @@ fn headed_segment(id: u32, reused: Option<i32>) -> Result<(i32, shm::Attached), 
 /// host-wide, and any user can use them all up), leaving a device in swap that no daemon
 /// could take over after a crash. A device whose segment cannot be had here is not made.
 pub fn reserve(id: u32) -> Result<(), ControlError> {
-    let reused = segments_of(id)
-        .first()
-        .filter(|seg| seg.key == libc::IPC_PRIVATE)
-        .map(|seg| seg.id);
-    headed_segment(id, reused).map(drop)
+    headed_segment(id, take_reusable(&mut segments_of(id))).map(drop)
 }
 
 /// The bytes of record segment `seg`.
