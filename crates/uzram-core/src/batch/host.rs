@@ -4,7 +4,7 @@
 //! slow backends), so every failure path of the ring runs on machines without a GPU.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use super::backend::{BackendError, BackendMemory, FailureKind, SlotBackend};
@@ -59,6 +59,45 @@ pub struct FaultPlan {
     pub zero_input_every: u64,
     /// Wait this long in every `complete` (a slow device).
     pub delay: Duration,
+    /// Completions that do not return until released (a device that hangs without an
+    /// error).
+    pub hang: Option<Hang>,
+}
+
+/// Every `complete` from the `from`-th on (counting from 0) waits until [`Hang::release`].
+#[derive(Debug, Clone, Default)]
+pub struct Hang {
+    /// First hanging call.
+    pub from: u64,
+    released: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl Hang {
+    /// Completions from the `from`-th on hang.
+    pub fn from(from: u64) -> Self {
+        Self {
+            from,
+            released: Arc::default(),
+        }
+    }
+
+    /// Lets the hanging completions (and every later one) return.
+    pub fn release(&self) {
+        let (released, cv) = &*self.released;
+        *released.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        cv.notify_all();
+    }
+
+    fn wait(&self, n: u64) {
+        if n < self.from {
+            return;
+        }
+        let (released, cv) = &*self.released;
+        let mut done = released.lock().unwrap_or_else(PoisonError::into_inner);
+        while !*done {
+            done = cv.wait(done).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
 }
 
 impl FaultPlan {
@@ -343,6 +382,9 @@ impl SlotBackend for HostSlots {
         let n = self.completes.fetch_add(1, Ordering::Relaxed);
         if !self.faults.delay.is_zero() {
             std::thread::sleep(self.faults.delay);
+        }
+        if let Some(hang) = &self.faults.hang {
+            hang.wait(n);
         }
         if let Some(f) = self.faults.complete.filter(|f| f.hits(n)) {
             return Err(self.error(f.kind, format!("injected failure of completion {n}")));

@@ -24,7 +24,7 @@ mod staging;
 
 pub use backend::{BackendError, BackendMemory, FailureKind, SlotBackend};
 #[cfg(any(test, feature = "test-support"))]
-pub use host::{FailAt, FaultPlan, HostSlots};
+pub use host::{FailAt, FaultPlan, Hang, HostSlots};
 pub use layout::{meta_bytes, PageResult, SlotOutput, SIZE_RAW, SIZE_REJECTED, SIZE_SAME_FILLED};
 pub use ring::{Ring, RingConfig, RingStats, SlotTimes, ThreadHook};
 pub use source::{BytesSource, LeasedWords, PageSource};

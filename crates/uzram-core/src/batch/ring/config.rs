@@ -26,6 +26,14 @@ pub struct RingConfig {
     pub spot_check_every: u64,
     /// Backend failures in a row after which the backend is retired.
     pub max_failures: u32,
+    /// Longest an installer waits for one slot's results. A backend that hangs without an
+    /// error (a wedged GPU) would otherwise hold its slots for good: their pages readable
+    /// from staging but never installed, and a flush or stop that never returns. Past it
+    /// the ring's watcher retires the backend and installs the slot's pages from their
+    /// staged copies on the CPU; the installer stuck in the wait is left behind. A slot
+    /// takes milliseconds on a GPU, so the default leaves room for a device shared with
+    /// other work.
+    pub device_deadline: Duration,
     /// Run on every thread the ring starts.
     pub on_thread_start: Option<ThreadHook>,
     /// Where the slots' books live ([`book_words`](crate::batch::book_words) words): `None`,
@@ -44,6 +52,7 @@ impl Default for RingConfig {
             installers: 4,
             spot_check_every: 64,
             max_failures: 8,
+            device_deadline: Duration::from_secs(10),
             on_thread_start: None,
             books: None,
         }
@@ -57,6 +66,7 @@ impl std::fmt::Debug for RingConfig {
             .field("installers", &self.installers)
             .field("spot_check_every", &self.spot_check_every)
             .field("max_failures", &self.max_failures)
+            .field("device_deadline", &self.device_deadline)
             .field("kept_books", &self.books.is_some())
             .finish_non_exhaustive()
     }

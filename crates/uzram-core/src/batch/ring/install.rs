@@ -8,7 +8,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::shared::{Job, Shared};
+use super::shared::{DeviceWait, Job, Shared};
 use super::stats::{bump, Step};
 use crate::batch::backend::{BackendError, FailureKind};
 use crate::batch::layout::{PageResult, SlotOutput};
@@ -24,18 +24,11 @@ const CHUNK: usize = 1024;
 /// found incompressible need none: they are stored from their staged words.
 pub(super) const BUFS: usize = 256;
 
-/// An installer thread's life: jobs until the ring stops.
-pub(super) fn installer_loop(sh: &Shared, tools: Tools) {
-    let mut installer = Installer { sh, tools };
+/// Installer thread `id`'s life: jobs until the ring stops.
+pub(super) fn installer_loop(sh: &Shared, tools: Tools, id: usize) {
+    let mut installer = Installer::new(sh, tools, id);
     while let Some(job) = sh.next_job() {
-        let start = Instant::now();
-        installer.run(job);
-        bump(
-            &sh.counters.install_busy_ns,
-            u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX),
-        );
-        bump(&sh.counters.slots_installed, 1);
-        sh.free(job.slot);
+        installer.take(job);
     }
 }
 
@@ -86,17 +79,48 @@ impl Tools {
     }
 }
 
-/// An installer thread at work.
-struct Installer<'a> {
+/// An installer at work (one of the installer threads, or the watcher).
+pub(super) struct Installer<'a> {
     sh: &'a Shared,
     tools: Tools,
+    id: usize,
 }
 
-impl Installer<'_> {
+impl<'a> Installer<'a> {
+    pub(super) fn new(sh: &'a Shared, tools: Tools, id: usize) -> Self {
+        Self { sh, tools, id }
+    }
+
+    /// Installs `job`'s slot and frees it.
+    pub(super) fn take(&mut self, job: Job) {
+        let sh = self.sh;
+        let start = Instant::now();
+        self.run(job);
+        bump(
+            &sh.counters.install_busy_ns,
+            u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        );
+        bump(&sh.counters.slots_installed, 1);
+        sh.free(job.slot);
+    }
+
+    /// Compresses the pages of `job`, whose installer is stuck in the backend's wait, on
+    /// the CPU from their staged copies (the slot stays the stuck installer's to free).
+    pub(super) fn rescue(&mut self, job: Job) {
+        bump(&self.sh.counters.fallback_slots, 1);
+        self.install(job, None);
+    }
+
     fn run(&mut self, job: Job) {
-        if job.submitted {
-            let sh = self.sh;
+        let sh = self.sh;
+        if job.submitted && !sh.hung.load(Ordering::Relaxed) {
             let mut completed = false;
+            sh.lock().waits[job.slot] = Some(DeviceWait {
+                since: Instant::now(),
+                job,
+                installer: self.id,
+                rescued: false,
+            });
             let result = sh.staging.backend().complete(job.slot, &mut |out| {
                 if !completed {
                     sh.mark(job.slot, Step::Device);
@@ -104,6 +128,7 @@ impl Installer<'_> {
                 completed = true;
                 self.install(job, Some(out));
             });
+            let rescued = sh.lock().waits[job.slot].take().is_some_and(|w| w.rescued);
             if !completed {
                 // The wait ended without results: that time was the device's, not installing.
                 sh.mark(job.slot, Step::Device);
@@ -113,6 +138,8 @@ impl Installer<'_> {
                     sh.failures_in_row.store(0, Ordering::Relaxed);
                     return;
                 }
+                // The watcher compressed them while this thread was stuck.
+                _ if rescued => return,
                 Ok(()) => sh.failed(&BackendError {
                     backend: sh.staging.backend().name(),
                     kind: FailureKind::Transient,

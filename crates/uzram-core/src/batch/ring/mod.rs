@@ -41,6 +41,7 @@ mod shared;
 mod stage;
 mod stats;
 mod submit;
+mod watch;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -53,6 +54,7 @@ use self::install::{installer_loop, Tools, BUFS};
 use self::shared::{Phase, Shared, SlotState, State, MAX_LINE, NO_SLOT};
 use self::stats::Counters;
 pub use self::stats::{RingStats, SlotTimes};
+use self::watch::watch_loop;
 use super::backend::{BackendMemory, SlotBackend};
 use super::source::PageSource;
 use super::staging::{book_words, Staging, Words};
@@ -63,7 +65,9 @@ use crate::CoreError;
 /// Stages writes into a [`SlotBackend`] and installs the results; see the module docs.
 pub struct Ring {
     shared: Arc<Shared>,
-    threads: Vec<JoinHandle<()>>,
+    /// Installer threads, by id.
+    installers: Vec<(usize, JoinHandle<()>)>,
+    watcher: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Ring {
@@ -141,10 +145,13 @@ impl Ring {
                 stalled: false,
                 line: VecDeque::with_capacity(MAX_LINE),
                 next_ticket: 0,
+                waits: vec![None; slots],
             }),
             work: Condvar::new(),
             idle: Condvar::new(),
+            watch: Condvar::new(),
             retired: AtomicBool::new(false),
+            hung: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             failures_in_row: AtomicU32::new(0),
             counters: Counters::default(),
@@ -157,10 +164,17 @@ impl Ring {
         });
         let mut ring = Ring {
             shared,
-            threads: Vec::new(),
+            installers: Vec::new(),
+            watcher: None,
         };
-        for n in 0..ring.shared.cfg.installers {
-            let name = format!("uzram-install-{n}");
+        let installers = ring.shared.cfg.installers;
+        // The watcher is one more installer, for slots whose installer the backend holds.
+        for id in 0..=installers {
+            let name = if id < installers {
+                format!("uzram-install-{id}")
+            } else {
+                "uzram-ring-watch".to_string()
+            };
             let sh = Arc::clone(&ring.shared);
             let thread_name = name.clone();
             // Everything an installer holds is allocated here, before it serves.
@@ -172,11 +186,16 @@ impl Ring {
                     if let Some(hook) = &sh.cfg.on_thread_start {
                         hook(&thread_name);
                     }
-                    installer_loop(&sh, tools);
+                    if id < installers {
+                        installer_loop(&sh, tools, id);
+                    } else {
+                        watch_loop(&sh, tools, id);
+                    }
                 });
             match spawned {
-                Ok(t) => ring.threads.push(t),
-                // Dropping `ring` stops the installers already started.
+                Ok(t) if id < installers => ring.installers.push((id, t)),
+                Ok(t) => ring.watcher = Some(t),
+                // Dropping `ring` stops the threads already started.
                 Err(e) => return Err(CoreError::Config(format!("cannot start {name}: {e}"))),
             }
         }
@@ -222,12 +241,9 @@ impl Ring {
                 submit = sh.seal(&mut st, slot).map(|pages| (slot, pages));
             }
         }
-        let epochs: Vec<(usize, u64)> = st
-            .slots
-            .iter()
-            .enumerate()
-            .filter(|&(i, s)| s.phase != Phase::Free && sh.leased(i) > 0)
-            .map(|(i, _)| (i, sh.staging.epoch(i)))
+        let epochs: Vec<(usize, u64)> = (0..st.slots.len())
+            .filter(|&i| !Shared::settled(&st, i) && sh.leased(i) > 0)
+            .map(|i| (i, sh.staging.epoch(i)))
             .collect();
         drop(st);
         if let Some((slot, pages)) = submit {
@@ -236,7 +252,7 @@ impl Ring {
         let mut st = sh.lock();
         while epochs
             .iter()
-            .any(|&(s, e)| st.slots[s].phase != Phase::Free && sh.staging.epoch(s) == e)
+            .any(|&(s, e)| !Shared::settled(&st, s) && sh.staging.epoch(s) == e)
             && start.elapsed() < within
         {
             st = sh
@@ -278,7 +294,7 @@ impl Ring {
     /// page buffers. Fixed from the start.
     pub fn memory(&self) -> BackendMemory {
         let mut m = self.shared.staging.backend().memory();
-        m.host_bytes += (self.shared.cfg.installers * BUFS * PAGE_SIZE) as u64
+        m.host_bytes += ((self.shared.cfg.installers + 1) * BUFS * PAGE_SIZE) as u64
             + self.shared.staging.book_bytes() as u64;
         m
     }
@@ -300,11 +316,8 @@ impl Ring {
             }
             self.flush_within(within.saturating_sub(start.elapsed()));
             let st = sh.lock();
-            if st
-                .slots
-                .iter()
-                .enumerate()
-                .all(|(i, s)| s.phase == Phase::Free || (sh.leased(i) == 0 && !sh.held(i)))
+            if (0..st.slots.len())
+                .all(|i| Shared::settled(&st, i) || (sh.leased(i) == 0 && !sh.held(i)))
             {
                 return true;
             }
@@ -324,16 +337,49 @@ impl Ring {
     }
 
     fn stop(&mut self) {
-        if self.threads.is_empty() {
+        if self.installers.is_empty() && self.watcher.is_none() {
             return;
         }
         self.flush();
-        self.shared.lock().stop = true;
-        self.shared.work.notify_all();
-        self.shared.idle.notify_all();
-        for t in self.threads.drain(..) {
+        let sh = &*self.shared;
+        sh.lock().stop = true;
+        sh.work.notify_all();
+        sh.idle.notify_all();
+        while !self.installers.is_empty() {
+            let stuck = {
+                let st = sh.lock();
+                st.waits
+                    .iter()
+                    .flatten()
+                    .filter(|w| w.rescued)
+                    .map(|w| w.installer)
+                    .collect::<Vec<_>>()
+            };
+            let mut i = 0;
+            while i < self.installers.len() {
+                let (id, thread) = &self.installers[i];
+                if thread.is_finished() {
+                    let (_, thread) = self.installers.swap_remove(i);
+                    if thread.join().is_err() {
+                        tracing::error!("a ring installer thread panicked");
+                    }
+                } else if stuck.contains(id) {
+                    // Its slot was installed from staging; the thread stays in the
+                    // backend's wait, holding the ring's shared state, until the process ends.
+                    tracing::error!(installer = id, "leaving an installer stuck in the backend");
+                    self.installers.swap_remove(i);
+                } else {
+                    i += 1;
+                }
+            }
+            if !self.installers.is_empty() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        sh.watch.notify_all();
+        if let Some(t) = self.watcher.take() {
             if t.join().is_err() {
-                tracing::error!("a ring installer thread panicked");
+                tracing::error!("the ring's watcher thread panicked");
             }
         }
     }

@@ -82,6 +82,20 @@ pub(super) struct State {
     pub(super) line: VecDeque<Waiter>,
     /// The next waiter's ticket.
     pub(super) next_ticket: u64,
+    /// Per slot, the installer waiting for its results, if one is.
+    pub(super) waits: Vec<Option<DeviceWait>>,
+}
+
+/// An installer in the backend's wait for a slot's results (`complete`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct DeviceWait {
+    pub(super) since: Instant,
+    pub(super) job: Job,
+    /// Which installer waits.
+    pub(super) installer: usize,
+    /// The wait passed the deadline and the watcher installed the slot's pages from staging
+    /// on the CPU: the slot counts as installed, and the installer as stuck until it returns.
+    pub(super) rescued: bool,
 }
 
 /// Most writers that wait in line at once; a writer that finds the line full compresses
@@ -118,6 +132,11 @@ pub(super) struct Shared {
     /// Flushers: a slot was freed.
     pub(super) idle: Condvar,
     pub(super) retired: AtomicBool,
+    /// A wait for results passed [`RingConfig::device_deadline`]: no installer waits for
+    /// the backend again; every slot is compressed on the CPU.
+    pub(super) hung: AtomicBool,
+    /// The watcher: woken to stop.
+    pub(super) watch: Condvar,
     /// No more leases: writes are compressed inline while the slots empty
     /// ([`Ring::drain`](super::Ring::drain)).
     pub(super) draining: AtomicBool,
@@ -142,6 +161,18 @@ impl Shared {
     #[inline]
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether `slot` needs nothing more from the ring: free, or installed by the watcher
+    /// while its installer is stuck in the backend.
+    pub(super) fn settled(st: &State, slot: usize) -> bool {
+        st.slots.get(slot).is_none_or(|s| s.phase == Phase::Free)
+            || st
+                .waits
+                .get(slot)
+                .copied()
+                .flatten()
+                .is_some_and(|w| w.rescued)
     }
 
     /// `slot` ends step `ended` now (each slot's steps follow one another, so one mark each).

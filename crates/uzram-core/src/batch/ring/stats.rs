@@ -108,6 +108,10 @@ ring_stats! {
     count contract_violations => "ring_contract_violations",
     /// Failed submissions and completions.
     count backend_failures => "ring_backend_failures",
+    /// Slots whose results had not come within
+    /// [`RingConfig::device_deadline`](super::RingConfig::device_deadline): installed from
+    /// staging on the CPU, and the backend retired.
+    count hung_slots => "ring_hung_slots",
     /// 1 once the backend is retired.
     given retired => "ring_backend_retired",
     /// Installs retried because the allocator had no memory.

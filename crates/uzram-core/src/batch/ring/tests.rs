@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::batch::layout::{meta_bytes, SIZE_RAW};
-use crate::batch::{BackendError, FailAt, FailureKind, FaultPlan, HostSlots, SlotOutput};
+use crate::batch::{BackendError, FailAt, FailureKind, FaultPlan, Hang, HostSlots, SlotOutput};
 use crate::codec::Algorithm;
 use crate::fuzz::noise_pages as noise;
 use crate::store::StoreConfig;
@@ -251,6 +251,75 @@ fn a_sticky_fault_mid_stream_retires_the_backend_and_loses_nothing() {
     write_all(&ring, 0, &data);
     ring.flush();
     assert_eq!(ring.stats().backend_failures, failures);
+    assert_reads(&store, &data);
+}
+
+/// A ring whose backend hangs in `complete` from its `from`-th call, watched with a short
+/// deadline.
+fn hanging_ring(from: u64) -> (Arc<PageStore>, Ring, Hang, Vec<u8>) {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let hang = Hang::from(from);
+    let faults = FaultPlan {
+        hang: Some(hang.clone()),
+        ..FaultPlan::default()
+    };
+    let cfg = RingConfig {
+        installers: 2,
+        device_deadline: Duration::from_millis(100),
+        ..RingConfig::default()
+    };
+    let (store, ring) = ring_with(n, host(4, 32, faults), cfg);
+    (store, ring, hang, data)
+}
+
+#[test]
+fn a_device_that_hangs_without_an_error_is_retired_and_its_slots_installed_from_staging() {
+    let (store, ring, hang, data) = hanging_ring(2);
+    write_all(&ring, 0, &data);
+    let start = std::time::Instant::now();
+    ring.flush();
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    let s = ring.stats();
+    assert!(s.hung_slots >= 1, "{s:?}");
+    assert_eq!(s.retired, 1, "{s:?}");
+    assert_eq!(store.stats().staged_pages, 0, "every staged page installed");
+    assert_reads(&store, &data);
+    // The stuck installers wake: their results find the pages installed already.
+    hang.release();
+    let mut newer = data.clone();
+    newer.rotate_left(7 * PAGE_SIZE);
+    write_all(&ring, 0, &newer);
+    ring.flush();
+    assert_reads(&store, &newer);
+    ring.shutdown();
+    assert_reads(&store, &newer);
+}
+
+#[test]
+fn a_ring_whose_device_never_returns_still_installs_everything_and_stops() {
+    let (store, ring, _hang, data) = hanging_ring(0);
+    write_all(&ring, 0, &data);
+    let start = std::time::Instant::now();
+    ring.flush();
+    let s = ring.stats();
+    // Both installers stuck, so the watcher took the slots queued behind them too.
+    assert!(s.hung_slots >= 2, "{s:?}");
+    assert_eq!(store.stats().staged_pages, 0);
+    assert!(
+        ring.drain(Duration::from_secs(5)),
+        "drain waits for no stuck slot"
+    );
+    ring.shutdown();
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
     assert_reads(&store, &data);
 }
 
@@ -666,18 +735,19 @@ fn stats_fields_keep_their_names_order_and_values() {
         spot_check_failures: 17,
         contract_violations: 18,
         backend_failures: 19,
-        retired: 20,
-        commit_retries: 21,
-        install_busy_us: 22,
-        busy_slots: 23,
+        hung_slots: 20,
+        retired: 21,
+        commit_retries: 22,
+        install_busy_us: 23,
+        busy_slots: 24,
         slot_us: SlotTimes {
-            free: 24,
-            filling: 25,
-            sealed: 26,
-            submitting: 27,
-            queued: 28,
-            device: 29,
-            installing: 30,
+            free: 25,
+            filling: 26,
+            sealed: 27,
+            submitting: 28,
+            queued: 29,
+            device: 30,
+            installing: 31,
         },
     };
     let names = [
@@ -700,6 +770,7 @@ fn stats_fields_keep_their_names_order_and_values() {
         "ring_spot_check_failures",
         "ring_contract_violations",
         "ring_backend_failures",
+        "ring_hung_slots",
         "ring_backend_retired",
         "ring_commit_retries",
         "ring_install_busy_us",
