@@ -1,0 +1,97 @@
+//! The GPU ring's installers alone: what putting a slot's results into the store costs the
+//! CPU per GiB of pages, on real pages. A [`HostSlots`] backend compresses each slot on the
+//! writer's thread at `submit`, so the installer threads (`uzram-install-*`) do only what
+//! they do behind a GPU: check each result's checksum, plan the slot, copy each block into
+//! the arena and commit it to the table.
+//!
+//! ```text
+//! cargo bench -p uzram-core --bench ring_install
+//! UZRAM_CORPUS=a.pages.zst:b.pages.zst UZRAM_BENCH_REPEAT=7 cargo bench -p uzram-core --bench ring_install
+//! ```
+//!
+//! Each round writes the corpus (tiled to `UZRAM_BENCH_MIB`, default 256) through a fresh
+//! ring of 7 slots of 2,048 pages (the GPU's default shape) in 64 KiB requests from one
+//! writer, flushes, and reads the installer threads' CPU from `/proc/self/task/*/schedstat`.
+//! Reported per corpus: the installers' CPU-s per GiB written (median of the rounds, the
+//! rounds' spread in brackets) and the share of pages the writers stored as fills.
+
+mod support;
+
+use std::sync::Arc;
+
+use support::{corpus_paths, median, read_corpus};
+use uzram_core::batch::{HostSlots, Ring, RingConfig};
+use uzram_core::codec::Algorithm;
+use uzram_core::page::PAGE_SIZE;
+use uzram_core::store::{PageStore, StoreConfig};
+
+const REQUEST: usize = 16 * PAGE_SIZE;
+
+/// Nanoseconds on a CPU of this process's threads whose name starts with `prefix`.
+fn cpu_ns(prefix: &str) -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))
+        })
+        .filter_map(|t| {
+            let s = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+            s.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+fn round(data: &[u8]) -> (f64, u64) {
+    let pages = (data.len() / PAGE_SIZE) as u64;
+    let store = Arc::new(PageStore::new(StoreConfig::new(pages, Algorithm::Lz4)).unwrap());
+    let backend = Arc::new(HostSlots::new(Algorithm::Lz4, 7, 2048));
+    let ring = Ring::start(store.clone(), backend, RingConfig::default()).unwrap();
+    for (i, req) in data.chunks(REQUEST).enumerate() {
+        ring.write((i * 16) as u64, req).unwrap();
+    }
+    ring.flush();
+    let ns = cpu_ns("uzram-install");
+    let same = ring.stats().same_filled_pages;
+    drop(ring);
+    let gib = data.len() as f64 / (1u64 << 30) as f64;
+    (ns as f64 / 1e9 / gib, same)
+}
+
+fn main() {
+    let mib: usize = std::env::var("UZRAM_BENCH_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256);
+    let repeat: usize = std::env::var("UZRAM_BENCH_REPEAT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    println!("corpus | installers CPU-s/GiB (median [min, max]) | same-filled share");
+    for path in corpus_paths() {
+        let pages = read_corpus(&path);
+        let want = mib << 20;
+        let mut data = Vec::with_capacity(want);
+        while data.len() < want {
+            let take = (want - data.len()).min(pages.len());
+            data.extend_from_slice(&pages[..take]);
+        }
+        let mut runs = Vec::new();
+        let mut same = 0;
+        for _ in 0..repeat {
+            let (s, n) = round(&data);
+            runs.push(s);
+            same = n;
+        }
+        let lo = runs.iter().copied().fold(f64::MAX, f64::min);
+        let hi = runs.iter().copied().fold(0.0, f64::max);
+        println!(
+            "{} | {:.4} [{lo:.4}, {hi:.4}] | {:.3}",
+            path.file_name().unwrap_or_default().to_string_lossy(),
+            median(&mut runs),
+            same as f64 / (data.len() / PAGE_SIZE) as f64
+        );
+    }
+}
