@@ -8,7 +8,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::shared::{DeviceWait, Job, Shared};
+use super::shared::{Job, Shared};
 use super::stats::{bump, Step};
 use crate::batch::backend::{BackendError, FailureKind};
 use crate::batch::layout::{PageResult, SlotOutput};
@@ -26,8 +26,8 @@ pub(super) const BUFS: usize = 256;
 
 /// Installer thread `id`'s life: jobs until the ring stops.
 pub(super) fn installer_loop(sh: &Shared, tools: Tools, id: usize) {
-    let mut installer = Installer::new(sh, tools, id);
-    while let Some(job) = sh.next_job() {
+    let mut installer = Installer::new(sh, tools);
+    while let Some(job) = sh.next_job(id) {
         installer.take(job);
     }
 }
@@ -83,12 +83,11 @@ impl Tools {
 pub(super) struct Installer<'a> {
     sh: &'a Shared,
     tools: Tools,
-    id: usize,
 }
 
 impl<'a> Installer<'a> {
-    pub(super) fn new(sh: &'a Shared, tools: Tools, id: usize) -> Self {
-        Self { sh, tools, id }
+    pub(super) fn new(sh: &'a Shared, tools: Tools) -> Self {
+        Self { sh, tools }
     }
 
     /// Installs `job`'s slot and frees it.
@@ -113,22 +112,22 @@ impl<'a> Installer<'a> {
 
     fn run(&mut self, job: Job) {
         let sh = self.sh;
-        if job.submitted && !sh.hung.load(Ordering::Relaxed) {
+        // `next_job` marked the slot in the device's hands; the watcher looks at it only
+        // while this thread waits in `complete`.
+        if !job.submitted || sh.hung.load(Ordering::Relaxed) {
+            sh.left_device(job.slot);
+        } else {
             let mut completed = false;
-            sh.lock().waits[job.slot] = Some(DeviceWait {
-                since: Instant::now(),
-                job,
-                installer: self.id,
-                rescued: false,
-            });
             let result = sh.staging.backend().complete(job.slot, &mut |out| {
                 if !completed {
+                    // The device answered: installing is no longer the watcher's business.
+                    sh.left_device(job.slot);
                     sh.mark(job.slot, Step::Device);
                 }
                 completed = true;
                 self.install(job, Some(out));
             });
-            let rescued = sh.lock().waits[job.slot].take().is_some_and(|w| w.rescued);
+            sh.left_device(job.slot);
             if !completed {
                 // The wait ended without results: that time was the device's, not installing.
                 sh.mark(job.slot, Step::Device);
@@ -139,7 +138,7 @@ impl<'a> Installer<'a> {
                     return;
                 }
                 // The watcher compressed them while this thread was stuck.
-                _ if rescued => return,
+                _ if sh.rescued(job.slot) => return,
                 Ok(()) => sh.failed(&BackendError {
                     backend: sh.staging.backend().name(),
                     kind: FailureKind::Transient,

@@ -150,6 +150,7 @@ impl Ring {
             work: Condvar::new(),
             idle: Condvar::new(),
             watch: Condvar::new(),
+            in_device: (0..slots).map(|_| AtomicBool::new(false)).collect(),
             retired: AtomicBool::new(false),
             hung: AtomicBool::new(false),
             draining: AtomicBool::new(false),
@@ -189,7 +190,7 @@ impl Ring {
                     if id < installers {
                         installer_loop(&sh, tools, id);
                     } else {
-                        watch_loop(&sh, tools, id);
+                        watch_loop(&sh, tools);
                     }
                 });
             match spawned {
@@ -351,7 +352,7 @@ impl Ring {
                 st.waits
                     .iter()
                     .flatten()
-                    .filter(|w| w.rescued)
+                    .filter(|w| w.rescued && sh.waiting_on_device(w.job.slot))
                     .map(|w| w.installer)
                     .collect::<Vec<_>>()
             };

@@ -82,7 +82,8 @@ pub(super) struct State {
     pub(super) line: VecDeque<Waiter>,
     /// The next waiter's ticket.
     pub(super) next_ticket: u64,
-    /// Per slot, the installer waiting for its results, if one is.
+    /// Per slot, the installer that took it to wait for its results; the wait is on while
+    /// [`Shared::in_device`] says so.
     pub(super) waits: Vec<Option<DeviceWait>>,
 }
 
@@ -93,8 +94,11 @@ pub(super) struct DeviceWait {
     pub(super) job: Job,
     /// Which installer waits.
     pub(super) installer: usize,
-    /// The wait passed the deadline and the watcher installed the slot's pages from staging
-    /// on the CPU: the slot counts as installed, and the installer as stuck until it returns.
+    /// The wait passed the deadline and the watcher is installing the slot's pages from
+    /// staging on the CPU: the slot is not freed until it is done.
+    pub(super) rescuing: bool,
+    /// The watcher installed them: the slot counts as installed, and its installer as stuck
+    /// until it returns.
     pub(super) rescued: bool,
 }
 
@@ -137,6 +141,9 @@ pub(super) struct Shared {
     pub(super) hung: AtomicBool,
     /// The watcher: woken to stop.
     pub(super) watch: Condvar,
+    /// Per slot, whether an installer is (about to be) in the backend's wait for its
+    /// results: cleared without the mutex when the wait ends.
+    pub(super) in_device: Vec<AtomicBool>,
     /// No more leases: writes are compressed inline while the slots empty
     /// ([`Ring::drain`](super::Ring::drain)).
     pub(super) draining: AtomicBool,
@@ -173,6 +180,13 @@ impl Shared {
                 .copied()
                 .flatten()
                 .is_some_and(|w| w.rescued)
+    }
+
+    /// Whether an installer waits in the backend for `slot`'s results.
+    pub(super) fn waiting_on_device(&self, slot: usize) -> bool {
+        self.in_device
+            .get(slot)
+            .is_some_and(|w| w.load(Ordering::Acquire))
     }
 
     /// `slot` ends step `ended` now (each slot's steps follow one another, so one mark each).

@@ -4,9 +4,10 @@
 //! many; an installed slot is freed for the writers.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::sync::PoisonError;
+use std::time::{Duration, Instant};
 
-use super::shared::{Job, Phase, Shared, SlotState};
+use super::shared::{DeviceWait, Job, Phase, Shared, SlotState};
 use super::stats::{bump, Step};
 use crate::batch::backend::{BackendError, FailureKind};
 
@@ -61,11 +62,26 @@ impl Shared {
         }
     }
 
+    /// An installer's wait for `slot`'s results ended (or never began).
+    pub(super) fn left_device(&self, slot: usize) {
+        self.in_device[slot].store(false, Ordering::Release);
+    }
+
+    /// Whether the watcher took on `slot`'s pages while its installer waited.
+    pub(super) fn rescued(&self, slot: usize) -> bool {
+        self.lock().waits[slot].is_some_and(|w| w.rescuing)
+    }
+
     /// Frees an installed slot.
     pub(super) fn free(&self, slot: usize) {
         self.mark(slot, Step::Installing);
         let mut st = self.lock();
+        // The watcher may still be reading the slot's staged pages.
+        while st.waits[slot].is_some_and(|w| w.rescuing && !w.rescued) {
+            st = self.idle.wait(st).unwrap_or_else(PoisonError::into_inner);
+        }
         st.slots[slot] = SlotState { phase: Phase::Free };
+        st.waits[slot] = None;
         if let Some(word) = self.leases.get(slot) {
             word.store(0, Ordering::Release);
         }
@@ -76,13 +92,24 @@ impl Shared {
         self.idle.notify_all();
     }
 
-    /// The next job for an installer, sealing the open slot when its delay is up. `None`
-    /// when stopping.
-    pub(super) fn next_job(&self) -> Option<Job> {
+    /// The next job for installer `installer`, sealing the open slot when its delay is up.
+    /// `None` when stopping. A submitted slot is marked in the device's hands from here
+    /// until the installer's wait for its results ends ([`Shared::left_device`]).
+    pub(super) fn next_job(&self, installer: usize) -> Option<Job> {
         let mut st = self.lock();
         loop {
             if let Some(job) = st.queue.pop_front() {
                 self.mark(job.slot, Step::Queued);
+                if job.submitted {
+                    st.waits[job.slot] = Some(DeviceWait {
+                        since: Instant::now(),
+                        job,
+                        installer,
+                        rescuing: false,
+                        rescued: false,
+                    });
+                    self.in_device[job.slot].store(true, Ordering::Release);
+                }
                 return Some(job);
             }
             if st.stop {

@@ -301,6 +301,31 @@ fn a_device_that_hangs_without_an_error_is_retired_and_its_slots_installed_from_
 }
 
 #[test]
+fn a_slow_device_within_the_deadline_is_not_taken_for_a_hung_one() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let cfg = RingConfig {
+        installers: 2,
+        device_deadline: Duration::from_millis(400),
+        ..RingConfig::default()
+    };
+    let (store, ring) = ring_with(
+        n,
+        host(4, 32, FaultPlan::slow(Duration::from_millis(40))),
+        cfg,
+    );
+    write_all(&ring, 0, &data);
+    ring.flush();
+    let s = ring.stats();
+    assert_eq!(
+        (s.hung_slots, s.retired, s.fallback_slots),
+        (0, 0, 0),
+        "{s:?}"
+    );
+    assert_reads(&store, &data);
+}
+
+#[test]
 fn a_ring_whose_device_never_returns_still_installs_everything_and_stops() {
     let (store, ring, _hang, data) = hanging_ring(0);
     write_all(&ring, 0, &data);

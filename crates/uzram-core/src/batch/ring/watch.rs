@@ -20,21 +20,31 @@ const LOOKS_PER_DEADLINE: u32 = 4;
 
 /// The watcher thread's life, until the ring stops with no installer left in an unrescued
 /// wait.
-pub(super) fn watch_loop(sh: &Shared, tools: Tools, id: usize) {
-    let mut installer = Installer::new(sh, tools, id);
+pub(super) fn watch_loop(sh: &Shared, tools: Tools) {
+    let mut installer = Installer::new(sh, tools);
     let deadline = sh.cfg.device_deadline;
     let tick =
         (deadline / LOOKS_PER_DEADLINE).clamp(Duration::from_millis(1), Duration::from_secs(1));
     let mut st = sh.lock();
     loop {
-        let waits = st.waits.iter().flatten();
-        if st.stop && waits.clone().all(|w| w.rescued) {
+        if st.stop
+            && st
+                .waits
+                .iter()
+                .flatten()
+                .filter(|w| sh.waiting_on_device(w.job.slot))
+                .all(|w| w.rescued)
+        {
             return;
         }
-        let overdue: Vec<(Job, Instant)> = waits
-            .filter(|w| !w.rescued && w.since.elapsed() >= deadline)
-            .map(|w| (w.job, w.since))
-            .collect();
+        // Claimed under the mutex: the slot is not freed until its rescue is done.
+        let mut overdue: Vec<(Job, Instant)> = Vec::new();
+        for w in st.waits.iter_mut().flatten() {
+            if !w.rescuing && sh.waiting_on_device(w.job.slot) && w.since.elapsed() >= deadline {
+                w.rescuing = true;
+                overdue.push((w.job, w.since));
+            }
+        }
         let queued = if sh.hung.load(Ordering::Relaxed) {
             st.queue.pop_front()
         } else {
