@@ -288,7 +288,23 @@ impl Budget {
 
 /// A writeback pass of up to `max_pages` pages of `candidates`, within what is left of the
 /// day's budget, which it then spends.
+///
+/// It runs at the I/O path's priority ([`crate::sys::at_io_priority`]), whoever calls it:
+/// it holds the day's turn and the store's pass lock, which the room thread waits on to
+/// make room under the memory limit, and at the tier thread's nice 19 beside busy CPUs a
+/// pass held them for as long as the scheduler left it waiting (the mechanism measured on
+/// compaction). A pass copies objects out and seals them, no compression, so the CPU it
+/// takes at that priority is small.
 pub(super) fn budgeted_writeback(
+    store: &PageStore,
+    budget: Option<&Budget>,
+    candidates: WritebackCandidates,
+    max_pages: u64,
+) -> Result<WrittenBack, uzram_core::CoreError> {
+    crate::sys::at_io_priority(|| writeback_in_turn(store, budget, candidates, max_pages))
+}
+
+fn writeback_in_turn(
     store: &PageStore,
     budget: Option<&Budget>,
     candidates: WritebackCandidates,

@@ -23,6 +23,15 @@ const PAGES_PER_TICK: u64 = 1 << 16;
 /// The nice value of the background pass: behind every task that wants the CPU.
 const TIER_NICE: i32 = 19;
 
+/// Compacts the store with this thread raised to the I/O path's priority for the while:
+/// compaction holds every shard's lock, and at this thread's nice 19 beside busy CPUs it
+/// stopped the writers for as long as the scheduler left it waiting
+/// ([`crate::sys::at_io_priority`]). The control thread's `uzram writeback` and `uzram
+/// recompress` compact through here too.
+fn compact(store: &PageStore) -> u64 {
+    crate::sys::at_io_priority(|| store.compact())
+}
+
 /// Writeback's settings and the day's budget (shared with the room thread).
 pub(super) struct Writeback {
     pub settings: WritebackSettings,
@@ -71,7 +80,7 @@ fn write_back_idle(store: &PageStore, settings: &WritebackSettings, budget: Opti
     };
     match super::budget::budgeted_writeback(store, budget, candidates, PAGES_PER_TICK) {
         Ok(done) if done.pages > 0 => {
-            let compacted = store.compact();
+            let compacted = compact(store);
             tracing::info!(
                 pages = done.pages,
                 blocks = done.blocks,
@@ -107,7 +116,7 @@ fn recompress_idle(store: &PageStore, r: &Recompression, last_error: &mut Option
             // The old objects' room is holes in their segments until compaction moves
             // the live objects together and gives the segments back.
             let compacted = if done.rewritten > 0 {
-                store.compact()
+                compact(store)
             } else {
                 0
             };
@@ -163,7 +172,7 @@ pub(super) fn writeback_now(
         super::budget::budgeted_writeback(store, budget, candidates, max_pages.unwrap_or(u64::MAX))
             .map_err(|e| e.to_string())?;
     if done.pages > 0 {
-        store.compact();
+        compact(store);
     }
     Ok(WritebackReport {
         pages: done.pages,
@@ -216,7 +225,7 @@ pub(super) fn recompress_now(
     }
     .map_err(|e| e.to_string())?;
     if done.rewritten > 0 {
-        store.compact();
+        compact(store);
     }
     Ok(RecompressReport {
         tried: done.tried,
