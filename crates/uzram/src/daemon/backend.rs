@@ -199,7 +199,24 @@ impl WriteBackend {
             }
         };
         let books = segment.as_ref().map(StagingSegment::books);
-        Self::start_ring(store, slots, settings, hook, books)
+        match Self::start_ring(store.clone(), slots, settings, hook, books) {
+            Ok(backend) => Ok(backend),
+            // A ring that fails to start (its threads, their buffers) attached nothing to
+            // the store and dropped the GPU slots, and with them their registration of the
+            // segment's memory.
+            Err(error) if asked == Backend::Auto => {
+                tracing::info!(
+                    why = format!("{error:#}"),
+                    "backend auto compresses on the CPU"
+                );
+                home.forget(segment);
+                Ok(Self::cpu(store))
+            }
+            Err(error) => {
+                home.forget(segment);
+                Err(error)
+            }
+        }
     }
 
     fn start_ring(

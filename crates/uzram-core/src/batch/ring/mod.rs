@@ -82,7 +82,8 @@ impl std::fmt::Debug for Ring {
 }
 
 impl Ring {
-    /// Attaches `backend`'s staging to `store` and starts the installer threads.
+    /// Starts the installer threads and attaches `backend`'s staging to `store`. On an error
+    /// nothing is attached, and the threads already started are stopped.
     pub fn start(
         store: Arc<PageStore>,
         backend: Arc<dyn SlotBackend>,
@@ -129,7 +130,6 @@ impl Ring {
             slot_pages,
             store.checksums(),
         ));
-        store.attach_staging(staging.clone())?;
         let shared = Arc::new(Shared {
             limit: store.raw_threshold(),
             store,
@@ -200,6 +200,11 @@ impl Ring {
                 Err(e) => return Err(CoreError::Config(format!("cannot start {name}: {e}"))),
             }
         }
+        // Last: a ring that failed to start leaves the store as it found it, with no staging
+        // attached, so that its caller can go on without one (`auto` on the CPU).
+        ring.shared
+            .store
+            .attach_staging(ring.shared.staging.clone())?;
         Ok(ring)
     }
 

@@ -677,19 +677,25 @@ fn start_checks_the_backend() {
         ..RingConfig::default()
     };
     assert!(Ring::start(store.clone(), host(2, 4, FaultPlan::default()), none).is_err());
-    let _ring = Ring::start(
+    let ring = Ring::start(
         store.clone(),
         host(2, 4, FaultPlan::default()),
         RingConfig::default(),
     )
     .unwrap();
-    // One staging memory per store.
+    // One staging memory per store: the second ring fails last, after its threads started,
+    // and stops them; the first one serves on.
     assert!(Ring::start(
-        store,
+        store.clone(),
         host(2, 4, FaultPlan::default()),
         RingConfig::default()
     )
     .is_err());
+    let data = noise(8, 7);
+    write_all(&ring, 0, &data);
+    ring.flush();
+    assert_eq!(ring.stats().slots_installed, 2);
+    assert_reads(&store, &data);
 }
 
 #[test]
