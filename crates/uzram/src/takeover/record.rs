@@ -31,10 +31,29 @@ use crate::control::ControlError;
 use crate::shm;
 
 /// The record's header: this magic, the body's length and the device id (native-endian
-/// `u32`s), then the body (JSON).
+/// `u32`s), then the body (JSON), in the first or the second half of the rest ([`SECOND`]).
 const MAGIC: [u8; 8] = *b"UZRAMAN3";
 const LEN: usize = 16 << 10;
 const HEADER: usize = 16;
+/// A half of the space after the header: a new record is written into the half the current
+/// one is not in, and the length word, one aligned store, then points at it. A daemon
+/// killed at any moment of a rewrite so leaves the old record or the new one.
+const HALF: usize = (LEN - HEADER) / 2;
+/// The length word's flag: the body is in the second half. Without it the body starts
+/// right after the header (as every record of the releases before, up to `LEN - HEADER`
+/// bytes).
+const SECOND: u32 = 1 << 31;
+
+/// Where the body a length word names lies: its offset and length, or `None` when there is
+/// none (a length of 0).
+fn body_of(word: u32) -> Option<(usize, usize)> {
+    let len = (word & !SECOND) as usize;
+    match (word & SECOND != 0, len) {
+        (_, 0) => None,
+        (true, len) => Some((HEADER + HALF, len)),
+        (false, len) => Some((HEADER, len)),
+    }
+}
 
 /// The releases before kept the record on key `LEGACY_KEY_BASE + id`, with this magic and no
 /// device in the header; read, never written.
@@ -114,15 +133,43 @@ pub fn write(state: &DaemonState) -> Result<(), ControlError> {
         });
     }
     let mut found = segments_of(state.id);
-    let map = headed_segment(state.id, take_reusable(&mut found))?;
-    // SAFETY: the mapping is LEN bytes (`headed_segment` checked) and ours while attached;
-    // the body fits after the header (checked). The length goes in last, so a record cut
-    // short reads as none.
-    unsafe {
-        let base = map.base();
-        ptr::copy_nonoverlapping(json.as_ptr(), base.add(HEADER), json.len());
-        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-        ptr::write_volatile(base.add(8).cast::<u32>(), json.len() as u32);
+    let map = match take_reusable(&mut found) {
+        Some(seg) => record_segment(seg)?,
+        None => headed_segment(state.id, None)?,
+    };
+    // SAFETY: the mapping is LEN bytes (checked when it was attached) and ours while
+    // attached; the length word is the header's aligned second u32.
+    let word = unsafe { map.base().add(8).cast::<u32>() };
+    // SAFETY: as above.
+    let current = body_of(unsafe { ptr::read_volatile(word) });
+    let other_half = match current {
+        Some((at, _)) if at == HEADER + HALF => HEADER,
+        _ => HEADER + HALF,
+    };
+    let overlaps =
+        current.is_some_and(|(at, len)| at < other_half + json.len() && other_half < at + len);
+    if json.len() <= HALF && !overlaps {
+        let flag = if other_half == HEADER { 0 } else { SECOND };
+        // SAFETY: the body fits the half the current record is not in (checked), inside
+        // the mapping; nothing reads that half until the length word names it, which is
+        // stored last, in one aligned store.
+        unsafe {
+            ptr::copy_nonoverlapping(json.as_ptr(), map.base().add(other_half), json.len());
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+            ptr::write_volatile(word, json.len() as u32 | flag);
+        }
+    } else {
+        // A body longer than a half (or beside an older release's long one): in place, the
+        // length zeroed first so that a record cut short reads as none. A kill in these
+        // microseconds leaves the device with no record.
+        // SAFETY: the body fits after the header (checked above), inside the mapping.
+        unsafe {
+            ptr::write_volatile(word, 0);
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+            ptr::copy_nonoverlapping(json.as_ptr(), map.base().add(HEADER), json.len());
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+            ptr::write_volatile(word, json.len() as u32);
+        }
     }
     for other in found {
         if let Err(error) = shm::remove(other.id) {
@@ -138,6 +185,20 @@ fn take_reusable(found: &mut Vec<shm::Stat>) -> Option<i32> {
     let first = found.first().filter(|seg| seg.key == libc::IPC_PRIVATE)?.id;
     found.remove(0);
     Some(first)
+}
+
+/// Record segment `seg`, attached and checked to be a record's size, and locked in memory
+/// (a segment of the releases before may not be).
+fn record_segment(seg: i32) -> Result<shm::Attached, ControlError> {
+    let map = shm::Attached::map(seg, false).map_err(shm_err("the recovery record"))?;
+    if map.size() != LEN {
+        return Err(ControlError::Io {
+            what: format!("shared memory segment {seg}"),
+            source: std::io::Error::other("not the size of a recovery record"),
+        });
+    }
+    shm::lock(seg).map_err(shm_err("shmctl SHM_LOCK (the recovery record)"))?;
+    Ok(map)
 }
 
 /// Device `id`'s record segment, `reused` or made now, attached, its header naming the
@@ -205,11 +266,13 @@ fn parse_record(id: u32, page: &[u8], host: crate::config::Host) -> Result<Recor
     if page[..8] == MAGIC && device != id {
         return Err(format!("its header names device {device}"));
     }
-    let len = u32::from_ne_bytes(page[8..12].try_into().map_err(|_| "short header")?) as usize;
-    let body = HEADER
+    let word = u32::from_ne_bytes(page[8..12].try_into().map_err(|_| "short header")?);
+    let (at, len) = body_of(word).ok_or("no record in it yet")?;
+    let body = at
         .checked_add(len)
-        .and_then(|end| page.get(HEADER..end))
-        .ok_or_else(|| format!("a length of {len} bytes"))?;
+        .filter(|&end| end <= LEN)
+        .and_then(|end| page.get(at..end))
+        .ok_or_else(|| format!("a length of {len} bytes at {at}"))?;
     let record: Record = serde_json::from_slice(body).map_err(|e| e.to_string())?;
     // Every key of the state must be one it has: the state file tolerates keys of other
     // versions, a record read back from shared memory does not.
@@ -261,17 +324,23 @@ pub fn fuzz_seeds() -> Vec<Vec<u8>> {
         config: Some("/etc/uzram/swap0.toml".into()),
         ..DaemonState::example(3)
     };
-    [None, Some(serde_json::json!({"dev_info": {"dev_id": 3}}))]
-        .into_iter()
-        .map(|ublk| {
+    let ublk = [None, Some(serde_json::json!({"dev_info": {"dev_id": 3}}))];
+    // The body right after the header, and in the second half.
+    ublk.into_iter()
+        .flat_map(|ublk| [(ublk.clone(), false), (ublk, true)])
+        .map(|(ublk, second)| {
             let json = serde_json::to_vec(&Record {
                 state: state.clone(),
                 ublk,
             })
             .unwrap();
+            let flag = if second { SECOND } else { 0 };
             let mut page = MAGIC.to_vec();
-            page.extend_from_slice(&(json.len() as u32).to_ne_bytes());
+            page.extend_from_slice(&(json.len() as u32 | flag).to_ne_bytes());
             page.extend_from_slice(&3u32.to_ne_bytes());
+            if second {
+                page.resize(HEADER + HALF, 0);
+            }
             page.extend_from_slice(&json);
             page
         })
@@ -523,6 +592,57 @@ mod tests {
         );
         remove(id);
         assert_eq!(read(id), None);
+        assert!(segments(id).is_empty());
+    }
+
+    /// A record is rewritten into the half the current one is not in, and the length word
+    /// flips to it last: a daemon killed while it writes (its half written partway) leaves
+    /// the old record readable. A body longer than a half still goes in, in place.
+    #[test]
+    fn a_rewrite_cut_short_leaves_the_old_record() {
+        if !crate::sys::is_root() {
+            eprintln!("skipped: SHM_LOCK needs root");
+            return;
+        }
+        let id = (1 << 20) - 23;
+        let mut state = DaemonState {
+            pid: 4242,
+            store_shm: Some(17),
+            ..DaemonState::example(id)
+        };
+        write(&state).unwrap();
+        let seg = segments(id)[0].1;
+        let map = shm::Attached::map(seg, false).unwrap();
+        // SAFETY: the record's LEN bytes, attached for the test's span.
+        let word = || unsafe { ptr::read_volatile(map.base().add(8).cast::<u32>()) };
+        let first = word();
+        // A rewrite cut short: the other half scribbled over, the length word not yet moved.
+        let (at, _) = body_of(first).unwrap();
+        let other = if at == HEADER { HEADER + HALF } else { HEADER };
+        // SAFETY: `other..other + HALF` lies inside the mapping.
+        unsafe { ptr::write_bytes(map.base().add(other), b'{', HALF) };
+        assert_eq!(read(id), Some(state.clone()), "the old record is gone");
+        state.pid = 4343;
+        write(&state).unwrap();
+        assert_eq!(read(id), Some(state.clone()));
+        assert_ne!(
+            word() & SECOND,
+            first & SECOND,
+            "the rewrite went into the same half"
+        );
+        // A body longer than a half (a long config path) goes in place.
+        state.config = Some(format!("/etc/uzram/{}.toml", "x".repeat(HALF)).into());
+        write(&state).unwrap();
+        assert_eq!(word() & SECOND, 0);
+        assert!((word() as usize) > HALF);
+        assert_eq!(read(id), Some(state.clone()));
+        // And the next short one goes into the second half, clear of it... or in place
+        // where the long body reaches into that half.
+        state.config = Some("/etc/uzram/swap0.toml".into());
+        write(&state).unwrap();
+        assert_eq!(read(id), Some(state));
+        drop(map);
+        remove(id);
         assert!(segments(id).is_empty());
     }
 
