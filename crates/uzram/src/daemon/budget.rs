@@ -293,8 +293,9 @@ impl Budget {
 /// it holds the day's turn and the store's pass lock, which the room thread waits on to
 /// make room under the memory limit, and at the tier thread's nice 19 beside busy CPUs a
 /// pass held them for as long as the scheduler left it waiting (the mechanism measured on
-/// compaction). A pass copies objects out and seals them, no compression, so the CPU it
-/// takes at that priority is small.
+/// compaction). The pass's own CPU (picking pages from the table, copying and sealing their
+/// objects; nothing is compressed) then runs at that priority too: a background pass is
+/// bounded to a tick's pages, `uzram writeback` to what its caller asked.
 pub(super) fn budgeted_writeback(
     store: &PageStore,
     budget: Option<&Budget>,

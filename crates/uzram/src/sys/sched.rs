@@ -53,16 +53,47 @@ pub fn raise_io_thread_priority(thread: impl std::fmt::Display) {
 /// uzram-core --bench compaction_pause`, docs/bench). Where the priority cannot be raised
 /// (no `CAP_SYS_NICE`), `f` runs at the thread's own.
 pub fn at_io_priority<T>(f: impl FnOnce() -> T) -> T {
-    let tid = gettid();
-    let own = nice_of(tid).ok().filter(|&n| n > IO_NICE);
-    let raised = own.is_some() && set_nice_of(tid, IO_NICE).is_ok();
-    let out = f();
-    if let Some(own) = own.filter(|_| raised) {
-        if let Err(err) = set_nice_of(tid, own) {
-            tracing::warn!(error = %err, nice = own, "giving a thread back its nice value failed");
+    let _raised = Raised::new();
+    f()
+}
+
+/// The calling thread raised to [`IO_NICE`] until this is dropped (a panic included).
+struct Raised {
+    tid: Tid,
+    /// The nice value to give back; `None` where nothing was raised.
+    own: Option<i32>,
+}
+
+impl Raised {
+    fn new() -> Self {
+        static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let tid = gettid();
+        let own = nice_of(tid).ok().filter(|&n| n > IO_NICE);
+        let own = own.filter(|_| match set_nice_of(tid, IO_NICE) {
+            Ok(()) => true,
+            Err(err) => {
+                if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(
+                        error = %err,
+                        "raising a thread for work the I/O path waits on failed: it runs at \
+                         its own priority (once per process)"
+                    );
+                }
+                false
+            }
+        });
+        Self { tid, own }
+    }
+}
+
+impl Drop for Raised {
+    fn drop(&mut self) {
+        if let Some(own) = self.own {
+            if let Err(err) = set_nice_of(self.tid, own) {
+                tracing::warn!(error = %err, nice = own, "giving a thread back its nice value failed");
+            }
         }
     }
-    out
 }
 
 /// Thread `tid`'s nice value.
@@ -150,6 +181,10 @@ mod tests {
                 return;
             }
             assert_eq!((inside, after), (IO_NICE, 19));
+            set_nice_of(tid, 19).unwrap();
+            let panicked = std::panic::catch_unwind(|| at_io_priority(|| panic!("in the work")));
+            assert!(panicked.is_err());
+            assert_eq!(nice_of(tid).unwrap(), 19, "a panic kept the thread raised");
         })
         .join()
         .unwrap();

@@ -23,6 +23,7 @@
 //! old file's swapped page is dropped unread.
 
 use std::ptr;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -137,46 +138,57 @@ pub fn write(state: &DaemonState) -> Result<(), ControlError> {
         Some(seg) => record_segment(seg)?,
         None => headed_segment(state.id, None)?,
     };
-    // SAFETY: the mapping is LEN bytes (checked when it was attached) and ours while
-    // attached; the length word is the header's aligned second u32.
-    let word = unsafe { map.base().add(8).cast::<u32>() };
-    // SAFETY: as above.
-    let current = body_of(unsafe { ptr::read_volatile(word) });
-    let other_half = match current {
-        Some((at, _)) if at == HEADER + HALF => HEADER,
-        _ => HEADER + HALF,
-    };
-    let overlaps =
-        current.is_some_and(|(at, len)| at < other_half + json.len() && other_half < at + len);
-    if json.len() <= HALF && !overlaps {
-        let flag = if other_half == HEADER { 0 } else { SECOND };
-        // SAFETY: the body fits the half the current record is not in (checked), inside
-        // the mapping; nothing reads that half until the length word names it, which is
-        // stored last, in one aligned store.
-        unsafe {
-            ptr::copy_nonoverlapping(json.as_ptr(), map.base().add(other_half), json.len());
-            std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-            ptr::write_volatile(word, json.len() as u32 | flag);
-        }
-    } else {
-        // A body longer than a half (or beside an older release's long one): in place, the
-        // length zeroed first so that a record cut short reads as none. A kill in these
-        // microseconds leaves the device with no record.
-        // SAFETY: the body fits after the header (checked above), inside the mapping.
-        unsafe {
-            ptr::write_volatile(word, 0);
-            std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-            ptr::copy_nonoverlapping(json.as_ptr(), map.base().add(HEADER), json.len());
-            std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-            ptr::write_volatile(word, json.len() as u32);
-        }
-    }
+    place(&map, &json);
     for other in found {
         if let Err(error) = shm::remove(other.id) {
             tracing::warn!(id = other.id, %error, "removing a second recovery record failed");
         }
     }
     Ok(())
+}
+
+/// The length word of a record segment's mapping `map` (at least [`HEADER`] bytes).
+fn length_word(map: &shm::Attached) -> &AtomicU32 {
+    // SAFETY: the header's second u32 lies inside the mapping, 4-byte aligned (the mapping
+    // starts on a page); it is only ever accessed atomically, here and by other processes
+    // through their own mappings, and lives as long as `map`.
+    unsafe { AtomicU32::from_ptr(map.base().add(8).cast::<u32>()) }
+}
+
+/// Writes `json` (at most `LEN - HEADER` bytes) into the record segment `map`. A body that
+/// fits a half goes first into the second half, which the length word then names, and then
+/// into the first, which the word names last: a daemon killed at any moment leaves a whole
+/// record, and the one left in the end is where the releases before read it. The half the
+/// word names is never written.
+fn place(map: &shm::Attached, json: &[u8]) {
+    let word = length_word(map);
+    let current = body_of(word.load(Ordering::Acquire));
+    let in_first = current.is_some_and(|(at, _)| at == HEADER);
+    let long_first = current.is_some_and(|(at, len)| at == HEADER && len > HALF);
+    if json.len() <= HALF && !long_first {
+        if in_first {
+            put(map, HEADER + HALF, json);
+        }
+        put(map, HEADER, json);
+    } else {
+        // A body longer than a half (or beside an older release's long one): in place, the
+        // length zeroed first so that a record cut short reads as none. A kill in these
+        // microseconds leaves the device with no record.
+        word.store(0, Ordering::Relaxed);
+        // The zero before any byte of the new body, for a reader in another process.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        put(map, HEADER, json);
+    }
+}
+
+/// Copies `json` to offset `at` of record segment `map`, then names it in the length word.
+fn put(map: &shm::Attached, at: usize, json: &[u8]) {
+    let flag = if at == HEADER { 0 } else { SECOND };
+    // SAFETY: `at + json.len()` is at most LEN (the callers' checks: a half's body in a
+    // half, a longer one from the header), inside the mapping, which is ours while attached;
+    // no reader uses these bytes until the length word names them.
+    unsafe { ptr::copy_nonoverlapping(json.as_ptr(), map.base().add(at), json.len()) };
+    length_word(map).store(json.len() as u32 | flag, Ordering::Release);
 }
 
 /// The first of a device's record segments (`found`, from [`segments_of`]) when it is the
@@ -246,15 +258,32 @@ pub fn reserve(id: u32) -> Result<(), ControlError> {
 }
 
 /// The bytes of record segment `seg`.
+/// The bytes of record segment `seg`, copied while its length word held still (a writer in
+/// another process may be rewriting it: the copy is taken again while the word moves).
 fn record_bytes(seg: &shm::Stat) -> Option<Vec<u8>> {
     let map = shm::Attached::map(seg.id, true).ok()?;
     if map.size() < LEN {
         return None;
     }
-    // SAFETY: the mapping is at least LEN bytes (checked) and stays attached while we copy.
-    let bytes = unsafe { std::slice::from_raw_parts(map.base() as *const u8, LEN) }.to_vec();
-    Some(bytes)
+    let word = length_word(&map);
+    for _ in 0..COPY_TRIES {
+        let before = word.load(Ordering::Acquire);
+        // SAFETY: the mapping is at least LEN bytes (checked) and stays attached while we
+        // copy.
+        let mut bytes =
+            unsafe { std::slice::from_raw_parts(map.base() as *const u8, LEN) }.to_vec();
+        std::sync::atomic::fence(Ordering::Acquire);
+        if word.load(Ordering::Relaxed) == before {
+            bytes[8..12].copy_from_slice(&before.to_ne_bytes());
+            return Some(bytes);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    None
 }
+
+/// Copies of a record taken before one is found whose length word held still.
+const COPY_TRIES: usize = 16;
 
 /// The record in `page` (a record segment's bytes) if it is one of device `id` and passes
 /// every check of what it may hold ([`DaemonState::validate`]); why not otherwise.
@@ -595,11 +624,13 @@ mod tests {
         assert!(segments(id).is_empty());
     }
 
-    /// A record is rewritten into the half the current one is not in, and the length word
-    /// flips to it last: a daemon killed while it writes (its half written partway) leaves
-    /// the old record readable. A body longer than a half still goes in, in place.
+    /// A rewrite never touches the half the length word names: a body that fits a half goes
+    /// into the second half first and then back into the first, where the releases before
+    /// read it. A daemon killed between the two leaves the second half's record, which is
+    /// read, and moved back by the next write; bytes in the half the word does not name are
+    /// never read. A body longer than a half goes in place.
     #[test]
-    fn a_rewrite_cut_short_leaves_the_old_record() {
+    fn a_rewrite_cut_short_leaves_a_whole_record() {
         if !crate::sys::is_root() {
             eprintln!("skipped: SHM_LOCK needs root");
             return;
@@ -613,31 +644,36 @@ mod tests {
         write(&state).unwrap();
         let seg = segments(id)[0].1;
         let map = shm::Attached::map(seg, false).unwrap();
-        // SAFETY: the record's LEN bytes, attached for the test's span.
-        let word = || unsafe { ptr::read_volatile(map.base().add(8).cast::<u32>()) };
-        let first = word();
-        // A rewrite cut short: the other half scribbled over, the length word not yet moved.
-        let (at, _) = body_of(first).unwrap();
-        let other = if at == HEADER { HEADER + HALF } else { HEADER };
-        // SAFETY: `other..other + HALF` lies inside the mapping.
-        unsafe { ptr::write_bytes(map.base().add(other), b'{', HALF) };
-        assert_eq!(read(id), Some(state.clone()), "the old record is gone");
-        state.pid = 4343;
-        write(&state).unwrap();
-        assert_eq!(read(id), Some(state.clone()));
-        assert_ne!(
+        let word = || length_word(&map).load(Ordering::Acquire);
+        assert_eq!(
             word() & SECOND,
-            first & SECOND,
-            "the rewrite went into the same half"
+            0,
+            "a record where the releases before read it"
         );
-        // A body longer than a half (a long config path) goes in place.
+        // A rewrite killed after its first step: the new record in the second half, named.
+        state.pid = 4343;
+        let json = serde_json::to_vec(&Record {
+            state: state.clone(),
+            ublk: None,
+        })
+        .unwrap();
+        put(&map, HEADER + HALF, &json);
+        assert_ne!(word() & SECOND, 0);
+        assert_eq!(read(id), Some(state.clone()), "the second half's record");
+        // Whatever is in the first half now is not read.
+        // SAFETY: `HEADER..HEADER + HALF` lies inside the mapping.
+        unsafe { ptr::write_bytes(map.base().add(HEADER), b'{', HALF) };
+        assert_eq!(read(id), Some(state.clone()));
+        state.pid = 4444;
+        write(&state).unwrap();
+        assert_eq!(word() & SECOND, 0, "moved back into the first half");
+        assert_eq!(read(id), Some(state.clone()));
+        // A body longer than a half (a long config path) goes in place, and the next short
+        // one cannot go into the second half (the long one reaches into it): in place too.
         state.config = Some(format!("/etc/uzram/{}.toml", "x".repeat(HALF)).into());
         write(&state).unwrap();
-        assert_eq!(word() & SECOND, 0);
         assert!((word() as usize) > HALF);
         assert_eq!(read(id), Some(state.clone()));
-        // And the next short one goes into the second half, clear of it... or in place
-        // where the long body reaches into that half.
         state.config = Some("/etc/uzram/swap0.toml".into());
         write(&state).unwrap();
         assert_eq!(read(id), Some(state));
