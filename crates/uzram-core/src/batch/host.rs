@@ -62,6 +62,9 @@ pub struct FaultPlan {
     /// Completions that do not return until released (a device that hangs without an
     /// error).
     pub hang: Option<Hang>,
+    /// Wait this long in every `complete` after its results were installed (a device slow
+    /// to let go of a slot it answered for).
+    pub linger: Duration,
 }
 
 /// Every `complete` from the `from`-th on (counting from 0) waits until [`Hang::release`].
@@ -393,6 +396,10 @@ impl SlotBackend for HostSlots {
         let view = SlotOutput::new(out.pages, &out.meta, &out.packed, out.limit)
             .map_err(|e| self.error(FailureKind::Transient, e.to_string()))?;
         install(&view);
+        drop(out);
+        if !self.faults.linger.is_zero() {
+            std::thread::sleep(self.faults.linger);
+        }
         Ok(())
     }
 

@@ -138,7 +138,7 @@ impl<'a> Installer<'a> {
                     return;
                 }
                 // The watcher compressed them while this thread was stuck.
-                _ if sh.rescued(job.slot) => return,
+                _ if sh.claimed(job.slot) => return,
                 Ok(()) => sh.failed(&BackendError {
                     backend: sh.staging.backend().name(),
                     kind: FailureKind::Transient,

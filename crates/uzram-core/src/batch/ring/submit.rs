@@ -37,6 +37,10 @@ impl Shared {
             submitted,
         });
         self.work.notify_one();
+        if self.hung.load(Ordering::Relaxed) {
+            // The installers may all be stuck in the device: the watcher takes the queue.
+            self.watch.notify_one();
+        }
     }
 
     /// Counts a backend failure; retires the backend when it is sticky or one too many.
@@ -67,8 +71,9 @@ impl Shared {
         self.in_device[slot].store(false, Ordering::Release);
     }
 
-    /// Whether the watcher took on `slot`'s pages while its installer waited.
-    pub(super) fn rescued(&self, slot: usize) -> bool {
+    /// Whether the watcher took on `slot`'s pages (a rescue claimed, done or under way)
+    /// while its installer waited.
+    pub(super) fn claimed(&self, slot: usize) -> bool {
         self.lock().waits[slot].is_some_and(|w| w.rescuing)
     }
 

@@ -255,7 +255,8 @@ fn a_sticky_fault_mid_stream_retires_the_backend_and_loses_nothing() {
 }
 
 /// A ring whose backend hangs in `complete` from its `from`-th call, watched with a short
-/// deadline.
+/// deadline. Installers stuck on a hang never released stay blocked for the rest of the
+/// test binary.
 fn hanging_ring(from: u64) -> (Arc<PageStore>, Ring, Hang, Vec<u8>) {
     let data = pages();
     let n = (data.len() / PAGE_SIZE) as u64;
@@ -291,6 +292,15 @@ fn a_device_that_hangs_without_an_error_is_retired_and_its_slots_installed_from_
     assert_reads(&store, &data);
     // The stuck installers wake: their results find the pages installed already.
     hang.release();
+    let woke = std::time::Instant::now();
+    while ring.stats().stale_pages == s.stale_pages {
+        assert!(
+            woke.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            ring.stats()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let mut newer = data.clone();
     newer.rotate_left(7 * PAGE_SIZE);
     write_all(&ring, 0, &newer);
@@ -301,12 +311,56 @@ fn a_device_that_hangs_without_an_error_is_retired_and_its_slots_installed_from_
 }
 
 #[test]
+fn with_every_installer_stuck_the_watcher_seals_and_installs_the_open_slot() {
+    let (store, ring, _hang, data) = hanging_ring(0);
+    // Two full slots, one for each installer to get stuck on, then a few pages that leave
+    // the next slot open; no flush.
+    write_all(&ring, 0, &data[..64 * PAGE_SIZE]);
+    ring.write(64, &data[64 * PAGE_SIZE..69 * PAGE_SIZE])
+        .unwrap();
+    let start = std::time::Instant::now();
+    while store.stats().staged_pages > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?} {:?}",
+            store.stats(),
+            ring.stats()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut back = vec![0u8; 69 * PAGE_SIZE];
+    store.read(0, &mut back).unwrap();
+    assert!(back == data[..69 * PAGE_SIZE], "a page differs");
+}
+
+#[test]
+fn a_device_slow_to_let_go_after_it_answered_is_not_taken_for_a_hung_one() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let cfg = RingConfig {
+        installers: 2,
+        device_deadline: Duration::from_millis(100),
+        ..RingConfig::default()
+    };
+    let faults = FaultPlan {
+        linger: Duration::from_millis(250),
+        ..FaultPlan::default()
+    };
+    let (store, ring) = ring_with(n, host(4, 32, faults), cfg);
+    write_all(&ring, 0, &data[..256 * PAGE_SIZE]);
+    ring.flush();
+    let s = ring.stats();
+    assert_eq!((s.hung_slots, s.retired), (0, 0), "{s:?}");
+    assert_reads(&store, &data[..256 * PAGE_SIZE]);
+}
+
+#[test]
 fn a_slow_device_within_the_deadline_is_not_taken_for_a_hung_one() {
     let data = pages();
     let n = (data.len() / PAGE_SIZE) as u64;
     let cfg = RingConfig {
         installers: 2,
-        device_deadline: Duration::from_millis(400),
+        device_deadline: Duration::from_secs(2),
         ..RingConfig::default()
     };
     let (store, ring) = ring_with(

@@ -19,7 +19,7 @@ use super::stats::{bump, Step};
 const LOOKS_PER_DEADLINE: u32 = 4;
 
 /// The watcher thread's life, until the ring stops with no installer left in an unrescued
-/// wait.
+/// wait and nothing queued.
 pub(super) fn watch_loop(sh: &Shared, tools: Tools) {
     let mut installer = Installer::new(sh, tools);
     let deadline = sh.cfg.device_deadline;
@@ -27,7 +27,9 @@ pub(super) fn watch_loop(sh: &Shared, tools: Tools) {
         (deadline / LOOKS_PER_DEADLINE).clamp(Duration::from_millis(1), Duration::from_secs(1));
     let mut st = sh.lock();
     loop {
+        let hung = sh.hung.load(Ordering::Relaxed);
         if st.stop
+            && st.queue.is_empty()
             && st
                 .waits
                 .iter()
@@ -45,23 +47,49 @@ pub(super) fn watch_loop(sh: &Shared, tools: Tools) {
                 overdue.push((w.job, w.since));
             }
         }
-        let queued = if sh.hung.load(Ordering::Relaxed) {
-            st.queue.pop_front()
-        } else {
-            None
-        };
-        if overdue.is_empty() && queued.is_none() {
+        // With the installers stuck, the watcher also seals the open slot once its delay is
+        // up (no installer's `next_job` will) and takes the queue.
+        let mut sealed = None;
+        if hung {
+            if let (Some(slot), Some(since)) = (st.open, st.opened) {
+                if since.elapsed() >= sh.cfg.max_delay {
+                    sealed = sh.seal(&mut st, slot).map(|pages| (slot, pages));
+                }
+            }
+        }
+        let queued = if hung { st.queue.pop_front() } else { None };
+        if overdue.is_empty() && queued.is_none() && sealed.is_none() {
+            let wait = if hung {
+                tick.min(sh.cfg.max_delay)
+            } else {
+                tick
+            };
+            let slept = Instant::now();
             st = sh
                 .watch
-                .wait_timeout(st, tick)
+                .wait_timeout(st, wait)
                 .map(|(g, _)| g)
                 .unwrap_or_else(|e| e.into_inner().0);
+            // A watcher that slept far past its wait (the process stopped, the VM paused,
+            // the CPUs starved) cannot tell a hung device from its own absence: the waits
+            // start over.
+            if slept.elapsed() > wait + deadline / 2 {
+                let now = Instant::now();
+                for w in st.waits.iter_mut().flatten() {
+                    w.since = w.since.max(now);
+                }
+            }
             continue;
         }
         drop(st);
+        if let Some((slot, pages)) = sealed {
+            // Retired: queued for the CPU, where this loop takes it.
+            sh.submit(slot, pages);
+        }
         if !overdue.is_empty() {
-            sh.hung.store(true, Ordering::Relaxed);
+            // Retired first: a writer that sees `hung`'s effects sees no open backend.
             sh.retire("the backend did not finish a slot within the device deadline");
+            sh.hung.store(true, Ordering::Relaxed);
         }
         for (job, since) in overdue {
             tracing::error!(
@@ -71,18 +99,33 @@ pub(super) fn watch_loop(sh: &Shared, tools: Tools) {
                 "no results for a slot: installing its pages from staging on the CPU"
             );
             bump(&sh.counters.hung_slots, 1);
+            let _done = Rescued { sh, slot: job.slot };
             installer.rescue(job);
-            let mut st = sh.lock();
-            if let Some(w) = st.waits[job.slot].as_mut().filter(|w| w.since == since) {
-                w.rescued = true;
-            }
-            drop(st);
-            sh.idle.notify_all();
         }
         if let Some(job) = queued {
             sh.mark(job.slot, Step::Queued);
             installer.take(job);
         }
         st = sh.lock();
+    }
+}
+
+/// Marks a slot's rescue done when dropped, also when the rescue panicked: its stuck
+/// installer, if it ever returns, waits in `free` until then.
+struct Rescued<'a> {
+    sh: &'a Shared,
+    slot: usize,
+}
+
+impl Drop for Rescued<'_> {
+    fn drop(&mut self) {
+        let mut st = self.sh.lock();
+        if let Some(w) = st.waits.get_mut(self.slot).and_then(Option::as_mut) {
+            if w.rescuing {
+                w.rescued = true;
+            }
+        }
+        drop(st);
+        self.sh.idle.notify_all();
     }
 }
