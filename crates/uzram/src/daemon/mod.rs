@@ -156,6 +156,8 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let counters = Arc::new(RequestCounters::new(
         cfg.queues.saturating_mul(plan.threads_per_queue),
     ));
+    // A service that panics before the device serves fails the start (checked below).
+    crate::takeover::leave::note_panics_while_starting();
     let running = services::spawn_all(services::Setup {
         cfg: &cfg,
         plan,
@@ -173,6 +175,14 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     populate_memory();
     step(&mut pause, "populate");
     let ctrl = device.start(plan, &mut pause)?;
+    if crate::takeover::leave::panicked_while_starting() {
+        anyhow::bail!(
+            "a daemon thread panicked while the device started (a bug: please report it, with \
+             the log above)"
+        );
+    }
+    // From here a panic anywhere leaves the device to the next daemon (see the function).
+    crate::takeover::leave::leave_device_on_panic();
     // From here the device and its store are this daemon's to serve, and its stop (or a
     // crash) is what ends them; a failed start of its services above removes a new store
     // (locked memory, its pool filled) with its device, as any earlier failure does.
@@ -195,8 +205,6 @@ pub fn serve(launch: Launch, reporter: Arc<Reporter>) -> anyhow::Result<()> {
     let queue_threads = Arc::new(QueueThreads::default());
     let placement = cfg.queue_affinity.placement(backend.name() == "gpu");
     let placed = queue_threads.clone();
-    // From here a panic anywhere leaves the device to the next daemon (see the function).
-    crate::takeover::leave::leave_device_on_panic();
     let served = ctrl.run_target(
         move |dev: &mut UblkDev| {
             dev.tgt.dev_size = size;

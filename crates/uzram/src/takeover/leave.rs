@@ -84,6 +84,29 @@ pub fn exit_after_logging() -> ! {
     exit_leaving_device(QUEUE_FAILED_EXIT)
 }
 
+static PANICKED_STARTING: AtomicBool = AtomicBool::new(false);
+
+/// From now until [`leave_device_on_panic`], a panic in any thread (a service the device's
+/// start spawned) is noted for [`panicked_while_starting`]: the device is not serving yet,
+/// so the start fails and a new device is removed, where the thread alone would have ended
+/// and the device served on without it (a pool keeper, a room thread).
+pub fn note_panics_while_starting() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        PANICKED_STARTING.store(true, Ordering::Release);
+        tracing::error!(
+            panic = %info,
+            "a daemon thread panicked while the device started (a bug: please report it)"
+        );
+    }));
+}
+
+/// Whether a thread panicked since [`note_panics_while_starting`].
+pub fn panicked_while_starting() -> bool {
+    PANICKED_STARTING.load(Ordering::Acquire)
+}
+
 /// From now on a panic in any thread ends the process as a failed queue does (unless the
 /// device is being stopped): a panic is a bug, and one that ended a queue thread, or a thread
 /// a queue waits on, would leave that queue gone for good while the process lived on holding
@@ -188,6 +211,31 @@ mod tests {
         let (code, saved) = run_child("takeover::leave::tests::panic_child", PANIC_CHILD);
         assert_eq!(code, Some(QUEUE_FAILED_EXIT));
         assert!(saved);
+    }
+
+    const STARTING_PANIC_CHILD: &str = "UZRAM_TEST_STARTING_PANIC_CHILD";
+
+    /// Run in a child process by the test below: a service thread panics while the device
+    /// starts; the start sees it, and the process goes on (exit 3: seen, 4: missed).
+    #[test]
+    fn starting_panic_child() {
+        if std::env::var_os(STARTING_PANIC_CHILD).is_none() {
+            return;
+        }
+        note_panics_while_starting();
+        assert!(!panicked_while_starting());
+        let _ = std::thread::spawn(|| panic!("a bug in the pool keeper")).join();
+        std::process::exit(if panicked_while_starting() { 3 } else { 4 });
+    }
+
+    #[test]
+    fn a_thread_that_panics_while_the_device_starts_fails_the_start() {
+        let (code, saved) = run_child(
+            "takeover::leave::tests::starting_panic_child",
+            STARTING_PANIC_CHILD,
+        );
+        assert_eq!(code, Some(3));
+        assert!(!saved, "nothing leaves the device before it serves");
     }
 
     const LOCKED_PANIC_CHILD: &str = "UZRAM_TEST_LOCKED_PANIC_CHILD";
