@@ -11,6 +11,7 @@ use crate::config::Backend;
 
 /// What `uzram bench` reports for one corpus and backend.
 #[derive(Debug, Serialize)]
+#[cfg_attr(test, derive(Default))]
 pub struct Report {
     pub corpus: String,
     /// As asked (`auto` included).
@@ -170,6 +171,7 @@ fn pct(sorted: &[u32], p: f64) -> f64 {
 
 /// One writer of each run, picked by its place in the finishing order.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(test, derive(Default))]
 pub struct WriterReport {
     pub done_s: f64,
     pub cpu_s: f64,
@@ -347,6 +349,20 @@ fn twin<'a>(
         .find(|b| b.corpus == r.corpus && b.backend_asked == r.backend_asked && other(b))
 }
 
+/// Whether runs `a` and `b` placed their writers alike for a comparison of backends: the
+/// same way, or each as `--queue-affinity auto` places them for its backend (pinned for the
+/// CPU backend, anywhere for the GPU's), where each backend ran one way only.
+fn placed_alike(reports: &[Report], a: &Report, b: &Report) -> bool {
+    let one_way = |r: &Report| {
+        reports.iter().all(|x| {
+            x.corpus != r.corpus
+                || x.backend_asked != r.backend_asked
+                || x.queue_affinity == r.queue_affinity
+        })
+    };
+    a.queue_affinity == b.queue_affinity || (one_way(a) && one_way(b))
+}
+
 /// CPU-seconds per GiB of thread role `name` (0 when the run has none).
 /// `a` as a multiple of `b` (a `b` of 0 counts as a tiny number, not a division by zero).
 fn times(a: f64, b: f64) -> f64 {
@@ -464,9 +480,7 @@ pub fn table(reports: &[Report]) -> String {
     }
     for r in reports {
         let Some(first) = reports.iter().find(|b| {
-            b.corpus == r.corpus
-                && b.checksums == r.checksums
-                && b.queue_affinity == r.queue_affinity
+            b.corpus == r.corpus && b.checksums == r.checksums && placed_alike(reports, b, r)
         }) else {
             continue;
         };
@@ -481,7 +495,7 @@ pub fn table(reports: &[Report]) -> String {
             .find(|b| {
                 b.corpus == r.corpus
                     && b.checksums == r.checksums
-                    && b.queue_affinity == r.queue_affinity
+                    && placed_alike(reports, b, r)
                     && b.backend_asked == first.backend_asked
                     && b.user_copy == r.user_copy
             })
@@ -564,7 +578,39 @@ pub fn table(reports: &[Report]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::median;
+    use super::{median, table, Report};
+
+    fn run(backend: &'static str, placed: &'static str) -> Report {
+        Report {
+            corpus: "heap".into(),
+            backend_asked: backend,
+            backend,
+            queue_affinity: placed,
+            checksums: true,
+            ingest_gbps: if backend == "gpu" { 16.0 } else { 2.0 },
+            cpu_s_per_gib: if backend == "gpu" { 0.2 } else { 2.0 },
+            ratio: 2.0,
+            ..Report::default()
+        }
+    }
+
+    #[test]
+    fn backends_placed_as_auto_places_them_are_compared() {
+        // `--queue-affinity auto`: the CPU backend's writers pinned, the GPU's anywhere.
+        let out = table(&[run("cpu", "kernel"), run("gpu", "any")]);
+        assert!(
+            out.contains("heap gpu (buffer) vs cpu (buffer): ingest x8.00, CPU per GiB x0.100"),
+            "{out}"
+        );
+        // `kernel,any`: each placement against its own.
+        let out = table(&[
+            run("cpu", "kernel"),
+            run("cpu", "any"),
+            run("gpu", "kernel"),
+            run("gpu", "any"),
+        ]);
+        assert_eq!(out.matches(" vs cpu (buffer)").count(), 2, "{out}");
+    }
 
     #[test]
     fn a_median_of_an_even_count_is_the_mean_of_the_middle_two() {
