@@ -75,6 +75,9 @@ pub struct Report {
     pub verified: bool,
     /// The backend's counters at the end of the last run.
     pub backend_stats: BTreeMap<String, u64>,
+    /// Runs whose GPU was retired (a failure, a hang): their writes went to the CPU from
+    /// then on, so their numbers are not the GPU path's.
+    pub gpu_retired_runs: usize,
     /// `--recompress`: every page marked idle and recompressed after the writes (medians).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recompress: Option<RecompressReport>,
@@ -254,6 +257,14 @@ impl Report {
             backend_pinned_bytes: last.map_or(0, |r| r.backend_pinned),
             backend_device_bytes: last.map_or(0, |r| r.backend_device),
             verified: runs.iter().all(|r| r.verified),
+            gpu_retired_runs: runs
+                .iter()
+                .filter(|r| {
+                    r.backend_stats
+                        .iter()
+                        .any(|(name, v)| name == "ring_backend_retired" && *v > 0)
+                })
+                .count(),
             backend_stats: last
                 .map(|r| r.backend_stats.iter().cloned().collect())
                 .unwrap_or_default(),
@@ -433,6 +444,13 @@ pub fn table(reports: &[Report]) -> String {
          copy, the kernel's, is stood in for by a memcpy, its CPU left out; cpus: kernel = each \
          queue thread pinned to its queue's CPUs, as libublk pins the daemon's, any = anywhere)\n",
     );
+    for r in reports.iter().filter(|r| r.gpu_retired_runs > 0) {
+        out.push_str(&format!(
+            "!! {} {}: the GPU was retired in {} of {} runs (a failure or a hang): their writes \
+             went to the CPU from then on, and the row is not the GPU path's\n",
+            r.corpus, r.backend, r.gpu_retired_runs, r.repeat
+        ));
+    }
     for r in reports {
         if let Some(w) = &r.writeback {
             out.push_str(&format!(
@@ -610,6 +628,19 @@ mod tests {
             run("gpu", "any"),
         ]);
         assert_eq!(out.matches(" vs cpu (buffer)").count(), 2, "{out}");
+    }
+
+    #[test]
+    fn a_row_whose_gpu_was_retired_says_so() {
+        assert!(!table(&[run("cpu", "kernel"), run("gpu", "any")]).contains("!!"));
+        let mut gpu = run("gpu", "any");
+        gpu.gpu_retired_runs = 1;
+        gpu.repeat = 3;
+        let out = table(&[run("cpu", "kernel"), gpu]);
+        assert!(
+            out.contains("!! heap gpu: the GPU was retired in 1 of 3 runs"),
+            "{out}"
+        );
     }
 
     #[test]
