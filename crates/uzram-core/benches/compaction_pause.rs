@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::{corpus_paths, median, read_corpus};
+use support::{corpus_paths, env_usize, median, read_corpus, tiled};
 use uzram_core::codec::Algorithm;
 use uzram_core::page::PAGE_SIZE;
 use uzram_core::store::{PageStore, StoreConfig};
@@ -116,22 +116,11 @@ fn round(data: &[u8], boosted: bool) -> (Duration, Duration) {
 }
 
 fn main() {
-    let mib: usize = std::env::var("UZRAM_BENCH_MIB")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256);
-    let repeat: usize = std::env::var("UZRAM_BENCH_REPEAT")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
+    let mib = env_usize("UZRAM_BENCH_MIB", 256);
+    let repeat = env_usize("UZRAM_BENCH_REPEAT", 5);
     let path = &corpus_paths()[0];
     let pages = read_corpus(path);
-    let want = mib << 20;
-    let mut data = Vec::with_capacity(want);
-    while data.len() < want {
-        let take = (want - data.len()).min(pages.len());
-        data.extend_from_slice(&pages[..take]);
-    }
+    let data = tiled(&pages, mib << 20);
     println!(
         "{} MiB of {}, {} CPU hogs at nice 0, writer at nice {WRITER_NICE}",
         mib,

@@ -20,7 +20,7 @@ mod support;
 
 use std::sync::Arc;
 
-use support::{corpus_paths, median, read_corpus};
+use support::{corpus_paths, env_usize, median, read_corpus, tiled};
 use uzram_core::batch::{HostSlots, Ring, RingConfig};
 use uzram_core::codec::Algorithm;
 use uzram_core::page::PAGE_SIZE;
@@ -69,23 +69,12 @@ fn round(data: &[u8]) -> (f64, u64) {
 }
 
 fn main() {
-    let mib: usize = std::env::var("UZRAM_BENCH_MIB")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256);
-    let repeat: usize = std::env::var("UZRAM_BENCH_REPEAT")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
+    let mib = env_usize("UZRAM_BENCH_MIB", 256);
+    let repeat = env_usize("UZRAM_BENCH_REPEAT", 5);
     println!("corpus | installers CPU-s/GiB (median [min, max]) | same-filled share");
     for path in corpus_paths() {
         let pages = read_corpus(&path);
-        let want = mib << 20;
-        let mut data = Vec::with_capacity(want);
-        while data.len() < want {
-            let take = (want - data.len()).min(pages.len());
-            data.extend_from_slice(&pages[..take]);
-        }
+        let data = tiled(&pages, mib << 20);
         let mut runs = Vec::new();
         let mut same = 0;
         for _ in 0..repeat {

@@ -94,3 +94,21 @@ pub fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
+
+/// The number in environment variable `name`, or `default` where it is unset or not one.
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// `bytes` bytes of `corpus`'s pages, the corpus repeated as often as it takes.
+pub fn tiled(corpus: &[u8], bytes: usize) -> Vec<u8> {
+    let mut data = Vec::with_capacity(bytes);
+    while data.len() < bytes && !corpus.is_empty() {
+        let take = (bytes - data.len()).min(corpus.len());
+        data.extend_from_slice(&corpus[..take]);
+    }
+    data
+}
