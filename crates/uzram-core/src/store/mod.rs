@@ -46,12 +46,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 pub use self::arena::RAW_PAGES_PER_SEGMENT;
-
-/// Memory a staged page holds to the limit until it is installed: what it can take then at
-/// most, a raw page's share of a segment (15 to 64 KiB: 4,370 bytes, not 4,096, which let a
-/// device written to its limit with incompressible pages end up past it).
-pub const STAGED_PAGE_ROOM: u64 =
-    (segments::SEGMENT_SIZE as u64).div_ceil(RAW_PAGES_PER_SEGMENT as u64);
 pub use self::backing::{
     BackingDevice, BlockRun, Nonces, WritebackKey, BLOCK_BYTES, KEY_BYTES, MAX_OBJECT_BLOCKS,
     RUNS_IN_FLIGHT, RUN_BLOCKS, SEAL_BYTES, TAG_BYTES,
@@ -69,6 +63,12 @@ pub use self::writeback::{Writeback, WritebackCandidates, WrittenBack};
 
 /// Bytes each stored object spends on its checksum.
 pub const CHECKSUM_BYTES: usize = arena::CHECKSUM_BYTES;
+
+/// Memory a staged page holds to the limit until it is installed: what it can take then at
+/// most, a raw page's share of a segment (15 to 64 KiB: 4,370 bytes, not 4,096, which let a
+/// device written to its limit with incompressible pages end up past it).
+pub const STAGED_PAGE_ROOM: u64 =
+    (segments::SEGMENT_SIZE as u64).div_ceil(RAW_PAGES_PER_SEGMENT as u64);
 
 use self::arena::{Arena, Budget, Object};
 use self::entry::{Entry, Slot};

@@ -48,9 +48,9 @@ pub fn raise_io_thread_priority(thread: impl std::fmt::Display) {
 /// Runs `f` with the calling thread at [`IO_NICE`], then gives it back its nice value: for
 /// work that holds locks the swap I/O path waits on. A thread at nice 19 holding them while
 /// the CPUs are busy stops the I/O path for as long as the scheduler leaves it waiting: a
-/// compaction of 256 MiB (every shard's lock) took 920 ms at nice 19 beside one CPU hog per
-/// CPU and 14 ms raised, and a writer at nice -20 waited as long (`cargo bench -p
-/// uzram-core --bench compaction_pause`, docs/bench). Where the priority cannot be raised
+/// compaction of 256 MiB (every shard's lock) took 852 ms at nice 19 beside one CPU hog per
+/// CPU and 13.5 ms raised, and a writer at nice -20 waited as long (`cargo bench -p
+/// uzram-core --bench compaction_pause`, docs/bench/2026-12-priority.md). Where the priority cannot be raised
 /// (no `CAP_SYS_NICE`), `f` runs at the thread's own.
 pub fn at_io_priority<T>(f: impl FnOnce() -> T) -> T {
     let _raised = Raised::new();

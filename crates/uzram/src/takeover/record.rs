@@ -199,9 +199,8 @@ fn take_reusable(found: &mut Vec<shm::Stat>) -> Option<i32> {
     Some(first)
 }
 
-/// Record segment `seg`, attached and checked to be a record's size, and locked in memory
-/// (a segment of the releases before may not be).
-fn record_segment(seg: i32) -> Result<shm::Attached, ControlError> {
+/// Segment `seg` attached for writing, if it is a record's size.
+fn attach_record(seg: i32) -> Result<shm::Attached, ControlError> {
     let map = shm::Attached::map(seg, false).map_err(shm_err("the recovery record"))?;
     if map.size() != LEN {
         return Err(ControlError::Io {
@@ -209,7 +208,18 @@ fn record_segment(seg: i32) -> Result<shm::Attached, ControlError> {
             source: std::io::Error::other("not the size of a recovery record"),
         });
     }
-    shm::lock(seg).map_err(shm_err("shmctl SHM_LOCK (the recovery record)"))?;
+    Ok(map)
+}
+
+/// Locks record segment `seg` in memory (a segment of the releases before may not be).
+fn lock_record(seg: i32) -> Result<(), ControlError> {
+    shm::lock(seg).map_err(shm_err("shmctl SHM_LOCK (the recovery record)"))
+}
+
+/// Record segment `seg`, attached, checked to be a record's size, and locked in memory.
+fn record_segment(seg: i32) -> Result<shm::Attached, ControlError> {
+    let map = attach_record(seg)?;
+    lock_record(seg)?;
     Ok(map)
 }
 
@@ -221,27 +231,20 @@ fn headed_segment(id: u32, reused: Option<i32>) -> Result<shm::Attached, Control
         Some(seg) => seg,
         None => shm::create(LEN).map_err(shm_err("the recovery record"))?,
     };
-    let headed = shm::Attached::map(seg, false)
-        .map_err(shm_err("the recovery record"))
-        .and_then(|map| {
-            if map.size() != LEN {
-                return Err(ControlError::Io {
-                    what: format!("shared memory segment {seg}"),
-                    source: std::io::Error::other("not the size of a recovery record"),
-                });
-            }
-            // SAFETY: the mapping is LEN bytes (checked) and ours while attached. The header
-            // names the device before the segment is locked, so a kill from here on leaves a
-            // record that `uzram list` finds.
-            unsafe {
-                let base = map.base();
-                ptr::write_volatile(base.add(8).cast::<u32>(), 0);
-                ptr::write_volatile(base.add(12).cast::<u32>(), id);
-                ptr::copy_nonoverlapping(MAGIC.as_ptr(), base, MAGIC.len());
-            }
-            shm::lock(seg).map_err(shm_err("shmctl SHM_LOCK (the recovery record)"))?;
-            Ok(map)
-        });
+    let headed = attach_record(seg).and_then(|map| {
+        // No record first (an earlier device's is emptied), then the header.
+        length_word(&map).store(0, Ordering::SeqCst);
+        // SAFETY: the mapping is LEN bytes (checked) and ours while attached. The header
+        // names the device before the segment is locked, so a kill from here on leaves a
+        // record that `uzram list` finds.
+        unsafe {
+            let base = map.base();
+            ptr::write_volatile(base.add(12).cast::<u32>(), id);
+            ptr::copy_nonoverlapping(MAGIC.as_ptr(), base, MAGIC.len());
+        }
+        lock_record(seg)?;
+        Ok(map)
+    });
     if headed.is_err() && reused.is_none() {
         let _ = shm::remove(seg);
     }
@@ -257,7 +260,6 @@ pub fn reserve(id: u32) -> Result<(), ControlError> {
     headed_segment(id, take_reusable(&mut segments_of(id))).map(drop)
 }
 
-/// The bytes of record segment `seg`.
 /// The bytes of record segment `seg`, copied while its length word held still (a writer in
 /// another process may be rewriting it: the copy is taken again while the word moves).
 fn record_bytes(seg: &shm::Stat) -> Option<Vec<u8>> {

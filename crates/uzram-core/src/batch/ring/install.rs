@@ -103,9 +103,10 @@ impl<'a> Installer<'a> {
         sh.free(job.slot);
     }
 
-    /// Compresses the pages of `job`, whose installer is stuck in the backend's wait, on
-    /// the CPU from their staged copies (the slot stays the stuck installer's to free).
-    pub(super) fn rescue(&mut self, job: Job) {
+    /// Compresses the pages of `job`'s slot on the CPU from their staged copies, without the
+    /// backend (failed, retired, or, for the watcher, stuck in its wait: that slot stays its
+    /// stuck installer's to free).
+    pub(super) fn on_cpu(&mut self, job: Job) {
         bump(&self.sh.counters.fallback_slots, 1);
         self.install(job, None);
     }
@@ -147,8 +148,7 @@ impl<'a> Installer<'a> {
                 Err(e) => sh.failed(&e),
             }
         }
-        bump(&self.sh.counters.fallback_slots, 1);
-        self.install(job, None);
+        self.on_cpu(job);
     }
 
     /// Installs the slot's pages from `out`, or (without results) compresses them on the CPU.

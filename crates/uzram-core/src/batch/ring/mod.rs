@@ -354,10 +354,8 @@ impl Ring {
         while !self.installers.is_empty() {
             let stuck = {
                 let st = sh.lock();
-                st.waits
-                    .iter()
-                    .flatten()
-                    .filter(|w| w.rescued && sh.waiting_on_device(w.job.slot))
+                sh.device_waits(&st)
+                    .filter(|w| w.rescued)
                     .map(|w| w.installer)
                     .collect::<Vec<_>>()
             };

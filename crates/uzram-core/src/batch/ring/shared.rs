@@ -189,6 +189,17 @@ impl Shared {
             .is_some_and(|w| w.load(Ordering::Acquire))
     }
 
+    /// The waits of installers now in the backend's wait for their slot's results.
+    pub(super) fn device_waits<'s>(
+        &'s self,
+        st: &'s State,
+    ) -> impl Iterator<Item = &'s DeviceWait> {
+        st.waits
+            .iter()
+            .flatten()
+            .filter(|w| self.waiting_on_device(w.job.slot))
+    }
+
     /// `slot` ends step `ended` now (each slot's steps follow one another, so one mark each).
     #[inline]
     pub(super) fn mark(&self, slot: usize, ended: Step) {

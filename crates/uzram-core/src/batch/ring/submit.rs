@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
-use super::shared::{DeviceWait, Job, Phase, Shared, SlotState};
+use super::shared::{DeviceWait, Job, Phase, Shared, SlotState, State};
 use super::stats::{bump, Step};
 use crate::batch::backend::{BackendError, FailureKind};
 
@@ -97,6 +97,20 @@ impl Shared {
         self.idle.notify_all();
     }
 
+    /// The open slot, `Ok` once its first page has waited `max_delay` (it is to be sealed),
+    /// else `Err` with the time left; `None` when no slot is open.
+    pub(super) fn open_slot_due(&self, st: &State) -> Option<Result<usize, Duration>> {
+        let (Some(slot), Some(since)) = (st.open, st.opened) else {
+            return None;
+        };
+        let waited = since.elapsed();
+        Some(if waited >= self.cfg.max_delay {
+            Ok(slot)
+        } else {
+            Err(self.cfg.max_delay - waited)
+        })
+    }
+
     /// The next job for installer `installer`, sealing the open slot when its delay is up.
     /// `None` when stopping. A submitted slot is marked in the device's hands from here
     /// until the installer's wait for its results ends ([`Shared::left_device`]).
@@ -120,21 +134,18 @@ impl Shared {
             if st.stop {
                 return None;
             }
-            let wait = match (st.open, st.opened) {
-                (Some(slot), Some(since)) => {
-                    let waited = since.elapsed();
-                    if waited >= self.cfg.max_delay {
-                        if let Some(pages) = self.seal(&mut st, slot) {
-                            drop(st);
-                            self.submit(slot, pages);
-                            st = self.lock();
-                        }
-                        continue;
+            let wait = match self.open_slot_due(&st) {
+                Some(Ok(slot)) => {
+                    if let Some(pages) = self.seal(&mut st, slot) {
+                        drop(st);
+                        self.submit(slot, pages);
+                        st = self.lock();
                     }
-                    self.cfg.max_delay - waited
+                    continue;
                 }
+                Some(Err(left)) => left,
                 // Woken by the writer that opens the next slot, or to stop.
-                _ => Duration::from_millis(100),
+                None => Duration::from_millis(100),
             };
             st = self
                 .work

@@ -28,15 +28,7 @@ pub(super) fn watch_loop(sh: &Shared, tools: Tools) {
     let mut st = sh.lock();
     loop {
         let hung = sh.hung.load(Ordering::Relaxed);
-        if st.stop
-            && st.queue.is_empty()
-            && st
-                .waits
-                .iter()
-                .flatten()
-                .filter(|w| sh.waiting_on_device(w.job.slot))
-                .all(|w| w.rescued)
-        {
+        if st.stop && st.queue.is_empty() && sh.device_waits(&st).all(|w| w.rescued) {
             return;
         }
         // Claimed under the mutex: the slot is not freed until its rescue is done.
@@ -50,12 +42,8 @@ pub(super) fn watch_loop(sh: &Shared, tools: Tools) {
         // With the installers stuck, the watcher also seals the open slot once its delay is
         // up (no installer's `next_job` will) and takes the queue.
         let mut sealed = None;
-        if hung {
-            if let (Some(slot), Some(since)) = (st.open, st.opened) {
-                if since.elapsed() >= sh.cfg.max_delay {
-                    sealed = sh.seal(&mut st, slot).map(|pages| (slot, pages));
-                }
-            }
+        if let (true, Some(Ok(slot))) = (hung, sh.open_slot_due(&st)) {
+            sealed = sh.seal(&mut st, slot).map(|pages| (slot, pages));
         }
         let queued = if hung { st.queue.pop_front() } else { None };
         if overdue.is_empty() && queued.is_none() && sealed.is_none() {
@@ -100,7 +88,7 @@ pub(super) fn watch_loop(sh: &Shared, tools: Tools) {
             );
             bump(&sh.counters.hung_slots, 1);
             let _done = Rescued { sh, slot: job.slot };
-            installer.rescue(job);
+            installer.on_cpu(job);
         }
         if let Some(job) = queued {
             sh.mark(job.slot, Step::Queued);
