@@ -7,7 +7,8 @@
 //!   all-ones, the fills that occur in practice). A same-filled page has no bytes for a
 //!   checksum to cover: the check byte is what catches a damaged entry;
 //! - `TAG_SAME_EXT`: a fill word that does not fit; the shard keeps it in a side map;
-//! - `TAG_STORED`: bits 3..16 hold the stored length (1..=4096; 4096 means the page is
+//! - `TAG_STORED` (7, all three bits: no one flipped bit makes it a fill, which no
+//!   checksum covers): bits 3..16 hold the stored length (1..=4096; 4096 means the page is
 //!   stored raw), bits 16..63 the arena offset in 8-byte units, bit 63 whether recompression
 //!   rewrote the object as a zstd frame (whatever the store's own algorithm; a frame decodes
 //!   at any level): such an object is always compressed (length 1..4096);
@@ -20,9 +21,17 @@
 //!   `TAG_STORED`, bit 16 the recompressed flag, bits 17..64 the byte on the backing device
 //!   where its sealed object starts (`backing.rs`).
 //!
-//! Tag 7 is never written: an entry with it decodes as [`Slot::Invalid`], and so
-//! does a same-filled entry whose check byte does not match. Reads of such a page fail,
-//! and a recovery takes the page as lost (`Recovered::damaged_entries`).
+//! Tag 3 is never written: an entry with it decodes as [`Slot::Invalid`], and so does a
+//! same-filled entry whose check byte does not match. Reads of such a page fail, and a
+//! recovery takes the page as lost (`Recovered::damaged_entries`). Tables of earlier
+//! releases stored pages under tag 3, one bit from `TAG_SAME`: a stored entry with that bit
+//! flipped read as a fill whenever its bits happened to hold the fill's check byte (1 in
+//! 256), wrong data where an I/O error was due. A takeover moves those entries to tag 7
+//! ([`move_stored_tag`]) before the table is read.
+//!
+//! The tags are placed so that one flipped tag bit never turns an entry into one that
+//! answers a read without a check: the neighbours of `TAG_SAME` (1) are the empty entry,
+//! whose fixed pattern fails the check byte, the lost entry (bare, likewise) and tag 3.
 //!
 //! [`Slot::Empty`] is one fixed word with tag 0 ([`EMPTY_WORD`]), not the all-zero word: an
 //! entry that was zeroed (a page of the table lost, or cleared by mistake) decodes as
@@ -41,10 +50,14 @@ pub const EMPTY_WORD: u64 = 0x5a3c_96e1_0f78_b4d0;
 const _: () = assert!(EMPTY_WORD & TAG_MASK == TAG_EMPTY);
 const TAG_SAME: u64 = 1;
 const TAG_SAME_EXT: u64 = 2;
-const TAG_STORED: u64 = 3;
+/// Never written (see the module docs).
+const TAG_UNUSED: u64 = 3;
 const TAG_STAGED: u64 = 4;
 const TAG_LOST: u64 = 5;
 const TAG_BACKED: u64 = 6;
+const TAG_STORED: u64 = 7;
+/// Where tables of earlier releases stored pages: [`move_stored_tag`].
+const TAG_STORED_BEFORE: u64 = TAG_UNUSED;
 /// A written-back entry's recompressed flag, and where its disk offset starts.
 const BACKED_RECOMPRESSED: u64 = 1 << 16;
 const DISK_SHIFT: u32 = 17;
@@ -145,8 +158,9 @@ pub(crate) enum Slot {
         /// A zstd frame written by recompression.
         recompressed: bool,
     },
-    /// Not an entry this store writes: tag 6 or 7, or a same-filled entry whose check byte
-    /// does not match its word (memory that was damaged, or never was a table).
+    /// Not an entry this store writes: tag 3, a tagged entry whose other bits no entry of
+    /// that tag has, or a same-filled entry whose check byte does not match its word
+    /// (memory that was damaged, or never was a table).
     Invalid,
 }
 
@@ -212,7 +226,7 @@ impl Entry {
                 )
             }
             // Never packed by the store; a word no decoder accepts, should a caller try.
-            Slot::Invalid => Entry(TAG_MASK),
+            Slot::Invalid => Entry(TAG_UNUSED),
         }
     }
 
@@ -282,6 +296,13 @@ impl Entry {
             _ => Slot::Invalid,
         }
     }
+}
+
+/// The word of a table an earlier release kept, as this release stores it: a stored
+/// entry's tag moved from 3 to 7 (its other bits are the same); `None` for every other
+/// word, which is the same in both. Idempotent: a moved entry is not moved again.
+pub(crate) fn move_stored_tag(word: u64) -> Option<u64> {
+    (word & TAG_MASK == TAG_STORED_BEFORE).then_some(word | TAG_STORED)
 }
 
 /// Whether a stored or written-back object of `len` bytes is one the store writes: a
@@ -447,7 +468,7 @@ mod tests {
     #[test]
     fn words_no_entry_is_written_as_decode_as_invalid() {
         for high in [0u64, 1 << 20, u64::MAX << 3] {
-            assert_eq!(Entry::from_word(high | 7).slot(), Slot::Invalid);
+            assert_eq!(Entry::from_word(high | TAG_UNUSED).slot(), Slot::Invalid);
         }
         // a written-back page of no bytes, or of more than a page; a recompressed one as
         // long as a raw page
@@ -502,6 +523,92 @@ mod tests {
             Slot::Invalid
         );
         assert_eq!(Entry::from_word(TAG_SAME).slot(), Slot::Invalid);
+    }
+
+    /// Entries whose reads are checked (an object's checksum, a staged page's, or an error),
+    /// of every kind the store writes.
+    fn checked_entries() -> Vec<u64> {
+        let mut words = Vec::new();
+        for len in [1u16, 2, 17, 1000, 2048, 4095, PAGE_SIZE as u16] {
+            for handle in [0, 8, 8 * 12345, 0x7654_3210 * 8, MAX_HANDLE] {
+                for recompressed in [false, len < PAGE_SIZE as u16] {
+                    words.push(Slot::Stored {
+                        handle,
+                        len,
+                        recompressed,
+                    });
+                }
+            }
+            for at in [0, 4096 * 3 + 17, MAX_DISK_OFFSET] {
+                words.push(Slot::Backed {
+                    at,
+                    len,
+                    recompressed: false,
+                });
+            }
+        }
+        for (slot, index, epoch) in [(0, 0, 0), (255, 65535, EPOCH_MODULUS - 1), (7, 9, 77)] {
+            words.push(Slot::Staged(StagedAt::new(slot, index, epoch).unwrap()));
+        }
+        words.push(Slot::Lost);
+        words.into_iter().map(|s| Entry::pack(s).word()).collect()
+    }
+
+    /// A fill, the empty page and a side-map fill answer a read with no checksum: one bit
+    /// flipped anywhere in an entry whose reads are checked must never turn it into one of
+    /// them. (A stored entry under tag 3, as earlier releases wrote it, became a fill with
+    /// bit 1 flipped whenever its bits held the fill's check byte.)
+    #[test]
+    fn no_one_flipped_bit_turns_a_checked_entry_into_an_unchecked_one() {
+        for word in checked_entries() {
+            for bit in 0..64 {
+                let flipped = Entry::from_word(word ^ (1 << bit)).slot();
+                assert!(
+                    !matches!(flipped, Slot::Same(_) | Slot::SameExt | Slot::Empty),
+                    "{:?} with bit {bit} flipped reads as {flipped:?}",
+                    Entry::from_word(word).slot()
+                );
+            }
+        }
+        // What a tag-3 stored entry did: some of them carry a fill's check byte.
+        let before = (0..1u64 << 16)
+            .map(|h| (h << HANDLE_SHIFT) | (100 << LEN_SHIFT) | TAG_STORED_BEFORE)
+            .filter(|w| matches!(Entry::from_word(w ^ 0b10).slot(), Slot::Same(_)))
+            .count();
+        assert!(before > 0, "the earlier layout's flip never read as a fill");
+    }
+
+    #[test]
+    fn an_earlier_releases_stored_entries_move_to_their_tag_and_nothing_else_does() {
+        let stored = Slot::Stored {
+            handle: 8 * 777,
+            len: 1234,
+            recompressed: true,
+        };
+        let now = Entry::pack(stored).word();
+        let before = now & !TAG_MASK | TAG_STORED_BEFORE;
+        assert_eq!(Entry::from_word(before).slot(), Slot::Invalid);
+        assert_eq!(move_stored_tag(before), Some(now));
+        assert_eq!(Entry::from_word(now).slot(), stored);
+        // Moved once; every other entry, of either layout, stays as it is.
+        assert_eq!(move_stored_tag(now), None);
+        let others = [
+            Slot::Empty,
+            Slot::Same(0),
+            Slot::Same(u64::MAX),
+            Slot::SameExt,
+            Slot::Lost,
+            Slot::Staged(StagedAt::new(3, 4, 5).unwrap()),
+            Slot::Backed {
+                at: 99,
+                len: 7,
+                recompressed: false,
+            },
+        ];
+        for slot in others {
+            assert_eq!(move_stored_tag(Entry::pack(slot).word()), None, "{slot:?}");
+        }
+        assert_eq!(move_stored_tag(0), None);
     }
 
     #[test]

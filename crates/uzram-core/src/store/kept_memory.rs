@@ -76,11 +76,18 @@ impl KeptMemory {
     }
 
     /// [`KeptMemory::recover`] of a table an earlier release kept: its zero entries are
-    /// marked empty first. Returns how many were.
-    pub(super) fn recover_zero_empties(&self) -> Result<(u64, (PageStore, Recovered)), CoreError> {
+    /// marked empty and its stored entries moved to their tag first.
+    pub(super) fn recover_earlier_release(&self) -> Result<EarlierTaken, CoreError> {
         self.restore();
         let marked = PageStore::mark_zero_entries(self.cfg.pages, self.table)?;
-        Ok((marked, self.recover_as_is()?))
+        let moved = PageStore::move_stored_tags(self.cfg.pages, self.table)?;
+        let (store, found) = self.recover_as_is()?;
+        Ok(EarlierTaken {
+            marked,
+            moved,
+            store,
+            found,
+        })
     }
 
     /// Changes the kept table's words, as something outside the process might have.
@@ -102,4 +109,14 @@ impl KeptMemory {
         };
         PageStore::recover(self.cfg.clone(), self.persist(home), None)
     }
+}
+
+/// A table an earlier release kept, taken over ([`KeptMemory::recover_earlier_release`]).
+pub(super) struct EarlierTaken {
+    /// Zero entries marked empty.
+    pub marked: u64,
+    /// Stored entries moved to this release's tag.
+    pub moved: u64,
+    pub store: PageStore,
+    pub found: Recovered,
 }

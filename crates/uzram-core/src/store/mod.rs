@@ -222,16 +222,39 @@ impl PageStore {
     /// read as such. Running it again changes nothing, so a takeover that dies in the
     /// middle is finished by the next.
     pub fn mark_zero_entries(pages: u64, table: &[AtomicU64]) -> Result<u64, CoreError> {
-        let layout = Layout::of(&StoreConfig::new(pages, Algorithm::Lz4))?;
-        let (entries, _) = split_kept_table(&layout, pages, table)?;
         let mut marked = 0;
-        for word in entries {
+        for word in Self::kept_entries(pages, table)? {
             if word.load(Ordering::Relaxed) == 0 {
                 word.store(Entry::EMPTY.word(), Ordering::Relaxed);
                 marked += 1;
             }
         }
         Ok(marked)
+    }
+
+    /// The entries of a kept page table of `pages` pages (`table`, [`PageStore::table_len`]
+    /// words): the words before the pages' ages.
+    pub fn kept_entries(pages: u64, table: &[AtomicU64]) -> Result<&[AtomicU64], CoreError> {
+        let layout = Layout::of(&StoreConfig::new(pages, Algorithm::Lz4))?;
+        Ok(split_kept_table(&layout, pages, table)?.0)
+    }
+
+    /// Moves every stored entry of a kept page table of `pages` pages (`table`,
+    /// [`PageStore::table_len`] words) from the tag stores of earlier releases wrote to this
+    /// release's (`entry.rs` says why); the pages' ages after the entries are left as they
+    /// are. Returns how many were moved. For a table whose keeper says its stored entries
+    /// have the earlier tag, before [`PageStore::recover`] reads it: in any other table an
+    /// entry with that tag is damage, and is read as such. Running it again changes
+    /// nothing, so a takeover that dies in the middle is finished by the next.
+    pub fn move_stored_tags(pages: u64, table: &[AtomicU64]) -> Result<u64, CoreError> {
+        let mut moved = 0;
+        for word in Self::kept_entries(pages, table)? {
+            if let Some(now) = entry::move_stored_tag(word.load(Ordering::Relaxed)) {
+                word.store(now, Ordering::Relaxed);
+                moved += 1;
+            }
+        }
+        Ok(moved)
     }
 
     /// The bytes of page table a store of `pages` pages holds from the start (its

@@ -1079,10 +1079,10 @@ fn a_side_map_fill_entry_is_lost_in_a_takeover_without_wrapping_the_counts() {
 
 /// An entry that was zeroed is damage, never an empty page: in a running store its page
 /// reads as an I/O error, and a takeover loses that page, not the store. A table an earlier
-/// release kept, whose empty pages were zeros, is taken over whole once its zeros are
-/// marked.
+/// release kept, whose empty pages were zeros and whose stored pages had tag 3, is taken
+/// over whole once its zeros are marked and its stored entries moved.
 #[test]
-fn a_zeroed_entry_reads_as_an_error_and_an_earlier_releases_zeros_are_marked() {
+fn a_zeroed_entry_reads_as_an_error_and_an_earlier_releases_table_is_taken_over_whole() {
     let pages = 64;
     let (mut kept, store, written) = kept_with_text_pages(pages);
     let table = kept.table;
@@ -1125,27 +1125,36 @@ fn a_zeroed_entry_reads_as_an_error_and_an_earlier_releases_zeros_are_marked() {
     );
     assert_eq!(read_page(&taken, 1), [0u8; PAGE_SIZE]);
     drop(taken);
-    // As an earlier release kept it: every empty entry zero, the written ones whole. Read
-    // as this release's, every empty page would be lost.
+    // As an earlier release kept it: every empty entry zero, every stored one under tag 3
+    // (bit 2 clear). Read as this release's, every page would be lost.
+    let earlier = |w: u64| if w & 0b111 == 0b111 { w & !0b100 } else { w };
     kept.rewrite(|i, w| match w {
-        _ if i == lost.0 => lost.1,
+        _ if i == lost.0 => earlier(lost.1),
         entry::EMPTY_WORD => 0,
+        w if i < entries => earlier(w),
         w => w,
     });
     let (unmarked, found) = kept.recover().unwrap();
-    assert_eq!(found.damaged_entries, pages - written.len() as u64);
+    assert_eq!(found.damaged_entries, pages);
     assert!(unmarked.read(1, &mut out).is_err());
     drop(unmarked);
-    let (marked, (taken, found)) = kept.recover_zero_empties().unwrap();
+    let super::kept_memory::EarlierTaken {
+        marked,
+        moved,
+        store: taken,
+        found,
+    } = kept.recover_earlier_release().unwrap();
     assert_eq!(found.damaged_entries, 0);
     assert_eq!(marked, (entries - written.len()) as u64);
+    assert_eq!(moved, written.len() as u64, "every written page was stored");
     assert_eq!(found.pages_stored, written.len() as u64);
     for (i, p) in &written {
         assert_eq!(read_page(&taken, *i), *p, "page {i}");
     }
     assert_eq!(read_page(&taken, 1), [0u8; PAGE_SIZE]);
-    // Marking a marked table changes nothing.
+    // Marking a marked table, or moving a moved one, changes nothing.
     assert_eq!(PageStore::mark_zero_entries(pages, table).unwrap(), 0);
+    assert_eq!(PageStore::move_stored_tags(pages, table).unwrap(), 0);
 }
 
 #[test]

@@ -412,9 +412,10 @@ fn crash_at_random_instants_loses_nothing() {
     assert_eq!(staged, (0, 0), "no ring, nothing staged");
 }
 
-/// A store a daemon of an earlier release left (an empty page's entry 0, no mark) is taken
-/// over whole: its zero entries are marked empty before the table is read, where this
-/// release reads a zero entry as damage.
+/// A store a daemon of an earlier release left (layout 7: an empty page's entry 0, a stored
+/// page's under tag 3, no marks) is taken over whole: its zero entries are marked empty and
+/// its stored entries moved to tag 7 before the table is read, where this release reads
+/// either as damage.
 #[test]
 fn crash_of_an_earlier_releases_daemon_loses_nothing() {
     let staged = crash_rounds("earlier-writer").staged;
@@ -439,12 +440,22 @@ fn as_an_earlier_release_left_it(shm: i32) {
     );
     region.unmark_empties_for_tests();
     assert!(!region.empties_marked());
+    assert!(region.stored_tags_moved(), "a store of this release");
+    region.as_layout_7_for_tests(store_cfg.pages);
+    let region = store_segment::StoreSegment::attach(shm, expect).expect("a layout 7 store");
+    assert!(!region.stored_tags_moved());
     let zeros = region
         .table()
         .iter()
         .filter(|w| w.load(std::sync::atomic::Ordering::Relaxed) == 0)
         .count();
     assert!(zeros > 0, "no empty page to mark");
+    let earlier = region
+        .table()
+        .iter()
+        .filter(|w| w.load(std::sync::atomic::Ordering::Relaxed) & 0b111 == 0b011)
+        .count();
+    assert!(earlier > 0, "no stored page under the earlier tag");
 }
 
 #[test]

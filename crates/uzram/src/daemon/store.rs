@@ -153,6 +153,18 @@ pub fn recover(
         tracing::info!(marked, "the preserved store's empty entries are marked");
         step("store: empties");
     }
+    if !region.stored_tags_moved() {
+        // Likewise, a store of an earlier layout stored pages under the tag that one flipped
+        // bit turns into a fill (`uzram_core`'s `entry.rs`); this release reads it as damage.
+        let moved = PageStore::move_stored_tags(store_cfg.pages, region.table())
+            .context("moving the preserved store's stored entries to this release's tag")?;
+        region.set_stored_tags_moved();
+        tracing::info!(
+            moved,
+            "the preserved store's stored entries have this release's tag"
+        );
+        step("store: tags");
+    }
     let persist = Persistence {
         table: region.table(),
         home: Arc::new(region.home()),

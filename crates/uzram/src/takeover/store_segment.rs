@@ -49,13 +49,19 @@ use super::segment::{foreign, sys, SegmentError};
 use crate::memory::pool;
 
 const MAGIC: [u8; 8] = *b"UZRAMST1";
-/// Layout 7: blocks for every page stored raw with its checksum (`Sizes::of`). Layout 6
+/// Layout 8: layout 7 whose stored pages' table entries have the tag no one flipped bit
+/// makes a fill (`uzram_core`'s `entry.rs`). Layout 7: blocks for every page stored raw
+/// with its checksum (`Sizes::of`). Layout 6
 /// bound each stored checksum to its page (`StoreConfig::checksums_name_pages`). Layout 5
 /// (taken over, and kept unbound) made the page table's words end with the pages' ages
 /// (`PageStore::table_len`), so a takeover keeps each page's age and tried flag; layout 4
 /// added the checksums. A store of an older layout is not taken over.
-const VERSION: u32 = 7;
-/// Layout 6, still taken over: as [`VERSION`] but with fewer blocks
+const VERSION: u32 = 8;
+/// Layout 7, still taken over: as [`VERSION`] but with its stored entries under the earlier
+/// tag until a takeover moves them ([`StoreSegment::stored_tags_moved`]). An earlier
+/// release refuses layout 8, where it would read every stored page as damage.
+const LAYOUT_7: u32 = 7;
+/// Layout 6, still taken over: as [`LAYOUT_7`] but with fewer blocks
 /// (`Sizes::before_layout_7`).
 const BOUND_VERSION: u32 = 6;
 /// Layout 5, still taken over: as [`BOUND_VERSION`] but for unbound checksums.
@@ -63,7 +69,10 @@ const UNBOUND_VERSION: u32 = 5;
 
 /// Whether a store of layout `version` is taken over.
 fn known_version(version: u32) -> bool {
-    matches!(version, VERSION | BOUND_VERSION | UNBOUND_VERSION)
+    matches!(
+        version,
+        VERSION | LAYOUT_7 | BOUND_VERSION | UNBOUND_VERSION
+    )
 }
 use crate::footprint::max_room;
 use crate::footprint::{Sizes, MIN_ROOM};
@@ -84,6 +93,11 @@ const FLOORS_TAG: u64 = 0x464c_4f52 << 32; // "FLOR"
 /// marks them before it reads the table, then sets the tag).
 const EMPTIES_OFF: usize = 2064;
 const EMPTIES_TAG: u64 = 0x454d_5054_594d_4b31; // "EMPTYMK1"
+/// Where a region of a layout before 8 says a takeover moved its stored entries to this
+/// release's tag: [`TAGS_TAG`] (0: not yet; a takeover moves them before it reads the
+/// table, then sets the tag). Layout 8 stores them so from the start.
+const TAGS_OFF: usize = 2072;
+const TAGS_TAG: u64 = 0x5354_4f52_4554_4737; // "STORETG7"
 /// Where the device's writeback key and nonce counter live (`daemon/backing.rs`): a word
 /// with [`WRITEBACK_TAG`] (or [`UNLABELLED_TAG`]) once they are set (0: none; an older
 /// daemon has 0 there), the next nonce, then the key's 32 bytes. The segment is root's alone
@@ -106,7 +120,8 @@ const _: () = assert!(
     std::mem::size_of::<Header>() <= STAGING_OFF
         && STAGING_OFF + 8 <= FLOORS_OFF
         && FLOORS_OFF + 8 <= EMPTIES_OFF
-        && EMPTIES_OFF + 8 <= WRITEBACK_OFF
+        && EMPTIES_OFF + 8 <= TAGS_OFF
+        && TAGS_OFF + 8 <= WRITEBACK_OFF
         && WRITEBACK_OFF + WRITEBACK_WORDS * 8 <= CARRY_OFF
         && CARRY_OFF + crate::takeover::carry::WORDS * 8 <= DICTIONARY_OFF
         && DICTIONARY_OFF + crate::takeover::dictionary::WORDS * 8 <= UNIT
@@ -282,7 +297,7 @@ fn lays_out(header: &Header, size: usize, expect: Expected<'_>) -> bool {
     let room = usize::try_from(header.room_len).unwrap_or(usize::MAX);
     (MIN_ROOM..=max_room()).contains(&room)
         && header.len == size as u64
-        && if header.version < VERSION {
+        && if header.version < LAYOUT_7 {
             Sizes::before_layout_7(expect.pages, room)
         } else {
             Sizes::of(expect.pages, room)
@@ -523,7 +538,7 @@ impl StoreSegment {
 
     fn recorded_word(&self, record: Recorded) -> &AtomicU64 {
         // SAFETY: the header's unit lies in the mapping (see `carried_counters`); the word at
-        // `record.off` (STAGING_OFF, FLOORS_OFF or EMPTIES_OFF, inside it by the assertion above) is
+        // `record.off` (STAGING_OFF, FLOORS_OFF, EMPTIES_OFF or TAGS_OFF, inside it by the assertion above) is
         // 8-aligned, only ever accessed atomically, and the mapping is never detached.
         unsafe { &*((self.base + record.off) as *const AtomicU64) }
     }
@@ -584,6 +599,41 @@ impl StoreSegment {
             );
         }
         self.recorded_word(EMPTIES).store(0, Ordering::Release);
+    }
+
+    /// Whether the page table's stored entries have this release's tag: always in layout
+    /// 8; in an earlier layout once a takeover moved them
+    /// ([`StoreSegment::set_stored_tags_moved`]).
+    pub fn stored_tags_moved(&self) -> bool {
+        self.header.version >= VERSION
+            || self.recorded_word(TAGS).load(Ordering::Acquire) == TAGS_TAG
+    }
+
+    /// Records that every stored entry of the page table has this release's tag.
+    pub fn set_stored_tags_moved(&self) {
+        self.recorded_word(TAGS).store(TAGS_TAG, Ordering::Release);
+    }
+
+    /// Leaves the region as a daemon of an earlier release did: layout 7, every stored
+    /// entry under the earlier tag, no mark.
+    #[cfg(test)]
+    pub fn as_layout_7_for_tests(&self, pages: u64) {
+        let entries = uzram_core::store::PageStore::kept_entries(pages, self.table())
+            .expect("the region's table");
+        for word in entries {
+            let w = word.load(Ordering::Relaxed);
+            if w & 0b111 == 0b111 {
+                word.store(w & !0b100, Ordering::Relaxed);
+            }
+        }
+        self.recorded_word(TAGS).store(0, Ordering::Release);
+        let version = Header {
+            version: LAYOUT_7,
+            ..self.header
+        };
+        // SAFETY: the header lies at the start of the mapping, which is never detached; the
+        // test that calls this holds the region alone (its daemon was killed).
+        unsafe { ptr::write_volatile(self.base as *mut Header, version) };
     }
 
     fn writeback_words(&self) -> &'static [AtomicU64] {
@@ -943,6 +993,10 @@ const EMPTIES: Recorded = Recorded {
     off: EMPTIES_OFF,
     tag: EMPTIES_TAG,
 };
+const TAGS: Recorded = Recorded {
+    off: TAGS_OFF,
+    tag: TAGS_TAG,
+};
 
 impl Recorded {
     /// The id `word` records, if it carries the tag.
@@ -1097,7 +1151,7 @@ mod tests {
     }
 
     /// A region of [`small_region`]'s device with the blocks layouts 5 and 6 gave it (its
-    /// header says layout 7 until a test writes another).
+    /// header says this release's layout until a test writes another).
     fn old_layout_region() -> StoreSegment {
         let sizes = Sizes::before_layout_7(16, MIN_ROOM).unwrap();
         StoreSegment::create(sizes, "lz4", true, DEVICE, true).unwrap()
@@ -1311,7 +1365,8 @@ mod tests {
         remove(region.id());
 
         // A store of layout 6 (bound checksums) or 5 (unbound) is taken over as made, its
-        // store keeping its checksums as they were; one of layout 7 with their blocks is not.
+        // store keeping its checksums as they were; one of layout 7 or 8 with their blocks
+        // is not.
         let old = old_layout_region();
         let o = old.header;
         for (version, bound) in [(BOUND_VERSION, true), (UNBOUND_VERSION, false)] {
@@ -1324,6 +1379,47 @@ mod tests {
         unsafe { ptr::write_volatile(old.base as *mut Header, o) };
         assert!(StoreSegment::attach(old.id(), expected()).is_err());
         remove(old.id());
+    }
+
+    /// A region of layout 7 is taken over, and says its stored entries have the earlier
+    /// tag until it is marked; a region of layout 8 has this release's tag from the start,
+    /// and one of a layout this release does not know is refused.
+    #[test]
+    fn a_layout_7_store_is_taken_over_with_its_tags_to_move() {
+        let Some(region) = small_region() else {
+            return;
+        };
+        assert_eq!(region.header.version, VERSION);
+        assert!(region.stored_tags_moved());
+        let h = region.header;
+        // SAFETY: the header lies at the start of our own mapping; nothing else uses it.
+        unsafe {
+            ptr::write_volatile(
+                region.base as *mut Header,
+                Header {
+                    version: LAYOUT_7,
+                    ..h
+                },
+            )
+        };
+        let taken = StoreSegment::attach(region.id(), expected()).unwrap();
+        assert!(!taken.stored_tags_moved(), "layout 7, not yet moved");
+        taken.set_stored_tags_moved();
+        let again = StoreSegment::attach(region.id(), expected()).unwrap();
+        assert!(again.stored_tags_moved(), "the mark is the region's");
+        // SAFETY: as above.
+        unsafe {
+            ptr::write_volatile(
+                region.base as *mut Header,
+                Header {
+                    version: VERSION + 1,
+                    ..h
+                },
+            )
+        };
+        let err = StoreSegment::attach(region.id(), expected()).expect_err("a later layout");
+        assert!(err.to_string().contains("layout version 9"), "{err}");
+        remove(region.id());
     }
 
     #[test]
