@@ -23,7 +23,7 @@
 //! old file's swapped page is dropped unread.
 
 use std::ptr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -44,6 +44,16 @@ const HALF: usize = (LEN - HEADER) / 2;
 /// right after the header (as every record of the releases before, up to `LEN - HEADER`
 /// bytes).
 const SECOND: u32 = 1 << 31;
+/// Where the write count lies: the segment's last 8 bytes, which no body of this release
+/// reaches ([`BODY_MAX`], [`HALF_BODY`]) and none a release before ever read. Every copy
+/// of a body into the segment first bumps it, so a reader whose copy spans a rewrite sees
+/// it move, even where the rewrite left the length word as it was (a record of the same
+/// length, back in the same half).
+const COUNT_AT: usize = LEN - 8;
+/// The longest body: up to the write count.
+const BODY_MAX: usize = COUNT_AT - HEADER;
+/// The longest body written into a half: the second half ends at the write count.
+const HALF_BODY: usize = COUNT_AT - (HEADER + HALF);
 
 /// Where the body a length word names lies: its offset and length, or `None` when there is
 /// none (a length of 0).
@@ -127,7 +137,7 @@ pub fn write(state: &DaemonState) -> Result<(), ControlError> {
         what: "encoding the recovery record".into(),
         source: std::io::Error::other(e),
     })?;
-    if json.len() > LEN - HEADER {
+    if json.len() > BODY_MAX {
         return Err(ControlError::Io {
             what: format!("the recovery record of {}", state.dev),
             source: std::io::Error::other(format!("{} bytes do not fit", json.len())),
@@ -155,7 +165,15 @@ fn length_word(map: &shm::Attached) -> &AtomicU32 {
     unsafe { AtomicU32::from_ptr(map.base().add(8).cast::<u32>()) }
 }
 
-/// Writes `json` (at most `LEN - HEADER` bytes) into the record segment `map`. A body that
+/// The write count of a record segment's mapping `map` (at least [`LEN`] bytes).
+fn write_count(map: &shm::Attached) -> &AtomicU64 {
+    // SAFETY: `COUNT_AT` is 8 bytes before LEN, 8-aligned (the mapping starts on a page),
+    // inside every mapping this is called with (record segments are LEN bytes, checked on
+    // attach); only ever accessed atomically, and lives as long as `map`.
+    unsafe { AtomicU64::from_ptr(map.base().add(COUNT_AT).cast::<u64>()) }
+}
+
+/// Writes `json` (at most [`BODY_MAX`] bytes) into the record segment `map`. A body that
 /// fits a half goes first into the second half, which the length word then names, and then
 /// into the first, which the word names last: a daemon killed at any moment leaves a whole
 /// record, and the one left in the end is where the releases before read it. The half the
@@ -165,7 +183,7 @@ fn place(map: &shm::Attached, json: &[u8]) {
     let current = body_of(word.load(Ordering::Acquire));
     let in_first = current.is_some_and(|(at, _)| at == HEADER);
     let long_first = current.is_some_and(|(at, len)| at == HEADER && len > HALF);
-    if json.len() <= HALF && !long_first {
+    if json.len() <= HALF_BODY && !long_first {
         if in_first {
             put(map, HEADER + HALF, json);
         }
@@ -184,9 +202,12 @@ fn place(map: &shm::Attached, json: &[u8]) {
 /// Copies `json` to offset `at` of record segment `map`, then names it in the length word.
 fn put(map: &shm::Attached, at: usize, json: &[u8]) {
     let flag = if at == HEADER { 0 } else { SECOND };
-    // SAFETY: `at + json.len()` is at most LEN (the callers' checks: a half's body in a
-    // half, a longer one from the header), inside the mapping, which is ours while attached;
-    // no reader uses these bytes until the length word names them.
+    // Counted before any byte is copied (a locked add: a full barrier, for readers in other
+    // processes too).
+    write_count(map).fetch_add(1, Ordering::SeqCst);
+    // SAFETY: `at + json.len()` is at most COUNT_AT (the callers' checks: a half's body in
+    // a half, a longer one from the header), inside the mapping, which is ours while
+    // attached; no reader uses these bytes until the length word names them.
     unsafe { ptr::copy_nonoverlapping(json.as_ptr(), map.base().add(at), json.len()) };
     length_word(map).store(json.len() as u32 | flag, Ordering::Release);
 }
@@ -260,22 +281,23 @@ pub fn reserve(id: u32) -> Result<(), ControlError> {
     headed_segment(id, take_reusable(&mut segments_of(id))).map(drop)
 }
 
-/// The bytes of record segment `seg`, copied while its length word held still (a writer in
-/// another process may be rewriting it: the copy is taken again while the word moves).
+/// The bytes of record segment `seg`, copied while neither its length word nor its write
+/// count moved (a writer in another process may be rewriting it: the copy is taken again).
 fn record_bytes(seg: &shm::Stat) -> Option<Vec<u8>> {
     let map = shm::Attached::map(seg.id, true).ok()?;
     if map.size() < LEN {
         return None;
     }
-    let word = length_word(&map);
+    let (word, count) = (length_word(&map), write_count(&map));
     for _ in 0..COPY_TRIES {
+        let counted = count.load(Ordering::Acquire);
         let before = word.load(Ordering::Acquire);
         // SAFETY: the mapping is at least LEN bytes (checked) and stays attached while we
         // copy.
         let mut bytes =
             unsafe { std::slice::from_raw_parts(map.base() as *const u8, LEN) }.to_vec();
         std::sync::atomic::fence(Ordering::Acquire);
-        if word.load(Ordering::Relaxed) == before {
+        if word.load(Ordering::Relaxed) == before && count.load(Ordering::Relaxed) == counted {
             bytes[8..12].copy_from_slice(&before.to_ne_bytes());
             return Some(bytes);
         }
@@ -682,6 +704,72 @@ mod tests {
         drop(map);
         remove(id);
         assert!(segments(id).is_empty());
+    }
+
+    /// A reader whose copy spans rewrites of the same length (the length word back where it
+    /// was) never takes a mix of two records: with the length word alone as its check it
+    /// did (a config path half of one record, half of the other).
+    #[test]
+    fn a_record_rewritten_during_a_copy_is_never_read_torn() {
+        if !crate::sys::is_root() {
+            eprintln!("skipped: SHM_LOCK needs root");
+            return;
+        }
+        let id = (1 << 20) - 29;
+        let host = HOST;
+        let states: Vec<DaemonState> = [b'a', b'b']
+            .iter()
+            .map(|&c| DaemonState {
+                pid: 4242,
+                config: Some(
+                    format!("/etc/uzram/{}.toml", (c as char).to_string().repeat(3000)).into(),
+                ),
+                ..DaemonState::example(id)
+            })
+            .collect();
+        write(&states[0]).unwrap();
+        let seg = crate::shm::stat(segments(id)[0].1).unwrap();
+        let bodies: Vec<Vec<u8>> = states
+            .iter()
+            .map(|state| {
+                serde_json::to_vec(&Record {
+                    state: state.clone(),
+                    ublk: None,
+                })
+                .unwrap()
+            })
+            .collect();
+        assert_eq!(bodies[0].len(), bodies[1].len());
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let (read, torn) = std::thread::scope(|s| {
+            s.spawn(|| {
+                let map = shm::Attached::map(seg.id, false).unwrap();
+                for i in 0.. {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    place(&map, &bodies[i % 2]);
+                }
+            });
+            let (mut read, mut torn) = (0, 0);
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            while std::time::Instant::now() < until {
+                let Some(bytes) = record_bytes(&seg) else {
+                    continue;
+                };
+                read += 1;
+                match parse_record(id, &bytes, host) {
+                    Ok(r) if states.contains(&r.state) => {}
+                    _ => torn += 1,
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+            (read, torn)
+        });
+        eprintln!("{read} copies read back, {torn} torn");
+        assert!(read > 0, "no copy held still");
+        assert_eq!(torn, 0, "copies that were no record written");
+        remove(id);
     }
 
     /// A new device's segment is made before it serves, empty (an earlier device's record of
