@@ -32,6 +32,7 @@ fn recompressed_exactly(name: &str, data: &[u8], slots: &dyn SlotBackend) {
             threshold: 0,
             max_pages: u64::MAX,
             retry_tried: false,
+            priority: None,
         })
         .unwrap();
     store.compact();

@@ -95,6 +95,7 @@ fn image() -> Image {
             threshold: 0,
             max_pages: PAGES / 2,
             retry_tried: false,
+            priority: None,
         })
         .unwrap();
     assert!(recompressed.rewritten > 0, "{recompressed:?}");

@@ -56,7 +56,7 @@ pub use self::persist::{Persistence, Recovered, SegmentHome, SegmentWords, SEGME
 pub use self::staged::{Commit, CommitState, Encoded, StagedPages, Ticket};
 pub use self::stats::{MemoryUsage, Stats};
 pub use self::tier::{
-    AgeCounts, Candidates, Recompress, Recompressed, Recompressor, AGE_BUCKETS,
+    AgeCounts, Candidates, Priority, Recompress, Recompressed, Recompressor, AGE_BUCKETS,
     DEFAULT_LEVEL as DEFAULT_RECOMPRESS_LEVEL, MAX_AGE,
 };
 pub use self::writeback::{Writeback, WritebackCandidates, WrittenBack};

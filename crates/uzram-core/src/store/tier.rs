@@ -122,6 +122,22 @@ pub struct Recompress<'a> {
     /// recompressor): for a pass with another recompressor than the one that tried them
     /// (`uzram recompress --algorithm zstd:19` on a device whose own is `lz4-gpu` or zstd:3).
     pub retry_tried: bool,
+    /// How the calling thread is raised while the pass holds locks the I/O path waits on
+    /// (`None`: it is not).
+    pub priority: Option<&'a dyn Priority>,
+}
+
+/// Moves the calling thread between its own priority and the I/O path's. The daemon runs
+/// recompression at the lowest priority, but a pass takes a shard's lock and the arena's
+/// for each page it looks up and installs: preempted while it holds one beside busy CPUs,
+/// it would stop the writers for as long as the scheduler leaves it waiting (priority
+/// inversion; `cargo bench -p uzram-core --bench tier_pause`). Calls come from the thread
+/// that runs the pass, in pairs: `raise`, then `lower`.
+pub trait Priority: std::fmt::Debug {
+    /// Raises the calling thread to the I/O path's priority.
+    fn raise(&self);
+    /// Gives the calling thread its own priority back.
+    fn lower(&self);
 }
 
 /// What a pass did.
@@ -350,6 +366,7 @@ pub(crate) mod tests {
             threshold: 0,
             max_pages: u64::MAX,
             retry_tried: false,
+            priority: None,
         }
     }
 
@@ -488,6 +505,7 @@ pub(crate) mod tests {
         assert_eq!(store.recompress(pass(Candidates::Huge)).unwrap().tried, 0);
         let retry = Recompress {
             retry_tried: true,
+            priority: None,
             ..pass(Candidates::Huge)
         };
         assert_eq!(store.recompress(retry).unwrap().tried, huge);

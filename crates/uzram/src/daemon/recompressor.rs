@@ -193,12 +193,16 @@ impl Recompressor {
             (Self::Gpu(_), Some(_)) => false,
             (_, None) => true,
         };
+        // The pass runs at its thread's priority (the tier thread's nice 19), raised only
+        // while it holds locks the I/O path waits on.
+        let priority = crate::sys::IoPriority::of_this_thread();
         let pass = |recompressor| Recompress {
             candidates,
             recompressor,
             threshold,
             max_pages,
             retry_tried: !own,
+            priority: Some(&priority),
         };
         match (self, level) {
             (_, Some(level)) => store.recompress(pass(Pass::Zstd { level })),

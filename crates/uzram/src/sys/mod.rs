@@ -13,7 +13,7 @@ pub mod owned_file;
 pub mod sched;
 pub mod walk;
 
-pub use sched::{at_io_priority, raise_io_thread_priority, set_thread_nice};
+pub use sched::{at_io_priority, raise_io_thread_priority, set_thread_nice, IoPriority};
 
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};

@@ -50,7 +50,7 @@ pub fn raise_io_thread_priority(thread: impl std::fmt::Display) {
 /// the CPUs are busy stops the I/O path for as long as the scheduler leaves it waiting: a
 /// compaction of 256 MiB (every shard's lock) took 852 ms at nice 19 beside one CPU hog per
 /// CPU and 13.5 ms raised, and a writer at nice -20 waited as long (`cargo bench -p
-/// uzram-core --bench compaction_pause`, docs/bench/2026-12-priority.md). Where the priority cannot be raised
+/// uzram-core --bench tier_pause`, docs/bench/2026-12-priority.md). Where the priority cannot be raised
 /// (no `CAP_SYS_NICE`), `f` runs at the thread's own.
 pub fn at_io_priority<T>(f: impl FnOnce() -> T) -> T {
     let _raised = Raised::new();
@@ -59,17 +59,56 @@ pub fn at_io_priority<T>(f: impl FnOnce() -> T) -> T {
 
 /// The calling thread raised to [`IO_NICE`] until this is dropped (a panic included).
 struct Raised {
-    tid: Tid,
-    /// The nice value to give back; `None` where nothing was raised.
-    own: Option<i32>,
+    priority: IoPriority,
+    raised: bool,
 }
 
 impl Raised {
     fn new() -> Self {
-        static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let priority = IoPriority::of_this_thread();
+        let raised = priority.raise_now();
+        Self { priority, raised }
+    }
+}
+
+impl Drop for Raised {
+    fn drop(&mut self) {
+        if self.raised {
+            self.priority.lower_now();
+        }
+    }
+}
+
+/// The calling thread's way between its own nice value and [`IO_NICE`], for work at a low
+/// priority that now and then takes locks the I/O path waits on (a recompression pass, as
+/// `uzram_core::store::Priority`). Only the thread that made it may use it.
+#[derive(Debug)]
+pub struct IoPriority {
+    tid: Tid,
+    /// The thread's own nice value; `None` where it already runs at [`IO_NICE`] (or its
+    /// nice cannot be read): nothing to raise.
+    own: Option<i32>,
+}
+
+impl IoPriority {
+    /// For the calling thread.
+    pub fn of_this_thread() -> Self {
         let tid = gettid();
-        let own = nice_of(tid).ok().filter(|&n| n > IO_NICE);
-        let own = own.filter(|_| match set_nice_of(tid, IO_NICE) {
+        Self {
+            tid,
+            own: nice_of(tid).ok().filter(|&n| n > IO_NICE),
+        }
+    }
+
+    /// Raises the thread to [`IO_NICE`]; false where there was nothing to raise or it
+    /// failed (no `CAP_SYS_NICE`: warned once per process, and the work runs at the
+    /// thread's own priority).
+    fn raise_now(&self) -> bool {
+        static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if self.own.is_none() {
+            return false;
+        }
+        match set_nice_of(self.tid, IO_NICE) {
             Ok(()) => true,
             Err(err) => {
                 if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
@@ -81,18 +120,26 @@ impl Raised {
                 }
                 false
             }
-        });
-        Self { tid, own }
+        }
     }
-}
 
-impl Drop for Raised {
-    fn drop(&mut self) {
+    /// Gives the thread its own nice value back.
+    fn lower_now(&self) {
         if let Some(own) = self.own {
             if let Err(err) = set_nice_of(self.tid, own) {
                 tracing::warn!(error = %err, nice = own, "giving a thread back its nice value failed");
             }
         }
+    }
+}
+
+impl uzram_core::store::Priority for IoPriority {
+    fn raise(&self) {
+        self.raise_now();
+    }
+
+    fn lower(&self) {
+        self.lower_now();
     }
 }
 
@@ -168,6 +215,32 @@ pub fn thread_runqueue_wait() -> Option<std::time::Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_io_priority_moves_its_thread_between_its_own_nice_and_the_io_path_s() {
+        use uzram_core::store::Priority;
+        std::thread::spawn(|| {
+            let tid = gettid();
+            set_nice_of(tid, 19).unwrap();
+            let priority = IoPriority::of_this_thread();
+            priority.raise();
+            let raised = nice_of(tid).unwrap();
+            priority.lower();
+            let lowered = nice_of(tid).unwrap();
+            if set_nice_of(tid, IO_NICE).is_err() {
+                eprintln!("skipping: raising a nice value needs CAP_SYS_NICE");
+                return;
+            }
+            assert_eq!((raised, lowered), (IO_NICE, 19));
+            // A thread already at the I/O path's nice has nothing to raise, nor to lower.
+            let at_io = IoPriority::of_this_thread();
+            at_io.raise();
+            at_io.lower();
+            assert_eq!(nice_of(tid).unwrap(), IO_NICE);
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn work_at_io_priority_runs_raised_and_the_thread_gets_its_nice_back() {
