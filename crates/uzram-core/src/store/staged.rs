@@ -124,9 +124,17 @@ impl PageStore {
         }
         let n = items.len() as u64;
         if let Some(limit) = self.mem_limit {
+            // The room is taken before it is checked, so that stagers on other threads count
+            // it: checked first and taken after, each of them could pass the limit by its
+            // request. Room taken for a page that was already staged is given back below.
+            self.staged.fetch_add(n, Ordering::Relaxed);
             let used = self.limited_bytes();
-            if used + n * super::STAGED_PAGE_ROOM > limit {
-                return Err(CoreError::MemLimit { limit, used });
+            if used > limit {
+                self.staged.fetch_sub(n, Ordering::Relaxed);
+                return Err(CoreError::MemLimit {
+                    limit,
+                    used: used - n * super::STAGED_PAGE_ROOM,
+                });
             }
         }
         let staged_cost = PageCost {
@@ -167,10 +175,13 @@ impl PageStore {
                     nfreed += 1;
                 }
             }
-            // Counted under the lock, as a rewrite that takes a staged page off counts it
-            // under the lock: counted after, such a rewrite in between wrapped the count.
+            // The room taken above for pages that were staged already (or not set) given
+            // back under the lock, as a rewrite that takes a staged page off counts it
+            // under the lock: the count never falls below the pages staged, so such a
+            // rewrite cannot wrap it.
             if self.mem_limit.is_some() {
-                self.staged.fetch_add(newly, Ordering::Relaxed);
+                let done = (next - start) as u64;
+                self.staged.fetch_sub(done - newly, Ordering::Relaxed);
             }
             drop(shard);
             if nfreed == freed.len() {

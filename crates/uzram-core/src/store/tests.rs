@@ -651,6 +651,59 @@ fn staged_pages_hold_room_under_the_memory_limit() {
     assert_eq!(read_page(&store, 24), page);
 }
 
+/// Stagers on several threads at once never pass the memory limit together: each takes its
+/// room before it checks the limit. (Checked first and taken after, two requests that
+/// found room for one were both staged, in most rounds here.)
+#[test]
+fn concurrent_stagers_never_pass_the_limit_together() {
+    const REQUEST: u64 = 16;
+    const THREADS: u64 = 4;
+    let pages = 1024;
+    let probe = store(pages);
+    let mut cfg = StoreConfig::new(pages, Algorithm::Lz4);
+    // Room for one request's staged pages, not two.
+    let room = REQUEST * STAGED_PAGE_ROOM + STAGED_PAGE_ROOM / 2;
+    cfg.mem_limit = Some(probe.stats().mem_used_total + room);
+    let store = PageStore::new(cfg).unwrap();
+    let staging = Arc::new(MapStaging::default());
+    store.attach_staging(staging.clone()).unwrap();
+    let page = text_page(5);
+    for p in 0..THREADS * REQUEST {
+        staging.put(p, at(0, p as usize, 1), page);
+    }
+    let mut passed = 0;
+    for _ in 0..300 {
+        let start = std::sync::Barrier::new(THREADS as usize);
+        let staged: u64 = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let (store, start) = (&store, &start);
+                    s.spawn(move || {
+                        let items: Vec<_> = (t * REQUEST..(t + 1) * REQUEST)
+                            .map(|p| (p, at(0, p as usize, 1)))
+                            .collect();
+                        start.wait();
+                        u64::from(store.stage_many(&items).is_ok())
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).sum()
+        });
+        passed += u64::from(staged > 1);
+        assert!(
+            store.limited_bytes() <= store.stats().mem_limit,
+            "{staged} requests staged"
+        );
+        store.discard(0, THREADS * REQUEST).unwrap();
+        assert_eq!(
+            store.staged_room(),
+            0,
+            "the room of discarded pages given back"
+        );
+    }
+    assert_eq!(passed, 0, "rounds in which two requests were staged");
+}
+
 /// Pages staged up to the limit that turn out incompressible are installed raw (15 to a
 /// segment) without passing it (but for the segment table's growth by a chunk: 2 KiB per 64
 /// segments): each held a raw page's share of a segment while staged. Holding 4,096 bytes
