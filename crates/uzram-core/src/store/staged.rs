@@ -179,8 +179,8 @@ impl PageStore {
             // back under the lock, as a rewrite that takes a staged page off counts it
             // under the lock: the count never falls below the pages staged, so such a
             // rewrite cannot wrap it.
-            if self.mem_limit.is_some() {
-                let done = (next - start) as u64;
+            let done = (next - start) as u64;
+            if self.mem_limit.is_some() && done > newly {
                 self.staged.fetch_sub(done - newly, Ordering::Relaxed);
             }
             drop(shard);
