@@ -540,11 +540,13 @@ mod tests {
                 }
             }
             for at in [0, 4096 * 3 + 17, MAX_DISK_OFFSET] {
-                words.push(Slot::Backed {
-                    at,
-                    len,
-                    recompressed: false,
-                });
+                for recompressed in [false, len < PAGE_SIZE as u16] {
+                    words.push(Slot::Backed {
+                        at,
+                        len,
+                        recompressed,
+                    });
+                }
             }
         }
         for (slot, index, epoch) in [(0, 0, 0), (255, 65535, EPOCH_MODULUS - 1), (7, 9, 77)] {

@@ -115,10 +115,12 @@ impl ZstdBatch {
     }
 }
 
-/// The pass's thread raised ([`Recompress::priority`]) while it holds locks the I/O path
+/// The pass's thread raised ([`Recompress::priority`]) while it takes locks the I/O path
 /// waits on (a shard's, the arena's), and at its own priority while it compresses: raised
-/// lazily, so that the look-ups of a run of pages cost one raise, and lowered before each
-/// page's compression, and when dropped (a panic included).
+/// at the first look-up of a batch and kept so while it looks pages up (each candidate's
+/// object copied out and decoded, a few µs a page: too short to lower the thread for
+/// between two look-ups) until the batch is full, lowered while the batch is compressed,
+/// raised again to install it, and lowered when dropped (a panic included).
 struct Held<'a> {
     priority: Option<&'a dyn Priority>,
     raised: std::cell::Cell<bool>,

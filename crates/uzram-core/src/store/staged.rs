@@ -127,6 +127,8 @@ impl PageStore {
             // The room is taken before it is checked, so that stagers on other threads count
             // it: checked first and taken after, each of them could pass the limit by its
             // request. Room taken for a page that was already staged is given back below.
+            // Two stagers that find room for one of them between them may then both be
+            // refused: on the safe side (the kernel writes again).
             self.staged.fetch_add(n, Ordering::Relaxed);
             let used = self.limited_bytes();
             if used > limit {

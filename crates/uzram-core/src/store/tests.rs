@@ -980,8 +980,12 @@ fn an_entry_damaged_into_a_side_map_fill_fails_its_read() {
             shard::Entries::Kept(_) => unreachable!(),
         }
     };
-    // Stored (tag 3) with bit 0 flipped: tag 2, the handle bits still set.
-    set(0, &|w| w ^ 1);
+    // A stored entry whose tag was damaged into the side map's (tag 7 to 2), the handle bits
+    // still set.
+    set(0, &|w| {
+        assert_eq!(w & 0b111, 0b111, "a stored entry");
+        (w & !0b111) | 0b010
+    });
     // The bare tag, with no fill word kept for the page.
     set(1, &|_| 2);
     let mut out = [0u8; PAGE_SIZE];

@@ -122,8 +122,9 @@ pub struct Recompress<'a> {
     /// recompressor): for a pass with another recompressor than the one that tried them
     /// (`uzram recompress --algorithm zstd:19` on a device whose own is `lz4-gpu` or zstd:3).
     pub retry_tried: bool,
-    /// How the calling thread is raised while the pass holds locks the I/O path waits on
-    /// (`None`: it is not).
+    /// How the calling thread is raised while the pass looks pages up and installs them,
+    /// under locks the I/O path waits on (`None`: it is not); it compresses at the thread's
+    /// own priority.
     pub priority: Option<&'a dyn Priority>,
 }
 

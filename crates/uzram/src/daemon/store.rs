@@ -107,7 +107,10 @@ pub struct Taken {
 
 /// The store a dead daemon of device `device` left in shared memory segment `shm`, taken
 /// over: refused, changing nothing, when it is not root's alone, not that device's store of
-/// this size, codec and checksum setting, or damaged. Pages it had staged for the GPU are
+/// this size, codec and checksum setting, or damaged. A store an earlier release kept is
+/// first brought to this release's form (its empty entries marked, its stored entries'
+/// tag moved: layout 7 becomes 8), which stays so if the takeover fails later on, and a
+/// retry finds done. Pages it had staged for the GPU are
 /// read from its staging segment (held to their checksums) and installed. `step` is told
 /// when each part is done (`takeover::pause`).
 pub fn recover(

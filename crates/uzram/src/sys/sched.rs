@@ -88,6 +88,8 @@ pub struct IoPriority {
     /// The thread's own nice value; `None` where it already runs at [`IO_NICE`] (or its
     /// nice cannot be read): nothing to raise.
     own: Option<i32>,
+    /// A raise failed (no `CAP_SYS_NICE`): none is tried again.
+    refused: std::cell::Cell<bool>,
 }
 
 impl IoPriority {
@@ -97,6 +99,7 @@ impl IoPriority {
         Self {
             tid,
             own: nice_of(tid).ok().filter(|&n| n > IO_NICE),
+            refused: std::cell::Cell::new(false),
         }
     }
 
@@ -105,12 +108,13 @@ impl IoPriority {
     /// thread's own priority).
     fn raise_now(&self) -> bool {
         static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-        if self.own.is_none() {
+        if self.own.is_none() || self.refused.get() {
             return false;
         }
         match set_nice_of(self.tid, IO_NICE) {
             Ok(()) => true,
             Err(err) => {
+                self.refused.set(true);
                 if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
                     tracing::warn!(
                         error = %err,
@@ -123,9 +127,9 @@ impl IoPriority {
         }
     }
 
-    /// Gives the thread its own nice value back.
+    /// Gives the thread its own nice value back (nothing to do where no raise can work).
     fn lower_now(&self) {
-        if let Some(own) = self.own {
+        if let (Some(own), false) = (self.own, self.refused.get()) {
             if let Err(err) = set_nice_of(self.tid, own) {
                 tracing::warn!(error = %err, nice = own, "giving a thread back its nice value failed");
             }

@@ -203,8 +203,13 @@ fn place(map: &shm::Attached, json: &[u8]) {
 fn put(map: &shm::Attached, at: usize, json: &[u8]) {
     let flag = if at == HEADER { 0 } else { SECOND };
     // Counted before any byte is copied (a locked add: a full barrier, for readers in other
-    // processes too).
-    write_count(map).fetch_add(1, Ordering::SeqCst);
+    // processes too). Not while the record the length word names reaches the count's bytes
+    // (one an earlier release left in the second half, 8,177 to 8,184 bytes long): the add
+    // would spoil it, and this copy goes into the first half, so the word moves anyway.
+    let named = body_of(length_word(map).load(Ordering::Acquire));
+    if named.is_none_or(|(from, len)| from + len <= COUNT_AT) {
+        write_count(map).fetch_add(1, Ordering::SeqCst);
+    }
     // SAFETY: `at + json.len()` is at most COUNT_AT (the callers' checks: a half's body in
     // a half, a longer one from the header), inside the mapping, which is ours while
     // attached; no reader uses these bytes until the length word names them.
@@ -769,6 +774,70 @@ mod tests {
         eprintln!("{read} copies read back, {torn} torn");
         assert!(read > 0, "no copy held still");
         assert_eq!(torn, 0, "copies that were no record written");
+        remove(id);
+    }
+
+    /// A record an earlier release left in the second half, long enough to reach the write
+    /// count's bytes, stays whole while the next rewrite copies its body into the first
+    /// half: the count is not bumped over it.
+    #[test]
+    fn an_earlier_releases_record_over_the_count_survives_the_first_rewrite() {
+        if !crate::sys::is_root() {
+            eprintln!("skipped: SHM_LOCK needs root");
+            return;
+        }
+        let id = (1 << 20) - 31;
+        let mut state = DaemonState {
+            pid: 4242,
+            ..DaemonState::example(id)
+        };
+        write(&state).unwrap();
+        let seg = segments(id)[0].1;
+        let map = shm::Attached::map(seg, false).unwrap();
+        // As an earlier release left it: a body of HALF bytes in the second half, named.
+        let mut body = serde_json::to_vec(&Record {
+            state: state.clone(),
+            ublk: None,
+        })
+        .unwrap();
+        body.resize(HALF, b' ');
+        assert!(HEADER + HALF + body.len() > COUNT_AT);
+        // SAFETY: the second half lies inside the mapping (HEADER + 2 * HALF == LEN).
+        unsafe { ptr::copy_nonoverlapping(body.as_ptr(), map.base().add(HEADER + HALF), HALF) };
+        length_word(&map).store(HALF as u32 | SECOND, Ordering::Release);
+        assert_eq!(
+            read(id),
+            Some(state.clone()),
+            "the earlier release's record"
+        );
+        // The rewrite's first copy (into the first half) leaves the named record's bytes as
+        // they were until the word moves off them.
+        let before = write_count(&map).load(Ordering::Relaxed);
+        state.pid = 4343;
+        let json = serde_json::to_vec(&Record {
+            state: state.clone(),
+            ublk: None,
+        })
+        .unwrap();
+        put(&map, HEADER, &json);
+        // SAFETY: the second half lies inside the mapping.
+        let second = unsafe { std::slice::from_raw_parts(map.base().add(HEADER + HALF), HALF) };
+        assert!(
+            second == body,
+            "the earlier release's record was written over"
+        );
+        assert_eq!(write_count(&map).load(Ordering::Relaxed), before);
+        assert_eq!(
+            read(id),
+            Some(state.clone()),
+            "the new record, in the first half"
+        );
+        // From now on, rewrites count.
+        state.pid = 4444;
+        write(&state).unwrap();
+        assert!(write_count(&map).load(Ordering::Relaxed) > before);
+        assert_eq!(read(id), Some(state));
+        drop(map);
         remove(id);
     }
 

@@ -605,13 +605,34 @@ impl StoreSegment {
     /// 8; in an earlier layout once a takeover moved them
     /// ([`StoreSegment::set_stored_tags_moved`]).
     pub fn stored_tags_moved(&self) -> bool {
-        self.header.version >= VERSION
+        self.header_word_version() >= VERSION
             || self.recorded_word(TAGS).load(Ordering::Acquire) == TAGS_TAG
     }
 
-    /// Records that every stored entry of the page table has this release's tag.
+    /// Records that every stored entry of the page table has this release's tag. A store of
+    /// layout 7 becomes one of layout 8 (the same sizes), which an earlier release refuses
+    /// rather than read each of its stored pages as damage and lose it; one of layout 6 or
+    /// 5 keeps its layout (its blocks are others') and says so in a word of the header's
+    /// unit, which an earlier release does not read.
     pub fn set_stored_tags_moved(&self) {
-        self.recorded_word(TAGS).store(TAGS_TAG, Ordering::Release);
+        if self.header_word_version() == LAYOUT_7 {
+            self.version_word().store(VERSION, Ordering::Release);
+        } else {
+            self.recorded_word(TAGS).store(TAGS_TAG, Ordering::Release);
+        }
+    }
+
+    /// The header's layout version as it is now in the segment (a takeover may have moved it
+    /// on since this process attached).
+    fn header_word_version(&self) -> u32 {
+        self.version_word().load(Ordering::Acquire)
+    }
+
+    fn version_word(&self) -> &AtomicU32 {
+        // SAFETY: the header lies at the start of the mapping, which is never detached; its
+        // `version` field is a 4-aligned u32 (the header is `repr(C)`, the mapping starts on
+        // a page), read by other processes only as a whole.
+        unsafe { &*((self.base + std::mem::offset_of!(Header, version)) as *const AtomicU32) }
     }
 
     /// Leaves the region as a daemon of an earlier release did: layout 7, every stored
@@ -1375,15 +1396,22 @@ mod tests {
             let taken = StoreSegment::attach(old.id(), expected()).unwrap();
             assert_eq!(taken.checksums_name_pages(), bound, "layout {version}");
         }
-        // SAFETY: as above.
-        unsafe { ptr::write_volatile(old.base as *mut Header, o) };
-        assert!(StoreSegment::attach(old.id(), expected()).is_err());
+        for version in [LAYOUT_7, VERSION] {
+            // SAFETY: as above.
+            unsafe { ptr::write_volatile(old.base as *mut Header, Header { version, ..o }) };
+            assert!(
+                StoreSegment::attach(old.id(), expected()).is_err(),
+                "layout {version} with the blocks of layout 6"
+            );
+        }
         remove(old.id());
     }
 
     /// A region of layout 7 is taken over, and says its stored entries have the earlier
-    /// tag until it is marked; a region of layout 8 has this release's tag from the start,
-    /// and one of a layout this release does not know is refused.
+    /// tag until it is marked, which makes it layout 8 (which an earlier release refuses);
+    /// one of layout 6 is marked by a word of its own; a region of layout 8 has this
+    /// release's tag from the start, and one of a layout this release does not know is
+    /// refused.
     #[test]
     fn a_layout_7_store_is_taken_over_with_its_tags_to_move() {
         let Some(region) = small_region() else {
@@ -1392,34 +1420,54 @@ mod tests {
         assert_eq!(region.header.version, VERSION);
         assert!(region.stored_tags_moved());
         let h = region.header;
-        // SAFETY: the header lies at the start of our own mapping; nothing else uses it.
-        unsafe {
-            ptr::write_volatile(
-                region.base as *mut Header,
-                Header {
-                    version: LAYOUT_7,
-                    ..h
-                },
-            )
+        let write = |base: usize, header: Header| {
+            // SAFETY: the header lies at the start of our own mapping; nothing else uses it.
+            unsafe { ptr::write_volatile(base as *mut Header, header) };
         };
+        write(
+            region.base,
+            Header {
+                version: LAYOUT_7,
+                ..h
+            },
+        );
         let taken = StoreSegment::attach(region.id(), expected()).unwrap();
         assert!(!taken.stored_tags_moved(), "layout 7, not yet moved");
         taken.set_stored_tags_moved();
+        assert!(taken.stored_tags_moved());
         let again = StoreSegment::attach(region.id(), expected()).unwrap();
         assert!(again.stored_tags_moved(), "the mark is the region's");
-        // SAFETY: as above.
-        unsafe {
-            ptr::write_volatile(
-                region.base as *mut Header,
-                Header {
-                    version: VERSION + 1,
-                    ..h
-                },
-            )
-        };
+        assert_eq!(again.header.version, VERSION, "moved, layout 7 is layout 8");
+        assert_eq!(again.recorded_word(TAGS).load(Ordering::Relaxed), 0);
+        write(
+            region.base,
+            Header {
+                version: VERSION + 1,
+                ..h
+            },
+        );
         let err = StoreSegment::attach(region.id(), expected()).expect_err("a later layout");
         assert!(err.to_string().contains("layout version 9"), "{err}");
         remove(region.id());
+        // Layout 6 keeps its layout (its blocks are its own): a word says it is moved.
+        let old = old_layout_region();
+        write(
+            old.base,
+            Header {
+                version: BOUND_VERSION,
+                ..old.header
+            },
+        );
+        let taken = StoreSegment::attach(old.id(), expected()).unwrap();
+        assert!(!taken.stored_tags_moved(), "layout 6, not yet moved");
+        taken.set_stored_tags_moved();
+        let again = StoreSegment::attach(old.id(), expected()).unwrap();
+        assert!(again.stored_tags_moved());
+        assert_eq!(
+            again.header.version, BOUND_VERSION,
+            "its blocks stay layout 6's"
+        );
+        remove(old.id());
     }
 
     #[test]
