@@ -1,7 +1,7 @@
 //! The GPU ring's installers alone: what putting a slot's results into the store costs the
 //! CPU per GiB of pages, on real pages. A [`HostSlots`] backend compresses each slot on the
-//! writer's thread at `submit`, so the installer threads (`uzram-install-*`) do only what
-//! they do behind a GPU: check each result's checksum, plan the slot, copy each block into
+//! ring's submitter thread at `submit`, so the installer threads (`uzram-install-*`) do only
+//! what they do behind a GPU: check each result's checksum, plan the slot, copy each block into
 //! the arena and commit it to the table.
 //!
 //! ```text
@@ -49,7 +49,13 @@ fn round(data: &[u8]) -> (f64, u64) {
     let pages = (data.len() / PAGE_SIZE) as u64;
     let store = Arc::new(PageStore::new(StoreConfig::new(pages, Algorithm::Lz4)).unwrap());
     let backend = Arc::new(HostSlots::new(Algorithm::Lz4, 7, 2048));
-    let ring = Ring::start(store.clone(), backend, RingConfig::default()).unwrap();
+    // The writer waits for a slot rather than compress inline: every page goes through the
+    // installers, as behind a GPU that keeps up.
+    let cfg = RingConfig {
+        slot_wait: std::time::Duration::from_secs(30),
+        ..RingConfig::default()
+    };
+    let ring = Ring::start(store.clone(), backend, cfg).unwrap();
     // The first pass faults the store's memory in (the daemon's pool keeper does that
     // ahead of the installers); the second overwrites every page and is the one measured.
     let pass = || {

@@ -62,12 +62,15 @@ pub struct FaultPlan {
     /// Completions that do not return until released (a device that hangs without an
     /// error).
     pub hang: Option<Hang>,
+    /// Submissions that do not return until released (a driver call that blocks in a
+    /// wedged driver).
+    pub hang_submit: Option<Hang>,
     /// Wait this long in every `complete` after its results were installed (a device slow
     /// to let go of a slot it answered for).
     pub linger: Duration,
 }
 
-/// Every `complete` from the `from`-th on (counting from 0) waits until [`Hang::release`].
+/// Every call from the `from`-th on (counting from 0) waits until [`Hang::release`].
 #[derive(Debug, Clone, Default)]
 pub struct Hang {
     /// First hanging call.
@@ -76,7 +79,7 @@ pub struct Hang {
 }
 
 impl Hang {
-    /// Completions from the `from`-th on hang.
+    /// Calls from the `from`-th on hang.
     pub fn from(from: u64) -> Self {
         Self {
             from,
@@ -84,7 +87,7 @@ impl Hang {
         }
     }
 
-    /// Lets the hanging completions (and every later one) return.
+    /// Lets the hanging calls (and every later one) return.
     pub fn release(&self) {
         let (released, cv) = &*self.released;
         *released.lock().unwrap_or_else(PoisonError::into_inner) = true;
@@ -363,6 +366,9 @@ impl SlotBackend for HostSlots {
 
     fn submit(&self, slot: usize, pages: usize, limit: usize) -> Result<(), BackendError> {
         let n = self.submits.fetch_add(1, Ordering::Relaxed);
+        if let Some(hang) = &self.faults.hang_submit {
+            hang.wait(n);
+        }
         if let Some(f) = self.faults.submit.filter(|f| f.hits(n)) {
             return Err(self.error(f.kind, format!("injected failure of submission {n}")));
         }

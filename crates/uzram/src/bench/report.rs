@@ -235,17 +235,24 @@ impl Report {
             compressed_s: m(&|r| r.compressed.as_secs_f64()),
             cpu_s_per_gib: m(&|r| r.cpu.as_secs_f64() / (bytes as f64 / (1u64 << 30) as f64)),
             faults_per_gib: m(&|r| r.faults as f64 / (bytes as f64 / (1u64 << 30) as f64)),
-            cpu_s_per_gib_by_role: ["queues", "installers", "keeper", "reader", "other"]
-                .iter()
-                .map(|role| {
-                    let per_gib = m(&|r| {
-                        r.cpu_by_role.get(role).copied().unwrap_or(0) as f64
-                            / 1e9
-                            / (bytes as f64 / (1u64 << 30) as f64)
-                    });
-                    (role.to_string(), per_gib)
-                })
-                .collect(),
+            cpu_s_per_gib_by_role: [
+                "queues",
+                "installers",
+                "submitter",
+                "keeper",
+                "reader",
+                "other",
+            ]
+            .iter()
+            .map(|role| {
+                let per_gib = m(&|r| {
+                    r.cpu_by_role.get(role).copied().unwrap_or(0) as f64
+                        / 1e9
+                        / (bytes as f64 / (1u64 << 30) as f64)
+                });
+                (role.to_string(), per_gib)
+            })
+            .collect(),
             read_idle_p50_us: m(&|r| pct(&r.idle_reads, 0.50)),
             read_idle_p99_us: m(&|r| pct(&r.idle_reads, 0.99)),
             read_busy_p50_us: m(&|r| pct(&r.busy_reads, 0.50)),

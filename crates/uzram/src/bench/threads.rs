@@ -9,6 +9,10 @@ fn role(comm: &str) -> &'static str {
         "queues"
     } else if comm.starts_with("uzram-install") {
         "installers"
+    } else if comm.starts_with("uzram-ring-subm") {
+        // The ring's submitter (the name cut to the kernel's 15 bytes): the backend's
+        // `submit` of every slot.
+        "submitter"
     } else if comm.starts_with("bench-reader") {
         "reader"
     } else if comm.starts_with("uzram-pool") {
@@ -69,6 +73,7 @@ mod tests {
         let d = delta(&before, &after);
         assert!(d.values().sum::<u64>() > 0, "{d:?}");
         assert_eq!(role("uzram-install-3"), "installers");
+        assert_eq!(role("uzram-ring-subm"), "submitter");
         assert_eq!(role("bench-queue-0"), "queues");
         assert_eq!(role("cuda-EvtHandlr"), "other");
     }

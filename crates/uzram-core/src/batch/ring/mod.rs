@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 
 pub use self::config::{RingConfig, ThreadHook};
 use self::install::{installer_loop, Tools, BUFS};
-use self::shared::{Phase, Shared, SlotState, State, MAX_LINE, NO_SLOT};
+use self::shared::{InSubmit, Phase, Shared, SlotState, State, MAX_LINE, NO_SLOT};
 use self::stats::Counters;
 pub use self::stats::{RingStats, SlotTimes};
 use self::watch::watch_loop;
@@ -68,6 +68,7 @@ pub struct Ring {
     /// Installer threads, by id.
     installers: Vec<(usize, JoinHandle<()>)>,
     watcher: Option<JoinHandle<()>>,
+    submitter: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Ring {
@@ -141,6 +142,8 @@ impl Ring {
                 free: (0..slots).rev().collect(),
                 slots: vec![SlotState { phase: Phase::Free }; slots],
                 queue: VecDeque::with_capacity(slots),
+                to_submit: VecDeque::with_capacity(slots),
+                submitting: None,
                 stop: false,
                 stalled: false,
                 line: VecDeque::with_capacity(MAX_LINE),
@@ -149,6 +152,7 @@ impl Ring {
             }),
             work: Condvar::new(),
             idle: Condvar::new(),
+            submits: Condvar::new(),
             watch: Condvar::new(),
             in_device: (0..slots).map(|_| AtomicBool::new(false)).collect(),
             retired: AtomicBool::new(false),
@@ -167,6 +171,7 @@ impl Ring {
             shared,
             installers: Vec::new(),
             watcher: None,
+            submitter: None,
         };
         let installers = ring.shared.cfg.installers;
         // The watcher is one more installer, for slots whose installer the backend holds.
@@ -198,6 +203,26 @@ impl Ring {
                 Ok(t) => ring.watcher = Some(t),
                 // Dropping `ring` stops the threads already started.
                 Err(e) => return Err(CoreError::Config(format!("cannot start {name}: {e}"))),
+            }
+        }
+        // The backend's `submit` runs on its own thread, never a writer's: a submission that
+        // blocks in a wedged driver then holds no queue thread, and the watcher bounds it.
+        let sh = Arc::clone(&ring.shared);
+        let spawned = std::thread::Builder::new()
+            .name("uzram-ring-submit".into())
+            .stack_size(256 << 10)
+            .spawn(move || {
+                if let Some(hook) = &sh.cfg.on_thread_start {
+                    hook("uzram-ring-submit");
+                }
+                sh.submit_loop();
+            });
+        match spawned {
+            Ok(t) => ring.submitter = Some(t),
+            Err(e) => {
+                return Err(CoreError::Config(format!(
+                    "cannot start uzram-ring-submit: {e}"
+                )))
             }
         }
         // Last: a ring that failed to start leaves the store as it found it, with no staging
@@ -343,14 +368,29 @@ impl Ring {
     }
 
     fn stop(&mut self) {
-        if self.installers.is_empty() && self.watcher.is_none() {
+        if self.installers.is_empty() && self.watcher.is_none() && self.submitter.is_none() {
             return;
         }
         self.flush();
         let sh = &*self.shared;
         sh.lock().stop = true;
+        sh.submits.notify_all();
         sh.work.notify_all();
         sh.idle.notify_all();
+        while let Some(thread) = self.submitter.take() {
+            if thread.is_finished() {
+                if thread.join().is_err() {
+                    tracing::error!("the ring's submitter thread panicked");
+                }
+            } else if InSubmit::stuck(sh.lock().submitting) {
+                // Its slot was installed from staging; the thread stays in the backend's
+                // `submit` until the process ends.
+                tracing::error!("leaving the submitter stuck in the backend");
+            } else {
+                self.submitter = Some(thread);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
         while !self.installers.is_empty() {
             let stuck = {
                 let st = sh.lock();

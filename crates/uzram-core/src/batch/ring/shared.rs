@@ -74,6 +74,10 @@ pub(super) struct State {
     pub(super) slots: Vec<SlotState>,
     /// Slots waiting for an installer.
     pub(super) queue: VecDeque<Job>,
+    /// Sealed slots (and their page counts) waiting for the submitter thread.
+    pub(super) to_submit: VecDeque<(usize, usize)>,
+    /// The slot the submitter is handing to the backend now.
+    pub(super) submitting: Option<InSubmit>,
     pub(super) stop: bool,
     /// A writer's wait for a free slot ended with none freed; cleared when one is.
     pub(super) stalled: bool,
@@ -100,6 +104,24 @@ pub(super) struct DeviceWait {
     /// The watcher installed them: the slot counts as installed, and its installer as stuck
     /// until it returns.
     pub(super) rescued: bool,
+}
+
+/// The submitter thread in the backend's `submit` of one slot.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct InSubmit {
+    pub(super) slot: usize,
+    pub(super) pages: usize,
+    pub(super) since: Instant,
+    /// The call passed the deadline and the watcher took the slot's pages on: the
+    /// submitter queues nothing for it when (if ever) it returns.
+    pub(super) rescuing: bool,
+}
+
+impl InSubmit {
+    /// Whether the submitter is stuck in the backend with its slot taken on by the watcher.
+    pub(super) fn stuck(submitting: Option<InSubmit>) -> bool {
+        submitting.is_some_and(|s| s.rescuing)
+    }
 }
 
 /// Most writers that wait in line at once; a writer that finds the line full compresses
@@ -135,6 +157,8 @@ pub(super) struct Shared {
     pub(super) work: Condvar,
     /// Flushers: a slot was freed.
     pub(super) idle: Condvar,
+    /// The submitter: a slot to submit, or stop.
+    pub(super) submits: Condvar,
     pub(super) retired: AtomicBool,
     /// A wait for results passed [`RingConfig::device_deadline`]: no installer waits for
     /// the backend again; every slot is compressed on the CPU.

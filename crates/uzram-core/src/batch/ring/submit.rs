@@ -1,41 +1,91 @@
-//! From a sealed slot to an installer: the slot is handed to the backend (or, retired or
-//! failing, left to the CPU) and queued as a [`Job`] for the installers, who take them with
-//! `next_job`; backend failures are counted here and retire the backend when there are too
+//! From a sealed slot to an installer: the submitter thread hands the slot to the backend
+//! (or, retired or failing, leaves it to the CPU) and queues it as a [`Job`] for the
+//! installers, who take them with `next_job`; backend failures are counted here and retire the backend when there are too
 //! many; an installed slot is freed for the writers.
 
 use std::sync::atomic::Ordering;
-use std::sync::PoisonError;
+use std::sync::{MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::shared::{DeviceWait, Job, Phase, Shared, SlotState, State};
+use super::shared::{DeviceWait, InSubmit, Job, Phase, Shared, SlotState, State};
 use super::stats::{bump, Step};
 use crate::batch::backend::{BackendError, FailureKind};
 
 impl Shared {
-    /// Hands a sealed slot to the backend (or, retired or failing, to the CPU) and queues
-    /// it for an installer.
+    /// Hands a sealed slot on: to the submitter thread, or (retired) straight to the
+    /// installers' queue for the CPU.
     pub(super) fn submit(&self, slot: usize, pages: usize) {
         self.mark(slot, Step::Sealed);
-        let submitted = if self.retired.load(Ordering::Relaxed) {
-            false
-        } else {
-            match self.staging.backend().submit(slot, pages, self.limit) {
-                Ok(()) => {
-                    bump(&self.counters.slots_submitted, 1);
-                    true
+        if self.retired.load(Ordering::Relaxed) {
+            self.mark(slot, Step::Submitting);
+            self.queue_job(self.lock(), slot, pages, false);
+            return;
+        }
+        self.lock().to_submit.push_back((slot, pages));
+        self.submits.notify_one();
+    }
+
+    /// The submitter thread's life: hands each sealed slot to the backend (or, retired or
+    /// failing, leaves it to the CPU) and queues it for an installer, until the ring stops
+    /// with nothing left to submit.
+    pub(super) fn submit_loop(&self) {
+        let mut st = self.lock();
+        loop {
+            let Some((slot, pages)) = st.to_submit.pop_front() else {
+                if st.stop {
+                    return;
                 }
-                Err(e) => {
-                    self.failed(&e);
-                    false
-                }
+                st = self
+                    .submits
+                    .wait(st)
+                    .unwrap_or_else(PoisonError::into_inner);
+                continue;
+            };
+            st.submitting = Some(InSubmit {
+                slot,
+                pages,
+                since: Instant::now(),
+                rescuing: false,
+            });
+            drop(st);
+            let submitted = self.hand_to_backend(slot, pages);
+            self.mark(slot, Step::Submitting);
+            st = self.lock();
+            if InSubmit::stuck(st.submitting.take()) {
+                // The watcher installed the slot's pages while this call was stuck: the
+                // backend's results, if any, are not waited for.
+                continue;
             }
-        };
-        self.mark(slot, Step::Submitting);
-        self.lock().queue.push_back(Job {
+            self.queue_job(st, slot, pages, submitted);
+            st = self.lock();
+        }
+    }
+
+    /// Whether the backend took `slot`: false when it is retired or the submission failed.
+    fn hand_to_backend(&self, slot: usize, pages: usize) -> bool {
+        if self.retired.load(Ordering::Relaxed) {
+            return false;
+        }
+        match self.staging.backend().submit(slot, pages, self.limit) {
+            Ok(()) => {
+                bump(&self.counters.slots_submitted, 1);
+                true
+            }
+            Err(e) => {
+                self.failed(&e);
+                false
+            }
+        }
+    }
+
+    /// Queues `slot` for an installer (`submitted`: to wait for the backend's results).
+    fn queue_job(&self, mut st: MutexGuard<'_, State>, slot: usize, pages: usize, submitted: bool) {
+        st.queue.push_back(Job {
             slot,
             pages,
             submitted,
         });
+        drop(st);
         self.work.notify_one();
         if self.hung.load(Ordering::Relaxed) {
             // The installers may all be stuck in the device: the watcher takes the queue.
@@ -131,7 +181,8 @@ impl Shared {
                 }
                 return Some(job);
             }
-            if st.stop {
+            // Slots still with the submitter come to this queue, unless it is stuck.
+            if st.stop && st.to_submit.is_empty() && st.submitting.is_none_or(|s| s.rescuing) {
                 return None;
             }
             let wait = match self.open_slot_due(&st) {

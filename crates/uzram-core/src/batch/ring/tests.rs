@@ -51,6 +51,15 @@ pub(super) fn ring_with(
     (store, ring)
 }
 
+/// A ring whose writers wait for a slot rather than compress inline: the host backend
+/// compresses on the submitter thread, one slot at a time, slower than one writer fills them.
+pub(super) fn patient() -> RingConfig {
+    RingConfig {
+        slot_wait: Duration::from_secs(30),
+        ..RingConfig::default()
+    }
+}
+
 pub(super) fn host(slots: usize, slot_pages: usize, faults: FaultPlan) -> Arc<HostSlots> {
     Arc::new(HostSlots::with_faults(
         Algorithm::Lz4,
@@ -83,7 +92,7 @@ pub(super) fn assert_reads(store: &PageStore, expect: &[u8]) {
 fn pages_round_trip_through_the_slots() {
     let data = pages();
     let n = (data.len() / PAGE_SIZE) as u64;
-    let (store, ring) = ring_with(n, host(4, 64, FaultPlan::default()), RingConfig::default());
+    let (store, ring) = ring_with(n, host(4, 64, FaultPlan::default()), patient());
     write_all(&ring, 0, &data);
     ring.flush();
     let s = ring.stats();
@@ -400,6 +409,60 @@ fn a_ring_whose_device_never_returns_still_installs_everything_and_stops() {
         start.elapsed()
     );
     assert_reads(&store, &data);
+}
+
+/// The backend's `submit` blocks from its second call on (a driver call stuck in a wedged
+/// driver): no writer may wait on it, and no page may be lost.
+#[test]
+fn a_submission_that_never_returns_holds_no_writer_and_loses_nothing() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let hang = Hang::from(1);
+    let faults = FaultPlan {
+        hang_submit: Some(hang.clone()),
+        ..FaultPlan::default()
+    };
+    let cfg = RingConfig {
+        installers: 2,
+        device_deadline: Duration::from_millis(100),
+        ..RingConfig::default()
+    };
+    let (store, ring) = ring_with(n, host(4, 32, faults), cfg);
+    let ring = Arc::new(ring);
+    let (done, wrote) = std::sync::mpsc::channel();
+    let writer = {
+        let (ring, data) = (ring.clone(), data.clone());
+        std::thread::spawn(move || {
+            write_all(&ring, 0, &data);
+            ring.flush();
+            let _ = done.send(());
+        })
+    };
+    // Without the bound a writer sits in `submit` for good: this fails instead of hanging.
+    wrote
+        .recv_timeout(Duration::from_secs(20))
+        .expect("a writer is stuck in the backend's submit");
+    writer.join().unwrap();
+    let s = ring.stats();
+    assert!(s.hung_slots >= 1, "{s:?}");
+    assert_eq!(s.retired, 1, "{s:?}");
+    assert_eq!(store.stats().staged_pages, 0, "every staged page installed");
+    assert_reads(&store, &data);
+    let mut newer = data.clone();
+    newer.rotate_left(5 * PAGE_SIZE);
+    write_all(&ring, 0, &newer);
+    ring.flush();
+    assert_reads(&store, &newer);
+    // A stop leaves the submitter in the backend rather than wait for it.
+    let start = std::time::Instant::now();
+    Arc::try_unwrap(ring).expect("one owner").shutdown();
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_reads(&store, &newer);
+    hang.release();
 }
 
 #[test]

@@ -4,7 +4,7 @@
 use std::io;
 use std::time::Duration;
 
-use super::tests::{assert_reads, host, pages, ring_with};
+use super::tests::{assert_reads, host, pages, patient, ring_with};
 use super::*;
 use crate::batch::{BytesSource, FaultPlan, LeasedWords};
 use crate::codec::Algorithm;
@@ -30,7 +30,7 @@ fn write_all_from(ring: &Ring, first: u64, data: &[u8]) {
 fn pages_copied_in_by_their_source_round_trip_as_written_ones_do() {
     let data = pages();
     let n = (data.len() / PAGE_SIZE) as u64;
-    let (store, ring) = ring_with(n, host(4, 64, FaultPlan::default()), RingConfig::default());
+    let (store, ring) = ring_with(n, host(4, 64, FaultPlan::default()), patient());
     write_all_from(&ring, 0, &data);
     ring.flush();
     let s = ring.stats();

@@ -1,12 +1,14 @@
-//! The watcher: bounds an installer's wait for a slot's results. A backend that hangs
-//! without an error (a wedged GPU whose event never fires) would otherwise hold its slots
-//! for good: their pages readable from staging but never installed, writers sent to the
+//! The watcher: bounds an installer's wait for a slot's results, and the submitter's
+//! hand-over of a slot to the backend. A backend that hangs without an error (a wedged GPU
+//! whose event never fires, a driver call that never returns) would otherwise hold its
+//! slots for good: their pages readable from staging but never installed, writers sent to the
 //! CPU one slot wait at a time, and a flush or stop that never returns. Past
 //! [`RingConfig::device_deadline`](super::RingConfig::device_deadline) the watcher retires
 //! the backend, installs the hung slots' pages from their staged copies on the CPU (a late
 //! result of the stuck installer then finds them installed: stale), and takes the
-//! installers' queue while they are stuck. [`Ring`](super::Ring)'s stop leaves the stuck
-//! installers behind.
+//! installers' queue while they are stuck; a slot whose submission is stuck it installs
+//! and frees, and sends the slots sealed after it to the CPU. [`Ring`](super::Ring)'s stop
+//! leaves the stuck threads behind.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -28,7 +30,12 @@ pub(super) fn watch_loop(sh: &Shared, tools: Tools) {
     let mut st = sh.lock();
     loop {
         let hung = sh.hung.load(Ordering::Relaxed);
-        if st.stop && st.queue.is_empty() && sh.device_waits(&st).all(|w| w.rescued) {
+        if st.stop
+            && st.queue.is_empty()
+            && st.to_submit.is_empty()
+            && st.submitting.is_none_or(|s| s.rescuing)
+            && sh.device_waits(&st).all(|w| w.rescued)
+        {
             return;
         }
         // Claimed under the mutex: the slot is not freed until its rescue is done.
@@ -39,6 +46,25 @@ pub(super) fn watch_loop(sh: &Shared, tools: Tools) {
                 overdue.push((w.job, w.since));
             }
         }
+        // A submission stuck in the backend holds its slot, and the submitter holds every
+        // slot sealed after it: the slot is compressed here, then freed.
+        let mut stuck_submit = None;
+        if let Some(s) = st.submitting.as_mut() {
+            if !s.rescuing && s.since.elapsed() >= deadline {
+                s.rescuing = true;
+                stuck_submit = Some((s.slot, s.pages, s.since));
+            }
+        }
+        if hung {
+            // Retired: what waits for the submitter goes to the CPU (it may be stuck).
+            while let Some((slot, pages)) = st.to_submit.pop_front() {
+                st.queue.push_back(Job {
+                    slot,
+                    pages,
+                    submitted: false,
+                });
+            }
+        }
         // With the installers stuck, the watcher also seals the open slot once its delay is
         // up (no installer's `next_job` will) and takes the queue.
         let mut sealed = None;
@@ -46,7 +72,7 @@ pub(super) fn watch_loop(sh: &Shared, tools: Tools) {
             sealed = sh.seal(&mut st, slot).map(|pages| (slot, pages));
         }
         let queued = if hung { st.queue.pop_front() } else { None };
-        if overdue.is_empty() && queued.is_none() && sealed.is_none() {
+        if overdue.is_empty() && stuck_submit.is_none() && queued.is_none() && sealed.is_none() {
             let wait = if hung {
                 tick.min(sh.cfg.max_delay)
             } else {
@@ -66,6 +92,9 @@ pub(super) fn watch_loop(sh: &Shared, tools: Tools) {
                 for w in st.waits.iter_mut().flatten() {
                     w.since = w.since.max(now);
                 }
+                if let Some(s) = st.submitting.as_mut() {
+                    s.since = s.since.max(now);
+                }
             }
             continue;
         }
@@ -78,6 +107,22 @@ pub(super) fn watch_loop(sh: &Shared, tools: Tools) {
             // Retired first: a writer that sees `hung`'s effects sees no open backend.
             sh.retire("the backend did not finish a slot within the device deadline");
             sh.hung.store(true, Ordering::Relaxed);
+        }
+        if let Some((slot, pages, since)) = stuck_submit {
+            sh.retire("the backend did not take a slot within the device deadline");
+            sh.hung.store(true, Ordering::Relaxed);
+            tracing::error!(
+                slot,
+                pages,
+                waited_ms = since.elapsed().as_millis() as u64,
+                "a slot's submission never returned: installing its pages from staging on the CPU"
+            );
+            bump(&sh.counters.hung_slots, 1);
+            installer.take(Job {
+                slot,
+                pages,
+                submitted: false,
+            });
         }
         for (job, since) in overdue {
             tracing::error!(
