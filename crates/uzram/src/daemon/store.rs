@@ -109,8 +109,9 @@ pub struct Taken {
 /// over: refused, changing nothing, when it is not root's alone, not that device's store of
 /// this size, codec and checksum setting, or damaged. A store an earlier release kept is
 /// first brought to this release's form (its empty entries marked, its stored entries'
-/// tag moved: layout 7 becomes 8), which stays so if the takeover fails later on, and a
-/// retry finds done. Pages it had staged for the GPU are
+/// tag moved: layout 7 becomes 8, layouts 6 and 5 versions of their own that no earlier
+/// release takes over), which stays so if the takeover fails later on, and a retry finds
+/// done. Pages it had staged for the GPU are
 /// read from its staging segment (held to their checksums) and installed. `step` is told
 /// when each part is done (`takeover::pause`).
 pub fn recover(
@@ -167,6 +168,10 @@ pub fn recover(
             "the preserved store's stored entries have this release's tag"
         );
         step("store: tags");
+    } else if region.set_stored_tags_moved() {
+        // A layout 6 or 5 store an earlier build of this release moved said so only in a
+        // word an earlier release does not read, which would take it over and lose its pages.
+        tracing::info!("the preserved store's moved tags are now in its layout version");
     }
     let persist = Persistence {
         table: region.table(),

@@ -66,13 +66,39 @@ const LAYOUT_7: u32 = 7;
 const BOUND_VERSION: u32 = 6;
 /// Layout 5, still taken over: as [`BOUND_VERSION`] but for unbound checksums.
 const UNBOUND_VERSION: u32 = 5;
+/// Layout 6 whose stored entries a takeover moved to this release's tag: laid out, and its
+/// checksums kept, as layout 6, but under a version no earlier release knows, so that one
+/// refuses it rather than read each of its stored pages as damage (as [`VERSION`] does for
+/// layout 7). Not 8 (the blocks are layout 6's) and not 9, kept for the layout after 8
+/// (a test takes 9 for a later layout this release refuses).
+const BOUND_MOVED: u32 = 10;
+/// Layout 5 whose stored entries a takeover moved, as [`BOUND_MOVED`] is layout 6's.
+const UNBOUND_MOVED: u32 = 11;
+
+/// The layout a store of header version `version` is laid out as (its blocks, its
+/// checksums' rules), for the versions this release takes over; `None` for any other.
+fn base_layout(version: u32) -> Option<u32> {
+    match version {
+        VERSION | LAYOUT_7 | BOUND_VERSION | UNBOUND_VERSION => Some(version),
+        BOUND_MOVED => Some(BOUND_VERSION),
+        UNBOUND_MOVED => Some(UNBOUND_VERSION),
+        _ => None,
+    }
+}
+
+/// The header version of a store of layout `base` ([`base_layout`]) whose stored entries
+/// have this release's tag.
+fn moved_version(base: u32) -> u32 {
+    match base {
+        BOUND_VERSION => BOUND_MOVED,
+        UNBOUND_VERSION => UNBOUND_MOVED,
+        _ => VERSION,
+    }
+}
 
 /// Whether a store of layout `version` is taken over.
 fn known_version(version: u32) -> bool {
-    matches!(
-        version,
-        VERSION | LAYOUT_7 | BOUND_VERSION | UNBOUND_VERSION
-    )
+    base_layout(version).is_some()
 }
 use crate::footprint::max_room;
 use crate::footprint::{Sizes, MIN_ROOM};
@@ -93,9 +119,11 @@ const FLOORS_TAG: u64 = 0x464c_4f52 << 32; // "FLOR"
 /// marks them before it reads the table, then sets the tag).
 const EMPTIES_OFF: usize = 2064;
 const EMPTIES_TAG: u64 = 0x454d_5054_594d_4b31; // "EMPTYMK1"
-/// Where a region of a layout before 8 says a takeover moved its stored entries to this
-/// release's tag: [`TAGS_TAG`] (0: not yet; a takeover moves them before it reads the
-/// table, then sets the tag). Layout 8 stores them so from the start.
+/// Where a region of layout 6 or 5 said a takeover moved its stored entries to this
+/// release's tag, before the moved versions ([`BOUND_MOVED`], [`UNBOUND_MOVED`]) said so:
+/// [`TAGS_TAG`]. Only read now, so that a store an earlier build of this release marked so
+/// is not moved again (an entry under the earlier tag is damage there) and gets its moved
+/// version on its next takeover. Layout 8 stores them so from the start.
 const TAGS_OFF: usize = 2072;
 const TAGS_TAG: u64 = 0x5354_4f52_4554_4737; // "STORETG7"
 /// Where the device's writeback key and nonce counter live (`daemon/backing.rs`): a word
@@ -172,6 +200,8 @@ pub struct StoreSegment {
     id: i32,
     base: usize,
     header: Header,
+    /// The layout the header's version lays out ([`base_layout`]; checked on attach).
+    layout: u32,
 }
 
 /// The header of a store of `sizes` (`None`: its parts overflow).
@@ -230,8 +260,9 @@ fn check_header(
             id,
             format!(
                 "layout version {} (this daemon takes over layouts {UNBOUND_VERSION} to \
-                 {VERSION}, with a checksum on every page and its age; a store of another \
-                 uzram is not taken over: stop the device with the uzram that made it)",
+                 {VERSION}, {BOUND_MOVED} and {UNBOUND_MOVED}, with a checksum on every page \
+                 and its age; a store of another uzram is not taken over: stop the device \
+                 with the uzram that made it)",
                 header.version
             ),
         ));
@@ -297,18 +328,21 @@ fn lays_out(header: &Header, size: usize, expect: Expected<'_>) -> bool {
     let room = usize::try_from(header.room_len).unwrap_or(usize::MAX);
     (MIN_ROOM..=max_room()).contains(&room)
         && header.len == size as u64
-        && if header.version < LAYOUT_7 {
-            Sizes::before_layout_7(expect.pages, room)
-        } else {
-            Sizes::of(expect.pages, room)
-        }
-        .and_then(|s| layout(s, expect.algorithm, expect.checksums, expect.device))
-        .is_some_and(|laid_out| {
-            Header {
-                version: header.version,
-                ..laid_out
-            } == *header
-        })
+        && base_layout(header.version)
+            .and_then(|base| {
+                if base < LAYOUT_7 {
+                    Sizes::before_layout_7(expect.pages, room)
+                } else {
+                    Sizes::of(expect.pages, room)
+                }
+            })
+            .and_then(|s| layout(s, expect.algorithm, expect.checksums, expect.device))
+            .is_some_and(|laid_out| {
+                Header {
+                    version: header.version,
+                    ..laid_out
+                } == *header
+            })
 }
 
 /// Seeds for the store-header fuzz target: a valid header of a small device and its
@@ -453,7 +487,12 @@ impl StoreSegment {
         // Written before the segment is locked: from here on `uzram list` knows it as a
         // store (and whose), should this process be killed before its device serves.
         unsafe { ptr::write_volatile(base as *mut Header, header) };
-        let region = StoreSegment { id, base, header };
+        let region = StoreSegment {
+            id,
+            base,
+            header,
+            layout: VERSION,
+        };
         if let Err(e) = crate::shm::lock(id) {
             let _ = crate::shm::remove(id);
             return Err(e.into());
@@ -474,11 +513,14 @@ impl StoreSegment {
         // SAFETY: the segment is at least one unit long, so the header lies in the mapping.
         let header = unsafe { ptr::read_volatile(mapped.base() as *const Header) };
         check_header(id, &header, size, expect)?;
+        let layout = base_layout(header.version)
+            .ok_or_else(|| foreign(id, format!("layout version {}", header.version)))?;
         crate::shm::lock(id)?;
         let region = StoreSegment {
             id,
             base: mapped.keep(),
             header,
+            layout,
         };
         region.lock_parts();
         Ok(region)
@@ -487,7 +529,7 @@ impl StoreSegment {
     /// Whether the store's checksums are bound to their pages (layout 6 on): what its store
     /// must keep doing.
     pub fn checksums_name_pages(&self) -> bool {
-        self.header.version != UNBOUND_VERSION
+        self.layout != UNBOUND_VERSION
     }
 
     /// Header, page table and directory: populated and locked now, since queue threads write
@@ -602,24 +644,29 @@ impl StoreSegment {
     }
 
     /// Whether the page table's stored entries have this release's tag: always in layout
-    /// 8; in an earlier layout once a takeover moved them
-    /// ([`StoreSegment::set_stored_tags_moved`]).
+    /// 8; in layouts 7, 6 and 5 once a takeover moved them and said so in the header's
+    /// version ([`StoreSegment::set_stored_tags_moved`]), or, for layouts 6 and 5, in the
+    /// word an earlier build of this release set instead ([`TAGS_OFF`]).
     pub fn stored_tags_moved(&self) -> bool {
-        self.header_word_version() >= VERSION
-            || self.recorded_word(TAGS).load(Ordering::Acquire) == TAGS_TAG
+        self.header_word_version() == moved_version(self.layout)
+            || (self.layout < LAYOUT_7
+                && self.recorded_word(TAGS).load(Ordering::Acquire) == TAGS_TAG)
     }
 
-    /// Records that every stored entry of the page table has this release's tag. A store of
-    /// layout 7 becomes one of layout 8 (the same sizes), which an earlier release refuses
-    /// rather than read each of its stored pages as damage and lose it; one of layout 6 or
-    /// 5 keeps its layout (its blocks are others') and says so in a word of the header's
-    /// unit, which an earlier release does not read.
-    pub fn set_stored_tags_moved(&self) {
-        if self.header_word_version() == LAYOUT_7 {
-            self.version_word().store(VERSION, Ordering::Release);
-        } else {
-            self.recorded_word(TAGS).store(TAGS_TAG, Ordering::Release);
+    /// Records that every stored entry of the page table has this release's tag, once they
+    /// are moved: the header's version becomes one no earlier release takes over (layout 7
+    /// becomes 8, the same sizes; layout 6 becomes [`BOUND_MOVED`], 5 [`UNBOUND_MOVED`],
+    /// laid out as they were), where that release would read each stored page as damage and
+    /// lose it. One word, written last: a takeover that dies before it finds the entries
+    /// moved or not, and moves them again (the move is idempotent). Returns whether the
+    /// header changed: false when it already said so.
+    pub fn set_stored_tags_moved(&self) -> bool {
+        let moved = moved_version(self.layout);
+        if self.header_word_version() == moved {
+            return false;
         }
+        self.version_word().store(moved, Ordering::Release);
+        true
     }
 
     /// The header's layout version as it is now in the segment (a takeover may have moved it
@@ -639,6 +686,18 @@ impl StoreSegment {
     /// entry under the earlier tag, no mark.
     #[cfg(test)]
     pub fn as_layout_7_for_tests(&self, pages: u64) {
+        self.as_earlier_layout_for_tests(pages, LAYOUT_7);
+    }
+
+    /// Leaves the region as a daemon of an earlier release of layout `version` (7, 6 or 5,
+    /// whose blocks the region must have) did: every stored entry under the earlier tag, no
+    /// mark.
+    #[cfg(test)]
+    fn as_earlier_layout_for_tests(&self, pages: u64, version: u32) {
+        assert!(
+            matches!(version, LAYOUT_7 | BOUND_VERSION | UNBOUND_VERSION),
+            "{version}"
+        );
         let entries = uzram_core::store::PageStore::kept_entries(pages, self.table())
             .expect("the region's table");
         for word in entries {
@@ -649,7 +708,7 @@ impl StoreSegment {
         }
         self.recorded_word(TAGS).store(0, Ordering::Release);
         let version = Header {
-            version: LAYOUT_7,
+            version,
             ..self.header
         };
         // SAFETY: the header lies at the start of the mapping, which is never detached; the
@@ -1156,6 +1215,8 @@ impl SegmentHome for Home {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+
     use crate::takeover::floors_segment::FloorsSegment;
     use crate::takeover::staging_segment::StagingSegment;
 
@@ -1172,10 +1233,25 @@ mod tests {
     }
 
     /// A region of [`small_region`]'s device with the blocks layouts 5 and 6 gave it (its
-    /// header says this release's layout until a test writes another).
-    fn old_layout_region() -> StoreSegment {
+    /// header says this release's layout until a test writes another); `None` (printed) as
+    /// for [`small_region`].
+    fn old_layout_region() -> Option<StoreSegment> {
         let sizes = Sizes::before_layout_7(16, MIN_ROOM).unwrap();
-        StoreSegment::create(sizes, "lz4", true, DEVICE, true).unwrap()
+        StoreSegment::create(sizes, "lz4", true, DEVICE, true)
+            .inspect_err(|e| println!("SKIP: {e}"))
+            .ok()
+    }
+
+    /// The layouts a daemon of the release before layout 8 takes over, and those of an
+    /// earlier build of this release (which marked a moved layout 6 or 5 store only by the
+    /// word at [`TAGS_OFF`]).
+    const EARLIER_RELEASE: &[u32] = &[5, 6, 7];
+    const EARLIER_BUILD: &[u32] = &[5, 6, 7, 8];
+
+    /// Whether a daemon that knows the layouts `known` takes over a store whose header says
+    /// `version`: as `check_header` does, it takes over exactly the layouts it knows.
+    fn taken_over_by(known: &[u32], version: u32) -> bool {
+        known.contains(&version)
     }
 
     fn expected() -> Expected<'static> {
@@ -1376,8 +1452,9 @@ mod tests {
         assert!(StoreSegment::attach(region.id(), expected())
             .unwrap()
             .checksums_name_pages());
-        // Layouts 5 and 6 gave fewer blocks: this one's blocks are not theirs.
-        for version in [UNBOUND_VERSION, BOUND_VERSION] {
+        // Layouts 5 and 6 gave fewer blocks: this one's blocks are not theirs, whether or not
+        // their tags were moved.
+        for version in [UNBOUND_VERSION, BOUND_VERSION, UNBOUND_MOVED, BOUND_MOVED] {
             // SAFETY: as above.
             unsafe { ptr::write_volatile(region.base as *mut Header, Header { version, ..h }) };
             let err = StoreSegment::attach(region.id(), expected()).expect_err("fewer blocks");
@@ -1385,12 +1462,17 @@ mod tests {
         }
         remove(region.id());
 
-        // A store of layout 6 (bound checksums) or 5 (unbound) is taken over as made, its
-        // store keeping its checksums as they were; one of layout 7 or 8 with their blocks
-        // is not.
-        let old = old_layout_region();
+        // A store of layout 6 (bound checksums) or 5 (unbound), its tags moved or not, is
+        // taken over as made, its store keeping its checksums as they were; one of layout 7
+        // or 8 with their blocks is not.
+        let old = old_layout_region().unwrap();
         let o = old.header;
-        for (version, bound) in [(BOUND_VERSION, true), (UNBOUND_VERSION, false)] {
+        for (version, bound) in [
+            (BOUND_VERSION, true),
+            (UNBOUND_VERSION, false),
+            (BOUND_MOVED, true),
+            (UNBOUND_MOVED, false),
+        ] {
             // SAFETY: the header lies at the start of our mapping; nothing else uses it.
             unsafe { ptr::write_volatile(old.base as *mut Header, Header { version, ..o }) };
             let taken = StoreSegment::attach(old.id(), expected()).unwrap();
@@ -1409,9 +1491,8 @@ mod tests {
 
     /// A region of layout 7 is taken over, and says its stored entries have the earlier
     /// tag until it is marked, which makes it layout 8 (which an earlier release refuses);
-    /// one of layout 6 is marked by a word of its own; a region of layout 8 has this
-    /// release's tag from the start, and one of a layout this release does not know is
-    /// refused.
+    /// a region of layout 8 has this release's tag from the start, and one of a layout this
+    /// release does not know is refused.
     #[test]
     fn a_layout_7_store_is_taken_over_with_its_tags_to_move() {
         let Some(region) = small_region() else {
@@ -1419,6 +1500,7 @@ mod tests {
         };
         assert_eq!(region.header.version, VERSION);
         assert!(region.stored_tags_moved());
+        assert!(!region.set_stored_tags_moved(), "layout 8 says so already");
         let h = region.header;
         let write = |base: usize, header: Header| {
             // SAFETY: the header lies at the start of our own mapping; nothing else uses it.
@@ -1433,11 +1515,12 @@ mod tests {
         );
         let taken = StoreSegment::attach(region.id(), expected()).unwrap();
         assert!(!taken.stored_tags_moved(), "layout 7, not yet moved");
-        taken.set_stored_tags_moved();
+        assert!(taken.set_stored_tags_moved());
         assert!(taken.stored_tags_moved());
         let again = StoreSegment::attach(region.id(), expected()).unwrap();
         assert!(again.stored_tags_moved(), "the mark is the region's");
         assert_eq!(again.header.version, VERSION, "moved, layout 7 is layout 8");
+        assert!(!taken_over_by(EARLIER_RELEASE, again.header.version));
         assert_eq!(again.recorded_word(TAGS).load(Ordering::Relaxed), 0);
         write(
             region.base,
@@ -1449,25 +1532,230 @@ mod tests {
         let err = StoreSegment::attach(region.id(), expected()).expect_err("a later layout");
         assert!(err.to_string().contains("layout version 9"), "{err}");
         remove(region.id());
-        // Layout 6 keeps its layout (its blocks are its own): a word says it is moved.
-        let old = old_layout_region();
-        write(
-            old.base,
-            Header {
-                version: BOUND_VERSION,
+    }
+
+    /// A region of layout 6 or 5 whose tags a takeover moved says so in a version of its
+    /// own, which no earlier release takes over (where it would lose every stored page),
+    /// and is still taken over here as the layout it was made with. One that an earlier
+    /// build of this release marked by a word of the header's unit alone is taken over as
+    /// moved, and gets its version on the next takeover.
+    #[test]
+    fn a_moved_layout_6_or_5_store_says_so_in_a_version_earlier_releases_refuse() {
+        let Some(old) = old_layout_region() else {
+            return;
+        };
+        let write = |header: Header| {
+            // SAFETY: the header lies at the start of our own mapping; nothing else uses it.
+            unsafe { ptr::write_volatile(old.base as *mut Header, header) };
+        };
+        for (version, moved, bound) in [
+            (BOUND_VERSION, BOUND_MOVED, true),
+            (UNBOUND_VERSION, UNBOUND_MOVED, false),
+        ] {
+            let made = Header {
+                version,
                 ..old.header
-            },
-        );
-        let taken = StoreSegment::attach(old.id(), expected()).unwrap();
-        assert!(!taken.stored_tags_moved(), "layout 6, not yet moved");
-        taken.set_stored_tags_moved();
-        let again = StoreSegment::attach(old.id(), expected()).unwrap();
-        assert!(again.stored_tags_moved());
-        assert_eq!(
-            again.header.version, BOUND_VERSION,
-            "its blocks stay layout 6's"
-        );
+            };
+            write(made);
+            old.recorded_word(TAGS).store(0, Ordering::Relaxed);
+            let taken = StoreSegment::attach(old.id(), expected()).unwrap();
+            assert!(
+                !taken.stored_tags_moved(),
+                "layout {version}, not yet moved"
+            );
+            assert!(taken.set_stored_tags_moved());
+            assert!(taken.stored_tags_moved());
+            assert!(!taken.set_stored_tags_moved(), "said once");
+            let again = StoreSegment::attach(old.id(), expected()).unwrap();
+            assert_eq!(again.header.version, moved, "layout {version}, moved");
+            assert!(
+                !taken_over_by(EARLIER_RELEASE, again.header.version)
+                    && !taken_over_by(EARLIER_BUILD, again.header.version),
+                "an earlier release would take over moved layout {version}"
+            );
+            assert_eq!(
+                again.header,
+                Header {
+                    version: moved,
+                    ..made
+                },
+                "laid out as made"
+            );
+            assert_eq!(blocks_in(&again), blocks_in(&taken));
+            assert!(again.stored_tags_moved());
+            assert_eq!(again.checksums_name_pages(), bound, "layout {version}");
+
+            // An earlier build of this release's mark, the word alone.
+            write(made);
+            old.recorded_word(TAGS).store(TAGS_TAG, Ordering::Relaxed);
+            assert!(taken_over_by(EARLIER_RELEASE, version), "what the gap was");
+            let marked = StoreSegment::attach(old.id(), expected()).unwrap();
+            assert!(marked.stored_tags_moved(), "not to be moved again");
+            assert!(marked.set_stored_tags_moved(), "its version is moved on");
+            let again = StoreSegment::attach(old.id(), expected()).unwrap();
+            assert_eq!(again.header.version, moved);
+            assert!(again.stored_tags_moved());
+        }
+        // The word is no mark for layout 7, which never had it.
+        let Some(region) = small_region() else {
+            return;
+        };
+        // SAFETY: the header lies at the start of our own mapping; nothing else uses it.
+        unsafe {
+            ptr::write_volatile(
+                region.base as *mut Header,
+                Header {
+                    version: LAYOUT_7,
+                    ..region.header
+                },
+            )
+        };
+        region
+            .recorded_word(TAGS)
+            .store(TAGS_TAG, Ordering::Relaxed);
+        let taken = StoreSegment::attach(region.id(), expected()).unwrap();
+        assert!(!taken.stored_tags_moved());
+        remove(region.id());
         remove(old.id());
+    }
+
+    /// Where a region's blocks lie in it, and their bytes.
+    fn blocks_in(region: &StoreSegment) -> (usize, usize) {
+        let (start, len) = region.blocks();
+        (start - region.base, len)
+    }
+
+    /// Arena segments in this process's heap, found again by index as a region's directory
+    /// finds them: for a store over a region's table without the block pool, which is the
+    /// whole process's.
+    #[derive(Debug, Default)]
+    struct HeapHome {
+        placed: std::sync::Mutex<std::collections::HashMap<usize, usize>>,
+    }
+
+    impl SegmentHome for HeapHome {
+        fn alloc(&self) -> Option<SegmentWords> {
+            Some((0..SEGMENT_BYTES / 8).map(|_| AtomicU64::new(0)).collect())
+        }
+        fn placed(&self, index: usize, at: *const AtomicU64) {
+            self.placed.lock().unwrap().insert(index, at as usize);
+        }
+        fn removed(&self, index: usize) {
+            self.placed.lock().unwrap().remove(&index);
+        }
+        fn find(&self, index: usize) -> Option<SegmentWords> {
+            let at = self.placed.lock().unwrap().remove(&index)?;
+            let words = ptr::slice_from_raw_parts_mut(at as *mut AtomicU64, SEGMENT_BYTES / 8);
+            // SAFETY: `at` starts a segment `alloc` made from the global allocator, of these
+            // words, which the store it was placed in let go of without freeing (its home
+            // outlives it); taken from the map, so only this box owns it.
+            Some(unsafe { Box::from_raw(words) })
+        }
+        fn outlives_the_store(&self) -> bool {
+            true
+        }
+    }
+
+    /// A store of layout 6 or 5 an earlier release left (its stored entries under the
+    /// earlier tag) is taken over: its entries moved, its version one no earlier release
+    /// takes over, and every page read back by the store over the same table, its checksums
+    /// held to the rules of its layout.
+    #[test]
+    fn a_moved_layout_6_or_5_store_keeps_its_pages() {
+        use uzram_core::codec::Algorithm;
+        use uzram_core::store::{PageStore, Persistence, StoreConfig};
+        use uzram_core::PAGE_SIZE;
+
+        for (version, moved) in [
+            (BOUND_VERSION, BOUND_MOVED),
+            (UNBOUND_VERSION, UNBOUND_MOVED),
+        ] {
+            let Some(old) = old_layout_region() else {
+                return;
+            };
+            // SAFETY: the header lies at the start of our own mapping; nothing else uses it.
+            unsafe {
+                ptr::write_volatile(
+                    old.base as *mut Header,
+                    Header {
+                        version,
+                        ..old.header
+                    },
+                )
+            };
+            let region = StoreSegment::attach(old.id(), expected()).unwrap();
+            let mut cfg = StoreConfig::new(16, Algorithm::Lz4);
+            cfg.checksums_name_pages = region.checksums_name_pages();
+            let len = PageStore::table_len(16).unwrap();
+            let home = Arc::new(HeapHome::default());
+            let persist = || Persistence {
+                table: &region.table()[..len],
+                home: home.clone(),
+            };
+            let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(version);
+            let pages: Vec<[u8; PAGE_SIZE]> = (0..16u8)
+                .map(|i| {
+                    let mut page = [0u8; PAGE_SIZE];
+                    match i {
+                        // compressible, each its own
+                        0..=7 => page.iter_mut().enumerate().for_each(|(at, b)| {
+                            *b = (at / 64) as u8 ^ i;
+                        }),
+                        // stored raw
+                        8 => page.iter_mut().for_each(|b| {
+                            seed ^= seed << 13;
+                            seed ^= seed >> 7;
+                            seed ^= seed << 17;
+                            *b = seed as u8;
+                        }),
+                        9 => page.fill(0x5a),
+                        _ => {}
+                    }
+                    page
+                })
+                .collect();
+            let store = PageStore::new_persistent(cfg.clone(), persist()).unwrap();
+            for (i, page) in pages.iter().enumerate().take(10) {
+                store.write(i as u64, page).unwrap();
+            }
+            drop(store);
+            let entries = || PageStore::kept_entries(16, region.table()).unwrap();
+            let stored = entries()
+                .iter()
+                .filter(|w| w.load(Ordering::Relaxed) & 0b111 == 0b111)
+                .count() as u64;
+            assert!(stored >= 9, "{stored} stored pages");
+            region.as_earlier_layout_for_tests(16, version);
+
+            let taken = StoreSegment::attach(old.id(), expected()).unwrap();
+            assert!(!taken.stored_tags_moved());
+            assert_eq!(
+                PageStore::move_stored_tags(16, taken.table()).unwrap(),
+                stored
+            );
+            assert!(taken.set_stored_tags_moved());
+            let again = StoreSegment::attach(old.id(), expected()).unwrap();
+            assert_eq!(again.header.version, moved);
+            assert!(!taken_over_by(EARLIER_RELEASE, again.header.version));
+            assert_eq!(
+                blocks_in(&again),
+                blocks_in(&region),
+                "layout {version}'s blocks"
+            );
+            assert!(again.stored_tags_moved());
+            cfg.checksums_name_pages = again.checksums_name_pages();
+            assert_eq!(cfg.checksums_name_pages, version == BOUND_VERSION);
+            let (store, found) = PageStore::recover(cfg, persist(), None).unwrap();
+            assert_eq!(found.damaged_entries, 0, "layout {version}");
+            assert_eq!(found.pages_stored, 10, "layout {version}");
+            for (i, page) in pages.iter().enumerate() {
+                let mut back = [1u8; PAGE_SIZE];
+                store.read(i as u64, &mut back).unwrap();
+                assert!(back == *page, "layout {version}: page {i}");
+            }
+            drop(store);
+            remove(old.id());
+        }
     }
 
     #[test]
@@ -1615,11 +1903,19 @@ mod tests {
             MappedRoom::map(region.id(), None).is_err(),
             "layout 5 with layout 7's blocks"
         );
+        write(Header {
+            version: UNBOUND_MOVED,
+            ..good
+        });
+        assert!(
+            MappedRoom::map(region.id(), None).is_err(),
+            "moved layout 5 with layout 7's blocks"
+        );
         write(good);
         remove(region.id());
-        let old = old_layout_region();
+        let old = old_layout_region().unwrap();
         let (_, len) = old.room();
-        for version in [UNBOUND_VERSION, BOUND_VERSION] {
+        for version in [UNBOUND_VERSION, BOUND_VERSION, UNBOUND_MOVED, BOUND_MOVED] {
             // SAFETY: the header lies at the start of our own mapping of the segment, and
             // no other thread of this test reads it meanwhile.
             unsafe {
