@@ -17,11 +17,16 @@
 
 use std::sync::OnceLock;
 
-use super::tier::Candidates;
-use super::{read_lock, PageStore, Slot};
+use super::recompress::Held;
+use super::tier::{Candidates, Priority};
+use super::{read_lock, try_vec, PageStore, Slot};
 use crate::codec::{Lz4Codec, PageCodec, MAX_DICTIONARY_BYTES};
 use crate::page::{same_filled_word, PAGE_SIZE};
 use crate::CoreError;
+
+/// Objects the sampling copies out under one raise of its thread ([`Held`]): a raise and its
+/// lowering are two system calls, about what copying out a few pages costs.
+pub(super) const SAMPLE_BATCH: usize = 32;
 
 /// The first byte of an object written with the store's dictionary.
 pub(crate) const DICT_MARK: u8 = 0xd1;
@@ -83,12 +88,17 @@ impl PageStore {
     /// Up to `max_pages` pages that a pass would take (`candidates`, at least `threshold`
     /// stored bytes), spread over the device, decoded and checked, one after another: what
     /// a dictionary is trained on. Raw (huge), same-filled and recompressed pages are left
-    /// out: a dictionary is for the pages LZ4 compresses.
+    /// out: a dictionary is for the pages LZ4 compresses. With `priority`, the calling
+    /// thread is raised while it looks pages up, as a pass's is ([`Recompress::priority`]):
+    /// it copies a batch of objects out raised and decodes them at its own priority.
+    ///
+    /// [`Recompress::priority`]: super::Recompress::priority
     pub fn dictionary_samples(
         &self,
         candidates: Candidates,
         threshold: usize,
         max_pages: usize,
+        priority: Option<&dyn Priority>,
     ) -> Result<Vec<u8>, CoreError> {
         // Which pages qualify, and how many: the stride spreads the samples over them
         // (counting all stored pages instead would take too few where most are zero or
@@ -108,6 +118,10 @@ impl PageStore {
             }
             _ => None,
         };
+        let held = Held::new(priority);
+        // The count does nothing between two look-ups: one raise for all of them, as a
+        // pass's look-ups of pages it skips share one.
+        held.locks();
         let mut qualifying = 0u64;
         for index in 0..self.pages {
             let (shard, idx) = self.locate(index);
@@ -116,40 +130,48 @@ impl PageStore {
             }
         }
         let stride = (qualifying / max_pages.max(1) as u64).max(1);
-        let mut out = Vec::new();
-        out.try_reserve_exact(max_pages.min(qualifying as usize) * PAGE_SIZE)
-            .map_err(|_| CoreError::NoMemory)?;
+        let mut out = try_vec(max_pages.min(qualifying as usize) * PAGE_SIZE)?;
+        let mut objects = try_vec(SAMPLE_BATCH * PAGE_SIZE)?;
+        objects.resize(SAMPLE_BATCH * PAGE_SIZE, 0u8);
+        // Each copied object's page, length and checksum.
+        let mut copied = [(0u64, 0usize, 0u32); SAMPLE_BATCH];
         let mut page = [0u8; PAGE_SIZE];
-        let mut stored_bytes = [0u8; PAGE_SIZE];
         let mut seen = 0u64;
-        for index in 0..self.pages {
-            if out.len() >= max_pages * PAGE_SIZE {
-                break;
-            }
-            let (shard, idx) = self.locate(index);
-            let (len, checksum) = {
+        let mut index = 0;
+        while index < self.pages && out.len() < max_pages * PAGE_SIZE {
+            // No more copied than still wanted: the pages taken are those a look-up at a
+            // time would take.
+            let want = SAMPLE_BATCH.min(max_pages - out.len() / PAGE_SIZE);
+            let mut n = 0;
+            held.locks();
+            while index < self.pages && n < want {
+                let (shard, idx) = self.locate(index);
                 let shard = read_lock(shard);
                 let Some((handle, len)) = qualifies(index, &shard, idx) else {
+                    index += 1;
                     continue;
                 };
                 seen += 1;
-                if !(seen - 1).is_multiple_of(stride) {
+                if (seen - 1).is_multiple_of(stride) {
+                    let object = &mut objects[n * PAGE_SIZE..][..len];
+                    if let Some(checksum) = self.load_stored(index, handle, len, object) {
+                        copied[n] = (index, len, checksum);
+                        n += 1;
+                    }
+                }
+                index += 1;
+            }
+            held.work();
+            for (k, &(index, len, checksum)) in copied[..n].iter().enumerate() {
+                let object = &objects[k * PAGE_SIZE..][..len];
+                if self.decode(index, object, false, &mut page).is_err()
+                    || (self.checksums && self.checksum_of(&page) != checksum)
+                    || same_filled_word(&page).is_some()
+                {
                     continue;
                 }
-                match self.load_stored(index, handle, len, &mut stored_bytes[..len]) {
-                    Some(c) => (len, c),
-                    None => continue,
-                }
-            };
-            if self
-                .decode(index, &stored_bytes[..len], false, &mut page)
-                .is_err()
-                || (self.checksums && self.checksum_of(&page) != checksum)
-                || same_filled_word(&page).is_some()
-            {
-                continue;
+                out.extend_from_slice(&page);
             }
-            out.extend_from_slice(&page);
         }
         Ok(out)
     }

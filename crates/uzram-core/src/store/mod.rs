@@ -1440,10 +1440,14 @@ fn try_vec<T>(n: usize) -> Result<Vec<T>, CoreError> {
 }
 
 fn read_lock<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    #[cfg(test)]
+    tests::count_lock();
     lock.read().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn write_lock<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    #[cfg(test)]
+    tests::count_lock();
     lock.write().unwrap_or_else(PoisonError::into_inner)
 }
 

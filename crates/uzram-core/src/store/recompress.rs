@@ -120,14 +120,15 @@ impl ZstdBatch {
 /// at the first look-up of a batch and kept so while it looks pages up (each candidate's
 /// object copied out and decoded, a few µs a page: too short to lower the thread for
 /// between two look-ups) until the batch is full, lowered while the batch is compressed,
-/// raised again to install it, and lowered when dropped (a panic included).
-struct Held<'a> {
+/// raised again to install it, and lowered when dropped (a panic included). The sampling
+/// a dictionary is trained on (`dictionary.rs`) holds its look-ups the same way.
+pub(super) struct Held<'a> {
     priority: Option<&'a dyn Priority>,
     raised: std::cell::Cell<bool>,
 }
 
 impl<'a> Held<'a> {
-    fn new(priority: Option<&'a dyn Priority>) -> Self {
+    pub(super) fn new(priority: Option<&'a dyn Priority>) -> Self {
         Self {
             priority,
             raised: std::cell::Cell::new(false),
@@ -135,7 +136,7 @@ impl<'a> Held<'a> {
     }
 
     /// Before taking locks the I/O path waits on.
-    fn locks(&self) {
+    pub(super) fn locks(&self) {
         if let (Some(p), false) = (self.priority, self.raised.get()) {
             p.raise();
             self.raised.set(true);
@@ -143,7 +144,7 @@ impl<'a> Held<'a> {
     }
 
     /// Before work that holds none.
-    fn work(&self) {
+    pub(super) fn work(&self) {
         if let (Some(p), true) = (self.priority, self.raised.get()) {
             p.lower();
             self.raised.set(false);
@@ -586,6 +587,7 @@ mod tests {
     use std::sync::atomic::AtomicU64;
     use std::sync::Arc;
 
+    use super::super::tests::locks_taken;
     use super::super::tier::tests::{corpus, reads_back};
     use super::*;
     use crate::batch::{BackendError, FaultPlan, HostSlots, SlotOutput};
@@ -616,34 +618,63 @@ mod tests {
         }
     }
 
-    /// A [`Priority`] that checks it is used in pairs and counts its raises.
-    #[derive(Debug, Default)]
-    struct Counted {
-        raised: std::cell::Cell<bool>,
-        raises: std::cell::Cell<u64>,
+    /// A [`Priority`] that checks it is used in pairs, counts its raises, and checks that
+    /// its thread takes the store's locks only while raised (`store::tests::locks_taken`).
+    #[derive(Debug)]
+    pub(super) struct Counted {
+        pub(super) raised: std::cell::Cell<bool>,
+        pub(super) raises: std::cell::Cell<u64>,
+        /// The thread's store locks when it was last lowered (or made).
+        lowered_at: std::cell::Cell<u64>,
+    }
+
+    impl Default for Counted {
+        fn default() -> Self {
+            Self {
+                raised: std::cell::Cell::new(false),
+                raises: std::cell::Cell::new(0),
+                lowered_at: std::cell::Cell::new(locks_taken()),
+            }
+        }
+    }
+
+    impl Counted {
+        /// Panics unless the thread is lowered and took no store lock since it was last
+        /// lowered: every lock it took since this was made, it took raised.
+        pub(super) fn check_locks_were_raised(&self) {
+            assert!(!self.raised.get(), "it ended raised");
+            self.check_none_lowered();
+        }
+
+        fn check_none_lowered(&self) {
+            let lowered = locks_taken() - self.lowered_at.get();
+            assert_eq!(lowered, 0, "{lowered} store locks taken lowered");
+        }
     }
 
     impl Priority for Counted {
         fn raise(&self) {
             assert!(!self.raised.replace(true), "raised twice");
+            self.check_none_lowered();
             self.raises.set(self.raises.get() + 1);
         }
 
         fn lower(&self) {
             assert!(self.raised.replace(false), "lowered unraised");
+            self.lowered_at.set(locks_taken());
         }
     }
 
-    /// A pass raises its thread for its locks and lowers it for its pages' compression:
-    /// once a batch of the pages it tries, not once per page it looks at (the look-ups of
-    /// pages it skips share a raise), and it ends lowered, whichever recompressor runs it.
+    /// A pass raises its thread for its locks (it takes none lowered) and lowers it for its
+    /// pages' compression: once a batch of the pages it tries, not once per page it looks
+    /// at (the look-ups of pages it skips share a raise), and it ends lowered, whichever
+    /// recompressor runs it.
     #[test]
     fn a_pass_is_raised_for_its_locks_once_a_batch_and_ends_lowered() {
         let data = corpus()[..256 * PAGE_SIZE].to_vec();
         let pages = (data.len() / PAGE_SIZE) as u64;
         for batched in [false, true] {
             let store = loose(&data);
-            let counted = Counted::default();
             let backend = HostSlots::new(Algorithm::Lz4, 1, 64);
             let recompressor = if batched {
                 Recompressor::Batched {
@@ -659,6 +690,8 @@ mod tests {
                 let page = &data[p as usize * PAGE_SIZE..][..PAGE_SIZE];
                 store.write(p, page).unwrap();
             }
+            // The pass's locks from here on.
+            let counted = Counted::default();
             let done = store
                 .recompress(Recompress {
                     candidates: Candidates::Idle { min_age: 1 },
@@ -670,7 +703,7 @@ mod tests {
                 })
                 .unwrap();
             assert!(done.tried > 0 && done.tried < pages, "{batched}: {done:?}");
-            assert!(!counted.raised.get(), "{batched}: the pass ended raised");
+            counted.check_locks_were_raised();
             let raises = counted.raises.get();
             assert!(
                 raises >= 1 && raises <= done.tried.div_ceil(16) + 1,
@@ -904,6 +937,7 @@ mod tests {
 /// GPU's (`HostSlots::load_dictionary`).
 #[cfg(test)]
 mod dictionary_tests {
+    use super::super::dictionary::SAMPLE_BATCH;
     use super::super::tier::tests::{corpus, reads_back};
     use super::*;
     use crate::batch::HostSlots;
@@ -928,7 +962,7 @@ mod dictionary_tests {
     fn trained(store: &PageStore) -> HostSlots {
         store.mark_idle(None);
         let samples = store
-            .dictionary_samples(Candidates::Idle { min_age: 0 }, 0, 4096)
+            .dictionary_samples(Candidates::Idle { min_age: 0 }, 0, 4096, None)
             .unwrap();
         assert!(samples.len() >= 256 * PAGE_SIZE, "{}", samples.len());
         let dict = train_dictionary(&samples, MAX_DICTIONARY_BYTES).unwrap();
@@ -998,10 +1032,41 @@ mod dictionary_tests {
             })
             .count();
         let want = qualifying / 2;
-        let samples = store.dictionary_samples(idle, 0, want).unwrap();
+        let samples = store.dictionary_samples(idle, 0, want, None).unwrap();
         let got = samples.len() / PAGE_SIZE;
         // Huge pages do not qualify either: most of the corpus still does.
         assert!(got >= want * 9 / 10 && got <= want, "{got} of {want} asked");
+    }
+
+    /// The sampling takes every store lock raised, as a pass does (a thread at nice 19
+    /// preempted under a shard's lock stalls the writers), raising once a batch of pages
+    /// copied out, and ends lowered: the dictionary is trained at the thread's own
+    /// priority. It takes the same samples as a sampling with no priority.
+    #[test]
+    fn the_sampling_looks_pages_up_raised_once_a_batch_and_ends_lowered() {
+        let data = corpus();
+        let n = (data.len() / PAGE_SIZE) as u64;
+        let store = PageStore::new(StoreConfig::new(n, Algorithm::Lz4)).unwrap();
+        store.write(0, &data).unwrap();
+        store.mark_idle(None);
+        let idle = Candidates::Idle { min_age: 0 };
+        // All of them, and a stride over them.
+        for want in [4 * n as usize, n as usize / 3] {
+            let plain = store.dictionary_samples(idle, 0, want, None).unwrap();
+            let counted = super::tests::Counted::default();
+            let samples = store
+                .dictionary_samples(idle, 0, want, Some(&counted))
+                .unwrap();
+            counted.check_locks_were_raised();
+            let pages = (samples.len() / PAGE_SIZE) as u64;
+            let raises = counted.raises.get();
+            assert!(pages > 256, "{pages} pages sampled of {want}");
+            assert!(
+                raises >= 1 && raises <= pages.div_ceil(SAMPLE_BATCH as u64) + 1,
+                "{raises} raises for {pages} pages sampled"
+            );
+            assert!(samples == plain, "other samples when raised");
+        }
     }
 
     #[test]

@@ -48,6 +48,22 @@ pub(super) fn failing_alloc() -> bool {
     FAIL_ALLOCS_FROM.with(|f| f.get().is_some_and(|from| n >= from))
 }
 
+thread_local! {
+    /// The store's locks (a shard's, through `read_lock`/`write_lock`) this thread took
+    /// (test hook): what a [`super::Priority`] in a test checks it was raised for.
+    static LOCKS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts a store lock this thread takes.
+pub(super) fn count_lock() {
+    LOCKS.with(|n| n.set(n.get() + 1));
+}
+
+/// The store locks this thread took so far.
+pub(super) fn locks_taken() -> u64 {
+    LOCKS.with(std::cell::Cell::get)
+}
+
 /// Makes this thread's fallible store allocations fail from the `from`th on (`None`: none).
 fn fail_allocs_from(from: Option<usize>) {
     ALLOCS.with(|a| a.set(0));

@@ -461,6 +461,73 @@ mod tests {
         round_trip(&s, &c);
     }
 
+    /// `auto` where a GPU opens but its ring does not start goes on on the CPU, and the
+    /// staging segment the ring was to use goes (nothing would use its locked memory);
+    /// `gpu` fails and says the ring did. The ring's start is made to fail last of all, as
+    /// it does when the store refuses its staging: the store has staging attached already.
+    /// Needs a GPU: `scripts/gpu-check` runs it, where a skip counts as a failure.
+    #[test]
+    fn auto_goes_on_on_the_cpu_when_the_gpu_ring_does_not_start() {
+        use std::sync::atomic::AtomicU64;
+        use uzram_core::batch::{book_words, StagedCopy};
+        let s = store(Algorithm::Lz4);
+        let words = |n| &*Box::leak((0..n).map(|_| AtomicU64::new(0)).collect::<Box<[_]>>());
+        let staged = StagedCopy::new(
+            words(book_words(1, 1)),
+            words(uzram_core::PAGE_WORDS),
+            1,
+            1,
+            true,
+        )
+        .expect("the books and input of one slot of one page");
+        s.attach_staging(Arc::new(staged)).unwrap();
+        if let Err(why) = uzram_gpu::probe() {
+            eprintln!("skipping: no GPU here ({why})");
+            return;
+        }
+        let sizes = crate::footprint::Sizes::of(16, crate::footprint::MIN_ROOM).unwrap();
+        let region = match StoreSegment::create(sizes, "lz4", true, u32::MAX, true) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("skipping: no locked shared memory here: {e}");
+                return;
+            }
+        };
+        // A dead daemon's staging of the ring's very shape: the ring is set up over it, so
+        // the segment that must go is one the test knows.
+        let settings = GpuSettings::default();
+        let shape = GpuConfig::for_pinned_budget(settings.memory, settings.slot_pages).unwrap();
+        let old = StagingSegment::create(shape.slots, shape.slot_pages, false)
+            .expect("a staging segment");
+        let id = old.id();
+        region.set_staging(Some(id));
+        let home = StagingHome::StoreSegment {
+            region: &region,
+            found: Some(old),
+        };
+        let c = WriteBackend::start(s.clone(), Backend::Auto, &settings, None, home)
+            .expect("auto goes on on the CPU");
+        assert_eq!(c.name(), "cpu");
+        assert!(!c.staging_kept());
+        assert_eq!(region.staging(), None, "the region still names the staging");
+        assert!(
+            !crate::takeover::store_segment::exists(id),
+            "the staging segment is still there"
+        );
+        round_trip(&s, &c);
+        drop(c);
+        let home = StagingHome::StoreSegment {
+            region: &region,
+            found: None,
+        };
+        let err = WriteBackend::start(s.clone(), Backend::Gpu, &settings, None, home)
+            .err()
+            .expect("gpu with a ring that does not start");
+        let text = format!("{err:#}");
+        assert!(text.contains("GPU ring"), "{text}");
+        assert_eq!(region.staging(), None, "the region still names the staging");
+    }
+
     #[test]
     fn auto_with_zstd_starts_on_the_cpu_with_or_without_a_gpu() {
         let s = store(Algorithm::Zstd { level: 1 });

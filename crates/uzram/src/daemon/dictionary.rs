@@ -4,7 +4,7 @@
 //! back to the store by a takeover before the device serves.
 
 use uzram_core::codec::{train_dictionary, MAX_DICTIONARY_BYTES};
-use uzram_core::store::Candidates;
+use uzram_core::store::{Candidates, Priority};
 use uzram_core::{CoreError, PageStore};
 
 use crate::takeover::dictionary::KeptDictionary;
@@ -45,11 +45,15 @@ pub fn restore(store: &PageStore, region: &StoreSegment) {
 /// The dictionary a pass over `candidates` (at least `threshold` stored bytes) uses: the
 /// store's, or one trained now on its pages, kept in `keep` (when the store lives in a
 /// region) and then set. `None` while fewer than [`MIN_SAMPLE_PAGES`] pages qualify.
+/// `priority` raises the thread while the sampling takes the store's locks, as it does a
+/// pass's (`Recompress::priority`): the tier thread runs at nice 19, and one preempted
+/// under a shard's lock stalls the writers. The training runs at the thread's own.
 pub fn for_pass(
     store: &PageStore,
     candidates: Candidates,
     threshold: usize,
     keep: Option<KeptDictionary>,
+    priority: Option<&dyn Priority>,
 ) -> Result<Option<Vec<u8>>, CoreError> {
     if let Some(dict) = store.dictionary() {
         return Ok(Some(dict.to_vec()));
@@ -61,7 +65,7 @@ pub fn for_pass(
                 .into(),
         ));
     }
-    let samples = store.dictionary_samples(candidates, threshold, SAMPLE_PAGES)?;
+    let samples = store.dictionary_samples(candidates, threshold, SAMPLE_PAGES, priority)?;
     if samples.len() < MIN_SAMPLE_PAGES * uzram_core::PAGE_SIZE {
         tracing::debug!(
             sample_pages = samples.len() / uzram_core::PAGE_SIZE,
@@ -128,5 +132,56 @@ mod tests {
             "a new dictionary over the lost one"
         );
         store_segment::remove(region.id());
+    }
+
+    /// Checks that it is used in pairs; counts its raises.
+    #[derive(Debug, Default)]
+    struct Counted {
+        raised: std::cell::Cell<bool>,
+        raises: std::cell::Cell<u64>,
+    }
+
+    impl Priority for Counted {
+        fn raise(&self) {
+            assert!(!self.raised.replace(true), "raised twice");
+            self.raises.set(self.raises.get() + 1);
+        }
+
+        fn lower(&self) {
+            assert!(self.raised.replace(false), "lowered unraised");
+        }
+    }
+
+    /// The sampling for a dictionary runs raised by the priority it is given, once a batch
+    /// of pages, and ends lowered (uzram-core's `dictionary_tests` check that it takes
+    /// every lock raised); a store that has its dictionary takes no lock for it.
+    #[test]
+    fn the_sampling_runs_raised_by_the_priority_given_and_ends_lowered() {
+        let pages = 256;
+        let store = PageStore::new(StoreConfig::new(pages, Algorithm::Lz4)).unwrap();
+        let text: Vec<u8> = (0..pages as usize * uzram_core::PAGE_SIZE)
+            .map(|i| b"cold sample "[i % 12] ^ (i / 4096) as u8)
+            .collect();
+        store.write(0, &text).unwrap();
+        store.mark_idle(None);
+        let idle = Candidates::Idle { min_age: 0 };
+        let counted = Counted::default();
+        let dict = for_pass(&store, idle, 0, None, Some(&counted)).unwrap();
+        assert!(dict.is_none(), "a dictionary from {pages} pages");
+        let raises = counted.raises.get();
+        assert!(
+            (1..=pages.div_ceil(32) + 1).contains(&raises),
+            "{raises} raises sampling {pages} pages"
+        );
+        assert!(!counted.raised.get(), "the sampling ended raised");
+        let dict: Vec<u8> = (0..5000u32).map(|i| (i % 253) as u8).collect();
+        store.set_dictionary(&dict).unwrap();
+        let had = for_pass(&store, idle, 0, None, Some(&counted)).unwrap();
+        assert_eq!(had, Some(dict));
+        assert_eq!(
+            counted.raises.get(),
+            raises,
+            "raised for a dictionary it had"
+        );
     }
 }

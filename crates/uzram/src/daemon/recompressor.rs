@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, TryLockError};
 
 use anyhow::Context;
 use uzram_core::batch::SlotBackend;
-use uzram_core::store::{Candidates, Recompress, Recompressed, Recompressor as Pass};
+use uzram_core::store::{Candidates, Priority, Recompress, Recompressed, Recompressor as Pass};
 use uzram_core::{CoreError, PageStore};
 use uzram_gpu::{GpuConfig, GpuDictLz4, GpuSlots, NvcompZstd, Parse};
 
@@ -102,7 +102,8 @@ impl DictionarySlots for GpuDictLz4 {
 
 impl OnGpu {
     /// The store's dictionary, trained now if it has none (false while too few pages
-    /// qualify), loaded into `slots` once. Called with the turn held.
+    /// qualify; its sampling raised by `priority`), loaded into `slots` once. Called with
+    /// the turn held.
     fn dictionary_ready(
         &self,
         slots: &dyn DictionarySlots,
@@ -110,9 +111,11 @@ impl OnGpu {
         store: &PageStore,
         candidates: Candidates,
         threshold: usize,
+        priority: &dyn Priority,
     ) -> Result<bool, CoreError> {
         let keep = self.kept.get().copied();
-        let Some(dict) = dictionary::for_pass(store, candidates, threshold, keep)? else {
+        let Some(dict) = dictionary::for_pass(store, candidates, threshold, keep, Some(priority))?
+        else {
             return Ok(false);
         };
         if !loaded.load(std::sync::atomic::Ordering::Acquire) {
@@ -226,7 +229,9 @@ impl Recompressor {
                         slot: 0,
                     })),
                     Backend::Dictionary { slots, loaded } => {
-                        if !gpu.dictionary_ready(&**slots, loaded, store, candidates, threshold)? {
+                        if !gpu.dictionary_ready(
+                            &**slots, loaded, store, candidates, threshold, &priority,
+                        )? {
                             // Too few idle pages yet to learn a dictionary from.
                             return Ok(Recompressed::default());
                         }
@@ -261,7 +266,8 @@ impl Recompressor {
             Backend::Plain(_) => Ok(true),
             Backend::Dictionary { slots, loaded } => {
                 let _turn = opened.turn.lock().unwrap_or_else(PoisonError::into_inner);
-                gpu.dictionary_ready(&**slots, loaded, store, candidates, threshold)
+                let priority = crate::sys::IoPriority::of_this_thread();
+                gpu.dictionary_ready(&**slots, loaded, store, candidates, threshold, &priority)
             }
         }
     }
