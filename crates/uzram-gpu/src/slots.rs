@@ -310,7 +310,8 @@ impl GpuSlots {
         match &d.graph {
             Some(graph) => graph.launch(&d.stream)?,
             // SAFETY: the slot's buffers live as long as the slot, and the ring leaves the
-            // staging unchanged until `complete` (the SlotBackend contract).
+            // staging unchanged until `complete`, or for good once it retired this backend
+            // as hung (the SlotBackend contract).
             None => unsafe { enqueue(&s.gpu, d, &s.staging, self.kernel, pages)? },
         }
         d.done.record(&d.stream)

@@ -42,7 +42,9 @@ pub struct BackendMemory {
 ///
 /// The ring promises: a slot's input is written only between its lease and its
 /// `submit`; `submit` and `complete` alternate per slot; `complete` is called once per
-/// successful `submit`. A backend promises: results are valid LZ4 (or its algorithm) of
+/// successful `submit`, unless the ring retired the backend as hung (a `submit` or a
+/// `complete` past the device deadline): from then on it calls neither again, and no slot
+/// is leased again, so no input is written either. A backend promises: results are valid LZ4 (or its algorithm) of
 /// exactly the submitted input, or marked rejected; `install` is called at most once per
 /// `complete`, and not at all when it returns an error.
 pub trait SlotBackend: Send + Sync {

@@ -65,6 +65,8 @@ pub struct FaultPlan {
     /// Submissions that do not return until released (a driver call that blocks in a
     /// wedged driver).
     pub hang_submit: Option<Hang>,
+    /// Panic in this submission (counting from 0): a bug in the backend's `submit`.
+    pub panic_submit: Option<u64>,
     /// Wait this long in every `complete` after its results were installed (a device slow
     /// to let go of a slot it answered for).
     pub linger: Duration,
@@ -369,6 +371,10 @@ impl SlotBackend for HostSlots {
         if let Some(hang) = &self.faults.hang_submit {
             hang.wait(n);
         }
+        assert!(
+            self.faults.panic_submit != Some(n),
+            "injected panic in submission {n}"
+        );
         if let Some(f) = self.faults.submit.filter(|f| f.hits(n)) {
             return Err(self.error(f.kind, format!("injected failure of submission {n}")));
         }

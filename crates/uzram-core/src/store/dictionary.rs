@@ -27,6 +27,8 @@ use crate::CoreError;
 /// Objects the sampling copies out under one raise of its thread ([`Held`]): a raise and its
 /// lowering are two system calls, about what copying out a few pages costs.
 pub(super) const SAMPLE_BATCH: usize = 32;
+/// Look-ups of the sampling's count under one raise.
+const COUNT_RUN: u64 = 4096;
 
 /// The first byte of an object written with the store's dictionary.
 pub(crate) const DICT_MARK: u8 = 0xd1;
@@ -119,11 +121,15 @@ impl PageStore {
             _ => None,
         };
         let held = Held::new(priority);
-        // The count does nothing between two look-ups: one raise for all of them, as a
-        // pass's look-ups of pages it skips share one.
-        held.locks();
+        // The count does nothing between two look-ups: one raise for a run of them, as a
+        // pass's look-ups of pages it skips share one; lowered between runs, so that a large
+        // device's count is not one long stretch at the I/O path's priority.
         let mut qualifying = 0u64;
         for index in 0..self.pages {
+            if index % COUNT_RUN == 0 {
+                held.work();
+                held.locks();
+            }
             let (shard, idx) = self.locate(index);
             if qualifies(index, &read_lock(shard), idx).is_some() {
                 qualifying += 1;

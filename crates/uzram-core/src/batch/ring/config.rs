@@ -26,13 +26,14 @@ pub struct RingConfig {
     pub spot_check_every: u64,
     /// Backend failures in a row after which the backend is retired.
     pub max_failures: u32,
-    /// Longest an installer waits for one slot's results. A backend that hangs without an
-    /// error (a wedged GPU) would otherwise hold its slots for good: their pages readable
-    /// from staging but never installed, and a flush or stop that never returns. Past it
-    /// the ring's watcher retires the backend and installs the slot's pages from their
-    /// staged copies on the CPU; the installer stuck in the wait is left behind. A slot
-    /// takes milliseconds on a GPU, so the default leaves room for a device shared with
-    /// other work.
+    /// Longest an installer waits for one slot's results, and longest the submitter's
+    /// `submit` of one slot may take. A backend that hangs without an error (a wedged GPU,
+    /// a driver call that never returns) would otherwise hold its slots for good: their
+    /// pages readable from staging but never installed, and a flush or stop that never
+    /// returns. Past it the ring's watcher retires the backend and installs the slot's pages
+    /// from their staged copies on the CPU; the thread stuck in the backend is left behind.
+    /// A slot takes milliseconds on a GPU, so the default leaves room for a device shared
+    /// with other work.
     pub device_deadline: Duration,
     /// Run on every thread the ring starts.
     pub on_thread_start: Option<ThreadHook>,

@@ -54,6 +54,7 @@ use self::install::{installer_loop, Tools, BUFS};
 use self::shared::{InSubmit, Phase, Shared, SlotState, State, MAX_LINE, NO_SLOT};
 use self::stats::Counters;
 pub use self::stats::{RingStats, SlotTimes};
+use self::submit::SubmitterGone;
 use self::watch::watch_loop;
 use super::backend::{BackendMemory, SlotBackend};
 use super::source::PageSource;
@@ -144,6 +145,7 @@ impl Ring {
                 queue: VecDeque::with_capacity(slots),
                 to_submit: VecDeque::with_capacity(slots),
                 submitting: None,
+                submitter_parked: false,
                 stop: false,
                 stalled: false,
                 line: VecDeque::with_capacity(MAX_LINE),
@@ -212,6 +214,7 @@ impl Ring {
             .name("uzram-ring-submit".into())
             .stack_size(256 << 10)
             .spawn(move || {
+                let _gone = SubmitterGone(&sh);
                 if let Some(hook) = &sh.cfg.on_thread_start {
                     hook("uzram-ring-submit");
                 }

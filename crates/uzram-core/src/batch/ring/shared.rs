@@ -78,6 +78,8 @@ pub(super) struct State {
     pub(super) to_submit: VecDeque<(usize, usize)>,
     /// The slot the submitter is handing to the backend now.
     pub(super) submitting: Option<InSubmit>,
+    /// The submitter waits for `to_submit` (it is to be woken).
+    pub(super) submitter_parked: bool,
     pub(super) stop: bool,
     /// A writer's wait for a free slot ended with none freed; cleared when one is.
     pub(super) stalled: bool,

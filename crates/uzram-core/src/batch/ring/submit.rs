@@ -1,7 +1,7 @@
 //! From a sealed slot to an installer: the submitter thread hands the slot to the backend
 //! (or, retired or failing, leaves it to the CPU) and queues it as a [`Job`] for the
-//! installers, who take them with `next_job`; backend failures are counted here and retire the backend when there are too
-//! many; an installed slot is freed for the writers.
+//! installers, who take them with `next_job`; backend failures are counted here and retire
+//! the backend when there are too many; an installed slot is freed for the writers.
 
 use std::sync::atomic::Ordering;
 use std::sync::{MutexGuard, PoisonError};
@@ -21,8 +21,15 @@ impl Shared {
             self.queue_job(self.lock(), slot, pages, false);
             return;
         }
-        self.lock().to_submit.push_back((slot, pages));
-        self.submits.notify_one();
+        let mut st = self.lock();
+        st.to_submit.push_back((slot, pages));
+        // A busy submitter finds the slot when it looks again: no wake-up (a system call)
+        // per slot then.
+        let parked = st.submitter_parked;
+        drop(st);
+        if parked {
+            self.submits.notify_one();
+        }
     }
 
     /// The submitter thread's life: hands each sealed slot to the backend (or, retired or
@@ -35,10 +42,12 @@ impl Shared {
                 if st.stop {
                     return;
                 }
+                st.submitter_parked = true;
                 st = self
                     .submits
                     .wait(st)
                     .unwrap_or_else(PoisonError::into_inner);
+                st.submitter_parked = false;
                 continue;
             };
             st.submitting = Some(InSubmit {
@@ -48,33 +57,30 @@ impl Shared {
                 rescuing: false,
             });
             drop(st);
-            let submitted = self.hand_to_backend(slot, pages);
-            self.mark(slot, Step::Submitting);
+            let result = (!self.retired.load(Ordering::Acquire))
+                .then(|| self.staging.backend().submit(slot, pages, self.limit));
             st = self.lock();
             if InSubmit::stuck(st.submitting.take()) {
-                // The watcher installed the slot's pages while this call was stuck: the
-                // backend's results, if any, are not waited for.
+                // The watcher installed the slot's pages while this call was stuck, and
+                // freed the slot: nothing of this call counts, and the backend (retired)
+                // has no results waited for.
                 continue;
             }
-            self.queue_job(st, slot, pages, submitted);
+            drop(st);
+            self.mark(slot, Step::Submitting);
+            let submitted = match result {
+                None => false,
+                Some(Ok(())) => {
+                    bump(&self.counters.slots_submitted, 1);
+                    true
+                }
+                Some(Err(e)) => {
+                    self.failed(&e);
+                    false
+                }
+            };
+            self.queue_job(self.lock(), slot, pages, submitted);
             st = self.lock();
-        }
-    }
-
-    /// Whether the backend took `slot`: false when it is retired or the submission failed.
-    fn hand_to_backend(&self, slot: usize, pages: usize) -> bool {
-        if self.retired.load(Ordering::Relaxed) {
-            return false;
-        }
-        match self.staging.backend().submit(slot, pages, self.limit) {
-            Ok(()) => {
-                bump(&self.counters.slots_submitted, 1);
-                true
-            }
-            Err(e) => {
-                self.failed(&e);
-                false
-            }
         }
     }
 
@@ -203,6 +209,24 @@ impl Shared {
                 .wait_timeout(st, wait)
                 .map(|(g, _)| g)
                 .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+}
+
+/// Retires the backend when the submitter thread dies of a panic: the watcher then sends
+/// the slots left waiting for it to the CPU (and bounds a `submit` the panic left behind),
+/// so that no flush or stop waits for them for good.
+pub(super) struct SubmitterGone<'a>(pub(super) &'a Shared);
+
+impl Drop for SubmitterGone<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let sh = self.0;
+            let st = sh.lock();
+            sh.retire("the ring's submitter thread panicked");
+            sh.hung.store(true, Ordering::Release);
+            drop(st);
+            sh.watch.notify_one();
         }
     }
 }

@@ -465,6 +465,58 @@ fn a_submission_that_never_returns_holds_no_writer_and_loses_nothing() {
     hang.release();
 }
 
+/// The submitter thread dies of a panic before it submits anything (here in its start
+/// hook), or in the backend's `submit`: the slots left with it must not wait for good, and
+/// no page may be lost.
+#[test]
+fn a_submitter_that_panics_leaves_no_slot_behind() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    for in_hook in [true, false] {
+        let faults = FaultPlan {
+            panic_submit: (!in_hook).then_some(2),
+            ..FaultPlan::default()
+        };
+        let hook: ThreadHook = Arc::new(move |name: &str| {
+            assert!(
+                !(in_hook && name == "uzram-ring-submit"),
+                "injected panic in the submitter's start"
+            );
+        });
+        let cfg = RingConfig {
+            installers: 2,
+            device_deadline: Duration::from_millis(100),
+            on_thread_start: Some(hook),
+            ..RingConfig::default()
+        };
+        let (store, ring) = ring_with(n, host(4, 32, faults), cfg);
+        let ring = Arc::new(ring);
+        let (done, flushed) = std::sync::mpsc::channel();
+        {
+            let (ring, data) = (ring.clone(), data.clone());
+            std::thread::spawn(move || {
+                write_all(&ring, 0, &data);
+                ring.flush();
+                let _ = done.send(());
+            });
+        }
+        flushed
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a flush waits for slots left with a dead submitter");
+        let s = ring.stats();
+        assert_eq!(s.retired, 1, "in the hook: {in_hook}; {s:?}");
+        assert_eq!(store.stats().staged_pages, 0, "every staged page installed");
+        assert_reads(&store, &data);
+        let start = std::time::Instant::now();
+        while Arc::strong_count(&ring) > 1 {
+            assert!(start.elapsed() < Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Arc::try_unwrap(ring).expect("one owner").shutdown();
+        assert_reads(&store, &data);
+    }
+}
+
 #[test]
 fn transient_failures_in_a_row_retire_the_backend() {
     let data = pages();

@@ -21,7 +21,7 @@ use super::stats::{bump, Step};
 const LOOKS_PER_DEADLINE: u32 = 4;
 
 /// The watcher thread's life, until the ring stops with no installer left in an unrescued
-/// wait and nothing queued.
+/// wait, no submission unrescued and nothing queued or waiting for the submitter.
 pub(super) fn watch_loop(sh: &Shared, tools: Tools) {
     let mut installer = Installer::new(sh, tools);
     let deadline = sh.cfg.device_deadline;
@@ -53,9 +53,13 @@ pub(super) fn watch_loop(sh: &Shared, tools: Tools) {
             if !s.rescuing && s.since.elapsed() >= deadline {
                 s.rescuing = true;
                 stuck_submit = Some((s.slot, s.pages, s.since));
+                // Retired before the mutex goes: a submitter that returns now finds its
+                // slot taken and submits nothing more to this backend.
+                sh.retire("the backend did not take a slot within the device deadline");
+                sh.hung.store(true, Ordering::Release);
             }
         }
-        if hung {
+        if hung && !st.to_submit.is_empty() {
             // Retired: what waits for the submitter goes to the CPU (it may be stuck).
             while let Some((slot, pages)) = st.to_submit.pop_front() {
                 st.queue.push_back(Job {
@@ -64,6 +68,7 @@ pub(super) fn watch_loop(sh: &Shared, tools: Tools) {
                     submitted: false,
                 });
             }
+            sh.work.notify_all();
         }
         // With the installers stuck, the watcher also seals the open slot once its delay is
         // up (no installer's `next_job` will) and takes the queue.
@@ -109,8 +114,6 @@ pub(super) fn watch_loop(sh: &Shared, tools: Tools) {
             sh.hung.store(true, Ordering::Relaxed);
         }
         if let Some((slot, pages, since)) = stuck_submit {
-            sh.retire("the backend did not take a slot within the device deadline");
-            sh.hung.store(true, Ordering::Relaxed);
             tracing::error!(
                 slot,
                 pages,
