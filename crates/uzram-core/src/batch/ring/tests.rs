@@ -411,6 +411,23 @@ fn a_ring_whose_device_never_returns_still_installs_everything_and_stops() {
     assert_reads(&store, &data);
 }
 
+/// Writes `data` and flushes on a thread of its own, failing with `stuck` if that takes
+/// over 20 s (a thread stuck in a hung backend stays behind instead of hanging the test).
+/// Returns once the thread let go of `ring`.
+fn write_and_flush_within(ring: &Arc<Ring>, data: &[u8], stuck: &str) {
+    let owners = Arc::strong_count(ring);
+    let (done, flushed) = std::sync::mpsc::channel();
+    let (theirs, data) = (ring.clone(), data.to_vec());
+    std::thread::spawn(move || {
+        write_all(&theirs, 0, &data);
+        theirs.flush();
+        drop(theirs);
+        let _ = done.send(());
+    });
+    flushed.recv_timeout(Duration::from_secs(20)).expect(stuck);
+    assert_eq!(Arc::strong_count(ring), owners);
+}
+
 /// The backend's `submit` blocks from its second call on (a driver call stuck in a wedged
 /// driver): no writer may wait on it, and no page may be lost.
 #[test]
@@ -429,20 +446,8 @@ fn a_submission_that_never_returns_holds_no_writer_and_loses_nothing() {
     };
     let (store, ring) = ring_with(n, host(4, 32, faults), cfg);
     let ring = Arc::new(ring);
-    let (done, wrote) = std::sync::mpsc::channel();
-    let writer = {
-        let (ring, data) = (ring.clone(), data.clone());
-        std::thread::spawn(move || {
-            write_all(&ring, 0, &data);
-            ring.flush();
-            let _ = done.send(());
-        })
-    };
     // Without the bound a writer sits in `submit` for good: this fails instead of hanging.
-    wrote
-        .recv_timeout(Duration::from_secs(20))
-        .expect("a writer is stuck in the backend's submit");
-    writer.join().unwrap();
+    write_and_flush_within(&ring, &data, "a writer is stuck in the backend's submit");
     let s = ring.stats();
     assert!(s.hung_slots >= 1, "{s:?}");
     assert_eq!(s.retired, 1, "{s:?}");
@@ -491,27 +496,15 @@ fn a_submitter_that_panics_leaves_no_slot_behind() {
         };
         let (store, ring) = ring_with(n, host(4, 32, faults), cfg);
         let ring = Arc::new(ring);
-        let (done, flushed) = std::sync::mpsc::channel();
-        {
-            let (ring, data) = (ring.clone(), data.clone());
-            std::thread::spawn(move || {
-                write_all(&ring, 0, &data);
-                ring.flush();
-                let _ = done.send(());
-            });
-        }
-        flushed
-            .recv_timeout(Duration::from_secs(20))
-            .expect("a flush waits for slots left with a dead submitter");
+        write_and_flush_within(
+            &ring,
+            &data,
+            "a flush waits for slots left with a dead submitter",
+        );
         let s = ring.stats();
         assert_eq!(s.retired, 1, "in the hook: {in_hook}; {s:?}");
         assert_eq!(store.stats().staged_pages, 0, "every staged page installed");
         assert_reads(&store, &data);
-        let start = std::time::Instant::now();
-        while Arc::strong_count(&ring) > 1 {
-            assert!(start.elapsed() < Duration::from_secs(10));
-            std::thread::sleep(Duration::from_millis(1));
-        }
         Arc::try_unwrap(ring).expect("one owner").shutdown();
         assert_reads(&store, &data);
     }
