@@ -1,8 +1,8 @@
 //! The GPU ring's installers alone: what putting a slot's results into the store costs the
 //! CPU per GiB of pages, on real pages. A [`HostSlots`] backend compresses each slot on the
 //! ring's submitter thread at `submit`, so the installer threads (`uzram-install-*`) do only
-//! what they do behind a GPU: check each result's checksum, plan the slot, copy each block into
-//! the arena and commit it to the table.
+//! what they do behind a GPU: check each result's checksum, plan the slot, copy each block
+//! into the arena and commit it to the table.
 //!
 //! ```text
 //! cargo bench -p uzram-core --bench ring_install

@@ -44,9 +44,9 @@ pub struct BackendMemory {
 /// `submit`; `submit` and `complete` alternate per slot; `complete` is called once per
 /// successful `submit`, unless the ring retired the backend as hung (a `submit` or a
 /// `complete` past the device deadline): from then on it calls neither again, and no slot
-/// is leased again, so no input is written either. A backend promises: results are valid LZ4 (or its algorithm) of
-/// exactly the submitted input, or marked rejected; `install` is called at most once per
-/// `complete`, and not at all when it returns an error.
+/// is leased again, so no input is written either. A backend promises: results are valid
+/// LZ4 (or its algorithm) of exactly the submitted input, or marked rejected; `install` is
+/// called at most once per `complete`, and not at all when it returns an error.
 pub trait SlotBackend: Send + Sync {
     /// Short name for stats and logs (`gpu`, `host`).
     fn name(&self) -> &'static str;

@@ -245,17 +245,18 @@ pub struct Expected<'a> {
 }
 
 /// Checks a store's header (read from segment `id` of `size` bytes) against what the
-/// device `expect` names lays out: every field must be exactly that.
+/// device `expect` names lays out: every field must be exactly that. Returns the layout
+/// its version lays out ([`base_layout`]).
 fn check_header(
     id: i32,
     header: &Header,
     size: usize,
     expect: Expected<'_>,
-) -> Result<(), SegmentError> {
+) -> Result<u32, SegmentError> {
     if header.magic != MAGIC {
         return Err(foreign(id, "no uzram store header".into()));
     }
-    if !known_version(header.version) {
+    let Some(layout) = base_layout(header.version) else {
         return Err(foreign(
             id,
             format!(
@@ -266,7 +267,7 @@ fn check_header(
                 header.version
             ),
         ));
-    }
+    };
     if header.device != expect.device {
         return Err(foreign(
             id,
@@ -319,7 +320,7 @@ fn check_header(
             "its layout is not the one its device's settings give".into(),
         ));
     }
-    Ok(())
+    Ok(layout)
 }
 
 /// Whether `header`, of a segment of `size` bytes, is exactly the layout `expect` gives
@@ -512,9 +513,7 @@ impl StoreSegment {
         }
         // SAFETY: the segment is at least one unit long, so the header lies in the mapping.
         let header = unsafe { ptr::read_volatile(mapped.base() as *const Header) };
-        check_header(id, &header, size, expect)?;
-        let layout = base_layout(header.version)
-            .ok_or_else(|| foreign(id, format!("layout version {}", header.version)))?;
+        let layout = check_header(id, &header, size, expect)?;
         crate::shm::lock(id)?;
         let region = StoreSegment {
             id,
@@ -1242,6 +1241,22 @@ mod tests {
             .ok()
     }
 
+    /// Rewrites `region`'s header as made, but for layout `version`, as a daemon of that
+    /// layout would have left it.
+    fn write_version(region: &StoreSegment, version: u32) {
+        // SAFETY: the header lies at the start of the test's own mapping of the segment,
+        // which stays mapped; no other thread of the test reads it meanwhile.
+        unsafe {
+            ptr::write_volatile(
+                region.base as *mut Header,
+                Header {
+                    version,
+                    ..region.header
+                },
+            )
+        };
+    }
+
     /// The layouts a daemon of the release before layout 8 takes over, and those of an
     /// earlier build of this release (which marked a moved layout 6 or 5 store only by the
     /// word at [`TAGS_OFF`]).
@@ -1455,8 +1470,7 @@ mod tests {
         // Layouts 5 and 6 gave fewer blocks: this one's blocks are not theirs, whether or not
         // their tags were moved.
         for version in [UNBOUND_VERSION, BOUND_VERSION, UNBOUND_MOVED, BOUND_MOVED] {
-            // SAFETY: as above.
-            unsafe { ptr::write_volatile(region.base as *mut Header, Header { version, ..h }) };
+            write_version(&region, version);
             let err = StoreSegment::attach(region.id(), expected()).expect_err("fewer blocks");
             assert!(err.to_string().contains("layout"), "{version}: {err}");
         }
@@ -1466,21 +1480,18 @@ mod tests {
         // taken over as made, its store keeping its checksums as they were; one of layout 7
         // or 8 with their blocks is not.
         let old = old_layout_region().unwrap();
-        let o = old.header;
         for (version, bound) in [
             (BOUND_VERSION, true),
             (UNBOUND_VERSION, false),
             (BOUND_MOVED, true),
             (UNBOUND_MOVED, false),
         ] {
-            // SAFETY: the header lies at the start of our mapping; nothing else uses it.
-            unsafe { ptr::write_volatile(old.base as *mut Header, Header { version, ..o }) };
+            write_version(&old, version);
             let taken = StoreSegment::attach(old.id(), expected()).unwrap();
             assert_eq!(taken.checksums_name_pages(), bound, "layout {version}");
         }
         for version in [LAYOUT_7, VERSION] {
-            // SAFETY: as above.
-            unsafe { ptr::write_volatile(old.base as *mut Header, Header { version, ..o }) };
+            write_version(&old, version);
             assert!(
                 StoreSegment::attach(old.id(), expected()).is_err(),
                 "layout {version} with the blocks of layout 6"
@@ -1501,18 +1512,7 @@ mod tests {
         assert_eq!(region.header.version, VERSION);
         assert!(region.stored_tags_moved());
         assert!(!region.set_stored_tags_moved(), "layout 8 says so already");
-        let h = region.header;
-        let write = |base: usize, header: Header| {
-            // SAFETY: the header lies at the start of our own mapping; nothing else uses it.
-            unsafe { ptr::write_volatile(base as *mut Header, header) };
-        };
-        write(
-            region.base,
-            Header {
-                version: LAYOUT_7,
-                ..h
-            },
-        );
+        write_version(&region, LAYOUT_7);
         let taken = StoreSegment::attach(region.id(), expected()).unwrap();
         assert!(!taken.stored_tags_moved(), "layout 7, not yet moved");
         assert!(taken.set_stored_tags_moved());
@@ -1522,13 +1522,7 @@ mod tests {
         assert_eq!(again.header.version, VERSION, "moved, layout 7 is layout 8");
         assert!(!taken_over_by(EARLIER_RELEASE, again.header.version));
         assert_eq!(again.recorded_word(TAGS).load(Ordering::Relaxed), 0);
-        write(
-            region.base,
-            Header {
-                version: VERSION + 1,
-                ..h
-            },
-        );
+        write_version(&region, VERSION + 1);
         let err = StoreSegment::attach(region.id(), expected()).expect_err("a later layout");
         assert!(err.to_string().contains("layout version 9"), "{err}");
         remove(region.id());
@@ -1544,10 +1538,6 @@ mod tests {
         let Some(old) = old_layout_region() else {
             return;
         };
-        let write = |header: Header| {
-            // SAFETY: the header lies at the start of our own mapping; nothing else uses it.
-            unsafe { ptr::write_volatile(old.base as *mut Header, header) };
-        };
         for (version, moved, bound) in [
             (BOUND_VERSION, BOUND_MOVED, true),
             (UNBOUND_VERSION, UNBOUND_MOVED, false),
@@ -1556,7 +1546,7 @@ mod tests {
                 version,
                 ..old.header
             };
-            write(made);
+            write_version(&old, version);
             old.recorded_word(TAGS).store(0, Ordering::Relaxed);
             let taken = StoreSegment::attach(old.id(), expected()).unwrap();
             assert!(
@@ -1586,7 +1576,7 @@ mod tests {
             assert_eq!(again.checksums_name_pages(), bound, "layout {version}");
 
             // An earlier build of this release's mark, the word alone.
-            write(made);
+            write_version(&old, version);
             old.recorded_word(TAGS).store(TAGS_TAG, Ordering::Relaxed);
             assert!(taken_over_by(EARLIER_RELEASE, version), "what the gap was");
             let marked = StoreSegment::attach(old.id(), expected()).unwrap();
@@ -1600,16 +1590,7 @@ mod tests {
         let Some(region) = small_region() else {
             return;
         };
-        // SAFETY: the header lies at the start of our own mapping; nothing else uses it.
-        unsafe {
-            ptr::write_volatile(
-                region.base as *mut Header,
-                Header {
-                    version: LAYOUT_7,
-                    ..region.header
-                },
-            )
-        };
+        write_version(&region, LAYOUT_7);
         region
             .recorded_word(TAGS)
             .store(TAGS_TAG, Ordering::Relaxed);
@@ -1673,16 +1654,7 @@ mod tests {
             let Some(old) = old_layout_region() else {
                 return;
             };
-            // SAFETY: the header lies at the start of our own mapping; nothing else uses it.
-            unsafe {
-                ptr::write_volatile(
-                    old.base as *mut Header,
-                    Header {
-                        version,
-                        ..old.header
-                    },
-                )
-            };
+            write_version(&old, version);
             let region = StoreSegment::attach(old.id(), expected()).unwrap();
             let mut cfg = StoreConfig::new(16, Algorithm::Lz4);
             cfg.checksums_name_pages = region.checksums_name_pages();
@@ -1916,17 +1888,7 @@ mod tests {
         let old = old_layout_region().unwrap();
         let (_, len) = old.room();
         for version in [UNBOUND_VERSION, BOUND_VERSION, UNBOUND_MOVED, BOUND_MOVED] {
-            // SAFETY: the header lies at the start of our own mapping of the segment, and
-            // no other thread of this test reads it meanwhile.
-            unsafe {
-                ptr::write_volatile(
-                    old.base as *mut Header,
-                    Header {
-                        version,
-                        ..old.header
-                    },
-                )
-            };
+            write_version(&old, version);
             assert_eq!(
                 MappedRoom::map(old.id(), None).unwrap().release().unwrap(),
                 len,

@@ -119,6 +119,14 @@ pub(super) struct InSubmit {
     pub(super) rescuing: bool,
 }
 
+impl State {
+    /// Whether the submitter holds no slot this ring still waits for: nothing waits for
+    /// it, and it is in no `submit` but one whose slot the watcher took on.
+    pub(super) fn submitter_done(&self) -> bool {
+        self.to_submit.is_empty() && self.submitting.is_none_or(|s| s.rescuing)
+    }
+}
+
 impl InSubmit {
     /// Whether the submitter is stuck in the backend with its slot taken on by the watcher.
     pub(super) fn stuck(submitting: Option<InSubmit>) -> bool {

@@ -188,7 +188,7 @@ impl Shared {
                 return Some(job);
             }
             // Slots still with the submitter come to this queue, unless it is stuck.
-            if st.stop && st.to_submit.is_empty() && st.submitting.is_none_or(|s| s.rescuing) {
+            if st.stop && st.submitter_done() {
                 return None;
             }
             let wait = match self.open_slot_due(&st) {

@@ -264,16 +264,24 @@ fn a_sticky_fault_mid_stream_retires_the_backend_and_loses_nothing() {
 }
 
 /// A ring whose backend hangs in `complete` from its `from`-th call, watched with a short
-/// deadline. Installers stuck on a hang never released stay blocked for the rest of the
-/// test binary.
+/// deadline. Threads stuck on a hang never released stay blocked for the rest of the test
+/// binary.
 fn hanging_ring(from: u64) -> (Arc<PageStore>, Ring, Hang, Vec<u8>) {
+    hanging_ring_in(from, |hang| FaultPlan {
+        hang: Some(hang),
+        ..FaultPlan::default()
+    })
+}
+
+/// [`hanging_ring`] whose backend hangs where `faults` puts the hang.
+fn hanging_ring_in(
+    from: u64,
+    faults: impl FnOnce(Hang) -> FaultPlan,
+) -> (Arc<PageStore>, Ring, Hang, Vec<u8>) {
     let data = pages();
     let n = (data.len() / PAGE_SIZE) as u64;
     let hang = Hang::from(from);
-    let faults = FaultPlan {
-        hang: Some(hang.clone()),
-        ..FaultPlan::default()
-    };
+    let faults = faults(hang.clone());
     let cfg = RingConfig {
         installers: 2,
         device_deadline: Duration::from_millis(100),
@@ -432,19 +440,10 @@ fn write_and_flush_within(ring: &Arc<Ring>, data: &[u8], stuck: &str) {
 /// driver): no writer may wait on it, and no page may be lost.
 #[test]
 fn a_submission_that_never_returns_holds_no_writer_and_loses_nothing() {
-    let data = pages();
-    let n = (data.len() / PAGE_SIZE) as u64;
-    let hang = Hang::from(1);
-    let faults = FaultPlan {
-        hang_submit: Some(hang.clone()),
+    let (store, ring, hang, data) = hanging_ring_in(1, |hang| FaultPlan {
+        hang_submit: Some(hang),
         ..FaultPlan::default()
-    };
-    let cfg = RingConfig {
-        installers: 2,
-        device_deadline: Duration::from_millis(100),
-        ..RingConfig::default()
-    };
-    let (store, ring) = ring_with(n, host(4, 32, faults), cfg);
+    });
     let ring = Arc::new(ring);
     // Without the bound a writer sits in `submit` for good: this fails instead of hanging.
     write_and_flush_within(&ring, &data, "a writer is stuck in the backend's submit");

@@ -32,8 +32,7 @@ pub(super) fn watch_loop(sh: &Shared, tools: Tools) {
         let hung = sh.hung.load(Ordering::Relaxed);
         if st.stop
             && st.queue.is_empty()
-            && st.to_submit.is_empty()
-            && st.submitting.is_none_or(|s| s.rescuing)
+            && st.submitter_done()
             && sh.device_waits(&st).all(|w| w.rescued)
         {
             return;
