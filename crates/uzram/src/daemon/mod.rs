@@ -316,7 +316,7 @@ fn open_store(
         let mut unborn = device::Unborn::device(added.id());
         let (store, region) = store::create(cfg, added.id())?;
         unborn.store = Some(region.id());
-        record::reserve(added.id()).with_context(|| {
+        record::reserve(added.id(), cfg.queues).with_context(|| {
             format!(
                 "making the recovery record of /dev/ublkb{}: without one no daemon could take \
                  the device over after a crash",

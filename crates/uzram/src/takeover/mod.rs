@@ -19,6 +19,7 @@ pub mod leave;
 pub mod orphan;
 pub mod pause;
 pub mod record;
+mod record_layout;
 pub mod segment;
 pub mod staging_segment;
 pub mod standby;

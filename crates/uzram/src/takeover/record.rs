@@ -27,44 +27,16 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
+use super::record_layout::{expected_body, host_cpus, Layout, HEADER, SECOND};
 use crate::control::state::DaemonState;
 use crate::control::ControlError;
 use crate::shm;
 
 /// The record's header: this magic, the body's length and the device id (native-endian
 /// `u32`s), then the body (JSON), in the first or the second half of the rest ([`SECOND`]).
+/// A segment's size is one of [`Layout`]'s: 16 KiB for most devices, more for one whose
+/// libublk device file (a line per queue) needs it.
 const MAGIC: [u8; 8] = *b"UZRAMAN3";
-const LEN: usize = 16 << 10;
-const HEADER: usize = 16;
-/// A half of the space after the header: a new record is written into the half the current
-/// one is not in, and the length word, one aligned store, then points at it. A daemon
-/// killed at any moment of a rewrite so leaves the old record or the new one.
-const HALF: usize = (LEN - HEADER) / 2;
-/// The length word's flag: the body is in the second half. Without it the body starts
-/// right after the header (as every record of the releases before, up to `LEN - HEADER`
-/// bytes).
-const SECOND: u32 = 1 << 31;
-/// Where the write count lies: the segment's last 8 bytes, which no body of this release
-/// reaches ([`BODY_MAX`], [`HALF_BODY`]) and none a release before ever read. Every copy
-/// of a body into the segment first bumps it, so a reader whose copy spans a rewrite sees
-/// it move, even where the rewrite left the length word as it was (a record of the same
-/// length, back in the same half).
-const COUNT_AT: usize = LEN - 8;
-/// The longest body: up to the write count.
-const BODY_MAX: usize = COUNT_AT - HEADER;
-/// The longest body written into a half: the second half ends at the write count.
-const HALF_BODY: usize = COUNT_AT - (HEADER + HALF);
-
-/// Where the body a length word names lies: its offset and length, or `None` when there is
-/// none (a length of 0).
-fn body_of(word: u32) -> Option<(usize, usize)> {
-    let len = (word & !SECOND) as usize;
-    match (word & SECOND != 0, len) {
-        (_, 0) => None,
-        (true, len) => Some((HEADER + HALF, len)),
-        (false, len) => Some((HEADER, len)),
-    }
-}
 
 /// The releases before kept the record on key `LEGACY_KEY_BASE + id`, with this magic and no
 /// device in the header; read, never written.
@@ -96,7 +68,7 @@ fn shm_err(what: &str) -> impl FnOnce(shm::ShmError) -> ControlError + '_ {
 /// the legacy key it sits on and the legacy magic it starts with (another program of root's
 /// may have a segment on such a key: it is not ours to read or remove).
 pub fn device_of_segment(seg: &shm::Stat) -> Option<u32> {
-    if seg.key == libc::IPC_PRIVATE && seg.size == LEN {
+    if seg.key == libc::IPC_PRIVATE && Layout::of(seg.size).is_some() {
         let header: [u8; HEADER] = shm::peek(seg.id, 0).ok()?;
         let device = u32::from_ne_bytes(header[12..16].try_into().ok()?);
         return (header[..8] == MAGIC).then_some(device);
@@ -110,14 +82,21 @@ pub fn device_of_segment(seg: &shm::Stat) -> Option<u32> {
     (magic == LEGACY_MAGIC).then_some(id as u32)
 }
 
-/// Root's record segments of device `id`: those found by their header, lowest id first, then
-/// one on its legacy key.
+/// Root's record segments of device `id`: those found by their header, the largest first
+/// (a record moves only ever into a larger segment, so the largest holding one holds the
+/// newest), then by lowest id; then one on its legacy key.
 fn segments_of(id: u32) -> Vec<shm::Stat> {
     let mut found: Vec<shm::Stat> = shm::root_only_segments()
         .into_iter()
         .filter(|seg| device_of_segment(seg) == Some(id))
         .collect();
-    found.sort_unstable_by_key(|seg| (seg.key != libc::IPC_PRIVATE, seg.id));
+    found.sort_unstable_by_key(|seg| {
+        (
+            seg.key != libc::IPC_PRIVATE,
+            std::cmp::Reverse(seg.size),
+            seg.id,
+        )
+    });
     found
 }
 
@@ -125,8 +104,11 @@ fn segments_of(id: u32) -> Vec<shm::Stat> {
 /// libublk's device file as it is now. Call it once the device serves.
 ///
 /// The device's first record segment (found by content) is reused, so every daemon of a
-/// device writes the same one; any other (a second one two writers made at once, or one on
-/// the legacy key) is removed once this one is written.
+/// device writes the same one; any other (a second one two writers made at once, a smaller
+/// one a record outgrew, or one on the legacy key) is removed once this one is written.
+/// A record whose halves the segment cannot hold moves to a new segment that can
+/// ([`Layout::for_body`]): the old one is removed only once the new one holds it, so a kill
+/// on the way leaves one or the other.
 pub fn write(state: &DaemonState) -> Result<(), ControlError> {
     let ublk = read_ublk_json(std::path::Path::new(&ublk_json_path(state.id)));
     let record = Record {
@@ -137,18 +119,40 @@ pub fn write(state: &DaemonState) -> Result<(), ControlError> {
         what: "encoding the recovery record".into(),
         source: std::io::Error::other(e),
     })?;
-    if json.len() > BODY_MAX {
-        return Err(ControlError::Io {
-            what: format!("the recovery record of {}", state.dev),
-            source: std::io::Error::other(format!("{} bytes do not fit", json.len())),
-        });
-    }
-    let mut found = segments_of(state.id);
-    let map = match take_reusable(&mut found) {
-        Some(seg) => record_segment(seg)?,
-        None => headed_segment(state.id, None)?,
+    let too_long = || ControlError::Io {
+        what: format!("the recovery record of {}", state.dev),
+        source: std::io::Error::other(format!(
+            "{} bytes do not fit a record segment of {} bytes",
+            json.len(),
+            Layout::MAX.len()
+        )),
     };
-    place(&map, &json);
+    let needed = Layout::for_body(json.len()).ok_or_else(too_long)?;
+    let mut found = segments_of(state.id);
+    let (map, layout) = match take_reusable(&mut found) {
+        None => headed_segment(state.id, None, needed)?,
+        Some(seg) => {
+            let (map, layout) = record_segment(seg.id)?;
+            if in_halves(&map, layout, json.len()) {
+                (map, layout)
+            } else {
+                match headed_segment(state.id, None, needed) {
+                    Ok(larger) => {
+                        found.push(seg);
+                        larger
+                    }
+                    // No segment to be had (the host's are counted host-wide): in place,
+                    // as long as the segment holds it at all.
+                    Err(e) if json.len() > layout.body_max() => return Err(e),
+                    Err(e) => {
+                        tracing::warn!(error = %e, bytes = json.len(), "no larger recovery record segment: rewriting the record in place, where a kill in the copy leaves none");
+                        (map, layout)
+                    }
+                }
+            }
+        }
+    };
+    place(&map, layout, &json);
     for other in found {
         if let Err(error) = shm::remove(other.id) {
             tracing::warn!(id = other.id, %error, "removing a second recovery record failed");
@@ -165,76 +169,91 @@ fn length_word(map: &shm::Attached) -> &AtomicU32 {
     unsafe { AtomicU32::from_ptr(map.base().add(8).cast::<u32>()) }
 }
 
-/// The write count of a record segment's mapping `map` (at least [`LEN`] bytes).
-fn write_count(map: &shm::Attached) -> &AtomicU64 {
-    // SAFETY: `COUNT_AT` is 8 bytes before LEN, 8-aligned (the mapping starts on a page),
-    // inside every mapping this is called with (record segments are LEN bytes, checked on
-    // attach); only ever accessed atomically, and lives as long as `map`.
-    unsafe { AtomicU64::from_ptr(map.base().add(COUNT_AT).cast::<u64>()) }
+/// The write count of a record segment's mapping `map`, of `layout` (checked on attach).
+fn write_count(map: &shm::Attached, layout: Layout) -> &AtomicU64 {
+    debug_assert!(map.size() >= layout.len());
+    // SAFETY: `count_at` is 8 bytes before the layout's end, 8-aligned (the mapping starts
+    // on a page and every layout's size is a power of two), inside `map` (its size was
+    // checked to be at least the layout's when it was attached); only ever accessed
+    // atomically, and lives as long as `map`.
+    unsafe { AtomicU64::from_ptr(map.base().add(layout.count_at()).cast::<u64>()) }
 }
 
-/// Writes `json` (at most [`BODY_MAX`] bytes) into the record segment `map`. A body that
-/// fits a half goes first into the second half, which the length word then names, and then
-/// into the first, which the word names last: a daemon killed at any moment leaves a whole
-/// record, and the one left in the end is where the releases before read it. The half the
-/// word names is never written.
-fn place(map: &shm::Attached, json: &[u8]) {
+/// Whether a body of `len` bytes goes into a half of record segment `map` (of `layout`):
+/// it fits one, and the record there now does not reach from the first half into the
+/// second (one a release before wrote in place, or one written in place here for want of
+/// a larger segment).
+fn in_halves(map: &shm::Attached, layout: Layout, len: usize) -> bool {
+    let current = layout.body_of(length_word(map).load(Ordering::Acquire));
+    let long_first = current.is_some_and(|(at, len)| at == HEADER && len > layout.half());
+    len <= layout.half_body() && !long_first
+}
+
+/// Writes `json` (at most the layout's `body_max` bytes) into the record segment `map`. A
+/// body that goes into the halves ([`in_halves`]) goes first into the second half, which
+/// the length word then names, and then into the first, which the word names last: a
+/// daemon killed at any moment leaves a whole record, and the one left in the end is where
+/// the releases before read it. The half the word names is never written.
+fn place(map: &shm::Attached, layout: Layout, json: &[u8]) {
     let word = length_word(map);
-    let current = body_of(word.load(Ordering::Acquire));
-    let in_first = current.is_some_and(|(at, _)| at == HEADER);
-    let long_first = current.is_some_and(|(at, len)| at == HEADER && len > HALF);
-    if json.len() <= HALF_BODY && !long_first {
+    if in_halves(map, layout, json.len()) {
+        let in_first = layout
+            .body_of(word.load(Ordering::Acquire))
+            .is_some_and(|(at, _)| at == HEADER);
         if in_first {
-            put(map, HEADER + HALF, json);
+            put(map, layout, HEADER + layout.half(), json);
         }
-        put(map, HEADER, json);
+        put(map, layout, HEADER, json);
     } else {
-        // A body longer than a half (or beside an older release's long one): in place, the
-        // length zeroed first so that a record cut short reads as none. A kill in these
-        // microseconds leaves the device with no record.
+        // In place, the length zeroed first so that a record cut short reads as none. Only
+        // where no larger segment could be had (`write`): a kill in these microseconds
+        // leaves the device with no record.
         word.store(0, Ordering::Relaxed);
         // The zero before any byte of the new body, for a reader in another process.
         std::sync::atomic::fence(Ordering::SeqCst);
-        put(map, HEADER, json);
+        put(map, layout, HEADER, json);
     }
 }
 
 /// Copies `json` to offset `at` of record segment `map`, then names it in the length word.
-fn put(map: &shm::Attached, at: usize, json: &[u8]) {
+fn put(map: &shm::Attached, layout: Layout, at: usize, json: &[u8]) {
     let flag = if at == HEADER { 0 } else { SECOND };
     // Counted before any byte is copied (a locked add: a full barrier, for readers in other
     // processes too). Not while the record the length word names reaches the count's bytes
     // (one an earlier release left in the second half, 8,177 to 8,184 bytes long): the add
     // would spoil it, and this copy goes into the first half, so the word moves anyway.
-    let named = body_of(length_word(map).load(Ordering::Acquire));
-    if named.is_none_or(|(from, len)| from + len <= COUNT_AT) {
-        write_count(map).fetch_add(1, Ordering::SeqCst);
+    let named = layout.body_of(length_word(map).load(Ordering::Acquire));
+    if named.is_none_or(|(from, len)| from + len <= layout.count_at()) {
+        write_count(map, layout).fetch_add(1, Ordering::SeqCst);
     }
-    // SAFETY: `at + json.len()` is at most COUNT_AT (the callers' checks: a half's body in
-    // a half, a longer one from the header), inside the mapping, which is ours while
-    // attached; no reader uses these bytes until the length word names them.
+    assert!(
+        at + json.len() <= layout.count_at(),
+        "a record body past the write count"
+    );
+    // SAFETY: `at + json.len()` is at most the layout's `count_at` (asserted: the callers
+    // put a half's body in a half, a longer one from the header), inside the mapping, which
+    // is ours while attached; no reader uses these bytes until the length word names them.
     unsafe { ptr::copy_nonoverlapping(json.as_ptr(), map.base().add(at), json.len()) };
     length_word(map).store(json.len() as u32 | flag, Ordering::Release);
 }
 
 /// The first of a device's record segments (`found`, from [`segments_of`]) when it is the
 /// one to reuse (private: not on a legacy key), taken off the list.
-fn take_reusable(found: &mut Vec<shm::Stat>) -> Option<i32> {
-    let first = found.first().filter(|seg| seg.key == libc::IPC_PRIVATE)?.id;
-    found.remove(0);
-    Some(first)
+fn take_reusable(found: &mut Vec<shm::Stat>) -> Option<shm::Stat> {
+    found.first().filter(|seg| seg.key == libc::IPC_PRIVATE)?;
+    Some(found.remove(0))
 }
 
-/// Segment `seg` attached for writing, if it is a record's size.
-fn attach_record(seg: i32) -> Result<shm::Attached, ControlError> {
+/// Segment `seg` attached for writing, if it is a record's size, with its layout.
+fn attach_record(seg: i32) -> Result<(shm::Attached, Layout), ControlError> {
     let map = shm::Attached::map(seg, false).map_err(shm_err("the recovery record"))?;
-    if map.size() != LEN {
+    let Some(layout) = Layout::of(map.size()) else {
         return Err(ControlError::Io {
             what: format!("shared memory segment {seg}"),
             source: std::io::Error::other("not the size of a recovery record"),
         });
-    }
-    Ok(map)
+    };
+    Ok((map, layout))
 }
 
 /// Locks record segment `seg` in memory (a segment of the releases before may not be).
@@ -243,33 +262,37 @@ fn lock_record(seg: i32) -> Result<(), ControlError> {
 }
 
 /// Record segment `seg`, attached, checked to be a record's size, and locked in memory.
-fn record_segment(seg: i32) -> Result<shm::Attached, ControlError> {
-    let map = attach_record(seg)?;
+fn record_segment(seg: i32) -> Result<(shm::Attached, Layout), ControlError> {
+    let attached = attach_record(seg)?;
     lock_record(seg)?;
-    Ok(map)
+    Ok(attached)
 }
 
-/// Device `id`'s record segment, `reused` or made now, attached, its header naming the
-/// device with a length of 0 (no record yet), and locked in memory. A segment made here
-/// and not handed out is removed again.
-fn headed_segment(id: u32, reused: Option<i32>) -> Result<shm::Attached, ControlError> {
+/// Device `id`'s record segment, `reused` or made now with `layout`, attached, its header
+/// naming the device with a length of 0 (no record yet), and locked in memory. A segment
+/// made here and not handed out is removed again.
+fn headed_segment(
+    id: u32,
+    reused: Option<i32>,
+    layout: Layout,
+) -> Result<(shm::Attached, Layout), ControlError> {
     let seg = match reused {
         Some(seg) => seg,
-        None => shm::create(LEN).map_err(shm_err("the recovery record"))?,
+        None => create(layout.len()).map_err(shm_err("the recovery record"))?,
     };
-    let headed = attach_record(seg).and_then(|map| {
+    let headed = attach_record(seg).and_then(|(map, layout)| {
         // No record first (an earlier device's is emptied), then the header.
         length_word(&map).store(0, Ordering::SeqCst);
-        // SAFETY: the mapping is LEN bytes (checked) and ours while attached. The header
-        // names the device before the segment is locked, so a kill from here on leaves a
-        // record that `uzram list` finds.
+        // SAFETY: the mapping is a record's size (checked), at least HEADER bytes, and ours
+        // while attached. The header names the device before the segment is locked, so a
+        // kill from here on leaves a record that `uzram list` finds.
         unsafe {
             let base = map.base();
             ptr::write_volatile(base.add(12).cast::<u32>(), id);
             ptr::copy_nonoverlapping(MAGIC.as_ptr(), base, MAGIC.len());
         }
         lock_record(seg)?;
-        Ok(map)
+        Ok((map, layout))
     });
     if headed.is_err() && reused.is_none() {
         let _ = shm::remove(seg);
@@ -277,30 +300,63 @@ fn headed_segment(id: u32, reused: Option<i32>) -> Result<shm::Attached, Control
     headed
 }
 
-/// Makes the record segment of new device `id` now, with no record in it yet (one an
-/// earlier device of the id left is emptied and reused): its record is written only once
-/// it serves, and a segment made then could be refused (the host's segments are counted
-/// host-wide, and any user can use them all up), leaving a device in swap that no daemon
-/// could take over after a crash. A device whose segment cannot be had here is not made.
-pub fn reserve(id: u32) -> Result<(), ControlError> {
-    headed_segment(id, take_reusable(&mut segments_of(id))).map(drop)
+/// A new segment of `len` bytes (root's alone, private).
+#[cfg(not(test))]
+fn create(len: usize) -> Result<i32, shm::ShmError> {
+    shm::create(len)
+}
+
+/// A new segment, or, on a thread that [`tests::refuse_new_segments`], the refusal a host
+/// whose segments are used up gives.
+#[cfg(test)]
+fn create(len: usize) -> Result<i32, shm::ShmError> {
+    if tests::NEW_REFUSED.get() {
+        return shm::create(usize::MAX);
+    }
+    shm::create(len)
+}
+
+/// Makes the record segment of new device `id`, of `queues` queues, now, with no record in
+/// it yet, large enough for the record its daemon will write ([`expected_body`]): its record
+/// is written only once it serves, and a segment made then could be refused (the host's
+/// segments are counted host-wide, and any user can use them all up), leaving a device in
+/// swap that no daemon could take over after a crash. One an earlier device of the id left
+/// is emptied and reused if it is large enough, and removed otherwise. A device whose
+/// segment cannot be had here is not made.
+pub fn reserve(id: u32, queues: u16) -> Result<(), ControlError> {
+    let needed = Layout::for_body(expected_body(queues, host_cpus())).unwrap_or(Layout::MAX);
+    let mut found = segments_of(id);
+    let stale = take_reusable(&mut found);
+    if let Some(seg) = stale.as_ref().filter(|seg| seg.size >= needed.len()) {
+        return headed_segment(id, Some(seg.id), needed).map(drop);
+    }
+    headed_segment(id, None, needed)?;
+    if let Some(seg) = stale {
+        if let Err(error) = shm::remove(seg.id) {
+            tracing::warn!(id = seg.id, %error, "removing an earlier device's recovery record failed");
+        }
+    }
+    Ok(())
 }
 
 /// The bytes of record segment `seg`, copied while neither its length word nor its write
 /// count moved (a writer in another process may be rewriting it: the copy is taken again).
+/// A record of this format is its segment's size; one on a legacy key, the base size.
 fn record_bytes(seg: &shm::Stat) -> Option<Vec<u8>> {
     let map = shm::Attached::map(seg.id, true).ok()?;
-    if map.size() < LEN {
-        return None;
-    }
-    let (word, count) = (length_word(&map), write_count(&map));
+    let layout = if seg.key == libc::IPC_PRIVATE {
+        Layout::of(map.size())?
+    } else {
+        Some(Layout::BASE).filter(|base| map.size() >= base.len())?
+    };
+    let (word, count) = (length_word(&map), write_count(&map, layout));
     for _ in 0..COPY_TRIES {
         let counted = count.load(Ordering::Acquire);
         let before = word.load(Ordering::Acquire);
-        // SAFETY: the mapping is at least LEN bytes (checked) and stays attached while we
-        // copy.
+        // SAFETY: the mapping is at least the layout's size (checked) and stays attached
+        // while we copy.
         let mut bytes =
-            unsafe { std::slice::from_raw_parts(map.base() as *const u8, LEN) }.to_vec();
+            unsafe { std::slice::from_raw_parts(map.base() as *const u8, layout.len()) }.to_vec();
         std::sync::atomic::fence(Ordering::Acquire);
         if word.load(Ordering::Relaxed) == before && count.load(Ordering::Relaxed) == counted {
             bytes[8..12].copy_from_slice(&before.to_ne_bytes());
@@ -314,7 +370,7 @@ fn record_bytes(seg: &shm::Stat) -> Option<Vec<u8>> {
 /// Copies of a record taken before one is found whose length word held still.
 const COPY_TRIES: usize = 16;
 
-/// The record in `page` (a record segment's bytes) if it is one of device `id` and passes
+/// The record in `page` (a record segment's bytes, or their start) if it is one of device `id` and passes
 /// every check of what it may hold ([`DaemonState::validate`]); why not otherwise.
 fn parse_record(id: u32, page: &[u8], host: crate::config::Host) -> Result<Record, String> {
     if page.len() < HEADER || (page[..8] != MAGIC && page[..8] != LEGACY_MAGIC) {
@@ -325,10 +381,12 @@ fn parse_record(id: u32, page: &[u8], host: crate::config::Host) -> Result<Recor
         return Err(format!("its header names device {device}"));
     }
     let word = u32::from_ne_bytes(page[8..12].try_into().map_err(|_| "short header")?);
-    let (at, len) = body_of(word).ok_or("no record in it yet")?;
+    // A copy of a whole segment (a fuzz input may be a shorter start of one).
+    let layout = Layout::containing(page.len()).ok_or("longer than any record")?;
+    let (at, len) = layout.body_of(word).ok_or("no record in it yet")?;
     let body = at
         .checked_add(len)
-        .filter(|&end| end <= LEN)
+        .filter(|&end| end <= layout.len())
         .and_then(|end| page.get(at..end))
         .ok_or_else(|| format!("a length of {len} bytes at {at}"))?;
     let record: Record = serde_json::from_slice(body).map_err(|e| e.to_string())?;
@@ -397,7 +455,7 @@ pub fn fuzz_seeds() -> Vec<Vec<u8>> {
             page.extend_from_slice(&(json.len() as u32 | flag).to_ne_bytes());
             page.extend_from_slice(&3u32.to_ne_bytes());
             if second {
-                page.resize(HEADER + HALF, 0);
+                page.resize(HEADER + Layout::BASE.half(), 0);
             }
             page.extend_from_slice(&json);
             page
@@ -447,7 +505,7 @@ fn read_record(id: u32) -> Option<Record> {
 /// would hang or fill the daemon), never a file another user could have written.
 fn read_ublk_json(path: &std::path::Path) -> Option<serde_json::Value> {
     use crate::sys::owned_file::{self, Links, Refused};
-    match owned_file::read(path, LEN as u64, Links::Refuse) {
+    match owned_file::read(path, Layout::MAX.body_max() as u64, Links::Refuse) {
         Ok(bytes) => serde_json::from_slice(&bytes).ok(),
         Err(why @ (Refused::NotAFile(_) | Refused::OthersWrite(_))) => {
             tracing::warn!(path = %path.display(), %why, "libublk's device file is not root's alone: not kept in the recovery record");
@@ -576,6 +634,11 @@ pub fn device_ids() -> Vec<u32> {
 mod tests {
     use super::*;
 
+    /// The base layout's places: the record of every device of a few queues.
+    const LEN: usize = Layout::BASE.len();
+    const HALF: usize = Layout::BASE.half();
+    const COUNT_AT: usize = Layout::BASE.count_at();
+
     /// Root's record segments of device `id`, as `(key, segment id)`.
     fn segments(id: u32) -> Vec<(i32, i32)> {
         segments_of(id).iter().map(|s| (s.key, s.id)).collect()
@@ -597,7 +660,7 @@ mod tests {
         assert!(read_ublk_json(&link).is_none());
         // Past the record's size, or endless: not read past it.
         let big = dir.path().join("0003.json");
-        std::fs::write(&big, format!("\"{}\"", "x".repeat(LEN))).unwrap();
+        std::fs::write(&big, format!("\"{}\"", "x".repeat(Layout::MAX.len()))).unwrap();
         assert!(read_ublk_json(&big).is_none());
         let start = std::time::Instant::now();
         assert!(read_ublk_json(std::path::Path::new("/dev/zero")).is_none());
@@ -686,7 +749,7 @@ mod tests {
             ublk: None,
         })
         .unwrap();
-        put(&map, HEADER + HALF, &json);
+        put(&map, Layout::BASE, HEADER + HALF, &json);
         assert_ne!(word() & SECOND, 0);
         assert_eq!(read(id), Some(state.clone()), "the second half's record");
         // Whatever is in the first half now is not read.
@@ -696,19 +759,291 @@ mod tests {
         state.pid = 4444;
         write(&state).unwrap();
         assert_eq!(word() & SECOND, 0, "moved back into the first half");
-        assert_eq!(read(id), Some(state.clone()));
-        // A body longer than a half (a long config path) goes in place, and the next short
-        // one cannot go into the second half (the long one reaches into it): in place too.
-        state.config = Some(format!("/etc/uzram/{}.toml", "x".repeat(HALF)).into());
-        write(&state).unwrap();
-        assert!((word() as usize) > HALF);
-        assert_eq!(read(id), Some(state.clone()));
-        state.config = Some("/etc/uzram/swap0.toml".into());
-        write(&state).unwrap();
         assert_eq!(read(id), Some(state));
         drop(map);
         remove(id);
         assert!(segments(id).is_empty());
+    }
+
+    thread_local! {
+        /// Whether this thread's new record segments are refused ([`refuse_new_segments`]).
+        pub(super) static NEW_REFUSED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// Refuses this thread's new record segments from now on, as a host whose segments
+    /// another user used up does.
+    pub(super) fn refuse_new_segments() {
+        NEW_REFUSED.set(true);
+    }
+
+    /// Where no larger segment can be had, a record too long for its segment's halves is
+    /// still written, in place (the one window left where a kill leaves none), and read
+    /// back whole; one too long for the segment at all is refused, saying so.
+    #[test]
+    fn a_record_that_cannot_move_is_written_in_place_or_refused() {
+        if !crate::sys::is_root() {
+            eprintln!("skipped: SHM_LOCK needs root");
+            return;
+        }
+        let id = fresh((1 << 20) - 47);
+        let mut state = DaemonState {
+            pid: 4242,
+            ..DaemonState::example(id)
+        };
+        write(&state).unwrap();
+        let made = segments(id);
+        refuse_new_segments();
+        state.config = Some(format!("/etc/uzram/{}.toml", "x".repeat(HALF)).into());
+        write(&state).unwrap();
+        assert_eq!(segments(id), made, "a segment was made");
+        let map = shm::Attached::map(made[0].1, true).unwrap();
+        assert!(
+            length_word(&map).load(Ordering::Acquire) as usize > HALF,
+            "not in place"
+        );
+        assert_eq!(read(id), Some(state.clone()));
+        state.config = Some(format!("/etc/uzram/{}.toml", "x".repeat(LEN)).into());
+        let err = write(&state).unwrap_err().to_string();
+        assert!(err.contains("recovery record"), "{err}");
+        drop(map);
+        remove(id);
+    }
+
+    /// Device `id` with no record segment: none that a failed run of the test left.
+    fn fresh(id: u32) -> u32 {
+        for seg in segments_of(id) {
+            shm::remove(seg.id).unwrap();
+        }
+        id
+    }
+
+    /// The size of record segment `seg`.
+    fn size_of(seg: i32) -> usize {
+        shm::stat(seg).unwrap().size
+    }
+
+    /// A record too long for its segment's halves (a long config path here; many queues'
+    /// libublk device file on a large host) moves whole to a segment whose halves hold it,
+    /// and the smaller one goes: it is never written in place (where a kill in the copy
+    /// leaves no record). A later short record stays in the larger segment.
+    #[test]
+    fn a_record_too_long_for_its_segment_moves_whole_to_a_larger_one() {
+        if !crate::sys::is_root() {
+            eprintln!("skipped: SHM_LOCK needs root");
+            return;
+        }
+        let id = fresh((1 << 20) - 37);
+        let mut state = DaemonState {
+            pid: 4242,
+            ..DaemonState::example(id)
+        };
+        write(&state).unwrap();
+        let small = segments(id);
+        assert_eq!(size_of(small[0].1), LEN);
+        for (path, size) in [(HALF, 32 << 10), (20_000, 64 << 10), (20, 64 << 10)] {
+            state.config = Some(format!("/etc/uzram/{}.toml", "x".repeat(path)).into());
+            state.pid += 1;
+            write(&state).unwrap();
+            let now = segments(id);
+            assert!(matches!(now[..], [(libc::IPC_PRIVATE, _)]), "{now:?}");
+            assert_eq!(size_of(now[0].1), size, "a config path of {path} bytes");
+            let map = shm::Attached::map(now[0].1, true).unwrap();
+            let word = length_word(&map).load(Ordering::Acquire);
+            assert_eq!(word & SECOND, 0, "not in the first half");
+            assert!(
+                (word as usize) <= Layout::of(size).unwrap().half_body(),
+                "written past a half: in place"
+            );
+            assert_eq!(read(id), Some(state.clone()));
+        }
+        assert!(shm::stat(small[0].1).is_err(), "the smaller segment stayed");
+        remove(id);
+        assert!(segments(id).is_empty());
+    }
+
+    /// A daemon killed while its record moves to a larger segment leaves the record it had
+    /// (the larger segment holds none yet) or the new one (the larger holds it: read first,
+    /// as the largest); the next write goes into the larger one and removes the smaller.
+    #[test]
+    fn a_move_cut_short_leaves_the_old_record_or_the_new_one() {
+        if !crate::sys::is_root() {
+            eprintln!("skipped: SHM_LOCK needs root");
+            return;
+        }
+        let id = fresh((1 << 20) - 41);
+        let old = DaemonState {
+            pid: 4242,
+            ..DaemonState::example(id)
+        };
+        write(&old).unwrap();
+        let small = segments(id)[0].1;
+        // Killed once the larger segment was made and headed.
+        let larger = Layout::of(32 << 10).unwrap();
+        let (map, layout) = headed_segment(id, None, larger).unwrap();
+        assert_eq!(layout, larger);
+        assert_eq!(read(id), Some(old.clone()), "the record it had");
+        // Killed once the record was in it, before the smaller segment went.
+        let new = DaemonState {
+            pid: 4343,
+            config: Some(format!("/etc/uzram/{}.toml", "y".repeat(HALF)).into()),
+            ..old.clone()
+        };
+        let json = serde_json::to_vec(&Record {
+            state: new.clone(),
+            ublk: None,
+        })
+        .unwrap();
+        place(&map, layout, &json);
+        assert_eq!(segments(id).len(), 2);
+        assert_eq!(read(id), Some(new.clone()), "the larger segment's record");
+        // The next daemon's write.
+        let next = DaemonState { pid: 4444, ..new };
+        write(&next).unwrap();
+        let left = segments(id);
+        assert!(
+            matches!(left[..], [(libc::IPC_PRIVATE, seg)] if seg != small),
+            "{left:?}"
+        );
+        assert_eq!(size_of(left[0].1), 32 << 10);
+        assert_eq!(read(id), Some(next));
+        drop(map);
+        remove(id);
+    }
+
+    /// A new device's record segment is made large enough for its queues' record before it
+    /// serves, so publishing that record needs no segment the host may have run out of by
+    /// then: an earlier device's smaller segment of the id is replaced, and its record gone.
+    #[test]
+    fn a_device_of_many_queues_reserves_a_segment_its_record_fits() {
+        if !crate::sys::is_root() {
+            eprintln!("skipped: SHM_LOCK needs root");
+            return;
+        }
+        let id = fresh((1 << 20) - 43);
+        let earlier = DaemonState {
+            pid: 4242,
+            ..DaemonState::example(id)
+        };
+        write(&earlier).unwrap();
+        let stale = segments(id)[0].1;
+        reserve(id, 512).unwrap();
+        let reserved = segments(id);
+        assert!(
+            matches!(reserved[..], [(libc::IPC_PRIVATE, seg)] if seg != stale),
+            "{reserved:?}"
+        );
+        let layout = Layout::of(size_of(reserved[0].1)).unwrap();
+        assert!(layout.half_body() >= expected_body(512, host_cpus()));
+        assert_eq!(
+            read(id),
+            None,
+            "the earlier device's record outlived the reserve"
+        );
+        // The record of a device of 512 queues, as libublk writes its file, goes into it.
+        let body = body_with_queues(id, 512, host_cpus());
+        assert!(body.len() > Layout::BASE.body_max(), "{} bytes", body.len());
+        let (map, _) = record_segment(reserved[0].1).unwrap();
+        assert!(in_halves(&map, layout, body.len()));
+        place(&map, layout, &body);
+        // Read back on a host large enough for 512 queues' buffers.
+        let page = record_bytes(&shm::stat(reserved[0].1).unwrap()).unwrap();
+        parse_record(id, &page, crate::config::Host::with_ram(64 << 10)).unwrap();
+        // A device of a few queues keeps the size every release reads.
+        reserve(id, 4).unwrap();
+        assert_eq!(segments(id), reserved, "a large enough segment is reused");
+        drop(map);
+        remove(id);
+        lock(&REMOVED).retain(|&r| r != id);
+        reserve(id, 4).unwrap();
+        assert_eq!(size_of(segments(id)[0].1), LEN);
+        remove(id);
+    }
+
+    /// The body of a record of device `id`, with a state as long as a config file's
+    /// settings make it and libublk's device file as libublk 0.4.8 builds it
+    /// (`build_json_with_affinities`) for `queues` queues over `cpus` CPUs, each CPU in one
+    /// queue's affinity, each queue with one at least, every number as long as it gets.
+    fn body_with_queues(id: u32, queues: u16, cpus: usize) -> Vec<u8> {
+        let info = libublk::sys::ublksrv_ctrl_dev_info {
+            nr_hw_queues: queues,
+            queue_depth: 4096,
+            max_io_buf_bytes: u32::MAX,
+            dev_id: id,
+            ublksrv_pid: i32::MAX,
+            flags: u64::MAX,
+            ublksrv_flags: u64::MAX,
+            owner_uid: u32::MAX,
+            owner_gid: u32::MAX,
+            ..Default::default()
+        };
+        let target = libublk::io::UblkTgt {
+            tgt_type: "uzram".into(),
+            dev_size: u64::MAX,
+            ring_flags: u64::MAX,
+            ..Default::default()
+        };
+        let per = (cpus / usize::from(queues)).max(1);
+        let queue_map: serde_json::Map<String, serde_json::Value> = (0..usize::from(queues))
+            .map(|q| {
+                let affinity: Vec<usize> = (0..per).map(|k| 10_000 + q * per + k).collect();
+                let entry = serde_json::json!({"qid": q, "tid": i32::MAX, "affinity": affinity});
+                (q.to_string(), entry)
+            })
+            .collect();
+        let ublk = serde_json::json!({
+            "dev_info": info,
+            "target": target,
+            "target_flags": u64::MAX,
+            "queues": queue_map,
+        });
+        let state = DaemonState {
+            pid: u32::MAX,
+            started: Some(u64::MAX),
+            size: 1 << 30,
+            config: Some("/etc/uzram/swap0.toml".into()),
+            store_shm: Some(i32::MAX),
+            settings: Some(Box::new(crate::config::RawDevice {
+                size: "1G".into(),
+                queues: Some(queues.into()),
+                metrics_textfile: Some("/var/lib/prometheus/node-exporter/uzram0.prom".into()),
+                ..Default::default()
+            })),
+            ..DaemonState::example(id)
+        };
+        serde_json::to_vec(&Record {
+            state,
+            ublk: Some(ublk),
+        })
+        .unwrap()
+    }
+
+    /// The size a device's record segment is made with holds its record, as libublk writes
+    /// its part, from one queue on two CPUs to 4,096 queues on 4,096 CPUs.
+    #[test]
+    fn the_expected_body_bounds_the_record_libublk_makes_for_the_queues() {
+        for (queues, cpus) in [
+            (1, 2),
+            (1, 4096),
+            (4, 16),
+            (16, 64),
+            (64, 256),
+            (128, 512),
+            (256, 256),
+            (1024, 512),
+            (4096, 4096),
+        ] {
+            let body = body_with_queues(1, queues, cpus).len();
+            let bound = expected_body(queues, cpus);
+            assert!(
+                body <= bound,
+                "{queues} queues, {cpus} CPUs: {body} > {bound}"
+            );
+            let layout = Layout::for_body(bound).expect("a layout for every queue count");
+            assert!(layout.half_body() >= body);
+        }
+        // The usual device keeps the base size, which every release before reads.
+        assert_eq!(Layout::for_body(expected_body(4, 16)), Some(Layout::BASE));
+        assert_eq!(Layout::for_body(expected_body(16, 64)), Some(Layout::BASE));
     }
 
     /// A reader whose copy spans rewrites of the same length (the length word back where it
@@ -753,7 +1088,7 @@ mod tests {
                     if stop.load(Ordering::Relaxed) {
                         break;
                     }
-                    place(&map, &bodies[i % 2]);
+                    place(&map, Layout::BASE, &bodies[i % 2]);
                 }
             });
             let (mut read, mut torn) = (0, 0);
@@ -812,21 +1147,24 @@ mod tests {
         );
         // The rewrite's first copy (into the first half) leaves the named record's bytes as
         // they were until the word moves off them.
-        let before = write_count(&map).load(Ordering::Relaxed);
+        let before = write_count(&map, Layout::BASE).load(Ordering::Relaxed);
         state.pid = 4343;
         let json = serde_json::to_vec(&Record {
             state: state.clone(),
             ublk: None,
         })
         .unwrap();
-        put(&map, HEADER, &json);
+        put(&map, Layout::BASE, HEADER, &json);
         // SAFETY: the second half lies inside the mapping.
         let second = unsafe { std::slice::from_raw_parts(map.base().add(HEADER + HALF), HALF) };
         assert!(
             second == body,
             "the earlier release's record was written over"
         );
-        assert_eq!(write_count(&map).load(Ordering::Relaxed), before);
+        assert_eq!(
+            write_count(&map, Layout::BASE).load(Ordering::Relaxed),
+            before
+        );
         assert_eq!(
             read(id),
             Some(state.clone()),
@@ -835,7 +1173,7 @@ mod tests {
         // From now on, rewrites count.
         state.pid = 4444;
         write(&state).unwrap();
-        assert!(write_count(&map).load(Ordering::Relaxed) > before);
+        assert!(write_count(&map, Layout::BASE).load(Ordering::Relaxed) > before);
         assert_eq!(read(id), Some(state));
         drop(map);
         remove(id);
@@ -858,7 +1196,7 @@ mod tests {
         };
         write(&state).unwrap();
         let stale = segments(id);
-        reserve(id).unwrap();
+        reserve(id, 1).unwrap();
         assert_eq!(
             segments(id),
             stale,
@@ -871,7 +1209,7 @@ mod tests {
         );
         remove(id);
         lock(&REMOVED).retain(|&r| r != id);
-        reserve(id).unwrap();
+        reserve(id, 1).unwrap();
         let reserved = segments(id);
         assert!(
             matches!(reserved[..], [(libc::IPC_PRIVATE, _)]),
@@ -1084,10 +1422,14 @@ mod tests {
             return;
         };
         shm::tests::write_as_owner(private, &page_of(&forged));
+        // As large as a record of many queues is (the largest is read first).
+        let larger = shm::tests::nobodys_segment(libc::IPC_PRIVATE, 64 << 10, 0o666).unwrap();
+        shm::tests::write_as_owner(larger, &page_of(&forged));
         let on_key = shm::tests::nobodys_segment(legacy_key, LEN, 0o666).unwrap();
         shm::tests::write_as_owner(on_key, &page_with(&LEGACY_MAGIC, &forged));
         assert_eq!(read(id), None, "a record in nobody's segment was read");
         shm::tests::hand_to_root(private);
+        shm::tests::hand_to_root(larger);
         assert_eq!(
             read(id),
             None,
@@ -1121,7 +1463,7 @@ mod tests {
         let code = shm::tests::nobody_maps_or_removes(ours[0].1).unwrap();
         assert_eq!(code, 0, "nobody read or removed root's record");
         remove(id);
-        for seg in [private, on_key] {
+        for seg in [private, larger, on_key] {
             assert!(shm::stat(seg).is_ok(), "nobody's segment {seg} was removed");
             shm::remove(seg).unwrap();
         }
