@@ -2,22 +2,28 @@
 //! lowest priority and the CPUs are busy. The daemon's tier thread runs at nice 19;
 //! `PageStore::compact` holds every shard's lock while it moves the live objects, and a
 //! recompression pass holds a shard's lock (and the arena's) around each page's look-up and
-//! install, so a writer at the queue threads' nice -20 can wait on a thread the scheduler
-//! seldom runs (priority inversion). Side by side, in one run, per work: the worker at nice
-//! 19 throughout (`nice19`), raised to the writer's nice for the whole work (`boosted`),
-//! and, for recompression, at nice 19 with the store raising it only while it holds the
-//! locks (`sections`, `Recompress::priority`, what the daemon does).
+//! install, and the dictionary recompressor's one-time sampling holds a shard's lock around
+//! each page's look-up and each copy of a batch of objects, so a writer at the queue
+//! threads' nice -20 can wait on a thread the scheduler seldom runs (priority inversion).
+//! Side by side, in one run, per work: the worker at nice 19 throughout (`nice19`), raised
+//! to the writer's nice for the whole work (`boosted`), and, for recompression and
+//! sampling, at nice 19 with the store raising it only while it holds the locks
+//! (`sections`, `Recompress::priority` and `dictionary_samples`' priority, what the daemon
+//! does).
 //!
 //! ```text
 //! cargo bench -p uzram-core --bench tier_pause      # as root (nice -20 needs it)
 //! UZRAM_BENCH_MIB=512 UZRAM_BENCH_REPEAT=7 UZRAM_BENCH_RECOMPRESS_PAGES=4096 cargo bench -p uzram-core --bench tier_pause
+//! UZRAM_BENCH_WORK=sample cargo bench -p uzram-core --bench tier_pause   # one work only
 //! ```
 //!
 //! Each round: a store of the corpus pages (tiled to `UZRAM_BENCH_MIB`, default 256), every
 //! other page discarded (holes for compaction to close), one CPU hog per CPU at nice 0, and
 //! a writer at nice -20 rewriting one page every 200 µs, timed per write; then the worker
-//! compacts the store, or recompresses (zstd level 3) the first
-//! `UZRAM_BENCH_RECOMPRESS_PAGES` (default 2,048) of its pages. Reported per work and
+//! compacts the store, recompresses (zstd level 3) the first
+//! `UZRAM_BENCH_RECOMPRESS_PAGES` (default 2,048) of its pages, or samples 4,096 of its
+//! pages for a dictionary, as the daemon's `lz4-dict` recompressor does once (all three,
+//! or those `UZRAM_BENCH_WORK` names: `compact`, `recompress`, `sample`). Reported per work and
 //! variant: the work's wall time and its CPU time, the writer's longest write during it, and
 //! how many of its writes took over a millisecond (medians of the rounds, the rounds' range
 //! in brackets), and in how many rounds one did.
@@ -66,6 +72,18 @@ impl Priority for Raise {
 enum Work {
     Compact,
     Recompress { pages: u64 },
+    Sample { pages: usize },
+}
+
+impl Work {
+    /// The name `UZRAM_BENCH_WORK` selects it by.
+    fn name(self) -> &'static str {
+        match self {
+            Work::Compact => "compact",
+            Work::Recompress { .. } => "recompress",
+            Work::Sample { .. } => "sample",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +119,13 @@ fn run(store: &PageStore, work: Work, variant: Variant) {
                 })
                 .unwrap();
             assert!(done.tried > 0, "nothing to recompress");
+        }
+        Work::Sample { pages } => {
+            let priority: Option<&dyn Priority> = (variant == Variant::Sections).then_some(&Raise);
+            let samples = store
+                .dictionary_samples(Candidates::Idle { min_age: 0 }, 0, pages, priority)
+                .unwrap();
+            assert_eq!(samples.len(), pages * PAGE_SIZE, "too few pages sampled");
         }
     }
 }
@@ -202,16 +227,27 @@ fn main() {
     let recompress = Work::Recompress {
         pages: recompress_pages,
     };
+    // As many as the daemon's `lz4-dict` recompressor samples (`daemon/dictionary.rs`).
+    let sample = Work::Sample { pages: 4096 };
+    let works = std::env::var("UZRAM_BENCH_WORK").unwrap_or_default();
     let mut results: Vec<(Work, Variant, Vec<[f64; 4]>)> = [
         (Work::Compact, Variant::Nice19),
         (Work::Compact, Variant::Boosted),
         (recompress, Variant::Nice19),
         (recompress, Variant::Boosted),
         (recompress, Variant::Sections),
+        (sample, Variant::Nice19),
+        (sample, Variant::Boosted),
+        (sample, Variant::Sections),
     ]
     .into_iter()
+    .filter(|(w, _)| works.is_empty() || works.split(',').any(|n| n == w.name()))
     .map(|(w, v)| (w, v, Vec::new()))
     .collect();
+    assert!(
+        !results.is_empty(),
+        "UZRAM_BENCH_WORK names no work: compact, recompress, sample"
+    );
     for _ in 0..repeat {
         for (work, variant, rounds) in results.iter_mut() {
             let r = round(&data, *work, *variant);

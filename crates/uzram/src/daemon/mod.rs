@@ -341,6 +341,9 @@ fn open_store(
     })?;
     // Taken over before anything else is allocated: it frees memory for what follows.
     let taken = store::recover(cfg, id, shm, &mut |name| step(pause, name))?;
+    if let Err(error) = record::make_room(id, cfg.queues) {
+        tracing::warn!(%error, "no room made for the recovery record beside the one it has: its first rewrite may need a segment the host has run out of");
+    }
     let file = backing::open_configured(
         cfg,
         crate::config::Host::current(),

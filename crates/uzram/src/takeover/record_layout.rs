@@ -1,12 +1,12 @@
 //! What lies where in a recovery record segment, and how large one is made.
 //!
 //! A record holds libublk's device file, which names every queue with its thread and its
-//! CPUs: about 50 bytes a queue and 6 a CPU beside a fixed kilobyte (`libublk` 0.4.8's
-//! `build_json_with_affinities`). A 16 KiB segment's half (8,176 bytes) holds it up to about
-//! 110 queues and the whole segment up to about 250; a device with more would have its
-//! record written in place, or none at all. So a segment is made as large as its device
-//! needs: 16 KiB (the size every release before reads) doubled until a half holds the body,
-//! up to 1 MiB (4,096 queues on 4,096 CPUs take about 216 KB).
+//! CPUs: about 50 bytes a queue and 5 a CPU beside a fixed kilobyte (`libublk` 0.4.8's
+//! `build_json_with_affinities`; [`expected_body`] bounds it with 56 and 5). A 16 KiB
+//! segment's half (8,176 bytes) holds it up to about 110 queues and the whole segment up to
+//! about 250; a device with more would have its record written in place, or none at all. So
+//! a segment is made as large as its device needs: 16 KiB (the size every release before
+//! reads) doubled until a half holds the body, up to 1 MiB (4,096 queues take about 220 KB).
 
 /// Magic, length word, device: the header every record size starts with.
 pub(super) const HEADER: usize = 16;
@@ -15,7 +15,7 @@ pub(super) const HEADER: usize = 16;
 pub(super) const SECOND: u32 = 1 << 31;
 
 /// The size of a record segment and the places in it that follow from it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct Layout {
     len: usize,
 }
@@ -39,16 +39,23 @@ impl Layout {
         Self::of(len.max(Self::BASE.len).checked_next_power_of_two()?)
     }
 
-    /// The smallest layout whose halves hold a body of `len` bytes, with a quarter of it to
-    /// spare for the record's later rewrites (a body grows with its pids and paths), if one
-    /// does.
+    /// The smallest layout whose halves hold a body of `len` bytes with a quarter of it to
+    /// spare for the record's later rewrites (a body grows with its pids and paths), or
+    /// without, where none holds that; `None` where no half holds the body.
     pub(super) fn for_body(len: usize) -> Option<Self> {
-        let wanted = len.checked_add(len / 4)?;
-        let mut layout = Self::BASE;
-        while layout.half_body() < wanted {
-            layout = Self::of(layout.len * 2)?;
-        }
-        Some(layout)
+        let holding = |wanted: usize| {
+            let mut layout = Self::BASE;
+            while layout.half_body() < wanted {
+                layout = layout.doubled()?;
+            }
+            Some(layout)
+        };
+        holding(len.saturating_add(len / 4)).or_else(|| holding(len))
+    }
+
+    /// The layout twice this one's size, if there is one.
+    pub(super) fn doubled(self) -> Option<Self> {
+        Self::of(self.len.checked_mul(2)?)
     }
 
     /// The segment's size in bytes.
@@ -95,8 +102,12 @@ impl Layout {
 /// file): the size its segment is made with before the device serves. A body that outgrows
 /// it (a config path of kilobytes) moves to a larger segment when it is written.
 pub(super) fn expected_body(queues: u16, cpus: usize) -> usize {
-    3 * 1024 + 56 * usize::from(queues) + 8 * cpus
+    3 * 1024 + 56 * usize::from(queues) + 5 * cpus.min(AFFINITY_CPUS)
 }
+
+/// The CPUs libublk's queue affinity can name (`UblkQueueAffinity`'s `Bitmap<1024>`):
+/// numbers of at most 4 digits.
+const AFFINITY_CPUS: usize = 1024;
 
 /// The CPUs a queue's affinity may name: the host's possible CPUs (sysfs), or at least
 /// those this process may run on.
@@ -161,11 +172,11 @@ mod tests {
         let big = Layout::for_body(200_000).unwrap();
         assert_eq!(big.len(), 512 << 10);
         assert!(big.half_body() >= 250_000);
-        assert_eq!(
-            Layout::for_body(500_000),
-            None,
-            "no half of 1 MiB holds 625 KB"
-        );
+        // Without room to spare where no layout has it; none where no half holds it.
+        assert_eq!(Layout::for_body(500_000), Some(Layout::MAX));
+        assert_eq!(Layout::for_body(Layout::MAX.half_body() + 1), None);
+        assert_eq!(Layout::BASE.doubled().map(Layout::len), Some(32 << 10));
+        assert_eq!(Layout::MAX.doubled(), None);
         for len in (0..400_000).step_by(997) {
             let layout = Layout::for_body(len).unwrap();
             assert!(layout.half_body() >= len + len / 4);
