@@ -173,7 +173,7 @@ pub fn write(state: &DaemonState) -> Result<(), ControlError> {
     Ok(())
 }
 
-/// Where a test stops [`write`] as a kill would.
+/// Where a test stops [`write()`] as a kill would.
 #[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
@@ -367,7 +367,7 @@ pub fn reserve(id: u32, queues: u16) -> Result<(), ControlError> {
 /// Makes room for the record of device `id`, of `queues` queues, taken over from an earlier
 /// daemon (perhaps of a release whose segments were all 16 KiB), before it serves: a
 /// segment of the size [`reserve`] makes, beside the one that holds the record now (never
-/// touched here), when none of its segments is that large. The daemon's first [`write`]
+/// touched here), when none of its segments is that large. The daemon's first [`write()`]
 /// goes into it and removes the old one, so that write needs no segment the host may have
 /// run out of by then.
 pub fn make_room(id: u32, queues: u16) -> Result<(), ControlError> {
@@ -821,16 +821,16 @@ mod tests {
     thread_local! {
         /// Whether this thread's new record segments are refused ([`refuse_new_segments`]).
         pub(super) static NEW_REFUSED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-        /// Where this thread's next [`write`] stops, as a kill would ([`kill_at`]).
+        /// Where this thread's next [`write()`] stops, as a kill would ([`kill_at`]).
         static KILL_AT: std::cell::Cell<Option<Step>> = const { std::cell::Cell::new(None) };
     }
 
-    /// Stops this thread's next [`write`] at `step`, as a kill there would.
+    /// Stops this thread's next [`write()`] at `step`, as a kill there would.
     fn kill_at(step: Step) {
         KILL_AT.set(Some(step));
     }
 
-    /// Whether [`write`] stops at `step` (once).
+    /// Whether [`write()`] stops at `step` (once).
     pub(super) fn killed_at(step: Step) -> bool {
         let stop = KILL_AT.get() == Some(step);
         if stop {
