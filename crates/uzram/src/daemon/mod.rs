@@ -344,6 +344,7 @@ fn open_store(
     if let Err(error) = record::make_room(id, cfg.queues) {
         tracing::warn!(%error, "no room made for the recovery record beside the one it has: its first rewrite may need a segment the host has run out of");
     }
+    step(pause, "recovery record room");
     let file = backing::open_configured(
         cfg,
         crate::config::Host::current(),
