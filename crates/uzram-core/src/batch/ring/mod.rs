@@ -187,19 +187,16 @@ impl Ring {
             let thread_name = name.clone();
             // Everything an installer holds is allocated here, before it serves.
             let tools = Tools::new(ring.shared.store.algorithm())?;
-            let spawned = std::thread::Builder::new()
-                .name(name.clone())
-                .stack_size(256 << 10)
-                .spawn(move || {
-                    if let Some(hook) = &sh.cfg.on_thread_start {
-                        hook(&thread_name);
-                    }
-                    if id < installers {
-                        installer_loop(&sh, tools, id);
-                    } else {
-                        watch_loop(&sh, tools);
-                    }
-                });
+            let spawned = spawn_thread(name.clone(), move || {
+                if let Some(hook) = &sh.cfg.on_thread_start {
+                    hook(&thread_name);
+                }
+                if id < installers {
+                    installer_loop(&sh, tools, id);
+                } else {
+                    watch_loop(&sh, tools);
+                }
+            });
             match spawned {
                 Ok(t) if id < installers => ring.installers.push((id, t)),
                 Ok(t) => ring.watcher = Some(t),
@@ -210,16 +207,13 @@ impl Ring {
         // The backend's `submit` runs on its own thread, never a writer's: a submission that
         // blocks in a wedged driver then holds no queue thread, and the watcher bounds it.
         let sh = Arc::clone(&ring.shared);
-        let spawned = std::thread::Builder::new()
-            .name("uzram-ring-submit".into())
-            .stack_size(256 << 10)
-            .spawn(move || {
-                let _gone = SubmitterGone(&sh);
-                if let Some(hook) = &sh.cfg.on_thread_start {
-                    hook("uzram-ring-submit");
-                }
-                sh.submit_loop();
-            });
+        let spawned = spawn_thread("uzram-ring-submit".into(), move || {
+            let _gone = SubmitterGone(&sh);
+            if let Some(hook) = &sh.cfg.on_thread_start {
+                hook("uzram-ring-submit");
+            }
+            sh.submit_loop();
+        });
         match spawned {
             Ok(t) => ring.submitter = Some(t),
             Err(e) => {
@@ -430,6 +424,22 @@ impl Ring {
             }
         }
     }
+}
+
+/// Starts one of the ring's threads, named `name`, on a 256 KiB stack.
+fn spawn_thread(
+    name: String,
+    f: impl FnOnce() + Send + 'static,
+) -> std::io::Result<JoinHandle<()>> {
+    #[cfg(test)]
+    if tests::REFUSED_THREAD.with(|refused| refused.borrow().as_deref() == Some(name.as_str())) {
+        // What a host out of threads or memory answers.
+        return Err(std::io::Error::from_raw_os_error(libc::EAGAIN));
+    }
+    std::thread::Builder::new()
+        .name(name)
+        .stack_size(256 << 10)
+        .spawn(f)
 }
 
 impl Drop for Ring {

@@ -1083,3 +1083,47 @@ fn writers_waiting_for_room_are_served_first_come_first_served() {
     ring.flush();
     assert_reads(&store, &data);
 }
+
+thread_local! {
+    /// The ring thread `spawn_thread` refuses to start on this thread, as a host out of
+    /// threads or memory would.
+    pub(super) static REFUSED_THREAD: std::cell::RefCell<Option<String>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// A ring one of whose threads cannot start fails to start, naming it, with every thread it
+/// started stopped and the backend let go, and leaves its store as it found it: no staging
+/// attached, so its caller can go on without the ring (the daemon's `auto`, on the CPU), or
+/// start one later.
+#[test]
+fn a_ring_whose_thread_cannot_start_leaves_nothing_behind() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    for name in [
+        "uzram-install-0",
+        "uzram-install-3",
+        "uzram-ring-watch",
+        "uzram-ring-submit",
+    ] {
+        let store = Arc::new(PageStore::new(StoreConfig::new(n, Algorithm::Lz4)).unwrap());
+        let backend = host(4, 64, FaultPlan::default());
+        REFUSED_THREAD.set(Some(name.to_string()));
+        let err = Ring::start(store.clone(), backend.clone(), patient())
+            .expect_err("a ring without its threads started")
+            .to_string();
+        REFUSED_THREAD.set(None);
+        assert!(err.contains(name), "{name}: {err}");
+        assert_eq!(
+            Arc::strong_count(&backend),
+            1,
+            "{name}: a thread of the failed ring still holds the backend"
+        );
+        // The store, on the CPU, as the daemon's `auto` goes on.
+        store.write(0, &data[..16 * PAGE_SIZE]).unwrap();
+        // And a ring started later takes it.
+        let ring = Ring::start(store.clone(), backend, patient()).unwrap();
+        write_all(&ring, 0, &data);
+        ring.flush();
+        assert_reads(&store, &data);
+    }
+}
