@@ -10,7 +10,8 @@
 //   (2) cudaMemcpyBatchAsync, one call a slot (device results -> registered arena places),
 //       4 streams: the CPU the calls take, the pace, and whether every object landed;
 //   (3) the same with one cudaMemcpyAsync an object, for scale;
-//   (4) one slot's batch alone, call to sync: what it adds to a slot's cycle.
+//   (4) one slot's copies alone (a copy an object, and a copy a run), call to sync: what
+//       they add to a slot's cycle.
 #include <cuda_runtime.h>
 #include <sys/ipc.h>
 #include <sys/mman.h>
@@ -136,6 +137,24 @@ int main() {
     printf("    checked %d objects: %d wrong\n", seen, bad);
   };
   auto clear = [&]() { memset(arena, 0, ARENA); };
+  // One slot's copies alone (slot s's are first[s]..first[s + 1] of the lists), call to
+  // sync, 200 times: what they add to a slot's cycle.
+  auto slot_latency = [&](const char *what, std::vector<const void *> &d,
+                          std::vector<const void *> &sv, const std::vector<size_t> &z,
+                          const std::vector<size_t> &first) {
+    std::vector<double> lat, cpu;
+    for (int rep = 0; rep < 200; rep++) {
+      int s = rep % SLOTS;
+      size_t at = first[s], n = first[s + 1] - at;
+      double c = process_cpu(), a = now();
+      CK(batch(&d[at], &sv[at], &z[at], n, st[0]));
+      CK(cudaStreamSynchronize(st[0]));
+      lat.push_back(now() - a); cpu.push_back(process_cpu() - c);
+    }
+    std::sort(lat.begin(), lat.end());
+    printf("%s, call to sync: p50 %.1f us, p90 %.1f us; process CPU %.1f us a slot (median)\n",
+           what, lat[100] * 1e6, lat[180] * 1e6, median(cpu) * 1e6);
+  };
 
   // (1) the installers' way.
   uint8_t *pinned; CK(cudaHostAlloc((void **)&pinned, total * 8, cudaHostAllocDefault));
@@ -229,33 +248,14 @@ int main() {
     printf("cudaMemcpyBatchAsync a slot, runs (bump): %.2f GB/s of payload, calls %.4f CPU-s, process %.4f CPU-s per GiB of pages (median of %d, %d streams)\n",
            total * 8.0 / median(wall) / 1e9, median(call_cpu), median(proc_cpu), REPS, STREAMS);
     check(bump);
-    std::vector<double> lat, cpu;
-    for (int rep = 0; rep < 200; rep++) {
-      int s = rep % SLOTS;
-      size_t at = slot_first[s], n = slot_first[s + 1] - at;
-      double c = process_cpu(), a = now();
-      CK(batch(&rd[at], &rs[at], &rz[at], n, st[0]));
-      CK(cudaStreamSynchronize(st[0]));
-      lat.push_back(now() - a); cpu.push_back(process_cpu() - c);
-    }
-    std::sort(lat.begin(), lat.end());
-    printf("one slot's runs, call to sync: p50 %.1f us, p90 %.1f us; process CPU %.1f us a slot (median)\n",
-           lat[100] * 1e6, lat[180] * 1e6, median(cpu) * 1e6);
+    slot_latency("one slot's runs", rd, rs, rz, slot_first);
   }
 
-  // (4) one slot's batch alone, call to sync.
+  // (4) one slot's batch of a copy an object alone.
   {
-    std::vector<double> lat, cpu;
-    for (int rep = 0; rep < 200; rep++) {
-      int s = rep % SLOTS;
-      double c = process_cpu(), a = now();
-      CK(batch(&dsts[s * SLOT], &srcs[s * SLOT], &sizes[s * SLOT], SLOT, st[0]));
-      CK(cudaStreamSynchronize(st[0]));
-      lat.push_back(now() - a); cpu.push_back(process_cpu() - c);
-    }
-    std::sort(lat.begin(), lat.end());
-    printf("one slot's batch, call to sync: p50 %.1f us, p90 %.1f us; process CPU %.1f us a slot (median)\n",
-           lat[100] * 1e6, lat[180] * 1e6, median(cpu) * 1e6);
+    std::vector<size_t> first(SLOTS + 1);
+    for (int s = 0; s <= SLOTS; s++) first[s] = (size_t)s * SLOT;
+    slot_latency("one slot's batch", dsts, srcs, sizes, first);
   }
   CK(cudaHostUnregister(arena));
   printf("done\n");
