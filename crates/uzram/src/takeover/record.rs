@@ -417,10 +417,14 @@ fn record_bytes(seg: &shm::Stat) -> Option<Vec<u8>> {
     for _ in 0..COPY_TRIES {
         let counted = count.load(Ordering::Acquire);
         let before = word.load(Ordering::Acquire);
+        let mut bytes = vec![0u8; layout.len()];
         // SAFETY: the mapping is at least the layout's size (checked) and stays attached
-        // while we copy.
-        let mut bytes =
-            unsafe { std::slice::from_raw_parts(map.base() as *const u8, layout.len()) }.to_vec();
+        // while we copy; copied through the raw pointer, never a shared reference, since a
+        // writer in another process may change these bytes meanwhile (the word and count
+        // checks below throw such a copy away).
+        unsafe {
+            ptr::copy_nonoverlapping(map.base() as *const u8, bytes.as_mut_ptr(), layout.len());
+        }
         std::sync::atomic::fence(Ordering::Acquire);
         if word.load(Ordering::Relaxed) == before && count.load(Ordering::Relaxed) == counted {
             bytes[8..12].copy_from_slice(&before.to_ne_bytes());
