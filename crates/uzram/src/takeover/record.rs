@@ -324,16 +324,10 @@ fn headed_segment(
     headed
 }
 
-/// A new segment of `len` bytes (root's alone, private).
-#[cfg(not(test))]
+/// A new segment of `len` bytes (root's alone, private); in tests, on a thread that called
+/// `tests::refuse_new_segments`, the refusal a host whose segments are used up gives.
 fn create(len: usize) -> Result<i32, shm::ShmError> {
-    shm::create(len)
-}
-
-/// A new segment, or, on a thread that [`tests::refuse_new_segments`], the refusal a host
-/// whose segments are used up gives.
-#[cfg(test)]
-fn create(len: usize) -> Result<i32, shm::ShmError> {
+    #[cfg(test)]
     if tests::NEW_REFUSED.get() {
         return shm::create(usize::MAX);
     }
@@ -343,6 +337,11 @@ fn create(len: usize) -> Result<i32, shm::ShmError> {
 /// The record layout a device of `queues` queues is made with on this host.
 fn layout_for_queues(queues: u16) -> Layout {
     Layout::for_body(expected_body(queues, host_cpus())).unwrap_or(Layout::MAX)
+}
+
+/// Whether record segment `seg` is one of this format (private) at least `layout`'s size.
+fn holds_layout(seg: &shm::Stat, layout: Layout) -> bool {
+    seg.key == libc::IPC_PRIVATE && seg.size >= layout.len()
 }
 
 /// Makes the record segment of new device `id`, of `queues` queues, now, with no record in
@@ -371,7 +370,7 @@ pub fn reserve(id: u32, queues: u16) -> Result<(), ControlError> {
     // memory for nothing, and hide the record from an earlier release.
     let reused = found
         .iter()
-        .rposition(|seg| seg.key == libc::IPC_PRIVATE && seg.size >= needed.len())
+        .rposition(|seg| holds_layout(seg, needed))
         .map(|at| found.remove(at));
     for seg in found {
         if let Err(error) = shm::remove(seg.id) {
@@ -394,10 +393,7 @@ pub fn reserve(id: u32, queues: u16) -> Result<(), ControlError> {
 /// run out of by then.
 pub fn make_room(id: u32, queues: u16) -> Result<(), ControlError> {
     let needed = layout_for_queues(queues);
-    let roomy = segments_of(id)
-        .iter()
-        .any(|seg| seg.key == libc::IPC_PRIVATE && seg.size >= needed.len());
-    if roomy {
+    if segments_of(id).iter().any(|seg| holds_layout(seg, needed)) {
         return Ok(());
     }
     headed_segment(id, None, needed).map(drop)
@@ -441,8 +437,9 @@ const NO_RECORD_YET: &str = "no record in it yet";
 /// Copies of a record taken before one is found whose length word held still.
 const COPY_TRIES: usize = 16;
 
-/// The record in `page` (a record segment's bytes, or their start) if it is one of device `id` and passes
-/// every check of what it may hold ([`DaemonState::validate`]); why not otherwise.
+/// The record in `page` (a record segment's bytes, or their start) if it is one of device
+/// `id` and passes every check of what it may hold ([`DaemonState::validate`]); why not
+/// otherwise.
 fn parse_record(id: u32, page: &[u8], host: crate::config::Host) -> Result<Record, String> {
     if page.len() < HEADER || (page[..8] != MAGIC && page[..8] != LEGACY_MAGIC) {
         return Err("no uzram recovery record".into());
@@ -836,11 +833,7 @@ mod tests {
         );
         // A rewrite killed after its first step: the new record in the second half, named.
         state.pid = 4343;
-        let json = serde_json::to_vec(&Record {
-            state: state.clone(),
-            ublk: None,
-        })
-        .unwrap();
+        let json = body_of(&state);
         put(&map, Layout::BASE, HEADER + HALF, &json);
         assert_ne!(word() & SECOND, 0);
         assert_eq!(read(id), Some(state.clone()), "the second half's record");
@@ -1061,11 +1054,7 @@ mod tests {
             ..DaemonState::example(id)
         };
         let (map, layout) = headed_segment(id, None, Layout::BASE).unwrap();
-        let json = serde_json::to_vec(&Record {
-            state: earlier_release.clone(),
-            ublk: None,
-        })
-        .unwrap();
+        let json = body_of(&earlier_release);
         place(&map, layout, &json);
         assert_eq!(segments(id).len(), 2);
         assert_eq!(read(id), Some(earlier_release));
@@ -1315,16 +1304,7 @@ mod tests {
             .collect();
         write(&states[0]).unwrap();
         let seg = crate::shm::stat(segments(id)[0].1).unwrap();
-        let bodies: Vec<Vec<u8>> = states
-            .iter()
-            .map(|state| {
-                serde_json::to_vec(&Record {
-                    state: state.clone(),
-                    ublk: None,
-                })
-                .unwrap()
-            })
-            .collect();
+        let bodies: Vec<Vec<u8>> = states.iter().map(body_of).collect();
         assert_eq!(bodies[0].len(), bodies[1].len());
         let stop = std::sync::atomic::AtomicBool::new(false);
         let (read, torn) = std::thread::scope(|s| {
@@ -1376,11 +1356,7 @@ mod tests {
         let seg = segments(id)[0].1;
         let map = shm::Attached::map(seg, false).unwrap();
         // As an earlier release left it: a body of HALF bytes in the second half, named.
-        let mut body = serde_json::to_vec(&Record {
-            state: state.clone(),
-            ublk: None,
-        })
-        .unwrap();
+        let mut body = body_of(&state);
         body.resize(HALF, b' ');
         assert!(HEADER + HALF + body.len() > COUNT_AT);
         // SAFETY: the second half lies inside the mapping (HEADER + 2 * HALF == LEN).
@@ -1395,11 +1371,7 @@ mod tests {
         // they were until the word moves off them.
         let before = write_count(&map, Layout::BASE).load(Ordering::Relaxed);
         state.pid = 4343;
-        let json = serde_json::to_vec(&Record {
-            state: state.clone(),
-            ublk: None,
-        })
-        .unwrap();
+        let json = body_of(&state);
         put(&map, Layout::BASE, HEADER, &json);
         // SAFETY: the second half lies inside the mapping.
         let second = unsafe { std::slice::from_raw_parts(map.base().add(HEADER + HALF), HALF) };
@@ -1501,17 +1473,22 @@ mod tests {
         assert!(lock(&PENDING).is_none());
     }
 
+    /// The record body of `state`, with no libublk device file.
+    fn body_of(state: &DaemonState) -> Vec<u8> {
+        serde_json::to_vec(&Record {
+            state: state.clone(),
+            ublk: None,
+        })
+        .unwrap()
+    }
+
     fn page_of(state: &DaemonState) -> Vec<u8> {
         page_with(&MAGIC, state)
     }
 
     /// A record page of `state` with `magic`, naming its device in the header.
     fn page_with(magic: &[u8; 8], state: &DaemonState) -> Vec<u8> {
-        let json = serde_json::to_vec(&Record {
-            state: state.clone(),
-            ublk: None,
-        })
-        .unwrap();
+        let json = body_of(state);
         let mut page = vec![0u8; LEN];
         page[..8].copy_from_slice(magic);
         page[8..12].copy_from_slice(&(json.len() as u32).to_ne_bytes());
