@@ -10,6 +10,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::arena::{Budget, ObjectBytes};
 use super::entry::{Slot, StagedAt};
@@ -209,6 +210,17 @@ impl PageStore {
     /// the commits already done say `Installed` or `Stale`, the rest stay `Waiting` and can
     /// be retried. The order of `commits` is changed.
     pub fn commit(&self, commits: &mut [Commit<'_>]) -> Result<(), CoreError> {
+        self.commit_timing_copy(commits, None)
+    }
+
+    /// [`Self::commit`], adding to `copy_ns` the time spent copying the objects into the
+    /// arena: the GPU ring's installers count it, as the share of their work the device's
+    /// copy engine could take over (docs/gpu.md, known gaps).
+    pub fn commit_timing_copy(
+        &self,
+        commits: &mut [Commit<'_>],
+        copy_ns: Option<&mut u64>,
+    ) -> Result<(), CoreError> {
         for c in commits.iter() {
             self.check_range(c.ticket.page, 1)?;
             match c.encoded {
@@ -256,6 +268,7 @@ impl PageStore {
         let (order, shards) = self.shard_order(commits)?;
         self.arena
             .alloc_many(&lens, Budget::Reserved, &mut handles)?;
+        let copy_start = copy_ns.is_some().then(Instant::now);
         self.arena.write_many(
             handles
                 .iter()
@@ -265,6 +278,9 @@ impl PageStore {
                 }))
                 .map(|(h, (p, t))| (h, p, t)),
         );
+        if let (Some(ns), Some(start)) = (copy_ns, copy_start) {
+            *ns = ns.saturating_add(u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        }
         let mut next = handles.iter();
         slots.extend(commits.iter().map(|c| match (c.state, c.encoded) {
             (CommitState::Waiting, Encoded::SameFilled(word)) => {

@@ -58,6 +58,10 @@ pub struct Report {
     /// CPU-seconds per GiB by thread role (queues, installers, the pool keeper, reader, other),
     /// medians.
     pub cpu_s_per_gib_by_role: BTreeMap<String, f64>,
+    /// Seconds per GiB the GPU ring's installers spent copying objects into the arena
+    /// (`ring_install_copy_us`; 0 without a ring), median: the share of their CPU the
+    /// device's copy engine could take over.
+    pub install_copy_s_per_gib: f64,
     pub read_idle_p50_us: f64,
     pub read_idle_p99_us: f64,
     pub read_busy_p50_us: f64,
@@ -253,6 +257,13 @@ impl Report {
                 (role.to_string(), per_gib)
             })
             .collect(),
+            install_copy_s_per_gib: m(&|r| {
+                r.backend_stats
+                    .iter()
+                    .find(|(name, _)| name == "ring_install_copy_us")
+                    .map_or(0.0, |(_, us)| *us as f64 / 1e6)
+                    / (bytes as f64 / (1u64 << 30) as f64)
+            }),
             read_idle_p50_us: m(&|r| pct(&r.idle_reads, 0.50)),
             read_idle_p99_us: m(&|r| pct(&r.idle_reads, 0.99)),
             read_busy_p50_us: m(&|r| pct(&r.busy_reads, 0.50)),

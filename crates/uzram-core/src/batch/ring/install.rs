@@ -115,7 +115,7 @@ impl<'a> Installer<'a> {
         let sh = self.sh;
         // `next_job` marked the slot in the device's hands; the watcher looks at it only
         // while this thread waits in `complete`.
-        if !job.submitted || sh.hung.load(Ordering::Relaxed) {
+        if !job.submitted || sh.hung.load(Ordering::Acquire) {
             sh.left_device(job.slot);
         } else {
             let mut completed = false;
@@ -378,13 +378,18 @@ impl<'a> Installer<'a> {
         }
         let sh = self.sh;
         let mut tries = 0u64;
-        while let Err(e) = sh.store.commit(&mut commits) {
+        let mut copy_ns = 0;
+        while let Err(e) = sh
+            .store
+            .commit_timing_copy(&mut commits, Some(&mut copy_ns))
+        {
             if tries.is_multiple_of(1000) {
                 tracing::warn!(error = %e, tries, "installing staged pages failed; retrying");
             }
             tries += 1;
             self.wait_for_memory(&mut backoff);
         }
+        bump(&sh.counters.install_copy_ns, copy_ns);
         let installed = commits
             .iter()
             .filter(|c| c.state == CommitState::Installed)

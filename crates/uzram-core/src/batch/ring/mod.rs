@@ -303,6 +303,7 @@ impl Ring {
         RingStats {
             retired: u64::from(sh.retired.load(Ordering::Relaxed)),
             install_busy_us: sh.counters.install_busy_ns.load(Ordering::Relaxed) / 1000,
+            install_copy_us: sh.counters.install_copy_ns.load(Ordering::Relaxed) / 1000,
             busy_slots: busy as u64,
             ..sh.counters.snapshot()
         }
@@ -356,7 +357,7 @@ impl Ring {
 
     /// True once the backend was retired (every write is compressed on the CPU).
     pub fn is_retired(&self) -> bool {
-        self.shared.retired.load(Ordering::Relaxed)
+        self.shared.retired.load(Ordering::Acquire)
     }
 
     /// Installs everything staged, then stops the installer threads.

@@ -169,9 +169,12 @@ pub(super) struct Shared {
     pub(super) idle: Condvar,
     /// The submitter: a slot to submit, or stop.
     pub(super) submits: Condvar,
+    /// Set (released) once the backend is retired; read with acquire, so a thread that
+    /// sees it also sees what was done before the retirement.
     pub(super) retired: AtomicBool,
     /// A wait for results passed [`RingConfig::device_deadline`]: no installer waits for
-    /// the backend again; every slot is compressed on the CPU.
+    /// the backend again; every slot is compressed on the CPU. Stored (released) after
+    /// `retired`, read with acquire: a thread that sees it sees the backend retired.
     pub(super) hung: AtomicBool,
     /// The watcher: woken to stop.
     pub(super) watch: Condvar,

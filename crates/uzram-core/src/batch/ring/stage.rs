@@ -33,7 +33,7 @@ impl Shared {
         }
         let n = (data.len() / PAGE_SIZE) as u64;
         self.check_range(first_page, n)?;
-        if sh.retired.load(Ordering::Relaxed) {
+        if sh.retired.load(Ordering::Acquire) {
             bump(&sh.counters.retired_pages, n);
             return sh.store.write(first_page, data);
         }
@@ -193,7 +193,7 @@ impl Shared {
 
     /// Where pages no slot took count: as the retired backend's, or as overflow.
     fn inline_counter(&self) -> &AtomicU64 {
-        if self.retired.load(Ordering::Relaxed) {
+        if self.retired.load(Ordering::Acquire) {
             &self.counters.retired_pages
         } else {
             &self.counters.overflow_pages
@@ -353,7 +353,7 @@ impl Shared {
 
     /// Retired, or draining: no more leases.
     fn closed(&self) -> bool {
-        self.retired.load(Ordering::Relaxed) || self.draining.load(Ordering::Acquire)
+        self.retired.load(Ordering::Acquire) || self.draining.load(Ordering::Acquire)
     }
 
     /// Leases up to `want` pages of the open slot, or of a free slot it opens; `None` when

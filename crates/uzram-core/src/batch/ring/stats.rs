@@ -17,6 +17,8 @@ macro_rules! ring_stats {
             $(pub(super) $atomic: AtomicU64,)*
             /// Time installer threads spent on slots, ns.
             pub(super) install_busy_ns: AtomicU64,
+            /// Time installer threads spent copying objects into the arena, ns.
+            pub(super) install_copy_ns: AtomicU64,
             /// Time slots spent in each [`Step`], ns.
             pub(super) slot_ns: [AtomicU64; STEPS],
         }
@@ -118,6 +120,10 @@ ring_stats! {
     count commit_retries => "ring_commit_retries",
     /// Time installer threads spent on slots (waiting for the device included), µs.
     given install_busy_us => "ring_install_busy_us",
+    /// Of that, time spent copying objects into the arena (compressed blocks, raw staged
+    /// pages, the CPU's own results), µs: what the device's copy engine could take off the
+    /// installers.
+    given install_copy_us => "ring_install_copy_us",
     /// Slots not free right now.
     given busy_slots => "ring_busy_slots",
 }

@@ -16,7 +16,7 @@ impl Shared {
     /// installers' queue for the CPU.
     pub(super) fn submit(&self, slot: usize, pages: usize) {
         self.mark(slot, Step::Sealed);
-        if self.retired.load(Ordering::Relaxed) {
+        if self.retired.load(Ordering::Acquire) {
             self.mark(slot, Step::Submitting);
             self.queue_job(self.lock(), slot, pages, false);
             return;
@@ -93,7 +93,7 @@ impl Shared {
         });
         drop(st);
         self.work.notify_one();
-        if self.hung.load(Ordering::Relaxed) {
+        if self.hung.load(Ordering::Acquire) {
             // The installers may all be stuck in the device: the watcher takes the queue.
             self.watch.notify_one();
         }
@@ -113,7 +113,7 @@ impl Shared {
 
     /// From now on every write is compressed on the CPU (logged once).
     pub(super) fn retire(&self, why: &str) {
-        if !self.retired.swap(true, Ordering::Relaxed) {
+        if !self.retired.swap(true, Ordering::AcqRel) {
             tracing::error!(
                 backend = self.staging.backend().name(),
                 why,

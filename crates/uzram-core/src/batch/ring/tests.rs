@@ -874,6 +874,11 @@ fn slots_of_raw_pages_are_stored_straight_from_the_staged_words() {
     ring.flush();
     let s = ring.stats();
     assert_eq!((s.slots_submitted, s.installed_pages), (1, 1000), "{s:?}");
+    // 4 MB copied into the arena: the installer's time, a share of its time on slots.
+    assert!(
+        s.install_copy_us > 0 && s.install_copy_us <= s.install_busy_us,
+        "{s:?}"
+    );
     assert_eq!(store.stats().huge_pages, 1000);
     assert_reads(&store, &data);
 }
@@ -931,15 +936,16 @@ fn stats_fields_keep_their_names_order_and_values() {
         retired: 21,
         commit_retries: 22,
         install_busy_us: 23,
-        busy_slots: 24,
+        install_copy_us: 24,
+        busy_slots: 25,
         slot_us: SlotTimes {
-            free: 25,
-            filling: 26,
-            sealed: 27,
-            submitting: 28,
-            queued: 29,
-            device: 30,
-            installing: 31,
+            free: 26,
+            filling: 27,
+            sealed: 28,
+            submitting: 29,
+            queued: 30,
+            device: 31,
+            installing: 32,
         },
     };
     let names = [
@@ -966,6 +972,7 @@ fn stats_fields_keep_their_names_order_and_values() {
         "ring_backend_retired",
         "ring_commit_retries",
         "ring_install_busy_us",
+        "ring_install_copy_us",
         "ring_busy_slots",
         "ring_slot_free_us",
         "ring_slot_filling_us",

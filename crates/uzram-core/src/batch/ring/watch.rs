@@ -29,7 +29,7 @@ pub(super) fn watch_loop(sh: &Shared, tools: Tools) {
         (deadline / LOOKS_PER_DEADLINE).clamp(Duration::from_millis(1), Duration::from_secs(1));
     let mut st = sh.lock();
     loop {
-        let hung = sh.hung.load(Ordering::Relaxed);
+        let hung = sh.hung.load(Ordering::Acquire);
         if st.stop
             && st.queue.is_empty()
             && st.submitter_done()
@@ -110,7 +110,7 @@ pub(super) fn watch_loop(sh: &Shared, tools: Tools) {
         if !overdue.is_empty() {
             // Retired first: a writer that sees `hung`'s effects sees no open backend.
             sh.retire("the backend did not finish a slot within the device deadline");
-            sh.hung.store(true, Ordering::Relaxed);
+            sh.hung.store(true, Ordering::Release);
         }
         if let Some((slot, pages, since)) = stuck_submit {
             tracing::error!(
