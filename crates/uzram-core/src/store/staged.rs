@@ -10,7 +10,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::arena::{Budget, ObjectBytes};
 use super::entry::{Slot, StagedAt};
@@ -213,13 +213,13 @@ impl PageStore {
         self.commit_timing_copy(commits, None)
     }
 
-    /// [`Self::commit`], adding to `copy_ns` the time spent copying the objects into the
+    /// [`Self::commit`], adding to `copying` the time spent copying the objects into the
     /// arena: the GPU ring's installers count it, as the share of their work the device's
     /// copy engine could take over (docs/gpu.md, known gaps).
     pub fn commit_timing_copy(
         &self,
         commits: &mut [Commit<'_>],
-        copy_ns: Option<&mut u64>,
+        copying: Option<&mut Duration>,
     ) -> Result<(), CoreError> {
         for c in commits.iter() {
             self.check_range(c.ticket.page, 1)?;
@@ -268,7 +268,7 @@ impl PageStore {
         let (order, shards) = self.shard_order(commits)?;
         self.arena
             .alloc_many(&lens, Budget::Reserved, &mut handles)?;
-        let copy_start = copy_ns.is_some().then(Instant::now);
+        let copy_start = copying.is_some().then(Instant::now);
         self.arena.write_many(
             handles
                 .iter()
@@ -278,8 +278,8 @@ impl PageStore {
                 }))
                 .map(|(h, (p, t))| (h, p, t)),
         );
-        if let (Some(ns), Some(start)) = (copy_ns, copy_start) {
-            *ns = ns.saturating_add(u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        if let (Some(copying), Some(start)) = (copying, copy_start) {
+            *copying = copying.saturating_add(start.elapsed());
         }
         let mut next = handles.iter();
         slots.extend(commits.iter().map(|c| match (c.state, c.encoded) {

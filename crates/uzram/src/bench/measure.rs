@@ -119,6 +119,15 @@ pub struct Run {
     pub written_back: Option<super::writeback::WrittenBack>,
 }
 
+impl Run {
+    /// The backend's counter `name` at the end of the run, if it has one.
+    pub fn backend_stat(&self, name: &str) -> Option<u64> {
+        self.backend_stats
+            .iter()
+            .find_map(|(n, v)| (n == name).then_some(*v))
+    }
+}
+
 /// One writer thread's run.
 #[derive(Debug, Clone, Copy)]
 pub struct Writer {

@@ -258,10 +258,8 @@ impl Report {
             })
             .collect(),
             install_copy_s_per_gib: m(&|r| {
-                r.backend_stats
-                    .iter()
-                    .find(|(name, _)| name == "ring_install_copy_us")
-                    .map_or(0.0, |(_, us)| *us as f64 / 1e6)
+                r.backend_stat("ring_install_copy_us")
+                    .map_or(0.0, |us| us as f64 / 1e6)
                     / (bytes as f64 / (1u64 << 30) as f64)
             }),
             read_idle_p50_us: m(&|r| pct(&r.idle_reads, 0.50)),
@@ -278,9 +276,8 @@ impl Report {
             gpu_retired_runs: runs
                 .iter()
                 .filter(|r| {
-                    r.backend_stats
-                        .iter()
-                        .any(|(name, v)| name == "ring_backend_retired" && *v > 0)
+                    r.backend_stat("ring_backend_retired")
+                        .is_some_and(|v| v > 0)
                 })
                 .count(),
             backend_stats: last

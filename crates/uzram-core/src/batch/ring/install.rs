@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::shared::{Job, Shared};
-use super::stats::{bump, Step};
+use super::stats::{bump, nanos, Step};
 use crate::batch::backend::{BackendError, FailureKind};
 use crate::batch::layout::{PageResult, SlotOutput};
 use crate::codec::{Algorithm, PageCodec};
@@ -95,10 +95,7 @@ impl<'a> Installer<'a> {
         let sh = self.sh;
         let start = Instant::now();
         self.run(job);
-        bump(
-            &sh.counters.install_busy_ns,
-            u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX),
-        );
+        bump(&sh.counters.install_busy_ns, nanos(start.elapsed()));
         bump(&sh.counters.slots_installed, 1);
         sh.free(job.slot);
     }
@@ -378,10 +375,10 @@ impl<'a> Installer<'a> {
         }
         let sh = self.sh;
         let mut tries = 0u64;
-        let mut copy_ns = 0;
+        let mut copying = Duration::ZERO;
         while let Err(e) = sh
             .store
-            .commit_timing_copy(&mut commits, Some(&mut copy_ns))
+            .commit_timing_copy(&mut commits, Some(&mut copying))
         {
             if tries.is_multiple_of(1000) {
                 tracing::warn!(error = %e, tries, "installing staged pages failed; retrying");
@@ -389,7 +386,7 @@ impl<'a> Installer<'a> {
             tries += 1;
             self.wait_for_memory(&mut backoff);
         }
-        bump(&sh.counters.install_copy_ns, copy_ns);
+        bump(&sh.counters.install_copy_ns, nanos(copying));
         let installed = commits
             .iter()
             .filter(|c| c.state == CommitState::Installed)

@@ -15,7 +15,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use super::config::RingConfig;
-use super::stats::{bump, Counters, Step};
+use super::stats::{bump, nanos, Counters, Step};
 use crate::batch::staging::Staging;
 use crate::store::PageStore;
 
@@ -240,7 +240,7 @@ impl Shared {
     /// `slot` ends step `ended` now (each slot's steps follow one another, so one mark each).
     #[inline]
     pub(super) fn mark(&self, slot: usize, ended: Step) {
-        let now = u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let now = nanos(self.started.elapsed());
         if let Some(m) = self.slot_marks.get(slot) {
             let began = m.swap(now, Ordering::Relaxed);
             bump(

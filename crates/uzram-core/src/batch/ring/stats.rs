@@ -2,6 +2,7 @@
 //! taken of them, and [`SlotTimes`], where the slots' time went.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 /// Declares each field of [`RingStats`] once, with its name in [`RingStats::fields`] (the
 /// order here is the order `uzram status` and the metrics print). A `count` field is a
@@ -192,4 +193,9 @@ const STEPS: usize = Step::Installing as usize + 1;
 
 pub(super) fn bump(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// `d` in ns, for the ring's ns counters (saturating: a u64 of ns is 584 years).
+pub(super) fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
