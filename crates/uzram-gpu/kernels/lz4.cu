@@ -38,8 +38,10 @@
 // fast kernel's block while it is built (the high kernel builds it in shared memory), its
 // second 4096 bytes the hints, where each sequence starts, for the check (note_sequence in
 // the fast kernel, step 3c in the high one). Then one atomicAdd reserves the block's room in
-// `packed` and it is copied there, so the host copies back only the compressed bytes. Packed
-// order is arbitrary; the offsets say where each page is.
+// `packed` (packed_room: the block and the store's checksum after it, rounded to 8) and it
+// is copied there, so the host copies back only the compressed bytes. Packed order is
+// arbitrary; the offsets say where each page is. The host passes a raw threshold of at most
+// 4088, so a slot's rooms never pass `pages * 4096` bytes.
 // End-of-block rules of the LZ4 format: the last 5 bytes are literals, the last match starts
 // at least 12 bytes before the end, matches are >= 4 bytes, offsets <= 65535.
 //
@@ -254,6 +256,15 @@ __device__ __forceinline__ u8* scratch_slot(u8* scratch, u32 page) {
 // The u16 above the page's hint area: hint i is top[-2 - i], the count top[-1].
 __device__ __forceinline__ u16* hint_top(u8* slot) {
     return (u16*)(slot + SCRATCH_SLOT_BYTES);
+}
+
+// A block's room in `packed`: its bytes, the 4 bytes of the store's checksum after them,
+// rounded up to 8. That is the form and size of the store's own object for it
+// (store/arena.rs), so a run of blocks next to each other here lands in the store with one
+// copy-engine copy that the host places (batch/place.rs); the host writes each block's last
+// word and checksum itself. Offsets stay multiples of 8, as the store's handles are.
+__device__ __forceinline__ u32 packed_room(u32 len) {
+    return (len + 4u + 7u) & ~7u;
 }
 
 // A same-filled page's result, by one thread: its 8-byte word in `packed`, and its size
@@ -482,7 +493,7 @@ uzram_lz4_fast(const uint4* __restrict__ in, u8* __restrict__ scratch,
         const u32 len = fits ? op : 0u;
         u32 off = 0u;
         if (lane == 0u) {
-            off = len != 0u ? atomicAdd(total, len) : 0u;
+            off = len != 0u ? atomicAdd(total, packed_room(len)) : 0u;
             sizes[page] = len;
             offsets[page] = off;
         }
@@ -1887,7 +1898,7 @@ uzram_lz4_high(const uint4* __restrict__ in, u8* __restrict__ scratch,
             }
             if (tid == 0u) {
                 const u32 len = sum <= cap ? sum : 0u;
-                const u32 at = len != 0u ? atomicAdd(total, len) : 0u;
+                const u32 at = len != 0u ? atomicAdd(total, packed_room(len)) : 0u;
                 sizes[page] = len;
                 offsets[page] = at;
                 s_emit[0] = len != 0u ? n + 1u : 0u;

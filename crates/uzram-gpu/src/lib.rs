@@ -30,6 +30,7 @@ mod error;
 pub mod launch;
 pub mod nvcomp;
 mod nvcomp_zstd;
+pub mod placement;
 pub mod ptx;
 mod slots;
 

@@ -7,9 +7,14 @@
 //! only compressed bytes come back over the bus: a copy engine brings the first
 //! [`launch::copied_bytes`] of them, the check kernel writes the rest of those that passed
 //! straight into host memory. Slots are spread round-robin over the configured GPUs.
+//!
+//! Where the store's memory is registered with the driver ([`GpuSlots::place_into`]), each
+//! completed slot also offers its copy engine to the installers (`placement.rs`): runs of
+//! checked blocks go from the device's buffer straight into the store, one batched copy a
+//! slot, and the installers copy none of those bytes themselves.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use uzram_core::batch::{
     meta_bytes, BackendError, BackendMemory, FailureKind, SlotBackend, SlotOutput,
@@ -20,6 +25,7 @@ use uzram_core::{PAGE_SIZE, PAGE_WORDS};
 use crate::config::{GpuConfig, Parse};
 use crate::driver::{DevBuf, Event, Gpu, GraphExec, HostBuf, Kernel, PinnedWords, Stream};
 use crate::launch::{self, SlotBuffers, CTRL_WORDS};
+use crate::placement::{self, Reach, SlotPlacer};
 use crate::GpuError;
 
 /// Counters of a [`GpuSlots`].
@@ -44,7 +50,14 @@ struct Counters {
     bytes_in: AtomicU64,
     packed_bytes: AtomicU64,
     busy_ns: AtomicU64,
+    place_failures: AtomicU64,
 }
+
+/// The highest raw threshold a slot runs with: the kernels give each block the room of the
+/// store's object for it (its length and 4 bytes, rounded to 8), and below this every
+/// slot's rooms fit its packed buffer of `pages * 4096` bytes. A threshold above it stores
+/// the few pages whose blocks would be longer raw.
+const MAX_LIMIT: usize = PAGE_SIZE - 8;
 
 /// A slot's device side; behind the slot's lock.
 #[derive(Debug)]
@@ -201,6 +214,8 @@ pub struct GpuSlots {
     config: GpuConfig,
     kernel: Kernel,
     counters: Counters,
+    /// Host memory the copy engine may place blocks in ([`GpuSlots::place_into`]).
+    reach: OnceLock<Reach>,
 }
 
 impl GpuSlots {
@@ -255,7 +270,26 @@ impl GpuSlots {
             kernel: config.parse.kernel(),
             config,
             counters: Counters::default(),
+            reach: OnceLock::new(),
         })
+    }
+
+    /// From now on, the installers are offered each slot's copy engine to place its checked
+    /// blocks straight into host memory that `reach` says is registered with every GPU
+    /// ([`placement::register_host`]; the daemon's block pool). False, and nothing changes,
+    /// where the driver has no batched copy (before CUDA 12.8) or a reach was set before.
+    pub fn place_into(&self, reach: Reach) -> bool {
+        placement::batch_copy_available() && self.reach.set(reach).is_ok()
+    }
+
+    /// Whether the copy engine places blocks ([`GpuSlots::place_into`]).
+    pub fn places(&self) -> bool {
+        self.reach.get().is_some()
+    }
+
+    /// The GPUs the slots are on.
+    pub fn gpus(&self) -> &[Arc<Gpu>] {
+        &self.gpus
     }
 
     /// The configuration.
@@ -423,6 +457,7 @@ impl SlotBackend for GpuSlots {
     }
 
     fn submit(&self, slot: usize, pages: usize, limit: usize) -> Result<(), BackendError> {
+        let limit = limit.min(MAX_LIMIT);
         let s = self.slot(slot)?;
         let mut d = s.lock();
         may_submit(slot, pages, self.config.slot_pages, d.submitted.is_some())?;
@@ -462,7 +497,22 @@ impl SlotBackend for GpuSlots {
             .fetch_add(out.packed_bytes() as u64, Ordering::Relaxed);
         c.busy_ns
             .fetch_add((f64::from(busy) * 1e6) as u64, Ordering::Relaxed);
-        install(&out);
+        match self.reach.get() {
+            Some(reach) => {
+                let placer = SlotPlacer {
+                    gpu: &s.gpu,
+                    stream: &d.stream,
+                    done: &d.done,
+                    packed: d.bufs.packed,
+                    out_packed: &d.out_packed,
+                    reach,
+                    device: s.gpu.ordinal() as i32,
+                    failures: &c.place_failures,
+                };
+                install(&out.with_placer(&placer));
+            }
+            None => install(&out),
+        }
         Ok(())
     }
 
@@ -495,6 +545,11 @@ impl SlotBackend for GpuSlots {
                 u64::from(self.staging_is_registered()),
             ),
             ("gpu_device_bytes", self.config.device_bytes()),
+            ("gpu_places", u64::from(self.places())),
+            (
+                "gpu_place_failures",
+                self.counters.place_failures.load(Ordering::Relaxed),
+            ),
         ]
     }
 }

@@ -205,6 +205,10 @@ pub struct GpuArgs {
     /// Pages per slot of the GPU ring (default 2048; the ring holds --gpu-memory of them).
     #[arg(long)]
     pub gpu_slot_pages: Option<u64>,
+    /// Whether the GPU's copy engine places compressed pages straight into the store
+    /// (default true; the store's memory is then registered with the driver and kept).
+    #[arg(long, value_name = "BOOL")]
+    pub gpu_place: Option<bool>,
 }
 
 impl GpuArgs {
@@ -217,6 +221,7 @@ impl GpuArgs {
             gpu_installers: self.gpu_installers,
             gpu_slot_wait_us: self.gpu_slot_wait_us,
             gpu_slot_pages: self.gpu_slot_pages,
+            gpu_place: self.gpu_place,
             ..raw
         }
     }
@@ -229,6 +234,7 @@ impl GpuArgs {
         push_flag(v, "--gpu-installers", self.gpu_installers);
         push_flag(v, "--gpu-slot-wait-us", self.gpu_slot_wait_us);
         push_flag(v, "--gpu-slot-pages", self.gpu_slot_pages);
+        push_flag(v, "--gpu-place", self.gpu_place);
     }
 }
 
@@ -606,6 +612,7 @@ impl DeviceArgs {
                 gpu_installers: raw.gpu_installers,
                 gpu_slot_wait_us: raw.gpu_slot_wait_us,
                 gpu_slot_pages: raw.gpu_slot_pages,
+                gpu_place: raw.gpu_place,
             },
             metrics_textfile: raw.metrics_textfile.clone(),
             no_checksums: raw.checksums == Some(false),

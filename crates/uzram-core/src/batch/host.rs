@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::backend::{BackendError, BackendMemory, FailureKind, SlotBackend};
 use super::layout::SlotOutput;
 use super::layout::{meta_bytes, SIZE_RAW, SIZE_REJECTED, SIZE_SAME_FILLED};
+use super::place::{PlaceRun, Placer};
 use super::staging::Words;
 use crate::codec::{Algorithm, PageCodec};
 use crate::page::{page_checksum, same_filled_word, words_to_page, PAGE_SIZE, PAGE_WORDS};
@@ -125,6 +126,61 @@ struct Output {
     limit: usize,
     meta: Vec<u8>,
     packed: Vec<u8>,
+    /// The "device's" copy of `packed`, which a [`CopyEngine`] places from.
+    device: Vec<u8>,
+}
+
+/// A stand-in for a GPU's copy engine ([`crate::batch::Placer`]): with one, blocks are packed
+/// in the store's object form (the block and room for its checksum, rounded to 8 bytes), as
+/// the GPU's kernels pack them, and placed from a second copy of the results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CopyEngine {
+    /// None: the installers copy every block.
+    #[default]
+    Absent,
+    /// Places what it is asked to.
+    Works,
+    /// Refuses every placement (a driver call that fails).
+    Refuses,
+    /// Places from a copy in which the first byte of every block differs from the host's (a
+    /// copy engine, or device memory, that damages what it moves).
+    Damages,
+}
+
+/// [`CopyEngine`] over one slot's results.
+struct HostPlacer<'a> {
+    engine: CopyEngine,
+    packed: &'a [u8],
+    device: &'a [u8],
+}
+
+impl Placer for HostPlacer<'_> {
+    fn packed_offset(&self, bytes: &[u8]) -> Option<usize> {
+        let base = self.packed.as_ptr() as usize;
+        let at = (bytes.as_ptr() as usize).checked_sub(base)?;
+        (at + bytes.len() <= self.packed.len()).then_some(at)
+    }
+
+    fn reaches(&self, _to: &[AtomicU64]) -> bool {
+        true
+    }
+
+    fn place(&self, runs: &[PlaceRun<'_>]) -> bool {
+        if self.engine == CopyEngine::Refuses {
+            return false;
+        }
+        for r in runs {
+            let Some(from) = self.device.get(r.from..r.from + r.len()) else {
+                return false;
+            };
+            for (w, b) in r.to.iter().zip(from.chunks_exact(8)) {
+                let mut word = [0u8; 8];
+                word.copy_from_slice(b);
+                w.store(u64::from_le_bytes(word), Ordering::Relaxed);
+            }
+        }
+        true
+    }
 }
 
 /// Slots in ordinary memory, compressed on the CPU at `submit`.
@@ -141,6 +197,7 @@ pub struct HostSlots {
     #[cfg(feature = "liblz4-reference")]
     dictionary: Mutex<Option<Vec<u8>>>,
     faults: FaultPlan,
+    engine: CopyEngine,
     submits: AtomicU64,
     completes: AtomicU64,
     compressed: AtomicU64,
@@ -227,6 +284,7 @@ impl HostSlots {
             #[cfg(feature = "liblz4-reference")]
             dictionary: Mutex::new(None),
             faults,
+            engine: CopyEngine::Absent,
             submits: AtomicU64::new(0),
             completes: AtomicU64::new(0),
             compressed: AtomicU64::new(0),
@@ -234,6 +292,11 @@ impl HostSlots {
             false_fills: AtomicU64::new(0),
             zeroed: AtomicU64::new(0),
         }
+    }
+
+    /// The same slots, with `engine` as their copy engine.
+    pub fn with_copy_engine(self, engine: CopyEngine) -> Self {
+        Self { engine, ..self }
     }
 
     /// From now on, LZ4 blocks with `dict` as their prefix (liblz4's, through
@@ -326,6 +389,11 @@ impl HostSlots {
                                 block[0] ^= 0x10;
                             }
                             out.packed.extend_from_slice(&block[..len]);
+                            if self.engine != CopyEngine::Absent {
+                                // The store's object form, as a GPU packs it.
+                                let room = (len + 4).next_multiple_of(8);
+                                out.packed.resize(offset as usize + room, 0);
+                            }
                             len as u32
                         }
                     }
@@ -339,6 +407,22 @@ impl HostSlots {
         let total = out.packed.len() as u32;
         let at = 2 * pages * 4;
         out.meta[at..at + 4].copy_from_slice(&total.to_le_bytes());
+        out.device.clone_from(&out.packed);
+        if self.engine == CopyEngine::Damages {
+            for i in 0..pages {
+                let word = |k: usize| {
+                    let b = &out.meta[k * 4..k * 4 + 4];
+                    u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize
+                };
+                let (size, offset) = (word(i), word(pages + i));
+                if size != SIZE_RAW as usize
+                    && size != SIZE_REJECTED as usize
+                    && size != SIZE_SAME_FILLED as usize
+                {
+                    out.device[offset] ^= 0x10;
+                }
+            }
+        }
     }
 }
 
@@ -407,7 +491,15 @@ impl SlotBackend for HostSlots {
         let out = self.output(slot)?;
         let view = SlotOutput::new(out.pages, &out.meta, &out.packed, out.limit)
             .map_err(|e| self.error(FailureKind::Transient, e.to_string()))?;
-        install(&view);
+        let placer = HostPlacer {
+            engine: self.engine,
+            packed: &out.packed,
+            device: &out.device,
+        };
+        match self.engine {
+            CopyEngine::Absent => install(&view),
+            _ => install(&view.with_placer(&placer)),
+        }
         drop(out);
         if !self.faults.linger.is_zero() {
             std::thread::sleep(self.faults.linger);

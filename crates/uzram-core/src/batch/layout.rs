@@ -17,6 +17,7 @@
 //! the bus. Everything here is checked on the host: a result that breaks the contract is
 //! an error, never a panic or an out-of-bounds read.
 
+use super::place::Placer;
 use crate::page::PAGE_SIZE;
 
 /// Size word of a page whose block would not be shorter than the raw threshold.
@@ -46,12 +47,24 @@ pub enum PageResult<'a> {
 }
 
 /// The results of one slot; see the module docs.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct SlotOutput<'a> {
     pages: usize,
     meta: &'a [u8],
     packed: &'a [u8],
     limit: usize,
+    placer: Option<&'a dyn Placer>,
+}
+
+impl std::fmt::Debug for SlotOutput<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotOutput")
+            .field("pages", &self.pages)
+            .field("packed", &self.packed.len())
+            .field("limit", &self.limit)
+            .field("placer", &self.placer.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// A result that breaks the format's contract (a backend bug).
@@ -79,6 +92,7 @@ impl<'a> SlotOutput<'a> {
             meta,
             packed,
             limit: limit.min(PAGE_SIZE),
+            placer: None,
         };
         let bad = BadResult {
             page: pages,
@@ -92,6 +106,19 @@ impl<'a> SlotOutput<'a> {
             packed: &packed[..total as usize],
             ..out
         })
+    }
+
+    /// The same results, with the backend's copy engine to place them in the store.
+    pub fn with_placer(self, placer: &'a dyn Placer) -> Self {
+        Self {
+            placer: Some(placer),
+            ..self
+        }
+    }
+
+    /// The backend's copy engine, if it has one for these results.
+    pub fn placer(&self) -> Option<&'a dyn Placer> {
+        self.placer
     }
 
     /// Pages in the slot.

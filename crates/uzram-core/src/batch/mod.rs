@@ -7,6 +7,8 @@
 //!   the synchronous CPU implementation that the ring's tests run against, with
 //!   injectable faults.
 //! - [`SlotOutput`]: the result format every backend produces (`layout.rs`).
+//! - [`Placer`] (`place.rs`): a backend's copy engine, which lands runs of a slot's
+//!   compressed pages in the store's memory straight from the device.
 //! - [`Ring`]: stages each written page once into a leased slot, submits full (or timed
 //!   out) slots, and installs results into the [`crate::PageStore`] from a small pool of
 //!   installer threads while other slots are on the device (`ring/`). The store only sees
@@ -18,14 +20,16 @@ mod backend;
 #[cfg(any(test, feature = "test-support"))]
 mod host;
 mod layout;
+mod place;
 mod ring;
 mod source;
 mod staging;
 
 pub use backend::{BackendError, BackendMemory, FailureKind, SlotBackend};
 #[cfg(any(test, feature = "test-support"))]
-pub use host::{FailAt, FaultPlan, Hang, HostSlots};
+pub use host::{CopyEngine, FailAt, FaultPlan, Hang, HostSlots};
 pub use layout::{meta_bytes, PageResult, SlotOutput, SIZE_RAW, SIZE_REJECTED, SIZE_SAME_FILLED};
+pub use place::{PlaceRun, Placer};
 pub use ring::{Ring, RingConfig, RingStats, SlotTimes, ThreadHook};
 pub use source::{BytesSource, LeasedWords, PageSource};
 pub use staging::{book_words, StagedCopy, Words};

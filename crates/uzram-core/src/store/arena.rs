@@ -27,6 +27,8 @@ use super::words;
 use crate::page::PAGE_SIZE;
 use crate::CoreError;
 
+mod placing;
+
 /// Size-class granularity in bytes.
 pub(crate) const CLASS_GRANULE: usize = HANDLE_ALIGN as usize;
 /// Bytes of the checksum the store keeps after an object's payload (`store/mod.rs`).
@@ -78,6 +80,27 @@ pub(crate) enum Budget {
     /// Not checked: the room was reserved when the page was staged.
     Reserved,
 }
+
+/// Where an allocation's objects may go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Placement<'a> {
+    /// A free hole of the object's class first, else the frontier, else part of a larger
+    /// hole: the least memory.
+    Anywhere,
+    /// The objects marked `true` at the frontier, one after another, so that objects a copy
+    /// engine packed next to each other land next to each other, one copy a run
+    /// (`batch/place.rs`); the others `Anywhere`. Where a marked object does not fit the
+    /// rest of the frontier's segment, that rest is first filled with marked objects from
+    /// the end of the list that fit (each then a copy of its own), so that the order costs
+    /// little memory: without it, the tail of every segment was a hole, and a GPU store
+    /// held up to 3 % more memory (docs/bench/gpu-runs.md, run 307).
+    InOrder(&'a [bool]),
+}
+
+/// How far from the end of an in-order list [`Placement::InOrder`] looks for objects that
+/// fill a segment's tail: a few dozen objects hold one that fits the average tail, and the
+/// search runs under the bookkeeping lock.
+const TAIL_FILL_LOOKBACK: usize = 64;
 
 /// Counters read by the store's stats.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -183,17 +206,25 @@ impl Meta {
         if let Some(h) = self.pop_free(segments, class) {
             return Some(h);
         }
-        if self.frontier % SEGMENT_SIZE as u64 + size <= SEGMENT_SIZE as u64
-            && self.frontier + size <= (self.segments * SEGMENT_SIZE) as u64
-        {
-            let h = self.frontier;
-            self.frontier += size;
+        if let Some(h) = self.take_frontier(class) {
             return Some(h);
         }
         let bigger = self.larger_free_class(class)?;
         let h = self.pop_free(segments, bigger)?;
         self.push_free(segments, bigger - class, h + size);
         Some(h)
+    }
+
+    /// Room for an object of `class` at the frontier of the newest segment, if it fits.
+    fn take_frontier(&mut self, class: usize) -> Option<u64> {
+        let size = (class * CLASS_GRANULE) as u64;
+        let fits = self.frontier % SEGMENT_SIZE as u64 + size <= SEGMENT_SIZE as u64
+            && self.frontier + size <= (self.segments * SEGMENT_SIZE) as u64;
+        fits.then(|| {
+            let h = self.frontier;
+            self.frontier += size;
+            h
+        })
     }
 
     /// The smallest class above `class` that has a free hole.
@@ -457,15 +488,36 @@ impl Arena {
         budget: Budget,
         handles: &mut [u64],
     ) -> Result<(), CoreError> {
+        self.alloc_many_placed(lens, budget, Placement::Anywhere, handles)
+    }
+
+    /// [`Arena::alloc_many`], with the objects' [`Placement`].
+    pub(crate) fn alloc_many_placed(
+        &self,
+        lens: &[usize],
+        budget: Budget,
+        placement: Placement,
+        handles: &mut [u64],
+    ) -> Result<(), CoreError> {
         debug_assert_eq!(lens.len(), handles.len());
         let mut done = 0;
-        let result = self.alloc_into(lens, budget, handles, &mut done);
+        // Objects allocated ahead of `done` (tail fillers, `Placement::InOrder`); without room
+        // for the flags, no filling.
+        let mut early = Vec::new();
+        if matches!(placement, Placement::InOrder(_)) && early.try_reserve_exact(lens.len()).is_ok()
+        {
+            early.resize(lens.len(), false);
+        }
+        let result = self.alloc_into(lens, budget, placement, handles, &mut done, &mut early);
         if result.is_err() {
             self.free_many(
-                handles[..done]
+                handles
                     .iter()
                     .copied()
-                    .zip(lens[..done].iter().copied()),
+                    .zip(lens.iter().copied())
+                    .enumerate()
+                    .filter(|&(i, _)| i < done || early.get(i) == Some(&true))
+                    .map(|(_, o)| o),
             );
         }
         result
@@ -475,8 +527,10 @@ impl Arena {
         &self,
         lens: &[usize],
         budget: Budget,
+        placement: Placement<'_>,
         handles: &mut [u64],
         done: &mut usize,
+        early: &mut [bool],
     ) -> Result<(), CoreError> {
         // A fresh segment is allocated (zeroed, page-faulted in) outside the bookkeeping
         // lock, so other writers keep going meanwhile; if one of them grew the arena
@@ -485,16 +539,31 @@ impl Arena {
         loop {
             let mut meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
             while *done < lens.len() {
+                if early.get(*done) == Some(&true) {
+                    *done += 1;
+                    continue;
+                }
                 let len = lens[*done];
                 debug_assert!((1..=MAX_OBJECT).contains(&len));
                 let class = class_of(len);
                 let size = (class * CLASS_GRANULE) as u64;
-                if let Some(h) = meta.take(&self.segments, class) {
+                let in_order = match placement {
+                    Placement::Anywhere => None,
+                    Placement::InOrder(marks) => marks.get(*done).copied().filter(|&m| m),
+                };
+                let room = match in_order {
+                    None => meta.take(&self.segments, class),
+                    Some(_) => meta.take_frontier(class),
+                };
+                if let Some(h) = room {
                     meta.objects += 1;
                     meta.class_bytes += size;
                     handles[*done] = h;
                     *done += 1;
                     continue;
+                }
+                if let (Placement::InOrder(marks), Some(_)) = (placement, in_order) {
+                    fill_tail(&mut meta, lens, marks, handles, *done + 1, early);
                 }
                 self.check_growth(&meta, budget)?;
                 match fresh.take() {
@@ -642,6 +711,35 @@ impl Arena {
         // The copies may use streaming stores: they land before the entries that publish
         // these objects (stored after this returns, under a shard lock).
         crate::page::stream_fence();
+    }
+}
+
+/// Fills the rest of the frontier's segment with objects marked in `marks` from the end of
+/// the list (down to `from`, at most [`TAIL_FILL_LOOKBACK`] of them) that fit, flagging each
+/// in `early`.
+fn fill_tail(
+    meta: &mut Meta,
+    lens: &[usize],
+    marks: &[bool],
+    handles: &mut [u64],
+    from: usize,
+    early: &mut [bool],
+) {
+    let end = lens.len().min(marks.len()).min(early.len());
+    for j in (from.max(end.saturating_sub(TAIL_FILL_LOOKBACK))..end).rev() {
+        if !marks[j] || early[j] {
+            continue;
+        }
+        let class = class_of(lens[j]);
+        if let Some(h) = meta.take_frontier(class) {
+            meta.objects += 1;
+            meta.class_bytes += (class * CLASS_GRANULE) as u64;
+            handles[j] = h;
+            early[j] = true;
+        }
+        if meta.frontier.is_multiple_of(SEGMENT_SIZE as u64) {
+            break;
+        }
     }
 }
 
@@ -913,6 +1011,48 @@ mod tests {
         let mut out = vec![0u8; len];
         assert!(arena.load(handle, len, &mut out), "stored range");
         out
+    }
+
+    #[test]
+    fn in_order_objects_follow_each_other_and_fill_each_segments_tail_from_the_end() {
+        let arena = Arena::new(0, None, 4096, None);
+        // A hole from earlier frees: `Anywhere` objects take it, in-order ones do not.
+        let mut old = [0u64; 2];
+        arena
+            .alloc_many(&[1000, 1000], Budget::Reserved, &mut old)
+            .unwrap();
+        arena.free(old[0], 1000);
+        let frontier = 2000u64;
+        // 20 objects of 3096 bytes fill the first segment to 63920 (from 2000); the 21st
+        // does not fit its remaining 1616: the last marked object of the list (1000 bytes)
+        // goes there first, then the 21st and 22nd to a new segment, and the 23rd after them.
+        // The unmarked one takes the hole.
+        let mut lens = vec![3096usize; 22];
+        lens.extend([1000, 1000, 1000]);
+        let mut marks = vec![true; 24];
+        marks.push(false);
+        let mut handles = vec![0u64; lens.len()];
+        arena
+            .alloc_many_placed(
+                &lens,
+                Budget::Reserved,
+                Placement::InOrder(&marks),
+                &mut handles,
+            )
+            .unwrap();
+        for (i, h) in handles.iter().take(20).enumerate() {
+            assert_eq!(*h, frontier + 3096 * i as u64, "object {i}");
+        }
+        assert_eq!(
+            handles[23], 63_920,
+            "the last marked object fills the tail first"
+        );
+        let second = SEGMENT_SIZE as u64;
+        assert_eq!(handles[20..23], [second, second + 3096, second + 6192]);
+        assert_eq!(handles[24], old[0], "an unmarked object takes a free hole");
+        let usage = arena.usage();
+        assert_eq!(usage.objects, 26);
+        assert_eq!(usage.free_bytes, (SEGMENT_SIZE - 64_920) as u64);
     }
 
     #[test]

@@ -53,7 +53,7 @@ pub use self::backing::{
 pub use self::disk_read::DiskRead;
 pub use self::entry::{StagedAt, EMPTY_WORD, MAX_SLOT_PAGES, MAX_STAGING_SLOTS};
 pub use self::persist::{Persistence, Recovered, SegmentHome, SegmentWords, SEGMENT_BYTES};
-pub use self::staged::{Commit, CommitState, Encoded, StagedPages, Ticket};
+pub use self::staged::{Commit, CommitState, CopyCost, Encoded, StagedPages, Ticket};
 pub use self::stats::{MemoryUsage, Stats};
 pub use self::tier::{
     AgeCounts, Candidates, Priority, Recompress, Recompressed, Recompressor, AGE_BUCKETS,

@@ -12,10 +12,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::arena::{Budget, ObjectBytes};
+use super::arena::{Budget, ObjectBytes, Placement};
 use super::entry::{Slot, StagedAt};
 use super::stats::{Counters, PageCost};
 use super::{cost_of, same_cost, stored, try_vec, write_lock, PageStore};
+use crate::batch::Placer;
 use crate::page::{fill_page, PAGE_SIZE, PAGE_WORDS};
 use crate::CoreError;
 
@@ -90,6 +91,22 @@ impl<'a> Commit<'a> {
             state: CommitState::Waiting,
         }
     }
+}
+
+/// What writing a commit's objects into the arena cost ([`PageStore::commit_with`]): the GPU
+/// ring's installers count it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CopyCost {
+    /// Time spent writing the objects into the arena: the CPU's copies, and the wait for the
+    /// copy engine's.
+    pub copying: Duration,
+    /// Bytes the backend's copy engine placed.
+    pub placed_bytes: u64,
+    /// Its copies (each a run of objects).
+    pub placed_runs: u64,
+    /// Whether the copy engine failed, or wrote what the host's copy does not hold (the CPU
+    /// then wrote those objects).
+    pub place_failed: bool,
 }
 
 /// Deferred writes.
@@ -210,16 +227,19 @@ impl PageStore {
     /// the commits already done say `Installed` or `Stale`, the rest stay `Waiting` and can
     /// be retried. The order of `commits` is changed.
     pub fn commit(&self, commits: &mut [Commit<'_>]) -> Result<(), CoreError> {
-        self.commit_timing_copy(commits, None)
+        self.commit_with(commits, None, None)
     }
 
-    /// [`Self::commit`], adding to `copying` the time spent copying the objects into the
-    /// arena: the GPU ring's installers count it, as the share of their work the device's
-    /// copy engine could take over (docs/gpu.md, known gaps).
-    pub fn commit_timing_copy(
+    /// [`Self::commit`], with the results' compressed blocks placed by `placer` (a backend's
+    /// copy engine) where it can, and what the objects' copy into the arena cost added to
+    /// `cost`. With a placer, objects go to the arena's frontier in the order of `commits`:
+    /// sorted by where their blocks lie in the slot's packed results, runs of them are one
+    /// copy each.
+    pub fn commit_with(
         &self,
         commits: &mut [Commit<'_>],
-        copying: Option<&mut Duration>,
+        cost: Option<&mut CopyCost>,
+        placer: Option<&dyn Placer>,
     ) -> Result<(), CoreError> {
         for c in commits.iter() {
             self.check_range(c.ticket.page, 1)?;
@@ -266,20 +286,58 @@ impl PageStore {
         // and compaction, which waits for the arena's objects to match the table's, would
         // never run again).
         let (order, shards) = self.shard_order(commits)?;
+        // The objects the placer holds go to the arena in order, the others anywhere. Room
+        // for that list and the placed objects' list comes before the arena's allocation (as
+        // above); without it the CPU copies them all.
+        let mut placing = match placer {
+            Some(p) => match (try_vec(lens.len()), try_vec::<bool>(lens.len())) {
+                (Ok(list), Ok(mut marks)) => {
+                    marks.extend(commits.iter().filter_map(|c| {
+                        payload(c).map(|b| match b {
+                            ObjectBytes::Bytes(bytes) => p.packed_offset(bytes).is_some(),
+                            ObjectBytes::Words(_) => false,
+                        })
+                    }));
+                    Some((p, list, marks))
+                }
+                _ => None,
+            },
+            None => None,
+        };
+        let order_in_arena = match &placing {
+            Some((_, _, marks)) => Placement::InOrder(marks),
+            None => Placement::Anywhere,
+        };
         self.arena
-            .alloc_many(&lens, Budget::Reserved, &mut handles)?;
-        let copy_start = copying.is_some().then(Instant::now);
-        self.arena.write_many(
+            .alloc_many_placed(&lens, Budget::Reserved, order_in_arena, &mut handles)?;
+        let copy_start = cost.is_some().then(Instant::now);
+        let objects =
             handles
                 .iter()
                 .copied()
                 .zip(commits.iter().filter_map(|c| {
                     payload(c).map(|p| (p, self.trailer(c.ticket.page, c.checksum)))
                 }))
-                .map(|(h, (p, t))| (h, p, t)),
-        );
-        if let (Some(copying), Some(start)) = (copying, copy_start) {
-            *copying = copying.saturating_add(start.elapsed());
+                .map(|(h, (p, t))| (h, p, t));
+        let placed = match placing.as_mut() {
+            Some((placer, list, _)) => {
+                list.extend(objects);
+                Some(self.arena.write_many_placing(list, *placer))
+            }
+            None => {
+                self.arena.write_many(objects);
+                None
+            }
+        };
+        if let Some(cost) = cost {
+            if let Some(start) = copy_start {
+                cost.copying = cost.copying.saturating_add(start.elapsed());
+            }
+            if let Some(p) = placed {
+                cost.placed_bytes += p.bytes;
+                cost.placed_runs += p.runs;
+                cost.place_failed |= p.mismatched || p.refused;
+            }
         }
         let mut next = handles.iter();
         slots.extend(commits.iter().map(|c| match (c.state, c.encoded) {

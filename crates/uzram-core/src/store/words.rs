@@ -48,6 +48,29 @@ pub(super) fn store_bytes(data: &[u8], trailer: &[u8], words: &[AtomicU64]) {
     store_tail(tail, trailer, words.get(whole..).unwrap_or_default());
 }
 
+/// What [`store_bytes`] stores after `data`'s whole words: its last bytes and `trailer`,
+/// into the words from `data.len() / 8` on. For an object whose whole words a copy engine
+/// has just placed (`batch/place.rs`).
+pub(super) fn store_bytes_tail(data: &[u8], trailer: &[u8], words: &[AtomicU64]) {
+    let whole = data.len() / 8;
+    store_tail(
+        &data[whole * 8..],
+        trailer,
+        words.get(whole..).unwrap_or_default(),
+    );
+}
+
+/// Whether `words` begin with `data`'s whole words (little-endian): a placed object's
+/// bytes as the copy engine left them, held to the host's copy.
+pub(super) fn holds_whole(data: &[u8], words: &[AtomicU64]) -> bool {
+    let whole = data.len() / 8;
+    words.len() >= whole
+        && data
+            .chunks_exact(8)
+            .zip(words)
+            .all(|(b, w)| w.load(Relaxed).to_le_bytes() == *b)
+}
+
 /// Copies the words of `from` into `words` (as many as both have), then `trailer` (at
 /// most 8 bytes) into the word after them.
 ///

@@ -62,6 +62,9 @@ pub struct Report {
     /// (`ring_install_copy_us`; 0 without a ring), median: the share of their CPU the
     /// device's copy engine could take over.
     pub install_copy_s_per_gib: f64,
+    /// Bytes per GiB of pages the GPU's copy engine placed in the store
+    /// (`ring_placed_bytes`; 0 without placement), median.
+    pub placed_bytes_per_gib: f64,
     pub read_idle_p50_us: f64,
     pub read_idle_p99_us: f64,
     pub read_busy_p50_us: f64,
@@ -260,6 +263,10 @@ impl Report {
             install_copy_s_per_gib: m(&|r| {
                 r.backend_stat("ring_install_copy_us")
                     .map_or(0.0, |us| us as f64 / 1e6)
+                    / (bytes as f64 / (1u64 << 30) as f64)
+            }),
+            placed_bytes_per_gib: m(&|r| {
+                r.backend_stat("ring_placed_bytes").unwrap_or(0) as f64
                     / (bytes as f64 / (1u64 << 30) as f64)
             }),
             read_idle_p50_us: m(&|r| pct(&r.idle_reads, 0.50)),

@@ -120,6 +120,7 @@ mod tests {
         "gpu-installers",
         "gpu-slot-wait-us",
         "gpu-slot-pages",
+        "gpu-place",
         "checksums",
         "recompress-algorithm",
         "recompress-idle-age",

@@ -141,6 +141,11 @@ pub struct GpuSettings {
     /// Longest a queue thread that finds every slot busy waits for one before it
     /// compresses on the CPU, in microseconds (0: never waits).
     pub slot_wait_us: u64,
+    /// Whether the GPU's copy engine places the checked compressed pages straight into the
+    /// store's memory, which is then registered with the driver as the block pool faults it
+    /// in (and no longer given back while the daemon runs), so that the installers need not
+    /// copy them: about half the installers' CPU (docs/gpu.md).
+    pub place: bool,
 }
 
 /// Default pages per slot of the GPU ring.
@@ -168,6 +173,7 @@ impl Default for GpuSettings {
             installers: DEFAULT_GPU_INSTALLERS,
             slot_pages: DEFAULT_GPU_SLOT_PAGES,
             slot_wait_us: DEFAULT_GPU_SLOT_WAIT_US,
+            place: true,
         }
     }
 }
@@ -760,6 +766,9 @@ pub struct RawDevice {
     pub gpu_slot_wait_us: Option<u64>,
     /// Pages per GPU ring slot.
     pub gpu_slot_pages: Option<u64>,
+    /// Whether the GPU's copy engine places compressed pages in the store (default on).
+    #[serde(default)]
+    pub gpu_place: Option<bool>,
     /// Metrics text file.
     pub metrics_textfile: Option<PathBuf>,
     /// Page checksums (default on).
@@ -980,6 +989,9 @@ impl RawDevice {
         }
         if let Some(us) = self.gpu_slot_wait_us {
             gpu.slot_wait_us = ranged("gpu-slot-wait-us", us, 0, MAX_GPU_SLOT_WAIT_US)?;
+        }
+        if let Some(place) = self.gpu_place {
+            gpu.place = place;
         }
         Ok(gpu)
     }

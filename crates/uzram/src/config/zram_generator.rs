@@ -305,6 +305,7 @@ const UZRAM_KEYS: &[&str] = &[
     "gpu-installers",
     "gpu-slot-wait-us",
     "gpu-slot-pages",
+    "gpu-place",
     "checksums",
     "recompress-algorithm",
     "recompress-idle-age",
@@ -434,7 +435,7 @@ fn typed(key: &str, value: &str, label: &Path) -> Result<toml::Value, ConfigErro
             .map(toml::Value::Integer)
             .ok_or_else(|| bad("a whole number from 0"));
     }
-    if key == "checksums" {
+    if key == "checksums" || key == "gpu-place" {
         return match value {
             "true" | "yes" | "on" | "1" => Ok(true.into()),
             "false" | "no" | "off" | "0" => Ok(false.into()),

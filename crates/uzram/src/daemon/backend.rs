@@ -235,6 +235,18 @@ impl WriteBackend {
             staging_kept = books.is_some(),
             "compressing writes on the GPU"
         );
+        let places = settings.place && place_into_pool(&slots);
+        tracing::info!(
+            places,
+            "the GPU's copy engine places compressed pages in the store: {}",
+            if places {
+                "on"
+            } else if settings.place {
+                "off (no block pool, no batched copies in this driver, or its registration failed)"
+            } else {
+                "off (gpu-place = false)"
+            }
+        );
         let cfg = RingConfig {
             on_thread_start: hook,
             installers: settings.installers,
@@ -384,6 +396,34 @@ impl PageWriter for WriteBackend {
             }
         }
     }
+}
+
+/// Registers the block pool's memory with the GPUs as the pool faults it in, and lets the
+/// slots' copy engine place compressed pages there (`uzram_gpu::placement`). False where it
+/// cannot: no block pool, a driver without batched copies, or a registration that failed.
+fn place_into_pool(slots: &GpuSlots) -> bool {
+    use crate::memory::pool;
+    use uzram_gpu::placement::{self, Reach};
+    let Some(gpu) = slots.gpus().first().cloned() else {
+        return false;
+    };
+    if !placement::batch_copy_available() {
+        return false;
+    }
+    // The closure keeps `gpu`, and with it its context and what was registered in it, for
+    // the life of the process: the pool's memory stays registered while it is.
+    let registering = pool::register_with(move |address, bytes| {
+        // SAFETY: the pool's range is mapped for the life of the process, and its registered
+        // blocks are never punched out (`pool::trim` stops at them).
+        match unsafe { placement::register_host(&gpu, address, bytes) } {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::warn!(%error, "registering the block pool's memory with the GPU");
+                false
+            }
+        }
+    });
+    registering && slots.place_into(Reach::new(pool::registered))
 }
 
 #[cfg(test)]

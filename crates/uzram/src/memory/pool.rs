@@ -34,6 +34,9 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
+mod registration;
+pub use registration::{register_with, registered};
+
 /// The block size: the page store's arena segment.
 pub const BLOCK: usize = crate::footprint::UNIT;
 /// Blocks mapped per refill (4 MiB).
@@ -603,6 +606,7 @@ pub fn refill(blocks: usize) -> usize {
         // is claimed by one caller).
         unsafe { commit(start + i * BLOCK) };
     }
+    registration::register_ready();
     added + n
 }
 
@@ -639,6 +643,12 @@ pub fn trim(blocks: usize) -> usize {
         }
         let block = pop();
         if block.is_null() {
+            break;
+        }
+        if registration::covers(block as usize) {
+            // The device keeps its pages: never punched out.
+            // SAFETY: the block was just taken off the free list, whole and unused.
+            unsafe { push(block) };
             break;
         }
         mark(block as usize, BlockState::Changing);
@@ -1083,9 +1093,85 @@ mod tests {
         u64::from_le_bytes(entry) >> 63 == 1
     }
 
-    /// Set in the process [`a_block_taken_while_the_pool_is_set_up_goes_back_to_the_pool`]
-    /// starts for itself.
+    /// Set in the processes that tests of a pool set up from scratch start for themselves.
     const FRESH_PROCESS: &str = "UZRAM_POOL_TEST_FRESH_PROCESS";
+
+    /// Whether this is the process of its own that test `name` runs in (the pool is set up
+    /// once per process). If not, runs the test in one, checks that it passed, and returns
+    /// false.
+    fn in_a_fresh_process(name: &str) -> bool {
+        if std::env::var_os(FRESH_PROCESS).is_some() {
+            return true;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--test-threads=1", "--nocapture"])
+            .env(FRESH_PROCESS, "1")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{name} in a fresh process failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        false
+    }
+
+    /// The pool's memory registered with a device as it is faulted in, in whole runs, each
+    /// once, and never punched out afterwards. In a process of its own: registering is for
+    /// the life of the process.
+    #[test]
+    fn registered_memory_grows_with_the_pool_and_is_never_given_back() {
+        if !in_a_fresh_process(
+            "memory::pool::tests::registered_memory_grows_with_the_pool_and_is_never_given_back",
+        ) {
+            return;
+        }
+        // No pool: nothing to register.
+        assert!(!register_with(|_, _| true));
+        reserve(256 * BLOCK).unwrap();
+        let base = BASE.load(Ordering::Acquire);
+        assert!(fill_to(40));
+        let runs = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let seen = runs.clone();
+        assert!(register_with(move |at, len| {
+            seen.lock().unwrap().push((at, len));
+            true
+        }));
+        // What the pool had faulted in, in whole 2 MiB runs from its start, once each.
+        let first = runs.lock().unwrap().clone();
+        let run = 32 * BLOCK;
+        assert!(!first.is_empty());
+        for (i, &(at, len)) in first.iter().enumerate() {
+            assert_eq!((at, len), (base + i * run, run));
+        }
+        let end = base + first.len() * run;
+        assert!(registered(base, BLOCK) && registered(end - BLOCK, BLOCK));
+        assert!(!registered(end, BLOCK) && !registered(end - 8, 16));
+        assert!(!registered(base - BLOCK, BLOCK));
+        // A refill registers the runs it completes.
+        assert!(refill(96) > 0);
+        assert!(runs.lock().unwrap().len() > first.len());
+        assert_eq!(
+            runs.lock().unwrap()[first.len()],
+            (end, run),
+            "the next run, once"
+        );
+        // Registered blocks stay: trim gives back only what lies past them, and stops at
+        // the first registered one.
+        let free = free_blocks();
+        let given = trim(free);
+        assert!(given < free, "trim gave back all {free} free blocks");
+        assert!(
+            RELEASED
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .all(|&b| !registered(b, BLOCK)),
+            "a registered block was punched out"
+        );
+    }
 
     /// `init_with` hands adopted blocks out while it still sorts the rest of the region: a
     /// 64 KiB buffer taken then (its own list of given-back blocks growing to one, past 4096
@@ -1094,21 +1180,9 @@ mod tests {
     /// process of its own: the pool is set up once per process, here never before.
     #[test]
     fn a_block_taken_while_the_pool_is_set_up_goes_back_to_the_pool() {
-        let name =
-            "memory::pool::tests::a_block_taken_while_the_pool_is_set_up_goes_back_to_the_pool";
-        if std::env::var_os(FRESH_PROCESS).is_none() {
-            let out = std::process::Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", name, "--test-threads=1", "--nocapture"])
-                .env(FRESH_PROCESS, "1")
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "setting the pool up in a fresh process failed ({}): {}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+        if !in_a_fresh_process(
+            "memory::pool::tests::a_block_taken_while_the_pool_is_set_up_goes_back_to_the_pool",
+        ) {
             return;
         }
         // The old daemon's region: blocks recorded empty below two recorded full ones at

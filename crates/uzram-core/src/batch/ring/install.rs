@@ -12,13 +12,16 @@ use super::shared::{Job, Shared};
 use super::stats::{bump, nanos, Step};
 use crate::batch::backend::{BackendError, FailureKind};
 use crate::batch::layout::{PageResult, SlotOutput};
+use crate::batch::Placer;
 use crate::codec::{Algorithm, PageCodec};
 use crate::page::{page_checksum, same_filled_word, words_to_page, PAGE_SIZE};
-use crate::store::{Commit, CommitState, Encoded, Ticket};
+use crate::store::{Commit, CommitState, CopyCost, Encoded, Ticket};
 use crate::CoreError;
 
-/// Most pages an installer commits at a time.
-const CHUNK: usize = 1024;
+/// Most pages an installer commits at a time: a whole slot (2048 pages by default), so that
+/// a backend's copy engine places runs of the slot's packed results, which lie in the order
+/// the device packed them, not in the slot's.
+const CHUNK: usize = 4096;
 /// Page buffers of an installer, for pages it compresses itself (the backend could not, or
 /// its result was refused): a chunk ends early when they are used up. Pages the backend
 /// found incompressible need none: they are stored from their staged words.
@@ -374,19 +377,35 @@ impl<'a> Installer<'a> {
             commits.push(Commit::new(ticket, encoded, checksum));
         }
         let sh = self.sh;
+        // The copy engine places runs of blocks that lie next to each other in the packed
+        // results: in that order they go to the arena's frontier one after another.
+        let placer = out
+            .and_then(SlotOutput::placer)
+            .filter(|_| !sh.place_off.load(Ordering::Relaxed));
+        if let Some(p) = placer {
+            commits = in_packed_order(commits, p);
+        }
         let mut tries = 0u64;
-        let mut copying = Duration::ZERO;
-        while let Err(e) = sh
-            .store
-            .commit_timing_copy(&mut commits, Some(&mut copying))
-        {
+        let mut cost = CopyCost::default();
+        while let Err(e) = sh.store.commit_with(&mut commits, Some(&mut cost), placer) {
             if tries.is_multiple_of(1000) {
                 tracing::warn!(error = %e, tries, "installing staged pages failed; retrying");
             }
             tries += 1;
             self.wait_for_memory(&mut backoff);
         }
-        bump(&sh.counters.install_copy_ns, nanos(copying));
+        bump(&sh.counters.install_copy_ns, nanos(cost.copying));
+        bump(&sh.counters.placed_bytes, cost.placed_bytes);
+        bump(&sh.counters.placed_runs, cost.placed_runs);
+        if cost.place_failed {
+            bump(&sh.counters.place_failures, 1);
+            if !sh.place_off.swap(true, Ordering::Relaxed) {
+                tracing::error!(
+                    "the backend's copy engine failed to place compressed pages; the \
+                     installers copy them from now on"
+                );
+            }
+        }
         let installed = commits
             .iter()
             .filter(|c| c.state == CommitState::Installed)
@@ -400,4 +419,33 @@ impl<'a> Installer<'a> {
         std::thread::sleep(*backoff);
         *backoff = (*backoff * 2).min(Duration::from_millis(20));
     }
+}
+
+/// `commits` sorted by where their blocks lie in the slot's packed results (the others after
+/// them), for the copy engine's runs. Each block's place is looked up once: a sort that asked
+/// the placer at every comparison cost more than the copies it saved. Unsorted when there is
+/// no memory for the keys (the installers then copy more themselves).
+fn in_packed_order<'a>(commits: Vec<Commit<'a>>, placer: &dyn Placer) -> Vec<Commit<'a>> {
+    let mut keys: Vec<u64> = Vec::new();
+    let mut sorted: Vec<Commit<'a>> = Vec::new();
+    if keys.try_reserve_exact(commits.len()).is_err()
+        || sorted.try_reserve_exact(commits.len()).is_err()
+    {
+        return commits;
+    }
+    keys.extend(commits.iter().enumerate().map(|(i, c)| {
+        let at = match c.encoded {
+            Encoded::Compressed(block) => placer.packed_offset(block),
+            _ => None,
+        };
+        // The offset above, the index below: packed buffers and slots are far under 4 GiB
+        // and 4 G pages.
+        (at.map_or(u64::from(u32::MAX), |o| o as u64) << 32) | i as u64
+    }));
+    keys.sort_unstable();
+    sorted.extend(
+        keys.iter()
+            .filter_map(|&k| commits.get((k & 0xffff_ffff) as usize).copied()),
+    );
+    sorted
 }

@@ -159,6 +159,7 @@ impl Ring {
             in_device: (0..slots).map(|_| AtomicBool::new(false)).collect(),
             retired: AtomicBool::new(false),
             hung: AtomicBool::new(false),
+            place_off: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             failures_in_row: AtomicU32::new(0),
             counters: Counters::default(),

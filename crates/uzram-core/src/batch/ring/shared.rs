@@ -176,6 +176,9 @@ pub(super) struct Shared {
     /// the backend again; every slot is compressed on the CPU. Stored (released) after
     /// `retired`, read with acquire: a thread that sees it sees the backend retired.
     pub(super) hung: AtomicBool,
+    /// Set once a placement by the backend's copy engine failed or did not hold: the
+    /// installers copy every page themselves from then on (`install.rs`).
+    pub(super) place_off: AtomicBool,
     /// The watcher: woken to stop.
     pub(super) watch: Condvar,
     /// Per slot, whether an installer is (about to be) in the backend's wait for its

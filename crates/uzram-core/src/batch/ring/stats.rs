@@ -125,6 +125,14 @@ ring_stats! {
     /// pages, the CPU's own results), µs: what the device's copy engine could take off the
     /// installers.
     given install_copy_us => "ring_install_copy_us",
+    /// Compressed bytes the backend's copy engine placed in the store straight from the
+    /// device, which the installers then did not copy (`batch/place.rs`).
+    count placed_bytes => "ring_placed_bytes",
+    /// The copy engine's copies (each a run of compressed pages).
+    count placed_runs => "ring_placed_runs",
+    /// Installs whose placement failed or did not hold the host's copy (the installers
+    /// wrote those pages themselves, and the ring stopped placing).
+    count place_failures => "ring_place_failures",
     /// Slots not free right now.
     given busy_slots => "ring_busy_slots",
 }

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use super::*;
 use crate::batch::layout::{meta_bytes, SIZE_RAW};
-use crate::batch::{BackendError, FailAt, FailureKind, FaultPlan, Hang, HostSlots, SlotOutput};
+use crate::batch::{
+    BackendError, CopyEngine, FailAt, FailureKind, FaultPlan, Hang, HostSlots, SlotOutput,
+};
 use crate::codec::Algorithm;
 use crate::fuzz::noise_pages as noise;
 use crate::store::StoreConfig;
@@ -117,6 +119,63 @@ fn pages_round_trip_through_the_slots() {
     assert_eq!(inline.stats().compr_data_size, st.compr_data_size);
     assert_eq!(inline.stats().huge_pages, st.huge_pages);
     assert_eq!(inline.stats().same_pages, st.same_pages);
+}
+
+fn engine_ring(engine: CopyEngine) -> (Arc<PageStore>, Ring, Vec<u8>) {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let slots = HostSlots::with_faults(Algorithm::Lz4, 4, 512, FaultPlan::default())
+        .with_copy_engine(engine);
+    let (store, ring) = ring_with(n, Arc::new(slots), patient());
+    write_all(&ring, 0, &data);
+    ring.flush();
+    (store, ring, data)
+}
+
+#[test]
+fn a_copy_engine_places_runs_of_blocks_and_the_installers_write_only_their_ends() {
+    let (store, ring, data) = engine_ring(CopyEngine::Works);
+    let s = ring.stats();
+    assert_eq!(s.installed_pages, s.staged_pages, "{s:?}");
+    assert_eq!(s.place_failures, 0, "{s:?}");
+    // Most of the compressed bytes came by the copy engine, a few runs a slot.
+    let compressed = store.stats().compr_data_size;
+    assert!(s.placed_runs > 0, "{s:?}");
+    assert!(
+        s.placed_bytes > compressed / 2 && s.placed_bytes <= compressed,
+        "placed {} of {compressed}: {s:?}",
+        s.placed_bytes
+    );
+    assert!(s.placed_runs < s.installed_pages / 8, "{s:?}");
+    assert_reads(&store, &data);
+    // A checksum read back from the arena is the writer's, not what the device left there.
+    let inline = PageStore::new(StoreConfig::new(store.pages(), Algorithm::Lz4)).unwrap();
+    inline.write(0, &data).unwrap();
+    assert_eq!(inline.stats().compr_data_size, compressed);
+}
+
+#[test]
+fn a_copy_engine_that_refuses_leaves_the_copies_to_the_installers() {
+    let (store, ring, data) = engine_ring(CopyEngine::Refuses);
+    let s = ring.stats();
+    assert_eq!(s.installed_pages, s.staged_pages, "{s:?}");
+    assert_eq!((s.placed_bytes, s.placed_runs), (0, 0), "{s:?}");
+    // Once an installer (each of those already asking) saw it fail, the ring stops asking.
+    let installers = RingConfig::default().installers as u64;
+    assert!((1..=installers).contains(&s.place_failures), "{s:?}");
+    assert_reads(&store, &data);
+}
+
+#[test]
+fn a_copy_engine_that_damages_what_it_places_is_caught_before_any_page_is_published() {
+    let (store, ring, data) = engine_ring(CopyEngine::Damages);
+    let s = ring.stats();
+    assert_eq!(s.installed_pages, s.staged_pages, "{s:?}");
+    let installers = RingConfig::default().installers as u64;
+    assert!((1..=installers).contains(&s.place_failures), "{s:?}");
+    assert_eq!(s.placed_bytes, 0, "{s:?}");
+    // Every page reads back as written: the damaged run was written again by the CPU.
+    assert_reads(&store, &data);
 }
 
 #[test]
@@ -937,15 +996,18 @@ fn stats_fields_keep_their_names_order_and_values() {
         commit_retries: 22,
         install_busy_us: 23,
         install_copy_us: 24,
-        busy_slots: 25,
+        placed_bytes: 25,
+        placed_runs: 26,
+        place_failures: 27,
+        busy_slots: 28,
         slot_us: SlotTimes {
-            free: 26,
-            filling: 27,
-            sealed: 28,
-            submitting: 29,
-            queued: 30,
-            device: 31,
-            installing: 32,
+            free: 29,
+            filling: 30,
+            sealed: 31,
+            submitting: 32,
+            queued: 33,
+            device: 34,
+            installing: 35,
         },
     };
     let names = [
@@ -973,6 +1035,9 @@ fn stats_fields_keep_their_names_order_and_values() {
         "ring_commit_retries",
         "ring_install_busy_us",
         "ring_install_copy_us",
+        "ring_placed_bytes",
+        "ring_placed_runs",
+        "ring_place_failures",
         "ring_busy_slots",
         "ring_slot_free_us",
         "ring_slot_filling_us",
