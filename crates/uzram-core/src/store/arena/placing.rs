@@ -62,7 +62,10 @@ impl Arena {
         }
         for r in &runs {
             let seg = split(r.handle).0;
-            if guards.last().is_none_or(|(s, _)| *s != seg) {
+            // Each segment locked once: a tail filler can put a run back in a segment left
+            // behind, and a second read lock of one segment on one thread can wait behind a
+            // writer.
+            if !guards.iter().any(|(s, _)| *s == seg) {
                 match self.segments.read(seg) {
                     Some(g) => guards.push((seg, g)),
                     None => {
