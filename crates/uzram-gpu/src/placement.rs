@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::sys::{self, CUdeviceptr};
-use uzram_core::batch::{PlaceRun, Placer};
+use uzram_core::batch::{offset_within, PlaceRun, Placer};
 
 use crate::driver::{Event, Gpu, HostBuf, Stream};
 use crate::GpuError;
@@ -93,9 +93,7 @@ pub(crate) struct SlotPlacer<'a> {
 
 impl Placer for SlotPlacer<'_> {
     fn packed_offset(&self, bytes: &[u8]) -> Option<usize> {
-        let base = self.out_packed.as_slice();
-        let at = (bytes.as_ptr() as usize).checked_sub(base.as_ptr() as usize)?;
-        (at.checked_add(bytes.len())? <= base.len()).then_some(at)
+        offset_within(self.out_packed.as_slice(), bytes)
     }
 
     fn reaches(&self, to: &[AtomicU64]) -> bool {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::backend::{BackendError, BackendMemory, FailureKind, SlotBackend};
 use super::layout::SlotOutput;
 use super::layout::{meta_bytes, SIZE_RAW, SIZE_REJECTED, SIZE_SAME_FILLED};
-use super::place::{PlaceRun, Placer};
+use super::place::{offset_within, PlaceRun, Placer};
 use super::staging::Words;
 use crate::codec::{Algorithm, PageCodec};
 use crate::page::{page_checksum, same_filled_word, words_to_page, PAGE_SIZE, PAGE_WORDS};
@@ -156,9 +156,7 @@ struct HostPlacer<'a> {
 
 impl Placer for HostPlacer<'_> {
     fn packed_offset(&self, bytes: &[u8]) -> Option<usize> {
-        let base = self.packed.as_ptr() as usize;
-        let at = (bytes.as_ptr() as usize).checked_sub(base)?;
-        (at + bytes.len() <= self.packed.len()).then_some(at)
+        offset_within(self.packed, bytes)
     }
 
     fn reaches(&self, _to: &[AtomicU64]) -> bool {
@@ -340,6 +338,8 @@ impl HostSlots {
             .unwrap_or_else(PoisonError::into_inner);
         let mut page = [0u8; PAGE_SIZE];
         let mut block = vec![0u8; PAGE_SIZE];
+        // Where the compressed blocks start, for a copy engine that damages them.
+        let mut blocks = Vec::new();
         for i in 0..pages {
             let words = &input[i * PAGE_WORDS..(i + 1) * PAGE_WORDS];
             let zeroed = self.zeroed.fetch_add(1, Ordering::Relaxed) + 1;
@@ -389,6 +389,7 @@ impl HostSlots {
                                 block[0] ^= 0x10;
                             }
                             out.packed.extend_from_slice(&block[..len]);
+                            blocks.push(offset as usize);
                             if self.engine != CopyEngine::Absent {
                                 // The store's object form, as a GPU packs it.
                                 let room = (len + 4).next_multiple_of(8);
@@ -409,18 +410,8 @@ impl HostSlots {
         out.meta[at..at + 4].copy_from_slice(&total.to_le_bytes());
         out.device.clone_from(&out.packed);
         if self.engine == CopyEngine::Damages {
-            for i in 0..pages {
-                let word = |k: usize| {
-                    let b = &out.meta[k * 4..k * 4 + 4];
-                    u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize
-                };
-                let (size, offset) = (word(i), word(pages + i));
-                if size != SIZE_RAW as usize
-                    && size != SIZE_REJECTED as usize
-                    && size != SIZE_SAME_FILLED as usize
-                {
-                    out.device[offset] ^= 0x10;
-                }
+            for at in blocks {
+                out.device[at] ^= 0x10;
             }
         }
     }

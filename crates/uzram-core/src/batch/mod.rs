@@ -29,7 +29,7 @@ pub use backend::{BackendError, BackendMemory, FailureKind, SlotBackend};
 #[cfg(any(test, feature = "test-support"))]
 pub use host::{CopyEngine, FailAt, FaultPlan, Hang, HostSlots};
 pub use layout::{meta_bytes, PageResult, SlotOutput, SIZE_RAW, SIZE_REJECTED, SIZE_SAME_FILLED};
-pub use place::{PlaceRun, Placer};
+pub use place::{offset_within, PlaceRun, Placer};
 pub use ring::{Ring, RingConfig, RingStats, SlotTimes, ThreadHook};
 pub use source::{BytesSource, LeasedWords, PageSource};
 pub use staging::{book_words, StagedCopy, Words};

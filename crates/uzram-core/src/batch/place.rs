@@ -37,6 +37,13 @@ impl PlaceRun<'_> {
     }
 }
 
+/// Where `bytes` starts in `packed`, when it lies wholly inside it: a result's place in the
+/// packed buffer it was handed over in (each [`Placer::packed_offset`]).
+pub fn offset_within(packed: &[u8], bytes: &[u8]) -> Option<usize> {
+    let at = (bytes.as_ptr() as usize).checked_sub(packed.as_ptr() as usize)?;
+    (at.checked_add(bytes.len())? <= packed.len()).then_some(at)
+}
+
 /// A backend's copy engine for one completed slot; see the module docs.
 pub trait Placer: Sync {
     /// Where `bytes`, a result handed over in this slot's [`super::SlotOutput`], starts in

@@ -547,13 +547,11 @@ impl Arena {
                 debug_assert!((1..=MAX_OBJECT).contains(&len));
                 let class = class_of(len);
                 let size = (class * CLASS_GRANULE) as u64;
-                let in_order = match placement {
-                    Placement::Anywhere => None,
-                    Placement::InOrder(marks) => marks.get(*done).copied().filter(|&m| m),
-                };
-                let room = match in_order {
-                    None => meta.take(&self.segments, class),
-                    Some(_) => meta.take_frontier(class),
+                let in_order = matches!(placement, Placement::InOrder(marks) if marks.get(*done) == Some(&true));
+                let room = if in_order {
+                    meta.take_frontier(class)
+                } else {
+                    meta.take(&self.segments, class)
                 };
                 if let Some(h) = room {
                     meta.objects += 1;
@@ -562,7 +560,7 @@ impl Arena {
                     *done += 1;
                     continue;
                 }
-                if let (Placement::InOrder(marks), Some(_)) = (placement, in_order) {
+                if let (Placement::InOrder(marks), true) = (placement, in_order) {
                     fill_tail(&mut meta, lens, marks, handles, *done + 1, early);
                 }
                 self.check_growth(&meta, budget)?;

@@ -147,8 +147,9 @@ fn a_copy_engine_places_runs_of_blocks_and_the_installers_write_only_their_ends(
         s.placed_bytes
     );
     assert!(s.placed_runs < s.installed_pages / 8, "{s:?}");
+    // Every read is held to the writer's checksum: the ends the installers wrote hold it.
     assert_reads(&store, &data);
-    // A checksum read back from the arena is the writer's, not what the device left there.
+    // The same payload as writing inline.
     let inline = PageStore::new(StoreConfig::new(store.pages(), Algorithm::Lz4)).unwrap();
     inline.write(0, &data).unwrap();
     assert_eq!(inline.stats().compr_data_size, compressed);
