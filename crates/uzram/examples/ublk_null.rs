@@ -13,9 +13,17 @@
 //! nice -20 served a third as many 4K reads at queue depth 32 (the transport's floor, docs/bench/),
 //! and a floor is the best a server can do.
 //!
-//! Usage: `ublk_null [--batch] [--queues N] [--depth D] [--size-mib M]`; prints
-//! `/dev/ublkbID` once the device serves, and deletes it on SIGTERM or SIGINT. Needs root and
-//! `ublk_drv`.
+//! It also holds a crash's case for the guest's scenario q: with `--hold` the device is made for
+//! user recovery (as uzram's are) and its queue threads take every request past the first MiB
+//! and never complete one, so that a `kill -9` leaves a queue whose every request the dead
+//! server held (the first MiB is served: the kernel reads it for partitions as the device
+//! starts);
+//! `--state ID` prints what the kernel says of device ID (`LIVE`, `QUIESCED`, ...) and
+//! `--delete ID` deletes it.
+//!
+//! Usage: `ublk_null [--batch] [--hold] [--queues N] [--depth D] [--size-mib M]`; prints
+//! `/dev/ublkbID` once the device serves, and deletes it on SIGTERM or SIGINT;
+//! `ublk_null --state ID`, `ublk_null --delete ID`. Needs root and `ublk_drv`.
 
 use std::io::Write;
 
@@ -37,6 +45,8 @@ mod ring;
 const IO_BUF_BYTES: u32 = 128 << 10;
 const SECTOR_SHIFT: u32 = 9;
 const PAGE_SHIFT: u8 = 12;
+/// `--hold` serves the first MiB (the partition scan's reads) and holds the rest.
+const HOLD_FROM_SECTOR: u64 = (1 << 20) >> SECTOR_SHIFT;
 
 #[derive(Parser)]
 #[command(about = "A ublk device that stores nothing (the transport's floor, for benchmarks)")]
@@ -53,6 +63,28 @@ struct Args {
     /// Device size in MiB.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
     size_mib: u64,
+    /// Take every request past the first MiB and complete none, on a device made for user
+    /// recovery (per-queue loop only): after a `kill -9` the device waits for a new server.
+    #[arg(long, conflicts_with = "batch")]
+    hold: bool,
+    /// Print the kernel's state of device ID (LIVE, QUIESCED, ...) and exit.
+    #[arg(long, value_name = "ID", conflicts_with_all = ["batch", "hold", "delete"])]
+    state: Option<u32>,
+    /// Delete device ID (one whose server is gone) and exit.
+    #[arg(long, value_name = "ID", conflicts_with_all = ["batch", "hold"])]
+    delete: Option<u32>,
+}
+
+/// `--state ID`: the kernel's state of device `id`, as a word.
+fn state_of(id: u32) -> anyhow::Result<&'static str> {
+    let ctrl = UblkCtrl::new_simple(id as i32)
+        .map_err(|err| anyhow::anyhow!("opening ublk device {id}: {err}"))?;
+    Ok(match u32::from(ctrl.dev_info().state) {
+        sys::UBLK_S_DEV_DEAD => "DEAD",
+        sys::UBLK_S_DEV_LIVE => "LIVE",
+        sys::UBLK_S_DEV_QUIESCED => "QUIESCED",
+        _ => "OTHER",
+    })
 }
 
 /// uzram's device parameters, less discard: 4 KiB blocks, requests up to 128 KiB.
@@ -81,8 +113,9 @@ fn result(iod: &sys::ublksrv_io_desc) -> i32 {
     }
 }
 
-/// Serves queue `qid` until the device stops, in the mode `batch` says.
-fn serve(qid: u16, dev: &UblkDev, batch: bool) {
+/// Serves queue `qid` until the device stops, in the mode `batch` says (or holds every
+/// request, `hold`).
+fn serve(qid: u16, dev: &UblkDev, batch: bool, hold: bool) {
     if let Err(err) = ring::init_queue_ring(dev.tgt.sq_depth.into(), dev.tgt.cq_depth.into()) {
         eprintln!("ublk_null: queue {qid}: io_uring setup failed: {err}");
         return;
@@ -97,7 +130,7 @@ fn serve(qid: u16, dev: &UblkDev, batch: bool) {
     let served = if batch {
         serve_batch(&queue, dev)
     } else {
-        serve_per_request(queue, dev)
+        serve_per_request(queue, dev, hold)
     };
     if let Err(err) = served {
         eprintln!("ublk_null: queue {qid}: {err}");
@@ -105,10 +138,13 @@ fn serve(qid: u16, dev: &UblkDev, batch: bool) {
 }
 
 /// uzram's `per-queue` loop: one FETCH / COMMIT_AND_FETCH command per request.
-fn serve_per_request(queue: UblkQueue<'_>, dev: &UblkDev) -> Result<(), UblkError> {
+fn serve_per_request(queue: UblkQueue<'_>, dev: &UblkDev, hold: bool) -> Result<(), UblkError> {
     let bufs = dev.alloc_queue_io_bufs();
     let queue = queue.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs)))?;
     queue.wait_and_handle_io(|q: &UblkQueue, tag: u16, _io: &UblkIOCtx| {
+        if hold && q.get_iod(tag).start_sector >= HOLD_FROM_SECTOR {
+            return;
+        }
         let res = result(q.get_iod(tag));
         let buf = BufDesc::Slice(bufs[usize::from(tag)].as_slice());
         if let Err(err) = q.complete_io_cmd_unified(tag, buf, Ok(UblkIORes::Result(res))) {
@@ -178,6 +214,16 @@ fn block_stop_signals() -> libc::sigset_t {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(id) = args.state {
+        println!("{}", state_of(id)?);
+        return Ok(());
+    }
+    if let Some(id) = args.delete {
+        UblkCtrl::new_simple(id as i32)
+            .and_then(|c| c.del_dev())
+            .map_err(|err| anyhow::anyhow!("deleting ublk device {id}: {err}"))?;
+        return Ok(());
+    }
     // A kernel without UBLK_F_BATCH_IO drops the flag and adds a device that no batch queue
     // can serve, so the refusal comes here, before the device exists.
     if args.batch {
@@ -201,6 +247,8 @@ fn main() -> anyhow::Result<()> {
         .io_buf_bytes(IO_BUF_BYTES)
         .ctrl_flags(if args.batch {
             sys::UBLK_F_BATCH_IO as u64
+        } else if args.hold {
+            u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE)
         } else {
             0
         })
@@ -219,14 +267,14 @@ fn main() -> anyhow::Result<()> {
         }
     });
     let size = args.size_mib << 20;
-    let batch = args.batch;
+    let (batch, hold) = (args.batch, args.hold);
     ctrl.run_target(
         |dev: &mut UblkDev| {
             dev.tgt.dev_size = size;
             dev.tgt.params = params(size);
             Ok(())
         },
-        move |qid, dev: &UblkDev| serve(qid, dev, batch),
+        move |qid, dev: &UblkDev| serve(qid, dev, batch, hold),
         move |_: &UblkCtrl| {
             println!("/dev/ublkb{id}");
             let _ = std::io::stdout().flush();

@@ -240,7 +240,10 @@ pub fn standby(args: StandbyArgs) -> anyhow::Result<ExitCode> {
             crate::memory::free_lists::restore();
             return Ok(ExitCode::SUCCESS);
         }
-        Taken::Busy(_) => return Ok(ExitCode::SUCCESS),
+        Taken::Busy(dev) => {
+            tracing::warn!(%dev, pid = args.pid, "another process holds the dead daemon's device: the standby leaves the takeover to it");
+            return Ok(ExitCode::SUCCESS);
+        }
     };
     pause.step("find the device");
     tracing::warn!(dev = %state.dev, pid = args.pid, "the device's daemon died: the standby takes the device over until the unit's next daemon does");

@@ -146,19 +146,51 @@ pub fn check_orphan(id: u32) -> Result<DaemonState, String> {
     Ok(state)
 }
 
-/// [`check_orphan`], given up to 30 s for the kernel to quiesce the device: it does so a
-/// moment after the daemon is gone (6.12's monitor notices within 5 s).
+/// How long [`wait_orphan`] waits for the kernel to quiesce a device whose daemon is gone.
+/// Usually a moment. On 6.12, a queue whose every request the dead daemon had taken gets no
+/// cancel callback when the daemon's io_uring goes, and the device stays live until one of
+/// those requests times out (the disk's `io_timeout`, 30 s unless set: `ublk::tuning` sets
+/// it short). A recoverer that gave up first left the device paused for good: in the guest,
+/// the standby gave up while systemd, whose pages were in swap on the device, could start no
+/// other daemon. So the wait outlasts any timeout a disk is likely to have.
+pub const QUIESCE_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// How often [`wait_orphan`] says it still waits.
+const QUIESCE_NOTE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// [`check_orphan`], given up to [`QUIESCE_WAIT`] for the kernel to quiesce the device.
 pub fn wait_orphan(id: u32) -> Result<DaemonState, String> {
+    // The device's I/O is paused until it is taken over: look often (100 ms naps added up
+    // to 100 ms to every takeover).
+    wait_quiesced(
+        || check_orphan(id),
+        QUIESCE_WAIT,
+        std::time::Duration::from_millis(5),
+        QUIESCE_NOTE_EVERY,
+        |waited| tracing::warn!(dev = %dev_path(id), waited_s = waited.as_secs(), "the kernel has not quiesced the device yet: waiting (a request the dead daemon held must time out first)"),
+    )
+}
+
+/// Calls `check` until it answers anything but [`NOT_QUIESCED`], or `limit` has passed,
+/// napping `nap` between looks and calling `note` with the time waited every `note_every`.
+fn wait_quiesced<T>(
+    mut check: impl FnMut() -> Result<T, String>,
+    limit: std::time::Duration,
+    nap: std::time::Duration,
+    note_every: std::time::Duration,
+    mut note: impl FnMut(std::time::Duration),
+) -> Result<T, String> {
     let start = std::time::Instant::now();
+    let mut noted = std::time::Duration::ZERO;
     loop {
-        match check_orphan(id) {
-            Err(why)
-                if why.starts_with(NOT_QUIESCED)
-                    && start.elapsed() < std::time::Duration::from_secs(30) =>
-            {
-                // The device's I/O is paused until it is taken over: look often (100 ms
-                // naps added up to 100 ms to every takeover).
-                std::thread::sleep(std::time::Duration::from_millis(5));
+        match check() {
+            Err(why) if why.starts_with(NOT_QUIESCED) && start.elapsed() < limit => {
+                let waited = start.elapsed();
+                if waited >= noted + note_every {
+                    noted = waited;
+                    note(waited);
+                }
+                std::thread::sleep(nap);
             }
             done => return done,
         }
@@ -209,4 +241,74 @@ pub fn quiesced_info(id: u32) -> Result<libublk::sys::ublksrv_ctrl_dev_info, Str
         return Err(format!("{NOT_QUIESCED} (ublk state {st})"));
     }
     Ok(info)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn not_quiesced() -> Result<u32, String> {
+        Err(format!("{NOT_QUIESCED} (ublk state 0)"))
+    }
+
+    #[test]
+    fn a_recoverer_waits_for_the_quiesce_however_many_looks_it_takes_and_says_so() {
+        let mut looks = 0;
+        let mut notes = Vec::new();
+        let got = wait_quiesced(
+            || {
+                looks += 1;
+                if looks < 40 {
+                    not_quiesced()
+                } else {
+                    Ok(looks)
+                }
+            },
+            Duration::from_secs(60),
+            Duration::from_millis(1),
+            Duration::from_millis(10),
+            |waited| notes.push(waited),
+        );
+        assert_eq!(got, Ok(40));
+        assert!(!notes.is_empty(), "a long wait is logged");
+        assert!(notes
+            .windows(2)
+            .all(|w| w[1] >= w[0] + Duration::from_millis(10)));
+    }
+
+    #[test]
+    fn any_other_answer_ends_the_wait_at_once_and_the_limit_ends_it_too() {
+        let mut looks = 0;
+        let got: Result<u32, String> = wait_quiesced(
+            || {
+                looks += 1;
+                Err("no such device in the kernel".into())
+            },
+            Duration::from_secs(60),
+            Duration::from_millis(1),
+            Duration::from_secs(5),
+            |_| {},
+        );
+        assert_eq!(
+            (got, looks),
+            (Err("no such device in the kernel".into()), 1)
+        );
+        let start = std::time::Instant::now();
+        let got = wait_quiesced(
+            not_quiesced,
+            Duration::from_millis(30),
+            Duration::from_millis(1),
+            Duration::from_secs(5),
+            |_| {},
+        );
+        assert!(got.unwrap_err().starts_with(NOT_QUIESCED));
+        assert!(start.elapsed() >= Duration::from_millis(30));
+    }
+
+    #[test]
+    fn the_wait_outlasts_the_kernels_default_request_timeout() {
+        // blk-mq's default io_timeout, which on 6.12 may be what ends a dead daemon's pause
+        assert!(QUIESCE_WAIT >= Duration::from_secs(30) * 10);
+    }
 }
