@@ -41,4 +41,24 @@ expect '' 1 b,r,s 's/rc=137$/rc=1/' "a hog's other exit status is not"
 expect '' 1 b,r,s 's/recover rc=3/recover rc=1/' "a recovery that failed is not"
 expect '' 1 b,r,s '/recover rc=3/d' "a new daemon that never served after a kill is not"
 expect '' 1 b,r,s '5a\  54.5 UZRAM-E2E [53.0s]   FAIL: kill during verification: the hog is gone' "any other failed check is not"
+# the systemd test's log (scripts/guest/check-systemd): one scenario, f_systemd, whose hogs
+# have names
+cat > "$d/sysd.log" <<'LOG'
+  10.0 UZRAM-E2E [9.0s] --- scenario f_systemd
+  50.0 [   49.1] Out of memory: Killed process 3460 (hog) total-vm:1000kB, anon-rss:0kB
+  60.0 UZRAM-E2E [59.0s]   hog L ran 37.66s (rc 137, limit 300 s)
+  60.1 UZRAM-E2E [59.0s]   FAIL: hog L rc=137 across the restart
+  90.0 SCENARIO f_systemd FAIL (80s)
+LOG
+sysd() {
+  sed "$3" "$d/sysd.log" > "$d/t.log"
+  out=$("$rule" "$d/t.log" f 2>/dev/null); rc=$?
+  if [ "$out" = "$1" ] && [ "$rc" = "$2" ]; then echo "ok: $4"
+  else echo "FAIL: $4: printed '$out' rc $rc, want '$1' rc $2"; fails=$((fails + 1)); fi
+}
+sysd f 0 '' "the systemd test's hog L taken by the OOM killer is retried"
+sysd '' 1 's/rc=137 across/rc=1 across/' "its hog L's other exit status is not"
+sysd '' 1 '3a\  59.0 UZRAM-E2E [58.0s]   FAIL: after the restart under load: swap on '"''"', MainPID 0 (was 974)' "a restart that failed beside it is not"
+sysd '' 1 '2d' "hog L's failure without the OOM killer's line is not"
+sysd '' 1 '$d' "a systemd test that never finished (no result line) is not"
 [ $fails = 0 ]
