@@ -172,7 +172,9 @@ pub fn wait_orphan(id: u32) -> Result<DaemonState, String> {
 }
 
 /// Calls `check` until it answers anything but [`NOT_QUIESCED`], or `limit` has passed,
-/// napping `nap` between looks and calling `note` with the time waited every `note_every`.
+/// napping `nap` between looks (ten times that after the first second: a device still live
+/// then waits for a request timeout, and each look opens the control device and rewrites
+/// libublk's file) and calling `note` with the time waited every `note_every`.
 fn wait_quiesced<T>(
     mut check: impl FnMut() -> Result<T, String>,
     limit: std::time::Duration,
@@ -190,7 +192,8 @@ fn wait_quiesced<T>(
                     noted = waited;
                     note(waited);
                 }
-                std::thread::sleep(nap);
+                let slow = waited >= std::time::Duration::from_secs(1);
+                std::thread::sleep(if slow { nap * 10 } else { nap });
             }
             done => return done,
         }
