@@ -37,6 +37,8 @@ expect '' 1 b,r,s 's/FAIL: hog rc=137/hog: verified 5 words, 12 bad words in 1 b
 expect '' 1 b,r,s 's/s_crash_safe_default PASS/s_crash_safe_default FAIL/' "a second failure without an OOM kill is not"
 expect '' 1 b,r,s 's/r_recover FAIL/r_recover PASS/' "a boot with no failed scenario is not"
 expect '' 1 b,r,s '5a\  55.0 [   54.0] blk_update_request: I/O error, dev ublkb0, sector 8' "a kernel I/O error is not"
+expect '' 1 b,r,s '5a\  55.0 [   54.0] I/O error, dev ublkb0, sector 2048 op 0x0:(READ) flags 0x800' "the kernel's I/O error line as 6.12 and 7.3 print it is not"
+expect r 0 b,r,s '5a\  55.0 UZRAM-E2E [54.0s]   ok: no I/O error for the device in the kernel log' "a check that found no I/O error does not stop the retry"
 expect '' 1 b,r,s '4d' "a failure without the OOM killer's line is not"
 expect '' 1 b,r,s 's/rc=137$/rc=1/' "a hog's other exit status is not"
 expect '' 1 b,r,s 's/recover rc=3/recover rc=1/' "a recovery that failed is not"
