@@ -89,18 +89,19 @@ pub(crate) enum Placement<'a> {
     Anywhere,
     /// The objects marked `true` at the frontier, one after another, so that objects a copy
     /// engine packed next to each other land next to each other, one copy a run
-    /// (`batch/place.rs`); the others `Anywhere`. Where a marked object does not fit the
-    /// rest of the frontier's segment, that rest is first filled with marked objects from
-    /// the end of the list that fit (each then a copy of its own), so that the order costs
-    /// little memory: without it, the tail of every segment was a hole, and a GPU store
-    /// held up to 3 % more memory (docs/bench/gpu-runs.md, run 307).
+    /// (`batch/place.rs`); the others `Anywhere`. Where an object (marked or
+    /// not) does not fit the rest of the frontier's segment, that rest is first filled with
+    /// marked objects from the end of the list that fit (each then a copy of its own), so
+    /// that the order costs little memory: without it, the tail of every segment was a
+    /// hole, and a GPU store held up to 3 % more memory (docs/bench/gpu-runs.md, run 307).
     InOrder(&'a [bool]),
 }
 
-/// How far from the end of an in-order list [`Placement::InOrder`] looks for objects that
-/// fill a segment's tail: a few dozen objects hold one that fits the average tail, and the
-/// search runs under the bookkeeping lock.
-const TAIL_FILL_LOOKBACK: usize = 64;
+/// How many objects from the end of an in-order list [`Placement::InOrder`] weighs to fill a
+/// segment's tail: on the mixed-swap corpus (`lz4_flex` blocks, slots of 2,048 pages), 64 left
+/// 46 % more bytes in holes than 256; the search runs under the bookkeeping lock, a few
+/// hundred lengths compared.
+const TAIL_FILL_LOOKBACK: usize = 256;
 
 /// Counters read by the store's stats.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -560,7 +561,10 @@ impl Arena {
                     *done += 1;
                     continue;
                 }
-                if let (Placement::InOrder(marks), true) = (placement, in_order) {
+                // Before the arena grows, the frontier's tail is filled, whether the object
+                // that did not fit is in order or not: a page stored raw that does not fit
+                // leaves a tail no later in-order object would take.
+                if let Placement::InOrder(marks) = placement {
                     fill_tail(&mut meta, lens, marks, handles, *done + 1, early);
                 }
                 self.check_growth(&meta, budget)?;
@@ -713,8 +717,9 @@ impl Arena {
 }
 
 /// Fills the rest of the frontier's segment with objects marked in `marks` from the end of
-/// the list (down to `from`, at most [`TAIL_FILL_LOOKBACK`] of them) that fit, flagging each
-/// in `early`.
+/// the list (down to `from`) that fit, flagging each in `early`. It weighs at most
+/// [`TAIL_FILL_LOOKBACK`] objects not yet placed: the ones earlier fills took are passed
+/// over, not counted, so that the last segments of a long list find fillers as the first did.
 fn fill_tail(
     meta: &mut Meta,
     lens: &[usize],
@@ -724,19 +729,21 @@ fn fill_tail(
     early: &mut [bool],
 ) {
     let end = lens.len().min(marks.len()).min(early.len());
-    for j in (from.max(end.saturating_sub(TAIL_FILL_LOOKBACK))..end).rev() {
+    let mut weighed = 0;
+    for j in (from..end).rev() {
         if !marks[j] || early[j] {
             continue;
         }
+        if weighed == TAIL_FILL_LOOKBACK || meta.frontier.is_multiple_of(SEGMENT_SIZE as u64) {
+            break;
+        }
+        weighed += 1;
         let class = class_of(lens[j]);
         if let Some(h) = meta.take_frontier(class) {
             meta.objects += 1;
             meta.class_bytes += (class * CLASS_GRANULE) as u64;
             handles[j] = h;
             early[j] = true;
-        }
-        if meta.frontier.is_multiple_of(SEGMENT_SIZE as u64) {
-            break;
         }
     }
 }
@@ -1051,6 +1058,62 @@ mod tests {
         let usage = arena.usage();
         assert_eq!(usage.objects, 26);
         assert_eq!(usage.free_bytes, (SEGMENT_SIZE - 64_920) as u64);
+    }
+
+    #[test]
+    fn an_object_stored_anywhere_that_does_not_fit_leaves_the_tail_to_in_order_objects() {
+        let arena = Arena::new(0, None, 4096, None);
+        // 20 objects of 3096 bytes end at 61920; the raw page (unmarked) does not fit the
+        // remaining 3616 bytes and no hole holds it: the three marked objects from the end
+        // of the list fill the tail before the arena grows for it.
+        let mut lens = vec![3096usize; 20];
+        lens.extend([4096, 1000, 1000, 1000]);
+        let mut marks = vec![true; lens.len()];
+        marks[20] = false;
+        let mut handles = vec![0u64; lens.len()];
+        arena
+            .alloc_many_placed(
+                &lens,
+                Budget::Reserved,
+                Placement::InOrder(&marks),
+                &mut handles,
+            )
+            .unwrap();
+        assert_eq!(handles[21..], [63_920, 62_920, 61_920]);
+        assert_eq!(handles[20], SEGMENT_SIZE as u64);
+        assert_eq!(arena.usage().free_bytes, (SEGMENT_SIZE - 64_920) as u64);
+    }
+
+    #[test]
+    fn tail_fills_pass_over_the_objects_earlier_fills_took() {
+        let arena = Arena::new(0, None, 4096, None);
+        // 21 objects of 3096 bytes a segment leave tails of 520 bytes, each filled by 8
+        // objects of 64 bytes from the end of the list: 39 tails take 312 of them, more than
+        // the fill weighs at once, so the later fills reach past the ones taken.
+        let mut lens = vec![3096usize; 21 * 40];
+        lens.extend(std::iter::repeat_n(64, 400));
+        const { assert!(39 * 8 > TAIL_FILL_LOOKBACK) };
+        let marks = vec![true; lens.len()];
+        let mut handles = vec![0u64; lens.len()];
+        arena
+            .alloc_many_placed(
+                &lens,
+                Budget::Reserved,
+                Placement::InOrder(&marks),
+                &mut handles,
+            )
+            .unwrap();
+        let usage = arena.usage();
+        assert_eq!(usage.segment_bytes, 41 * SEGMENT_SIZE as u64);
+        assert!(
+            usage.free_bytes < 520,
+            "a segment's tail was left a hole: {} bytes free",
+            usage.free_bytes
+        );
+        let mut sorted = handles.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), handles.len(), "two objects at one place");
     }
 
     #[test]
