@@ -103,6 +103,12 @@ pub(crate) enum Placement<'a> {
 /// hundred lengths compared.
 const TAIL_FILL_LOOKBACK: usize = 256;
 
+/// In-order allocation ([`Placement::InOrder`]) takes no hole: a store whose pages are
+/// overwritten while writes never pause (compaction waits for a pause) would grow by every
+/// overwrite. Past this share of its segments in holes (1/32), objects go `Anywhere` until
+/// the holes are taken again.
+const IN_ORDER_HOLE_SHARE: u64 = 32;
+
 /// Counters read by the store's stats.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct ArenaUsage {
@@ -457,6 +463,15 @@ impl Arena {
             free_bytes: meta.free_bytes + meta.adopted_hole_bytes,
             compacted_pages: meta.compacted_pages,
         }
+    }
+
+    /// Whether objects may go in order at the frontier now ([`Placement::InOrder`]): false
+    /// while free holes hold more than 1/[`IN_ORDER_HOLE_SHARE`] of the segments, which
+    /// only objects placed `Anywhere` fill.
+    pub(crate) fn may_place_in_order(&self) -> bool {
+        let meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
+        let holes = meta.free_bytes + meta.adopted_hole_bytes;
+        holes.saturating_mul(IN_ORDER_HOLE_SHARE) <= (meta.segments * SEGMENT_SIZE) as u64
     }
 
     /// Reserves room for an object of `data.len()` (1..=PAGE_SIZE) bytes and then `trailer`
@@ -1114,6 +1129,28 @@ mod tests {
         sorted.sort_unstable();
         sorted.dedup();
         assert_eq!(sorted.len(), handles.len(), "two objects at one place");
+    }
+
+    #[test]
+    fn in_order_placement_waits_while_holes_pile_up() {
+        let arena = Arena::new(0, None, 4096, None);
+        assert!(arena.may_place_in_order(), "an empty arena");
+        let lens = vec![1000usize; 640];
+        let mut handles = vec![0u64; lens.len()];
+        arena
+            .alloc_many(&lens, Budget::Reserved, &mut handles)
+            .unwrap();
+        assert!(arena.may_place_in_order());
+        // 40 of 640 objects freed: 40,000 bytes of holes in 10 segments, over 1/32.
+        arena.free_many(handles[..40].iter().map(|&h| (h, 1000)));
+        assert!(!arena.may_place_in_order());
+        // Objects placed anywhere take the holes back.
+        let mut again = vec![0u64; 40];
+        arena
+            .alloc_many(&lens[..40], Budget::Reserved, &mut again)
+            .unwrap();
+        assert!(arena.usage().free_bytes <= SEGMENT_SIZE as u64 * 10 / IN_ORDER_HOLE_SHARE);
+        assert!(arena.may_place_in_order());
     }
 
     #[test]

@@ -288,7 +288,9 @@ impl PageStore {
         let (order, shards) = self.shard_order(commits)?;
         // The objects the placer holds go to the arena in order, the others anywhere. Room
         // for that list and the placed objects' list comes before the arena's allocation (as
-        // above); without it the CPU copies them all.
+        // above); without it the CPU copies them all. While holes pile up (overwrites), all
+        // go anywhere, into the holes, and the CPU copies them.
+        let placer = placer.filter(|_| self.arena.may_place_in_order());
         let mut placing = match placer {
             Some(p) => match (try_vec(lens.len()), try_vec::<bool>(lens.len())) {
                 (Ok(list), Ok(mut marks)) => {

@@ -156,6 +156,40 @@ fn a_copy_engine_places_runs_of_blocks_and_the_installers_write_only_their_ends(
 }
 
 #[test]
+fn overwrites_under_a_copy_engine_reuse_the_holes_they_leave() {
+    // Four times the pages the ring's slots hold, so that most of the store stays stored
+    // while a slot's pages are overwritten.
+    let one = pages();
+    let data: Vec<u8> = (0..8u8)
+        .flat_map(|k| one.iter().map(move |b| b ^ k))
+        .collect();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    assert!(n >= 4 * 4 * 512, "{n} pages");
+    let slots = HostSlots::with_faults(Algorithm::Lz4, 4, 512, FaultPlan::default())
+        .with_copy_engine(CopyEngine::Works);
+    let (store, ring) = ring_with(n, Arc::new(slots), patient());
+    write_all(&ring, 0, &data);
+    ring.flush();
+    let first = store.memory().segment_bytes;
+    // Overwrites without a pause, so compaction never runs: in-order objects take no hole,
+    // and without a limit on that every pass would add its own segments.
+    let mut last = data;
+    for pass in 1..=4u8 {
+        last.iter_mut().for_each(|b| *b = b.wrapping_add(pass));
+        write_all(&ring, 0, &last);
+        ring.flush();
+    }
+    assert_reads(&store, &last);
+    let m = store.memory();
+    assert!(
+        m.segment_bytes <= first + first / 4,
+        "{} segment bytes after four overwrites, {first} after the first write: {m:?}",
+        m.segment_bytes
+    );
+    assert!(ring.stats().placed_bytes > 0);
+}
+
+#[test]
 fn a_copy_engine_that_refuses_leaves_the_copies_to_the_installers() {
     let (store, ring, data) = engine_ring(CopyEngine::Refuses);
     let s = ring.stats();
