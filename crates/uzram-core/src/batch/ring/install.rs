@@ -421,8 +421,10 @@ impl<'a> Installer<'a> {
     }
 }
 
-/// `commits` sorted by where their blocks lie in the slot's packed results (the others after
-/// them), for the copy engine's runs. Each block's place is looked up once: a sort that asked
+/// `commits` sorted by where their blocks lie in the slot's packed results, for the copy
+/// engine's runs; the others (pages stored raw, mostly) first: where one does not fit the
+/// rest of an arena segment, blocks from the end of the list fill that rest, which a run of
+/// raw pages at the end would leave a hole (1.9 % more memory on mixed-swap). Each block's place is looked up once: a sort that asked
 /// the placer at every comparison cost more than the copies it saved. Unsorted when there is
 /// no memory for the keys (the installers then copy more themselves).
 fn in_packed_order<'a>(commits: Vec<Commit<'a>>, placer: &dyn Placer) -> Vec<Commit<'a>> {
@@ -438,9 +440,9 @@ fn in_packed_order<'a>(commits: Vec<Commit<'a>>, placer: &dyn Placer) -> Vec<Com
             Encoded::Compressed(block) => placer.packed_offset(block),
             _ => None,
         };
-        // The offset above, the index below: packed buffers and slots are far under 4 GiB
-        // and 4 G pages.
-        (at.map_or(u64::from(u32::MAX), |o| o as u64) << 32) | i as u64
+        // The offset above (one past it, 0 for none), the index below: packed buffers and
+        // slots are far under 4 GiB and 4 G pages.
+        (at.map_or(0, |o| o as u64 + 1) << 32) | i as u64
     }));
     keys.sort_unstable();
     sorted.extend(

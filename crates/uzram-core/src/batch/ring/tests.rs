@@ -1234,3 +1234,44 @@ fn a_ring_whose_thread_cannot_start_leaves_nothing_behind() {
         assert_reads(&store, &data);
     }
 }
+
+#[test]
+fn placed_slots_hold_about_the_memory_of_unplaced_ones_with_pages_stored_raw() {
+    // The mixed-swap slice, in which one page in seven is stored raw; 32 variants of it
+    // fill 8 slots of 2,048 pages and about 460 segments, so that segment tails, not the last
+    // segment, make the difference.
+    let f = std::fs::File::open(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/mixed-swap.slice.pages.zst"),
+    )
+    .unwrap();
+    let one = zstd::decode_all(f).unwrap();
+    let data: Vec<u8> = (0..32u8)
+        .flat_map(|k| one.iter().map(move |b| b ^ k))
+        .collect();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let held = |engine: CopyEngine| {
+        let slots = HostSlots::with_faults(Algorithm::Lz4, 7, 2048, FaultPlan::default())
+            .with_copy_engine(engine);
+        let (store, ring) = ring_with(n, Arc::new(slots), patient());
+        write_all(&ring, 0, &data);
+        ring.flush();
+        assert_reads(&store, &data);
+        (
+            store.memory(),
+            store.stats().huge_pages,
+            ring.stats().placed_bytes,
+        )
+    };
+    let (unplaced, raw, _) = held(CopyEngine::Absent);
+    let (placed, _, placed_bytes) = held(CopyEngine::Works);
+    assert!(raw * 16 > n, "{raw} of {n} pages raw");
+    assert!(
+        placed_bytes > placed.payload_bytes / 2,
+        "{placed_bytes} bytes placed"
+    );
+    assert!(
+        placed.segment_bytes * 200 <= unplaced.segment_bytes * 201,
+        "placed {placed:?}, against {unplaced:?}"
+    );
+}
