@@ -206,7 +206,7 @@ pub struct GpuArgs {
     #[arg(long)]
     pub gpu_slot_pages: Option<u64>,
     /// Whether the GPU's copy engine places compressed pages straight into the store
-    /// (default true; the store's memory is then registered with the driver and kept).
+    /// (default false; when true, the store's memory is registered with the driver and kept).
     #[arg(long, value_name = "BOOL")]
     pub gpu_place: Option<bool>,
 }

@@ -144,7 +144,10 @@ pub struct GpuSettings {
     /// Whether the GPU's copy engine places the checked compressed pages straight into the
     /// store's memory, which is then registered with the driver as the block pool faults it
     /// in (and no longer given back while the daemon runs), so that the installers need not
-    /// copy them: about half the installers' CPU (docs/gpu.md).
+    /// copy them. Off by default: on the H100 machines of three starts it moved the GPU path's
+    /// CPU per GiB by -21 % to +45 % beside off in the same call, and on the last, with its
+    /// final code, it cost CPU and ingest on the swap mix (docs/bench/gpu-runs.md, runs
+    /// 309-311).
     pub place: bool,
 }
 
@@ -173,7 +176,7 @@ impl Default for GpuSettings {
             installers: DEFAULT_GPU_INSTALLERS,
             slot_pages: DEFAULT_GPU_SLOT_PAGES,
             slot_wait_us: DEFAULT_GPU_SLOT_WAIT_US,
-            place: true,
+            place: false,
         }
     }
 }
@@ -766,7 +769,7 @@ pub struct RawDevice {
     pub gpu_slot_wait_us: Option<u64>,
     /// Pages per GPU ring slot.
     pub gpu_slot_pages: Option<u64>,
-    /// Whether the GPU's copy engine places compressed pages in the store (default on).
+    /// Whether the GPU's copy engine places compressed pages in the store (default off).
     #[serde(default)]
     pub gpu_place: Option<bool>,
     /// Metrics text file.

@@ -606,6 +606,7 @@ mod tests {
         assert_eq!(cfg.swap.options.as_deref(), Some(DEFAULT_SWAP_OPTIONS));
         assert_eq!(cfg.device.gpu, GpuSettings::default());
         assert_eq!(cfg.device.gpu.parse, Parse::High);
+        assert!(!cfg.device.gpu.place, "gpu-place is opt-in");
         // An empty options string turns the default off.
         let cfg = parse("size = 1048576\noptions = \"\"").unwrap();
         assert_eq!(cfg.swap.options, None);
