@@ -1033,6 +1033,20 @@ mod tests {
         out
     }
 
+    /// `lens` allocated [`Placement::InOrder`] with `marks`; their handles.
+    fn in_order(arena: &Arena, lens: &[usize], marks: &[bool]) -> Vec<u64> {
+        let mut handles = vec![0u64; lens.len()];
+        arena
+            .alloc_many_placed(
+                lens,
+                Budget::Reserved,
+                Placement::InOrder(marks),
+                &mut handles,
+            )
+            .unwrap();
+        handles
+    }
+
     #[test]
     fn in_order_objects_follow_each_other_and_fill_each_segments_tail_from_the_end() {
         let arena = Arena::new(0, None, 4096, None);
@@ -1051,15 +1065,7 @@ mod tests {
         lens.extend([1000, 1000, 1000]);
         let mut marks = vec![true; 24];
         marks.push(false);
-        let mut handles = vec![0u64; lens.len()];
-        arena
-            .alloc_many_placed(
-                &lens,
-                Budget::Reserved,
-                Placement::InOrder(&marks),
-                &mut handles,
-            )
-            .unwrap();
+        let handles = in_order(&arena, &lens, &marks);
         for (i, h) in handles.iter().take(20).enumerate() {
             assert_eq!(*h, frontier + 3096 * i as u64, "object {i}");
         }
@@ -1085,15 +1091,7 @@ mod tests {
         lens.extend([4096, 1000, 1000, 1000]);
         let mut marks = vec![true; lens.len()];
         marks[20] = false;
-        let mut handles = vec![0u64; lens.len()];
-        arena
-            .alloc_many_placed(
-                &lens,
-                Budget::Reserved,
-                Placement::InOrder(&marks),
-                &mut handles,
-            )
-            .unwrap();
+        let handles = in_order(&arena, &lens, &marks);
         assert_eq!(handles[21..], [63_920, 62_920, 61_920]);
         assert_eq!(handles[20], SEGMENT_SIZE as u64);
         assert_eq!(arena.usage().free_bytes, (SEGMENT_SIZE - 64_920) as u64);
@@ -1109,15 +1107,7 @@ mod tests {
         lens.extend(std::iter::repeat_n(64, 400));
         const { assert!(39 * 8 > TAIL_FILL_LOOKBACK) };
         let marks = vec![true; lens.len()];
-        let mut handles = vec![0u64; lens.len()];
-        arena
-            .alloc_many_placed(
-                &lens,
-                Budget::Reserved,
-                Placement::InOrder(&marks),
-                &mut handles,
-            )
-            .unwrap();
+        let handles = in_order(&arena, &lens, &marks);
         let usage = arena.usage();
         assert_eq!(usage.segment_bytes, 41 * SEGMENT_SIZE as u64);
         assert!(
