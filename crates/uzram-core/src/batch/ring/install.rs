@@ -422,11 +422,12 @@ impl<'a> Installer<'a> {
 }
 
 /// `commits` sorted by where their blocks lie in the slot's packed results, for the copy
-/// engine's runs; the others (pages stored raw, mostly) first: where one does not fit the
-/// rest of an arena segment, blocks from the end of the list fill that rest, which a run of
-/// raw pages at the end would leave a hole (1.9 % more memory on mixed-swap). Each block's place is looked up once: a sort that asked
-/// the placer at every comparison cost more than the copies it saved. Unsorted when there is
-/// no memory for the keys (the installers then copy more themselves).
+/// engine's runs, with the others (pages stored raw, mostly) first: where one of those does
+/// not fit the rest of an arena segment, blocks from the end of the list fill that rest,
+/// where raw pages at the end left it a hole (1.9 % more memory on mixed-swap). Each
+/// block's place is looked up once: a sort that asked the placer at every comparison cost
+/// more than the copies it saved. Unsorted when there is no memory for the keys (the
+/// installers then copy more themselves).
 fn in_packed_order<'a>(commits: Vec<Commit<'a>>, placer: &dyn Placer) -> Vec<Commit<'a>> {
     let mut keys: Vec<u64> = Vec::new();
     let mut sorted: Vec<Commit<'a>> = Vec::new();
