@@ -14,13 +14,26 @@ use crate::codec::Algorithm;
 use crate::fuzz::noise_pages as noise;
 use crate::store::StoreConfig;
 
+/// The checked-in corpus slice `name` (testdata/NAME.slice.pages.zst), its pages.
+fn slice(name: &str) -> Vec<u8> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
+    let f = std::fs::File::open(dir.join(format!("{name}.slice.pages.zst"))).unwrap();
+    zstd::decode_all(f).unwrap()
+}
+
+/// `n` variants of `pages` one after another, the k-th with every byte XORed with k: as
+/// compressible as the original, but no page a copy of another variant's.
+fn variants(pages: &[u8], n: u8) -> Vec<u8> {
+    (0..n)
+        .flat_map(|k| pages.iter().map(move |b| b ^ k))
+        .collect()
+}
+
 /// The checked-in corpus slices (1024 real pages), then noise, text and same-filled pages.
 pub(super) fn pages() -> Vec<u8> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
     let mut v = Vec::new();
     for name in ["python-heap", "mixed-swap"] {
-        let f = std::fs::File::open(dir.join(format!("{name}.slice.pages.zst"))).unwrap();
-        v.extend(zstd::decode_all(f).unwrap());
+        v.extend(slice(name));
     }
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     for i in 0..96u64 {
@@ -159,10 +172,7 @@ fn a_copy_engine_places_runs_of_blocks_and_the_installers_write_only_their_ends(
 fn overwrites_under_a_copy_engine_reuse_the_holes_they_leave() {
     // Four times the pages the ring's slots hold, so that most of the store stays stored
     // while a slot's pages are overwritten.
-    let one = pages();
-    let data: Vec<u8> = (0..8u8)
-        .flat_map(|k| one.iter().map(move |b| b ^ k))
-        .collect();
+    let data = variants(&pages(), 8);
     let n = (data.len() / PAGE_SIZE) as u64;
     assert!(n >= 4 * 4 * 512, "{n} pages");
     let slots = HostSlots::with_faults(Algorithm::Lz4, 4, 512, FaultPlan::default())
@@ -1240,15 +1250,7 @@ fn placed_slots_hold_about_the_memory_of_unplaced_ones_with_pages_stored_raw() {
     // The mixed-swap slice, in which one page in seven is stored raw; 32 variants of it
     // fill 8 slots of 2,048 pages and about 460 segments, so that segment tails, not the last
     // segment, make the difference.
-    let f = std::fs::File::open(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../testdata/mixed-swap.slice.pages.zst"),
-    )
-    .unwrap();
-    let one = zstd::decode_all(f).unwrap();
-    let data: Vec<u8> = (0..32u8)
-        .flat_map(|k| one.iter().map(move |b| b ^ k))
-        .collect();
+    let data = variants(&slice("mixed-swap"), 32);
     let n = (data.len() / PAGE_SIZE) as u64;
     let held = |engine: CopyEngine| {
         let slots = HostSlots::with_faults(Algorithm::Lz4, 7, 2048, FaultPlan::default())
