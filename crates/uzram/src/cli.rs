@@ -564,6 +564,11 @@ pub struct BenchArgs {
     /// The timing reader's pause between reads, in µs (0: back to back, a whole core).
     #[arg(long, default_value_t = 0, value_name = "US")]
     pub read_gap_us: u64,
+    /// After each run's first write, write the same pages N times more, each time with
+    /// other contents, as swap reuses its slots; report those passes apart (ingest, CPU,
+    /// read p99, the store's memory with the holes they leave, and after a compaction).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub overwrites: usize,
 }
 
 impl DeviceArgs {

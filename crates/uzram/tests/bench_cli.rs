@@ -117,6 +117,67 @@ fn json_report_has_every_key_and_verifies() {
     }
 }
 
+/// `--overwrites`: the same pages written again with other contents, reported apart, and
+/// every page read back as the last pass wrote it.
+#[test]
+fn overwrites_are_reported_apart_and_read_back_as_last_written() {
+    let file = TempFile::new("overwrites", &slice("mixed-swap"));
+    let out = uzram(&[
+        "bench",
+        "--corpus",
+        file.arg(),
+        "--queues",
+        "2",
+        "--total",
+        "4M",
+        "--repeat",
+        "1",
+        "--warmup",
+        "0",
+        "--overwrites",
+        "2",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value =
+        serde_json::from_str(String::from_utf8(out.stdout).unwrap().trim()).expect("JSON");
+    assert_eq!(v["verified"], true, "{v}");
+    let o = &v["overwrite"];
+    assert_eq!(o["passes"], 2, "{v}");
+    for key in ["ingest_gbps", "cpu_s_per_gib", "read_busy_p99_us", "ratio"] {
+        assert!(o[key].as_f64().expect(key) > 0.0, "{key}: {o}");
+    }
+    let (holes, compacted) = (
+        o["ratio"].as_f64().unwrap(),
+        o["ratio_compacted"].as_f64().unwrap(),
+    );
+    assert!(holes > 1.5, "real pages compress: {holes}");
+    assert!(compacted >= holes, "a compaction never holds more: {o}");
+    assert!(
+        o["cpu_s_per_gib_by_role"]["queues"].as_f64().unwrap() > 0.0,
+        "{o}"
+    );
+    // Without the flag there is no such object.
+    let out = uzram(&[
+        "bench",
+        "--corpus",
+        file.arg(),
+        "--queues",
+        "1",
+        "--total",
+        "1M",
+        "--repeat",
+        "1",
+        "--warmup",
+        "0",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value =
+        serde_json::from_str(String::from_utf8(out.stdout).unwrap().trim()).expect("JSON");
+    assert!(v.get("overwrite").is_none(), "{v}");
+}
+
 /// Each run builds a fresh store in the bench's one region; a dropped store's segments must
 /// go back to the pool. When they stayed out (a home that keeps them for a daemon's next
 /// takeover), the fourth or fifth run of 32 MiB failed its writes with ENOMEM.
@@ -276,7 +337,7 @@ fn bad_inputs_fail_with_a_clear_message() {
     let empty = TempFile::new("empty", &[]);
     let good = TempFile::new("good", &[7u8; 4096]);
     let missing = std::env::temp_dir().join("uzram-bench-cli-no-such-file");
-    let cases: [(Vec<&str>, &str); 12] = [
+    let cases: [(Vec<&str>, &str); 13] = [
         (
             vec!["--corpus", missing.to_str().unwrap()],
             "cannot read corpus",
@@ -326,6 +387,10 @@ fn bad_inputs_fail_with_a_clear_message() {
                 "4096",
             ],
             "over a quarter of this host's",
+        ),
+        (
+            vec!["--corpus", good.arg(), "--overwrites", "101"],
+            "--overwrites must be at most 100",
         ),
     ];
     for (args, message) in cases {

@@ -2,22 +2,21 @@
 //! writer threads sending 64 KiB writes through the daemon's request handler, one reader
 //! timing random 4 KiB reads, then a check of every page.
 
-use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use uzram_core::batch::{BytesSource, LeasedWords, PageSource};
 use uzram_core::codec::Algorithm;
+use uzram_core::Stats as StoreStats;
 use uzram_core::{PageStore, StoreConfig, PAGE_SIZE};
 
 use super::memory::StoreMemory;
+use super::pass::{self, Pass, Source, Writers};
 use super::random::next;
 use crate::config::{Backend, GpuSettings};
 use crate::daemon::backend::{StagingHome, WriteBackend};
 use crate::memory::pool;
-use crate::sys::{cpu_time, usage, CpuOf};
 use crate::ublk::handler::{handle, handle_via, Op, Via};
 use crate::ublk::placement::Placement;
 
@@ -25,8 +24,6 @@ use crate::ublk::placement::Placement;
 pub const REQUEST_PAGES: usize = 16;
 /// Timed reads before the writers start.
 const IDLE_READS: usize = 20_000;
-/// Most read latencies kept while the writers run.
-const MAX_BUSY_SAMPLES: usize = 1 << 22;
 const SECTORS_PER_PAGE: u64 = (PAGE_SIZE / 512) as u64;
 
 /// What one run is asked to do.
@@ -60,6 +57,77 @@ pub struct Setup {
     /// pins the daemon's queue threads (`sys::affinity::queue_cpus`), or on any CPU, as the
     /// daemon lets them with the gpu backend (`ublk::placement`).
     pub placement: Placement,
+    /// Passes over the ingest region after the first, each with other contents for every
+    /// page, as swap reuses its slots.
+    pub overwrites: usize,
+}
+
+/// Where a run's pages are: the corpus once from page 0 (the timing reader's), then the
+/// ingest region from `base` to `total`, the corpus repeated from its page `shift` on (the
+/// last pass's contents).
+#[derive(Debug, Clone, Copy)]
+pub struct Layout {
+    pub base: usize,
+    pub total: usize,
+    pub shift: usize,
+}
+
+impl Layout {
+    /// Device page `p`'s bytes.
+    pub fn expected<'c>(&self, corpus: &'c [u8], p: usize) -> &'c [u8] {
+        let cpages = (corpus.len() / PAGE_SIZE).max(1);
+        let i = if p < self.base {
+            p
+        } else {
+            (p - self.base + self.shift) % cpages
+        };
+        &corpus[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]
+    }
+}
+
+/// What the overwrites did (`--overwrites`): their passes together, and the store after.
+#[derive(Debug, Clone)]
+pub struct Overwritten {
+    pub passes: usize,
+    /// Each pass from its first write until every page was installed, summed.
+    pub compressed: Duration,
+    /// Process CPU time over those spans (as [`Run::cpu`]), summed.
+    pub cpu: Duration,
+    /// CPU time (ns) over them by thread role, summed.
+    pub cpu_by_role: BTreeMap<&'static str, u64>,
+    /// Read latencies while they ran, sorted.
+    pub busy_reads: Vec<u32>,
+    pub orig_bytes: u64,
+    /// The store's memory after the last pass, the holes the overwrites left included.
+    pub mem_used: u64,
+    /// The same after a compaction (what the daemon's worker does once writes pause).
+    pub mem_used_compacted: u64,
+    /// How long that compaction took.
+    pub compact: Duration,
+}
+
+impl Overwritten {
+    fn of(passes: Vec<Pass>, held: &StoreStats, compacted: &StoreStats, compact: Duration) -> Self {
+        let mut cpu_by_role = BTreeMap::new();
+        for p in &passes {
+            for (&role, &ns) in &p.cpu_by_role {
+                *cpu_by_role.entry(role).or_insert(0u64) += ns;
+            }
+        }
+        let mut busy_reads: Vec<u32> = passes.iter().flat_map(|p| p.busy.iter().copied()).collect();
+        busy_reads.sort_unstable();
+        Self {
+            passes: passes.len(),
+            compressed: passes.iter().map(|p| p.compressed).sum(),
+            cpu: passes.iter().map(|p| p.cpu).sum(),
+            cpu_by_role,
+            busy_reads,
+            orig_bytes: held.orig_data_size,
+            mem_used: held.mem_used_total,
+            mem_used_compacted: compacted.mem_used_total,
+            compact,
+        }
+    }
 }
 
 /// What recompressing every page after the writes did (`--recompress`).
@@ -117,6 +185,8 @@ pub struct Run {
     pub recompressed: Option<Recompressed>,
     /// The writeback pass, when asked for.
     pub written_back: Option<super::writeback::WrittenBack>,
+    /// The overwrites, when asked for. The fields above are the first pass's.
+    pub overwritten: Option<Overwritten>,
 }
 
 impl Run {
@@ -141,86 +211,6 @@ pub struct Writer {
     /// scheduler stats). The rest of `done` beyond `cpu` and this, it slept: waiting for a
     /// slot, a lock or memory.
     pub runnable: Duration,
-}
-
-/// A ublk queue thread's priority (`Server::start`: nice -20, as the installers have), so
-/// that the writers share the CPUs with the installers as the daemon's queue threads do.
-/// Not its strict pool takes: an empty pool would fail a write, which the kernel retries
-/// and the bench cannot.
-fn queue_thread_priority(name: &str) {
-    crate::sys::raise_io_thread_priority(name);
-}
-
-fn runqueue_wait() -> Duration {
-    crate::sys::sched::thread_runqueue_wait().unwrap_or_default()
-}
-
-/// The kernel's copy of each written request, stood in for by a `memcpy` from the corpus:
-/// into the request's buffer before the handler runs, or (ublk's user copy,
-/// `ublk/user_copy.rs`) wherever the handler asks for the pages, straight into a staging
-/// slot. Either way the kernel copies each written byte once; the stand-in puts that copy
-/// in the run's wall time, and keeps its CPU time apart (`spent`): the runs count what the
-/// daemon does besides, as they did before the stand-in, when the handler found the pages
-/// in the corpus.
-struct KernelCopyStandIn<'a> {
-    data: BytesSource<'a>,
-    spent: &'a mut Duration,
-}
-
-impl KernelCopyStandIn<'_> {
-    fn timed(&mut self, copy: impl FnOnce(&mut Self) -> io::Result<()>) -> io::Result<()> {
-        let start = cpu_time(CpuOf::Thread)?;
-        let copied = copy(self);
-        *self.spent += cpu_time(CpuOf::Thread)?.saturating_sub(start);
-        copied
-    }
-}
-
-impl PageSource for KernelCopyStandIn<'_> {
-    fn fill_words(&mut self, offset: usize, dst: LeasedWords<'_>) -> io::Result<()> {
-        self.timed(|k| {
-            let src = k.data.range(offset, dst.len_bytes())?;
-            // SAFETY: `dst` is writable for `src.len()` bytes (its length, checked by
-            // `range`), and only the ring makes a `LeasedWords`, over words it leased to this
-            // writer alone; the corpus copy does not overlap staging.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr(), src.len()) };
-            Ok(())
-        })
-    }
-
-    fn fill_bytes(&mut self, offset: usize, bytes: &mut [u8]) -> io::Result<()> {
-        self.timed(|k| k.data.fill_bytes(offset, bytes))
-    }
-}
-
-/// A copy of the corpus a thread can hand to the handler (which takes `&mut` buffers, as
-/// ublk's I/O buffers are).
-struct Source {
-    data: Vec<u8>,
-    pages: usize,
-}
-
-impl Source {
-    /// The `n` pages that belong at device page `first` of the ingest region starting at
-    /// `base` (the corpus repeated), in `scratch` where they wrap around its end.
-    fn pages_at<'a>(
-        &'a mut self,
-        base: usize,
-        first: usize,
-        n: usize,
-        scratch: &'a mut [u8],
-    ) -> &'a mut [u8] {
-        let start = (first - base) % self.pages;
-        if start + n <= self.pages {
-            return &mut self.data[start * PAGE_SIZE..(start + n) * PAGE_SIZE];
-        }
-        for i in 0..n {
-            let p = (start + i) % self.pages;
-            scratch[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]
-                .copy_from_slice(&self.data[p * PAGE_SIZE..(p + 1) * PAGE_SIZE]);
-        }
-        &mut scratch[..n * PAGE_SIZE]
-    }
 }
 
 /// One run over `corpus` (whole pages).
@@ -248,14 +238,11 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
     let s = &*store;
 
     // The reader's pages.
-    let mut src = Source {
-        data: corpus.to_vec(),
-        pages: cpages,
-    };
+    let mut src = Source::new(corpus);
     let mut scratch = vec![0u8; REQUEST_PAGES * PAGE_SIZE];
     for first in (0..cpages).step_by(REQUEST_PAGES) {
         let n = REQUEST_PAGES.min(cpages - first);
-        let buf = src.pages_at(0, first, n, &mut scratch);
+        let buf = src.pages_at(first, n, &mut scratch);
         write_via(s, c, first, n, buf, Via::Buffer)?;
     }
     compression.flush();
@@ -269,204 +256,34 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
         ok &= good;
     }
 
-    let stop = AtomicBool::new(false);
-    let go = AtomicBool::new(false);
-    let bad_reads = AtomicU64::new(0);
-    let per = setup.pages.div_ceil(setup.queues);
-    // The CPUs this process may use, which blk-mq's map shares out among the queues.
-    let pinned = setup.placement == Placement::Kernel;
-    let cpus = if pinned {
-        crate::sys::affinity::allowed_cpus().context("reading this process's CPUs")?
-    } else {
-        Vec::new()
-    };
-    let cpus = &cpus;
-    // Each writer's buffers are made before the clock starts, and freed after it stopped:
-    // freeing 16 writers' 64 MiB copies inside the clock took 40 ms of a 100 ms run
-    // (docs/bench/gpu-runs.md, run 162).
-    let mut sources: Vec<(Source, Vec<u8>, Vec<u8>)> = (0..setup.queues)
-        .map(|_| {
-            let src = Source {
-                data: corpus.to_vec(),
-                pages: cpages,
-            };
-            // The requests' buffers, as ublk tags have one each.
-            // (`bench::run` held them to a quarter of the host's memory.)
-            let mut buffer = vec![0u8; setup.request_buffers.max(1) * REQUEST_PAGES * PAGE_SIZE];
-            let mut scratch = vec![0u8; REQUEST_PAGES * PAGE_SIZE];
-            // Touched now: memory the allocator hands out zeroed may be untouched, and its
-            // first write would fault inside the clock (a run with more request buffers
-            // then paid faults a run with one, a pool block zeroed on taking, did not).
-            buffer.fill(1);
-            scratch.fill(1);
-            (src, scratch, buffer)
-        })
-        .collect();
-    let (ack, writers, compressed, cpu, faults, cpu_by_role, busy, reader_ok) =
-        std::thread::scope(|scope| {
-            // Named, so profiles tell the threads apart.
-            let reader = std::thread::Builder::new()
-                .name("bench-reader".into())
-                .spawn_scoped(scope, || -> anyhow::Result<(Vec<u32>, Duration)> {
-                    // It stands in for the queue threads' reads: their priority.
-                    queue_thread_priority("bench-reader");
-                    let start = cpu_time(CpuOf::Thread)?;
-                    // Touched before the window: its first writes would fault inside it.
-                    let mut lats = vec![0u32; MAX_BUSY_SAMPLES];
-                    lats.clear();
-                    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-                    let mut page = vec![0u8; PAGE_SIZE];
-                    // Busy reads are those while the writers run: none before they start.
-                    while !go.load(Ordering::Acquire) && !stop.load(Ordering::Relaxed) {
-                        std::thread::yield_now();
-                    }
-                    let mut reads = 0u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        let (lat, good) = timed_read(s, c, corpus, &mut seed, &mut page);
-                        // Past MAX_BUSY_SAMPLES, a reservoir: every read of the run has the
-                        // same chance to be kept, and the reader keeps its load on to the end.
-                        reads += 1;
-                        if lats.len() < MAX_BUSY_SAMPLES {
-                            lats.push(lat);
-                        } else if let Some(kept) = usize::try_from(next(&mut seed) % reads)
-                            .ok()
-                            .and_then(|j| lats.get_mut(j))
-                        {
-                            *kept = lat;
-                        }
-                        if !good {
-                            bad_reads.fetch_add(1, Ordering::Relaxed);
-                        }
-                        if !setup.read_gap.is_zero() {
-                            std::thread::sleep(setup.read_gap);
-                        }
-                    }
-                    Ok((lats, cpu_time(CpuOf::Thread)? - start))
-                })?;
-            // The roles' window lies inside the process's: the reader's share of it, taken
-            // out of the process's CPU below, is then never more than the process spent. The
-            // reader's own clock covers its whole life, which starts before the window opens
-            // and ends after it closes: on a busy 2-core machine that was more than the run
-            // itself, and the process's CPU came out as 0.
-            let before = usage(CpuOf::Process)?;
-            let roles_before = super::threads::cpu_by_role();
-            let t0 = Instant::now();
-            go.store(true, Ordering::Release);
-            let writers: std::io::Result<Vec<_>> = sources
-                .iter_mut()
-                .enumerate()
-                .map(|(q, (src, scratch, buffer))| {
-                    let lo = base + q * per;
-                    let hi = (base + (q + 1) * per).min(total);
-                    let name = format!("bench-queue-{q}");
-                    std::thread::Builder::new().name(name.clone()).spawn_scoped(
-                        scope,
-                        move || -> anyhow::Result<Writer> {
-                            queue_thread_priority(&name);
-                            if pinned {
-                                let mine = crate::sys::affinity::queue_cpus(cpus, q, setup.queues);
-                                crate::sys::affinity::pin_thread(mine)
-                                    .with_context(|| format!("pinning {name} to CPUs {mine:?}"))?;
-                            }
-                            // Its own CPU, measured here: the thread is gone when the run
-                            // ends.
-                            let start = cpu_time(CpuOf::Thread)?;
-                            let queued = runqueue_wait();
-                            let mut first = lo;
-                            let mut kernel_copy = Duration::ZERO;
-                            let tag_bytes = REQUEST_PAGES * PAGE_SIZE;
-                            let tags = buffer.len() / tag_bytes;
-                            let mut request = 0;
-                            while first < hi {
-                                let n = REQUEST_PAGES.min(hi - first);
-                                let pages = src.pages_at(base, first, n, scratch);
-                                let mut kernel = KernelCopyStandIn {
-                                    data: BytesSource(pages),
-                                    spent: &mut kernel_copy,
-                                };
-                                let tag = (request % tags) * tag_bytes;
-                                let tag = &mut buffer[tag..tag + tag_bytes];
-                                if setup.user_copy {
-                                    write_via(s, c, first, n, tag, Via::Source(&mut kernel))?;
-                                } else {
-                                    let buf = &mut tag[..n * PAGE_SIZE];
-                                    kernel.fill_bytes(0, buf)?;
-                                    write_via(s, c, first, n, buf, Via::Buffer)?;
-                                }
-                                first += n;
-                                request += 1;
-                            }
-                            let cpu = cpu_time(CpuOf::Thread)? - start;
-                            Ok(Writer {
-                                cpu: cpu.saturating_sub(kernel_copy),
-                                kernel_copy,
-                                done: t0.elapsed(),
-                                runnable: runqueue_wait().saturating_sub(queued),
-                            })
-                        },
-                    )
-                })
-                .collect();
-            let writers = match writers {
-                Ok(w) => w,
-                Err(e) => {
-                    // The reader stops too; the scope then joins every thread it started.
-                    stop.store(true, Ordering::Relaxed);
-                    return Err(anyhow::Error::new(e).context("starting a writer thread"));
-                }
-            };
-            let mut result = Ok(());
-            let mut done_writers = Vec::with_capacity(writers.len());
-            for w in writers {
-                match w
-                    .join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a writer thread panicked")))
-                {
-                    Ok(w) => done_writers.push(w),
-                    Err(e) => result = Err(e),
-                }
-            }
-            let queues_cpu: Duration = done_writers.iter().map(|w| w.cpu).sum();
-            let kernel_copy: Duration = done_writers.iter().map(|w| w.kernel_copy).sum();
-            done_writers.sort_unstable_by_key(|w| w.done);
-            let ack = t0.elapsed();
-            compression.flush();
-            let compressed = t0.elapsed();
-            let mut roles = super::threads::delta(&roles_before, &super::threads::cpu_by_role());
-            let after = usage(CpuOf::Process)?;
-            let reader_in_window = roles.get("reader").copied().unwrap_or(0);
-            // Without schedstat in /proc (a kernel built without CONFIG_SCHED_INFO) every role
-            // reads 0, and the reader's own clock over its life stands in.
-            let roles_measured = roles.values().any(|&ns| ns > 0);
-            roles.insert(
-                "queues",
-                u64::try_from(queues_cpu.as_nanos()).unwrap_or(u64::MAX),
-            );
-            stop.store(true, Ordering::Relaxed);
-            let (busy, reader_life) = reader
-                .join()
-                .unwrap_or_else(|_| Err(anyhow::anyhow!("the reader thread panicked")))?;
-            result?;
-            anyhow::Ok((
-                ack,
-                done_writers,
-                compressed,
-                (after.cpu - before.cpu)
-                    .saturating_sub(if roles_measured {
-                        Duration::from_nanos(reader_in_window)
-                    } else {
-                        reader_life
-                    })
-                    .saturating_sub(kernel_copy),
-                after.faults - before.faults,
-                roles,
-                busy,
-                bad_reads.load(Ordering::Relaxed) == 0,
-            ))
-        })?;
-
-    let mut verified = ok && reader_ok && verify_all(s, c, corpus, base, total, setup.queues)?;
+    let mut writers = Writers::new(corpus, setup);
+    let first = pass::ingest(s, c, corpus, setup, &mut writers, base, total, 0)?;
+    // The first write's memory, before overwrites leave holes.
     let stats = store.stats();
+    let mut reader_ok = first.reader_ok;
+    let overwritten = match setup.overwrites {
+        0 => None,
+        n => {
+            let mut passes = Vec::with_capacity(n);
+            for k in 1..=n {
+                let shift = pass::shift(k, cpages);
+                let p = pass::ingest(s, c, corpus, setup, &mut writers, base, total, shift)?;
+                reader_ok &= p.reader_ok;
+                passes.push(p);
+            }
+            let held = store.stats();
+            let start = Instant::now();
+            // What the daemon's worker does once writes pause.
+            store.compact();
+            let compact = start.elapsed();
+            Some(Overwritten::of(passes, &held, &store.stats(), compact))
+        }
+    };
+    drop(writers);
+    let shift = pass::shift(setup.overwrites, cpages);
+
+    let layout = Layout { base, total, shift };
+    let mut verified = ok && reader_ok && verify_all(s, c, corpus, layout, setup.queues)?;
     let recompressed = match setup.recompress {
         None => None,
         Some(codec) => {
@@ -497,7 +314,7 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
             let cpu = crate::sys::cpu_time(crate::sys::CpuOf::Thread)?.saturating_sub(cpu_before);
             let after = store.stats();
             // Every page again, now read from its zstd object.
-            verified = verified && verify_all(s, c, corpus, base, total, setup.queues)?;
+            verified = verified && verify_all(s, c, corpus, layout, setup.queues)?;
             Some(Recompressed {
                 held_before: before.mem_used_total.saturating_sub(table),
                 held_after: after.mem_used_total.saturating_sub(table),
@@ -515,10 +332,9 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
     let written_back = match &setup.writeback {
         None => None,
         Some(path) => {
-            let wb = super::writeback::measure(s, c, corpus, base, total, path)?;
+            let wb = super::writeback::measure(s, c, corpus, layout, path)?;
             // Every page again, half of them now read from the disk.
-            verified =
-                verified && wb.reads_ok && verify_all(s, c, corpus, base, total, setup.queues)?;
+            verified = verified && wb.reads_ok && verify_all(s, c, corpus, layout, setup.queues)?;
             Some(wb)
         }
     };
@@ -542,17 +358,17 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
         .collect();
     let backend = compression.name();
     drop(compression);
-    let mut busy = busy;
+    let mut busy = first.busy;
     idle.sort_unstable();
     busy.sort_unstable();
     Ok(Run {
         backend,
-        ack,
-        writers,
-        compressed,
-        cpu,
-        faults,
-        cpu_by_role,
+        ack: first.ack,
+        writers: first.writers,
+        compressed: first.compressed,
+        cpu: first.cpu,
+        faults: first.faults,
+        cpu_by_role: first.cpu_by_role,
         idle_reads: idle,
         busy_reads: busy,
         orig_bytes: stats.orig_data_size,
@@ -564,12 +380,13 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
         verified,
         recompressed,
         written_back,
+        overwritten,
     })
 }
 
 /// One write request of `pages` pages through the handler, its data moving as `via` says
 /// (`buf` holds it, or is the bounce buffer).
-fn write_via(
+pub(super) fn write_via(
     s: &PageStore,
     c: &WriteBackend,
     first: usize,
@@ -593,7 +410,7 @@ fn write_via(
 }
 
 /// A random 4 KiB read of the corpus region, timed (ns) and checked.
-fn timed_read(
+pub(super) fn timed_read(
     s: &PageStore,
     c: &WriteBackend,
     corpus: &[u8],
@@ -619,11 +436,10 @@ fn verify_all(
     s: &PageStore,
     c: &WriteBackend,
     corpus: &[u8],
-    base: usize,
-    total: usize,
+    layout: Layout,
     threads: usize,
 ) -> anyhow::Result<bool> {
-    let cpages = corpus.len() / PAGE_SIZE;
+    let total = layout.total;
     let per = total.div_ceil(threads.max(1));
     std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads.max(1))
@@ -648,9 +464,7 @@ fn verify_all(
                             return false;
                         }
                         for (i, got) in buf.chunks_exact(PAGE_SIZE).enumerate() {
-                            let p = first + i;
-                            let want = if p < base { p } else { (p - base) % cpages };
-                            if got != &corpus[want * PAGE_SIZE..(want + 1) * PAGE_SIZE] {
+                            if got != layout.expected(corpus, first + i) {
                                 return false;
                             }
                         }
@@ -662,4 +476,47 @@ fn verify_all(
             .collect();
         Ok(workers.into_iter().all(|w| w.join().unwrap_or(false)))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ingest region holds the corpus from `shift` on, the reader's region the corpus
+    /// as it is: a check that ignored the shift would pass a pass that wrote the old pages.
+    #[test]
+    fn expected_pages_follow_the_last_pass_shift() {
+        let corpus: Vec<u8> = (0..5 * PAGE_SIZE).map(|i| (i / PAGE_SIZE) as u8).collect();
+        let page = |layout: Layout, p: usize| layout.expected(&corpus, p)[0];
+        let layout = Layout {
+            base: 5,
+            total: 15,
+            shift: 0,
+        };
+        assert_eq!(
+            (0..15).map(|p| page(layout, p)).collect::<Vec<_>>(),
+            [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4]
+        );
+        let shifted = Layout { shift: 2, ..layout };
+        assert_eq!(
+            (0..15).map(|p| page(shifted, p)).collect::<Vec<_>>(),
+            [0, 1, 2, 3, 4, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1]
+        );
+    }
+
+    /// Every overwrite gives each page other contents than the pass before it, for corpora
+    /// of any size but a multiple of the shift.
+    #[test]
+    fn each_pass_moves_the_corpus() {
+        for pages in [2, 3, 16, 1024, 16384, 4098, 4100] {
+            for k in 1..=10 {
+                assert_ne!(
+                    pass::shift(k, pages),
+                    pass::shift(k - 1, pages),
+                    "{pages} pages, pass {k}"
+                );
+            }
+        }
+        assert_eq!(pass::shift(0, 16384), 0);
+    }
 }

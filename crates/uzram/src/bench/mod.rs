@@ -18,6 +18,7 @@
 
 mod measure;
 mod memory;
+mod pass;
 mod queue_reads;
 mod random;
 mod report;
@@ -77,6 +78,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             ),
         },
     };
+    ensure!(
+        args.overwrites <= MAX_OVERWRITES,
+        "--overwrites must be at most {MAX_OVERWRITES}, not {}",
+        args.overwrites
+    );
     let total = parse_size(&args.total).context("--total")?;
     let pages = usize::try_from(total / PAGE_SIZE as u64).context("--total is too large")?;
     ensure!(
@@ -152,6 +158,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                     user_copy,
                     request_buffers: args.request_buffers,
                     placement,
+                    overwrites: args.overwrites,
                 };
                 (backend, setup)
             })
@@ -304,6 +311,9 @@ fn corpus_name(path: &Path) -> String {
     let n = path.file_name().unwrap_or_default().to_string_lossy();
     n.split('.').next().unwrap_or("corpus").to_string()
 }
+
+/// The most passes `--overwrites` may add to each run (each as long as the first).
+const MAX_OVERWRITES: usize = 100;
 
 /// The longest pause the timing reader may take between reads.
 const MAX_READ_GAP_US: u64 = 1_000_000;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::Serialize;
 use uzram_core::PAGE_SIZE;
 
-use super::measure::{Run, Setup, Writer};
+use super::measure::{Overwritten, Run, Setup, Writer};
 use crate::config::Backend;
 
 /// What `uzram bench` reports for one corpus and backend.
@@ -91,6 +91,84 @@ pub struct Report {
     /// `--writeback`: the lower half written back after that (medians).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub writeback: Option<WritebackReport>,
+    /// `--overwrites`: the passes after the first write (medians). The fields above are the
+    /// first write's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overwrite: Option<OverwriteReport>,
+}
+
+/// What writing every page again did, medians over runs.
+#[derive(Debug, Serialize)]
+pub struct OverwriteReport {
+    pub passes: usize,
+    /// Bytes written ÷ the passes' time until everything was installed.
+    pub ingest_gbps: f64,
+    /// Process CPU-seconds per GiB written, as `cpu_s_per_gib`.
+    pub cpu_s_per_gib: f64,
+    pub cpu_s_per_gib_by_role: BTreeMap<String, f64>,
+    pub read_busy_p50_us: f64,
+    pub read_busy_p99_us: f64,
+    /// orig_data_size ÷ mem_used_total after the last pass, the holes the overwrites left
+    /// in the arena included.
+    pub ratio: f64,
+    /// The same after a compaction, which the daemon's worker runs once writes pause.
+    pub ratio_compacted: f64,
+    /// How long that compaction took.
+    pub compact_s: f64,
+}
+
+/// The thread roles `uzram bench` reports CPU for.
+const ROLES: [&str; 6] = [
+    "queues",
+    "installers",
+    "submitter",
+    "keeper",
+    "reader",
+    "other",
+];
+
+/// Median CPU-seconds per GiB of each role in [`ROLES`], from each run's nanoseconds by role
+/// (`of`) over its `gib` written.
+fn by_role(
+    runs: &[Run],
+    of: impl Fn(&Run) -> Option<&BTreeMap<&'static str, u64>>,
+    gib: f64,
+) -> BTreeMap<String, f64> {
+    ROLES
+        .iter()
+        .map(|role| {
+            let per_gib = median(
+                runs.iter()
+                    .filter_map(&of)
+                    .map(|roles| roles.get(role).copied().unwrap_or(0) as f64 / 1e9 / gib)
+                    .collect(),
+            );
+            (role.to_string(), per_gib)
+        })
+        .collect()
+}
+
+fn overwrite_report(runs: &[Run], bytes: u64) -> Option<OverwriteReport> {
+    let os: Vec<_> = runs.iter().filter_map(|r| r.overwritten.as_ref()).collect();
+    let last = os.last()?;
+    let mm = |f: &dyn Fn(&Overwritten) -> f64| median(os.iter().map(|o| f(o)).collect());
+    let written = |o: &Overwritten| bytes as f64 * o.passes as f64;
+    let gib = bytes as f64 * last.passes as f64 / (1u64 << 30) as f64;
+    Some(OverwriteReport {
+        passes: last.passes,
+        ingest_gbps: mm(&|o| written(o) / o.compressed.as_secs_f64().max(1e-9) / 1e9),
+        cpu_s_per_gib: mm(&|o| o.cpu.as_secs_f64() / (written(o) / (1u64 << 30) as f64)),
+        cpu_s_per_gib_by_role: by_role(
+            runs,
+            |r| r.overwritten.as_ref().map(|o| &o.cpu_by_role),
+            gib,
+        ),
+        read_busy_p50_us: mm(&|o| pct(&o.busy_reads, 0.50)),
+        read_busy_p99_us: mm(&|o| pct(&o.busy_reads, 0.99)),
+        ratio: mm(&|o| o.orig_bytes as f64 / o.mem_used.max(1) as f64),
+        ratio_compacted: mm(&|o| o.orig_bytes as f64 / o.mem_used_compacted.max(1) as f64),
+        compact_s: mm(&|o| o.compact.as_secs_f64()),
+    })
 }
 
 /// What writing back half the device did, medians over runs.
@@ -242,24 +320,11 @@ impl Report {
             compressed_s: m(&|r| r.compressed.as_secs_f64()),
             cpu_s_per_gib: m(&|r| r.cpu.as_secs_f64() / (bytes as f64 / (1u64 << 30) as f64)),
             faults_per_gib: m(&|r| r.faults as f64 / (bytes as f64 / (1u64 << 30) as f64)),
-            cpu_s_per_gib_by_role: [
-                "queues",
-                "installers",
-                "submitter",
-                "keeper",
-                "reader",
-                "other",
-            ]
-            .iter()
-            .map(|role| {
-                let per_gib = m(&|r| {
-                    r.cpu_by_role.get(role).copied().unwrap_or(0) as f64
-                        / 1e9
-                        / (bytes as f64 / (1u64 << 30) as f64)
-                });
-                (role.to_string(), per_gib)
-            })
-            .collect(),
+            cpu_s_per_gib_by_role: by_role(
+                runs,
+                |r| Some(&r.cpu_by_role),
+                bytes as f64 / (1u64 << 30) as f64,
+            ),
             install_copy_s_per_gib: m(&|r| {
                 r.backend_stat("ring_install_copy_us")
                     .map_or(0.0, |us| us as f64 / 1e6)
@@ -317,6 +382,7 @@ impl Report {
                 })
             }),
             writeback: writeback_report(runs),
+            overwrite: overwrite_report(runs, bytes),
         }
     }
 }
@@ -519,6 +585,28 @@ pub fn table(reports: &[Report]) -> String {
         }
     }
     for r in reports {
+        if let Some(o) = &r.overwrite {
+            out.push_str(&format!(
+                "{} {} {} overwrites: {:.2} GB/s (x{:.2} of the first write), {:.3} CPU-s/GiB \
+                 (x{:.3}), busy read p99 {:.1} µs (x{:.2} idle); ratio {:.4} with the holes, \
+                 {:.4} compacted in {:.3} s (first write {:.4})\n",
+                r.corpus,
+                r.backend,
+                o.passes,
+                o.ingest_gbps,
+                times(o.ingest_gbps, r.ingest_gbps),
+                o.cpu_s_per_gib,
+                times(o.cpu_s_per_gib, r.cpu_s_per_gib),
+                o.read_busy_p99_us,
+                times(o.read_busy_p99_us, r.read_idle_p99_us),
+                o.ratio,
+                o.ratio_compacted,
+                o.compact_s,
+                r.ratio,
+            ));
+        }
+    }
+    for r in reports {
         let Some(first) = reports.iter().find(|b| {
             b.corpus == r.corpus && b.checksums == r.checksums && placed_alike(reports, b, r)
         }) else {
@@ -553,6 +641,19 @@ pub fn table(reports: &[Report]) -> String {
             times(r.ratio, first.ratio),
             times(r.read_busy_p99_us, r.read_idle_p99_us)
         ));
+        if let (Some(o), Some(f)) = (&r.overwrite, &first.overwrite) {
+            out.push_str(&format!(
+                "{} {} vs {} overwritten: ingest x{:.2}, CPU per GiB x{:.3}, ratio compacted \
+                 x{:.4}; busy p99 / idle p99 x{:.2}\n",
+                r.corpus,
+                r.backend,
+                first.backend,
+                times(o.ingest_gbps, f.ingest_gbps),
+                times(o.cpu_s_per_gib, f.cpu_s_per_gib),
+                times(o.ratio_compacted, f.ratio_compacted),
+                times(o.read_busy_p99_us, r.read_idle_p99_us)
+            ));
+        }
     }
     // What user copy saves: each run with it against the same run without.
     for on in reports.iter().filter(|r| r.user_copy) {

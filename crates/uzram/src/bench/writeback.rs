@@ -13,6 +13,7 @@ use anyhow::Context;
 use uzram_core::store::{Nonces, Writeback, WritebackCandidates};
 use uzram_core::{PageStore, PAGE_SIZE};
 
+use super::measure::Layout;
 use super::queue_reads::{self, QueueReads};
 use super::random::next;
 use crate::daemon::backend::WriteBackend;
@@ -46,23 +47,16 @@ pub struct WrittenBack {
     pub reads_ok: bool,
 }
 
-/// Device page `p`'s bytes: the corpus once from page 0, then repeated from `base`.
-fn expected(corpus: &[u8], base: usize, p: usize) -> &[u8] {
-    let cpages = corpus.len() / PAGE_SIZE;
-    let i = if p < base { p } else { (p - base) % cpages };
-    &corpus[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]
-}
-
-/// Writes back pages `0..total / 2` of `store` (`total` pages, laid out as `measure.rs`
-/// lays them) to the backing file at `path`.
+/// Writes back pages `0..total / 2` of `store` (laid out as `layout` says) to the backing
+/// file at `path`.
 pub fn measure(
     store: &PageStore,
     c: &WriteBackend,
     corpus: &[u8],
-    base: usize,
-    total: usize,
+    layout: Layout,
     path: &Path,
 ) -> anyhow::Result<WrittenBack> {
+    let total = layout.total;
     let file = BackingFile::open(path, store.pages())?;
     // A path that holds anything but zeros or uzram's label is refused, as the daemon does.
     let key = new_key()?;
@@ -76,14 +70,14 @@ pub fn measure(
     let mut page = vec![0u8; PAGE_SIZE];
     let mut ok = true;
     for p in half..total {
-        ok &= read(store, c, p, &mut page) && page == expected(corpus, base, p);
+        ok &= read(store, c, p, &mut page) && page == layout.expected(corpus, p);
     }
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut timed = |pages: &dyn Fn(u64) -> usize, page: &mut [u8]| {
         let p = pages(next(&mut seed));
         page.fill(0xa5);
         let t = Instant::now();
-        let good = read(store, c, p, page) && page == expected(corpus, base, p);
+        let good = read(store, c, p, page) && page == layout.expected(corpus, p);
         (
             u32::try_from(t.elapsed().as_nanos()).unwrap_or(u32::MAX),
             good,
@@ -138,7 +132,7 @@ pub fn measure(
             ok &= good;
         }
     }
-    let page_of = |p: usize| expected(corpus, base, p);
+    let page_of = |p: usize| layout.expected(corpus, p);
     let (queue_inline, queue_ring) = if on_disk.is_empty() {
         (None, None)
     } else {
