@@ -100,6 +100,8 @@ pub struct Overwritten {
     pub orig_bytes: u64,
     /// The store's memory after the last pass, the holes the overwrites left included.
     pub mem_used: u64,
+    /// Of that, freed room on the arena's free lists, waiting for an object of its class.
+    pub hole_bytes: u64,
     /// The same after a compaction (what the daemon's worker does once writes pause).
     pub mem_used_compacted: u64,
     /// How long that compaction took.
@@ -107,7 +109,13 @@ pub struct Overwritten {
 }
 
 impl Overwritten {
-    fn of(passes: Vec<Pass>, held: &StoreStats, compacted: &StoreStats, compact: Duration) -> Self {
+    fn of(
+        passes: Vec<Pass>,
+        held: &StoreStats,
+        holes: u64,
+        compacted: &StoreStats,
+        compact: Duration,
+    ) -> Self {
         let mut cpu_by_role = BTreeMap::new();
         for p in &passes {
             for (&role, &ns) in &p.cpu_by_role {
@@ -124,6 +132,7 @@ impl Overwritten {
             busy_reads,
             orig_bytes: held.orig_data_size,
             mem_used: held.mem_used_total,
+            hole_bytes: holes,
             mem_used_compacted: compacted.mem_used_total,
             compact,
         }
@@ -272,11 +281,18 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
                 passes.push(p);
             }
             let held = store.stats();
+            let holes = store.memory().free_hole_bytes;
             let start = Instant::now();
             // What the daemon's worker does once writes pause.
             store.compact();
             let compact = start.elapsed();
-            Some(Overwritten::of(passes, &held, &store.stats(), compact))
+            Some(Overwritten::of(
+                passes,
+                &held,
+                holes,
+                &store.stats(),
+                compact,
+            ))
         }
     };
     drop(writers);

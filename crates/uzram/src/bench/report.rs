@@ -113,6 +113,8 @@ pub struct OverwriteReport {
     pub ratio: f64,
     /// The same after a compaction, which the daemon's worker runs once writes pause.
     pub ratio_compacted: f64,
+    /// The arena's free holes after the last pass ÷ the store's memory then.
+    pub holes_share: f64,
     /// How long that compaction took.
     pub compact_s: f64,
 }
@@ -167,6 +169,7 @@ fn overwrite_report(runs: &[Run], bytes: u64) -> Option<OverwriteReport> {
         read_busy_p99_us: mm(&|o| pct(&o.busy_reads, 0.99)),
         ratio: mm(&|o| o.orig_bytes as f64 / o.mem_used.max(1) as f64),
         ratio_compacted: mm(&|o| o.orig_bytes as f64 / o.mem_used_compacted.max(1) as f64),
+        holes_share: mm(&|o| o.hole_bytes as f64 / o.mem_used.max(1) as f64),
         compact_s: mm(&|o| o.compact.as_secs_f64()),
     })
 }
@@ -588,8 +591,8 @@ pub fn table(reports: &[Report]) -> String {
         if let Some(o) = &r.overwrite {
             out.push_str(&format!(
                 "{} {} {} overwrites: {:.2} GB/s (x{:.2} of the first write), {:.3} CPU-s/GiB \
-                 (x{:.3}), busy read p99 {:.1} µs (x{:.2} idle); ratio {:.4} with the holes, \
-                 {:.4} compacted in {:.3} s (first write {:.4})\n",
+                 (x{:.3}), busy read p99 {:.1} µs (x{:.2} idle); ratio {:.4} with the holes \
+                 ({:.1} % of the memory), {:.4} compacted in {:.3} s (first write {:.4})\n",
                 r.corpus,
                 r.backend,
                 o.passes,
@@ -600,6 +603,7 @@ pub fn table(reports: &[Report]) -> String {
                 o.read_busy_p99_us,
                 times(o.read_busy_p99_us, r.read_idle_p99_us),
                 o.ratio,
+                o.holes_share * 100.0,
                 o.ratio_compacted,
                 o.compact_s,
                 r.ratio,
