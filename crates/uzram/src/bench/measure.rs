@@ -48,7 +48,7 @@ pub struct Setup {
     pub read_gap: Duration,
     /// Writes move by ublk's user copy: the handler has each request's pages copied in
     /// where it puts them instead of finding them in the request's buffer (either way the
-    /// kernel's copy is stood in for: [`KernelCopyStandIn`]).
+    /// kernel's copy is stood in for: `pass.rs`'s `KernelCopyStandIn`).
     pub user_copy: bool,
     /// Request buffers each writer fills in turn (the kernel's copy rotates over them, as
     /// over a ublk queue's tags): how cold the buffer the copy lands in is.
