@@ -188,6 +188,8 @@ pub struct Run {
     pub backend_device: u64,
     /// The backend's counters at the end (ring and GPU), by name.
     pub backend_stats: Vec<(String, u64)>,
+    /// The same after the first pass (the rates per GiB of the first write are of these).
+    pub first_pass_stats: Vec<(String, u64)>,
     /// Every page read back equal to what was written last, and the reader saw no other.
     pub verified: bool,
     /// The recompression pass, when asked for.
@@ -201,10 +203,25 @@ pub struct Run {
 impl Run {
     /// The backend's counter `name` at the end of the run, if it has one.
     pub fn backend_stat(&self, name: &str) -> Option<u64> {
-        self.backend_stats
-            .iter()
-            .find_map(|(n, v)| (n == name).then_some(*v))
+        find_stat(&self.backend_stats, name)
     }
+
+    /// The backend's counter `name` after the first pass.
+    pub fn first_pass_stat(&self, name: &str) -> Option<u64> {
+        find_stat(&self.first_pass_stats, name)
+    }
+}
+
+fn find_stat(stats: &[(String, u64)], name: &str) -> Option<u64> {
+    stats.iter().find_map(|(n, v)| (n == name).then_some(*v))
+}
+
+/// The backend's counters now, by name.
+fn stat_pairs(c: &WriteBackend) -> Vec<(String, u64)> {
+    c.stats()
+        .into_iter()
+        .map(|st| (st.name, st.value))
+        .collect()
 }
 
 /// One writer thread's run.
@@ -267,8 +284,9 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
 
     let mut writers = Writers::new(corpus, setup);
     let first = pass::ingest(s, c, corpus, setup, &mut writers, base, total, 0)?;
-    // The first write's memory, before overwrites leave holes.
+    // The first write's memory, before overwrites leave holes, and the backend's counters.
     let stats = store.stats();
+    let first_stats = stat_pairs(&compression);
     let mut reader_ok = first.reader_ok;
     let overwritten = match setup.overwrites {
         0 => None,
@@ -393,6 +411,7 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
         backend_pinned: backend_memory.pinned_host_bytes,
         backend_device: backend_memory.device_bytes,
         backend_stats,
+        first_pass_stats: first_stats,
         verified,
         recompressed,
         written_back,

@@ -329,12 +329,12 @@ impl Report {
                 bytes as f64 / (1u64 << 30) as f64,
             ),
             install_copy_s_per_gib: m(&|r| {
-                r.backend_stat("ring_install_copy_us")
+                r.first_pass_stat("ring_install_copy_us")
                     .map_or(0.0, |us| us as f64 / 1e6)
                     / (bytes as f64 / (1u64 << 30) as f64)
             }),
             placed_bytes_per_gib: m(&|r| {
-                r.backend_stat("ring_placed_bytes").unwrap_or(0) as f64
+                r.first_pass_stat("ring_placed_bytes").unwrap_or(0) as f64
                     / (bytes as f64 / (1u64 << 30) as f64)
             }),
             read_idle_p50_us: m(&|r| pct(&r.idle_reads, 0.50)),
