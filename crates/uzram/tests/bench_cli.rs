@@ -117,6 +117,12 @@ fn json_report_has_every_key_and_verifies() {
     }
 }
 
+/// The one JSON report of a bench that succeeded.
+fn one_report(out: Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_str(String::from_utf8(out.stdout).expect("utf-8").trim()).expect("JSON")
+}
+
 /// `--overwrites`: the same pages written again with other contents, reported apart, and
 /// every page read back as the last pass wrote it.
 #[test]
@@ -138,9 +144,7 @@ fn overwrites_are_reported_apart_and_read_back_as_last_written() {
         "2",
         "--json",
     ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let v: serde_json::Value =
-        serde_json::from_str(String::from_utf8(out.stdout).unwrap().trim()).expect("JSON");
+    let v = one_report(out);
     assert_eq!(v["verified"], true, "{v}");
     let o = &v["overwrite"];
     assert_eq!(o["passes"], 2, "{v}");
@@ -172,9 +176,7 @@ fn overwrites_are_reported_apart_and_read_back_as_last_written() {
         "0",
         "--json",
     ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let v: serde_json::Value =
-        serde_json::from_str(String::from_utf8(out.stdout).unwrap().trim()).expect("JSON");
+    let v = one_report(out);
     assert!(v.get("overwrite").is_none(), "{v}");
 }
 
