@@ -73,13 +73,19 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// Where ingest page `p` (`base` or more) starts in the corpus repeated: its page
+    /// `corpus_at(p)` modulo the corpus's pages.
+    pub fn corpus_at(&self, p: usize) -> usize {
+        p - self.base + self.shift
+    }
+
     /// Device page `p`'s bytes.
     pub fn expected<'c>(&self, corpus: &'c [u8], p: usize) -> &'c [u8] {
         let cpages = (corpus.len() / PAGE_SIZE).max(1);
         let i = if p < self.base {
             p
         } else {
-            (p - self.base + self.shift) % cpages
+            self.corpus_at(p) % cpages
         };
         &corpus[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]
     }
@@ -282,8 +288,14 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
         ok &= good;
     }
 
+    // Pass `k`'s layout (0: the first write).
+    let layout_of = |k| Layout {
+        base,
+        total,
+        shift: pass::shift(k, cpages),
+    };
     let mut writers = Writers::new(corpus, setup);
-    let first = pass::ingest(s, c, corpus, setup, &mut writers, base, total, 0)?;
+    let first = pass::ingest(s, c, corpus, setup, &mut writers, layout_of(0))?;
     // The first write's memory, before overwrites leave holes, and the backend's counters.
     let stats = store.stats();
     let first_stats = stat_pairs(&compression);
@@ -293,8 +305,7 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
         n => {
             let mut passes = Vec::with_capacity(n);
             for k in 1..=n {
-                let shift = pass::shift(k, cpages);
-                let p = pass::ingest(s, c, corpus, setup, &mut writers, base, total, shift)?;
+                let p = pass::ingest(s, c, corpus, setup, &mut writers, layout_of(k))?;
                 reader_ok &= p.reader_ok;
                 passes.push(p);
             }
@@ -314,9 +325,7 @@ pub fn run(corpus: &[u8], setup: &Setup, memory: &StoreMemory) -> anyhow::Result
         }
     };
     drop(writers);
-    let shift = pass::shift(setup.overwrites, cpages);
-
-    let layout = Layout { base, total, shift };
+    let layout = layout_of(setup.overwrites);
     let mut verified = ok && reader_ok && verify_all(s, c, corpus, layout, setup.queues)?;
     let recompressed = match setup.recompress {
         None => None,

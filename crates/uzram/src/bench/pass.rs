@@ -12,7 +12,7 @@ use anyhow::Context;
 use uzram_core::batch::{BytesSource, LeasedWords, PageSource};
 use uzram_core::{PageStore, PAGE_SIZE};
 
-use super::measure::{timed_read, write_via, Setup, Writer, REQUEST_PAGES};
+use super::measure::{timed_read, write_via, Layout, Setup, Writer, REQUEST_PAGES};
 use super::random::next;
 use crate::daemon::backend::WriteBackend;
 use crate::sys::{cpu_time, usage, CpuOf};
@@ -82,19 +82,17 @@ impl Writers {
     }
 }
 
-/// One pass over the ingest region (pages `base..total`), its page `i` written with the
-/// corpus's page `(i - base + shift) % pages`.
-#[allow(clippy::too_many_arguments)]
+/// One pass over the ingest region, each page written with the corpus's page `layout`
+/// puts there.
 pub(super) fn ingest(
     s: &PageStore,
     c: &WriteBackend,
     corpus: &[u8],
     setup: &Setup,
     writers: &mut Writers,
-    base: usize,
-    total: usize,
-    shift: usize,
+    layout: Layout,
 ) -> anyhow::Result<Pass> {
+    let Layout { base, total, .. } = layout;
     let stop = AtomicBool::new(false);
     let go = AtomicBool::new(false);
     let bad_reads = AtomicU64::new(0);
@@ -185,7 +183,7 @@ pub(super) fn ingest(
                             let mut request = 0;
                             while first < hi {
                                 let n = REQUEST_PAGES.min(hi - first);
-                                let pages = src.pages_at(first - base + shift, n, scratch);
+                                let pages = src.pages_at(layout.corpus_at(first), n, scratch);
                                 let mut kernel = KernelCopyStandIn {
                                     data: BytesSource(pages),
                                     spent: &mut kernel_copy,
