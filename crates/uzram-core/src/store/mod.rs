@@ -65,10 +65,12 @@ pub use self::writeback::{Writeback, WritebackCandidates, WrittenBack};
 pub const CHECKSUM_BYTES: usize = arena::CHECKSUM_BYTES;
 
 /// Memory a staged page holds to the limit until it is installed: what it can take then at
-/// most, a raw page's share of a segment (15 to 64 KiB: 4,370 bytes, not 4,096, which let a
-/// device written to its limit with incompressible pages end up past it).
-pub const STAGED_PAGE_ROOM: u64 =
-    (segments::SEGMENT_SIZE as u64).div_ceil(RAW_PAGES_PER_SEGMENT as u64);
+/// most, a raw page's share of a segment and of the table of the hole it leaves (15 to
+/// 64 KiB: 4,373 bytes, not 4,096, which let a device written to its limit with
+/// incompressible pages end up past it).
+pub const STAGED_PAGE_ROOM: u64 = ((segments::SEGMENT_SIZE + arena::TABLE_BYTES_PER_SEGMENT)
+    as u64)
+    .div_ceil(RAW_PAGES_PER_SEGMENT as u64);
 
 use self::arena::{Arena, Budget, Object};
 use self::entry::{Entry, Slot};
