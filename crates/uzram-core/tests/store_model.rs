@@ -284,8 +284,7 @@ fn run(ops: &[Op], ring: bool) -> Result<(), TestCaseError> {
                 // The segments released, and the hole tables' room they had.
                 prop_assert_eq!(
                     i128::from(after.mem_used_total) + i128::from(freed * PAGE_SIZE as u64),
-                    i128::from(before.mem_used_total)
-                        - i128::from(tables)
+                    i128::from(before.mem_used_total) - i128::from(tables)
                         + i128::from(store.memory().arena_bookkeeping_bytes)
                 );
             }
