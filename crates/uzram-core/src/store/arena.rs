@@ -147,9 +147,9 @@ struct Meta {
     /// Pages' worth of segments released by compaction (cumulative).
     compacted_pages: u64,
     /// Free ranges an adoption found and has not made holes yet
-    /// ([`Arena::link_adopted_holes`]), and their bytes. Linking a hole writes into it: in a
-    /// process that has just attached the store's memory, that is a page fault per hole,
-    /// thousands of them, which a recovery should not spend while I/O waits.
+    /// ([`Arena::link_adopted_holes`]), and their bytes. Making one a hole is table and list
+    /// work under the bookkeeping lock, and may allocate: a recovery's thousands of them
+    /// are made a few at a time, not while its first I/O waits.
     adopted_holes: Vec<(u64, u64)>,
     adopted_hole_bytes: u64,
 }
