@@ -3,6 +3,7 @@
 use std::sync::PoisonError;
 
 use super::*;
+use crate::fuzz::Rng;
 
 const LIMITED: Budget = Budget::Limited { reserved: 0 };
 
@@ -78,18 +79,6 @@ fn a_double_free_is_refused_and_never_hands_a_place_out_twice() {
     assert_eq!(read(&arena, fence, 60), vec![9; 60]);
 }
 
-/// A small deterministic generator (xorshift), so that a failure replays.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// Objects stored and freed at random, with and without something writing at random into
 /// the holes (shared memory in a persistent store, which the lists must not depend on):
 /// every live object reads back whole, no two overlap, the lists agree with the tables, and
@@ -98,12 +87,13 @@ impl Rng {
 fn holes_stay_merged_and_what_is_written_into_them_never_hands_out_a_place_in_use() {
     for damage in [false, true] {
         let arena = Arena::new(0, None, 1 << 16, None);
-        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        // Seeded, so that a failure replays.
+        let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
         let mut live: Vec<(u64, usize, u8)> = Vec::new();
         for step in 0..40_000u32 {
-            let r = rng.next();
+            let r = rng.next_u64();
             if live.len() < 50 || r % 100 < 52 {
-                let len = 1 + (rng.next() % 4100) as usize;
+                let len = 1 + (rng.next_u64() % 4100) as usize;
                 let fill = (step % 251) as u8;
                 let h = arena.store(&vec![fill; len], None, LIMITED).unwrap();
                 live.push((h, len, fill));
@@ -118,12 +108,12 @@ fn holes_stay_merged_and_what_is_written_into_them_never_hands_out_a_place_in_us
             if damage && step % 7 == 0 {
                 // Into any word of any segment that is not an object's.
                 let segments = arena.usage().segment_bytes;
-                let at = (rng.next() % segments) & !7;
+                let at = (rng.next_u64() % segments) & !7;
                 let in_use = live
                     .iter()
                     .any(|&(h, len, _)| at >= h && at < h + (class_of(len) * CLASS_GRANULE) as u64);
                 if !in_use {
-                    set_word(&arena.segments, at, rng.next() % (segments + 64));
+                    set_word(&arena.segments, at, rng.next_u64() % (segments + 64));
                 }
             }
         }
