@@ -65,8 +65,8 @@ pub use self::writeback::{Writeback, WritebackCandidates, WrittenBack};
 pub const CHECKSUM_BYTES: usize = arena::CHECKSUM_BYTES;
 
 /// Memory a staged page holds to the limit until it is installed: what it can take then at
-/// most, a raw page's share of a segment and of the table of the hole it leaves (15 to
-/// 64 KiB: 4,373 bytes, not 4,096, which let a device written to its limit with
+/// most, a raw page's share of a segment and of the room for the holes it leaves (15 to
+/// 64 KiB: 4,375 bytes, not 4,096, which let a device written to its limit with
 /// incompressible pages end up past it).
 pub const STAGED_PAGE_ROOM: u64 = ((segments::SEGMENT_SIZE + arena::TABLE_BYTES_PER_SEGMENT)
     as u64)
