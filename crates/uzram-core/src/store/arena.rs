@@ -155,8 +155,13 @@ struct Meta {
 }
 
 impl Meta {
+    /// Forgets every hole and the holes' memory (the segments are gone).
     fn clear_free(&mut self) {
         self.holes.clear();
+        self.forget_adopted_holes();
+    }
+
+    fn forget_adopted_holes(&mut self) {
         self.adopted_holes = Vec::new();
         self.adopted_hole_bytes = 0;
     }
@@ -772,8 +777,7 @@ impl Compaction<'_> {
         let meta = &mut *self.meta;
         let segments = &self.arena.segments;
         meta.holes.forget();
-        meta.adopted_holes = Vec::new();
-        meta.adopted_hole_bytes = 0;
+        meta.forget_adopted_holes();
         let seg_size = SEGMENT_SIZE as u64;
         let mut cursor = 0u64;
         for object in objects.iter_mut() {
@@ -893,7 +897,7 @@ fn split(handle: u64) -> (usize, usize) {
 mod tests {
     use super::*;
 
-    const LIMITED: Budget = Budget::Limited { reserved: 0 };
+    pub(super) const LIMITED: Budget = Budget::Limited { reserved: 0 };
 
     /// A home that finds `found` segments (zeroed: adopting reads no object's bytes).
     #[derive(Debug)]
@@ -990,7 +994,7 @@ mod tests {
         assert_eq!(read(&arena, first, 100), vec![1; 100]);
     }
 
-    fn read(arena: &Arena, handle: u64, len: usize) -> Vec<u8> {
+    pub(super) fn read(arena: &Arena, handle: u64, len: usize) -> Vec<u8> {
         let mut out = vec![0u8; len];
         assert!(arena.load(handle, len, &mut out), "stored range");
         out

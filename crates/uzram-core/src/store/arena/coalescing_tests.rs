@@ -2,16 +2,9 @@
 
 use std::sync::PoisonError;
 
+use super::tests::{read, LIMITED};
 use super::*;
 use crate::fuzz::Rng;
-
-const LIMITED: Budget = Budget::Limited { reserved: 0 };
-
-fn read(arena: &Arena, handle: u64, len: usize) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    assert!(arena.load(handle, len, &mut out), "stored range");
-    out
-}
 
 /// Bytes of the newest segment past the frontier: neither objects nor holes.
 fn frontier_rest(arena: &Arena) -> u64 {

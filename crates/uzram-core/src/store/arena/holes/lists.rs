@@ -2,6 +2,7 @@
 //! and its neighbours on its list, so that a hole merged away leaves its list at once.
 
 use super::super::{BITMAP_WORDS, CLASSES};
+use super::chunked::Chunked;
 
 /// No node: the end of a list, or a hole on none.
 pub(super) const NO_NODE: u32 = u32::MAX;
@@ -34,8 +35,8 @@ pub(super) struct Lists {
     heads: [u32; CLASSES],
     /// Bit `c` set when list `c` is not empty.
     nonempty: [u64; BITMAP_WORDS],
-    /// The nodes, in chunks of [`NODE_CHUNK`]: growing adds a chunk, never a doubling.
-    chunks: Vec<Box<[Node]>>,
+    /// The nodes, in chunks of [`NODE_CHUNK`].
+    chunks: Chunked<Node, NODE_CHUNK>,
     /// The first unused node (chained through `next`).
     spare: u32,
 }
@@ -45,84 +46,69 @@ impl Lists {
         Self {
             heads: [NO_NODE; CLASSES],
             nonempty: [0; BITMAP_WORDS],
-            chunks: Vec::new(),
+            chunks: Chunked::default(),
             spare: NO_NODE,
         }
     }
 
     /// Memory the nodes take.
     pub(super) fn bytes(&self) -> usize {
-        self.chunks.capacity() * std::mem::size_of::<Box<[Node]>>()
-            + self.chunks.len() * NODE_CHUNK * std::mem::size_of::<Node>()
+        self.chunks.bytes()
     }
 
     /// The most [`Lists::bytes`] grows by when [`Lists::reserve`] is asked for `nodes`.
     pub(super) fn growth_bytes(&self, nodes: usize) -> usize {
-        if nodes <= self.chunks.len() * NODE_CHUNK {
+        if nodes <= self.chunks.len() {
             return 0;
         }
-        let top = if self.chunks.len() == self.chunks.capacity() {
-            self.chunks.capacity().max(4) * std::mem::size_of::<Box<[Node]>>()
-        } else {
-            0
-        };
-        top + NODE_CHUNK * std::mem::size_of::<Node>()
+        self.chunks.chunk_growth_bytes()
     }
 
     /// Makes the pool hold at least `nodes` nodes (best effort).
     pub(super) fn reserve(&mut self, nodes: usize) {
-        while self.chunks.len() * NODE_CHUNK < nodes && self.add_chunk() {}
+        while self.chunks.len() < nodes && self.add_chunk() {}
     }
 
     /// Empties every list, keeping the nodes.
     pub(super) fn forget(&mut self) {
         self.heads = [NO_NODE; CLASSES];
         self.nonempty = [0; BITMAP_WORDS];
-        self.spare = NO_NODE;
-        for c in (0..self.chunks.len()).rev() {
-            for i in (0..NODE_CHUNK).rev() {
-                let n = (c * NODE_CHUNK + i) as u32;
-                self.chunks[c][i] = Node {
-                    next: self.spare,
-                    ..EMPTY
-                };
-                self.spare = n;
-            }
+        let len = self.chunks.len();
+        for (i, node) in self.chunks.iter_mut().enumerate() {
+            *node = Node {
+                next: if i + 1 < len { (i + 1) as u32 } else { NO_NODE },
+                ..EMPTY
+            };
         }
+        self.spare = if len > 0 { 0 } else { NO_NODE };
     }
 
+    /// Adds a chunk of nodes to the pool, all spare.
     fn add_chunk(&mut self) -> bool {
-        let first = self.chunks.len() * NODE_CHUNK;
-        if first + NODE_CHUNK > NO_NODE as usize || self.chunks.try_reserve(1).is_err() {
+        let first = self.chunks.len();
+        let spare = self.spare;
+        if first + NODE_CHUNK > NO_NODE as usize
+            || !self.chunks.add_chunk(|i| Node {
+                next: if i + 1 < first + NODE_CHUNK {
+                    (i + 1) as u32
+                } else {
+                    spare
+                },
+                ..EMPTY
+            })
+        {
             return false;
         }
-        let mut chunk = Vec::new();
-        if chunk.try_reserve_exact(NODE_CHUNK).is_err() {
-            return false;
-        }
-        chunk.extend((0..NODE_CHUNK).map(|i| Node {
-            next: if i + 1 < NODE_CHUNK {
-                (first + i + 1) as u32
-            } else {
-                self.spare
-            },
-            ..EMPTY
-        }));
-        self.chunks.push(chunk.into_boxed_slice());
         self.spare = first as u32;
         true
     }
 
     fn node(&self, n: u32) -> Option<&Node> {
-        self.chunks
-            .get(n as usize / NODE_CHUNK)?
-            .get(n as usize % NODE_CHUNK)
+        self.chunks.get(n as usize)
     }
 
     fn node_mut(&mut self, n: u32) -> Option<&mut Node> {
-        self.chunks
-            .get_mut(n as usize / NODE_CHUNK)?
-            .get_mut(n as usize % NODE_CHUNK)
+        self.chunks.get_mut(n as usize)
     }
 
     /// Puts the hole at `at` first on `list`; its node, or [`NO_NODE`] when the pool is out
@@ -208,7 +194,7 @@ impl Lists {
                 return Err(format!("node {n} on list {list}: its back link is wrong"));
             }
             out.push((n, node.at));
-            if out.len() > self.chunks.len() * NODE_CHUNK {
+            if out.len() > self.chunks.len() {
                 return Err(format!("list {list} has a cycle"));
             }
             (prev, n) = (n, node.next);
@@ -251,7 +237,7 @@ mod tests {
             let n = lists.push(9, i);
             lists.unlink(9, n);
         }
-        assert_eq!(lists.chunks.len(), 1);
+        assert_eq!(lists.chunks.len(), NODE_CHUNK);
         assert_eq!(starts(&lists, 9), Vec::<u64>::new());
         lists.unlink(7, nodes[1]);
         lists.unlink(7, nodes[3]);
@@ -265,7 +251,7 @@ mod tests {
         for i in 0..(NODE_CHUNK as u64 + 1) {
             lists.push((i % 5) as usize + 2, i * 8);
         }
-        assert_eq!(lists.chunks.len(), 2);
+        assert_eq!(lists.chunks.len(), 2 * NODE_CHUNK);
         lists.forget();
         for list in 0..CLASSES {
             assert_eq!(lists.walk(list).unwrap(), []);
@@ -273,6 +259,6 @@ mod tests {
         for i in 0..(2 * NODE_CHUNK as u64) {
             assert_ne!(lists.push(3, i), NO_NODE);
         }
-        assert_eq!(lists.chunks.len(), 2);
+        assert_eq!(lists.chunks.len(), 2 * NODE_CHUNK);
     }
 }
