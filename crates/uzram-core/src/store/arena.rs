@@ -614,6 +614,11 @@ impl Arena {
     /// Returns the space of several `(handle, len)` objects to their classes' free lists,
     /// under one lock. When the last object goes, every segment is released.
     pub(crate) fn free_many(&self, objects: impl IntoIterator<Item = (u64, usize)>) {
+        let mut objects = objects.into_iter().peekable();
+        // Most writes replace nothing the arena holds (a first write, a fill): no lock then.
+        if objects.peek().is_none() {
+            return;
+        }
         let mut meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
         for (handle, len) in objects {
             let class = class_of(len);

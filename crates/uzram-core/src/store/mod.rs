@@ -40,6 +40,7 @@ mod stats;
 mod tier;
 mod words;
 mod worker;
+mod write_batch;
 mod writeback;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -598,11 +599,9 @@ impl PageStore {
     /// caller ([`PageStore::record_failed_write`]).
     pub fn write(&self, first_page: u64, data: &[u8]) -> Result<(), CoreError> {
         let count = self.check_buffer(first_page, data.len())?;
-        for (i, page) in data.chunks_exact(PAGE_SIZE).enumerate() {
-            let page: &[u8; PAGE_SIZE] = page
-                .try_into()
-                .map_err(|_| CoreError::Unaligned { len: data.len() })?;
-            self.write_page(first_page + i as u64, page)?;
+        let batch = write_batch::BATCH_PAGES * PAGE_SIZE;
+        for (i, pages) in data.chunks(batch).enumerate() {
+            self.write_batch(first_page + (i * write_batch::BATCH_PAGES) as u64, pages)?;
         }
         Counters::bump(&self.counters.writes, count);
         Ok(())

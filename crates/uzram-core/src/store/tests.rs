@@ -65,7 +65,7 @@ pub(super) fn locks_taken() -> u64 {
 }
 
 /// Makes this thread's fallible store allocations fail from the `from`th on (`None`: none).
-fn fail_allocs_from(from: Option<usize>) {
+pub(super) fn fail_allocs_from(from: Option<usize>) {
     ALLOCS.with(|a| a.set(0));
     FAIL_ALLOCS_FROM.with(|f| f.set(from));
 }
@@ -74,12 +74,12 @@ fn at(slot: usize, index: usize, epoch: u64) -> StagedAt {
     StagedAt::new(slot, index, epoch).unwrap()
 }
 
-fn store(pages: u64) -> PageStore {
+pub(super) fn store(pages: u64) -> PageStore {
     PageStore::new(StoreConfig::new(pages, Algorithm::Lz4)).unwrap()
 }
 
 /// A page that lz4 compresses to a few hundred bytes.
-fn text_page(seed: u8) -> [u8; PAGE_SIZE] {
+pub(super) fn text_page(seed: u8) -> [u8; PAGE_SIZE] {
     let mut page = [0u8; PAGE_SIZE];
     for (i, b) in page.iter_mut().enumerate() {
         *b = b"the quick brown fox jumps over the lazy dog "[(i * 7 + usize::from(seed)) % 44]
@@ -89,7 +89,7 @@ fn text_page(seed: u8) -> [u8; PAGE_SIZE] {
 }
 
 /// A page lz4 cannot compress (xorshift noise).
-fn noise_page(seed: u64) -> [u8; PAGE_SIZE] {
+pub(super) fn noise_page(seed: u64) -> [u8; PAGE_SIZE] {
     let mut x = seed | 1;
     let mut page = [0u8; PAGE_SIZE];
     for chunk in page.chunks_exact_mut(8) {
@@ -101,7 +101,7 @@ fn noise_page(seed: u64) -> [u8; PAGE_SIZE] {
     page
 }
 
-fn read_page(store: &PageStore, index: u64) -> [u8; PAGE_SIZE] {
+pub(super) fn read_page(store: &PageStore, index: u64) -> [u8; PAGE_SIZE] {
     let mut page = [0u8; PAGE_SIZE];
     store.read(index, &mut page).unwrap();
     page

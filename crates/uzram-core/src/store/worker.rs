@@ -9,10 +9,14 @@ use crate::codec::{Algorithm, PageCodec, ZstdCodec};
 use crate::page::PAGE_SIZE;
 use crate::CoreError;
 
+use super::write_batch::BATCH_PAGES;
+
 struct Worker {
     algorithm: Algorithm,
     codec: Box<dyn PageCodec>,
     scratch: Box<[u8; PAGE_SIZE]>,
+    /// Room for a batch's compressed pages (`write_batch.rs`), made with the codec.
+    batch: Box<[u8]>,
 }
 
 impl Worker {
@@ -22,7 +26,18 @@ impl Worker {
             algorithm,
             codec,
             scratch: Self::scratch()?,
+            batch: Self::batch()?,
         })
+    }
+
+    /// A zeroed buffer for [`BATCH_PAGES`] compressed pages, or `NoMemory`.
+    fn batch() -> Result<Box<[u8]>, CoreError> {
+        let mut batch = Vec::new();
+        batch
+            .try_reserve_exact(BATCH_PAGES * PAGE_SIZE)
+            .map_err(|_| CoreError::NoMemory)?;
+        batch.resize(BATCH_PAGES * PAGE_SIZE, 0u8);
+        Ok(batch.into_boxed_slice())
     }
 
     /// A zeroed page on the heap, or `NoMemory`.
@@ -90,18 +105,31 @@ pub(crate) fn with_codec<R>(
     algorithm: Algorithm,
     f: impl FnOnce(&mut dyn PageCodec, &mut [u8; PAGE_SIZE]) -> Result<R, CoreError>,
 ) -> Result<R, CoreError> {
+    with_worker(algorithm, |w| f(w.codec.as_mut(), &mut w.scratch))
+}
+
+/// Runs `f` with this thread's codec for `algorithm` and its room for [`BATCH_PAGES`]
+/// compressed pages (`BATCH_PAGES * PAGE_SIZE` bytes), made as [`with_codec`] makes them.
+pub(crate) fn with_batch_codec<R>(
+    algorithm: Algorithm,
+    f: impl FnOnce(&mut dyn PageCodec, &mut [u8]) -> Result<R, CoreError>,
+) -> Result<R, CoreError> {
+    with_worker(algorithm, |w| f(w.codec.as_mut(), &mut w.batch))
+}
+
+fn with_worker<R>(
+    algorithm: Algorithm,
+    f: impl FnOnce(&mut Worker) -> Result<R, CoreError>,
+) -> Result<R, CoreError> {
     WORKER.with(|cell| match cell.try_borrow_mut() {
         Ok(mut slot) => {
             let worker = match &mut *slot {
                 Some(w) if w.algorithm == algorithm => w,
                 other => other.insert(Worker::new(algorithm)?),
             };
-            f(worker.codec.as_mut(), &mut worker.scratch)
+            f(worker)
         }
         // Re-entered from inside `f` (never done by the store): use a one-off codec.
-        Err(_) => {
-            let mut w = Worker::new(algorithm)?;
-            f(w.codec.as_mut(), &mut w.scratch)
-        }
+        Err(_) => f(&mut Worker::new(algorithm)?),
     })
 }
