@@ -301,11 +301,14 @@ impl Arena {
         while n < self.segments.capacity() {
             let Some(segment) = home.find(n) else { break };
             if segment.len() != SEGMENT_SIZE / 8 {
-                return Err(format!("segment {n} has {} words", segment.len()));
+                let words = segment.len();
+                home.hand_back(segment);
+                return Err(format!("segment {n} has {words} words"));
             }
-            self.segments
-                .install(n, segment)
-                .map_err(|e| format!("segment {n}: {e}"))?;
+            if let Err((e, segment)) = self.segments.install_or_hand_back(n, segment) {
+                home.hand_back(segment);
+                return Err(format!("segment {n}: {e}"));
+            }
             n += 1;
         }
         meta.segments = n;
@@ -950,6 +953,63 @@ mod tests {
         for h in handles {
             assert_eq!(read(&arena, h, PAGE_SIZE), page);
         }
+    }
+
+    /// A home whose segment `bad` is one word short, and which keeps what is handed back.
+    #[derive(Debug, Default)]
+    struct ShortHome {
+        bad: usize,
+        handed_back: std::sync::Mutex<Vec<super::super::SegmentWords>>,
+    }
+
+    impl SegmentHome for ShortHome {
+        fn alloc(&self) -> Option<super::super::SegmentWords> {
+            new_segment().ok()
+        }
+        fn placed(&self, _: usize, _: *const AtomicU64) {}
+        fn removed(&self, _: usize) {}
+        fn find(&self, index: usize) -> Option<super::super::SegmentWords> {
+            let words = SEGMENT_SIZE / 8 - usize::from(index == self.bad);
+            (index <= self.bad).then(|| (0..words).map(|_| AtomicU64::new(0)).collect())
+        }
+        fn outlives_the_store(&self) -> bool {
+            true
+        }
+        fn hand_back(&self, segment: super::super::SegmentWords) {
+            self.handed_back.lock().unwrap().push(segment);
+        }
+    }
+
+    /// A takeover that fails on a segment leaves that segment to its home (in a daemon, the
+    /// next daemon's store), never frees it, whether the segment is refused or the table has
+    /// no room for it.
+    #[test]
+    fn a_failed_adoption_hands_the_segment_it_holds_back_to_its_home() {
+        let home = Arc::new(ShortHome {
+            bad: 2,
+            ..ShortHome::default()
+        });
+        let arena = Arena::new(0, None, 16, Some(home.clone()));
+        let err = arena.adopt(&mut []).unwrap_err();
+        assert!(err.contains("segment 2"), "{err}");
+        assert_eq!(home.handed_back.lock().unwrap().len(), 1);
+        assert_eq!(
+            home.handed_back.lock().unwrap()[0].len(),
+            SEGMENT_SIZE / 8 - 1
+        );
+
+        // The table's first chunk cannot be had: the first segment goes back.
+        let home = Arc::new(ShortHome {
+            bad: 5,
+            ..ShortHome::default()
+        });
+        let arena = Arena::new(0, None, 16, Some(home.clone()));
+        super::super::tests::fail_allocs_from(Some(0));
+        let err = arena.adopt(&mut []);
+        super::super::tests::fail_allocs_from(None);
+        assert!(err.unwrap_err().contains("segment 0"));
+        assert_eq!(home.handed_back.lock().unwrap().len(), 1);
+        assert_eq!(home.handed_back.lock().unwrap()[0].len(), SEGMENT_SIZE / 8);
     }
 
     #[test]

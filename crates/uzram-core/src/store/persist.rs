@@ -47,6 +47,15 @@ pub trait SegmentHome: Send + Sync + Debug {
     fn outlives_the_store(&self) -> bool {
         false
     }
+    /// A segment `find` returned that the store did not take (its takeover failed): freed
+    /// only where the home's segments end with the store. A daemon's segments are the next
+    /// daemon's store: freed, such a block went back to the block pool, whose free-list link
+    /// overwrote its first object.
+    fn hand_back(&self, segment: SegmentWords) {
+        if self.outlives_the_store() {
+            std::mem::forget(segment);
+        }
+    }
 }
 
 /// Bytes of one arena segment (the unit a [`SegmentHome`] hands out).

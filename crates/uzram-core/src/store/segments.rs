@@ -72,17 +72,31 @@ impl SegmentTable {
     /// Puts `segment` at index `i`, allocating its chunk if needed (fallibly: the table
     /// grows while serving I/O). The caller serializes growth (the arena's bookkeeping lock).
     pub(crate) fn install(&self, i: usize, segment: Segment) -> Result<(), CoreError> {
-        let cell = self.chunks.get(i / CHUNK).ok_or(CoreError::NoMemory)?;
+        self.install_or_hand_back(i, segment).map_err(|(e, _)| e)
+    }
+
+    /// [`SegmentTable::install`], handing `segment` back when it fails: a segment taken over
+    /// from an earlier process is not this process's to free.
+    pub(crate) fn install_or_hand_back(
+        &self,
+        i: usize,
+        segment: Segment,
+    ) -> Result<(), (CoreError, Segment)> {
+        let Some(cell) = self.chunks.get(i / CHUNK) else {
+            return Err((CoreError::NoMemory, segment));
+        };
         if cell.get().is_none() {
             let mut slots: Vec<Slot> = Vec::new();
-            slots
-                .try_reserve_exact(CHUNK)
-                .map_err(|_| CoreError::NoMemory)?;
+            if slots.try_reserve_exact(CHUNK).is_err() || refused_for_a_test() {
+                return Err((CoreError::NoMemory, segment));
+            }
             slots.extend((0..CHUNK).map(|_| RwLock::new(None)));
             // Growth is serialized, so nobody else can have set it meanwhile.
             let _ = cell.set(slots.into_boxed_slice());
         }
-        let slot = self.slot(i).ok_or(CoreError::NoMemory)?;
+        let Some(slot) = self.slot(i) else {
+            return Err((CoreError::NoMemory, segment));
+        };
         *slot.write().unwrap_or_else(PoisonError::into_inner) = Some(segment);
         Ok(())
     }
@@ -152,6 +166,14 @@ impl Cursor<'_> {
         }
         self.guard.as_ref().map_or(&[], SegmentGuard::words)
     }
+}
+
+/// Whether a test makes this chunk's allocation fail (the store tests' hook).
+fn refused_for_a_test() -> bool {
+    #[cfg(test)]
+    return super::tests::failing_alloc();
+    #[cfg(not(test))]
+    false
 }
 
 #[cfg(test)]
