@@ -507,6 +507,7 @@ mod tests {
             "pool_refused_blocks",
             "pool_waited_takes",
             "pool_take_timeouts",
+            "pool_damaged_lists",
             "io_threads_per_queue",
             "queue_ring_setup_flags",
             "queue_retried_waits",

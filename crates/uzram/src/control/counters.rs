@@ -186,6 +186,9 @@ counters! {
     POOL_TAKE_TIMEOUTS = "pool_take_timeouts", Requests, Counter, Sum,
         "uzram_pool_take_timeouts_total",
         "Waits for the pool keeper that ended with no block (each one failed a write with ENOMEM).";
+    POOL_DAMAGED_LISTS = "pool_damaged_lists", Requests, Counter, Sum,
+        "uzram_pool_damaged_lists_total",
+        "Times the block pool's free list named no free block (something wrote into freed memory; the list was dropped), or a pointer that starts no block was freed into it.";
     STAGED_PAGES = "staged_pages", Store, Gauge, No,
         "uzram_staged_pages",
         "Pages accepted for the GPU and not yet installed in the store.";

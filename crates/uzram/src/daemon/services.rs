@@ -503,7 +503,7 @@ fn queue_stats(plan: QueuePlan) -> [Stat; 3] {
 }
 
 /// The block pool's counters, for `uzram status`.
-fn pool_stats() -> [Stat; 6] {
+fn pool_stats() -> [Stat; 7] {
     let (waits, timeouts) = crate::memory::pool::take_waits();
     [
         Stat {
@@ -531,6 +531,10 @@ fn pool_stats() -> [Stat; 6] {
         Stat {
             name: counters::POOL_TAKE_TIMEOUTS.into(),
             value: timeouts as u64,
+        },
+        Stat {
+            name: counters::POOL_DAMAGED_LISTS.into(),
+            value: crate::memory::pool::damaged_lists() as u64,
         },
     ]
 }

@@ -130,11 +130,31 @@ fn owns(p: *mut u8) -> bool {
     base != 0 && a >= base && a < LIMIT.load(Ordering::Acquire)
 }
 
+/// Whether `p` starts a block of the pool's range.
+fn is_block(p: *mut u8) -> bool {
+    owns(p) && (p as usize - BASE.load(Ordering::Acquire)).is_multiple_of(BLOCK)
+}
+
+/// Free lists found damaged (a link that names no block), and pointers into the range
+/// handed back that start no block: cumulative. See [`pop`].
+static DAMAGED: AtomicUsize = AtomicUsize::new(0);
+
+/// How often the free list was found damaged, or a pointer into the pool that starts no
+/// block was freed (each dropped, never handed out).
+pub fn damaged_lists() -> usize {
+    DAMAGED.load(Ordering::Relaxed)
+}
+
 /// Pushes a block onto the free list.
 ///
 /// # Safety
 /// `block` must be a mapped, writable pool block that nobody else uses.
 unsafe fn push(block: *mut u8) {
+    if !is_block(block) {
+        // Not a block this pool handed out: listed, it would be handed out as one.
+        DAMAGED.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
     lock();
     // SAFETY: the caller hands over an unused, writable block of BLOCK bytes; its first word
     // holds the list link while it is free. The spin lock serializes list updates.
@@ -215,14 +235,29 @@ pub fn take_waits() -> (usize, usize) {
     )
 }
 
+/// Takes the free list's first block, or null.
+///
+/// The link is read from the free block itself (shared memory). One that names no block
+/// means something wrote into a free block: both it and the rest of the list may still be
+/// someone else's, so the whole list is dropped (counted in [`damaged_lists`], logged by the
+/// keeper, which refills the pool) rather than a stray address handed out as 64 KiB to
+/// write: that is how a write into freed memory becomes a write into glibc's heap.
 fn pop() -> *mut u8 {
     lock();
-    let head = FREE_HEAD.load(Ordering::Relaxed);
+    let mut head = FREE_HEAD.load(Ordering::Relaxed);
     if !head.is_null() {
-        // SAFETY: `head` is a free pool block; its first word is the link written by `push`.
+        // SAFETY: `head` is a free pool block (`push` and the check below let only blocks
+        // onto the list); its first word is the link written by `push`.
         let next = unsafe { head.cast::<*mut u8>().read() };
-        FREE_HEAD.store(next, Ordering::Relaxed);
-        FREE_COUNT.fetch_sub(1, Ordering::Relaxed);
+        if next.is_null() || is_block(next) {
+            FREE_HEAD.store(next, Ordering::Relaxed);
+            FREE_COUNT.fetch_sub(1, Ordering::Relaxed);
+        } else {
+            FREE_HEAD.store(ptr::null_mut(), Ordering::Relaxed);
+            FREE_COUNT.store(0, Ordering::Relaxed);
+            DAMAGED.fetch_add(1, Ordering::Relaxed);
+            head = ptr::null_mut();
+        }
     }
     unlock();
     head
@@ -713,7 +748,15 @@ pub fn keep(initial_target: usize) {
     TARGET.store(initial_target, Ordering::Relaxed);
     let mut target = initial_target;
     let mut low_at = Instant::now();
+    let mut damaged = damaged_lists();
     loop {
+        if damaged_lists() != damaged {
+            damaged = damaged_lists();
+            tracing::error!(
+                damaged,
+                "the block pool's free list named a place that is no free block (something wrote into freed memory): its blocks were dropped and the pool is refilled; please report this with the daemon's log"
+            );
+        }
         if !REFILLS_ALLOWED.load(Ordering::Acquire) {
             std::thread::park_timeout(Duration::from_millis(5));
             continue;
@@ -1213,6 +1256,49 @@ mod tests {
                 .len(),
             empty
         );
+    }
+
+    /// A free block written into (its link overwritten, here with a heap address, as a
+    /// stale 64 KiB buffer's owner might) never makes the pool hand out what the link
+    /// names: the list is dropped and counted, and the pool works again once refilled; a
+    /// pointer into the range that starts no block is not listed. In a process of its own:
+    /// the pool is set up once per process.
+    #[test]
+    fn a_damaged_free_list_is_dropped_and_never_hands_out_what_it_names() {
+        if !in_a_fresh_process(
+            "memory::pool::tests::a_damaged_free_list_is_dropped_and_never_hands_out_what_it_names",
+        ) {
+            return;
+        }
+        let blocks = 16;
+        let base = crate::sys::memory::map_shared_anonymous(blocks * BLOCK, true).unwrap();
+        init(base, blocks * BLOCK, None);
+        assert!(refill(4) >= 3);
+        let taken = pop();
+        assert!(is_block(taken));
+        let heap = Box::into_raw(Box::new([0u64; 4]));
+        let head = FREE_HEAD.load(Ordering::Relaxed);
+        assert!(is_block(head));
+        // SAFETY: `head` is a free block of the pool, mapped and writable: the damage.
+        unsafe { head.cast::<*mut u8>().write(heap.cast()) };
+        assert!(pop().is_null(), "a damaged list handed out a block");
+        assert_eq!(damaged_lists(), 1);
+        assert_eq!(free_blocks(), 0);
+        assert!(pop().is_null(), "the heap address was handed out");
+        // Refilled, the pool serves again (the dropped blocks are not reused).
+        assert!(refill(2) > 0);
+        let again = pop();
+        assert!(is_block(again) && again != head && again != taken);
+        // SAFETY: an address 8 bytes into a block this test holds: not a block.
+        unsafe { push(again.add(8)) };
+        assert_eq!(damaged_lists(), 2);
+        // SAFETY: the test's own blocks and box, back to their owners.
+        unsafe {
+            push(again);
+            push(taken);
+            drop(Box::from_raw(heap));
+        }
+        assert!(is_block(pop()));
     }
 
     #[test]
