@@ -11,7 +11,7 @@
 use super::arena::{Budget, ObjectBytes};
 use super::entry::Slot;
 use super::{
-    cost_of, same_cost, same_filled_word, stored, worker, write_lock, PageCost, PageStore,
+    cost_of, same_cost, same_filled_word, stored, worker, write_lock, PageCost, PageStore, Payload,
 };
 use crate::page::PAGE_SIZE;
 use crate::CoreError;
@@ -34,11 +34,22 @@ enum BatchPage {
     Raw { checksum: u32 },
 }
 
+/// Page `k` of a batch as [`PageStore::install`] takes it: a fill's word, or its object's
+/// bytes (compressed in `buf`, or the raw page in `data`) and checksum.
+fn payload<'a>(page: BatchPage, k: usize, data: &'a [u8], buf: &'a [u8]) -> Payload<'a> {
+    match page {
+        BatchPage::Same(word) => Payload::Same(word),
+        BatchPage::Compressed { at, len, checksum } => Payload::Bytes(&buf[at..at + len], checksum),
+        BatchPage::Raw { checksum } => {
+            Payload::Bytes(&data[k * PAGE_SIZE..(k + 1) * PAGE_SIZE], checksum)
+        }
+    }
+}
+
 impl PageStore {
     /// Stores up to [`BATCH_PAGES`] whole pages from `first`, as [`PageStore::write`] does.
-    /// Where their room cannot all be had (the memory limit, or no memory) or a page fails
-    /// to compress, they are stored page by page instead, so that the pages before the one
-    /// that failed are written, as `write` promises.
+    /// Where a page fails to compress, they are stored page by page instead, so that the
+    /// pages before the one that failed are written, as `write` promises.
     pub(super) fn write_batch(&self, first: u64, data: &[u8]) -> Result<(), CoreError> {
         let pages = data.len() / PAGE_SIZE;
         let batched = pages <= BATCH_PAGES && data.len() == pages * PAGE_SIZE;
@@ -55,8 +66,9 @@ impl PageStore {
         Ok(())
     }
 
-    /// Compresses the batch's pages into the thread's batch buffer and installs them.
-    /// `Ok(false)`: nothing changed, the pages are to be stored one by one.
+    /// Compresses the batch's pages into the thread's batch buffer and installs them, all at
+    /// once where their room can be had, else one by one. `Ok(false)`: nothing changed (a
+    /// page failed to compress), the pages are to be stored one by one.
     fn store_batch(&self, first: u64, data: &[u8]) -> Result<bool, CoreError> {
         let pages = data.len() / PAGE_SIZE;
         worker::with_batch_codec(self.algorithm, |codec, buf| {
@@ -89,7 +101,16 @@ impl PageStore {
                     None => BatchPage::Raw { checksum },
                 };
             }
-            self.install_batch_pages(first, data, buf, &encoded[..pages])
+            let encoded = &encoded[..pages];
+            if !self.install_batch_pages(first, data, buf, encoded)? {
+                // Room for them all at once was refused (the memory limit): page by page,
+                // each page's old object freed before the next takes room, and the pages
+                // before one that fails written, as `write` promises.
+                for (k, &page) in encoded.iter().enumerate() {
+                    self.install(first + k as u64, payload(page, k, data, buf))?;
+                }
+            }
+            Ok(true)
         })
     }
 
@@ -103,14 +124,9 @@ impl PageStore {
         encoded: &[BatchPage],
     ) -> Result<bool, CoreError> {
         // The object bytes and checksum of page `k`; none for a fill.
-        let payload = |k: usize| -> Option<(&[u8], u32)> {
-            match encoded[k] {
-                BatchPage::Same(_) => None,
-                BatchPage::Compressed { at, len, checksum } => Some((&buf[at..at + len], checksum)),
-                BatchPage::Raw { checksum } => {
-                    Some((&data[k * PAGE_SIZE..(k + 1) * PAGE_SIZE], checksum))
-                }
-            }
+        let payload = |k: usize| match payload(encoded[k], k, data, buf) {
+            Payload::Bytes(bytes, checksum) => Some((bytes, checksum)),
+            _ => None,
         };
         let mut lens = [0usize; BATCH_PAGES];
         let mut objects = 0;
