@@ -3,10 +3,10 @@
 //! pages in the same shard, and what they held freed under one more acquisition.
 //!
 //! Why: page by page, every page took the arena's lock twice (its room, its old object) and
-//! its shard's once. With 16 queue threads on 16 cores those locks were where the writers
-//! waited: overwrites on the CPU backend cost 10–21 % more CPU once a free merged holes, and
-//! ingested 8–23 % less (docs/bench/gpu-runs.md, run 313), since a merge holds the arena's
-//! lock a little longer. A 64 KiB request is 16 pages in one group, so one shard.
+//! its shard's once, and 16 queue threads on 16 cores queued on them: rewrites ran at
+//! 0.35–0.44 of the first write's ingest at 2.2–2.4× its CPU per GiB, reads under them at
+//! 64–76 µs p99. As batches: 0.91–0.97 of it at 1.07–1.08×, reads at 7–8 µs
+//! (docs/bench/gpu-runs.md, run 315). A 64 KiB request is 16 pages in one group, so one shard.
 
 use super::arena::{Budget, ObjectBytes};
 use super::entry::Slot;
