@@ -134,17 +134,9 @@ impl StoreConfig {
 /// What a page becomes, before arena space is reserved for it.
 #[derive(Debug, Clone, Copy)]
 enum Payload<'a> {
-    Empty,
     Same(u64),
     /// Compressed bytes, or the raw page when `len == PAGE_SIZE`, and the page's checksum.
     Bytes(&'a [u8], u32),
-}
-
-/// What [`PageStore::install`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Installed {
-    /// The page held data before.
-    held_data: bool,
 }
 
 /// Compressed page store; `Send + Sync`, share it with `Arc`.
@@ -609,11 +601,11 @@ impl PageStore {
 
     fn write_page(&self, index: u64, page: &[u8; PAGE_SIZE]) -> Result<(), CoreError> {
         if let Some(word) = same_filled_word(page).filter(|&w| self.keeps_fill(w)) {
-            return self.install(index, Payload::Same(word)).map(drop);
+            return self.install(index, Payload::Same(word));
         }
         self.encode(page, |compressed, checksum| {
             let payload = Payload::Bytes(compressed.unwrap_or(page), checksum);
-            self.install(index, payload).map(drop)
+            self.install(index, payload)
         })
     }
 
@@ -831,12 +823,7 @@ impl PageStore {
     /// Each page that held data counts in `notify_free`.
     pub fn discard(&self, first_page: u64, count: u64) -> Result<(), CoreError> {
         self.check_range(first_page, count)?;
-        let mut freed = 0;
-        for index in first_page..first_page + count {
-            if self.install(index, Payload::Empty)?.held_data {
-                freed += 1;
-            }
-        }
+        let freed = self.empty_pages(first_page, count)?;
         Counters::bump(&self.counters.notify_free, freed);
         Ok(())
     }
@@ -844,10 +831,7 @@ impl PageStore {
     /// Zeroes `count` pages from `first_page`: they read as zeros and hold no memory.
     pub fn write_zeroes(&self, first_page: u64, count: u64) -> Result<(), CoreError> {
         self.check_range(first_page, count)?;
-        for index in first_page..first_page + count {
-            self.install(index, Payload::Empty)?;
-        }
-        Ok(())
+        self.empty_pages(first_page, count).map(drop)
     }
 
     /// Compacts the arena like zram's `compact`: slides every stored page's bytes down to
@@ -1002,9 +986,8 @@ impl PageStore {
     }
 
     /// Puts `payload` into page `index`, whatever it held.
-    fn install(&self, index: u64, payload: Payload<'_>) -> Result<Installed, CoreError> {
+    fn install(&self, index: u64, payload: Payload<'_>) -> Result<(), CoreError> {
         let (slot, cost) = match payload {
-            Payload::Empty => (Slot::Empty, PageCost::default()),
             Payload::Same(word) => (Slot::Same(word), same_cost()),
             Payload::Bytes(bytes, checksum) => {
                 let budget = Budget::Limited {
@@ -1033,15 +1016,13 @@ impl PageStore {
         };
         shard.totals.replace(cost_of(old), cost);
         self.ages.written(index);
-        // Writes, discards and zeroes replace a staged copy; only `stage_many` makes one.
+        // Writes replace a staged copy; only `stage_many` makes one.
         if self.mem_limit.is_some() && matches!(old, Slot::Staged(_)) {
             self.staged.fetch_sub(1, Ordering::Relaxed);
         }
         drop(shard);
         self.free_slot(old);
-        Ok(Installed {
-            held_data: old != Slot::Empty,
-        })
+        Ok(())
     }
 
     fn free_slot(&self, slot: Slot) {
