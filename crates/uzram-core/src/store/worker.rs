@@ -11,6 +11,12 @@ use crate::CoreError;
 
 use super::write_batch::BATCH_PAGES;
 
+/// The batch buffer's bytes: room to compress a page into (a page at most) after
+/// `BATCH_PAGES - 1` pages that compressed to less than a page each. Not 64 KiB, which the
+/// daemon's allocator serves from the store's block pool (`memory/pool.rs`): a thread's
+/// scratch would hold a block of the store's reserve for good.
+pub(crate) const BATCH_BYTES: usize = (BATCH_PAGES - 1) * (PAGE_SIZE - 1) + PAGE_SIZE;
+
 struct Worker {
     algorithm: Algorithm,
     codec: Box<dyn PageCodec>,
@@ -34,9 +40,9 @@ impl Worker {
     fn batch() -> Result<Box<[u8]>, CoreError> {
         let mut batch = Vec::new();
         batch
-            .try_reserve_exact(BATCH_PAGES * PAGE_SIZE)
+            .try_reserve_exact(BATCH_BYTES)
             .map_err(|_| CoreError::NoMemory)?;
-        batch.resize(BATCH_PAGES * PAGE_SIZE, 0u8);
+        batch.resize(BATCH_BYTES, 0u8);
         Ok(batch.into_boxed_slice())
     }
 
@@ -109,7 +115,7 @@ pub(crate) fn with_codec<R>(
 }
 
 /// Runs `f` with this thread's codec for `algorithm` and its room for [`BATCH_PAGES`]
-/// compressed pages (`BATCH_PAGES * PAGE_SIZE` bytes), made as [`with_codec`] makes them.
+/// compressed pages ([`BATCH_BYTES`]), made as [`with_codec`] makes them.
 pub(crate) fn with_batch_codec<R>(
     algorithm: Algorithm,
     f: impl FnOnce(&mut dyn PageCodec, &mut [u8]) -> Result<R, CoreError>,

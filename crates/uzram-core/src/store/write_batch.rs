@@ -84,6 +84,8 @@ impl PageStore {
                     encoded[k] = BatchPage::Same(word);
                     continue;
                 }
+                // Fits: each page before this one compressed to less than `limit`
+                // (`worker::BATCH_BYTES`).
                 let Some(out) = buf.get_mut(used..used + limit) else {
                     return Ok(false);
                 };
@@ -116,7 +118,7 @@ impl PageStore {
     }
 
     /// Takes room for the batch's objects, fills it and swaps the entries. `Ok(false)` when
-    /// the room could not all be had: nothing changed.
+    /// the memory limit refused the room for all of them: nothing changed.
     fn install_batch_pages(
         &self,
         first: u64,
@@ -141,13 +143,19 @@ impl PageStore {
         let budget = Budget::Limited {
             reserved: self.staged_room(),
         };
-        if objects > 0
-            && self
+        if objects > 0 {
+            match self
                 .arena
                 .alloc_many(&lens[..objects], budget, &mut handles[..objects])
-                .is_err()
-        {
-            return Ok(false);
+            {
+                Ok(()) => {}
+                // Room for all of them at once may pass the limit where one page at a time,
+                // each freeing its old object before the next takes room, does not.
+                Err(CoreError::MemLimit { .. }) => return Ok(false),
+                // No segment to be had (the block pool dry after its wait): a page alone
+                // would wait and fail the same way.
+                Err(e) => return Err(e),
+            }
         }
         // Each page's slot; the objects take the handles in page order.
         let mut slots = [(Slot::Empty, same_cost()); BATCH_PAGES];

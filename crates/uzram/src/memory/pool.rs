@@ -130,9 +130,12 @@ fn owns(p: *mut u8) -> bool {
     base != 0 && a >= base && a < LIMIT.load(Ordering::Acquire)
 }
 
-/// Whether `p` starts a block of the pool's range.
+/// Whether `p` starts a block of the pool's range that has been mapped for use (below the
+/// frontier).
 fn is_block(p: *mut u8) -> bool {
-    owns(p) && (p as usize - BASE.load(Ordering::Acquire)).is_multiple_of(BLOCK)
+    owns(p)
+        && (p as usize) < FRONTIER.load(Ordering::Acquire)
+        && (p as usize - BASE.load(Ordering::Acquire)).is_multiple_of(BLOCK)
 }
 
 /// Free lists found damaged (a link that names no block), and pointers into the range
@@ -748,7 +751,8 @@ pub fn keep(initial_target: usize) {
     TARGET.store(initial_target, Ordering::Relaxed);
     let mut target = initial_target;
     let mut low_at = Instant::now();
-    let mut damaged = damaged_lists();
+    // From zero: damage found before the keeper started (a takeover's adoption) is logged too.
+    let mut damaged = 0;
     loop {
         if damaged_lists() != damaged {
             damaged = damaged_lists();
