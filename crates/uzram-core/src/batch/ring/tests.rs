@@ -1144,8 +1144,12 @@ fn many_writers_lease_without_the_mutex_and_every_slot_goes_round_once() {
         stats.installed_pages + stats.stale_pages,
         "every staged page installed or dropped as stale, once: {stats:?}"
     );
+    // Each of the 8 slots went round several times. How many times depends on the host: alone
+    // on the 2-core build VM 80–160 submissions, with another test beside it in CI 49 (the
+    // writers that wait past `slot_wait` store inline instead); what is checked above holds
+    // for any count.
     assert!(
-        stats.slots_submitted > 50,
+        stats.slots_submitted >= 3 * 8,
         "the slots went round: {stats:?}"
     );
     assert_reads(&store, &data);
