@@ -1014,15 +1014,31 @@ impl PageStore {
                 return Err(e);
             }
         };
-        shard.totals.replace(cost_of(old), cost);
+        let old = self.replaced(&mut shard, index, old, cost);
+        drop(shard);
+        if let Some(old) = old {
+            self.free_slot(old);
+        }
+        Ok(())
+    }
+
+    /// The bookkeeping of a write, discard or zeroes that put a slot costing `cost` into page
+    /// `index` of `shard` (still locked) in place of `was`: the shard's totals, the page's
+    /// age, and the count of staged pages (only `stage_many` makes a staged copy; anything
+    /// else replaces one). Returns `was` when it holds room to free once the lock is let go.
+    fn replaced(&self, shard: &mut Shard, index: u64, was: Slot, cost: PageCost) -> Option<Slot> {
+        shard.totals.replace(cost_of(was), cost);
         self.ages.written(index);
-        // Writes replace a staged copy; only `stage_many` makes one.
-        if self.mem_limit.is_some() && matches!(old, Slot::Staged(_)) {
+        if self.mem_limit.is_some() && matches!(was, Slot::Staged(_)) {
             self.staged.fetch_sub(1, Ordering::Relaxed);
         }
-        drop(shard);
-        self.free_slot(old);
-        Ok(())
+        self.holds_room(was).then_some(was)
+    }
+
+    /// Whether `slot` holds room to free: an object in the arena, or blocks on the backing
+    /// device.
+    fn holds_room(&self, slot: Slot) -> bool {
+        self.stored_object(slot).is_some() || matches!(slot, Slot::Backed { .. })
     }
 
     fn free_slot(&self, slot: Slot) {

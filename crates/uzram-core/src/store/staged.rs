@@ -190,7 +190,7 @@ impl PageStore {
                 shard.totals.replace(cost_of(old), staged_cost);
                 self.ages.written(page);
                 newly += u64::from(!matches!(old, Slot::Staged(_)));
-                if self.stored_object(old).is_some() || matches!(old, Slot::Backed { .. }) {
+                if self.holds_room(old) {
                     freed[nfreed] = old;
                     nfreed += 1;
                 }

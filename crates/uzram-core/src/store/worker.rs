@@ -38,26 +38,25 @@ impl Worker {
 
     /// A zeroed buffer for [`BATCH_PAGES`] compressed pages, or `NoMemory`.
     fn batch() -> Result<Box<[u8]>, CoreError> {
-        let mut batch = Vec::new();
-        batch
-            .try_reserve_exact(BATCH_BYTES)
-            .map_err(|_| CoreError::NoMemory)?;
-        batch.resize(BATCH_BYTES, 0u8);
-        Ok(batch.into_boxed_slice())
+        zeroed(BATCH_BYTES)
     }
 
     /// A zeroed page on the heap, or `NoMemory`.
     fn scratch() -> Result<Box<[u8; PAGE_SIZE]>, CoreError> {
-        let mut scratch = Vec::new();
-        scratch
-            .try_reserve_exact(PAGE_SIZE)
-            .map_err(|_| CoreError::NoMemory)?;
-        scratch.resize(PAGE_SIZE, 0u8);
-        scratch
-            .into_boxed_slice()
+        zeroed(PAGE_SIZE)?
             .try_into()
             .map_err(|_| CoreError::NoMemory)
     }
+}
+
+/// `len` zeroed bytes on the heap, or `NoMemory` (never an abort).
+fn zeroed(len: usize) -> Result<Box<[u8]>, CoreError> {
+    let mut bytes = Vec::new();
+    bytes
+        .try_reserve_exact(len)
+        .map_err(|_| CoreError::NoMemory)?;
+    bytes.resize(len, 0u8);
+    Ok(bytes.into_boxed_slice())
 }
 
 thread_local! {

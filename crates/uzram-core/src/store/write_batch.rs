@@ -12,7 +12,7 @@
 use super::arena::{Budget, ObjectBytes};
 use super::entry::Slot;
 use super::{
-    cost_of, same_cost, same_filled_word, stored, worker, write_lock, PageCost, PageStore, Payload,
+    same_cost, same_filled_word, stored, worker, write_lock, PageCost, PageStore, Payload,
 };
 use crate::page::PAGE_SIZE;
 use crate::CoreError;
@@ -213,14 +213,7 @@ impl PageStore {
                         break 'runs;
                     }
                 };
-                shard.totals.replace(cost_of(was), cost);
-                self.ages.written(index);
-                // Writes replace a staged copy; only `stage_many` makes one.
-                if self.mem_limit.is_some() && matches!(was, Slot::Staged(_)) {
-                    self.staged
-                        .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                if self.stored_object(was).is_some() || matches!(was, Slot::Backed { .. }) {
+                if let Some(was) = self.replaced(&mut shard, index, was, cost) {
                     old[held] = was;
                     held += 1;
                 }
@@ -265,14 +258,8 @@ impl PageStore {
                     self.free_slots(&freed[..nfreed]);
                     return Err(self.out_of_range(index, 1));
                 };
-                shard.totals.replace(cost_of(was), PageCost::default());
-                self.ages.written(index);
-                if self.mem_limit.is_some() && matches!(was, Slot::Staged(_)) {
-                    self.staged
-                        .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                }
                 held += u64::from(was != Slot::Empty);
-                if self.stored_object(was).is_some() || matches!(was, Slot::Backed { .. }) {
+                if let Some(was) = self.replaced(&mut shard, index, was, PageCost::default()) {
                     freed[nfreed] = was;
                     nfreed += 1;
                 }

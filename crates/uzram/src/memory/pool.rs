@@ -754,8 +754,9 @@ pub fn keep(initial_target: usize) {
     // From zero: damage found before the keeper started (a takeover's adoption) is logged too.
     let mut damaged = 0;
     loop {
-        if damaged_lists() != damaged {
-            damaged = damaged_lists();
+        let now = damaged_lists();
+        if now != damaged {
+            damaged = now;
             tracing::error!(
                 damaged,
                 "the block pool's free list named a place that is no free block (something wrote into freed memory): its blocks were dropped and the pool is refilled; please report this with the daemon's log"
