@@ -32,11 +32,26 @@ use crate::CoreError;
 mod coalescing_tests;
 mod holes;
 mod placing;
+mod replaced;
 
 #[cfg(test)]
 pub(crate) use holes::CHUNK_GROWTH_BYTES;
 pub(crate) use holes::TABLE_BYTES_PER_SEGMENT;
 use holes::{Holes, NotFreed};
+use replaced::Deferred;
+pub(crate) use replaced::Replaced;
+
+#[cfg(test)]
+thread_local! {
+    /// Acquisitions of an arena's lock on this thread (test hook).
+    static LOCKS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Acquisitions of an arena's lock on this thread so far (test hook).
+#[cfg(test)]
+pub(crate) fn locks_taken() -> u64 {
+    LOCKS.with(std::cell::Cell::get)
+}
 
 /// Size-class granularity in bytes.
 pub(crate) const CLASS_GRANULE: usize = HANDLE_ALIGN as usize;
@@ -229,6 +244,8 @@ pub(crate) struct Arena {
     limit: Option<u64>,
     /// Where segments come from and are recorded, for a persistent store.
     home: Option<Arc<dyn SegmentHome>>,
+    /// Replaced objects whose room is given back later (`arena/replaced.rs`).
+    deferred: Deferred,
 }
 
 /// Segments of a home that outlives the store (a daemon's shared memory) are the home's, not
@@ -269,7 +286,15 @@ impl Arena {
             base_bytes,
             limit,
             home,
+            deferred: Deferred::default(),
         }
+    }
+
+    /// The bookkeeping, locked.
+    fn lock_meta(&self) -> MutexGuard<'_, Meta> {
+        #[cfg(test)]
+        LOCKS.with(|n| n.set(n.get() + 1));
+        self.meta.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// A new segment: from the home of a persistent store, else zeroed from the allocator.
@@ -296,7 +321,7 @@ impl Arena {
         let Some(home) = &self.home else {
             return Err("the store has no segment home".into());
         };
-        let mut meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut meta = self.lock_meta();
         let mut n = 0;
         while n < self.segments.capacity() {
             let Some(segment) = home.find(n) else { break };
@@ -357,7 +382,7 @@ impl Arena {
     /// Puts up to `max` of the free ranges [`Arena::adopt`] found onto the free lists (until
     /// then the arena grows rather than fill them). True while some are left.
     pub(crate) fn link_adopted_holes(&self, max: usize) -> bool {
-        let mut meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut meta = self.lock_meta();
         for _ in 0..max {
             let Some((from, to)) = meta.adopted_holes.pop() else {
                 break;
@@ -421,7 +446,7 @@ impl Arena {
 
     /// Current usage.
     pub(crate) fn usage(&self) -> ArenaUsage {
-        let meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
+        let meta = self.lock_meta();
         let held_bytes = self.held(&meta);
         ArenaUsage {
             held_bytes,
@@ -438,7 +463,7 @@ impl Arena {
     /// while free holes hold more than 1/[`IN_ORDER_HOLE_SHARE`] of the segments, which
     /// only objects placed `Anywhere` fill.
     pub(crate) fn may_place_in_order(&self) -> bool {
-        let meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
+        let meta = self.lock_meta();
         let holes = meta.holes.bytes() + meta.adopted_hole_bytes;
         holes.saturating_mul(IN_ORDER_HOLE_SHARE) <= (meta.segments * SEGMENT_SIZE) as u64
     }
@@ -522,7 +547,7 @@ impl Arena {
         // first, the spare is kept for the next need or dropped at the end.
         let mut fresh: Option<Segment> = None;
         loop {
-            let mut meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut meta = self.lock_meta();
             while *done < lens.len() {
                 if early.get(*done) == Some(&true) {
                     *done += 1;
@@ -622,21 +647,26 @@ impl Arena {
         if objects.peek().is_none() {
             return;
         }
-        let mut meta = self.meta.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut meta = self.lock_meta();
         for (handle, len) in objects {
-            let class = class_of(len);
-            meta.objects -= 1;
-            meta.class_bytes -= (class * CLASS_GRANULE) as u64;
-            if meta.objects == 0 {
-                for i in (0..meta.segments).rev() {
-                    self.release(i);
-                }
-                meta.clear_free();
-                meta.segments = 0;
-                meta.frontier = 0;
-            } else {
-                meta.free(&self.segments, handle, (class * CLASS_GRANULE) as u64);
+            self.free_locked(&mut meta, handle, len);
+        }
+    }
+
+    /// [`Arena::free_many`] of one object, under the lock.
+    fn free_locked(&self, meta: &mut Meta, handle: u64, len: usize) {
+        let class = class_of(len);
+        meta.objects -= 1;
+        meta.class_bytes -= (class * CLASS_GRANULE) as u64;
+        if meta.objects == 0 {
+            for i in (0..meta.segments).rev() {
+                self.release(i);
             }
+            meta.clear_free();
+            meta.segments = 0;
+            meta.frontier = 0;
+        } else {
+            meta.free(&self.segments, handle, (class * CLASS_GRANULE) as u64);
         }
     }
 
@@ -761,15 +791,18 @@ impl Arena {
     pub(crate) fn lock_for_compaction(&self) -> Compaction<'_> {
         Compaction {
             arena: self,
-            meta: self.meta.lock().unwrap_or_else(PoisonError::into_inner),
+            meta: self.lock_meta(),
         }
     }
 }
 
 impl Compaction<'_> {
-    /// Objects the arena has handed out and not had back (published or not).
+    /// Objects the arena has handed out and not had back (published or not), less those
+    /// replaced and not given back yet: what the page table names once every write in
+    /// flight has published its entries. Exact only while the caller holds every shard's
+    /// lock.
     pub(crate) fn objects(&self) -> u64 {
-        self.meta.objects
+        self.meta.objects - self.arena.deferred_objects()
     }
 
     /// Slides every object in `objects` (all live objects; sorted here) down to the
@@ -779,13 +812,20 @@ impl Compaction<'_> {
     /// overlap its old one stays where it is (a half-done overlapping copy would leave
     /// neither copy whole), and the gap before it becomes a free hole. Returns the pages'
     /// worth of memory released. The caller guarantees nothing reads the moved objects
-    /// meanwhile (it holds every shard's write lock).
+    /// meanwhile (it holds every shard's write lock). Replaced objects not given back yet
+    /// are not in `objects`: their room is reclaimed here, and their later free skipped.
     pub(crate) fn run(&mut self, objects: &mut [Object], mut moved: impl FnMut(&Object)) -> u64 {
         objects.sort_unstable_by_key(|o| o.handle);
         let meta = &mut *self.meta;
         let segments = &self.arena.segments;
         meta.holes.forget();
         meta.forget_adopted_holes();
+        meta.objects = objects.len() as u64;
+        meta.class_bytes = objects
+            .iter()
+            .map(|o| (class_of(usize::from(o.len)) * CLASS_GRANULE) as u64)
+            .sum();
+        self.arena.forget_deferred();
         let seg_size = SEGMENT_SIZE as u64;
         let mut cursor = 0u64;
         for object in objects.iter_mut() {

@@ -46,6 +46,9 @@ mod writeback;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+#[cfg(test)]
+pub(crate) use self::arena::locks_taken as arena_locks_taken;
+pub(crate) use self::arena::Replaced;
 pub use self::arena::RAW_PAGES_PER_SEGMENT;
 pub use self::backing::{
     BackingDevice, BlockRun, Nonces, WritebackKey, BLOCK_BYTES, KEY_BYTES, MAX_OBJECT_BLOCKS,
@@ -952,7 +955,9 @@ impl PageStore {
         let (totals, side) = self.shard_totals();
         let usage = self.arena.usage();
         let payload = totals.compr_data_size;
-        let checksums = usage.objects * (self.object_len(0) as u64);
+        let (replaced, replaced_objects) = self.arena.replaced();
+        let checksums =
+            usage.objects.saturating_sub(replaced_objects) * (self.object_len(0) as u64);
         MemoryUsage {
             table_bytes: self.table_bytes,
             side_map_bytes: side,
@@ -960,8 +965,11 @@ impl PageStore {
             segment_bytes: usage.segment_bytes,
             payload_bytes: payload,
             checksum_bytes: checksums,
-            class_rounding_bytes: usage.class_bytes.saturating_sub(payload + checksums),
+            class_rounding_bytes: usage
+                .class_bytes
+                .saturating_sub(payload + checksums + replaced),
             free_hole_bytes: usage.free_bytes,
+            replaced_bytes: replaced,
             frontier_unused_bytes: usage
                 .segment_bytes
                 .saturating_sub(usage.class_bytes + usage.free_bytes),
@@ -979,10 +987,14 @@ impl PageStore {
         self.table_bytes + self.arena.usage().held_bytes + self.staged_room()
     }
 
+    /// Room promised to staged pages. An object a staged page replaced and the ring has
+    /// not given back yet ([`PageStore::stage_many_replacing`]) is taken off: the arena
+    /// still holds it, and the page's room counts in full.
     fn staged_room(&self) -> u64 {
         self.staged
             .load(Ordering::Relaxed)
             .saturating_mul(STAGED_PAGE_ROOM)
+            .saturating_sub(self.arena.deferred_bytes())
     }
 
     /// Puts `payload` into page `index`, whatever it held.
@@ -1458,6 +1470,8 @@ fn object_fingerprint(object: &[u8]) -> u64 {
 mod fuzz_tests;
 #[cfg(test)]
 mod kept_memory;
+#[cfg(test)]
+mod replaced_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::arena::{Budget, ObjectBytes, Placement};
+use super::arena::{Budget, ObjectBytes, Placement, Replaced};
 use super::entry::{Slot, StagedAt};
 use super::stats::{Counters, PageCost};
 use super::{cost_of, same_cost, stored, try_vec, write_lock, PageStore};
@@ -132,6 +132,23 @@ impl PageStore {
     /// one shard are staged under one acquisition of its lock (a 64 KiB request is one
     /// shard), and the memory limit is checked once for all of them.
     pub fn stage_many(&self, items: &[(u64, StagedAt)]) -> Result<(), CoreError> {
+        self.stage_many_replacing(items, None)
+    }
+
+    /// [`PageStore::stage_many`]; with `replaced` (as long as `items`), the arena objects
+    /// the pages held are not freed but put there, at their item's place (`None` where a
+    /// page held none), for [`PageStore::free_replaced`]. A GPU ring gives them back a
+    /// slot at a time, so its writers never take the arena's lock.
+    pub(crate) fn stage_many_replacing(
+        &self,
+        items: &[(u64, StagedAt)],
+        mut replaced: Option<&mut [Option<Replaced>]>,
+    ) -> Result<(), CoreError> {
+        if replaced.as_ref().is_some_and(|r| r.len() < items.len()) {
+            return Err(CoreError::Config(
+                "no room to keep the objects staged pages replace".into(),
+            ));
+        }
         for &(page, _) in items {
             self.check_range(page, 1)?;
         }
@@ -190,7 +207,14 @@ impl PageStore {
                 shard.totals.replace(cost_of(old), staged_cost);
                 self.ages.written(page);
                 newly += u64::from(!matches!(old, Slot::Staged(_)));
-                if self.holds_room(old) {
+                let kept = match (replaced.as_deref_mut(), self.stored_object(old)) {
+                    (Some(r), Some((handle, len))) => {
+                        r[k] = Some(self.arena.defer(handle, len));
+                        true
+                    }
+                    _ => false,
+                };
+                if !kept && self.holds_room(old) {
                     freed[nfreed] = old;
                     nfreed += 1;
                 }
@@ -213,6 +237,12 @@ impl PageStore {
         self.free_slots(&freed[..nfreed]);
         Counters::bump(&self.counters.writes, n);
         Ok(())
+    }
+
+    /// Gives back the room of objects [`PageStore::stage_many_replacing`] kept, under one
+    /// acquisition of the arena's lock.
+    pub(crate) fn free_replaced(&self, objects: impl IntoIterator<Item = Replaced>) {
+        self.arena.free_replaced(objects);
     }
 
     /// Installs the results of staged writes: each one only if its page still holds

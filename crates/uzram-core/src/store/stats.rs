@@ -134,6 +134,9 @@ pub struct MemoryUsage {
     pub class_rounding_bytes: u64,
     /// Freed or leftover space on free lists, waiting for an object of its class.
     pub free_hole_bytes: u64,
+    /// Objects whose pages were staged anew, given back when the staging slot is installed
+    /// (a GPU ring's; rounded to their classes).
+    pub replaced_bytes: u64,
     /// Never-used space at the end of the newest segment.
     pub frontier_unused_bytes: u64,
 }

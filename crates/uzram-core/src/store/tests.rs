@@ -8,10 +8,10 @@ use super::*;
 
 /// Staging memory for tests: pages by location.
 #[derive(Default)]
-struct MapStaging(Mutex<HashMap<StagedAt, (u64, [u8; PAGE_SIZE])>>);
+pub(super) struct MapStaging(Mutex<HashMap<StagedAt, (u64, [u8; PAGE_SIZE])>>);
 
 impl MapStaging {
-    fn put(&self, page: u64, at: StagedAt, data: [u8; PAGE_SIZE]) {
+    pub(super) fn put(&self, page: u64, at: StagedAt, data: [u8; PAGE_SIZE]) {
         self.0.lock().unwrap().insert(at, (page, data));
     }
 }
@@ -29,7 +29,7 @@ impl StagedPages for MapStaging {
 }
 
 /// A store with test staging attached.
-fn staged_store(pages: u64) -> (PageStore, Arc<MapStaging>) {
+pub(super) fn staged_store(pages: u64) -> (PageStore, Arc<MapStaging>) {
     let store = store(pages);
     let staging = Arc::new(MapStaging::default());
     store.attach_staging(staging.clone()).unwrap();
@@ -70,7 +70,7 @@ pub(super) fn fail_allocs_from(from: Option<usize>) {
     FAIL_ALLOCS_FROM.with(|f| f.set(from));
 }
 
-fn at(slot: usize, index: usize, epoch: u64) -> StagedAt {
+pub(super) fn at(slot: usize, index: usize, epoch: u64) -> StagedAt {
     StagedAt::new(slot, index, epoch).unwrap()
 }
 
@@ -454,7 +454,7 @@ fn same_filled_pages_at_once_match_one_at_a_time() {
     assert_eq!(store.stats().writes, 0);
 }
 
-fn compressed(page: &[u8; PAGE_SIZE]) -> Vec<u8> {
+pub(super) fn compressed(page: &[u8; PAGE_SIZE]) -> Vec<u8> {
     let mut out = [0u8; PAGE_SIZE];
     let len = Algorithm::Lz4
         .codec()

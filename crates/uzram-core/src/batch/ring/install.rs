@@ -97,6 +97,9 @@ impl<'a> Installer<'a> {
     pub(super) fn take(&mut self, job: Job) {
         let sh = self.sh;
         let start = Instant::now();
+        // First, so that the slot's new objects can take the room its pages' old ones held.
+        sh.store
+            .free_replaced(sh.replaced.take(job.slot, job.pages));
         self.run(job);
         bump(&sh.counters.install_busy_ns, nanos(start.elapsed()));
         bump(&sh.counters.slots_installed, 1);

@@ -37,6 +37,7 @@
 
 mod config;
 mod install;
+mod replaced;
 mod shared;
 mod stage;
 mod stats;
@@ -51,6 +52,7 @@ use std::time::{Duration, Instant};
 
 pub use self::config::{RingConfig, ThreadHook};
 use self::install::{installer_loop, Tools, BUFS};
+use self::replaced::ReplacedBooks;
 use self::shared::{InSubmit, Phase, Shared, SlotState, State, MAX_LINE, NO_SLOT};
 use self::stats::Counters;
 pub use self::stats::{RingStats, SlotTimes};
@@ -166,6 +168,7 @@ impl Ring {
             started: Instant::now(),
             slot_marks: (0..slots).map(|_| AtomicU64::new(0)).collect(),
             leases: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            replaced: ReplacedBooks::new(slots, slot_pages),
             open_hint: AtomicUsize::new(NO_SLOT),
             waiting: AtomicUsize::new(0),
             cfg,

@@ -15,6 +15,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use super::config::RingConfig;
+use super::replaced::ReplacedBooks;
 use super::stats::{bump, nanos, Counters, Step};
 use crate::batch::staging::Staging;
 use crate::store::PageStore;
@@ -195,6 +196,9 @@ pub(super) struct Shared {
     pub(super) slot_marks: Vec<AtomicU64>,
     /// Per slot, its lease word ([`LEASE_OPEN`]).
     pub(super) leases: Vec<AtomicU64>,
+    /// Per slot, the store objects its staged pages replaced, given back when it is
+    /// installed.
+    pub(super) replaced: ReplacedBooks,
     /// The open slot, for writers that lease without the mutex ([`NO_SLOT`]: none). A hint:
     /// the lease word decides.
     pub(super) open_hint: AtomicUsize,

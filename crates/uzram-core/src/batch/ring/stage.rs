@@ -183,12 +183,30 @@ impl Shared {
         }
         // The books land before the entries that point at them are published.
         stream_fence();
-        let result = self.store.stage_many(&items[..staged]);
+        let result = self.stage_keeping_replaced(lease, &items[..staged]);
         match &result {
             Ok(()) => bump(&self.counters.staged_pages, staged as u64),
             Err(_) => empty(),
         }
         result
+    }
+
+    /// Stages `items` (pages of `lease`'s slot, at most [`RUN`]), keeping the objects they
+    /// replace for the slot's installer to give back (`replaced.rs`).
+    fn stage_keeping_replaced(
+        &self,
+        lease: &Lease,
+        items: &[(u64, StagedAt)],
+    ) -> Result<(), CoreError> {
+        let mut replaced = [None; RUN];
+        self.store
+            .stage_many_replacing(items, Some(&mut replaced[..items.len()]))?;
+        for (&(_, at), r) in items.iter().zip(replaced) {
+            if let Some(r) = r {
+                self.replaced.keep(lease.slot, at.index(), r);
+            }
+        }
+        Ok(())
     }
 
     /// Where pages no slot took count: as the retired backend's, or as overflow.
@@ -268,7 +286,7 @@ impl Shared {
         }
         // The copies land before the entries that point at them are published.
         stream_fence();
-        let result = self.store.stage_many(&items[..pages.len()]);
+        let result = self.stage_keeping_replaced(lease, &items[..pages.len()]);
         match &result {
             Ok(()) => bump(&self.counters.staged_pages, pages.len() as u64),
             Err(_) => {

@@ -253,6 +253,38 @@ fn staged_pages_are_read_from_the_slot_and_overwrites_win() {
     assert_reads(&store, &expect);
 }
 
+/// A rewrite's writer never takes the arena's lock: the objects its pages replace are kept
+/// with their slot and given back by the slot's installer, all of them, before the slot
+/// is free again.
+#[test]
+fn rewrites_give_back_what_they_replace_a_slot_at_a_time_and_the_writers_never_lock_the_arena() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let (store, ring) = ring_with(n, host(4, 64, FaultPlan::default()), patient());
+    write_all(&ring, 0, &data);
+    ring.flush();
+    // As compressible, and a fill where the first write had one.
+    let again: Vec<u8> = data.iter().map(|b| b ^ 1).collect();
+    let before = crate::store::arena_locks_taken();
+    write_all(&ring, 0, &again);
+    assert_eq!(crate::store::arena_locks_taken() - before, 0);
+    ring.flush();
+    let s = ring.stats();
+    assert_eq!(s.overflow_pages, 0, "{s:?}");
+    assert_reads(&store, &again);
+    // Nothing is left to give back, and the arena holds only what the pages name: every
+    // object's class rounds it up by less than 8 bytes.
+    let st = store.stats();
+    let m = store.memory();
+    assert_eq!(m.replaced_bytes, 0);
+    let objects = st.pages_stored - st.same_pages;
+    assert!(
+        m.class_rounding_bytes < 8 * objects,
+        "{} bytes of rounding for {objects} objects: {m:?}",
+        m.class_rounding_bytes
+    );
+}
+
 #[test]
 fn a_full_ring_compresses_inline_after_one_bounded_wait() {
     let data = pages();
