@@ -246,6 +246,36 @@ pub(crate) struct Arena {
     home: Option<Arc<dyn SegmentHome>>,
     /// Replaced objects whose room is given back later (`arena/replaced.rs`).
     deferred: Deferred,
+    /// What the arena held when its lock was last let go ([`Arena::held_bytes`]).
+    held_now: AtomicU64,
+}
+
+/// The bookkeeping, locked. Letting go of it publishes what the arena holds, so that the
+/// memory limit's check on every staged request reads it without the lock.
+struct MetaGuard<'a> {
+    arena: &'a Arena,
+    meta: MutexGuard<'a, Meta>,
+}
+
+impl std::ops::Deref for MetaGuard<'_> {
+    type Target = Meta;
+    fn deref(&self) -> &Meta {
+        &self.meta
+    }
+}
+
+impl std::ops::DerefMut for MetaGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Meta {
+        &mut self.meta
+    }
+}
+
+impl Drop for MetaGuard<'_> {
+    fn drop(&mut self) {
+        self.arena
+            .held_now
+            .store(self.arena.held(&self.meta), Relaxed);
+    }
 }
 
 /// Segments of a home that outlives the store (a daemon's shared memory) are the home's, not
@@ -270,7 +300,7 @@ impl Arena {
         max_segments: usize,
         home: Option<Arc<dyn SegmentHome>>,
     ) -> Self {
-        Self {
+        let arena = Self {
             meta: Mutex::new(Meta {
                 frontier: 0,
                 segments: 0,
@@ -287,14 +317,26 @@ impl Arena {
             limit,
             home,
             deferred: Deferred::default(),
-        }
+            held_now: AtomicU64::new(0),
+        };
+        drop(arena.lock_meta());
+        arena
     }
 
     /// The bookkeeping, locked.
-    fn lock_meta(&self) -> MutexGuard<'_, Meta> {
+    fn lock_meta(&self) -> MetaGuard<'_> {
         #[cfg(test)]
         LOCKS.with(|n| n.set(n.get() + 1));
-        self.meta.lock().unwrap_or_else(PoisonError::into_inner)
+        MetaGuard {
+            arena: self,
+            meta: self.meta.lock().unwrap_or_else(PoisonError::into_inner),
+        }
+    }
+
+    /// What the arena holds (segments and bookkeeping), as of the last release of its lock:
+    /// [`ArenaUsage::held_bytes`] without taking the lock.
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.held_now.load(Relaxed)
     }
 
     /// A new segment: from the home of a persistent store, else zeroed from the allocator.
@@ -783,7 +825,7 @@ pub(crate) struct Object {
 /// The arena locked for compaction: no allocation or free can run while it lives.
 pub(crate) struct Compaction<'a> {
     arena: &'a Arena,
-    meta: MutexGuard<'a, Meta>,
+    meta: MetaGuard<'a>,
 }
 
 impl Arena {
@@ -802,7 +844,9 @@ impl Compaction<'_> {
     /// flight has published its entries. Exact only while the caller holds every shard's
     /// lock.
     pub(crate) fn objects(&self) -> u64 {
-        self.meta.objects - self.arena.deferred_objects()
+        self.meta
+            .objects
+            .saturating_sub(self.arena.deferred_objects())
     }
 
     /// Slides every object in `objects` (all live objects; sorted here) down to the

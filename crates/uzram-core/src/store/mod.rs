@@ -984,17 +984,17 @@ impl PageStore {
     /// Memory held to the limit, as a staging write's check counts it: the table, the
     /// arena, and [`STAGED_PAGE_ROOM`] per staged page (the room thread measures the same).
     pub fn limited_bytes(&self) -> u64 {
-        self.table_bytes + self.arena.usage().held_bytes + self.staged_room()
+        self.table_bytes + self.arena.held_bytes() + self.staged_room()
     }
 
-    /// Room promised to staged pages. An object a staged page replaced and the ring has
-    /// not given back yet ([`PageStore::stage_many_replacing`]) is taken off: the arena
-    /// still holds it, and the page's room counts in full.
+    /// Room promised to staged pages, in full. An object a staged page replaced and the
+    /// ring has not given back yet ([`PageStore::stage_many_replacing`]) is not taken off:
+    /// the arena counts whole segments, which a freed object leaves as held as a kept one,
+    /// and the page may need a larger class than the hole it leaves.
     fn staged_room(&self) -> u64 {
         self.staged
             .load(Ordering::Relaxed)
             .saturating_mul(STAGED_PAGE_ROOM)
-            .saturating_sub(self.arena.deferred_bytes())
     }
 
     /// Puts `payload` into page `index`, whatever it held.

@@ -9,6 +9,7 @@
 //! across a batch made a waiting `grow` block every reader for hundreds of microseconds.)
 
 use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{OnceLock, PoisonError, RwLock, RwLockReadGuard};
 
 use crate::CoreError;
@@ -33,6 +34,8 @@ type Slot = RwLock<Option<Segment>>;
 #[derive(Debug)]
 pub(crate) struct SegmentTable {
     chunks: Box<[OnceLock<Box<[Slot]>>]>,
+    /// Chunks allocated so far (read on every release of the arena's lock).
+    made: AtomicUsize,
 }
 
 impl SegmentTable {
@@ -42,6 +45,7 @@ impl SegmentTable {
             chunks: (0..max_segments.div_ceil(CHUNK).max(1))
                 .map(|_| OnceLock::new())
                 .collect(),
+            made: AtomicUsize::new(0),
         }
     }
 
@@ -53,7 +57,7 @@ impl SegmentTable {
     /// Bytes the table takes: the top level and every chunk allocated so far.
     pub(crate) fn bytes(&self) -> u64 {
         let chunk = CHUNK * std::mem::size_of::<Slot>();
-        let chunks = self.chunks.iter().filter(|c| c.get().is_some()).count();
+        let chunks = self.made.load(Relaxed);
         (self.chunks.len() * std::mem::size_of::<OnceLock<Box<[Slot]>>>() + chunks * chunk) as u64
     }
 
@@ -92,7 +96,9 @@ impl SegmentTable {
             }
             slots.extend((0..CHUNK).map(|_| RwLock::new(None)));
             // Growth is serialized, so nobody else can have set it meanwhile.
-            let _ = cell.set(slots.into_boxed_slice());
+            if cell.set(slots.into_boxed_slice()).is_ok() {
+                self.made.fetch_add(1, Relaxed);
+            }
         }
         let Some(slot) = self.slot(i) else {
             return Err((CoreError::NoMemory, segment));

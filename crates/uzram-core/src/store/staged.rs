@@ -170,7 +170,7 @@ impl PageStore {
                 self.staged.fetch_sub(n, Ordering::Relaxed);
                 return Err(CoreError::MemLimit {
                     limit,
-                    used: used - n * super::STAGED_PAGE_ROOM,
+                    used: used.saturating_sub(n * super::STAGED_PAGE_ROOM),
                 });
             }
         }

@@ -115,7 +115,8 @@ impl Stats {
 
 /// Where a store's memory goes: `mem_used_total` = `table_bytes` + `side_map_bytes` +
 /// `arena_bookkeeping_bytes` + `segment_bytes`, and the segments split into payload,
-/// rounding to size classes, free holes and the unused end of the newest segment.
+/// checksums, rounding to size classes, replaced objects not given back yet, free holes and
+/// the unused end of the newest segment.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MemoryUsage {
     /// Page table: 8-byte entries, shard locks, the store struct.

@@ -328,7 +328,8 @@ impl Ring {
     pub fn memory(&self) -> BackendMemory {
         let mut m = self.shared.staging.backend().memory();
         m.host_bytes += ((self.shared.cfg.installers + 1) * BUFS * PAGE_SIZE) as u64
-            + self.shared.staging.book_bytes() as u64;
+            + self.shared.staging.book_bytes() as u64
+            + self.shared.replaced.bytes() as u64;
         m
     }
 

@@ -27,6 +27,11 @@ impl ReplacedBooks {
         }
     }
 
+    /// The memory the books take.
+    pub(super) fn bytes(&self) -> usize {
+        std::mem::size_of_val(&*self.words)
+    }
+
     /// Keeps `replaced` for `index` of `slot` (the caller's lease holds that index).
     pub(super) fn keep(&self, slot: usize, index: usize, replaced: Replaced) {
         let at = (slot * self.slot_pages + index) * 2;

@@ -260,7 +260,11 @@ fn staged_pages_are_read_from_the_slot_and_overwrites_win() {
 fn rewrites_give_back_what_they_replace_a_slot_at_a_time_and_the_writers_never_lock_the_arena() {
     let data = pages();
     let n = (data.len() / PAGE_SIZE) as u64;
-    let (store, ring) = ring_with(n, host(4, 64, FaultPlan::default()), patient());
+    // Under a memory limit, whose check every staged request makes.
+    let mut cfg = StoreConfig::new(n, Algorithm::Lz4);
+    cfg.mem_limit = Some(1 << 30);
+    let store = Arc::new(PageStore::new(cfg).unwrap());
+    let ring = Ring::start(store.clone(), host(4, 64, FaultPlan::default()), patient()).unwrap();
     write_all(&ring, 0, &data);
     ring.flush();
     // As compressible, and a fill where the first write had one.

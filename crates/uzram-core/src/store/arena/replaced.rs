@@ -11,8 +11,8 @@
 //! - Compaction counts it (`Compaction::objects` is what the page table names), moves only
 //!   what the table names, and so reclaims it; the era it bumps makes the later free of
 //!   such an object a no-op.
-//! - The memory limit does not: its room goes to the staged page that replaced it, which
-//!   is counted in full until it is installed ([`Arena::deferred_bytes`]).
+//! - So does the memory limit, as it counted the hole a freed object left: the arena's
+//!   memory is its segments, whole.
 //!
 //! The counts change only where compaction cannot be between two steps: a deferral under
 //! the shard lock of the entry that named the object (compaction holds every shard's), a
@@ -72,7 +72,8 @@ impl Arena {
             .fetch_add((class_of(len) * CLASS_GRANULE) as u64, Relaxed);
         Replaced {
             handle,
-            len: len as u16,
+            // An object is at most a raw page and its checksum.
+            len: u16::try_from(len).unwrap_or(u16::MAX),
             era: d.era.load(Relaxed),
         }
     }
