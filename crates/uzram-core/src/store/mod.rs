@@ -955,7 +955,8 @@ impl PageStore {
         let (totals, side) = self.shard_totals();
         let usage = self.arena.usage();
         let payload = totals.compr_data_size;
-        let (replaced, replaced_objects) = self.arena.replaced();
+        let replaced = self.arena.deferred_bytes();
+        let replaced_objects = self.arena.deferred_objects();
         let checksums =
             usage.objects.saturating_sub(replaced_objects) * (self.object_len(0) as u64);
         MemoryUsage {

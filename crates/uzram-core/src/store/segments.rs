@@ -8,8 +8,7 @@
 //! stops nobody else. (A single lock over the segment list did: installers holding it
 //! across a batch made a waiting `grow` block every reader for hundreds of microseconds.)
 
-use std::sync::atomic::AtomicU64;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{OnceLock, PoisonError, RwLock, RwLockReadGuard};
 
 use crate::CoreError;

@@ -103,14 +103,9 @@ impl Arena {
     }
 
     /// Replaced objects not given back yet. Exact while the caller holds the arena's lock
-    /// and every shard's.
-    pub(super) fn deferred_objects(&self) -> u64 {
+    /// and every shard's; a snapshot otherwise.
+    pub(crate) fn deferred_objects(&self) -> u64 {
         self.deferred.objects.load(Relaxed)
-    }
-
-    /// The bytes and the count of replaced objects not given back yet (a snapshot).
-    pub(crate) fn replaced(&self) -> (u64, u64) {
-        (self.deferred_bytes(), self.deferred_objects())
     }
 
     /// After a compaction, which moved only the objects the table names: the replaced ones
