@@ -656,8 +656,28 @@ impl PageStore {
     /// and installer touches. On an error the pages before the failing one are written and
     /// the rest keep their old content.
     pub fn write_same_filled_many(&self, pages: &[(u64, u64)]) -> Result<(), CoreError> {
+        self.write_same_filled_many_replacing(pages, None)
+    }
+
+    /// [`PageStore::write_same_filled_many`], keeping in `replaced[k]` the arena object page
+    /// `k` held (counted as deferred, for the caller to give back with
+    /// [`PageStore::free_replaced`]) instead of freeing it, where `replaced` is given: a
+    /// GPU ring's writer leaves the arena's lock to the slot's installer. `replaced` holds
+    /// at least one entry per page; entries of pages that held no object are left as they
+    /// are. What else a page held (a block on the backing device) is freed here. On an
+    /// error, what the pages written so far replaced is kept or freed all the same.
+    pub(crate) fn write_same_filled_many_replacing(
+        &self,
+        pages: &[(u64, u64)],
+        mut replaced: Option<&mut [Option<Replaced>]>,
+    ) -> Result<(), CoreError> {
         /// Pages set under one lock at most (their old contents are freed after it).
         const GROUP: usize = 16;
+        if replaced.as_ref().is_some_and(|r| r.len() < pages.len()) {
+            return Err(CoreError::Config(
+                "no room to keep the objects same-filled pages replace".into(),
+            ));
+        }
         for &(page, _) in pages {
             self.check_range(page, 1)?;
         }
@@ -676,18 +696,27 @@ impl PageStore {
                 .position(|&(p, w)| self.shard_of(p) != shard_index || !self.keeps_fill(w))
                 .map_or((start + GROUP).min(pages.len()), |k| start + k);
             let mut olds = [Slot::Empty; GROUP];
-            let mut set = 0;
+            let (mut set, mut nolds) = (0, 0);
             let mut unstaged = 0u64;
             let mut result = Ok(());
             let mut shard = write_lock(&self.shards[shard_index]);
-            for &(page, word) in &pages[start..end] {
+            for (k, &(page, word)) in pages.iter().enumerate().take(end).skip(start) {
                 match shard.set(self.locate(page).1, Slot::Same(word)) {
                     Ok(Some(old)) => {
                         shard.totals.replace(cost_of(old), same_cost());
                         self.ages.written(page);
                         unstaged += u64::from(matches!(old, Slot::Staged(_)));
-                        olds[set] = old;
                         set += 1;
+                        match (replaced.as_deref_mut(), self.stored_object(old)) {
+                            (Some(r), Some((handle, len))) => {
+                                r[k] = Some(self.arena.defer(handle, len));
+                            }
+                            _ if self.holds_room(old) => {
+                                olds[nolds] = old;
+                                nolds += 1;
+                            }
+                            _ => {}
+                        }
                     }
                     Ok(None) => {
                         result = Err(self.out_of_range(page, 1));
@@ -704,9 +733,8 @@ impl PageStore {
             if self.mem_limit.is_some() && unstaged > 0 {
                 self.staged.fetch_sub(unstaged, Ordering::Relaxed);
             }
-            for &old in &olds[..set] {
-                self.free_slot(old);
-            }
+            // One acquisition of the arena's lock for the group, not one a page.
+            self.free_slots(&olds[..nolds]);
             Counters::bump(&self.counters.writes, set as u64);
             result?;
             start = end;

@@ -79,6 +79,33 @@ impl Shared {
         Ok(())
     }
 
+    /// [`Self::store_fills`] for same-filled pages of `lease`, page `k` at its index
+    /// `indices[k]`: the objects they replace are kept at those indices for the slot's
+    /// installer to give back, as a staged page's are (the index names no page then).
+    fn store_fills_keeping_replaced(
+        &self,
+        lease: &Lease,
+        fills: &[(u64, u64)],
+        indices: &[usize],
+    ) -> Result<(), CoreError> {
+        if fills.is_empty() {
+            return Ok(());
+        }
+        let mut replaced = [None; RUN];
+        let result = self
+            .store
+            .write_same_filled_many_replacing(fills, Some(&mut replaced[..fills.len()]));
+        // Kept whatever the result: a page written before a failure replaced its object.
+        for (&index, r) in indices.iter().zip(replaced) {
+            if let Some(r) = r {
+                self.replaced.keep(lease.slot, index, r);
+            }
+        }
+        result?;
+        bump(&self.counters.same_filled_pages, fills.len() as u64);
+        Ok(())
+    }
+
     /// [`Ring::write_from`](super::Ring::write_from).
     pub(super) fn write_from(
         &self,
@@ -142,6 +169,7 @@ impl Shared {
         let mut items = [(0u64, StagedAt::default()); RUN];
         let mut staged = 0;
         let mut fills = [(0u64, 0u64); RUN];
+        let mut fill_indices = [0usize; RUN];
         let mut same = 0;
         for (j, words) in words.chunks_exact(PAGE_WORDS).enumerate() {
             let (index, page) = (lease.base + j, first + j as u64);
@@ -159,6 +187,7 @@ impl Shared {
             if let Some(word) = fill {
                 staging.book_page(lease.slot, index, NO_PAGE);
                 fills[same] = (page, word);
+                fill_indices[same] = index;
                 same += 1;
                 continue;
             }
@@ -173,7 +202,8 @@ impl Shared {
             items[staged] = (page, at);
             staged += 1;
         }
-        if let Err(err) = self.store_fills(&fills[..same]) {
+        if let Err(err) = self.store_fills_keeping_replaced(lease, &fills[..same], &fill_indices)
+        {
             empty();
             return Err(err);
         }

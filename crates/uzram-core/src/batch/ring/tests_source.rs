@@ -182,3 +182,62 @@ fn a_store_with_checksums_off_takes_sourced_pages_too() {
     assert_eq!(s.checksum_checked_pages, 0, "{s:?}");
     assert_reads(&store, &data);
 }
+
+/// `data` with every other page zeroed (a fill) and the rest XORed with 1: as compressible,
+/// but no page the same as before.
+fn half_fills(data: &[u8]) -> Vec<u8> {
+    data.chunks_exact(PAGE_SIZE)
+        .enumerate()
+        .flat_map(|(i, p)| p.iter().map(move |&b| if i % 2 == 0 { 0 } else { b ^ 1 }))
+        .collect()
+}
+
+/// Same-filled pages found in the slot that replace stored ones leave their old objects at
+/// their own (empty) indices, for the slot's installer to give back with the staged pages'
+/// ones: the writer takes the arena's lock for none of them.
+#[test]
+fn fills_found_in_the_slot_leave_what_they_replace_to_the_slots_installer() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let (store, ring) = ring_with(n, host(4, 64, FaultPlan::default()), patient());
+    write_all_from(&ring, 0, &data);
+    ring.flush();
+    let again = half_fills(&data);
+    let before = crate::store::arena_locks_taken();
+    write_all_from(&ring, 0, &again);
+    assert_eq!(crate::store::arena_locks_taken() - before, 0);
+    assert!(store.memory().replaced_bytes > 0);
+    ring.flush();
+    assert_reads(&store, &again);
+    let st = store.stats();
+    // The zeroed pages, and the odd ones that were fills already.
+    assert!(st.same_pages > n / 2, "{st:?}");
+    let m = store.memory();
+    assert_eq!(m.replaced_bytes, 0);
+    let objects = st.pages_stored - st.same_pages;
+    assert!(
+        m.class_rounding_bytes < 8 * objects,
+        "{} bytes of rounding for {objects} objects: {m:?}",
+        m.class_rounding_bytes
+    );
+}
+
+/// Where the writer copies (no user copy), a request's fills that replace stored pages
+/// free those under one acquisition of the arena's lock, not one each.
+#[test]
+fn a_requests_fills_free_what_they_replace_under_one_lock() {
+    let data = pages();
+    let n = (data.len() / PAGE_SIZE) as u64;
+    let (store, ring) = ring_with(n, host(4, 64, FaultPlan::default()), patient());
+    super::tests::write_all(&ring, 0, &data);
+    ring.flush();
+    let again = half_fills(&data);
+    let requests = again.len().div_ceil(16 * PAGE_SIZE) as u64;
+    let before = crate::store::arena_locks_taken();
+    super::tests::write_all(&ring, 0, &again);
+    let locks = crate::store::arena_locks_taken() - before;
+    assert!(locks > 0 && locks <= requests, "{locks} locks for {requests} requests");
+    ring.flush();
+    assert_reads(&store, &again);
+    assert_eq!(store.memory().replaced_bytes, 0);
+}
