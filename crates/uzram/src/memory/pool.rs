@@ -34,6 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
+mod listed;
 mod registration;
 pub use registration::{register_with, registered};
 
@@ -138,12 +139,17 @@ fn is_block(p: *mut u8) -> bool {
         && (p as usize - BASE.load(Ordering::Acquire)).is_multiple_of(BLOCK)
 }
 
-/// Free lists found damaged (a link that names no block), and pointers into the range
-/// handed back that start no block: cumulative. See [`pop`].
+/// The number of the block `p` starts (for a `p` that [`is_block`]).
+fn block_number(p: *mut u8) -> usize {
+    (p as usize - BASE.load(Ordering::Acquire)) / BLOCK
+}
+
+/// Free lists found damaged (a link that names no free block), and pointers handed back
+/// that start no block or name one already free: cumulative. See [`pop`].
 static DAMAGED: AtomicUsize = AtomicUsize::new(0);
 
 /// How often the free list was found damaged, or a pointer into the pool that starts no
-/// block was freed (each dropped, never handed out).
+/// block, or a block already free, was freed (each dropped, never handed out).
 pub fn damaged_lists() -> usize {
     DAMAGED.load(Ordering::Relaxed)
 }
@@ -159,6 +165,12 @@ unsafe fn push(block: *mut u8) {
         return;
     }
     lock();
+    if listed::set(block_number(block), true) {
+        // Already free: listed twice, it would be handed out twice.
+        unlock();
+        DAMAGED.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
     // SAFETY: the caller hands over an unused, writable block of BLOCK bytes; its first word
     // holds the list link while it is free. The spin lock serializes list updates.
     unsafe {
@@ -240,24 +252,28 @@ pub fn take_waits() -> (usize, usize) {
 
 /// Takes the free list's first block, or null.
 ///
-/// The link is read from the free block itself (shared memory). One that names no block
-/// means something wrote into a free block: both it and the rest of the list may still be
-/// someone else's, so the whole list is dropped (counted in [`damaged_lists`], logged by the
-/// keeper, which refills the pool) rather than a stray address handed out as 64 KiB to
-/// write: that is how a write into freed memory becomes a write into glibc's heap.
+/// The link is read from the free block itself (shared memory). One that names no free
+/// block (no block at all, or one in use or given back, as the private bits of `listed.rs`
+/// say) means something wrote into a free block: both it and the rest of the list may
+/// still be someone else's, so the whole list is dropped (counted in [`damaged_lists`],
+/// logged by the keeper, which refills the pool) rather than a stray address handed out as
+/// 64 KiB to write: that is how a write into freed memory becomes a write into glibc's
+/// heap, or two owners of one block.
 fn pop() -> *mut u8 {
     lock();
     let mut head = FREE_HEAD.load(Ordering::Relaxed);
     if !head.is_null() {
+        listed::set(block_number(head), false);
         // SAFETY: `head` is a free pool block (`push` and the check below let only blocks
         // onto the list); its first word is the link written by `push`.
         let next = unsafe { head.cast::<*mut u8>().read() };
-        if next.is_null() || is_block(next) {
+        if next.is_null() || (is_block(next) && listed::is_listed(block_number(next))) {
             FREE_HEAD.store(next, Ordering::Relaxed);
             FREE_COUNT.fetch_sub(1, Ordering::Relaxed);
         } else {
             FREE_HEAD.store(ptr::null_mut(), Ordering::Relaxed);
             FREE_COUNT.store(0, Ordering::Relaxed);
+            listed::clear();
             DAMAGED.fetch_add(1, Ordering::Relaxed);
             head = ptr::null_mut();
         }
@@ -431,6 +447,7 @@ pub fn init_with(
     // buffer, `released` below growing to one among them), and its `dealloc` must know it
     // for a pool block. Known a moment later, it went to glibc's `free`, which takes any
     // pointer into the region for one of its own chunks.
+    listed::init(blocks);
     FRONTIER.store(base + top * BLOCK, Ordering::Release);
     LIMIT.store(base + blocks * BLOCK, Ordering::Release);
     BASE.store(base, Ordering::Release);
@@ -1304,6 +1321,63 @@ mod tests {
             drop(Box::from_raw(heap));
         }
         assert!(is_block(pop()));
+    }
+
+    /// A free block's link overwritten with another block's start, one in use, never makes
+    /// the pool hand that block out a second time: the list is dropped and counted. A block
+    /// freed twice is listed once. In a process of its own: the pool is set up once per
+    /// process.
+    #[test]
+    fn a_link_that_names_a_block_in_use_or_a_block_freed_twice_is_never_handed_out() {
+        if !in_a_fresh_process(
+            "memory::pool::tests::a_link_that_names_a_block_in_use_or_a_block_freed_twice_is_never_handed_out",
+        ) {
+            return;
+        }
+        let blocks = 16;
+        let base = crate::sys::memory::map_shared_anonymous(blocks * BLOCK, true).unwrap();
+        init(base, blocks * BLOCK, None);
+        assert!(refill(4) >= 3);
+        let taken = pop();
+        assert!(is_block(taken));
+        let head = FREE_HEAD.load(Ordering::Relaxed);
+        assert!(is_block(head) && head != taken);
+        // SAFETY: `head` is a free block of the pool, mapped and writable: the damage, a
+        // link to the block this test holds.
+        unsafe { head.cast::<*mut u8>().write(taken) };
+        assert!(pop().is_null(), "a damaged list handed out a block");
+        assert_eq!(damaged_lists(), 1);
+        assert_eq!(free_blocks(), 0);
+        assert!(pop().is_null(), "the block in use was handed out again");
+        // Refilled, the pool serves again; a block freed twice is listed once.
+        assert!(refill(2) > 0);
+        let again = pop();
+        assert!(is_block(again) && again != taken);
+        let free = free_blocks();
+        // SAFETY: the test's own block, back to the pool, then (the bug this guards
+        // against) once more.
+        unsafe {
+            push(again);
+            push(again);
+        }
+        assert_eq!(damaged_lists(), 2);
+        assert_eq!(free_blocks(), free + 1);
+        let mut handed = Vec::new();
+        loop {
+            let p = pop();
+            if p.is_null() {
+                break;
+            }
+            handed.push(p as usize);
+        }
+        let n = handed.len();
+        handed.sort_unstable();
+        handed.dedup();
+        assert_eq!(handed.len(), n, "a block was handed out twice");
+        assert_eq!(damaged_lists(), 2);
+        // SAFETY: the test's own block, back to its owner.
+        unsafe { push(taken) };
+        assert_eq!(pop(), taken);
     }
 
     #[test]

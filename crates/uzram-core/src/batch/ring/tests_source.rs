@@ -236,7 +236,10 @@ fn a_requests_fills_free_what_they_replace_under_one_lock() {
     let before = crate::store::arena_locks_taken();
     super::tests::write_all(&ring, 0, &again);
     let locks = crate::store::arena_locks_taken() - before;
-    assert!(locks > 0 && locks <= requests, "{locks} locks for {requests} requests");
+    assert!(
+        locks > 0 && locks <= requests,
+        "{locks} locks for {requests} requests"
+    );
     ring.flush();
     assert_reads(&store, &again);
     assert_eq!(store.memory().replaced_bytes, 0);
