@@ -1280,6 +1280,18 @@ mod tests {
         );
     }
 
+    /// Sets up the pool over 16 blocks of shared memory, fills a few and takes one: the block
+    /// taken. Once per process.
+    fn a_pool_of_16_blocks_one_taken() -> *mut u8 {
+        let blocks = 16;
+        let base = crate::sys::memory::map_shared_anonymous(blocks * BLOCK, true).unwrap();
+        init(base, blocks * BLOCK, None);
+        assert!(refill(4) >= 3);
+        let taken = pop();
+        assert!(is_block(taken));
+        taken
+    }
+
     /// A free block written into (its link overwritten, here with a heap address, as a
     /// stale 64 KiB buffer's owner might) never makes the pool hand out what the link
     /// names: the list is dropped and counted, and the pool works again once refilled; a
@@ -1292,12 +1304,7 @@ mod tests {
         ) {
             return;
         }
-        let blocks = 16;
-        let base = crate::sys::memory::map_shared_anonymous(blocks * BLOCK, true).unwrap();
-        init(base, blocks * BLOCK, None);
-        assert!(refill(4) >= 3);
-        let taken = pop();
-        assert!(is_block(taken));
+        let taken = a_pool_of_16_blocks_one_taken();
         let heap = Box::into_raw(Box::new([0u64; 4]));
         let head = FREE_HEAD.load(Ordering::Relaxed);
         assert!(is_block(head));
@@ -1334,12 +1341,7 @@ mod tests {
         ) {
             return;
         }
-        let blocks = 16;
-        let base = crate::sys::memory::map_shared_anonymous(blocks * BLOCK, true).unwrap();
-        init(base, blocks * BLOCK, None);
-        assert!(refill(4) >= 3);
-        let taken = pop();
-        assert!(is_block(taken));
+        let taken = a_pool_of_16_blocks_one_taken();
         let head = FREE_HEAD.load(Ordering::Relaxed);
         assert!(is_block(head) && head != taken);
         // SAFETY: `head` is a free block of the pool, mapped and writable: the damage, a

@@ -276,8 +276,12 @@ fn rewrites_give_back_what_they_replace_a_slot_at_a_time_and_the_writers_never_l
     let s = ring.stats();
     assert_eq!(s.overflow_pages, 0, "{s:?}");
     assert_reads(&store, &again);
-    // Nothing is left to give back, and the arena holds only what the pages name: every
-    // object's class rounds it up by less than 8 bytes.
+    assert_nothing_left_to_give_back(&store);
+}
+
+/// Nothing is left to give back, and the arena holds only what the pages name: every
+/// object's class rounds it up by less than 8 bytes.
+pub(super) fn assert_nothing_left_to_give_back(store: &PageStore) {
     let st = store.stats();
     let m = store.memory();
     assert_eq!(m.replaced_bytes, 0);

@@ -4,7 +4,9 @@
 use std::io;
 use std::time::Duration;
 
-use super::tests::{assert_reads, host, pages, patient, ring_with};
+use super::tests::{
+    assert_nothing_left_to_give_back, assert_reads, host, pages, patient, ring_with,
+};
 use super::*;
 use crate::batch::{BytesSource, FaultPlan, LeasedWords};
 use crate::codec::Algorithm;
@@ -212,14 +214,7 @@ fn fills_found_in_the_slot_leave_what_they_replace_to_the_slots_installer() {
     let st = store.stats();
     // The zeroed pages, and the odd ones that were fills already.
     assert!(st.same_pages > n / 2, "{st:?}");
-    let m = store.memory();
-    assert_eq!(m.replaced_bytes, 0);
-    let objects = st.pages_stored - st.same_pages;
-    assert!(
-        m.class_rounding_bytes < 8 * objects,
-        "{} bytes of rounding for {objects} objects: {m:?}",
-        m.class_rounding_bytes
-    );
+    assert_nothing_left_to_give_back(&store);
 }
 
 /// Where the writer copies (no user copy), a request's fills that replace stored pages
