@@ -166,7 +166,7 @@ unsafe fn push(block: *mut u8) {
     }
     lock();
     if listed::set(block_number(block), true) {
-        // Already free: listed twice, it would be handed out twice.
+        // Still free: listed twice, it would be handed out twice.
         unlock();
         DAMAGED.fetch_add(1, Ordering::Relaxed);
         return;
@@ -269,7 +269,14 @@ fn pop() -> *mut u8 {
         let next = unsafe { head.cast::<*mut u8>().read() };
         if next.is_null() || (is_block(next) && listed::is_listed(block_number(next))) {
             FREE_HEAD.store(next, Ordering::Relaxed);
-            FREE_COUNT.fetch_sub(1, Ordering::Relaxed);
+            let left = FREE_COUNT.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
+            if next.is_null() && left != 0 {
+                // The list ended early: a link skipped free blocks further down. They are
+                // lost to this daemon; counted, the keeper would never refill for them.
+                FREE_COUNT.store(0, Ordering::Relaxed);
+                listed::clear();
+                DAMAGED.fetch_add(1, Ordering::Relaxed);
+            }
         } else {
             FREE_HEAD.store(ptr::null_mut(), Ordering::Relaxed);
             FREE_COUNT.store(0, Ordering::Relaxed);
@@ -776,7 +783,7 @@ pub fn keep(initial_target: usize) {
             damaged = now;
             tracing::error!(
                 damaged,
-                "the block pool's free list named a place that is no free block (something wrote into freed memory): its blocks were dropped and the pool is refilled; please report this with the daemon's log"
+                "the block pool's free list named a place that is no free block, or a block was freed while free (something wrote into freed memory, or freed it twice): what the list held was dropped and the pool is refilled; please report this with the daemon's log"
             );
         }
         if !REFILLS_ALLOWED.load(Ordering::Acquire) {
@@ -1332,8 +1339,9 @@ mod tests {
 
     /// A free block's link overwritten with another block's start, one in use, never makes
     /// the pool hand that block out a second time: the list is dropped and counted. A block
-    /// freed twice is listed once. In a process of its own: the pool is set up once per
-    /// process.
+    /// freed again while it is free is listed once. A link that skips ahead is found at the
+    /// list's end, where its count is not zero. In a process of its own: the pool is set up
+    /// once per process.
     #[test]
     fn a_link_that_names_a_block_in_use_or_a_block_freed_twice_is_never_handed_out() {
         if !in_a_fresh_process(
@@ -1377,6 +1385,29 @@ mod tests {
         handed.dedup();
         assert_eq!(handed.len(), n, "a block was handed out twice");
         assert_eq!(damaged_lists(), 2);
+        // A link that skips ahead to a block further down: the block it skips is lost, and
+        // the count at the list's end says so (the keeper then refills).
+        for &b in &handed {
+            // SAFETY: blocks this test holds, back to the pool.
+            unsafe { push(b as *mut u8) };
+        }
+        refill(4);
+        let listed = free_blocks();
+        assert!(listed >= 3, "{listed} blocks");
+        let head = FREE_HEAD.load(Ordering::Relaxed);
+        // SAFETY: the first two blocks of the list are free pool blocks, mapped and
+        // writable: the second's link read, and written over the first's (the damage).
+        unsafe {
+            let third = head.cast::<*mut u8>().read().cast::<*mut u8>().read();
+            head.cast::<*mut u8>().write(third);
+        }
+        let mut popped = 0;
+        while !pop().is_null() {
+            popped += 1;
+        }
+        assert_eq!(popped, listed - 1);
+        assert_eq!(damaged_lists(), 3);
+        assert_eq!(free_blocks(), 0);
         // SAFETY: the test's own block, back to its owner.
         unsafe { push(taken) };
         assert_eq!(pop(), taken);

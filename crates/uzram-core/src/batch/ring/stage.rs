@@ -202,7 +202,9 @@ impl Shared {
             items[staged] = (page, at);
             staged += 1;
         }
-        if let Err(err) = self.store_fills_keeping_replaced(lease, &fills[..same], &fill_indices) {
+        if let Err(err) =
+            self.store_fills_keeping_replaced(lease, &fills[..same], &fill_indices[..same])
+        {
             empty();
             return Err(err);
         }

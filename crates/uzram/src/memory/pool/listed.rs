@@ -5,7 +5,10 @@
 //! write into a freed block can damage. A link that names no block is caught by its
 //! address; one that names another block's start is not: that block may be in use (it
 //! would be handed out twice) or given back to the system. The bit says whether the block
-//! the link names is really free, and a block pushed twice is refused for the same reason.
+//! the link names is really free, and a block pushed again while it is still free is
+//! refused for the same reason. What no bit can tell: a block freed twice with a new owner
+//! in between (the second free lists the new owner's block), and a link that skips ahead
+//! to a block further down the list (the count at the list's end shows that one).
 //!
 //! Every change is made under the pool's spin lock, so the bits need no stronger ordering
 //! than that lock gives.
