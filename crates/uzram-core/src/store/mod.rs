@@ -707,15 +707,11 @@ impl PageStore {
                         self.ages.written(page);
                         unstaged += u64::from(matches!(old, Slot::Staged(_)));
                         set += 1;
-                        match (replaced.as_deref_mut(), self.stored_object(old)) {
-                            (Some(r), Some((handle, len))) => {
-                                r[k] = Some(self.arena.defer(handle, len));
-                            }
-                            _ if self.holds_room(old) => {
-                                olds[nolds] = old;
-                                nolds += 1;
-                            }
-                            _ => {}
+                        let kept =
+                            self.keep_replaced(old, replaced.as_deref_mut().map(|r| &mut r[k]));
+                        if !kept && self.holds_room(old) {
+                            olds[nolds] = old;
+                            nolds += 1;
                         }
                     }
                     Ok(None) => {
@@ -1080,6 +1076,20 @@ impl PageStore {
     /// device.
     fn holds_room(&self, slot: Slot) -> bool {
         self.stored_object(slot).is_some() || matches!(slot, Slot::Backed { .. })
+    }
+
+    /// Counts the arena object `old` names as deferred and keeps it in `keep`, where a
+    /// place to keep it is given: its room is then given back later, with
+    /// [`PageStore::free_replaced`]. Whether it was kept (else the caller frees what `old`
+    /// holds). Under the shard's lock that replaced `old`.
+    fn keep_replaced(&self, old: Slot, keep: Option<&mut Option<Replaced>>) -> bool {
+        match (keep, self.stored_object(old)) {
+            (Some(k), Some((handle, len))) => {
+                *k = Some(self.arena.defer(handle, len));
+                true
+            }
+            _ => false,
+        }
     }
 
     fn free_slot(&self, slot: Slot) {

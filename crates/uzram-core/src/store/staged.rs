@@ -207,13 +207,7 @@ impl PageStore {
                 shard.totals.replace(cost_of(old), staged_cost);
                 self.ages.written(page);
                 newly += u64::from(!matches!(old, Slot::Staged(_)));
-                let kept = match (replaced.as_deref_mut(), self.stored_object(old)) {
-                    (Some(r), Some((handle, len))) => {
-                        r[k] = Some(self.arena.defer(handle, len));
-                        true
-                    }
-                    _ => false,
-                };
+                let kept = self.keep_replaced(old, replaced.as_deref_mut().map(|r| &mut r[k]));
                 if !kept && self.holds_room(old) {
                     freed[nfreed] = old;
                     nfreed += 1;

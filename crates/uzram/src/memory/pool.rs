@@ -273,20 +273,24 @@ fn pop() -> *mut u8 {
             if next.is_null() && left != 0 {
                 // The list ended early: a link skipped free blocks further down. They are
                 // lost to this daemon; counted, the keeper would never refill for them.
-                FREE_COUNT.store(0, Ordering::Relaxed);
-                listed::clear();
-                DAMAGED.fetch_add(1, Ordering::Relaxed);
+                forget_list();
             }
         } else {
             FREE_HEAD.store(ptr::null_mut(), Ordering::Relaxed);
-            FREE_COUNT.store(0, Ordering::Relaxed);
-            listed::clear();
-            DAMAGED.fetch_add(1, Ordering::Relaxed);
+            forget_list();
             head = ptr::null_mut();
         }
     }
     unlock();
     head
+}
+
+/// After damage, with the pool's lock held and the list's head already cut: nothing is
+/// free any more, as far as the pool knows, and the damage is counted.
+fn forget_list() {
+    FREE_COUNT.store(0, Ordering::Relaxed);
+    listed::clear();
+    DAMAGED.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Set while memory may be given back (see [`set_give_back`]).

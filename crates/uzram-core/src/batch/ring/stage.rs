@@ -18,7 +18,7 @@ use crate::page::{
     page_checksum, page_to_words_streaming, page_to_words_streaming_checksummed, same_filled_word,
     stream_fence, with_words_as_page, PAGE_SIZE, PAGE_WORDS,
 };
-use crate::store::StagedAt;
+use crate::store::{Replaced, StagedAt};
 use crate::CoreError;
 
 /// Most pages of one request a writer handles at a time.
@@ -96,11 +96,7 @@ impl Shared {
             .store
             .write_same_filled_many_replacing(fills, Some(&mut replaced[..fills.len()]));
         // Kept whatever the result: a page written before a failure replaced its object.
-        for (&index, r) in indices.iter().zip(replaced) {
-            if let Some(r) = r {
-                self.replaced.keep(lease.slot, index, r);
-            }
-        }
+        self.keep_replaced(lease, indices.iter().copied(), &replaced);
         result?;
         bump(&self.counters.same_filled_pages, fills.len() as u64);
         Ok(())
@@ -232,12 +228,23 @@ impl Shared {
         let mut replaced = [None; RUN];
         self.store
             .stage_many_replacing(items, Some(&mut replaced[..items.len()]))?;
-        for (&(_, at), r) in items.iter().zip(replaced) {
-            if let Some(r) = r {
-                self.replaced.keep(lease.slot, at.index(), r);
+        self.keep_replaced(lease, items.iter().map(|(_, at)| at.index()), &replaced);
+        Ok(())
+    }
+
+    /// Keeps in the books of `lease`'s slot what the page at the k-th of `indices` replaced
+    /// (`replaced[k]`, where there is one).
+    fn keep_replaced(
+        &self,
+        lease: &Lease,
+        indices: impl Iterator<Item = usize>,
+        replaced: &[Option<Replaced>],
+    ) {
+        for (index, r) in indices.zip(replaced) {
+            if let Some(r) = *r {
+                self.replaced.keep(lease.slot, index, r);
             }
         }
-        Ok(())
     }
 
     /// Where pages no slot took count: as the retired backend's, or as overflow.

@@ -5,7 +5,7 @@ use std::io;
 use std::time::Duration;
 
 use super::tests::{
-    assert_nothing_left_to_give_back, assert_reads, host, pages, patient, ring_with,
+    assert_nothing_left_to_give_back, assert_reads, host, pages, patient, ring_with, write_all,
 };
 use super::*;
 use crate::batch::{BytesSource, FaultPlan, LeasedWords};
@@ -52,7 +52,7 @@ fn pages_copied_in_by_their_source_round_trip_as_written_ones_do() {
     assert_reads(&store, &data);
     // Same store as the writer's own copy gives.
     let (copied, ring2) = ring_with(n, host(4, 64, FaultPlan::default()), RingConfig::default());
-    super::tests::write_all(&ring2, 0, &data);
+    write_all(&ring2, 0, &data);
     ring2.flush();
     let (a, b) = (store.stats(), copied.stats());
     assert_eq!(
@@ -230,12 +230,12 @@ fn a_requests_fills_free_what_they_replace_under_one_lock() {
     let data = pages();
     let n = (data.len() / PAGE_SIZE) as u64;
     let (store, ring) = ring_with(n, host(4, 64, FaultPlan::default()), patient());
-    super::tests::write_all(&ring, 0, &data);
+    write_all(&ring, 0, &data);
     ring.flush();
     let again = half_fills(&data);
     let requests = again.len().div_ceil(16 * PAGE_SIZE) as u64;
     let before = crate::store::arena_locks_taken();
-    super::tests::write_all(&ring, 0, &again);
+    write_all(&ring, 0, &again);
     let locks = crate::store::arena_locks_taken() - before;
     assert!(
         locks > 0 && locks <= requests,

@@ -13,30 +13,24 @@
 //! Every change is made under the pool's spin lock, so the bits need no stronger ordering
 //! than that lock gives.
 
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::OnceLock;
 
-static BITS: AtomicPtr<AtomicU64> = AtomicPtr::new(std::ptr::null_mut());
-static WORDS: AtomicUsize = AtomicUsize::new(0);
+static BITS: OnceLock<Box<[AtomicU64]>> = OnceLock::new();
 
-/// Makes room for `blocks` bits, all clear. Once, before the pool's first push; the bits
-/// are never freed (the pool lives as long as the process).
+/// Makes room for `blocks` bits, all clear. Once, before the pool's first push (a second
+/// call keeps the first's bits); they are never freed (the pool lives as long as the
+/// process).
 pub(super) fn init(blocks: usize) {
-    let words: Box<[AtomicU64]> = (0..blocks.div_ceil(64))
-        .map(|_| AtomicU64::new(0))
-        .collect();
-    let words = Box::leak(words);
-    WORDS.store(words.len(), Relaxed);
-    BITS.store(words.as_mut_ptr(), Ordering::Release);
+    let _ = BITS.set(
+        (0..blocks.div_ceil(64))
+            .map(|_| AtomicU64::new(0))
+            .collect(),
+    );
 }
 
 fn words() -> &'static [AtomicU64] {
-    let bits = BITS.load(Ordering::Acquire);
-    if bits.is_null() {
-        return &[];
-    }
-    // SAFETY: `init` leaked a slice of WORDS words at `bits`, never freed, and published
-    // its length before the pointer.
-    unsafe { std::slice::from_raw_parts(bits, WORDS.load(Relaxed)) }
+    BITS.get().map_or(&[], |b| b)
 }
 
 /// Whether block number `block` is on the free list (false where no bits are kept).
